@@ -1,0 +1,69 @@
+"""Where a workspace's floor comes from: its declared size, else the environment, else 512 MB."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import ResourceConfigError
+
+MIB = 1 << 20
+"""One MB as engines size workspaces: a mebibyte."""
+
+ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
+"""The variable that sets the floor of every workspace whose resource declares none."""
+
+DEFAULT_MB = 512
+"""The floor when neither a resource nor the environment sets one."""
+
+FloorSource = Literal["declared", "env", "default"]
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A workspace floor, where it came from, and the setting that controls it."""
+
+    mb: int
+    source: FloorSource
+    setting: str
+    """What to change to move this floor: the declaring setting's name, or ``ENV_VAR``."""
+
+    @property
+    def bytes(self) -> int:
+        return self.mb * MIB
+
+
+def is_positive_int(value: object) -> bool:
+    """True for an int above zero; ``True`` is a bool, not a size."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def resolve_floor(
+    declared_mb: int | None = None,
+    env: Mapping[str, str] | None = None,
+    declared_setting: str = "declared_mb",
+) -> Floor:
+    """The floor for ``declared_mb`` under ``env`` (``os.environ`` by default).
+
+    ``declared_setting`` names the setting that declared it, for messages and provenance.
+    """
+    if declared_mb is not None:
+        if not is_positive_int(declared_mb):
+            raise ResourceConfigError(
+                f"{declared_setting}={declared_mb!r} is not a positive whole number of MB; "
+                f"declare the workspace's floor in MB (e.g. {declared_setting}=256), "
+                "or leave it unset to use the environment or the default"
+            )
+        return Floor(declared_mb, "declared", declared_setting)
+    raw = (os.environ if env is None else env).get(ENV_VAR, "")
+    if raw.strip() == "":
+        return Floor(DEFAULT_MB, "default", ENV_VAR)
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) == 0:
+        raise ResourceConfigError(
+            f"{ENV_VAR}={raw!r} is not a positive whole number of MB; "
+            f"set it to one (e.g. {ENV_VAR}=256) or unset it for the default of {DEFAULT_MB}"
+        )
+    return Floor(int(text), "env", ENV_VAR)

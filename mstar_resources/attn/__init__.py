@@ -1,0 +1,5 @@
+"""Attention resources: FlashInfer's float workspaces."""
+
+from .workspace import Workspace, WorkspacePool, workspace_bytes
+
+__all__ = ["Workspace", "WorkspacePool", "workspace_bytes"]

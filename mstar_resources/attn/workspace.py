@@ -1,0 +1,234 @@
+"""FlashInfer's workspaces: the scratch a plan reserves its split-KV partials in."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from .._floor import ENV_VAR, MIB, Floor, resolve_floor
+from ..errors import ResourceConfigError, WorkspaceGrowthError, WorkspaceSealedError
+from ._overflow import Overflow, parse_float_overflow
+
+__all__ = ["Workspace", "WorkspacePool", "workspace_bytes"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_GROWTHS_PER_PLAN = 16
+"""How many times one plan may grow a workspace. FlashInfer's allocations come in short chains
+(``tmp_v`` then ``tmp_s``: two growths at most seen); the bound stops a planner that never fits."""
+
+
+def workspace_bytes(declared_mb: int | None = None) -> int:
+    """The floor of one FlashInfer workspace: what its resource declares, else
+    ``MSTAR_WORKSPACE_BUFFER_MB`` (default 512), in bytes (MB = 2**20 bytes)."""
+    return resolve_floor(declared_mb).bytes
+
+
+class Workspace:
+    """One FlashInfer float workspace, which wrappers plan against through :meth:`plan`.
+
+    A workspace starts at its floor and a plan that overflows it grows it in place: ``tensor``
+    stays the same object, so every wrapper built on it sees the larger buffer, and the workspace
+    ends as large as the largest plan made on it. Once sealed (before CUDA graphs are captured over
+    it) it never moves, and a plan that does not fit raises :class:`WorkspaceSealedError` naming
+    ``floor``, the setting that would have made room.
+
+    Args:
+        tensor: the buffer, 1-D ``torch.uint8``, as given to FlashInfer's wrappers.
+        name: how errors and logs refer to this workspace.
+        sealed: start sealed.
+        floor: the setting (config key or environment variable) that sizes this workspace.
+    """
+
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        name: str,
+        sealed: bool = False,
+        floor: str = ENV_VAR,
+    ) -> None:
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
+            described = (
+                f"{tensor.dim()}-D {tensor.dtype}"
+                if isinstance(tensor, torch.Tensor)
+                else type(tensor).__name__
+            )
+            raise ResourceConfigError(
+                f"workspace {name!r}: tensor must be a 1-D torch.uint8 tensor, got a {described}"
+            )
+        if not tensor.is_contiguous():
+            raise ResourceConfigError(f"workspace {name!r}: tensor must be contiguous")
+        self.tensor = tensor
+        self.name = name
+        self.sealed = sealed
+        self.floor = floor
+        # Serialises growth against seal(), so a workspace sealed mid-plan never moves.
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        state = "sealed" if self.sealed else "growable"
+        return f"Workspace({self.name!r}, {self.tensor.numel()} bytes, {state})"
+
+    def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``plan(*args, **kwargs)``. One that runs short of room grows this workspace to the bytes
+        it had taken plus the allocation that failed, and runs again.
+
+        Any other error, an int-workspace overflow included, reaches the caller unchanged.
+        """
+        growths = 0
+        while True:
+            try:
+                return plan(*args, **kwargs)
+            except RuntimeError as error:
+                overflow = parse_float_overflow(error)
+                if overflow is None or not self._is_ours(overflow):
+                    raise
+                if growths == MAX_GROWTHS_PER_PLAN:
+                    raise WorkspaceGrowthError(
+                        f"workspace {self.name!r}: the plan still overflows after "
+                        f"{MAX_GROWTHS_PER_PLAN} growths (now {self.tensor.numel():,} bytes, "
+                        f"{overflow.allocation} asked for {overflow.size:,} more); "
+                        "the planner does not converge"
+                    ) from error
+                self._grow(overflow, error)
+                growths += 1
+
+    def seal(self) -> None:
+        """Keep this buffer's address from now on: graphs are about to be captured over it."""
+        with self._lock:
+            self.sealed = True
+
+    def _is_ours(self, overflow: Overflow) -> bool:
+        # An allocator that had more room than this buffer holds was not allocating from it.
+        return overflow.available is None or overflow.available <= self.tensor.numel()
+
+    def _grow(self, overflow: Overflow, error: RuntimeError) -> None:
+        with self._lock:
+            have = self.tensor.numel()
+            need = overflow.bytes_needed(have)
+            if self.sealed:
+                raise WorkspaceSealedError(
+                    f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan asked for "
+                    f"{need:,} ({overflow.allocation}: {overflow.size:,} bytes, alignment "
+                    f"{overflow.alignment}); set {self.floor}={-(-need // MIB)} or more, or plan "
+                    "the largest shape before sealing"
+                ) from error
+            try:
+                # A failed resize_() leaves the tensor claiming storage it does not have, so the
+                # new buffer is made whole before the tensor moves onto it.
+                grown = torch.empty(need, dtype=torch.uint8, device=self.tensor.device)
+                grown[:have].copy_(self.tensor)
+                grown[have:].zero_()
+            except RuntimeError as oom:
+                raise WorkspaceGrowthError(
+                    f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
+                    f"{overflow.allocation}; it keeps its {have:,}-byte buffer. Free device "
+                    f"memory, or set {self.floor} so the workspace is reserved up front. ({oom})"
+                ) from oom
+            self.tensor.set_(grown.untyped_storage())
+        logger.info(
+            "workspace %r grew from %d to %d bytes for %s; set %s=%d to reserve it up front",
+            self.name,
+            have,
+            need,
+            overflow.allocation,
+            self.floor,
+            -(-need // MIB),
+        )
+
+
+class WorkspacePool:
+    """FlashInfer workspaces, one per (plan label, cg slot).
+
+    Persistent: a wrapper is planned against the buffer it was built with, so these outlive any
+    single step. Each starts at ``workspace_bytes(size_mb)`` bytes on ``device``. ``owner`` names
+    the resource in what a workspace reports.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        size_mb: int | None = None,
+        owner: str = "attention",
+    ) -> None:
+        if not isinstance(owner, str) or not owner:
+            raise ResourceConfigError(f"owner={owner!r} must be a non-empty string")
+        self.device = torch.device(device)
+        self.size_mb = size_mb
+        self.owner = owner
+        self._floor: Floor = resolve_floor(size_mb, declared_setting="size_mb")
+        self._workspaces: dict[tuple[str, int | None], Workspace] = {}
+        self._lock = threading.Lock()
+        self._sealed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"WorkspacePool(owner={self.owner!r}, device={str(self.device)!r}, "
+            f"floor={self._floor.mb} MB, workspaces={len(self._workspaces)})"
+        )
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    def get(self, label: str, cg_slot: int | None = None) -> Workspace:
+        """The workspace of plans labelled ``label`` in CUDA-graph slot ``cg_slot`` (None: eager),
+        made on first use. Safe to call from several threads: one key never gets two."""
+        key = (label, cg_slot)
+        workspace = self._workspaces.get(key)
+        if workspace is not None:
+            return workspace
+        self._check_key(label, cg_slot)
+        with self._lock:
+            workspace = self._workspaces.get(key)
+            if workspace is None:
+                workspace = self._make(label, cg_slot)
+                self._workspaces[key] = workspace
+            return workspace
+
+    def seal(self) -> None:
+        """The workspaces here keep their addresses from now on, for the graphs about to be
+        captured over them, and so does any made later."""
+        with self._lock:
+            self._sealed = True
+            for workspace in self._workspaces.values():
+                workspace.seal()
+
+    def workspaces(self) -> dict[tuple[str, int | None], Workspace]:
+        """The workspaces made so far, by (label, cg slot)."""
+        with self._lock:
+            return dict(self._workspaces)
+
+    def _check_key(self, label: str, cg_slot: int | None) -> None:
+        if not isinstance(label, str) or not label:
+            raise ResourceConfigError(
+                f"{self.owner}: label={label!r} must be a non-empty string naming a plan"
+            )
+        if cg_slot is not None and not (
+            isinstance(cg_slot, int) and not isinstance(cg_slot, bool) and cg_slot >= 0
+        ):
+            raise ResourceConfigError(
+                f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
+            )
+
+    def _name(self, label: str, cg_slot: int | None) -> str:
+        return f"{self.owner}:{label}" + ("" if cg_slot is None else f":cg{cg_slot}")
+
+    def _make(self, label: str, cg_slot: int | None) -> Workspace:
+        name = self._name(label, cg_slot)
+        size = self._floor.bytes
+        try:
+            # Zeroed: FlashInfer asks for a zeroed workspace (some backends keep semaphores in it).
+            tensor = torch.zeros(size, dtype=torch.uint8, device=self.device)
+        except RuntimeError as oom:
+            raise WorkspaceGrowthError(
+                f"workspace {name!r}: could not allocate its floor of {size:,} bytes on "
+                f"{self.device}; lower {self._floor.setting} (now {self._floor.mb} MB). ({oom})"
+            ) from oom
+        return Workspace(tensor, name, sealed=self._sealed, floor=self._floor.setting)

@@ -1,0 +1,311 @@
+"""Workspace and WorkspacePool on the CPU, through FakePlanner: a planner that fails the way
+FlashInfer's allocator does (its text read from the installed FlashInfer). The real FlashInfer is
+checked in test_workspace_gpu.py."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+
+from mstar_resources import (
+    ResourceConfigError,
+    ResourceError,
+    Workspace,
+    WorkspaceGrowthError,
+    WorkspacePool,
+    WorkspaceSealedError,
+)
+from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
+
+from .fake_allocator import FakePlanner, flashinfer_overflow_message
+
+MIB = 1 << 20
+DECODE_CHAIN = [("batch_decode_tmp_v", 2 * MIB, 16), ("batch_decode_tmp_s", 16_400, 16)]
+
+
+def make_workspace(size: int = MIB, **kwargs) -> Workspace:
+    return Workspace(torch.zeros(size, dtype=torch.uint8), "attention:decode", **kwargs)
+
+
+def test_plan_returns_what_the_planner_returns_and_passes_arguments():
+    workspace = make_workspace()
+    planner = FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1024, 16)])
+    assert workspace.plan(planner, 1, 2, page_size=16) == ((1, 2), {"page_size": 16})
+    assert planner.calls == 1
+    assert workspace.tensor.numel() == MIB
+
+
+def test_overflow_grows_in_place_keeping_bytes_and_zeroing_the_tail():
+    workspace = make_workspace()
+    tensor = workspace.tensor
+    pattern = torch.arange(MIB, dtype=torch.int64).remainder(251).to(torch.uint8)
+    tensor.copy_(pattern)
+    planner = FakePlanner(tensor, DECODE_CHAIN)
+
+    workspace.plan(planner)
+
+    assert workspace.tensor is tensor  # the wrapper holds this object: it must see the growth
+    assert (tensor.dtype, tensor.dim(), tensor.is_contiguous()) == (torch.uint8, 1, True)
+    assert tensor.numel() == planner.bytes_needed()  # exactly what the chain needs, no more
+    assert torch.equal(tensor[:MIB], pattern)
+    assert not tensor[MIB:].any()
+    assert planner.calls == 3  # tmp_v overflows, then tmp_s, then it fits
+
+
+def test_growth_rounds_the_taken_bytes_up_to_the_alignment():
+    workspace = make_workspace(100)
+    planner = FakePlanner(workspace.tensor, [("a_tmp_s", 90, 1), ("a_tmp_v", 64, 64)])
+    workspace.plan(planner)
+    assert workspace.tensor.numel() == 128 + 64
+    assert planner.offsets == {"a_tmp_s": 0, "a_tmp_v": 128}
+
+
+def test_text_from_before_0_2_9_grows_too():
+    workspace = make_workspace()
+    planner = FakePlanner(workspace.tensor, DECODE_CHAIN, legacy=True)
+    workspace.plan(planner)
+    # Without the bytes available in the text, the whole buffer counts as taken: 1 + 2 MiB.
+    assert workspace.tensor.numel() == 3 * MIB
+    assert planner.calls == 2  # that also made room for tmp_s
+
+
+def test_a_second_plan_that_fits_does_not_grow():
+    workspace = make_workspace()
+    workspace.plan(FakePlanner(workspace.tensor, DECODE_CHAIN))
+    size = workspace.tensor.numel()
+    small = FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1024, 16)])
+    workspace.plan(small)
+    assert (workspace.tensor.numel(), small.calls) == (size, 1)
+
+
+def test_int_workspace_overflow_reaches_the_caller_unchanged():
+    workspace = make_workspace()
+    planner = FakePlanner(workspace.tensor, [("batch_prefill_request_indices", 2 * MIB, 16)])
+    with pytest.raises(RuntimeError) as raised:
+        workspace.plan(planner)
+    assert type(raised.value) is RuntimeError
+    assert "batch_prefill_request_indices" in str(raised.value)
+    assert (planner.calls, workspace.tensor.numel()) == (1, MIB)
+
+
+def test_an_overflow_with_more_room_than_this_buffer_has_is_not_ours():
+    workspace = make_workspace()
+    message = flashinfer_overflow_message("batch_decode_tmp_v", 4 * MIB, 16, 2 * MIB)
+    original = RuntimeError(message)
+
+    def planner():
+        raise original
+
+    with pytest.raises(RuntimeError) as raised:
+        workspace.plan(planner)
+    assert raised.value is original
+    assert workspace.tensor.numel() == MIB
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("The dtype of q torch.float16 does not match q_data_type torch.bfloat16"),
+        RuntimeError("CHECK_EQ(indptr.size(0), batch_size + 1) failed"),
+        TypeError("plan() got an unexpected keyword argument 'head_size'"),
+        torch.OutOfMemoryError("CUDA out of memory"),
+    ],
+    ids=["value", "runtime", "type", "oom"],
+)
+def test_other_errors_reach_the_caller_unchanged(error):
+    workspace = make_workspace()
+
+    def planner():
+        raise error
+
+    with pytest.raises(type(error)) as raised:
+        workspace.plan(planner)
+    assert raised.value is error
+    assert raised.value.__cause__ is None
+    assert workspace.tensor.numel() == MIB
+
+
+def test_a_planner_that_never_fits_is_stopped():
+    workspace = make_workspace(64)
+    calls = 0
+
+    def greedy():
+        nonlocal calls
+        calls += 1
+        raise RuntimeError(flashinfer_overflow_message("x_tmp_v", 64, 16, 0))
+
+    with pytest.raises(WorkspaceGrowthError, match="does not converge") as raised:
+        workspace.plan(greedy)
+    assert calls == MAX_GROWTHS_PER_PLAN + 1
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+def test_sealed_overflow_names_workspace_bytes_and_setting_and_never_moves():
+    workspace = make_workspace(floor="resources.attn.decode.declared_mb")
+    workspace.seal()
+    address = workspace.tensor.data_ptr()
+    planner = FakePlanner(workspace.tensor, DECODE_CHAIN)
+
+    with pytest.raises(WorkspaceSealedError) as raised:
+        workspace.plan(planner)
+
+    message = str(raised.value)
+    assert "'attention:decode' is sealed at 1,048,576 bytes" in message
+    assert "asked for 2,097,152" in message
+    assert "set resources.attn.decode.declared_mb=2 or more" in message
+    assert isinstance(raised.value, ResourceError)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, MIB)
+
+
+def test_sealed_workspace_still_plans_what_fits():
+    workspace = make_workspace(sealed=True)
+    planner = FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1024, 16)])
+    workspace.plan(planner)
+    assert planner.calls == 1
+
+
+def test_failed_growth_keeps_the_old_buffer_intact_and_usable():
+    workspace = make_workspace()
+    workspace.tensor.fill_(7)
+    address = workspace.tensor.data_ptr()
+    # 2**55 bytes is more than any machine has: the CPU allocator really fails.
+    huge = FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1 << 55, 16)])
+
+    with pytest.raises(WorkspaceGrowthError) as raised:
+        workspace.plan(huge)
+
+    message = str(raised.value)
+    assert "workspace 'attention:decode'" in message
+    assert f"to {(1 << 55):,} bytes" in message
+    assert isinstance(raised.value, torch.OutOfMemoryError)
+    assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, MIB)
+    assert bool((workspace.tensor == 7).all())
+    fits = FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1024, 16)])
+    workspace.plan(fits)
+    assert fits.calls == 1
+
+
+def test_growth_is_logged_with_the_setting_to_raise(caplog):
+    workspace = make_workspace()
+    with caplog.at_level(logging.INFO, logger="mstar_resources"):
+        workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 3 * MIB, 16)]))
+    assert caplog.messages == [
+        "workspace 'attention:decode' grew from 1048576 to 3145728 bytes for batch_decode_tmp_v; "
+        "set MSTAR_WORKSPACE_BUFFER_MB=3 to reserve it up front"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tensor", "match"),
+    [
+        (torch.zeros(4, 4, dtype=torch.uint8), "1-D torch.uint8 tensor, got a 2-D torch.uint8"),
+        (torch.zeros(16, dtype=torch.float32), "got a 1-D torch.float32"),
+        (torch.zeros(32, dtype=torch.uint8)[::2], "must be contiguous"),
+        ([0] * 16, "got a list"),
+    ],
+    ids=["2d", "float", "strided", "list"],
+)
+def test_workspace_rejects_tensors_flashinfer_cannot_use(tensor, match):
+    with pytest.raises(ResourceConfigError, match=match):
+        Workspace(tensor, "w")
+
+
+# --- WorkspacePool -------------------------------------------------------------------------------
+
+
+def test_pool_makes_one_zeroed_workspace_per_key_at_its_floor():
+    pool = WorkspacePool("cpu", size_mb=1, owner="attn")
+    decode = pool.get("decode")
+    assert pool.get("decode") is decode
+    graph = pool.get("decode", 0)
+    assert graph is not decode and pool.get("decode", 1) is not graph
+    assert [w.name for w in (decode, graph)] == ["attn:decode", "attn:decode:cg0"]
+    assert decode.tensor.numel() == MIB and not decode.tensor.any()
+    assert decode.tensor.device == torch.device("cpu")
+    assert (decode.floor, decode.sealed) == ("size_mb", False)
+    assert set(pool.workspaces()) == {("decode", None), ("decode", 0), ("decode", 1)}
+
+
+def test_pool_floor_comes_from_the_environment_when_not_given(monkeypatch):
+    monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", "2")
+    workspace = WorkspacePool(torch.device("cpu")).get("prefill")
+    assert workspace.tensor.numel() == 2 * MIB
+    assert workspace.floor == "MSTAR_WORKSPACE_BUFFER_MB"
+    assert workspace.name == "attention:prefill"
+
+
+def test_pool_seal_seals_what_exists_and_what_comes_later():
+    pool = WorkspacePool("cpu", size_mb=1)
+    before = pool.get("decode", 0)
+    pool.seal()
+    after = pool.get("decode", 1)
+    assert before.sealed and after.sealed and pool.sealed
+    with pytest.raises(WorkspaceSealedError, match=r"'attention:decode:cg1'.*size_mb=3 or more"):
+        after.plan(FakePlanner(after.tensor, [("batch_decode_tmp_v", 3 * MIB - 16, 16)]))
+
+
+def test_pool_get_from_many_threads_makes_one_workspace_per_key():
+    pool = WorkspacePool("cpu", size_mb=1)
+    threads = 16
+    start = threading.Barrier(threads)
+    got: list[Workspace] = []
+
+    def worker():
+        start.wait()
+        got.append(pool.get("decode", 0))
+
+    workers = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert len(got) == threads
+    assert len({id(w) for w in got}) == 1
+    assert len(pool.workspaces()) == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"size_mb": 0}, r"size_mb=0 is not a positive whole number"),
+        ({"size_mb": 1.5}, r"size_mb=1.5 is not a positive whole number"),
+        ({"owner": ""}, r"owner='' must be a non-empty string"),
+    ],
+)
+def test_pool_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ResourceConfigError, match=match):
+        WorkspacePool("cpu", **kwargs)
+
+
+def test_pool_rejects_a_bad_variable_at_construction(monkeypatch):
+    monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", "lots")
+    with pytest.raises(ResourceConfigError, match="MSTAR_WORKSPACE_BUFFER_MB='lots'"):
+        WorkspacePool("cpu")
+
+
+@pytest.mark.parametrize(
+    ("label", "slot", "match"),
+    [
+        ("", None, "label='' must be a non-empty string"),
+        (3, None, "label=3 must be a non-empty string"),
+        ("decode", -1, "cg_slot=-1 must be None"),
+        ("decode", "0", "cg_slot='0' must be None"),
+        ("decode", True, "cg_slot=True must be None"),
+    ],
+)
+def test_pool_rejects_bad_keys(label, slot, match):
+    pool = WorkspacePool("cpu", size_mb=1)
+    with pytest.raises(ResourceConfigError, match=match):
+        pool.get(label, slot)
+    assert pool.workspaces() == {}
+
+
+def test_pool_that_cannot_allocate_its_floor_says_which_setting_to_lower():
+    pool = WorkspacePool("cpu", size_mb=1 << 35)  # 32 PiB
+    with pytest.raises(WorkspaceGrowthError, match=r"'attention:decode'.*lower size_mb"):
+        pool.get("decode")
+    assert pool.workspaces() == {}

@@ -1,0 +1,53 @@
+"""A workspace's floor: declared, else MSTAR_WORKSPACE_BUFFER_MB, else 512 MB."""
+
+from __future__ import annotations
+
+import pytest
+
+from mstar_resources import ResourceConfigError, workspace_bytes
+from mstar_resources._floor import Floor, resolve_floor
+
+MIB = 1 << 20
+VAR = "MSTAR_WORKSPACE_BUFFER_MB"
+
+
+@pytest.mark.parametrize(
+    ("declared", "env", "expected"),
+    [
+        pytest.param(64, {}, Floor(64, "declared", "declared_mb"), id="declared"),
+        pytest.param(64, {VAR: "9"}, Floor(64, "declared", "declared_mb"), id="declared-wins"),
+        pytest.param(None, {VAR: "128"}, Floor(128, "env", VAR), id="env"),
+        pytest.param(None, {VAR: " 128\n"}, Floor(128, "env", VAR), id="padded"),
+        pytest.param(None, {}, Floor(512, "default", VAR), id="default"),
+        pytest.param(None, {VAR: ""}, Floor(512, "default", VAR), id="empty-unset"),
+    ],
+)  # fmt: skip
+def test_precedence_and_provenance(declared, env, expected):
+    assert resolve_floor(declared, env) == expected
+
+
+def test_workspace_bytes_reads_the_process_environment(monkeypatch):
+    monkeypatch.delenv("MSTAR_WORKSPACE_BUFFER_MB", raising=False)
+    assert workspace_bytes() == 512 * MIB
+    monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", "3")
+    assert workspace_bytes() == 3 * MIB
+    assert workspace_bytes(2) == 2 * MIB
+    monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", "")
+    assert workspace_bytes() == 512 * MIB
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5", "512MB", "1e3", "٣"])
+def test_bad_variable_names_it_and_quotes_the_value(monkeypatch, value):
+    monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", value)
+    with pytest.raises(ResourceConfigError, match=rf"MSTAR_WORKSPACE_BUFFER_MB={value!r}"):
+        workspace_bytes()
+
+
+@pytest.mark.parametrize("declared", [0, -1, 1.5, "64", True])
+def test_bad_declared_mb_names_it_and_the_value(declared):
+    with pytest.raises(ResourceConfigError, match=rf"declared_mb={declared!r} is not a positive"):
+        workspace_bytes(declared)
+
+
+def test_a_bad_variable_does_not_matter_when_the_size_is_declared():
+    assert resolve_floor(8, {VAR: "junk"}).mb == 8
