@@ -1,0 +1,180 @@
+"""Workspace against real FlashInfer decode wrappers on a CUDA GPU.
+
+One kernel configuration throughout (bf16, head dim 128, 32 query and 8 KV heads, page 16, the
+fa2 CUDA-core decode kernel), so FlashInfer's JIT builds it once per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from mstar_resources import ResourceError, WorkspacePool, WorkspaceSealedError
+
+pytestmark = pytest.mark.gpu
+
+MIB = 1 << 20
+QO_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
+DTYPE = torch.bfloat16
+
+
+@dataclass
+class Decode:
+    """One decode batch: every request has ``kv_len`` tokens of KV cache."""
+
+    batch: int
+    kv_len: int
+    qo_heads: int = QO_HEADS
+
+    def __post_init__(self) -> None:
+        pages = -(-self.kv_len // PAGE)
+        gen = torch.Generator(device="cuda").manual_seed(self.batch * 7919 + self.kv_len)
+        self.indptr = torch.arange(self.batch + 1, dtype=torch.int32, device="cuda") * pages
+        self.indices = torch.arange(self.batch * pages, dtype=torch.int32, device="cuda")
+        last = self.kv_len - (pages - 1) * PAGE
+        self.last_page_len = torch.full((self.batch,), last, dtype=torch.int32, device="cuda")
+        self.kv_cache = torch.randn(
+            self.batch * pages, 2, PAGE, KV_HEADS, HEAD_DIM, device="cuda", generator=gen
+        ).to(DTYPE)
+        self.q = torch.randn(self.batch, self.qo_heads, HEAD_DIM, device="cuda", generator=gen).to(
+            DTYPE
+        )
+
+    @property
+    def plan_args(self) -> tuple:
+        return (self.indptr, self.indices, self.last_page_len, self.qo_heads, KV_HEADS, HEAD_DIM)
+
+    @property
+    def plan_kwargs(self) -> dict:
+        return {"page_size": PAGE, "q_data_type": DTYPE, "kv_data_type": DTYPE}
+
+    def wrapper(self, buffer: torch.Tensor, graph: bool = False):
+        import flashinfer
+
+        if not graph:
+            return flashinfer.BatchDecodeWithPagedKVCacheWrapper(buffer, "NHD", backend="fa2")
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            buffer,
+            "NHD",
+            use_cuda_graph=True,
+            paged_kv_indptr_buffer=self.indptr.clone(),
+            paged_kv_indices_buffer=self.indices.clone(),
+            paged_kv_last_page_len_buffer=self.last_page_len.clone(),
+            backend="fa2",
+        )
+
+    def float_bytes(self, wrapper) -> int:
+        """FlashInfer's own figure for what this plan needs, from its counting allocator."""
+        return wrapper.workspace_size(*self.plan_args, **self.plan_kwargs)[0]
+
+
+def test_decode_plan_grows_a_1_mib_workspace_and_runs_as_on_a_large_buffer():
+    decode = Decode(batch=64, kv_len=4096)
+    workspace = WorkspacePool("cuda", size_mb=1).get("decode")
+    tensor = workspace.tensor
+    wrapper = decode.wrapper(tensor)
+    need = decode.float_bytes(wrapper)
+    assert need > MIB, "this shape must split KV and overflow 1 MiB"
+
+    workspace.plan(wrapper.plan, *decode.plan_args, **decode.plan_kwargs)
+
+    assert wrapper._float_workspace_buffer is tensor is workspace.tensor
+    assert tensor.numel() == need  # grown to exactly FlashInfer's own figure
+    reference = decode.wrapper(torch.zeros(512 * MIB, dtype=torch.uint8, device="cuda"))
+    reference.plan(*decode.plan_args, **decode.plan_kwargs)
+    assert torch.equal(
+        wrapper.run(decode.q, decode.kv_cache), reference.run(decode.q, decode.kv_cache)
+    )
+
+
+def test_graph_wrappers_of_several_batch_sizes_share_one_workspace_then_seal_and_capture():
+    pool = WorkspacePool("cuda", size_mb=1, owner="llama")
+    workspace = pool.get("decode", 0)
+    tensor = workspace.tensor
+    decodes = [Decode(batch=b, kv_len=2048) for b in (1, 8, 32, 64)]
+    wrappers = [d.wrapper(tensor, graph=True) for d in decodes]
+    needs = []
+    for decode, wrapper in zip(decodes, wrappers, strict=True):
+        needs.append(decode.float_bytes(wrapper))
+        workspace.plan(wrapper.plan, *decode.plan_args, **decode.plan_kwargs)
+    assert all(w._float_workspace_buffer is tensor for w in wrappers)
+    assert tensor.numel() == max(needs)  # as large as the largest, no larger
+
+    pool.seal()
+    address = tensor.data_ptr()
+    decode, wrapper = decodes[-1], wrappers[-1]
+    eager = wrapper.run(decode.q, decode.kv_cache).clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        wrapper.run(decode.q, decode.kv_cache)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = wrapper.run(decode.q, decode.kv_cache)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    decode.q.copy_(torch.randn_like(decode.q))  # new inputs: the replay must follow them
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, wrapper.run(decode.q, decode.kv_cache))
+    assert tensor.data_ptr() == address
+
+    # Twice the query heads need about twice the partials: no longer fits the sealed buffer.
+    wider = Decode(batch=64, kv_len=2048, qo_heads=2 * QO_HEADS)
+    wide_wrapper = wider.wrapper(tensor, graph=True)
+    with pytest.raises(WorkspaceSealedError) as raised:
+        workspace.plan(wide_wrapper.plan, *wider.plan_args, **wider.plan_kwargs)
+    message = str(raised.value)
+    assert f"'llama:decode:cg0' is sealed at {tensor.numel():,} bytes" in message
+    assert "batch_decode_tmp_v" in message and "set size_mb=" in message
+    assert (tensor.data_ptr(), tensor.numel()) == (address, max(needs))
+    graph.replay()  # the captured graph still runs on the untouched buffer
+    torch.cuda.synchronize()
+    assert torch.equal(out, wrapper.run(decode.q, decode.kv_cache))
+
+
+def test_workspace_made_after_seal_is_sealed_and_reports_the_setting(monkeypatch):
+    monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", "1")
+    pool = WorkspacePool("cuda")
+    pool.seal()
+    workspace = pool.get("decode", 1)
+    decode = Decode(batch=64, kv_len=4096)
+    with pytest.raises(WorkspaceSealedError, match=r"set MSTAR_WORKSPACE_BUFFER_MB=3 or more"):
+        workspace.plan(
+            decode.wrapper(workspace.tensor).plan, *decode.plan_args, **decode.plan_kwargs
+        )
+    assert workspace.tensor.numel() == MIB
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"indptr": torch.int64}, id="int64-indptr"),
+        pytest.param({"q_data_type": "float7"}, id="unknown-dtype"),
+    ],
+)
+def test_a_plan_with_wrong_arguments_raises_flashinfers_own_error(bad):
+    decode = Decode(batch=4, kv_len=4096)
+    args = list(decode.plan_args)
+    kwargs = dict(decode.plan_kwargs)
+    if "indptr" in bad:
+        args[0] = args[0].to(bad["indptr"])
+    else:
+        kwargs.update(bad)
+    workspace = WorkspacePool("cuda", size_mb=1).get("decode")
+    wrapper = decode.wrapper(workspace.tensor)
+
+    with pytest.raises(Exception) as direct:
+        wrapper.plan(*args, **kwargs)
+    with pytest.raises(Exception) as through:
+        workspace.plan(wrapper.plan, *args, **kwargs)
+
+    assert type(through.value) is type(direct.value)
+    assert str(through.value) == str(direct.value)
+    assert not isinstance(through.value, ResourceError)
+    assert through.value.__cause__ is None
+    assert workspace.tensor.numel() == MIB
