@@ -117,7 +117,8 @@ class Workspace:
                     f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan asked for "
                     f"{need:,} ({overflow.allocation}: {overflow.size:,} bytes, alignment "
                     f"{overflow.alignment}); set {self.floor}={-(-need // MIB)} or more, or plan "
-                    "the largest shape before sealing"
+                    "the largest shape before sealing (a plan's later allocations, which could "
+                    "not be tried, may ask for more)"
                 ) from error
             try:
                 # A failed resize_() leaves the tensor claiming storage it does not have, so the
