@@ -172,9 +172,15 @@ def _int_workspace_overflow(decode, workspace):
 
 
 @pytest.mark.parametrize(
-    "make_bad_plan", [_batch_mismatch, _unknown_dtype, _int_workspace_overflow]
+    ("make_bad_plan", "text"),
+    [
+        (_batch_mismatch, "batch size should be fixed in cudagraph mode"),
+        (_unknown_dtype, "float7"),
+        (_int_workspace_overflow, "Buffer overflow when allocating memory for batch_decode_"),
+    ],
+    ids=["batch-mismatch", "unknown-dtype", "int-workspace-overflow"],
 )
-def test_a_plan_with_wrong_arguments_raises_flashinfers_own_error(make_bad_plan):
+def test_a_plan_with_wrong_arguments_raises_flashinfers_own_error(make_bad_plan, text):
     decode = Decode(batch=64, kv_len=4096)  # would need 2 MiB: nothing may grow for it
     workspace = WorkspacePool("cuda", size_mb=1).get("decode")
     plan, args, kwargs = make_bad_plan(decode, workspace)
@@ -186,6 +192,7 @@ def test_a_plan_with_wrong_arguments_raises_flashinfers_own_error(make_bad_plan)
 
     assert type(through.value) is type(direct.value)
     assert str(through.value) == str(direct.value)
+    assert text in str(through.value)
     assert not isinstance(through.value, ResourceError)
     assert through.value.__cause__ is None
     assert workspace.tensor.numel() == MIB
