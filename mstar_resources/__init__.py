@@ -1,6 +1,6 @@
 """Declarative, growable, sealable GPU scratch memory for LLM inference engines."""
 
-from .attn.workspace import Workspace, WorkspacePool, workspace_bytes
+from .attn.workspace import Workspace, WorkspacePool, WorkspaceStats, workspace_bytes
 from .errors import ResourceConfigError, ResourceError, WorkspaceGrowthError, WorkspaceSealedError
 
 __all__ = [
@@ -10,5 +10,6 @@ __all__ = [
     "WorkspaceGrowthError",
     "WorkspacePool",
     "WorkspaceSealedError",
+    "WorkspaceStats",
     "workspace_bytes",
 ]

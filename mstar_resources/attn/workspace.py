@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -13,7 +14,7 @@ from .._floor import ENV_VAR, MIB, Floor, resolve_floor
 from ..errors import ResourceConfigError, WorkspaceGrowthError, WorkspaceSealedError
 from ._overflow import Overflow, parse_float_overflow
 
-__all__ = ["Workspace", "WorkspacePool", "workspace_bytes"]
+__all__ = ["Workspace", "WorkspacePool", "WorkspaceStats", "workspace_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +23,38 @@ T = TypeVar("T")
 MAX_GROWTHS_PER_PLAN = 16
 """How many times one plan may grow a workspace. FlashInfer's allocations come in short chains
 (``tmp_v`` then ``tmp_s``: two growths at most seen); the bound stops a planner that never fits."""
+
+
+@dataclass(frozen=True)
+class WorkspaceStats:
+    """What one workspace holds now and how it got there."""
+
+    name: str
+    bytes: int
+    """Bytes it holds now."""
+    floor_bytes: int
+    """Bytes it started with."""
+    floor: str
+    """The setting that sizes it."""
+    times_grown: int
+    largest_growth_bytes: int
+    """Bytes added by its largest growth (0 if it never grew)."""
+    largest_growth_allocation: str | None
+    """The FlashInfer allocation that caused that growth."""
+    sealed: bool
+
+    def __str__(self) -> str:
+        grown = (
+            f"grew {self.times_grown}x, largest +{self.largest_growth_bytes:,} "
+            f"for {self.largest_growth_allocation}"
+            if self.times_grown
+            else "never grew"
+        )
+        sealed = "sealed" if self.sealed else "growable"
+        return (
+            f"{self.name}: {self.bytes:,} bytes (floor {self.floor_bytes:,} from {self.floor}), "
+            f"{grown}, {sealed}"
+        )
 
 
 def workspace_bytes(declared_mb: int | None = None) -> int:
@@ -70,6 +103,9 @@ class Workspace:
         self.floor = floor
         # Serialises growth against seal(), so a workspace sealed mid-plan never moves.
         self._lock = threading.Lock()
+        self._floor_bytes = tensor.numel()
+        self._times_grown = 0
+        self._largest_growth: tuple[int, str | None] = (0, None)  # (bytes added, allocation)
 
     def __repr__(self) -> str:
         state = "sealed" if self.sealed else "growable"
@@ -104,6 +140,21 @@ class Workspace:
         with self._lock:
             self.sealed = True
 
+    def stats(self) -> WorkspaceStats:
+        """A snapshot of this workspace: bytes now, floor, growth history, sealed or not."""
+        with self._lock:
+            added, allocation = self._largest_growth
+            return WorkspaceStats(
+                self.name,
+                self.tensor.numel(),
+                self._floor_bytes,
+                self.floor,
+                self._times_grown,
+                added,
+                allocation,
+                self.sealed,
+            )
+
     def _is_ours(self, overflow: Overflow) -> bool:
         # An allocator that had more room than this buffer holds was not allocating from it.
         return overflow.available is None or overflow.available <= self.tensor.numel()
@@ -133,6 +184,9 @@ class Workspace:
                     f"memory, or set {self.floor} so the workspace is reserved up front. ({oom})"
                 ) from oom
             self.tensor.set_(grown.untyped_storage())
+            self._times_grown += 1
+            if need - have > self._largest_growth[0]:
+                self._largest_growth = (need - have, overflow.allocation)
         logger.info(
             "workspace %r grew from %d to %d bytes for %s; set %s=%d to reserve it up front",
             self.name,
@@ -200,11 +254,27 @@ class WorkspacePool:
             self._sealed = True
             for workspace in self._workspaces.values():
                 workspace.seal()
+        logger.info("%s", self.summary())
 
     def workspaces(self) -> dict[tuple[str, int | None], Workspace]:
         """The workspaces made so far, by (label, cg slot)."""
         with self._lock:
             return dict(self._workspaces)
+
+    def stats(self) -> list[WorkspaceStats]:
+        """One snapshot per workspace made so far, in the order they were made."""
+        return [workspace.stats() for workspace in self.workspaces().values()]
+
+    def summary(self) -> str:
+        """A few lines an engine can log at seal time: the total, then one line per workspace."""
+        stats = self.stats()
+        total = sum(s.bytes for s in stats)
+        floors = sum(s.floor_bytes for s in stats)
+        head = (
+            f"{self.owner}: {len(stats)} workspaces, {total:,} bytes "
+            f"({total - floors:+,} over their floors), {'sealed' if self._sealed else 'growable'}"
+        )
+        return "\n".join([head, *(f"  {s}" for s in stats)])
 
     def _check_key(self, label: str, cg_slot: int | None) -> None:
         if not isinstance(label, str) or not label:

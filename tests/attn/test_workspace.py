@@ -17,6 +17,7 @@ from mstar_resources import (
     WorkspaceGrowthError,
     WorkspacePool,
     WorkspaceSealedError,
+    WorkspaceStats,
 )
 from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
 
@@ -309,3 +310,52 @@ def test_pool_that_cannot_allocate_its_floor_says_which_setting_to_lower():
     with pytest.raises(WorkspaceGrowthError, match=r"'attention:decode'.*lower size_mb"):
         pool.get("decode")
     assert pool.workspaces() == {}
+
+
+# --- stats ---------------------------------------------------------------------------------------
+
+
+def test_stats_record_growth_history_and_sealing():
+    pool = WorkspacePool("cpu", size_mb=1, owner="llama")
+    workspace = pool.get("decode", 0)
+    assert workspace.stats() == WorkspaceStats(
+        "llama:decode:cg0", MIB, MIB, "size_mb", 0, 0, None, sealed=False
+    )
+    planner = FakePlanner(workspace.tensor, DECODE_CHAIN)
+    workspace.plan(planner)  # tmp_v: 1 MiB -> 2 MiB, then tmp_s: +16,400
+    pool.seal()
+
+    stats = workspace.stats()
+    assert stats.bytes == planner.bytes_needed() == 2 * MIB + 16_400
+    assert (stats.floor_bytes, stats.times_grown, stats.sealed) == (MIB, 2, True)
+    assert (stats.largest_growth_bytes, stats.largest_growth_allocation) == (
+        MIB,
+        "batch_decode_tmp_v",
+    )
+    assert pool.stats() == [stats]
+
+
+def test_failed_and_refused_growths_are_not_counted():
+    workspace = make_workspace()
+    with pytest.raises(WorkspaceGrowthError):
+        workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1 << 55, 16)]))
+    workspace.seal()
+    with pytest.raises(WorkspaceSealedError):
+        workspace.plan(FakePlanner(workspace.tensor, DECODE_CHAIN))
+    assert workspace.stats().times_grown == 0
+
+
+def test_pool_summary_is_logged_at_seal(caplog):
+    pool = WorkspacePool("cpu", size_mb=1, owner="llama")
+    grown = pool.get("decode", 0)
+    grown.plan(FakePlanner(grown.tensor, [("batch_decode_tmp_v", 3 * MIB, 16)]))
+    pool.get("prefill")
+    with caplog.at_level(logging.INFO, logger="mstar_resources"):
+        pool.seal()
+    assert caplog.messages == [pool.summary()]
+    assert pool.summary().splitlines() == [
+        "llama: 2 workspaces, 4,194,304 bytes (+2,097,152 over their floors), sealed",
+        "  llama:decode:cg0: 3,145,728 bytes (floor 1,048,576 from size_mb), grew 1x, "
+        "largest +2,097,152 for batch_decode_tmp_v, sealed",
+        "  llama:prefill: 1,048,576 bytes (floor 1,048,576 from size_mb), never grew, sealed",
+    ]
