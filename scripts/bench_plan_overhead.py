@@ -1,7 +1,7 @@
 """What Workspace.plan adds around a plan, as a ratio to calling the planner directly.
 
     python scripts/bench_plan_overhead.py                 # CPU, and the GPU when there is one
-    python scripts/bench_plan_overhead.py --rounds 3 --min-run-time 0.05   # quick
+    python scripts/bench_plan_overhead.py --rounds 3 --min-run-time 0.05 --png /tmp/o.png
 
 Two planners: a real FlashInfer decode plan (batch 64, 4096 tokens each, on a CUDA GPU) and, on
 the CPU, a planner of similar cost (host work calibrated to the decode plan's ~220 us). Direct and
@@ -16,6 +16,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.utils.benchmark as benchmark
@@ -87,6 +88,24 @@ def cpu_row(rounds: int, t: float) -> Row:
     )
 
 
+def noop_row(rounds: int, t: float) -> Row:
+    """A planner that does nothing: what remains is Workspace.plan's own cost per call."""
+    workspace = WorkspacePool("cpu", size_mb=1).get("decode")
+
+    def planner(*args: object, **kwargs: object) -> None:
+        return None
+
+    args = (1, 2, 3, 32, 8, 128, 16)
+    kwargs = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    return measure(
+        "no-op planner (Workspace.plan's own cost)",
+        lambda: planner(*args, **kwargs),
+        lambda: workspace.plan(planner, *args, **kwargs),
+        rounds,
+        t,
+    )
+
+
 def gpu_row(rounds: int, t: float) -> Row:
     import flashinfer
 
@@ -109,6 +128,25 @@ def gpu_row(rounds: int, t: float) -> Row:
     )
 
 
+def plot(rows: list[Row], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.8 * len(rows)))
+    names = [row.case for row in rows]
+    ax.barh(names, [row.ratio for row in rows], color="tab:blue")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    for i, row in enumerate(rows):
+        ax.annotate(f" {row.ratio:.4f}  ({row.added_us:+.2f} us)", (row.ratio, i), va="center")
+    ax.set_xscale("log")
+    ax.set_xlabel("time via Workspace.plan / time calling the planner directly")
+    ax.set_title("Workspace.plan overhead (median ratio over rounds)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
@@ -116,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--min-run-time", type=float, default=0.2, help="seconds per measurement (default 0.2)"
     )
+    parser.add_argument("--png", type=Path, default=Path("docs/bench_plan_overhead.png"))
     options = parser.parse_args(argv)
     rows = []
     if options.device in ("cpu", "all"):
+        rows.append(noop_row(options.rounds, options.min_run_time))
         rows.append(cpu_row(options.rounds, options.min_run_time))
     if options.device in ("cuda", "all"):
         if torch.cuda.is_available():
@@ -132,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{row.case:<62} {row.direct_us:>10.1f} {row.wrapped_us:>12.1f} "
             f"{row.added_us:>9.2f} {row.ratio:>7.4f}"
         )
+    options.png.parent.mkdir(parents=True, exist_ok=True)
+    plot(rows, options.png)
+    print(f"plot: {options.png}")
     return 0
 
 

@@ -1,0 +1,140 @@
+"""Measuring on the GPU what a label's plans need of the float workspace, through FlashInfer.
+
+Where a wrapper can say (``workspace_size()``: decode and paged prefill), it is asked; where it
+cannot (ragged prefill, or a backend without the query), the shapes are planned on a workspace
+that starts empty and grows, which ends at exactly the largest need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..attn.workspace import Workspace
+from .profile import CalibrationProfile, PlanKind, PlanProfile
+from .shapes import Shape
+
+
+@dataclass(frozen=True)
+class Need:
+    """The most float workspace any of a label's shapes needs."""
+
+    bytes: int
+    worst: Shape | None
+    """The shape that needs it (None when no shape needs any)."""
+    method: str
+    """``workspace_size`` (FlashInfer's own query) or ``growth`` (planned on a growing buffer)."""
+
+
+class Planner:
+    """Builds FlashInfer wrappers and plan arguments for one profile on one device.
+
+    FlashInfer caches a built kernel module per configuration for the life of the process, and
+    every wrapper here of one kind shares a configuration, so each kernel is built once per run.
+    """
+
+    def __init__(self, profile: CalibrationProfile, device: torch.device) -> None:
+        self.profile = profile
+        self.device = device
+        model = profile.model
+        self.dtypes = {
+            "q_data_type": getattr(torch, model.q_dtype),
+            "kv_data_type": getattr(torch, model.kv_dtype),
+        }
+
+    def _indptr(self, batch: int, step: int) -> torch.Tensor:
+        return torch.arange(batch + 1, dtype=torch.int32, device=self.device) * step
+
+    def plan_args(self, kind: PlanKind, shape: Shape) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``plan()``'s arguments (also ``workspace_size()``'s) for ``shape``."""
+        model = self.profile.model
+        heads = (model.num_qo_heads, model.num_kv_heads, model.head_dim)
+        if kind is PlanKind.ragged_prefill:
+            qo, kv = self._indptr(shape.batch, shape.q_len), self._indptr(shape.batch, shape.kv_len)
+            return (qo, kv, *heads), {"causal": True, **self.dtypes}
+        pages = -(-shape.kv_len // model.page_size)
+        kv_indptr = self._indptr(shape.batch, pages)
+        indices = torch.arange(shape.batch * pages, dtype=torch.int32, device=self.device)
+        last = shape.kv_len - (pages - 1) * model.page_size
+        last_page_len = torch.full((shape.batch,), last, dtype=torch.int32, device=self.device)
+        paged = (kv_indptr, indices, last_page_len, *heads, model.page_size)
+        if kind is PlanKind.decode:
+            return paged, dict(self.dtypes)
+        qo = self._indptr(shape.batch, shape.q_len)
+        return (qo, *paged), {"causal": True, **self.dtypes}
+
+    def wrapper(self, plan: PlanProfile, buffer: torch.Tensor, shape: Shape) -> Any:
+        import flashinfer
+
+        if plan.kind is PlanKind.ragged_prefill:
+            return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                buffer, "NHD", backend=plan.backend
+            )
+        if plan.kind is PlanKind.paged_prefill:
+            return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                buffer, "NHD", backend=plan.backend
+            )
+        if not shape.cuda_graph:
+            return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                buffer, "NHD", backend=plan.backend
+            )
+        (indptr, indices, last_page_len, *_), _ = self.plan_args(plan.kind, shape)
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            buffer,
+            "NHD",
+            use_cuda_graph=True,
+            paged_kv_indptr_buffer=indptr,
+            paged_kv_indices_buffer=indices,
+            paged_kv_last_page_len_buffer=last_page_len,
+            backend=plan.backend,
+        )
+
+    def need(self, plan: PlanProfile, shapes: list[Shape], progress: Any = None) -> Need:
+        """The largest need over ``shapes``; ``progress`` (a tqdm bar) advances once a shape."""
+        if plan.kind is not PlanKind.ragged_prefill:
+            try:
+                return self.need_by_query(plan, shapes, progress)
+            except NotImplementedError:  # this backend has no workspace_size()
+                pass
+        return self.need_by_growth(plan, shapes, progress)
+
+    def need_by_query(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
+        selector = torch.empty(0, dtype=torch.uint8, device=self.device)  # device selector only
+        eager = None
+        best, worst = 0, None
+        for shape in shapes:
+            if shape.cuda_graph:
+                wrapper = self.wrapper(plan, selector, shape)
+            else:
+                eager = eager or self.wrapper(plan, selector, shape)
+                wrapper = eager
+            args, kwargs = self.plan_args(plan.kind, shape)
+            need = wrapper.workspace_size(*args, **kwargs)[0]
+            if need > best:
+                best, worst = need, shape
+            if progress is not None:
+                progress.update()
+        return Need(best, worst, "workspace_size")
+
+    def need_by_growth(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
+        workspace = Workspace(
+            torch.zeros(0, dtype=torch.uint8, device=self.device), "calibration", floor="none"
+        )
+        eager = None
+        worst = None
+        for shape in shapes:
+            if shape.cuda_graph:
+                wrapper = self.wrapper(plan, workspace.tensor, shape)
+            else:
+                eager = eager or self.wrapper(plan, workspace.tensor, shape)
+                wrapper = eager
+            before = workspace.tensor.numel()
+            args, kwargs = self.plan_args(plan.kind, shape)
+            workspace.plan(wrapper.plan, *args, **kwargs)
+            if workspace.tensor.numel() > before:
+                worst = shape
+            if progress is not None:
+                progress.update()
+        return Need(workspace.tensor.numel(), worst, "growth")

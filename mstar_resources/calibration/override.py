@@ -1,0 +1,73 @@
+"""Writing what calibration measured as a deployment override that composes like any other.
+
+``<name>_calibrated.yaml`` in the ``deployment`` group pulls in ``<name>`` and sets each measured
+resource's ``declared_mb`` to its need plus :data:`DEFAULT_MARGIN`, rounded up to a whole MB. The
+measurements themselves go under the root key ``calibrated``, so a program can read them back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from omegaconf import OmegaConf
+
+from .._floor import MIB
+
+DEFAULT_MARGIN = 0.10
+"""Added to a measured need before it is declared. Graph plans are measured exactly, but eager
+plans are sampled (shapes.py) and the need between two sampled shapes can be a little higher; a
+tenth covers that on the shapes seen, and the workspace still grows (before sealing) if not."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one resource needs: the most any of its labels' plans needs."""
+
+    path: str
+    need_bytes: int
+    worst: str
+    """Which label and shape needs it, e.g. ``decode: bs=64 q=1 kv=131072 graph``."""
+    method: str
+
+
+def declared_mb_for(need_bytes: int, margin: float = DEFAULT_MARGIN) -> int:
+    """The ``declared_mb`` that holds ``need_bytes`` plus ``margin``: at least 1."""
+    return max(1, math.ceil(need_bytes * (1 + margin) / MIB))
+
+
+def calibrated_yaml(
+    deployment: str,
+    measured: list[Measured],
+    provenance: Mapping[str, str],
+    margin: float = DEFAULT_MARGIN,
+) -> str:
+    """The text of ``<deployment>_calibrated.yaml``."""
+    resources: dict = {}
+    for m in measured:
+        node = resources
+        for part in m.path.split("."):
+            node = node.setdefault(part, {})
+        node["declared_mb"] = declared_mb_for(m.need_bytes, margin)
+    body = {
+        "defaults": [deployment, "_self_"],
+        "resources": resources,
+        "calibrated": {
+            "margin": margin,
+            **dict(provenance),
+            "needs": [
+                {"path": m.path, "need_bytes": m.need_bytes, "worst": m.worst, "method": m.method}
+                for m in measured
+            ],
+        },
+    }
+    header = [
+        "# @package _global_",
+        f"# Calibrated {deployment}: written by",
+        f"#   mstar-resources-calibrate deployment={deployment}",
+        *(f"# {key}: {value}" for key, value in provenance.items()),
+        f"# declared_mb = need x {1 + margin:g}, rounded up to a whole MB. Use it with",
+        f"#   mstar-resources deployment={deployment}_calibrated",
+    ]
+    return "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(body))

@@ -1,0 +1,60 @@
+"""The plan shapes that bound what a label's workspace can need under a profile.
+
+FlashInfer splits the KV of a request into chunks, and the float workspace holds one partial
+result per chunk, so the need grows with the number of chunks in flight: few query rows against
+long contexts. Under a CUDA graph the grid is padded to the graph's batch size, so one plan per
+graph batch size fixes the need exactly. Eager plans are sampled over batch sizes and short and
+long contexts; the largest need seen is what calibration reports (with a margin, see override.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .profile import CalibrationProfile, PlanKind, PlanProfile
+
+SHORT_CONTEXT = 1024
+"""Tokens of context in the short-context shapes (or the model's limit, if lower)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One plan: ``batch`` requests of ``q_len`` query tokens over ``kv_len`` tokens of context."""
+
+    batch: int
+    q_len: int
+    kv_len: int
+    cuda_graph: bool = False
+
+    def __str__(self) -> str:
+        graph = " graph" if self.cuda_graph else ""
+        return f"bs={self.batch} q={self.q_len} kv={self.kv_len}{graph}"
+
+
+def _powers_of_two_up_to(limit: int) -> list[int]:
+    values = [1]
+    while values[-1] * 2 < limit:
+        values.append(values[-1] * 2)
+    return sorted({*values, limit})
+
+
+def shapes_for(plan: PlanProfile, profile: CalibrationProfile) -> list[Shape]:
+    """The shapes to plan for a label planned as ``plan``."""
+    limits = profile.limits
+    long = limits.max_model_len
+    contexts = sorted({min(SHORT_CONTEXT, long), long})
+    if plan.kind is PlanKind.decode:
+        if plan.cuda_graph:
+            return [Shape(b, 1, long, cuda_graph=True) for b in profile.cuda_graph_batch_sizes]
+        batches = _powers_of_two_up_to(limits.max_num_seqs)
+        return [Shape(b, 1, kv) for b in batches for kv in contexts]
+    budget = limits.max_num_batched_tokens
+    shapes = []
+    for batch in _powers_of_two_up_to(min(limits.max_num_seqs, budget)):
+        # Query lengths from a chunked-prefill tail (a few tokens) up to the whole budget.
+        for q_len in _powers_of_two_up_to(min(budget // batch, long)):
+            if plan.kind is PlanKind.ragged_prefill:
+                shapes.append(Shape(batch, q_len, q_len))  # a prompt attends to itself
+            else:
+                shapes.extend(Shape(batch, q_len, max(kv, q_len)) for kv in contexts)
+    return sorted(set(shapes), key=lambda s: (s.batch, s.q_len, s.kv_len))

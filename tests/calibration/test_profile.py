@@ -1,0 +1,107 @@
+"""The calibration profile: its schema, defaults and bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from mstar_resources import ResourceConfigError
+from mstar_resources.calibration.profile import PlanKind, load_profile
+from mstar_resources.calibration.shapes import Shape, shapes_for
+
+GOOD = {
+    "model": {"num_qo_heads": 32, "num_kv_heads": 8},
+    "limits": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_model_len": 131072},
+    "cuda_graph_batch_sizes": [1, 8, 64],
+    "plans": {
+        "decode": {"kind": "decode", "cuda_graph": True},
+        "prefill": {"kind": "paged_prefill"},
+        "prompt": {"kind": "ragged_prefill"},
+    },
+}
+
+
+def with_(path: str, value: object) -> dict:
+    """GOOD with one value replaced (``a.b=value``)."""
+    import copy
+
+    node = copy.deepcopy(GOOD)
+    *parents, leaf = path.split(".")
+    target = node
+    for part in parents:
+        target = target[part]
+    target[leaf] = value
+    return node
+
+
+def test_good_profile_loads_with_defaults():
+    profile = load_profile(GOOD)
+    assert (profile.model.head_dim, profile.model.page_size) == (128, 16)
+    assert (profile.model.q_dtype, profile.model.kv_dtype) == ("bfloat16", "bfloat16")
+    assert profile.plans["decode"].kind is PlanKind.decode
+    assert profile.plans["prefill"].backend == "fa2"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "match"),
+    [
+        ("model.num_qo_heads", "many", r"calibration\.model\.num_qo_heads: Value 'many'"),
+        ("model.num_kv_heads", 0, r"calibration\.model\.num_kv_heads=0 must be a positive"),
+        ("model.num_kv_heads", 5, r"num_kv_heads=5 does not divide .*num_qo_heads=32"),
+        ("model.q_dtype", "fp4", r"calibration\.model\.q_dtype='fp4' is not one of"),
+        ("model.typo", 1, r"calibration\.model\.typo: Key 'typo' not in 'ModelShape'"),
+        ("limits.max_model_len", -1, r"calibration\.limits\.max_model_len=-1 must be a positive"),
+        ("cuda_graph_batch_sizes", [1, 1], r"cuda_graph_batch_sizes=\[1, 1\] must be distinct"),
+        ("cuda_graph_batch_sizes", [512], r"has 512, more than calibration\.limits\.max_num_seqs"),
+        ("plans", {}, r"calibration\.plans is empty"),
+        ("plans.prefill.kind", "mla", r"calibration\.plans\.prefill\.kind: Invalid value 'mla'"),
+        ("plans.prefill.cuda_graph", True, r"plans\.prefill\.cuda_graph=true: only decode"),
+    ],
+)
+def test_bad_profile_names_the_key_and_value(path, value, match):
+    with pytest.raises(ResourceConfigError, match=match):
+        load_profile(with_(path, value))
+
+
+def test_every_problem_is_reported_at_once():
+    bad = with_("model.num_kv_heads", 0)
+    bad["limits"]["max_num_seqs"] = 0
+    with pytest.raises(ResourceConfigError) as raised:
+        load_profile(bad)
+    assert "num_kv_heads=0" in str(raised.value) and "max_num_seqs=0" in str(raised.value)
+
+
+def test_missing_limits_names_the_key():
+    bad = {k: v for k, v in GOOD.items() if k != "limits"}
+    with pytest.raises(ResourceConfigError, match=r"calibration\.limits: .*missing"):
+        load_profile(bad)
+
+
+# --- shapes --------------------------------------------------------------------------------------
+
+
+def test_graph_decode_plans_once_per_graph_batch_size_at_the_longest_context():
+    profile = load_profile(GOOD)
+    assert shapes_for(profile.plans["decode"], profile) == [
+        Shape(1, 1, 131072, cuda_graph=True),
+        Shape(8, 1, 131072, cuda_graph=True),
+        Shape(64, 1, 131072, cuda_graph=True),
+    ]
+
+
+def test_eager_decode_covers_batch_sizes_and_short_and_long_contexts():
+    profile = load_profile(with_("plans.decode.cuda_graph", False))
+    shapes = shapes_for(profile.plans["decode"], profile)
+    assert {s.batch for s in shapes} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert {s.kv_len for s in shapes} == {1024, 131072}
+    assert all(s.q_len == 1 and not s.cuda_graph for s in shapes)
+
+
+@pytest.mark.parametrize("label", ["prefill", "prompt"])
+def test_prefill_shapes_stay_within_the_engines_limits(label):
+    profile = load_profile(GOOD)
+    shapes = shapes_for(profile.plans[label], profile)
+    limits = profile.limits
+    assert all(s.batch * s.q_len <= limits.max_num_batched_tokens for s in shapes)
+    assert all(s.batch <= limits.max_num_seqs and s.kv_len <= limits.max_model_len for s in shapes)
+    assert max(s.q_len for s in shapes) == limits.max_num_batched_tokens
+    assert Shape(1, 1, 1 if label == "prompt" else 131072) in shapes  # the fewest query rows
