@@ -132,6 +132,9 @@ class Workspace:
                         f"{overflow.allocation} asked for {overflow.size:,} more); "
                         "the planner does not converge"
                     ) from error
+                if self.sealed:
+                    whole = _whole_plan_need(plan, args, kwargs)
+                    raise self._sealed_error(overflow, whole) from error
                 self._grow(overflow, error)
                 growths += 1
 
@@ -159,18 +162,31 @@ class Workspace:
         # An allocator that had more room than this buffer holds was not allocating from it.
         return overflow.available is None or overflow.available <= self.tensor.numel()
 
+    def _sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceSealedError:
+        have = self.tensor.numel()
+        need = overflow.bytes_needed(have)
+        failed = (
+            f"{overflow.allocation} asked for {overflow.size:,} bytes, alignment "
+            f"{overflow.alignment}, with {have - (overflow.available or 0):,} taken"
+        )
+        if whole is not None and whole >= need:
+            asked, caveat = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})", ""
+        else:
+            whole = need
+            asked = f"at least {need:,} ({failed})"
+            caveat = " (allocations after it were not tried and may ask for more)"
+        return WorkspaceSealedError(
+            f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan needs {asked}; "
+            f"set {self.floor}={-(-whole // MIB)} or more{caveat}, or plan the largest shape "
+            "before sealing"
+        )
+
     def _grow(self, overflow: Overflow, error: RuntimeError) -> None:
         with self._lock:
+            if self.sealed:  # sealed while the plan ran
+                raise self._sealed_error(overflow, None) from error
             have = self.tensor.numel()
             need = overflow.bytes_needed(have)
-            if self.sealed:
-                raise WorkspaceSealedError(
-                    f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan asked for "
-                    f"{need:,} ({overflow.allocation}: {overflow.size:,} bytes, alignment "
-                    f"{overflow.alignment}); set {self.floor}={-(-need // MIB)} or more, or plan "
-                    "the largest shape before sealing (a plan's later allocations, which could "
-                    "not be tried, may ask for more)"
-                ) from error
             try:
                 # A failed resize_() leaves the tensor claiming storage it does not have, so the
                 # new buffer is made whole before the tensor moves onto it.
@@ -196,6 +212,24 @@ class Workspace:
             self.floor,
             -(-need // MIB),
         )
+
+
+def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any) -> int | None:
+    """What the whole plan needs, where its FlashInfer wrapper can say without planning.
+
+    Decode and paged-prefill wrappers answer ``workspace_size()`` (float bytes first) with the
+    arguments of ``plan()``; anything else, or any failure, gives None. Asked only on the way to a
+    sealed error, never on a plan that fits.
+    """
+    query = getattr(getattr(plan, "__self__", None), "workspace_size", None)
+    if not callable(query):
+        return None
+    try:
+        answer = query(*args, **kwargs)
+        need = answer[0] if isinstance(answer, tuple) else answer
+    except Exception:  # not this wrapper's arguments, or no query for its backend
+        return None
+    return need if isinstance(need, int) and not isinstance(need, bool) else None
 
 
 class WorkspacePool:

@@ -109,6 +109,12 @@ class FakePlanner:
             available -= padding + size
         return args, kwargs
 
+    plan = __call__
+
+    def workspace_size(self, *args: object, **kwargs: object) -> tuple[int, int]:
+        """As FlashInfer's wrappers answer it: (float bytes, int bytes), planning nothing."""
+        return self.bytes_needed(), 0
+
     def bytes_needed(self) -> int:
         taken = 0
         for _, size, alignment in self.allocations:

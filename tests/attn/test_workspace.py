@@ -151,15 +151,36 @@ def test_sealed_overflow_names_workspace_bytes_and_setting_and_never_moves():
     planner = FakePlanner(workspace.tensor, DECODE_CHAIN)
 
     with pytest.raises(WorkspaceSealedError) as raised:
-        workspace.plan(planner)
+        workspace.plan(planner)  # a plain callable: only the failed allocation is known
 
-    message = str(raised.value)
-    assert "'attention:decode' is sealed at 1,048,576 bytes" in message
-    assert "asked for 2,097,152" in message
-    assert "set resources.attn.decode.declared_mb=2 or more" in message
+    assert str(raised.value) == (
+        "workspace 'attention:decode' is sealed at 1,048,576 bytes, and a plan needs at least "
+        "2,097,152 (batch_decode_tmp_v asked for 2,097,152 bytes, alignment 16, with 0 taken); "
+        "set resources.attn.decode.declared_mb=2 or more (allocations after it were not tried "
+        "and may ask for more), or plan the largest shape before sealing"
+    )
     assert isinstance(raised.value, ResourceError)
     assert isinstance(raised.value.__cause__, RuntimeError)
     assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, MIB)
+
+
+def test_sealed_overflow_of_a_wrapper_plan_says_what_the_whole_plan_needs():
+    workspace = make_workspace()
+    workspace.seal()
+    planner = FakePlanner(workspace.tensor, DECODE_CHAIN)
+
+    with pytest.raises(WorkspaceSealedError) as raised:
+        workspace.plan(planner.plan, 1, page_size=16)  # a bound method, like wrapper.plan
+
+    # tmp_v alone fits in 2 MB; with tmp_s after it the plan needs 3: the wrapper's own
+    # workspace_size() says so, and the error passes that on.
+    assert str(raised.value) == (
+        "workspace 'attention:decode' is sealed at 1,048,576 bytes, and a plan needs 2,113,552 "
+        "in all, per FlashInfer's workspace_size() (batch_decode_tmp_v asked for 2,097,152 "
+        "bytes, alignment 16, with 0 taken); set MSTAR_WORKSPACE_BUFFER_MB=3 or more, or plan "
+        "the largest shape before sealing"
+    )
+    assert (planner.calls, workspace.tensor.numel()) == (1, MIB)
 
 
 def test_sealed_workspace_still_plans_what_fits():
