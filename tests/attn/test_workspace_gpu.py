@@ -145,11 +145,12 @@ def test_workspace_made_after_seal_is_sealed_and_reports_the_setting(monkeypatch
     pool.seal()
     workspace = pool.get("decode", 1)
     decode = Decode(batch=64, kv_len=4096)
-    # tmp_v alone is 2 MiB: the error names it, and the MB that make room for it.
-    with pytest.raises(WorkspaceSealedError, match=r"asked for 2,097,152 .*BUFFER_MB=2 or more"):
-        workspace.plan(
-            decode.wrapper(workspace.tensor).plan, *decode.plan_args, **decode.plan_kwargs
-        )
+    wrapper = decode.wrapper(workspace.tensor)
+    # tmp_v alone is 2 MiB and tmp_s comes after it: the whole plan needs 3 MB.
+    whole = decode.float_bytes(wrapper)
+    assert 2 * MIB < whole <= 3 * MIB
+    with pytest.raises(WorkspaceSealedError, match=rf"{whole:,} in all.*BUFFER_MB=3 or more"):
+        workspace.plan(wrapper.plan, *decode.plan_args, **decode.plan_kwargs)
     assert workspace.tensor.numel() == MIB
 
 
