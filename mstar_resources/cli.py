@@ -1,0 +1,190 @@
+"""``mstar-resources``: compose the resource tree, resolve it, and print what it reserves.
+
+A Hydra app over ``pkg://mstar_resources.conf`` (primary config ``mstar_resources.yaml``). On the
+CPU it is a dry run that allocates nothing and imports no FlashInfer; ``device=cuda`` (or
+``cuda:N``) also makes every declared workspace and reports what the GPU then holds.
+
+Bad input, Hydra's own compose errors included, ends in one paragraph on stderr and exit status 2.
+Hydra prints compose errors itself and exits 1 unless ``HYDRA_FULL_ERROR=1`` is set, in which case
+it raises them; so :func:`main` sets that variable for the duration of the app, reports what it
+catches, and restores it. Set ``HYDRA_FULL_ERROR=1`` yourself to get the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+from typing import Any, NoReturn
+
+import hydra
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from ._floor import MIB
+from .errors import ResourceConfigError
+from .resolver import ResolvedResource, build_pools, resolve
+
+__all__ = ["main"]
+
+PROG = "mstar-resources"
+FORMATS = ("table", "json")
+_CUDA = re.compile(r"cuda(:\d+)?")
+_COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB")
+
+
+@hydra.main(
+    version_base="1.3", config_path="pkg://mstar_resources.conf", config_name=PROG.replace("-", "_")
+)
+def _app(cfg: DictConfig) -> None:
+    # Raised out of here, an error would reach Hydra's job runner, which prints its own line
+    # about it first; SystemExit passes through it.
+    try:
+        _run(cfg)
+    except ResourceConfigError as error:
+        _fail(error)
+
+
+def _run(cfg: DictConfig) -> None:
+    output, device = cfg.get("format"), cfg.get("device")
+    if output not in FORMATS:
+        raise ResourceConfigError(
+            f"format={output!r} is not an output format; set format=table or format=json"
+        )
+    if not isinstance(device, str) or not (device == "cpu" or _CUDA.fullmatch(device)):
+        raise ResourceConfigError(
+            f"device={device!r} is not a device to reserve on; set device=cpu (a dry run) or "
+            "device=cuda (or cuda:N) to allocate"
+        )
+    records = resolve(cfg.get("resources"))
+    report: dict[str, Any] = {
+        "resources": [dataclasses.asdict(record) for record in records],
+        "total_reserved_bytes": sum(record.reserved_bytes for record in records),
+    }
+    if device != "cpu":
+        report["device"] = device
+        report["allocated_bytes"] = _allocate(cfg.get("resources"), records, device)
+    if output == "json":
+        print(json.dumps(report))
+    else:
+        print(_table(records, report))
+
+
+def _allocate(resources_node: DictConfig, records: list[ResolvedResource], device: str) -> int:
+    """Make every declared workspace on ``device``; returns how many more bytes the GPU holds."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ResourceConfigError(
+            f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is "
+            "False); set device=cpu for a dry run"
+        )
+    target = torch.device(device)
+    if target.index is not None and target.index >= torch.cuda.device_count():
+        raise ResourceConfigError(
+            f"device={device!r}, but there are {torch.cuda.device_count()} CUDA devices; "
+            f"set device=cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
+    pools = build_pools(resources_node, target)
+    torch.cuda.synchronize(target)
+    before = torch.cuda.memory_allocated(target)
+    for record in records:
+        for label, slot in record.served():
+            pools[record.path].get(label, slot)
+    torch.cuda.synchronize(target)
+    return torch.cuda.memory_allocated(target) - before
+
+
+def _table(records: list[ResolvedResource], report: dict[str, Any]) -> str:
+    rows = [
+        (
+            record.path,
+            record.owner,
+            ",".join(record.labels),
+            ",".join(map(str, record.cg_slots)) or "eager",
+            str(record.floor_mb),
+            record.floor_source,
+            str(record.workspaces),
+            _mb(record.reserved_bytes),
+        )
+        for record in records
+    ]
+    total = report["total_reserved_bytes"]
+    workspaces = sum(record.workspaces for record in records)
+    footer = ["total", "", "", "", "", "", str(workspaces), _mb(total)]
+    widths = [max(len(row[i]) for row in [_COLUMNS, *rows, footer]) for i in range(len(_COLUMNS))]
+    numeric = {4, 6, 7}
+
+    def line(cells: Any) -> str:
+        return "  ".join(
+            cell.rjust(width) if i in numeric else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    lines = [line(_COLUMNS), line(["-" * width for width in widths])]
+    lines += [line(row) for row in rows]
+    lines += [line(["-" * width for width in widths]), line(footer)]
+    if "allocated_bytes" in report:
+        lines.append(
+            f"allocated on {report['device']}: {report['allocated_bytes']:,} bytes "
+            f"(torch.cuda.memory_allocated), reserved: {total:,} bytes"
+        )
+    return "\n".join(lines)
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / MIB:,.0f}" if nbytes % MIB == 0 else f"{nbytes / MIB:,.2f}"
+
+
+def _one_paragraph(error: BaseException) -> str:
+    """``error``'s text and its config cause's, as one paragraph: Hydra's list of options and
+    OmegaConf's ``full_key`` lines joined onto it."""
+    texts = [str(error)]
+    if isinstance(error, OverrideParseException):  # its text quotes no override
+        texts[0] = f"{error.override}: {error}"
+    if isinstance(error.__cause__, OmegaConfBaseException):
+        texts.append(str(error.__cause__))
+    lines = [line.strip() for text in texts for line in text.splitlines() if line.strip()]
+    # Where the search path is helps no one who misspelled an option.
+    if "Config search path:" in lines:
+        lines = lines[: lines.index("Config search path:")]
+    paragraph, listing = lines[0], False
+    for line in lines[1:]:
+        if paragraph.endswith(":"):
+            paragraph += " " + line
+        elif listing:
+            paragraph += ", " + line
+        else:
+            paragraph += (" " if paragraph.endswith((".", ";")) else "; ") + line
+        listing = listing or paragraph.endswith(":")
+    return paragraph
+
+
+def _fail(error: BaseException) -> NoReturn:
+    text = _one_paragraph(error)
+    if not isinstance(error, ResourceConfigError):
+        text += f". `{PROG} --cfg job` prints the composed config, `{PROG} --help` its groups"
+    print(f"{PROG}: error: {text}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main() -> None:
+    """The console script: run the app, and turn bad input into one paragraph and exit status 2."""
+    traceback_wanted = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _app()
+    except (HydraException, OmegaConfBaseException) as error:
+        if traceback_wanted:
+            raise
+        _fail(error)
+    finally:
+        if not traceback_wanted:
+            del os.environ["HYDRA_FULL_ERROR"]
+
+
+if __name__ == "__main__":
+    main()
