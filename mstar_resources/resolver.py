@@ -45,11 +45,11 @@ class ResolvedResource:
     declared_mb: int | None
     floor_mb: int
     """The floor of each workspace, in MB: declared, else from the environment, else 512."""
+    floor_bytes: int = field(init=False)
     floor_source: FloorSource
     """Where ``floor_mb`` came from: ``declared``, ``env`` or ``default``."""
     floor_setting: str
     """What to change to move the floor: ``resources.<path>.declared_mb`` or the variable."""
-    floor_bytes: int = field(init=False)
     workspaces: int = field(init=False)
     """One per label and slot: ``len(labels) * max(1, len(cg_slots))``."""
     reserved_bytes: int = field(init=False)
@@ -93,13 +93,12 @@ class DeclaredWorkspacePool(WorkspacePool):
     def _check_key(self, label: str, cg_slot: int | None) -> None:
         super()._check_key(label, cg_slot)
         if (label, cg_slot) not in self.resource.served():
-            declared = ", ".join(
-                f"({lbl!r}, cg_slot={slot})" for lbl, slot in self.resource.served()
-            )
+            key, slots = self.resource.key, list(self.resource.cg_slots)
             raise ResourceConfigError(
-                f"{self.resource.key} does not serve ({label!r}, cg_slot={cg_slot}); it declares "
-                f"{declared}. Add the label to {self.resource.key}.labels or the slot to "
-                f"{self.resource.key}.cg_slots"
+                f"{key} does not serve ({label!r}, cg_slot={cg_slot}); it serves labels "
+                f"{list(self.resource.labels)} "
+                + (f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)")
+                + f". Add the label to {key}.labels or the slot to {key}.cg_slots"
             )
 
 
@@ -114,18 +113,22 @@ def resolve(
     env = os.environ if env is None else env
     problems: list[str] = []
     declared: list[tuple[str, Resource]] = []
+    reads_env = False
     for path, node in _walk(_as_config(resources_node), ROOT, problems):
+        reads_env = reads_env or node.get("declared_mb", None) is None
         resource = _validate(node, f"{ROOT}.{path}", problems)
         if resource is not None:
             declared.append((path, resource))
+    if reads_env:  # checked once: a bad variable is one problem, however many resources read it
+        try:
+            resolve_floor(None, env)
+        except ResourceConfigError as error:
+            problems.append(str(error))
+    if problems:
+        raise ResourceConfigError(_report(problems))
     records = []
     for path, resource in declared:
-        try:
-            floor = resolve_floor(resource.declared_mb, env, f"{ROOT}.{path}.declared_mb")
-        except ResourceConfigError as error:
-            if str(error) not in problems:  # a bad variable is one problem, however many read it
-                problems.append(str(error))
-            continue
+        floor = resolve_floor(resource.declared_mb, env, f"{ROOT}.{path}.declared_mb")
         records.append(
             ResolvedResource(
                 path=path,
@@ -138,8 +141,6 @@ def resolve(
                 floor_setting=floor.setting,
             )
         )
-    if problems:
-        raise ResourceConfigError(_report(problems))
     return records
 
 
