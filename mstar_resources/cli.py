@@ -20,6 +20,7 @@ import sys
 from typing import Any, NoReturn
 
 import hydra
+import torch
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
@@ -37,7 +38,7 @@ _COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspace
 
 
 @hydra.main(
-    version_base="1.3", config_path="pkg://mstar_resources.conf", config_name=PROG.replace("-", "_")
+    version_base="1.3", config_path="pkg://mstar_resources.conf", config_name="mstar_resources"
 )
 def _app(cfg: DictConfig) -> None:
     # Raised out of here, an error would reach Hydra's job runner, which prints its own line
@@ -75,8 +76,6 @@ def _run(cfg: DictConfig) -> None:
 
 def _allocate(resources_node: DictConfig, records: list[ResolvedResource], device: str) -> int:
     """Make every declared workspace on ``device``; returns how many more bytes the GPU holds."""
-    import torch
-
     if not torch.cuda.is_available():
         raise ResourceConfigError(
             f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is "
@@ -173,17 +172,19 @@ def _fail(error: BaseException) -> NoReturn:
 
 def main() -> None:
     """The console script: run the app, and turn bad input into one paragraph and exit status 2."""
-    traceback_wanted = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    before = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _app()
     except (HydraException, OmegaConfBaseException) as error:
-        if traceback_wanted:
+        if before == "1":
             raise
         _fail(error)
     finally:
-        if not traceback_wanted:
+        if before is None:
             del os.environ["HYDRA_FULL_ERROR"]
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
 
 
 if __name__ == "__main__":

@@ -115,7 +115,9 @@ def resolve(
     declared: list[tuple[str, Resource]] = []
     reads_env = False
     for path, node in _walk(_as_config(resources_node), ROOT, problems):
-        reads_env = reads_env or node.get("declared_mb", None) is None
+        # Read raw, so a broken interpolation is reported once, by _validate.
+        raw = cast(dict, OmegaConf.to_container(node, resolve=False))
+        reads_env = reads_env or raw.get("declared_mb") is None
         resource = _validate(node, f"{ROOT}.{path}", problems)
         if resource is not None:
             declared.append((path, resource))

@@ -197,6 +197,11 @@ BAD_TREES = [
         [r"resources\.attn\.lables=\['decode'\] is neither a resource"], id="misspelled-field",
     ),
     pytest.param(
+        {"d": {"labels": ["x"], "declared_mb": "${nowhere}"}}, {},
+        [r"resources\.d can't be read: Interpolation key 'nowhere' not found"],
+        id="broken-interpolation",
+    ),
+    pytest.param(
         {"d": {"labels": ["x"]}}, {VAR: "lots"},
         [r"MSTAR_WORKSPACE_BUFFER_MB='lots' is not a positive whole number of MB"],
         id="bad-variable",
