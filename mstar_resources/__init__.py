@@ -1,9 +1,27 @@
-"""Declarative, growable, sealable GPU scratch memory for LLM inference engines."""
+"""Declarative, growable, sealable GPU scratch memory for LLM inference engines.
 
-from .attn.workspace import Workspace, WorkspacePool, WorkspaceStats, workspace_bytes
-from .errors import ResourceConfigError, ResourceError, WorkspaceGrowthError, WorkspaceSealedError
+The names below load on first use, so composing ``pkg://mstar_resources.conf`` (which imports this
+package) costs neither torch nor the resolver.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .attn.workspace import (
+        Workspace,
+        WorkspaceGrowthError,
+        WorkspacePool,
+        WorkspaceStats,
+        workspace_bytes,
+    )
+    from .errors import ResourceConfigError, ResourceError, WorkspaceSealedError
+    from .resolver import ResolvedResource, build_pools, resolve
 
 __all__ = [
+    "ResolvedResource",
     "ResourceConfigError",
     "ResourceError",
     "Workspace",
@@ -11,5 +29,34 @@ __all__ = [
     "WorkspacePool",
     "WorkspaceSealedError",
     "WorkspaceStats",
+    "build_pools",
+    "resolve",
     "workspace_bytes",
 ]
+
+_HOMES = {
+    "ResolvedResource": ".resolver",
+    "ResourceConfigError": ".errors",
+    "ResourceError": ".errors",
+    "Workspace": ".attn.workspace",
+    "WorkspaceGrowthError": ".attn.workspace",
+    "WorkspacePool": ".attn.workspace",
+    "WorkspaceSealedError": ".errors",
+    "WorkspaceStats": ".attn.workspace",
+    "build_pools": ".resolver",
+    "resolve": ".resolver",
+    "workspace_bytes": ".attn.workspace",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

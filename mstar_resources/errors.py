@@ -1,15 +1,12 @@
-"""The exceptions this library raises: each names the setting to change and the value to give it."""
+"""The exceptions this library raises: each names the setting to change and the value to give it.
+
+Torch-free, so that composing and checking a config imports no torch. The one error that is also a
+torch error, ``WorkspaceGrowthError``, lives beside the workspaces that raise it.
+"""
 
 from __future__ import annotations
 
-import torch
-
-__all__ = [
-    "ResourceConfigError",
-    "ResourceError",
-    "WorkspaceGrowthError",
-    "WorkspaceSealedError",
-]
+__all__ = ["ResourceConfigError", "ResourceError", "WorkspaceSealedError"]
 
 
 class ResourceError(Exception):
@@ -22,10 +19,3 @@ class ResourceConfigError(ResourceError, ValueError):
 
 class WorkspaceSealedError(ResourceError):
     """A plan needs more room than a sealed workspace has; a sealed workspace never moves."""
-
-
-class WorkspaceGrowthError(ResourceError, torch.OutOfMemoryError):
-    """A workspace could not get the memory it needed; it keeps its old buffer, intact and usable.
-
-    Also a ``torch.OutOfMemoryError``, so an engine's out-of-memory handling still catches it.
-    """

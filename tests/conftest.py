@@ -1,4 +1,5 @@
-"""Tests marked ``gpu`` run only where CUDA and FlashInfer are; elsewhere they skip, saying why."""
+"""What the tests share: GPU tests skip where there is no GPU, saying why; config tests compose the
+shipped tree the way an engine or the CLI would, with no floor variable from the environment."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import importlib.util
 
 import pytest
 import torch
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+
+VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 
 
 def _why_no_gpu() -> str | None:
@@ -24,3 +29,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def compose_shipped(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """The CLI's primary config composed through the Compose API, with ``overrides``."""
+    with initialize_config_module("mstar_resources.conf", version_base="1.3"):
+        return compose("mstar_resources", overrides=list(overrides))
+
+
+@pytest.fixture(autouse=True)
+def _no_floor_variable(monkeypatch):
+    """The process environment sets no floor unless a test says so."""
+    monkeypatch.delenv(VAR, raising=False)

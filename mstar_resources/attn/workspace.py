@@ -11,10 +11,16 @@ from typing import Any, TypeVar
 import torch
 
 from .._floor import ENV_VAR, MIB, Floor, resolve_floor
-from ..errors import ResourceConfigError, WorkspaceGrowthError, WorkspaceSealedError
+from ..errors import ResourceConfigError, ResourceError, WorkspaceSealedError
 from ._overflow import Overflow, parse_float_overflow
 
-__all__ = ["Workspace", "WorkspacePool", "WorkspaceStats", "workspace_bytes"]
+__all__ = [
+    "Workspace",
+    "WorkspaceGrowthError",
+    "WorkspacePool",
+    "WorkspaceStats",
+    "workspace_bytes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +29,13 @@ T = TypeVar("T")
 MAX_GROWTHS_PER_PLAN = 16
 """How many times one plan may grow a workspace. FlashInfer's allocations come in short chains
 (``tmp_v`` then ``tmp_s``: two growths at most seen); the bound stops a planner that never fits."""
+
+
+class WorkspaceGrowthError(ResourceError, torch.OutOfMemoryError):
+    """A workspace could not get the memory it needed; it keeps its old buffer, intact and usable.
+
+    Also a ``torch.OutOfMemoryError``, so an engine's out-of-memory handling still catches it.
+    """
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The calibration profile: what a deployment plans, so its workspaces can be measured on a GPU.
 
 It lives under the config's root key ``calibration`` (each shipped deployment carries one) and is
-read by ``mstar-resources-calibrate``. Dataclasses only; :func:`load_profile` turns a composed node
-into a checked :class:`CalibrationProfile`, reporting every problem at once.
+read by ``mstar-resources-calibrate``. Registered in Hydra's ConfigStore as
+``mstar_resources/calibration``, so a deployment types it by listing
+``- /mstar_resources/calibration@calibration`` in its defaults. :func:`load_profile` turns a
+composed node into a checked :class:`CalibrationProfile`, reporting every problem at once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, cast
 
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .._floor import is_positive_int
@@ -37,9 +40,9 @@ class PlanKind(Enum):
 class ModelShape:
     """The attention shape of the model, per GPU (after tensor parallelism)."""
 
-    num_qo_heads: int
+    num_qo_heads: int = MISSING
     """Query (and output) heads on one GPU."""
-    num_kv_heads: int
+    num_kv_heads: int = MISSING
     """KV heads on one GPU; must divide ``num_qo_heads``."""
     head_dim: int = 128
     """Dimension of one head."""
@@ -55,11 +58,11 @@ class ModelShape:
 class EngineLimits:
     """The engine's scheduling limits, which bound every plan it can make."""
 
-    max_num_seqs: int
+    max_num_seqs: int = MISSING
     """Most sequences in one batch."""
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int = MISSING
     """Most query tokens in one batch (the chunked-prefill budget)."""
-    max_model_len: int
+    max_model_len: int = MISSING
     """Longest context, in tokens."""
 
 
@@ -67,7 +70,7 @@ class EngineLimits:
 class PlanProfile:
     """How one plan label is planned."""
 
-    kind: PlanKind
+    kind: PlanKind = MISSING
     """The FlashInfer wrapper that plans it."""
     cuda_graph: bool = False
     """Planned by a CUDA-graph wrapper, once per graph batch size (decode only)."""
@@ -80,8 +83,8 @@ class PlanProfile:
 class CalibrationProfile:
     """Everything calibration needs to know about a deployment's plans."""
 
-    model: ModelShape
-    limits: EngineLimits
+    model: ModelShape = MISSING
+    limits: EngineLimits = MISSING
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     """Batch sizes the engine captures graphs for; each is planned."""
     plans: dict[str, PlanProfile] = field(default_factory=dict)
@@ -151,3 +154,6 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
             "bad calibration profile:\n" + "\n".join(f"  - {p}" for p in problems)
         )
     return profile
+
+
+ConfigStore.instance().store(group="mstar_resources", name=ROOT, node=CalibrationProfile)

@@ -1,0 +1,68 @@
+"""Running a Hydra app as a console script whose bad input ends in one paragraph and exit 2.
+
+Hydra prints compose errors itself and exits 1 unless ``HYDRA_FULL_ERROR=1`` is set, in which case
+it raises them; so :func:`run_app` sets that variable for the duration of the app, reports what it
+catches, and restores it. Set ``HYDRA_FULL_ERROR=1`` yourself to get the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import ResourceConfigError
+
+
+def one_paragraph(error: BaseException) -> str:
+    """``error``'s text and its config cause's, as one paragraph: Hydra's list of options and
+    OmegaConf's ``full_key`` lines joined onto it."""
+    texts = [str(error)]
+    if isinstance(error, OverrideParseException):  # its text quotes no override
+        texts[0] = f"{error.override}: {error}"
+    if isinstance(error.__cause__, OmegaConfBaseException):
+        texts.append(str(error.__cause__))
+    lines = [line.strip() for text in texts for line in text.splitlines() if line.strip()]
+    # Where the search path is helps no one who misspelled an option.
+    if "Config search path:" in lines:
+        lines = lines[: lines.index("Config search path:")]
+    paragraph, listing = lines[0], False
+    for line in lines[1:]:
+        if paragraph.endswith(":"):
+            paragraph += " " + line
+        elif listing:
+            paragraph += ", " + line
+        else:
+            paragraph += (" " if paragraph.endswith((".", ";")) else "; ") + line
+        listing = listing or paragraph.endswith(":")
+    return paragraph
+
+
+def fail(prog: str, error: BaseException) -> NoReturn:
+    """Report ``error`` as ``prog: error: ...`` on stderr and exit with status 2."""
+    text = one_paragraph(error)
+    if not isinstance(error, ResourceConfigError):
+        text += f". `{prog} --cfg job` prints the composed config, `{prog} --help` its groups"
+    print(f"{prog}: error: {text}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run_app(app: Callable[[], None], prog: str) -> None:
+    """Run the ``@hydra.main`` function ``app``, turning Hydra's own errors into :func:`fail`."""
+    before = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        app()
+    except (HydraException, OmegaConfBaseException) as error:
+        if before == "1":
+            raise
+        fail(prog, error)
+    finally:
+        if before is None:
+            del os.environ["HYDRA_FULL_ERROR"]
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before

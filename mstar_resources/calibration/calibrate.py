@@ -1,0 +1,160 @@
+"""Measuring a deployment's workspaces on this GPU and writing the result down as an override."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.resources
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ResourceConfigError
+from ..resolver import ResolvedResource
+from .measure import Need, Planner
+from .override import DEFAULT_MARGIN, Measured, calibrated_yaml, declared_mb_for
+from .profile import CalibrationProfile
+from .shapes import shapes_for
+
+CALIBRATED_SUFFIX = "_calibrated"
+
+
+@dataclass(frozen=True)
+class LabelNeed:
+    """One row of the calibration table."""
+
+    resource: ResolvedResource
+    label: str
+    need: Need
+
+    @property
+    def surplus_bytes(self) -> int:
+        """Today's floor less the need: waste if positive, shortfall if negative."""
+        return self.resource.floor_bytes - self.need.bytes
+
+
+def default_output_dir() -> Path:
+    """The ``deployment`` folder of the installed ``conf`` (the source tree's, when editable)."""
+    return Path(str(importlib.resources.files("mstar_resources.conf"))) / "deployment"
+
+
+def base_deployment(name: str) -> str:
+    """Calibrating ``x_calibrated`` again recalibrates ``x``."""
+    return name.removesuffix(CALIBRATED_SUFFIX)
+
+
+def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfile) -> None:
+    """Every label of every resource must have a plan profile."""
+    missing = [
+        f"calibration.plans.{label} (for resources.{r.path})"
+        for r in records
+        for label in r.labels
+        if label not in profile.plans
+    ]
+    if missing:
+        raise ResourceConfigError(
+            "the calibration profile does not say how these labels are planned; add "
+            + ", ".join(missing)
+            + " with a kind (decode, paged_prefill or ragged_prefill)"
+        )
+
+
+def measure_all(
+    records: Sequence[ResolvedResource],
+    profile: CalibrationProfile,
+    device: torch.device,
+    show_progress: bool = True,
+) -> list[LabelNeed]:
+    """Plan every label's bounding shapes through FlashInfer; one row per (resource, label)."""
+    from tqdm import tqdm
+
+    check_labels(records, profile)
+    planner = Planner(profile, device)
+    work = [
+        (record, label, shapes_for(profile.plans[label], profile))
+        for record in records
+        for label in record.labels
+    ]
+    rows = []
+    total = sum(len(shapes) for *_, shapes in work)
+    with tqdm(total=total, unit="plan", disable=not show_progress, leave=False) as bar:
+        for record, label, shapes in work:
+            bar.set_description(f"{record.path}/{label}")
+            rows.append(LabelNeed(record, label, planner.need(profile.plans[label], shapes, bar)))
+    return rows
+
+
+def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
+    """A resource's need is the most any of its labels needs: all share one floor."""
+    worst: dict[str, LabelNeed] = {}
+    for row in rows:
+        path = row.resource.path
+        if path not in worst or row.need.bytes > worst[path].need.bytes:
+            worst[path] = row
+    return [
+        Measured(path, row.need.bytes, f"{row.label}: {row.need.worst or '-'}", row.need.method)
+        for path, row in worst.items()
+    ]
+
+
+def provenance(profile: CalibrationProfile, device: torch.device) -> dict[str, str]:
+    import flashinfer
+
+    gpu = torch.cuda.get_device_properties(device)
+    model, limits = profile.model, profile.limits
+    return {
+        "gpu": f"{gpu.name} ({gpu.multi_processor_count} SMs)",
+        "flashinfer": flashinfer.__version__,
+        "torch": f"{torch.__version__} (CUDA {torch.version.cuda})",
+        "date": datetime.date.today().isoformat(),
+        "profile": (
+            f"{model.num_qo_heads} q / {model.num_kv_heads} kv heads, head dim {model.head_dim}, "
+            f"page {model.page_size}, {model.q_dtype}/{model.kv_dtype}; "
+            f"max {limits.max_num_seqs} seqs, {limits.max_num_batched_tokens} batched tokens, "
+            f"{limits.max_model_len} context; graph batch sizes {profile.cuda_graph_batch_sizes}"
+        ),
+    }
+
+
+def table(rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN) -> str:
+    head = ("resource", "label", "worst shape", "need bytes", "declared today", "waste(+)/short(-)")
+    body = []
+    for row in rows:
+        r = row.resource
+        body.append(
+            (
+                r.path,
+                row.label,
+                str(row.need.worst or "-"),
+                f"{row.need.bytes:,}",
+                f"{r.floor_bytes:,} ({r.floor_source})",
+                f"{row.surplus_bytes:+,}",
+            )
+        )
+    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in (head, *body)
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    measured = per_resource(rows)
+    lines.append("")
+    lines += [
+        f"resources.{m.path}.declared_mb = {declared_mb_for(m.need_bytes, margin)}"
+        f"  (need {m.need_bytes:,} bytes + {margin:.0%})"
+        for m in measured
+    ]
+    return "\n".join(lines)
+
+
+def write_override(
+    deployment: str,
+    rows: Sequence[LabelNeed],
+    provenance: dict[str, Any],
+    output_dir: Path,
+    margin: float = DEFAULT_MARGIN,
+) -> Path:
+    path = output_dir / f"{deployment}{CALIBRATED_SUFFIX}.yaml"
+    path.write_text(calibrated_yaml(deployment, per_resource(rows), provenance, margin))
+    return path

@@ -1,0 +1,82 @@
+"""``mstar-resources-calibrate``: measure a deployment's workspaces on this GPU and write them down.
+
+    mstar-resources-calibrate deployment=llama3-8b-h200 [margin=0.2] [output_dir=/tmp/conf]
+
+Composes the deployment, plans every label's bounding shapes through real FlashInfer wrappers
+(the deployment's ``calibration`` profile says which), prints a table of what each needs against
+what it declares today, and writes ``<deployment>_calibrated.yaml`` beside the deployment, which
+composes as ``deployment=<deployment>_calibrated``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from .._app import fail, run_app
+from ..errors import ResourceConfigError
+from ..resolver import resolve
+from .calibrate import (
+    base_deployment,
+    default_output_dir,
+    measure_all,
+    provenance,
+    table,
+    write_override,
+)
+from .override import DEFAULT_MARGIN
+from .profile import ROOT, load_profile
+
+PROG = "mstar-resources-calibrate"
+
+
+@hydra.main(
+    version_base="1.3",
+    config_path="pkg://mstar_resources.conf",
+    config_name="mstar_resources_calibrate",
+)
+def _app(cfg: DictConfig) -> None:
+    try:
+        _run(cfg)
+    except ResourceConfigError as error:
+        fail(PROG, error)
+
+
+def _run(cfg: DictConfig) -> None:
+    import torch
+
+    deployment = HydraConfig.get().runtime.choices.get("deployment")
+    if cfg.get(ROOT) is None:
+        raise ResourceConfigError(
+            f"deployment={deployment} carries no `{ROOT}` profile to calibrate; pick a "
+            "deployment that has one (deployment=<name>)"
+        )
+    margin = DEFAULT_MARGIN if cfg.margin is None else cfg.margin
+    if not isinstance(margin, float | int) or isinstance(margin, bool) or margin < 0:
+        raise ResourceConfigError(f"margin={margin!r} must be a fraction >= 0, e.g. margin=0.1")
+    if not torch.cuda.is_available():
+        raise ResourceConfigError(
+            f"device={cfg.device!r}, but torch sees no CUDA device "
+            "(torch.cuda.is_available() is False): calibration plans on a GPU"
+        )
+    device = torch.device(cfg.device)
+    profile = load_profile(cfg[ROOT])
+    records = resolve(cfg.resources)
+    rows = measure_all(records, profile, device, show_progress=cfg.progress)
+    print(table(rows, margin))
+    output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir()
+    name = base_deployment(str(deployment))
+    path = write_override(name, rows, provenance(profile, device), output_dir, margin)
+    print(f"wrote {path}: use it with deployment={path.stem}")
+
+
+def main() -> None:
+    """The console script."""
+    run_app(_app, PROG)
+
+
+if __name__ == "__main__":
+    main()

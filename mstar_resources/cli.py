@@ -1,0 +1,142 @@
+"""``mstar-resources``: compose the resource tree, resolve it, and print what it reserves.
+
+A Hydra app over ``pkg://mstar_resources.conf`` (primary config ``mstar_resources.yaml``). On the
+CPU it is a dry run that allocates nothing and imports no FlashInfer; ``device=cuda`` (or
+``cuda:N``) also makes every declared workspace and reports what the GPU then holds.
+
+Bad input, Hydra's own compose errors included, ends in one paragraph on stderr and exit status 2
+(see ``_app.py``); ``HYDRA_FULL_ERROR=1`` gives the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from ._app import fail, run_app
+from ._floor import MIB
+from .errors import ResourceConfigError
+from .resolver import ResolvedResource, build_pools, resolve
+
+__all__ = ["main"]
+
+PROG = "mstar-resources"
+FORMATS = ("table", "json")
+_CUDA = re.compile(r"cuda(:\d+)?")
+_COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB")
+
+
+@hydra.main(
+    version_base="1.3", config_path="pkg://mstar_resources.conf", config_name="mstar_resources"
+)
+def _app(cfg: DictConfig) -> None:
+    # Raised out of here, an error would reach Hydra's job runner, which prints its own line
+    # about it first; SystemExit passes through it.
+    try:
+        _run(cfg)
+    except ResourceConfigError as error:
+        fail(PROG, error)
+
+
+def _run(cfg: DictConfig) -> None:
+    output, device = cfg.get("format"), cfg.get("device")
+    if output not in FORMATS:
+        raise ResourceConfigError(
+            f"format={output!r} is not an output format; set format=table or format=json"
+        )
+    if not isinstance(device, str) or not (device == "cpu" or _CUDA.fullmatch(device)):
+        raise ResourceConfigError(
+            f"device={device!r} is not a device to reserve on; set device=cpu (a dry run) or "
+            "device=cuda (or cuda:N) to allocate"
+        )
+    records = resolve(cfg.get("resources"))
+    report: dict[str, Any] = {
+        "resources": [dataclasses.asdict(record) for record in records],
+        "total_reserved_bytes": sum(record.reserved_bytes for record in records),
+    }
+    if device != "cpu":
+        report["device"] = device
+        report["allocated_bytes"] = _allocate(cfg.get("resources"), records, device)
+    if output == "json":
+        print(json.dumps(report))
+    else:
+        print(_table(records, report))
+
+
+def _allocate(resources_node: DictConfig, records: list[ResolvedResource], device: str) -> int:
+    """Make every declared workspace on ``device``; returns how many more bytes the GPU holds."""
+    if not torch.cuda.is_available():
+        raise ResourceConfigError(
+            f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is "
+            "False); set device=cpu for a dry run"
+        )
+    target = torch.device(device)
+    if target.index is not None and target.index >= torch.cuda.device_count():
+        raise ResourceConfigError(
+            f"device={device!r}, but there are {torch.cuda.device_count()} CUDA devices; "
+            f"set device=cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
+    pools = build_pools(resources_node, target)
+    torch.cuda.synchronize(target)
+    before = torch.cuda.memory_allocated(target)
+    for record in records:
+        for label, slot in record.served():
+            pools[record.path].get(label, slot)
+    torch.cuda.synchronize(target)
+    return torch.cuda.memory_allocated(target) - before
+
+
+def _table(records: list[ResolvedResource], report: dict[str, Any]) -> str:
+    rows = [
+        (
+            record.path,
+            record.owner,
+            ",".join(record.labels),
+            ",".join(map(str, record.cg_slots)) or "eager",
+            str(record.floor_mb),
+            record.floor_source,
+            str(record.workspaces),
+            _mb(record.reserved_bytes),
+        )
+        for record in records
+    ]
+    total = report["total_reserved_bytes"]
+    workspaces = sum(record.workspaces for record in records)
+    footer = ["total", "", "", "", "", "", str(workspaces), _mb(total)]
+    widths = [max(len(row[i]) for row in [_COLUMNS, *rows, footer]) for i in range(len(_COLUMNS))]
+    numeric = {4, 6, 7}
+
+    def line(cells: Any) -> str:
+        return "  ".join(
+            cell.rjust(width) if i in numeric else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    lines = [line(_COLUMNS), line(["-" * width for width in widths])]
+    lines += [line(row) for row in rows]
+    lines += [line(["-" * width for width in widths]), line(footer)]
+    if "allocated_bytes" in report:
+        lines.append(
+            f"allocated on {report['device']}: {report['allocated_bytes']:,} bytes "
+            f"(torch.cuda.memory_allocated), reserved: {total:,} bytes"
+        )
+    return "\n".join(lines)
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / MIB:,.0f}" if nbytes % MIB == 0 else f"{nbytes / MIB:,.2f}"
+
+
+def main() -> None:
+    """The console script: bad input ends in one paragraph on stderr and exit status 2."""
+    run_app(_app, PROG)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The schema of one declared resource, as engines write it under ``resources`` in their config.
+
+Registered in Hydra's ConfigStore as ``mstar_resources/resource``, so a config types a node by
+listing ``- /mstar_resources/resource@attn.decode`` in its defaults list: a wrong type or an unknown
+key then fails when the config is composed.
+"""
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from .errors import ResourceConfigError
+
+__all__ = ["Resource"]
+
+
+@dataclass
+class Resource:
+    """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot)."""
+
+    owner: str = field(default="attention", metadata={"expects": "a non-empty string"})
+    """Who the resource belongs to, as workspaces name it in logs and errors (``owner:label:cgN``).
+    Default ``attention``."""
+
+    declared_mb: int | None = field(
+        default=None, metadata={"expects": "a whole number of MB above 0, or null"}
+    )
+    """The floor of each workspace, in MB (2**20 bytes). Default null: ``MSTAR_WORKSPACE_BUFFER_MB``
+    if set, else 512. Higher reserves more memory up front; lower lets plans grow it at run time."""
+
+    labels: list[str] = field(
+        default=MISSING, metadata={"expects": "a list of plan labels, e.g. [decode]"}
+    )
+    """The plan labels the resource serves (``prefill``, ``decode``, ...): non-empty, each once.
+    Required: a pool hands out workspaces for these labels only."""
+
+    cg_slots: list[int] = field(
+        default_factory=list, metadata={"expects": "a list of slot numbers, e.g. [0, 1]"}
+    )
+    """The CUDA-graph slots it serves, each a graph context whose buffers must not alias another's
+    (e.g. the two streams of micro-batch overlap): ints >= 0, each once. Default ``[]``: eager
+    only, one workspace per label."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not isinstance(self.owner, str) or not self.owner.strip():
+            problems.append(
+                f"owner={self.owner!r} is empty; name who the resource belongs to "
+                "(e.g. owner=attention)"
+            )
+        if self.declared_mb is not None and (
+            isinstance(self.declared_mb, bool)
+            or not isinstance(self.declared_mb, int)
+            or self.declared_mb <= 0
+        ):
+            problems.append(
+                f"declared_mb={self.declared_mb!r} is not a positive whole number of MB; declare "
+                "the floor in MB (e.g. declared_mb=256), or null for MSTAR_WORKSPACE_BUFFER_MB "
+                "or the default of 512"
+            )
+        labels, slots = list(self.labels), list(self.cg_slots)
+        if not labels:
+            problems.append(
+                "labels=[] is empty; list the plan labels the resource serves "
+                "(e.g. labels=[decode])"
+            )
+        elif any(not isinstance(label, str) or not label.strip() for label in labels):
+            problems.append(f"labels={labels!r} has an empty label; give every label a name")
+        if repeated := _repeated(labels):
+            problems.append(f"labels={labels!r} repeats {repeated}; list each label once")
+        if negative := list(dict.fromkeys(slot for slot in slots if slot < 0)):
+            problems.append(
+                f"cg_slots={slots!r} has negative slots {negative}; slots are numbered from 0 "
+                "(cg_slots=[] means eager only)"
+            )
+        if repeated := _repeated(slots):
+            problems.append(f"cg_slots={slots!r} repeats {repeated}; list each slot once")
+        if problems:
+            raise ResourceConfigError("\n".join(problems))
+
+
+def _repeated(items: list) -> list:
+    return sorted({item for item in items if items.count(item) > 1}, key=items.index)
+
+
+ConfigStore.instance().store(group="mstar_resources", name="resource", node=Resource)

@@ -1,0 +1,97 @@
+"""Float-workspace memory per shipped deployment: calibrated floors against engines' fixed sizes.
+
+    python scripts/bench_memory.py                  # every deployment with a calibrated override
+    python scripts/bench_memory.py --png /tmp/memory.png
+
+For each deployment ``<name>`` shipped with a ``<name>_calibrated`` override (written on a GPU by
+``mstar-resources-calibrate``), composes that override and reports, over all its workspaces (one
+per label and CUDA-graph slot, none aliased):
+- reserved: what its pools hold with the calibrated floors;
+- need: what calibration measured (the floor no one can beat without aliasing);
+- what each engine's fixed workspace size would reserve for the same workspaces, one buffer each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from mstar_resources import resolve
+from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, default_output_dir
+
+MIB = 1 << 20
+ENGINE_DEFAULT_MIB = {"vLLM": 394, "SGLang": 384, "TensorRT-LLM": 320, "MLC-LLM": 768}
+
+
+def calibrated_deployments() -> list[str]:
+    folder = default_output_dir()
+    return sorted(p.stem for p in folder.glob(f"*{CALIBRATED_SUFFIX}.yaml"))
+
+
+def measure(deployment: str) -> dict[str, float]:
+    GlobalHydra.instance().clear()
+    with initialize_config_module("mstar_resources.conf", version_base="1.3"):
+        cfg = compose("mstar_resources", overrides=[f"deployment={deployment}"])
+    records = {r.path: r for r in resolve(cfg.resources, env={})}
+    workspaces = sum(r.workspaces for r in records.values())
+    need = sum(n.need_bytes * records[n.path].workspaces for n in cfg.calibrated.needs)
+    row = {
+        "workspaces": workspaces,
+        "reserved": sum(r.reserved_bytes for r in records.values()) / MIB,
+        "need": need / MIB,
+    }
+    row.update({engine: mib * workspaces for engine, mib in ENGINE_DEFAULT_MIB.items()})
+    return row
+
+
+def plot(results: dict[str, dict[str, float]], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = ["need", "reserved", *ENGINE_DEFAULT_MIB]
+    labels = ["measured need", "calibrated floors", *(f"{e} fixed" for e in ENGINE_DEFAULT_MIB)]
+    names = list(results)
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (key, label) in enumerate(zip(series, labels, strict=True)):
+        xs = [n + (i - (len(series) - 1) / 2) * width for n in range(len(names))]
+        ax.bar(xs, [results[d][key] for d in names], width, label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), [d.removesuffix(CALIBRATED_SUFFIX) for d in names])
+    ax.set_ylabel("float workspace memory (MiB, log scale)")
+    ax.set_title("Workspace memory for the same workspaces")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("deployments", nargs="*", help="default: every calibrated deployment")
+    parser.add_argument("--png", type=Path, default=Path("docs/bench_memory.png"))
+    options = parser.parse_args(argv)
+    deployments = options.deployments or calibrated_deployments()
+    if not deployments:
+        print("no calibrated deployments: run mstar-resources-calibrate on a GPU", file=sys.stderr)
+        return 1
+    results = {d: measure(d) for d in deployments}
+    head = f"{'deployment':<34} {'workspaces':>10} {'need MiB':>9} {'reserved MiB':>12}"
+    print(head + "".join(f" {e + ' MiB':>17}" for e in ENGINE_DEFAULT_MIB))
+    for d, r in results.items():
+        line = f"{d:<34} {r['workspaces']:>10} {r['need']:>9.2f} {r['reserved']:>12.0f}"
+        print(line + "".join(f" {r[e]:>17,.0f}" for e in ENGINE_DEFAULT_MIB))
+    options.png.parent.mkdir(parents=True, exist_ok=True)
+    plot(results, options.png)
+    print(f"plot: {options.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""How resolve() and build_pools() scale with the number of declared resources, against Hydra.
+
+    python scripts/bench_resolver_scale.py                       # 10 ... 10,000 resources
+    python scripts/bench_resolver_scale.py --sizes 10 100 --repeats 1 --png /tmp/scale.png
+
+For each size, one tree of that many resources (nested two levels deep, as an engine's would be)
+is written as YAML, composed with Hydra's Compose API, then resolved and turned into pools (on the
+CPU: pools allocate nothing until a workspace is asked for). Times are medians over repeats, all
+taken in this run; the ratios compare the resolver's work with composing the same tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from mstar_resources import build_pools, resolve
+
+
+def tree(size: int) -> dict:
+    """``size`` resources under ``resources.group_<i // 100>.res_<i>``, alternately eager and
+    graph-captured, half of them declaring a floor."""
+    resources: dict = {}
+    for i in range(size):
+        node = {
+            "owner": f"layer{i}",
+            "labels": ["prefill"] if i % 2 else ["decode", "verify"],
+            "cg_slots": [] if i % 2 else [0, 1],
+        }
+        if i % 4 < 2:
+            node["declared_mb"] = 1 + i % 64
+        resources.setdefault(f"group_{i // 100}", {})[f"res_{i}"] = node
+    return {"resources": resources}
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(size: int, repeats: int, workdir: Path) -> dict[str, float]:
+    config_dir = workdir / f"tree_{size}"
+    config_dir.mkdir()
+    (config_dir / "engine.yaml").write_text(yaml.safe_dump(tree(size)))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        compose_s = median_seconds(lambda: compose(config_name="engine"), repeats)
+        node = compose(config_name="engine").resources
+    env: dict[str, str] = {}  # the same floors whatever this machine's environment says
+    records = resolve(node, env=env)
+    assert len(records) == size
+    return {
+        "compose": compose_s,
+        "resolve": median_seconds(lambda: resolve(node, env=env), repeats),
+        "build_pools": median_seconds(lambda: build_pools(node, "cpu", env=env), repeats),
+    }
+
+
+def plot(results: dict[int, dict[str, float]], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(results)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for key, style in (("compose", "o-"), ("resolve", "s-"), ("build_pools", "^-")):
+        ax.loglog(sizes, [results[n][key] * 1e3 for n in sizes], style, label=key)
+    ax.set_xlabel("declared resources")
+    ax.set_ylabel("median time (ms)")
+    ax.set_title("Resolver scale vs. Hydra compose of the same tree")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1_000, 10_000])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--png", type=Path, default=Path("docs/bench_resolver_scale.png"))
+    options = parser.parse_args(argv)
+    results = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        for size in options.sizes:
+            results[size] = measure(size, options.repeats, Path(workdir))
+    print(
+        f"{'resources':>9} {'compose ms':>11} {'resolve ms':>11} {'build_pools ms':>15} "
+        f"{'resolve/compose':>16} {'build_pools/compose':>20}"
+    )
+    for size, r in results.items():
+        print(
+            f"{size:>9,} {r['compose'] * 1e3:>11.2f} {r['resolve'] * 1e3:>11.2f} "
+            f"{r['build_pools'] * 1e3:>15.2f} {r['resolve'] / r['compose']:>16.3f} "
+            f"{r['build_pools'] / r['compose']:>20.3f}"
+        )
+    options.png.parent.mkdir(parents=True, exist_ok=True)
+    plot(results, options.png)
+    print(f"plot: {options.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

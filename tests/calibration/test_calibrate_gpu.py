@@ -1,0 +1,92 @@
+"""Calibration on a CUDA GPU through real FlashInfer wrappers, on a small profile.
+
+Two kernel configurations (the bf16 decode kernel and the fa2 prefill module, which paged and
+ragged prefill share), each built once per run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mstar_resources import build_pools, resolve
+from mstar_resources.calibration.calibrate import measure_all, per_resource
+from mstar_resources.calibration.measure import Planner
+from mstar_resources.calibration.override import declared_mb_for
+from mstar_resources.calibration.profile import load_profile
+from mstar_resources.calibration.shapes import shapes_for
+
+pytestmark = pytest.mark.gpu
+
+PROFILE = {
+    "model": {"num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128, "page_size": 16},
+    "limits": {"max_num_seqs": 64, "max_num_batched_tokens": 512, "max_model_len": 8192},
+    "cuda_graph_batch_sizes": [1, 8, 64],
+    "plans": {
+        "decode": {"kind": "decode", "cuda_graph": True},
+        "eager_decode": {"kind": "decode"},
+        "prefill": {"kind": "paged_prefill"},
+        "prompt": {"kind": "ragged_prefill"},
+    },
+}
+RESOURCES = {
+    "attn": {
+        "decode": {"owner": "attention", "labels": ["decode"], "cg_slots": [0]},
+        "eager_decode": {"owner": "attention", "labels": ["eager_decode"], "cg_slots": []},
+        "prefill": {"owner": "attention", "labels": ["prefill", "prompt"], "cg_slots": []},
+    }
+}
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+    profile = load_profile(PROFILE)
+    records = resolve(OmegaConf.create(RESOURCES), env={})
+    rows = measure_all(records, profile, torch.device("cuda"), show_progress=False)
+    return profile, rows
+
+
+def test_measured_bytes_equal_flashinfers_workspace_size_and_planned_growth(calibrated):
+    profile, rows = calibrated
+    by_label = {row.label: row for row in rows}
+    assert {label: row.need.method for label, row in by_label.items()} == {
+        "decode": "workspace_size",
+        "eager_decode": "workspace_size",
+        "prefill": "workspace_size",
+        "prompt": "growth",
+    }
+    assert by_label["decode"].need.bytes > 0 and by_label["eager_decode"].need.bytes > 0
+    planner = Planner(profile, torch.device("cuda"))
+    for label in ("decode", "eager_decode", "prefill"):
+        plan = profile.plans[label]
+        grown = planner.need_by_growth(plan, shapes_for(plan, profile), None)
+        # Growth from an empty buffer through real plans lands on FlashInfer's own figure.
+        assert grown.bytes == by_label[label].need.bytes, label
+
+
+def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
+    profile, rows = calibrated
+    node = OmegaConf.create(RESOURCES)
+    for measured in per_resource(rows):
+        group, name = measured.path.split(".")
+        node[group][name].declared_mb = declared_mb_for(measured.need_bytes)
+    pools = build_pools(node, "cuda", env={})
+    for pool in pools.values():
+        pool.seal()  # any growth would now raise
+    planner = Planner(profile, torch.device("cuda"))
+    for record in resolve(node, env={}):
+        for label in record.labels:
+            plan = profile.plans[label]
+            slot = record.cg_slots[0] if record.cg_slots else None
+            workspace = pools[record.path].get(label, slot)
+            eager = None
+            for shape in shapes_for(plan, profile):
+                if shape.cuda_graph:
+                    wrapper = planner.wrapper(plan, workspace.tensor, shape)
+                else:
+                    eager = eager or planner.wrapper(plan, workspace.tensor, shape)
+                    wrapper = eager
+                args, kwargs = planner.plan_args(plan.kind, shape)
+                workspace.plan(wrapper.plan, *args, **kwargs)
+            assert workspace.stats().times_grown == 0

@@ -1,0 +1,119 @@
+"""The calibrated deployment override: its numbers, and that it composes like any deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from mstar_resources import resolve
+from mstar_resources.calibration.calibrate import LabelNeed, per_resource, table, write_override
+from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.override import declared_mb_for
+from mstar_resources.calibration.shapes import Shape
+
+MIB = 1 << 20
+PROVENANCE = {"gpu": "NVIDIA H200 (132 SMs)", "flashinfer": "0.7.2.post1", "date": "2026-11-29"}
+
+
+@pytest.mark.parametrize(
+    ("need", "margin", "mb"),
+    [
+        (0, 0.1, 1),  # nothing needed: the smallest floor there is
+        (1, 0.1, 1),
+        (2_443_776, 0.1, 3),  # 2.56 MiB with the margin
+        (2 * MIB, 0.0, 2),
+        (2 * MIB, 0.1, 3),
+        (10 * MIB, 0.25, 13),
+    ],
+)
+def test_declared_mb_is_the_need_plus_margin_rounded_up(need, margin, mb):
+    assert declared_mb_for(need, margin) == mb
+
+
+def rows_for(records) -> list[LabelNeed]:
+    by_path = {r.path: r for r in records}
+    return [
+        LabelNeed(
+            by_path["attn.decode"],
+            "decode",
+            Need(2_443_776, Shape(64, 1, 8192, True), "workspace_size"),
+        ),
+        LabelNeed(
+            by_path["attn.prefill"],
+            "prefill",
+            Need(3 * MIB + 5, Shape(1, 16, 8192), "workspace_size"),
+        ),
+    ]
+
+
+def engine_config_dir(tmp_path: Path) -> Path:
+    """An engine's config folder: the two lines that pull the tree in, and a deployment folder."""
+    (tmp_path / "deployment").mkdir()
+    (tmp_path / "engine.yaml").write_text(
+        "defaults:\n  - resources: default\n  - _self_\n"
+        "hydra:\n  searchpath:\n    - pkg://mstar_resources.conf\n"
+    )
+    return tmp_path
+
+
+def test_calibrated_override_composes_and_round_trips_its_numbers(tmp_path):
+    config_dir = engine_config_dir(tmp_path)
+    with initialize_config_dir(str(config_dir), version_base="1.3"):
+        base = compose("engine", overrides=["deployment=llama3-8b-h200"])
+        rows = rows_for(resolve(base.resources, env={}))
+        path = write_override("llama3-8b-h200", rows, PROVENANCE, config_dir / "deployment", 0.1)
+        assert path.name == "llama3-8b-h200_calibrated.yaml"
+        cfg = compose("engine", overrides=["deployment=llama3-8b-h200_calibrated"])
+        again = compose(
+            "engine",
+            overrides=[
+                "deployment=llama3-8b-h200_calibrated",
+                "resources.attn.decode.declared_mb=7",
+            ],
+        )
+
+    text = path.read_text()
+    assert text.startswith("# @package _global_\n")
+    assert "# gpu: NVIDIA H200 (132 SMs)" in text and "# flashinfer: 0.7.2.post1" in text
+    records = {r.path: r for r in resolve(cfg.resources, env={})}
+    assert records["attn.decode"].declared_mb == 3
+    assert records["attn.prefill"].declared_mb == 4  # 3 MiB + 5 bytes, + 10%
+    assert records["attn.decode"].floor_setting == "resources.attn.decode.declared_mb"
+    needs = OmegaConf.to_container(cfg.calibrated.needs)
+    assert needs == [
+        {
+            "path": "attn.decode",
+            "need_bytes": 2_443_776,
+            "worst": "decode: bs=64 q=1 kv=8192 graph",
+            "method": "workspace_size",
+        },
+        {
+            "path": "attn.prefill",
+            "need_bytes": 3 * MIB + 5,
+            "worst": "prefill: bs=1 q=16 kv=8192",
+            "method": "workspace_size",
+        },
+    ]
+    # The base deployment's other settings (its calibration profile) come along.
+    assert cfg.calibration == base.calibration
+    # And a launch can still override the calibrated value.
+    assert again.resources.attn.decode.declared_mb == 7
+
+
+def test_a_resource_needs_what_its_hungriest_label_needs():
+    records = resolve(OmegaConf.create({"attn": {"mixed": {
+        "owner": "attention", "labels": ["prefill", "verify"], "cg_slots": [],
+    }}}), env={})  # fmt: skip
+    rows = [
+        LabelNeed(records[0], "prefill", Need(1000, Shape(1, 16, 8192), "workspace_size")),
+        LabelNeed(records[0], "verify", Need(5000, Shape(8, 4, 8192), "growth")),
+    ]
+    (measured,) = per_resource(rows)
+    assert (measured.path, measured.need_bytes, measured.method) == ("attn.mixed", 5000, "growth")
+    assert measured.worst == "verify: bs=8 q=4 kv=8192"
+    report = table(rows, 0.1)
+    assert "resources.attn.mixed.declared_mb = 1  (need 5,000 bytes + 10%)" in report
+    assert f"{512 * MIB - 5000:+,}" in report  # the default floor wastes all but 5,000 bytes

@@ -1,0 +1,105 @@
+"""An engine of our own (conf/ here, with its own groups) composing mstar-resources' tree with the
+two lines: ``hydra.searchpath: [pkg://mstar_resources.conf]`` and ``- resources: default``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+
+from mstar_resources import resolve
+
+from ..conftest import VAR
+
+CONF = Path(__file__).parent / "conf"
+ROOT = Path(__file__).parents[2]
+QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+
+
+def compose_engine(overrides: list[str]):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("engine", overrides=overrides)
+
+
+def floors(cfg, env=None):
+    return {r.path: (r.floor_mb, r.floor_source) for r in resolve(cfg.resources, env or {})}
+
+
+# (overrides, env) -> {path: (floor MB, source)}
+ENGINE = [
+    pytest.param(
+        [], {},
+        {"attn.prefill": (256, "declared"), "attn.decode": (128, "declared"),
+         "mla.decode": (512, "default")},
+        id="deployment-from-defaults-list",
+    ),
+    pytest.param(
+        ["deployment=llama3-70b-tp8-h200"], {VAR: "16"},
+        {"attn.prefill": (128, "declared"), "attn.decode": (64, "declared"),
+         "mla.decode": (16, "env")},
+        id="deployment-from-command-line",
+    ),
+    pytest.param(
+        ["deployment=lab-a100", "resources.mla.decode.declared_mb=12"], {},
+        {"attn.prefill": (512, "default"), "attn.decode": (48, "declared"),
+         "mla.decode": (12, "declared")},
+        id="engine-deployment-and-override",
+    ),
+    pytest.param(
+        ["resources.attn.decode.declared_mb=96", "deployment=none"], {VAR: "32"},
+        {"attn.prefill": (32, "env"), "attn.decode": (96, "declared"), "mla.decode": (32, "env")},
+        id="no-deployment",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "env", "expected"), ENGINE)
+def test_engine_composes_the_tree_with_its_own_groups(overrides, env, expected):
+    cfg = compose_engine(overrides)
+    assert cfg.model.num_qo_heads == 32 and cfg.scheduler.max_num_batched_tokens == 8192
+    assert floors(cfg, env) == expected
+
+
+def test_engine_groups_and_resource_groups_mix_on_the_command_line():
+    cfg = compose_engine(["model=llama3-70b", "deployment=llama3-70b-tp8-h200"])
+    assert cfg.model.name == "meta-llama/Meta-Llama-3-70B"
+    assert floors(cfg)["attn.decode"] == (64, "declared")
+
+
+def test_a_misspelled_deployment_lists_the_engine_s_and_the_shipped_ones():
+    with pytest.raises(
+        MissingConfigException,
+        match=r"Could not find 'deployment/lab-a10'\n\nAvailable options in 'deployment':\n"
+        r"\tlab-a100\n\tllama3-70b-tp8-h200\n\tllama3-8b-h200\n\tnone",
+    ):
+        compose_engine(["deployment=lab-a10"])
+
+
+def run_engine(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.engine.app", *QUIET, *overrides],
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_under_hydra_main_on_the_command_line(tmp_path):
+    done = run_engine("deployment=llama3-70b-tp8-h200", "resources.attn.decode.declared_mb=96",
+                      cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    got = {r["path"]: (r["floor_mb"], r["floor_setting"]) for r in report["resources"]}
+    assert got == {
+        "attn.prefill": (128, "resources.attn.prefill.declared_mb"),
+        "attn.decode": (96, "resources.attn.decode.declared_mb"),
+        "mla.decode": (512, VAR),
+    }
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,34 @@
+"""``mstar-resources device=cuda`` on a GPU: it allocates exactly what it reports reserving."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .test_cli import run_cli
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param([], id="default-tree"),
+        pytest.param(["deployment=llama3-8b-h200", "resources.attn.decode.declared_mb=96"],
+                     id="deployment-and-override"),
+    ],
+)  # fmt: skip
+def test_device_cuda_allocates_exactly_the_reported_bytes(tmp_path, args):
+    done = run_cli("device=cuda", "format=json", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["device"] == "cuda"
+    assert report["allocated_bytes"] == report["total_reserved_bytes"] > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_table_reports_what_the_gpu_holds(tmp_path):
+    done = run_cli("device=cuda:0", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "allocated on cuda:0: 1,610,612,736 bytes (torch.cuda.memory_allocated)" in done.stdout

@@ -1,0 +1,340 @@
+"""resolve and build_pools: from a composed resources tree to records and pools."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mstar_resources import (
+    ResolvedResource,
+    ResourceConfigError,
+    WorkspacePool,
+    WorkspaceSealedError,
+    build_pools,
+    resolve,
+)
+
+from .attn.fake_allocator import FakePlanner
+from .conftest import VAR, compose_shipped
+
+MIB = 1 << 20
+PREFILL = "resources.attn.prefill.declared_mb"
+DECODE = "resources.attn.decode.declared_mb"
+JSON_KEYS = [
+    "path", "owner", "labels", "cg_slots", "declared_mb", "floor_mb", "floor_bytes",
+    "floor_source", "floor_setting", "workspaces", "reserved_bytes",
+]  # fmt: skip
+
+# (overrides, env) -> (prefill floor, source, setting), (decode floor, source, setting)
+PRECEDENCE = [
+    pytest.param([], {}, (512, "default", VAR), (512, "default", VAR), id="default"),
+    pytest.param([], {VAR: ""}, (512, "default", VAR), (512, "default", VAR), id="empty-var"),
+    pytest.param([], {VAR: "64"}, (64, "env", VAR), (64, "env", VAR), id="env"),
+    pytest.param(
+        ["resources.attn.decode.declared_mb=32"], {VAR: "64"},
+        (64, "env", VAR), (32, "declared", DECODE), id="declared-beats-env",
+    ),
+    pytest.param(
+        ["resources.attn.decode.declared_mb=32"], {},
+        (512, "default", VAR), (32, "declared", DECODE), id="declared-beats-default",
+    ),
+    pytest.param(
+        ["deployment=llama3-8b-h200"], {},
+        (256, "declared", PREFILL), (128, "declared", DECODE), id="deployment",
+    ),
+    pytest.param(
+        ["deployment=llama3-8b-h200"], {VAR: "64"},
+        (256, "declared", PREFILL), (128, "declared", DECODE), id="deployment-beats-env",
+    ),
+    pytest.param(
+        ["deployment=llama3-8b-h200", "resources.attn.decode.declared_mb=96"], {VAR: "64"},
+        (256, "declared", PREFILL), (96, "declared", DECODE), id="override-beats-deployment",
+    ),
+    pytest.param(
+        ["deployment=llama3-70b-tp8-h200", "resources.attn.decode.declared_mb=null"], {VAR: "8"},
+        (128, "declared", PREFILL), (8, "env", VAR), id="override-unsets-deployment-env",
+    ),
+    pytest.param(
+        ["deployment=llama3-70b-tp8-h200", "resources.attn.decode.declared_mb=null"], {},
+        (128, "declared", PREFILL), (512, "default", VAR), id="override-unsets-deployment-default",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "env", "prefill", "decode"), PRECEDENCE)
+def test_precedence_and_provenance(overrides, env, prefill, decode):
+    records = resolve(compose_shipped(overrides).resources, env)
+    got = [(r.path, r.floor_mb, r.floor_source, r.floor_setting) for r in records]
+    assert got == [("attn.prefill", *prefill), ("attn.decode", *decode)]
+
+
+def test_env_defaults_to_the_process_environment(monkeypatch):
+    monkeypatch.setenv(VAR, "48")
+    (prefill, _) = resolve(compose_shipped().resources)
+    assert (prefill.floor_mb, prefill.floor_source) == (48, "env")
+
+
+def test_record_fields_are_the_json_keys_and_derive_their_sizes():
+    (prefill, decode) = resolve(compose_shipped(["deployment=llama3-8b-h200"]).resources, {})
+    assert [f.name for f in dataclasses.fields(ResolvedResource)] == JSON_KEYS
+    assert dataclasses.asdict(decode) == {
+        "path": "attn.decode",
+        "owner": "attention",
+        "labels": ("decode",),
+        "cg_slots": (0, 1),
+        "declared_mb": 128,
+        "floor_mb": 128,
+        "floor_bytes": 128 * MIB,
+        "floor_source": "declared",
+        "floor_setting": DECODE,
+        "workspaces": 2,
+        "reserved_bytes": 256 * MIB,
+    }
+    assert (prefill.workspaces, prefill.reserved_bytes) == (1, 256 * MIB)  # eager: one per label
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decode.floor_mb = 1  # type: ignore[misc]
+
+
+def test_nested_tree_in_order_from_a_plain_mapping():
+    tree = {
+        "attn": {"decode": {"labels": ["decode", "verify"], "cg_slots": [0, 1, 2]}},
+        "mla": {"deep": {"er": {"owner": "mla", "labels": ["decode"], "declared_mb": 8}}},
+        "sampler": {"labels": ["topk"]},
+    }
+    records = resolve(tree, {})
+    assert [(r.path, r.owner, r.workspaces) for r in records] == [
+        ("attn.decode", "attention", 6),
+        ("mla.deep.er", "mla", 1),
+        ("sampler", "attention", 1),
+    ]
+    assert records[1].floor_setting == "resources.mla.deep.er.declared_mb"
+
+
+def test_an_empty_tree_resolves_to_nothing():
+    assert resolve({}, {}) == []
+
+
+# (tree, env, every text the one error must hold)
+BAD_TREES = [
+    pytest.param(
+        {"d": {"labels": ["x"], "declared_mb": 0}}, {},
+        [r"resources\.d\.declared_mb=0 is not a positive whole number of MB; declare"],
+        id="declared-zero",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "declared_mb": -3}}, {},
+        [r"resources\.d\.declared_mb=-3 is not a positive"], id="declared-negative",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "declared_mb": "big"}}, {},
+        [r"resources\.d\.declared_mb='big' has the wrong type \(Value 'big' of type 'str' could "
+         r"not be converted to Integer\); set it to a whole number of MB above 0, or null"],
+        id="declared-wrong-type",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "declared_mb": 1.5}}, {},
+        [r"resources\.d\.declared_mb=1\.5 has the wrong type"], id="declared-float",
+    ),
+    pytest.param(
+        {"d": {"labels": "decode"}}, {},
+        [r"resources\.d\.labels='decode' has the wrong type .*; set it to a list of plan labels"],
+        id="labels-not-a-list",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "cg_slots": ["a"]}}, {},
+        [r"resources\.d\.cg_slots=\['a'\] has the wrong type"], id="slots-wrong-type",
+    ),
+    pytest.param(
+        {"d": {"labels": []}}, {}, [r"resources\.d\.labels=\[\] is empty; list the plan labels"],
+        id="labels-empty",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x", ""]}}, {}, [r"resources\.d\.labels=\['x', ''\] has an empty label"],
+        id="label-empty",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x", "y", "x"]}}, {},
+        [r"resources\.d\.labels=\['x', 'y', 'x'\] repeats \['x'\]; list each label once"],
+        id="labels-duplicate",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "cg_slots": [0, -1]}}, {},
+        [r"resources\.d\.cg_slots=\[0, -1\] has negative slots \[-1\]; slots are numbered from 0"],
+        id="slot-negative",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "cg_slots": [1, 1]}}, {},
+        [r"resources\.d\.cg_slots=\[1, 1\] repeats \[1\]; list each slot once"],
+        id="slots-duplicate",
+    ),
+    pytest.param(
+        {"d": {"owner": "attention"}}, {},
+        [r"resources\.d\.labels is not set; set it to a list of plan labels"], id="missing-field",
+    ),
+    pytest.param(
+        {"d": {"labels": "???"}}, {}, [r"resources\.d\.labels is not set"], id="missing-value",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "size_mb": 8}}, {},
+        [r"resources\.d\.size_mb is not a resource setting; a resource takes owner, declared_mb, "
+         r"labels, cg_slots"],
+        id="unknown-key",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "owner": ""}}, {}, [r"resources\.d\.owner='' is empty"],
+        id="owner-empty",
+    ),
+    pytest.param(
+        {"attn": {"decode": 5}}, {},
+        [r"resources\.attn\.decode=5 is neither a resource nor a group of them"],
+        id="not-a-mapping",
+    ),
+    pytest.param(
+        {"attn": {"lables": ["decode"]}}, {},
+        [r"resources\.attn\.lables=\['decode'\] is neither a resource"], id="misspelled-field",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "declared_mb": "${nowhere}"}}, {},
+        [r"resources\.d can't be read: Interpolation key 'nowhere' not found"],
+        id="broken-interpolation",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"]}}, {VAR: "lots"},
+        [r"MSTAR_WORKSPACE_BUFFER_MB='lots' is not a positive whole number of MB"],
+        id="bad-variable",
+    ),
+    pytest.param(
+        {"d": {"labels": ["x"], "declared_mb": 0}, "e": {"labels": []}, "f": {"labels": ["y"]},
+         "g": {"labels": ["z"]}},
+        {VAR: "0"},
+        [r"^3 problems in the resources config:\n",
+         r"\n  - resources\.d\.declared_mb=0 is not",
+         r"\n  - resources\.e\.labels=\[\] is empty",
+         r"\n  - MSTAR_WORKSPACE_BUFFER_MB='0' is not a positive whole number of MB; set it"],
+        id="all-problems-at-once",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("tree", "env", "texts"), BAD_TREES)
+def test_bad_tree_names_key_value_and_fix(tree, env, texts):
+    with pytest.raises(ResourceConfigError, match=texts[0]) as raised:
+        resolve(tree, env)
+    for text in texts[1:]:
+        assert raised.match(text)
+    assert isinstance(raised.value, ValueError)
+
+
+def test_every_problem_of_a_composed_tree_in_one_error():
+    cfg = compose_shipped(
+        [
+            "resources.attn.prefill.declared_mb=0",
+            "resources.attn.prefill.labels=[]",
+            "resources.attn.decode.cg_slots=[-1,-1]",
+        ]
+    )
+    with pytest.raises(ResourceConfigError, match=r"^4 problems") as raised:
+        resolve(cfg.resources, {})
+    assert str(raised.value).count("\n  - resources.attn.") == 4
+
+
+TARGET = "tests.test_resolver.record_call"
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        pytest.param({"d": {"labels": ["x"], "_target_": TARGET}},
+                     id="in-a-resource"),
+        pytest.param({"_target_": TARGET, "d": {"labels": ["x"]}},
+                     id="in-a-group"),
+        pytest.param({"d": {"labels": ["x"], "owner": {"_target_": TARGET}}}, id="as-a-value"),
+    ],
+)  # fmt: skip
+def test_a_target_in_the_tree_runs_nothing(tree):
+    CALLS.clear()
+    with pytest.raises(ResourceConfigError, match=r"resources\.(d\.)?(_target_|owner)"):
+        resolve(tree, {})
+    with pytest.raises(ResourceConfigError):
+        build_pools(tree, "cpu", {})
+    assert CALLS == []
+
+
+CALLS: list[object] = []
+
+
+def record_call(*args: object, **kwargs: object) -> None:
+    """What a ``_target_`` in these tests names: it must never be called."""
+    CALLS.append((args, kwargs))
+
+
+def test_a_node_that_is_not_a_mapping_is_refused():
+    with pytest.raises(ResourceConfigError, match=r"resources=\['x'\] is not a mapping"):
+        resolve(["x"], {})  # type: ignore[arg-type]
+
+
+def test_build_pools_one_pool_per_resource_with_its_floor_and_owner():
+    tree = {"a": {"owner": "mla", "labels": ["decode"], "declared_mb": 1}, "b": {"labels": ["p"]}}
+    pools = build_pools(OmegaConf.create(tree), "cpu", {VAR: "2"})
+    assert list(pools) == ["a", "b"]
+    assert all(isinstance(pool, WorkspacePool) for pool in pools.values())
+    workspace = pools["a"].get("decode")
+    assert (workspace.name, workspace.tensor.numel()) == ("mla:decode", MIB)
+    assert workspace.floor == "resources.a.declared_mb"
+    assert pools["b"].get("p").tensor.numel() == 2 * MIB
+    assert pools["b"].get("p").floor == VAR
+
+
+# (cg_slots declared, key asked for) -> served?
+KEYS = [
+    pytest.param([], ("decode", None), True, id="eager-served"),
+    pytest.param([], ("decode", 0), False, id="eager-has-no-slot-0"),
+    pytest.param([0, 1], ("decode", 1), True, id="slot-served"),
+    pytest.param([0, 1], ("decode", None), False, id="slotted-has-no-eager"),
+    pytest.param([0, 1], ("decode", 2), False, id="undeclared-slot"),
+    pytest.param([0, 1], ("prefill", 0), False, id="undeclared-label"),
+]
+
+
+@pytest.mark.parametrize(("slots", "key", "served"), KEYS)
+def test_a_pool_from_config_serves_only_what_it_declares(slots, key, served):
+    tree = {"attn": {"decode": {"labels": ["decode", "verify"], "cg_slots": slots}}}
+    pool = build_pools(tree, "cpu", {VAR: "1"})["attn.decode"]
+    if served:
+        assert pool.get(*key).tensor.numel() == MIB
+        return
+    serves = r"in cg slots \[0, 1\]" if slots else r"eagerly only \(cg_slot=None\)"
+    asked = rf"\({key[0]!r}, cg_slot={key[1]}\)"
+    with pytest.raises(
+        ResourceConfigError,
+        match=rf"^resources\.attn\.decode does not serve {asked}; it serves labels "
+        rf"\['decode', 'verify'\] {serves}\. Add the label to resources\.attn\.decode\.labels",
+    ):
+        pool.get(*key)
+    assert pool.workspaces() == {}
+
+
+@pytest.mark.parametrize(
+    ("declared", "env", "setting"),
+    [
+        pytest.param(1, {}, "resources.attn.decode.declared_mb", id="declared"),
+        pytest.param(None, {VAR: "1"}, VAR, id="env"),
+    ],
+)
+def test_sealed_errors_name_the_setting_that_sized_the_pool(declared, env, setting):
+    tree = {"attn": {"decode": {"labels": ["decode"], "cg_slots": [0], "declared_mb": declared}}}
+    pool = build_pools(tree, "cpu", env)["attn.decode"]
+    workspace = pool.get("decode", 0)
+    pool.seal()
+    planner = FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 2 * MIB, 16)])
+    with pytest.raises(WorkspaceSealedError, match=rf"set {setting}=2 or more"):
+        workspace.plan(planner)
+
+
+def test_build_pools_reads_the_env_it_is_given_not_the_process(monkeypatch):
+    monkeypatch.setenv(VAR, "not a number")
+    pool = build_pools({"d": {"labels": ["x"]}}, torch.device("cpu"), {VAR: "1"})["d"]
+    assert pool.get("x").tensor.numel() == MIB
