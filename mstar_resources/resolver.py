@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -115,9 +115,7 @@ def resolve(
     declared: list[tuple[str, Resource]] = []
     reads_env = False
     for path, node in _walk(_as_config(resources_node), ROOT, problems):
-        # Read raw, so a broken interpolation is reported once, by _validate.
-        raw = cast(dict, OmegaConf.to_container(node, resolve=False))
-        reads_env = reads_env or raw.get("declared_mb") is None
+        reads_env = reads_env or _reads_env(node)
         resource = _validate(node, f"{ROOT}.{path}", problems)
         if resource is not None:
             declared.append((path, resource))
@@ -206,6 +204,10 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
     except OmegaConfBaseException as error:
         problems.append(f"{key} can't be read: {_first_line(error)}")
         return None
+    if _typed_as_declared(values):
+        # The common case, a node composed through the schema: no conversion needed, so skip
+        # OmegaConf's (which costs most of resolve()); Resource's own checks still run.
+        return _checked(lambda: Resource(**values), key, problems)
     typed = OmegaConf.structured(Resource)
     before = len(problems)
     for name, value in values.items():
@@ -230,10 +232,41 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
             problems.append(f"{key}.{name} is not set; set it to {_expects(name)}")
     if len(problems) > before:
         return None
+    return _checked(lambda: cast(Resource, OmegaConf.to_object(typed)), key, problems)
+
+
+def _reads_env(node: DictConfig) -> bool:
+    """Whether the resource leaves its floor to the environment (even if it is bad otherwise)."""
     try:
-        return cast(Resource, OmegaConf.to_object(typed))
+        return node.get("declared_mb") is None
+    except OmegaConfBaseException:  # a broken interpolation: _validate reports it
+        return False
+
+
+def _typed_as_declared(values: dict) -> bool:
+    """Every field present, required ones included, already has the schema's type."""
+
+    def ints(items: object) -> bool:
+        return isinstance(items, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in items
+        )
+
+    return (
+        values.keys() <= _FIELDS.keys()
+        and "labels" in values
+        and isinstance(values.get("owner", ""), str)
+        and (values.get("declared_mb") is None or ints([values["declared_mb"]]))
+        and isinstance(values["labels"], list)
+        and all(isinstance(label, str) for label in values["labels"])
+        and ints(values.get("cg_slots", []))
+    )
+
+
+def _checked(make: Callable[[], Resource], key: str, problems: list[str]) -> Resource | None:
+    """``make()``, or None with Resource's own complaints, given their full key, in ``problems``."""
+    try:
+        return make()
     except ResourceConfigError as error:
-        # Resource's own checks name its fields; here they get the full key.
         problems.extend(f"{key}.{line}" for line in str(error).splitlines())
         return None
 

@@ -338,3 +338,16 @@ def test_build_pools_reads_the_env_it_is_given_not_the_process(monkeypatch):
     monkeypatch.setenv(VAR, "not a number")
     pool = build_pools({"d": {"labels": ["x"]}}, torch.device("cpu"), {VAR: "1"})["d"]
     assert pool.get("x").tensor.numel() == MIB
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        pytest.param({"labels": ["decode"], "cg_slots": [0], "declared_mb": 64}, id="typed"),
+        pytest.param({"labels": ["decode"], "cg_slots": ["0"], "declared_mb": "64"},
+                     id="strings-converted-as-omegaconf-does"),
+    ],
+)  # fmt: skip
+def test_typed_and_converted_values_resolve_alike(node):
+    (record,) = resolve({"attn": {"decode": node}}, env={})
+    assert (record.declared_mb, record.cg_slots, record.floor_source) == (64, (0,), "declared")
