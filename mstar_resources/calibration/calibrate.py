@@ -70,7 +70,7 @@ def measure_all(
     """Plan every label's bounding shapes through FlashInfer; one row per (resource, label)."""
     from tqdm import tqdm
 
-    check_labels(records, profile)
+    check_labels(records, profile)  # before any kernel is built
     planner = Planner(profile, device)
     work = [
         (record, label, shapes_for(profile.plans[label], profile))

@@ -21,6 +21,7 @@ from ..errors import ResourceConfigError
 from ..resolver import resolve
 from .calibrate import (
     base_deployment,
+    check_labels,
     default_output_dir,
     measure_all,
     provenance,
@@ -46,8 +47,7 @@ def _app(cfg: DictConfig) -> None:
 
 
 def _run(cfg: DictConfig) -> None:
-    import torch
-
+    # Everything the config can get wrong is checked first, on any machine; then the GPU.
     deployment = HydraConfig.get().runtime.choices.get("deployment")
     if cfg.get(ROOT) is None:
         raise ResourceConfigError(
@@ -57,14 +57,18 @@ def _run(cfg: DictConfig) -> None:
     margin = DEFAULT_MARGIN if cfg.margin is None else cfg.margin
     if not isinstance(margin, float | int) or isinstance(margin, bool) or margin < 0:
         raise ResourceConfigError(f"margin={margin!r} must be a fraction >= 0, e.g. margin=0.1")
+    profile = load_profile(cfg[ROOT])
+    records = resolve(cfg.resources)
+    check_labels(records, profile)
+
+    import torch
+
     if not torch.cuda.is_available():
         raise ResourceConfigError(
             f"device={cfg.device!r}, but torch sees no CUDA device "
             "(torch.cuda.is_available() is False): calibration plans on a GPU"
         )
     device = torch.device(cfg.device)
-    profile = load_profile(cfg[ROOT])
-    records = resolve(cfg.resources)
     rows = measure_all(records, profile, device, show_progress=cfg.progress)
     print(table(rows, margin))
     output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir()

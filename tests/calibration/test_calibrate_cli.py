@@ -1,0 +1,40 @@
+"""``mstar-resources-calibrate``'s bad input, which it reports before it looks for a GPU."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from ..test_cli import run_cli
+
+CALIBRATE = ["-m", "mstar_resources.calibration.cli"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["deployment=none"],
+                     r"deployment=none carries no `calibration` profile to calibrate",
+                     id="no-profile"),
+        pytest.param(["deployment=llama3-8b-h100"],
+                     r"Could not find 'deployment/llama3-8b-h100'.*llama3-8b-h200",
+                     id="misspelled-deployment"),
+        pytest.param(["deployment=llama3-8b-h200", "margin=-0.5"],
+                     r"margin=-0\.5 must be a fraction >= 0", id="negative-margin"),
+        pytest.param(["deployment=llama3-8b-h200", "calibration.model.num_kv_heads=5"],
+                     r"calibration\.model\.num_kv_heads=5 does not divide", id="bad-profile"),
+        pytest.param(["deployment=llama3-8b-h200", "resources.attn.decode.labels=[decode,verify]"],
+                     r"add calibration\.plans\.verify \(for resources\.attn\.decode\)",
+                     id="label-without-plan"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2_with_one_paragraph(tmp_path, args, message):
+    done = run_cli(*args, cwd=tmp_path, python=[sys.executable, *CALIBRATE])
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith("mstar-resources-calibrate: error: ")
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert re.search(message, done.stderr), done.stderr
+    assert list(tmp_path.iterdir()) == []
