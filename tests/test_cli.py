@@ -172,7 +172,8 @@ BAD_INPUT = [
                  id="bad-variable"),
     pytest.param(["deployment=llama3-8b-h100"], {},
                  r"Could not find 'deployment/llama3-8b-h100'; Available options in 'deployment': "
-                 r"llama3-70b-tp8-h200, llama3-8b-h200, none\.",
+                 r"llama3-70b-tp8-h200, llama3-70b-tp8-h200_calibrated, llama3-8b-h200, "
+                 r"llama3-8b-h200_calibrated, none\.",
                  id="misspelled-deployment"),
     pytest.param(["deployment=["], {},
                  r"deployment=\[: no viable alternative at input '\['", id="unparsable-override"),

@@ -78,7 +78,13 @@ def test_every_shipped_deployment_composes_and_resolves(deployment):
 
 
 def test_the_shipped_deployments_are_the_documented_ones():
-    assert DEPLOYMENTS == ["llama3-70b-tp8-h200", "llama3-8b-h200", "none"]
+    assert DEPLOYMENTS == [
+        "llama3-70b-tp8-h200",
+        "llama3-70b-tp8-h200_calibrated",  # written on an H200 by mstar-resources-calibrate
+        "llama3-8b-h200",
+        "llama3-8b-h200_calibrated",
+        "none",
+    ]
 
 
 @pytest.mark.parametrize("path", sorted(CONF.rglob("*.yaml")), ids=lambda p: p.name)
@@ -98,7 +104,8 @@ COMPOSE_ERRORS = [
     pytest.param(
         ["deployment=llama3-8b-h100"], MissingConfigException,
         r"Could not find 'deployment/llama3-8b-h100'\n\nAvailable options in 'deployment':\n"
-        r"\tllama3-70b-tp8-h200\n\tllama3-8b-h200\n\tnone",
+        r"\tllama3-70b-tp8-h200\n\tllama3-70b-tp8-h200_calibrated\n\tllama3-8b-h200\n"
+        r"\tllama3-8b-h200_calibrated\n\tnone",
         id="misspelled-deployment",
     ),
     pytest.param(

@@ -135,7 +135,8 @@ def table(rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN) -> str:
         )
     widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
     lines = [
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in (head, *body)
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in (head, *body)
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     measured = per_resource(rows)

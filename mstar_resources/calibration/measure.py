@@ -112,11 +112,11 @@ class Planner:
                 wrapper = eager
             args, kwargs = self.plan_args(plan.kind, shape)
             need = wrapper.workspace_size(*args, **kwargs)[0]
-            if need > best:
+            if need >= best:  # of shapes that tie (all graph sizes do), name the largest
                 best, worst = need, shape
             if progress is not None:
                 progress.update()
-        return Need(best, worst, "workspace_size")
+        return Need(best, worst if best else None, "workspace_size")
 
     def need_by_growth(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
         workspace = Workspace(

@@ -75,7 +75,8 @@ def test_a_misspelled_deployment_lists_the_engine_s_and_the_shipped_ones():
     with pytest.raises(
         MissingConfigException,
         match=r"Could not find 'deployment/lab-a10'\n\nAvailable options in 'deployment':\n"
-        r"\tlab-a100\n\tllama3-70b-tp8-h200\n\tllama3-8b-h200\n\tnone",
+        r"\tlab-a100\n\tllama3-70b-tp8-h200\n\tllama3-70b-tp8-h200_calibrated\n"
+        r"\tllama3-8b-h200\n\tllama3-8b-h200_calibrated\n\tnone",
     ):
         compose_engine(["deployment=lab-a10"])
 
