@@ -1,4 +1,5 @@
-"""Running a Hydra app as a console script whose bad input ends in one paragraph and exit 2.
+"""The console scripts' Hydra apps over ``pkg://mstar_resources.conf``, whose bad input ends in one
+paragraph on stderr and exit status 2.
 
 Hydra prints compose errors itself and exits 1 unless ``HYDRA_FULL_ERROR=1`` is set, in which case
 it raises them; so :func:`run_app` sets that variable for the duration of the app, reports what it
@@ -12,7 +13,9 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+import hydra
 from hydra.errors import HydraException, OverrideParseException
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ResourceConfigError
@@ -66,3 +69,26 @@ def run_app(app: Callable[[], None], prog: str) -> None:
             del os.environ["HYDRA_FULL_ERROR"]
         else:
             os.environ["HYDRA_FULL_ERROR"] = before
+
+
+def console_script(
+    prog: str, config_name: str, run: Callable[[DictConfig], None]
+) -> Callable[[], None]:
+    """The ``main`` of a console script: ``run`` on the config composed from ``config_name``."""
+
+    @hydra.main(
+        version_base="1.3", config_path="pkg://mstar_resources.conf", config_name=config_name
+    )
+    def app(cfg: DictConfig) -> None:
+        # Raised out of here, an error would reach Hydra's job runner, which prints its own line
+        # about it first; SystemExit passes through it.
+        try:
+            run(cfg)
+        except ResourceConfigError as error:
+            fail(prog, error)
+
+    def main() -> None:
+        run_app(app, prog)
+
+    main.__doc__ = f"The console script {prog}."
+    return main

@@ -15,11 +15,10 @@ import json
 import re
 from typing import Any
 
-import hydra
 import torch
 from omegaconf import DictConfig
 
-from ._app import fail, run_app
+from ._app import console_script
 from ._floor import MIB
 from .errors import ResourceConfigError
 from .resolver import ResolvedResource, build_pools, resolve
@@ -30,18 +29,6 @@ PROG = "mstar-resources"
 FORMATS = ("table", "json")
 _CUDA = re.compile(r"cuda(:\d+)?")
 _COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB")
-
-
-@hydra.main(
-    version_base="1.3", config_path="pkg://mstar_resources.conf", config_name="mstar_resources"
-)
-def _app(cfg: DictConfig) -> None:
-    # Raised out of here, an error would reach Hydra's job runner, which prints its own line
-    # about it first; SystemExit passes through it.
-    try:
-        _run(cfg)
-    except ResourceConfigError as error:
-        fail(PROG, error)
 
 
 def _run(cfg: DictConfig) -> None:
@@ -133,9 +120,7 @@ def _mb(nbytes: int) -> str:
     return f"{nbytes / MIB:,.0f}" if nbytes % MIB == 0 else f"{nbytes / MIB:,.2f}"
 
 
-def main() -> None:
-    """The console script: bad input ends in one paragraph on stderr and exit status 2."""
-    run_app(_app, PROG)
+main = console_script(PROG, "mstar_resources", _run)
 
 
 if __name__ == "__main__":

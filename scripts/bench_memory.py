@@ -23,6 +23,8 @@ from hydra.core.global_hydra import GlobalHydra
 from mstar_resources import resolve
 from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, default_output_dir
 
+from _plot import pyplot, save
+
 MIB = 1 << 20
 ENGINE_DEFAULT_MIB = {"vLLM": 394, "SGLang": 384, "TensorRT-LLM": 320, "MLC-LLM": 768}
 
@@ -49,11 +51,7 @@ def measure(deployment: str) -> dict[str, float]:
 
 
 def plot(results: dict[str, dict[str, float]], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     series = ["need", "reserved", *ENGINE_DEFAULT_MIB]
     labels = ["measured need", "calibrated floors", *(f"{e} fixed" for e in ENGINE_DEFAULT_MIB)]
     names = list(results)
@@ -68,8 +66,7 @@ def plot(results: dict[str, dict[str, float]], png: Path) -> None:
     ax.set_title("Workspace memory for the same workspaces")
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    save(fig, png)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     for d, r in results.items():
         line = f"{d:<34} {r['workspaces']:>10} {r['need']:>9.2f} {r['reserved']:>12.0f}"
         print(line + "".join(f" {r[e]:>17,.0f}" for e in ENGINE_DEFAULT_MIB))
-    options.png.parent.mkdir(parents=True, exist_ok=True)
     plot(results, options.png)
-    print(f"plot: {options.png}")
     return 0
 
 

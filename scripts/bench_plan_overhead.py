@@ -24,6 +24,8 @@ import torch.utils.benchmark as benchmark
 
 from mstar_resources import WorkspacePool
 
+from _plot import pyplot, save
+
 DECODE_PLAN_US = 220.0  # FlashInfer's decode plan on an H200 (see the FlashInfer notes)
 
 
@@ -70,13 +72,13 @@ def cpu_planner(target_us: float) -> Callable[..., object]:
     return planner
 
 
-def cpu_row(rounds: int, t: float) -> Row:
+def host_row(case: str, planner: Callable[..., object], rounds: int, t: float) -> Row:
+    """``planner`` called with a decode plan's arguments, directly and through a CPU workspace."""
     workspace = WorkspacePool("cpu", size_mb=1).get("decode")
-    planner = cpu_planner(DECODE_PLAN_US)
     args = (1, 2, 3, 32, 8, 128, 16)
     kwargs = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
     return measure(
-        "CPU planner of similar cost",
+        case,
         lambda: planner(*args, **kwargs),
         lambda: workspace.plan(planner, *args, **kwargs),
         rounds,
@@ -84,22 +86,8 @@ def cpu_row(rounds: int, t: float) -> Row:
     )
 
 
-def noop_row(rounds: int, t: float) -> Row:
-    """A planner that does nothing: what remains is Workspace.plan's own cost per call."""
-    workspace = WorkspacePool("cpu", size_mb=1).get("decode")
-
-    def planner(*args: object, **kwargs: object) -> None:
-        return None
-
-    args = (1, 2, 3, 32, 8, 128, 16)
-    kwargs = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
-    return measure(
-        "no-op planner (Workspace.plan's own cost)",
-        lambda: planner(*args, **kwargs),
-        lambda: workspace.plan(planner, *args, **kwargs),
-        rounds,
-        t,
-    )
+def noop(*args: object, **kwargs: object) -> None:
+    """A planner that does nothing: what remains around it is Workspace.plan's own cost."""
 
 
 def gpu_row(rounds: int, t: float) -> Row:
@@ -125,11 +113,7 @@ def gpu_row(rounds: int, t: float) -> Row:
 
 
 def plot(rows: list[Row], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * len(rows)))
     ys = range(len(rows))
     ax.barh(
@@ -148,8 +132,7 @@ def plot(rows: list[Row], png: Path) -> None:
     ax.set_xlabel("median time per call (us, log scale)")
     ax.set_title("Workspace.plan overhead (medians over ABBA rounds)")
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    save(fig, png)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,8 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     rows = []
     if options.device in ("cpu", "all"):
-        rows.append(noop_row(options.rounds, options.min_run_time))
-        rows.append(cpu_row(options.rounds, options.min_run_time))
+        planners = {
+            "no-op planner (Workspace.plan's own cost)": noop,
+            "CPU planner of similar cost": cpu_planner(DECODE_PLAN_US),
+        }
+        for case, planner in planners.items():
+            rows.append(host_row(case, planner, options.rounds, options.min_run_time))
     if options.device in ("cuda", "all"):
         if torch.cuda.is_available():
             rows.append(gpu_row(options.rounds, options.min_run_time))
@@ -177,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row.case:<62} {row.direct_us:>10.1f} {row.wrapped_us:>12.1f} "
             f"{row.added_us:>9.2f} {row.ratio:>7.4f}"
         )
-    options.png.parent.mkdir(parents=True, exist_ok=True)
     plot(rows, options.png)
-    print(f"plot: {options.png}")
     return 0
 
 

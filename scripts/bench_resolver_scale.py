@@ -25,6 +25,8 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import build_pools, resolve
 
+from _plot import pyplot, save
+
 
 def tree(size: int) -> dict:
     """``size`` resources under ``resources.group_<i // 100>.res_<i>``, alternately eager and
@@ -70,11 +72,7 @@ def measure(size: int, repeats: int, workdir: Path) -> dict[str, float]:
 
 
 def plot(results: dict[int, dict[str, float]], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     sizes = sorted(results)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for key, style in (("compose", "o-"), ("resolve", "s-"), ("build_pools", "^-")):
@@ -84,8 +82,7 @@ def plot(results: dict[int, dict[str, float]], png: Path) -> None:
     ax.set_title("Resolver scale vs. Hydra compose of the same tree")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    save(fig, png)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['build_pools'] * 1e3:>15.2f} {r['resolve'] / r['compose']:>16.3f} "
             f"{r['build_pools'] / r['compose']:>20.3f}"
         )
-    options.png.parent.mkdir(parents=True, exist_ok=True)
     plot(results, options.png)
-    print(f"plot: {options.png}")
     return 0
 
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .._app import fail, run_app
+from .._app import console_script
 from ..errors import ResourceConfigError
 from ..resolver import resolve
 from .calibrate import (
@@ -32,18 +31,6 @@ from .override import DEFAULT_MARGIN
 from .profile import ROOT, load_profile
 
 PROG = "mstar-resources-calibrate"
-
-
-@hydra.main(
-    version_base="1.3",
-    config_path="pkg://mstar_resources.conf",
-    config_name="mstar_resources_calibrate",
-)
-def _app(cfg: DictConfig) -> None:
-    try:
-        _run(cfg)
-    except ResourceConfigError as error:
-        fail(PROG, error)
 
 
 def _run(cfg: DictConfig) -> None:
@@ -77,9 +64,7 @@ def _run(cfg: DictConfig) -> None:
     print(f"wrote {path}: use it with deployment={path.stem}")
 
 
-def main() -> None:
-    """The console script."""
-    run_app(_app, PROG)
+main = console_script(PROG, "mstar_resources_calibrate", _run)
 
 
 if __name__ == "__main__":
