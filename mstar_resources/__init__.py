@@ -17,7 +17,12 @@ if TYPE_CHECKING:
         WorkspaceStats,
         workspace_bytes,
     )
-    from .errors import ResourceConfigError, ResourceError, WorkspaceSealedError
+    from .errors import (
+        ResourceConfigError,
+        ResourceError,
+        WorkspacePlanError,
+        WorkspaceSealedError,
+    )
     from .resolver import ResolvedResource, build_pools, resolve
 
 __all__ = [
@@ -26,6 +31,7 @@ __all__ = [
     "ResourceError",
     "Workspace",
     "WorkspaceGrowthError",
+    "WorkspacePlanError",
     "WorkspacePool",
     "WorkspaceSealedError",
     "WorkspaceStats",
@@ -41,6 +47,7 @@ _HOMES = {
     "Workspace": ".attn.workspace",
     "WorkspaceGrowthError": ".attn.workspace",
     "WorkspacePool": ".attn.workspace",
+    "WorkspacePlanError": ".errors",
     "WorkspaceSealedError": ".errors",
     "WorkspaceStats": ".attn.workspace",
     "build_pools": ".resolver",

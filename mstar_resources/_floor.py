@@ -35,6 +35,11 @@ class Floor:
         return self.mb * MIB
 
 
+def mb_to_hold(nbytes: int) -> int:
+    """The fewest whole MB that hold ``nbytes``."""
+    return -(-nbytes // MIB)
+
+
 def is_positive_int(value: object) -> bool:
     """True for an int above zero; ``True`` is a bool, not a size."""
     return isinstance(value, int) and not isinstance(value, bool) and value > 0

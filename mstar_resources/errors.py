@@ -6,7 +6,7 @@ torch error, ``WorkspaceGrowthError``, lives beside the workspaces that raise it
 
 from __future__ import annotations
 
-__all__ = ["ResourceConfigError", "ResourceError", "WorkspaceSealedError"]
+__all__ = ["ResourceConfigError", "ResourceError", "WorkspacePlanError", "WorkspaceSealedError"]
 
 
 class ResourceError(Exception):
@@ -19,3 +19,8 @@ class ResourceConfigError(ResourceError, ValueError):
 
 class WorkspaceSealedError(ResourceError):
     """A plan needs more room than a sealed workspace has; a sealed workspace never moves."""
+
+
+class WorkspacePlanError(ResourceError):
+    """A plan that growing cannot satisfy: its planner does not plan on the workspace's tensor, or
+    keeps asking for more."""

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from .._floor import ENV_VAR, MIB, Floor, resolve_floor
-from ..errors import ResourceConfigError, ResourceError, WorkspaceSealedError
+from .._floor import ENV_VAR, Floor, mb_to_hold, resolve_floor
+from ..errors import ResourceConfigError, ResourceError, WorkspacePlanError, WorkspaceSealedError
 from ._overflow import Overflow, parse_float_overflow
 
 __all__ = [
@@ -25,6 +25,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+ALIGNMENT = 16
+"""FlashInfer needs a workspace's first byte on a 16-byte boundary."""
 
 MAX_GROWTHS_PER_PLAN = 16
 """How many times one plan may grow a workspace. FlashInfer's allocations come in short chains
@@ -110,6 +113,11 @@ class Workspace:
             )
         if not tensor.is_contiguous():
             raise ResourceConfigError(f"workspace {name!r}: tensor must be contiguous")
+        if tensor.data_ptr() % ALIGNMENT:
+            raise ResourceConfigError(
+                f"workspace {name!r}: tensor starts at {tensor.data_ptr():#x}, which FlashInfer "
+                f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
+            )
         self.tensor = tensor
         self.name = name
         self.sealed = sealed
@@ -130,26 +138,35 @@ class Workspace:
 
         Any other error, an int-workspace overflow included, reaches the caller unchanged.
         """
-        growths = 0
+        growths, last = 0, None
         while True:
+            have = self.tensor.numel()  # what the plan sees, whatever another thread does
             try:
                 return plan(*args, **kwargs)
             except RuntimeError as error:
                 overflow = parse_float_overflow(error)
-                if overflow is None or not self._is_ours(overflow):
+                # An allocator with more room than this buffer holds was not allocating from it.
+                if overflow is None or (overflow.available or 0) > have:
                     raise
-                if growths == MAX_GROWTHS_PER_PLAN:
-                    raise WorkspaceGrowthError(
-                        f"workspace {self.name!r}: the plan still overflows after "
-                        f"{MAX_GROWTHS_PER_PLAN} growths (now {self.tensor.numel():,} bytes, "
-                        f"{overflow.allocation} asked for {overflow.size:,} more); "
-                        "the planner does not converge"
-                    ) from error
                 if self.sealed:
                     whole = _whole_plan_need(plan, args, kwargs)
                     raise self._sealed_error(overflow, whole) from error
-                self._grow(overflow, error)
-                growths += 1
+                if overflow == last:
+                    raise WorkspacePlanError(
+                        f"workspace {self.name!r} grew to {have:,} bytes, yet the plan reports "
+                        f"the same overflow again ({overflow.allocation}, {overflow.size:,} "
+                        "bytes): it does not plan on this workspace's tensor; build the wrapper "
+                        "on workspace.tensor"
+                    ) from error
+                if growths == MAX_GROWTHS_PER_PLAN:
+                    raise WorkspacePlanError(
+                        f"workspace {self.name!r}: the plan still overflows after "
+                        f"{MAX_GROWTHS_PER_PLAN} growths (now {have:,} bytes, "
+                        f"{overflow.allocation} asked for {overflow.size:,} more); "
+                        "the planner does not converge"
+                    ) from error
+                self._grow(overflow, have, error)
+                growths, last = growths + 1, overflow
 
     def seal(self) -> None:
         """Keep this buffer's address from now on: graphs are about to be captured over it."""
@@ -171,10 +188,6 @@ class Workspace:
                 self.sealed,
             )
 
-    def _is_ours(self, overflow: Overflow) -> bool:
-        # An allocator that had more room than this buffer holds was not allocating from it.
-        return overflow.available is None or overflow.available <= self.tensor.numel()
-
     def _sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceSealedError:
         have = self.tensor.numel()
         need = overflow.bytes_needed(have)
@@ -190,16 +203,18 @@ class Workspace:
             caveat = " (allocations after it were not tried and may ask for more)"
         return WorkspaceSealedError(
             f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan needs {asked}; "
-            f"set {self.floor}={-(-whole // MIB)} or more{caveat}, or plan the largest shape "
+            f"set {self.floor}={mb_to_hold(whole)} or more{caveat}, or plan the largest shape "
             "before sealing"
         )
 
-    def _grow(self, overflow: Overflow, error: RuntimeError) -> None:
+    def _grow(self, overflow: Overflow, planned_on: int, error: RuntimeError) -> None:
+        """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
         with self._lock:
             if self.sealed:  # sealed while the plan ran
                 raise self._sealed_error(overflow, None) from error
-            have = self.tensor.numel()
-            need = overflow.bytes_needed(have)
+            have, need = self.tensor.numel(), overflow.bytes_needed(planned_on)
+            if have >= need:  # another plan grew it meanwhile
+                return
             try:
                 # A failed resize_() leaves the tensor claiming storage it does not have, so the
                 # new buffer is made whole before the tensor moves onto it.
@@ -223,7 +238,7 @@ class Workspace:
             need,
             overflow.allocation,
             self.floor,
-            -(-need // MIB),
+            mb_to_hold(need),
         )
 
 

@@ -15,6 +15,7 @@ from mstar_resources import (
     ResourceError,
     Workspace,
     WorkspaceGrowthError,
+    WorkspacePlanError,
     WorkspacePool,
     WorkspaceSealedError,
     WorkspaceStats,
@@ -133,15 +134,47 @@ def test_a_planner_that_never_fits_is_stopped():
     workspace = make_workspace(64)
     calls = 0
 
-    def greedy():
+    def greedy():  # asks for more each time, however much it gets
         nonlocal calls
         calls += 1
-        raise RuntimeError(flashinfer_overflow_message("x_tmp_v", 64, 16, 0))
+        raise RuntimeError(flashinfer_overflow_message("x_tmp_v", 64 * calls, 16, 0))
 
-    with pytest.raises(WorkspaceGrowthError, match="does not converge") as raised:
+    with pytest.raises(WorkspacePlanError, match="does not converge") as raised:
         workspace.plan(greedy)
     assert calls == MAX_GROWTHS_PER_PLAN + 1
     assert isinstance(raised.value.__cause__, RuntimeError)
+    # A planner's logic, not a lack of memory: an engine's out-of-memory handling stays out of it.
+    assert not isinstance(raised.value, torch.OutOfMemoryError)
+
+
+def test_a_planner_on_another_buffer_is_stopped_after_one_growth():
+    workspace = make_workspace()
+    elsewhere = FakePlanner(
+        torch.zeros(MIB, dtype=torch.uint8), [("batch_decode_tmp_v", 2 * MIB, 16)]
+    )
+
+    with pytest.raises(WorkspacePlanError, match="does not plan on this workspace's tensor"):
+        workspace.plan(elsewhere)
+    assert elsewhere.calls == 2
+    assert workspace.stats().times_grown == 1
+
+
+def test_an_overflow_two_plans_saw_grows_the_workspace_once():
+    workspace = make_workspace()
+    other = FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 2 * MIB, 16)])
+    calls = 0
+
+    def planner():
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # overflows at 1 MiB, and meanwhile another plan grows the workspace
+            message = flashinfer_overflow_message("batch_decode_tmp_v", 2 * MIB, 16, MIB)
+            workspace.plan(other)
+            raise RuntimeError(message)
+        return "planned"
+
+    assert workspace.plan(planner) == "planned"
+    assert (workspace.tensor.numel(), workspace.stats().times_grown) == (2 * MIB, 1)
 
 
 def test_sealed_overflow_names_workspace_bytes_and_setting_and_never_moves():
@@ -227,9 +260,10 @@ def test_growth_is_logged_with_the_setting_to_raise(caplog):
         (torch.zeros(4, 4, dtype=torch.uint8), "1-D torch.uint8 tensor, got a 2-D torch.uint8"),
         (torch.zeros(16, dtype=torch.float32), "got a 1-D torch.float32"),
         (torch.zeros(32, dtype=torch.uint8)[::2], "must be contiguous"),
+        (torch.zeros(64, dtype=torch.uint8)[3:], "must be 16-byte aligned"),
         ([0] * 16, "got a list"),
     ],
-    ids=["2d", "float", "strided", "list"],
+    ids=["2d", "float", "strided", "misaligned", "list"],
 )
 def test_workspace_rejects_tensors_flashinfer_cannot_use(tensor, match):
     with pytest.raises(ResourceConfigError, match=match):
