@@ -15,7 +15,7 @@ from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
 from .measure import Need, Planner
 from .override import DEFAULT_MARGIN, Measured, calibrated_yaml, declared_mb_for
-from .profile import CalibrationProfile
+from .profile import CalibrationProfile, PlanKind
 from .shapes import shapes_for
 
 CALIBRATED_SUFFIX = "_calibrated"
@@ -46,7 +46,9 @@ def base_deployment(name: str) -> str:
 
 
 def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfile) -> None:
-    """Every label of every resource must have a plan profile."""
+    """Every label of every resource has a plan profile that can be calibrated as it runs, and
+    a label names one kind of plan: resources of different owners don't share it."""
+    problems = []
     missing = [
         f"calibration.plans.{label} (for resources.{r.path})"
         for r in records
@@ -54,11 +56,30 @@ def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfil
         if label not in profile.plans
     ]
     if missing:
-        raise ResourceConfigError(
-            "the calibration profile does not say how these labels are planned; add "
-            + ", ".join(missing)
-            + " with a kind (decode, paged_prefill or ragged_prefill)"
+        problems.append(
+            f"the profile does not say how these labels are planned; add {', '.join(missing)} "
+            "with a kind (decode, paged_prefill or ragged_prefill)"
         )
+    owners: dict[str, dict[str, str]] = {}
+    for r in records:
+        for label in r.labels:
+            owners.setdefault(label, {}).setdefault(r.owner, r.path)
+            plan = profile.plans.get(label)
+            if r.cg_slots and plan is not None and plan.kind is not PlanKind.decode:
+                problems.append(
+                    f"resources.{r.path}.cg_slots={list(r.cg_slots)} puts {label} under CUDA "
+                    f"graphs, but calibration.plans.{label}.kind={plan.kind.value}: only decode "
+                    "is calibrated under graphs"
+                )
+    for label, by_owner in owners.items():
+        if len(by_owner) > 1:
+            served = ", ".join(f"resources.{p} (owner {o})" for o, p in by_owner.items())
+            problems.append(
+                f"calibration.plans.{label} would plan {served} alike; give their plans "
+                "different labels"
+            )
+    if problems:
+        raise ResourceConfigError("cannot calibrate: " + "; ".join(problems))
 
 
 def measure_all(
@@ -73,7 +94,7 @@ def measure_all(
     check_labels(records, profile)  # before any kernel is built
     planner = Planner(profile, device)
     work = [
-        (record, label, shapes_for(profile.plans[label], profile))
+        (record, label, shapes_for(profile.plans[label], profile, bool(record.cg_slots)))
         for record in records
         for label in record.labels
     ]

@@ -71,9 +71,8 @@ class PlanProfile:
     """How one plan label is planned."""
 
     kind: PlanKind = MISSING
-    """The FlashInfer wrapper that plans it."""
-    cuda_graph: bool = False
-    """Planned by a CUDA-graph wrapper, once per graph batch size (decode only)."""
+    """The FlashInfer wrapper that plans it. Whether it runs under CUDA graphs is not said here:
+    the resources that serve the label say so, by their ``cg_slots``."""
     backend: str = "fa2"
     """The FlashInfer backend the engine plans it with. ``fa2`` splits KV and so uses the float
     workspace; a backend that uses none (``fa3`` prefill) measures 0."""
@@ -130,12 +129,6 @@ def _problems(profile: CalibrationProfile) -> list[str]:
         )
     if not profile.plans:
         problems.append(f"{key}.plans is empty: name the wrapper kind of every plan label")
-    for label, plan in profile.plans.items():
-        if plan.cuda_graph and plan.kind is not PlanKind.decode:
-            problems.append(
-                f"{key}.plans.{label}.cuda_graph=true: only decode plans are calibrated under "
-                "graphs; set it to false"
-            )
     return problems
 
 

@@ -38,13 +38,13 @@ def _powers_of_two_up_to(limit: int) -> list[int]:
     return sorted({*values, limit})
 
 
-def shapes_for(plan: PlanProfile, profile: CalibrationProfile) -> list[Shape]:
-    """The shapes to plan for a label planned as ``plan``."""
+def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool) -> list[Shape]:
+    """The shapes to plan for a label planned as ``plan``, under CUDA graphs or eagerly."""
     limits = profile.limits
     long = limits.max_model_len
     contexts = sorted({min(SHORT_CONTEXT, long), long})
     if plan.kind is PlanKind.decode:
-        if plan.cuda_graph:
+        if cuda_graph:
             return [Shape(b, 1, long, cuda_graph=True) for b in profile.cuda_graph_batch_sizes]
         batches = _powers_of_two_up_to(limits.max_num_seqs)
         return [Shape(b, 1, kv) for b in batches for kv in contexts]

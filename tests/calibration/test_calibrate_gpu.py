@@ -15,7 +15,7 @@ from mstar_resources.calibration.calibrate import measure_all, per_resource
 from mstar_resources.calibration.measure import Planner
 from mstar_resources.calibration.override import declared_mb_for
 from mstar_resources.calibration.profile import load_profile
-from mstar_resources.calibration.shapes import shapes_for
+from mstar_resources.calibration.shapes import Shape, shapes_for
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +24,7 @@ PROFILE = {
     "limits": {"max_num_seqs": 64, "max_num_batched_tokens": 512, "max_model_len": 8192},
     "cuda_graph_batch_sizes": [1, 8, 64],
     "plans": {
-        "decode": {"kind": "decode", "cuda_graph": True},
+        "decode": {"kind": "decode"},
         "eager_decode": {"kind": "decode"},
         "prefill": {"kind": "paged_prefill"},
         "prompt": {"kind": "ragged_prefill"},
@@ -60,9 +60,20 @@ def test_measured_bytes_equal_flashinfers_workspace_size_and_planned_growth(cali
     planner = Planner(profile, torch.device("cuda"))
     for label in ("decode", "eager_decode", "prefill"):
         plan = profile.plans[label]
-        grown = planner.need_by_growth(plan, shapes_for(plan, profile), None)
+        graph = label == "decode"
+        grown = planner.need_by_growth(plan, shapes_for(plan, profile, graph), None)
         # Growth from an empty buffer through real plans lands on FlashInfer's own figure.
         assert grown.bytes == by_label[label].need.bytes, label
+
+
+# Shapes calibration did not plan: between its batch sizes, contexts and query lengths. The
+# calibrated floors (need + margin) must hold them too.
+BETWEEN = {
+    "decode": [Shape(b, 1, 8192, cuda_graph=True) for b in (3, 24, 48)],
+    "eager_decode": [Shape(b, 1, kv) for b in (3, 24, 48) for kv in (3000, 6000)],
+    "prefill": [Shape(b, q, kv) for b in (1, 3, 12) for q in (3, 24) for kv in (3000, 8000)],
+    "prompt": [Shape(b, q, q) for b in (1, 3, 12) for q in (24, 40)],
+}
 
 
 def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
@@ -81,7 +92,8 @@ def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
             slot = record.cg_slots[0] if record.cg_slots else None
             workspace = pools[record.path].get(label, slot)
             eager = None
-            for shape in shapes_for(plan, profile):
+            shapes = shapes_for(plan, profile, bool(record.cg_slots)) + BETWEEN[label]
+            for shape in shapes:
                 if shape.cuda_graph:
                     wrapper = planner.wrapper(plan, workspace.tensor, shape)
                 else:

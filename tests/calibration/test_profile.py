@@ -13,7 +13,7 @@ GOOD = {
     "limits": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_model_len": 131072},
     "cuda_graph_batch_sizes": [1, 8, 64],
     "plans": {
-        "decode": {"kind": "decode", "cuda_graph": True},
+        "decode": {"kind": "decode"},
         "prefill": {"kind": "paged_prefill"},
         "prompt": {"kind": "ragged_prefill"},
     },
@@ -54,7 +54,7 @@ def test_good_profile_loads_with_defaults():
         ("cuda_graph_batch_sizes", [512], r"has 512, more than calibration\.limits\.max_num_seqs"),
         ("plans", {}, r"calibration\.plans is empty"),
         ("plans.prefill.kind", "mla", r"calibration\.plans\.prefill\.kind: Invalid value 'mla'"),
-        ("plans.prefill.cuda_graph", True, r"plans\.prefill\.cuda_graph=true: only decode"),
+        ("plans.prefill.cuda_graph", True, r"calibration\.plans\.prefill\.cuda_graph: Key"),
     ],
 )
 def test_bad_profile_names_the_key_and_value(path, value, match):
@@ -81,7 +81,7 @@ def test_missing_limits_names_the_key():
 
 def test_graph_decode_plans_once_per_graph_batch_size_at_the_longest_context():
     profile = load_profile(GOOD)
-    assert shapes_for(profile.plans["decode"], profile) == [
+    assert shapes_for(profile.plans["decode"], profile, cuda_graph=True) == [
         Shape(1, 1, 131072, cuda_graph=True),
         Shape(8, 1, 131072, cuda_graph=True),
         Shape(64, 1, 131072, cuda_graph=True),
@@ -89,8 +89,8 @@ def test_graph_decode_plans_once_per_graph_batch_size_at_the_longest_context():
 
 
 def test_eager_decode_covers_batch_sizes_and_short_and_long_contexts():
-    profile = load_profile(with_("plans.decode.cuda_graph", False))
-    shapes = shapes_for(profile.plans["decode"], profile)
+    profile = load_profile(GOOD)
+    shapes = shapes_for(profile.plans["decode"], profile, cuda_graph=False)
     assert {s.batch for s in shapes} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
     assert {s.kv_len for s in shapes} == {1024, 131072}
     assert all(s.q_len == 1 and not s.cuda_graph for s in shapes)
@@ -99,9 +99,41 @@ def test_eager_decode_covers_batch_sizes_and_short_and_long_contexts():
 @pytest.mark.parametrize("label", ["prefill", "prompt"])
 def test_prefill_shapes_stay_within_the_engines_limits(label):
     profile = load_profile(GOOD)
-    shapes = shapes_for(profile.plans[label], profile)
+    shapes = shapes_for(profile.plans[label], profile, cuda_graph=False)
     limits = profile.limits
     assert all(s.batch * s.q_len <= limits.max_num_batched_tokens for s in shapes)
     assert all(s.batch <= limits.max_num_seqs and s.kv_len <= limits.max_model_len for s in shapes)
     assert max(s.q_len for s in shapes) == limits.max_num_batched_tokens
     assert Shape(1, 1, 1 if label == "prompt" else 131072) in shapes  # the fewest query rows
+
+
+# --- which labels can be calibrated --------------------------------------------------------------
+
+
+def records(tree: dict):
+    from omegaconf import OmegaConf
+
+    from mstar_resources import resolve
+
+    return resolve(OmegaConf.create(tree), env={})
+
+
+@pytest.mark.parametrize(
+    ("tree", "match"),
+    [
+        pytest.param({"attn": {"d": {"labels": ["decode", "verify"]}}},
+                     r"add calibration\.plans\.verify \(for resources\.attn\.d\)", id="missing"),
+        pytest.param({"attn": {"p": {"labels": ["prefill"], "cg_slots": [0]}}},
+                     r"resources\.attn\.p\.cg_slots=\[0\] puts prefill under CUDA graphs, but "
+                     r"calibration\.plans\.prefill\.kind=paged_prefill", id="graph-prefill"),
+        pytest.param({"attn": {"d": {"labels": ["decode"]}},
+                      "mla": {"d": {"owner": "mla", "labels": ["decode"]}}},
+                     r"plans\.decode would plan resources\.attn\.d \(owner attention\), "
+                     r"resources\.mla\.d \(owner mla\) alike", id="one-label-two-owners"),
+    ],
+)  # fmt: skip
+def test_labels_that_cannot_be_calibrated_as_they_run_are_refused(tree, match):
+    from mstar_resources.calibration.calibrate import check_labels
+
+    with pytest.raises(ResourceConfigError, match=match):
+        check_labels(records(tree), load_profile(GOOD))
