@@ -9,9 +9,10 @@ catches, and restores it. Set ``HYDRA_FULL_ERROR=1`` yourself to get the full tr
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import hydra
 from hydra.errors import HydraException, OverrideParseException
@@ -19,6 +20,9 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ResourceConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def one_paragraph(error: BaseException) -> str:
@@ -92,3 +96,28 @@ def console_script(
 
     main.__doc__ = f"The console script {prog}."
     return main
+
+
+CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
+"""How a CUDA device is written in the ``device`` setting."""
+
+
+def cuda_device(device: object, without_gpu: str) -> torch.device:
+    """The ``device`` setting as a CUDA device that is here; ``without_gpu`` says what to do
+    instead when there is none."""
+    import torch
+
+    if not isinstance(device, str) or not CUDA_DEVICE.fullmatch(device):
+        raise ResourceConfigError(f"device={device!r} is not a CUDA device; set device=cuda:N")
+    if not torch.cuda.is_available():
+        raise ResourceConfigError(
+            f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is "
+            f"False); {without_gpu}"
+        )
+    target = torch.device(device)
+    if target.index is not None and target.index >= torch.cuda.device_count():
+        raise ResourceConfigError(
+            f"device={device!r}, but there are {torch.cuda.device_count()} CUDA devices; "
+            f"set device=cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
+    return target

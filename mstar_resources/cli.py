@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
-from ._app import console_script
+from ._app import CUDA_DEVICE, console_script, cuda_device
 from ._floor import MIB
 from .errors import ResourceConfigError
 from .resolver import ResolvedResource, build_pools, resolve
@@ -27,7 +26,6 @@ __all__ = ["main"]
 
 PROG = "mstar-resources"
 FORMATS = ("table", "json")
-_CUDA = re.compile(r"cuda(:\d+)?")
 _COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB")
 
 
@@ -37,7 +35,7 @@ def _run(cfg: DictConfig) -> None:
         raise ResourceConfigError(
             f"format={output!r} is not an output format; set format=table or format=json"
         )
-    if not isinstance(device, str) or not (device == "cpu" or _CUDA.fullmatch(device)):
+    if not isinstance(device, str) or not (device == "cpu" or CUDA_DEVICE.fullmatch(device)):
         raise ResourceConfigError(
             f"device={device!r} is not a device to reserve on; set device=cpu (a dry run) or "
             "device=cuda (or cuda:N) to allocate"
@@ -58,17 +56,7 @@ def _run(cfg: DictConfig) -> None:
 
 def _allocate(resources_node: DictConfig, records: list[ResolvedResource], device: str) -> int:
     """Make every declared workspace on ``device``; returns how many more bytes the GPU holds."""
-    if not torch.cuda.is_available():
-        raise ResourceConfigError(
-            f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is "
-            "False); set device=cpu for a dry run"
-        )
-    target = torch.device(device)
-    if target.index is not None and target.index >= torch.cuda.device_count():
-        raise ResourceConfigError(
-            f"device={device!r}, but there are {torch.cuda.device_count()} CUDA devices; "
-            f"set device=cuda:0 to cuda:{torch.cuda.device_count() - 1}"
-        )
+    target = cuda_device(device, "set device=cpu for a dry run")
     pools = build_pools(resources_node, target)
     torch.cuda.synchronize(target)
     before = torch.cuda.memory_allocated(target)

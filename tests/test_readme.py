@@ -25,3 +25,7 @@ def test_the_readme_shows_the_dry_run_a_deployment_json_and_an_error():
 def test_each_example_prints_what_the_readme_shows(tmp_path, args, output):
     done = run_cli(*shlex.split(args), cwd=tmp_path)
     assert (done.stdout + done.stderr) == output
+
+
+def test_the_readme_has_no_unfilled_placeholder():
+    assert not re.findall(r"\b[A-Z]+_TABLE\b", README)

@@ -351,3 +351,12 @@ def test_build_pools_reads_the_env_it_is_given_not_the_process(monkeypatch):
 def test_typed_and_converted_values_resolve_alike(node):
     (record,) = resolve({"attn": {"decode": node}}, env={})
     assert (record.declared_mb, record.cg_slots, record.floor_source) == (64, (0,), "declared")
+
+
+def test_the_fast_path_knows_every_schema_field():
+    import dataclasses
+
+    from mstar_resources import resolver
+    from mstar_resources.schema import Resource
+
+    assert resolver._ALREADY_TYPED.keys() == {f.name for f in dataclasses.fields(Resource)}

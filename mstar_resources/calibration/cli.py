@@ -15,7 +15,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .._app import console_script
+from .._app import console_script, cuda_device
 from ..errors import ResourceConfigError
 from ..resolver import resolve
 from .calibrate import (
@@ -48,14 +48,7 @@ def _run(cfg: DictConfig) -> None:
     records = resolve(cfg.resources)
     check_labels(records, profile)
 
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ResourceConfigError(
-            f"device={cfg.device!r}, but torch sees no CUDA device "
-            "(torch.cuda.is_available() is False): calibration plans on a GPU"
-        )
-    device = torch.device(cfg.device)
+    device = cuda_device(cfg.device, "calibration plans on a GPU")
     rows = measure_all(records, profile, device, show_progress=cfg.progress)
     print(table(rows, margin))
     output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir()

@@ -28,6 +28,8 @@ CALIBRATE = ["-m", "mstar_resources.calibration.cli"]
         pytest.param(["deployment=llama3-8b-h200", "resources.attn.decode.labels=[decode,verify]"],
                      r"add calibration\.plans\.verify \(for resources\.attn\.decode\)",
                      id="label-without-plan"),
+        pytest.param(["deployment=llama3-8b-h200", "device=tpu"],
+                     r"device='tpu' is not a CUDA device; set device=cuda:N", id="not-cuda"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_paragraph(tmp_path, args, message):
