@@ -138,9 +138,11 @@ def plot(rows: list[Row], png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
+    # Many short rounds: a drift in the machine's speed within a round is small, and the median
+    # over rounds leaves out the rounds that something else on the machine disturbed.
+    parser.add_argument("--rounds", type=int, default=41, help="ABBA rounds (default 41)")
     parser.add_argument(
-        "--min-run-time", type=float, default=0.2, help="seconds per measurement (default 0.2)"
+        "--min-run-time", type=float, default=0.02, help="seconds per measurement (default 0.02)"
     )
     parser.add_argument("--png", type=Path, default=Path("docs/bench_plan_overhead.png"))
     options = parser.parse_args(argv)
