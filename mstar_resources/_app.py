@@ -90,6 +90,9 @@ def console_script(
             run(cfg)
         except ResourceConfigError as error:
             fail(prog, error)
+        except BrokenPipeError:  # the reader went away (`| head`): nothing left to tell anyone
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
 
     def main() -> None:
         run_app(app, prog)

@@ -216,3 +216,17 @@ def test_device_cuda_without_a_gpu_says_so(tmp_path):
     done = run_cli("device=cuda", cwd=tmp_path)
     assert done.returncode == 2
     assert "device='cuda', but torch sees no CUDA device" in done.stderr
+
+
+def test_a_reader_that_goes_away_ends_it_quietly(tmp_path):
+    environ = {k: v for k, v in os.environ.items() if k not in (VAR, "HYDRA_FULL_ERROR")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mstar_resources.cli", "format=json"],
+        cwd=tmp_path,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # as `mstar-resources | head -c 0` would
+    assert (process.wait(timeout=120), process.stderr.read()) == (1, b"")
