@@ -7,6 +7,7 @@ that starts empty and grows, which ends at exactly the largest need.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,20 @@ class Planner:
             backend=plan.backend,
         )
 
+    def wrappers(self, plan: PlanProfile, buffer: torch.Tensor) -> Callable[[Shape], Any]:
+        """The wrapper on ``buffer`` that plans each shape: one for every eager shape, and one per
+        graph shape (a graph wrapper's batch size is fixed)."""
+        eager = None
+
+        def wrapper_for(shape: Shape) -> Any:
+            nonlocal eager
+            if shape.cuda_graph:
+                return self.wrapper(plan, buffer, shape)
+            eager = eager or self.wrapper(plan, buffer, shape)
+            return eager
+
+        return wrapper_for
+
     def need(self, plan: PlanProfile, shapes: list[Shape], progress: Any = None) -> Need:
         """The largest need over ``shapes``; ``progress`` (a tqdm bar) advances once a shape."""
         if plan.kind is not PlanKind.ragged_prefill:
@@ -102,17 +117,12 @@ class Planner:
 
     def need_by_query(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
         selector = torch.empty(0, dtype=torch.uint8, device=self.device)  # device selector only
-        eager = None
+        wrapper_for = self.wrappers(plan, selector)
         best, worst = 0, None
         for shape in shapes:
-            if shape.cuda_graph:
-                wrapper = self.wrapper(plan, selector, shape)
-            else:
-                eager = eager or self.wrapper(plan, selector, shape)
-                wrapper = eager
             args, kwargs = self.plan_args(plan.kind, shape)
-            need = wrapper.workspace_size(*args, **kwargs)[0]
-            if need >= best:  # of shapes that tie (all graph sizes do), name the largest
+            need = wrapper_for(shape).workspace_size(*args, **kwargs)[0]
+            if need >= best:  # of shapes that tie (graph sizes often do), name the largest
                 best, worst = need, shape
             if progress is not None:
                 progress.update()
@@ -122,17 +132,12 @@ class Planner:
         workspace = Workspace(
             torch.zeros(0, dtype=torch.uint8, device=self.device), "calibration", floor="none"
         )
-        eager = None
+        wrapper_for = self.wrappers(plan, workspace.tensor)
         worst = None
         for shape in shapes:
-            if shape.cuda_graph:
-                wrapper = self.wrapper(plan, workspace.tensor, shape)
-            else:
-                eager = eager or self.wrapper(plan, workspace.tensor, shape)
-                wrapper = eager
             before = workspace.tensor.numel()
             args, kwargs = self.plan_args(plan.kind, shape)
-            workspace.plan(wrapper.plan, *args, **kwargs)
+            workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
             if workspace.tensor.numel() > before:
                 worst = shape
             if progress is not None:

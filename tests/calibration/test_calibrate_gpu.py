@@ -91,14 +91,8 @@ def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
             plan = profile.plans[label]
             slot = record.cg_slots[0] if record.cg_slots else None
             workspace = pools[record.path].get(label, slot)
-            eager = None
-            shapes = shapes_for(plan, profile, bool(record.cg_slots)) + BETWEEN[label]
-            for shape in shapes:
-                if shape.cuda_graph:
-                    wrapper = planner.wrapper(plan, workspace.tensor, shape)
-                else:
-                    eager = eager or planner.wrapper(plan, workspace.tensor, shape)
-                    wrapper = eager
+            wrapper_for = planner.wrappers(plan, workspace.tensor)
+            for shape in shapes_for(plan, profile, bool(record.cg_slots)) + BETWEEN[label]:
                 args, kwargs = planner.plan_args(plan.kind, shape)
-                workspace.plan(wrapper.plan, *args, **kwargs)
+                workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
             assert workspace.stats().times_grown == 0
