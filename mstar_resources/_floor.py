@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from .errors import ResourceConfigError
 
@@ -40,9 +40,14 @@ def mb_to_hold(nbytes: int) -> int:
     return -(-nbytes // MIB)
 
 
+def is_int(value: object) -> TypeGuard[int]:
+    """True for an int; ``True`` is a bool, not a number."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def is_positive_int(value: object) -> bool:
-    """True for an int above zero; ``True`` is a bool, not a size."""
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    """True for an int above zero."""
+    return is_int(value) and value > 0
 
 
 def resolve_floor(

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from ._app import CUDA_DEVICE, console_script, cuda_device
+from ._app import CUDA_DEVICE, console_script, cuda_device, format_table
 from ._floor import MIB
 from .errors import ResourceConfigError
 from .resolver import ResolvedResource, build_pools, resolve
@@ -84,18 +84,7 @@ def _table(records: list[ResolvedResource], report: dict[str, Any]) -> str:
     total = report["total_reserved_bytes"]
     workspaces = sum(record.workspaces for record in records)
     footer = ["total", "", "", "", "", "", str(workspaces), _mb(total)]
-    widths = [max(len(row[i]) for row in [_COLUMNS, *rows, footer]) for i in range(len(_COLUMNS))]
-    numeric = {4, 6, 7}
-
-    def line(cells: Any) -> str:
-        return "  ".join(
-            cell.rjust(width) if i in numeric else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    lines = [line(_COLUMNS), line(["-" * width for width in widths])]
-    lines += [line(row) for row in rows]
-    lines += [line(["-" * width for width in widths]), line(footer)]
+    lines = [format_table([_COLUMNS, None, *rows, None, footer], right={4, 6, 7})]
     if "allocated_bytes" in report:
         lines.append(
             f"allocated on {report['device']}: {report['allocated_bytes']:,} bytes "

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._floor import MIB, Floor, FloorSource, resolve_floor
+from ._floor import MIB, Floor, FloorSource, is_int, resolve_floor
 from .attn.workspace import WorkspacePool
 from .errors import ResourceConfigError
 from .schema import Resource
@@ -243,17 +243,13 @@ def _reads_env(node: DictConfig) -> bool:
         return False
 
 
-def _int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 # What each schema field holds when it needs no conversion. A field missing here takes the slow
 # path; test_resolver checks that every field of Resource is here.
 _ALREADY_TYPED: dict[str, Callable[[object], bool]] = {
     "owner": lambda v: isinstance(v, str),
-    "declared_mb": lambda v: v is None or _int(v),
+    "declared_mb": lambda v: v is None or is_int(v),
     "labels": lambda v: isinstance(v, list) and all(isinstance(label, str) for label in v),
-    "cg_slots": lambda v: isinstance(v, list) and all(_int(slot) for slot in v),
+    "cg_slots": lambda v: isinstance(v, list) and all(is_int(slot) for slot in v),
 }
 
 

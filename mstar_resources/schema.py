@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from ._floor import is_positive_int
 from .errors import ResourceConfigError
 
 __all__ = ["Resource"]
@@ -49,11 +50,7 @@ class Resource:
                 f"owner={self.owner!r} is empty; name who the resource belongs to "
                 "(e.g. owner=attention)"
             )
-        if self.declared_mb is not None and (
-            isinstance(self.declared_mb, bool)
-            or not isinstance(self.declared_mb, int)
-            or self.declared_mb <= 0
-        ):
+        if self.declared_mb is not None and not is_positive_int(self.declared_mb):
             problems.append(
                 f"declared_mb={self.declared_mb!r} is not a positive whole number of MB; declare "
                 "the floor in MB (e.g. declared_mb=256), or null for MSTAR_WORKSPACE_BUFFER_MB "

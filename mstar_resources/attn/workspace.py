@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .._floor import ENV_VAR, Floor, mb_to_hold, resolve_floor
+from .._floor import ENV_VAR, Floor, is_int, mb_to_hold, resolve_floor
 from ..errors import ResourceConfigError, ResourceError, WorkspacePlanError, WorkspaceSealedError
 from ._overflow import Overflow, parse_float_overflow
 
@@ -257,7 +257,7 @@ def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any) -> int | 
         need = answer[0] if isinstance(answer, tuple) else answer
     except Exception:  # not this wrapper's arguments, or no query for its backend
         return None
-    return need if isinstance(need, int) and not isinstance(need, bool) else None
+    return need if is_int(need) else None
 
 
 class WorkspacePool:
@@ -343,9 +343,7 @@ class WorkspacePool:
             raise ResourceConfigError(
                 f"{self.owner}: label={label!r} must be a non-empty string naming a plan"
             )
-        if cg_slot is not None and not (
-            isinstance(cg_slot, int) and not isinstance(cg_slot, bool) and cg_slot >= 0
-        ):
+        if cg_slot is not None and not (is_int(cg_slot) and cg_slot >= 0):
             raise ResourceConfigError(
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
             )

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._app import format_table
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
 from .measure import Need, Planner
@@ -154,14 +155,8 @@ def table(rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN) -> str:
                 f"{row.surplus_bytes:+,}",
             )
         )
-    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-        for line in (head, *body)
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = [format_table([head, None, *body]), ""]
     measured = per_resource(rows)
-    lines.append("")
     lines += [
         f"resources.{m.path}.declared_mb = {declared_mb_for(m.need_bytes, margin)}"
         f"  (need {m.need_bytes:,} bytes + {margin:.0%})"
