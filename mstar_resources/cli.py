@@ -4,8 +4,9 @@ A Hydra app over ``pkg://mstar_resources.conf`` (primary config ``mstar_resource
 CPU it is a dry run that allocates nothing and imports no FlashInfer; ``device=cuda`` (or
 ``cuda:N``) also makes every declared workspace and reports what the GPU then holds.
 
-Bad input, Hydra's own compose errors included, ends in one paragraph on stderr and exit status 2
-(see ``_app.py``); ``HYDRA_FULL_ERROR=1`` gives the full traceback instead.
+Its settings are typed by ``settings.DryRunSettings``. Bad input, Hydra's own compose errors
+included, ends in one paragraph on stderr and exit status 2 (see ``app.py``);
+``HYDRA_FULL_ERROR=1`` gives the full traceback instead. The dry run imports no torch.
 """
 
 from __future__ import annotations
@@ -14,41 +15,40 @@ import dataclasses
 import json
 from typing import Any
 
-import torch
 from omegaconf import DictConfig
 
-from ._app import CUDA_DEVICE, console_script, cuda_device, format_table
+from ._devices import cuda_device, is_cuda_device
 from ._floor import MIB
+from ._table import format_table
+from .app import hydra_app
 from .errors import ResourceConfigError
 from .resolver import ResolvedResource, build_pools, resolve
+from .settings import OutputFormat
 
 __all__ = ["main"]
 
 PROG = "mstar-resources"
-FORMATS = ("table", "json")
 _COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB")
 
 
-def _run(cfg: DictConfig) -> None:
-    output, device = cfg.get("format"), cfg.get("device")
-    if output not in FORMATS:
-        raise ResourceConfigError(
-            f"format={output!r} is not an output format; set format=table or format=json"
-        )
-    if not isinstance(device, str) or not (device == "cpu" or CUDA_DEVICE.fullmatch(device)):
+@hydra_app(PROG, config_name="mstar_resources")
+def main(cfg: DictConfig) -> None:
+    """Resolve ``cfg.resources`` and print what it reserves (and allocate it on ``device=cuda``)."""
+    device = cfg.device
+    if device != "cpu" and not is_cuda_device(device):
         raise ResourceConfigError(
             f"device={device!r} is not a device to reserve on; set device=cpu (a dry run) or "
             "device=cuda (or cuda:N) to allocate"
         )
-    records = resolve(cfg.get("resources"))
+    records = resolve(cfg.resources)
     report: dict[str, Any] = {
         "resources": [dataclasses.asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
     }
     if device != "cpu":
         report["device"] = device
-        report["allocated_bytes"] = _allocate(cfg.get("resources"), records, device)
-    if output == "json":
+        report["allocated_bytes"] = _allocate(cfg.resources, records, device)
+    if cfg.format is OutputFormat.json:
         print(json.dumps(report))
     else:
         print(_table(records, report))
@@ -56,6 +56,8 @@ def _run(cfg: DictConfig) -> None:
 
 def _allocate(resources_node: DictConfig, records: list[ResolvedResource], device: str) -> int:
     """Make every declared workspace on ``device``; returns how many more bytes the GPU holds."""
+    import torch
+
     target = cuda_device(device, "set device=cpu for a dry run")
     pools = build_pools(resources_node, target)
     torch.cuda.synchronize(target)
@@ -95,9 +97,6 @@ def _table(records: list[ResolvedResource], report: dict[str, Any]) -> str:
 
 def _mb(nbytes: int) -> str:
     return f"{nbytes / MIB:,.0f}" if nbytes % MIB == 0 else f"{nbytes / MIB:,.2f}"
-
-
-main = console_script(PROG, "mstar_resources", _run)
 
 
 if __name__ == "__main__":

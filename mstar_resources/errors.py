@@ -6,6 +6,9 @@ torch error, ``WorkspaceGrowthError``, lives beside the workspaces that raise it
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 __all__ = ["ResourceConfigError", "ResourceError", "WorkspacePlanError", "WorkspaceSealedError"]
 
 
@@ -16,6 +19,15 @@ class ResourceError(Exception):
 class ResourceConfigError(ResourceError, ValueError):
     """A setting (config key, argument or environment variable) holds an unusable value."""
 
+    @classmethod
+    def listing(cls, problems: list[str], where: str) -> ResourceConfigError:
+        """One error for every problem found in ``where`` (e.g. ``the resources config``): the
+        problem itself if there is one, else a count and one line each."""
+        if len(problems) == 1:
+            return cls(problems[0])
+        lines = "\n".join(f"  - {problem}" for problem in problems)
+        return cls(f"{len(problems)} problems in {where}:\n{lines}")
+
 
 class WorkspaceSealedError(ResourceError):
     """A plan needs more room than a sealed workspace has; a sealed workspace never moves."""
@@ -24,3 +36,10 @@ class WorkspaceSealedError(ResourceError):
 class WorkspacePlanError(ResourceError):
     """A plan that growing cannot satisfy: its planner does not plan on the workspace's tensor, or
     keeps asking for more."""
+
+
+def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:
+    """`` (did you mean <prefix>X?)`` for the option X closest to a misspelled ``word``, or ""
+    if none is close."""
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""

@@ -2,24 +2,30 @@
 
 The resolver reads data only: it never composes a config (an engine may run it under
 ``@hydra.main``) and never instantiates a ``_target_`` (a config file must not be able to run code).
+:func:`resolve` imports no torch, so a dry run costs what composing costs; :func:`build_pools`,
+which allocates, does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._floor import MIB, Floor, FloorSource, is_int, resolve_floor
-from .attn.workspace import WorkspacePool
-from .errors import ResourceConfigError
+from ._floor import MIB, FloorSource, is_int, resolve_floor
+from .errors import ResourceConfigError, did_you_mean
 from .schema import Resource
+
+if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools allocates
+    import torch
+
+    from .attn.workspace import WorkspacePool
 
 __all__ = ["ResolvedResource", "build_pools", "resolve"]
 
@@ -27,6 +33,8 @@ ROOT = "resources"
 """The config key the tree lives under; a resource's full key is ``resources.<path>``."""
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Resource)}
+_TYPES = typing.get_type_hints(Resource)
+_REQUIRED = {name for name, f in _FIELDS.items() if f.default == MISSING}
 
 
 @dataclass(frozen=True)
@@ -69,37 +77,11 @@ class ResolvedResource:
         """The resource's full config key, e.g. ``resources.attn.decode``."""
         return f"{ROOT}.{self.path}"
 
-    @property
-    def floor(self) -> Floor:
-        return Floor(self.floor_mb, self.floor_source, self.floor_setting)
-
     def served(self) -> Iterator[tuple[str, int | None]]:
         """Every (label, cg slot) the resource serves; the slot is None for eager."""
         for label in self.labels:
             for slot in self.cg_slots or (None,):
                 yield label, slot
-
-
-class DeclaredWorkspacePool(WorkspacePool):
-    """A pool built from a declared resource: it serves the declared labels and slots only, and
-    its sealed workspaces name the setting that sized them."""
-
-    def __init__(self, device: torch.device | str, resource: ResolvedResource) -> None:
-        # The floor is passed resolved, so the pool reads no environment of its own.
-        super().__init__(device, size_mb=resource.floor_mb, owner=resource.owner)
-        self.resource = resource
-        self._floor = resource.floor
-
-    def _check_key(self, label: str, cg_slot: int | None) -> None:
-        super()._check_key(label, cg_slot)
-        if (label, cg_slot) not in self.resource.served():
-            key, slots = self.resource.key, list(self.resource.cg_slots)
-            raise ResourceConfigError(
-                f"{key} does not serve ({label!r}, cg_slot={cg_slot}); it serves labels "
-                f"{list(self.resource.labels)} "
-                + (f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)")
-                + f". Add the label to {key}.labels or the slot to {key}.cg_slots"
-            )
 
 
 def resolve(
@@ -125,7 +107,7 @@ def resolve(
         except ResourceConfigError as error:
             problems.append(str(error))
     if problems:
-        raise ResourceConfigError(_report(problems))
+        raise ResourceConfigError.listing(problems, "the resources config")
     records = []
     for path, resource in declared:
         floor = resolve_floor(resource.declared_mb, env, f"{ROOT}.{path}.declared_mb")
@@ -149,10 +131,21 @@ def build_pools(
     device: torch.device | str,
     env: Mapping[str, str] | None = None,
 ) -> dict[str, WorkspacePool]:
-    """A workspace pool on ``device`` for every resource of the tree, by path. Allocates nothing
-    until a workspace is asked for."""
+    """A workspace pool on ``device`` for every resource of the tree, by path. Each serves its
+    resource's (label, slot) pairs only and names its ``declared_mb`` (or the variable) as the
+    setting that sized it. Allocates nothing until a workspace is asked for."""
+    from .attn.workspace import WorkspacePool
+
+    env = dict(os.environ) if env is None else env  # the one environment resolve() checked
     return {
-        record.path: DeclaredWorkspacePool(device, record)
+        record.path: WorkspacePool(
+            device,
+            record.declared_mb,
+            record.owner,
+            config_key=record.key,
+            serves=record.served(),
+            env=env,
+        )
         for record in resolve(resources_node, env)
     }
 
@@ -204,9 +197,9 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
     except OmegaConfBaseException as error:
         problems.append(f"{key} can't be read: {_first_line(error)}")
         return None
-    if _typed_as_declared(values):
-        # The common case, a node composed through the schema: no conversion needed, so skip
-        # OmegaConf's (which costs most of resolve()); Resource's own checks still run.
+    if _already_typed(node, values):
+        # OmegaConf's conversion would change nothing, and it is most of resolve()'s cost; so
+        # skip it. Resource's own checks still run.
         return _checked(lambda: Resource(**values), key, problems)
     typed = OmegaConf.structured(Resource)
     before = len(problems)
@@ -216,15 +209,15 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
             problems.append(_no_target(field_key, value))
         elif name not in _FIELDS:
             problems.append(
-                f"{field_key} is not a resource setting; a resource takes {', '.join(_FIELDS)}"
+                f"{field_key} is not a resource setting{did_you_mean(str(name), _FIELDS)}; a "
+                f"resource takes {', '.join(_FIELDS)}"
             )
         else:
             try:
                 typed[name] = value
-            except OmegaConfBaseException as error:
+            except OmegaConfBaseException:
                 problems.append(
-                    f"{field_key}={value!r} has the wrong type ({_first_line(error)}); "
-                    f"set it to {_expects(name)}"
+                    f"{field_key}={value!r} has the wrong type; set it to {_expects(name)}"
                 )
     for name in _FIELDS:
         # A value of the wrong type left the field unset too, and is reported already.
@@ -243,21 +236,26 @@ def _reads_env(node: DictConfig) -> bool:
         return False
 
 
-# What each schema field holds when it needs no conversion. A field missing here takes the slow
-# path; test_resolver checks that every field of Resource is here.
-_ALREADY_TYPED: dict[str, Callable[[object], bool]] = {
-    "owner": lambda v: isinstance(v, str),
-    "declared_mb": lambda v: v is None or is_int(v),
-    "labels": lambda v: isinstance(v, list) and all(isinstance(label, str) for label in v),
-    "cg_slots": lambda v: isinstance(v, list) and all(is_int(slot) for slot in v),
-}
+def _already_typed(node: DictConfig, values: dict) -> bool:
+    """``values`` (``node``'s) hold every required field of the schema and nothing else, each of
+    its declared type: a node composed through the schema, or a plain one written as it says."""
+    if not (_REQUIRED <= values.keys() <= _FIELDS.keys()) or MISSING in values.values():
+        return False
+    if OmegaConf.get_type(node) is Resource:  # OmegaConf checked each value when it was set
+        return True
+    return all(_is_of_type(value, _TYPES[name]) for name, value in values.items())
 
 
-def _typed_as_declared(values: dict) -> bool:
-    """Every field present, the required ``labels`` included, already has the schema's type."""
-    return "labels" in values and all(
-        name in _ALREADY_TYPED and _ALREADY_TYPED[name](value) for name, value in values.items()
-    )
+def _is_of_type(value: object, hint: object) -> bool:
+    """Whether ``value`` is already of the type hint ``hint`` (of the few the schema uses)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is list:
+        return isinstance(value, list) and all(_is_of_type(item, args[0]) for item in value)
+    if args:  # a union, e.g. int | None
+        return any(_is_of_type(value, arg) for arg in args)
+    if hint is int:
+        return is_int(value)
+    return isinstance(hint, type) and isinstance(value, hint)
 
 
 def _checked(make: Callable[[], Resource], key: str, problems: list[str]) -> Resource | None:
@@ -286,11 +284,3 @@ def _no_target(key: str, value: object) -> str:
 
 def _first_line(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
-
-
-def _report(problems: list[str]) -> str:
-    if len(problems) == 1:
-        return problems[0]
-    return f"{len(problems)} problems in the resources config:\n" + "\n".join(
-        f"  - {problem}" for problem in problems
-    )

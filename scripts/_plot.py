@@ -1,12 +1,49 @@
-"""What the benchmarks share: pyplot without a display, and saving a figure where --png says."""
+"""What the benchmarks share: the ``--png`` option, pyplot without a display, saving a figure.
+
+A benchmark draws only when asked (``--png PATH``): without it, matplotlib is never imported, so
+the benchmarks run where only the ``test`` extra is installed (plotting needs the ``bench`` extra).
+No folder is ever created: PATH's folder must exist.
+"""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
 
+def add_png_option(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--png PATH``, the file to draw the figure into (none by default)."""
+    parser.add_argument(
+        "--png",
+        type=Path,
+        metavar="PATH",
+        help="also draw the figure into this PNG file; its folder must exist "
+        "(needs matplotlib: pip install 'mstar-resources[bench]')",
+    )
+
+
+def check_png(parser: argparse.ArgumentParser, png: Path | None) -> None:
+    """Ends the run with status 2 and one line on stderr, before anything is measured, when the
+    figure could not be written to ``png``."""
+    if png is None:
+        return
+    problem = None
+    if not png.parent.is_dir():
+        problem = f"the folder {png.parent} does not exist (no folder is created)"
+    elif png.is_dir():
+        problem = "that is a folder, not a file"
+    else:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            problem = "drawing needs matplotlib: pip install 'mstar-resources[bench]'"
+    if problem:
+        parser.exit(2, f"{parser.prog}: error: --png {png}: {problem}\n")
+
+
 def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, which needs no display."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,7 +53,7 @@ def pyplot() -> Any:
 
 
 def save(fig: Any, png: Path) -> None:
-    png.parent.mkdir(parents=True, exist_ok=True)
+    """Writes ``fig`` to ``png`` (whose folder exists: see check_png) and says where."""
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     print(f"plot: {png}")

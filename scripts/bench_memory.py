@@ -1,7 +1,8 @@
 """Float-workspace memory per shipped deployment: calibrated floors against engines' fixed sizes.
 
     python scripts/bench_memory.py                  # every deployment with a calibrated override
-    python scripts/bench_memory.py --png /tmp/memory.png
+    python scripts/bench_memory.py llama3-8b-h200_calibrated
+    python scripts/bench_memory.py --png docs/bench_memory.png      # the README's figure
 
 For each deployment ``<name>`` shipped with a ``<name>_calibrated`` override (written on a GPU by
 ``mstar-resources-calibrate``), composes that override and reports, over all its workspaces (one
@@ -9,6 +10,8 @@ per label and CUDA-graph slot, none aliased):
 - reserved: what its pools hold with the calibrated floors;
 - need: what calibration measured (the floor no one can beat without aliasing);
 - what each engine's fixed workspace size would reserve for the same workspaces, one buffer each.
+
+It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a folder that exists.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from hydra.core.global_hydra import GlobalHydra
 from mstar_resources import resolve
 from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, default_output_dir
 
-from _plot import pyplot, save
+from _plot import add_png_option, check_png, pyplot, save
 
 MIB = 1 << 20
 ENGINE_DEFAULT_MIB = {"vLLM": 394, "SGLang": 384, "TensorRT-LLM": 320, "MLC-LLM": 768}
@@ -72,8 +75,9 @@ def plot(results: dict[str, dict[str, float]], png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("deployments", nargs="*", help="default: every calibrated deployment")
-    parser.add_argument("--png", type=Path, default=Path("docs/bench_memory.png"))
+    add_png_option(parser)
     options = parser.parse_args(argv)
+    check_png(parser, options.png)
     deployments = options.deployments or calibrated_deployments()
     if not deployments:
         print("no calibrated deployments: run mstar-resources-calibrate on a GPU", file=sys.stderr)
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     for d, r in results.items():
         line = f"{d:<34} {r['workspaces']:>10} {r['need']:>9.2f} {r['reserved']:>12.0f}"
         print(line + "".join(f" {r[e]:>17,.0f}" for e in ENGINE_DEFAULT_MIB))
-    plot(results, options.png)
+    if options.png:
+        plot(results, options.png)
     return 0
 
 

@@ -1,18 +1,23 @@
 """What Workspace.plan adds around a plan, as a ratio to calling the planner directly.
 
-    python scripts/bench_plan_overhead.py                 # CPU, and the GPU when there is one
-    python scripts/bench_plan_overhead.py --rounds 3 --min-run-time 0.05 --png /tmp/o.png
+    python scripts/bench_plan_overhead.py                 # CPU rows; the GPU row where it can run
+    python scripts/bench_plan_overhead.py --device cpu --rounds 3 --min-run-time 0.05
+    python scripts/bench_plan_overhead.py --png docs/bench_plan_overhead.png  # README's, on a GPU
 
-Three planners: a real FlashInfer decode plan (batch 64, 4096 tokens each, on a CUDA GPU); on the
-CPU, a planner of similar cost (host work calibrated to the decode plan's ~220 us); and a no-op
-planner, which leaves only Workspace.plan's own cost. Each round times direct, wrapped, wrapped,
-direct (ABBA, so a drift in the machine's speed cancels out) and takes its ratio and difference
-within the round; the table gives the medians over rounds.
+Three planners: a real FlashInfer decode plan (batch 64, 4096 tokens each; only where there are a
+CUDA GPU and FlashInfer, else the row is left out and stderr says why); on the CPU, a planner of
+similar cost (host work calibrated to the decode plan's ~220 us); and a no-op planner, which
+leaves only Workspace.plan's own cost. Each round times direct, wrapped, wrapped, direct (ABBA, so
+a drift in the machine's speed cancels out) and takes its ratio and difference within the round;
+the table gives the medians over rounds.
+
+It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a folder that exists.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 from collections.abc import Callable
@@ -24,7 +29,7 @@ import torch.utils.benchmark as benchmark
 
 from mstar_resources import WorkspacePool
 
-from _plot import pyplot, save
+from _plot import add_png_option, check_png, pyplot, save
 
 DECODE_PLAN_US = 220.0  # FlashInfer's decode plan on an H200 (see the FlashInfer notes)
 
@@ -112,6 +117,15 @@ def gpu_row(rounds: int, t: float) -> Row:
     )
 
 
+def gpu_missing() -> str | None:
+    """Why the FlashInfer row cannot be measured here, or None when it can."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU here"
+    if importlib.util.find_spec("flashinfer") is None:
+        return "FlashInfer is not installed (pip install 'mstar-resources[flashinfer]')"
+    return None
+
+
 def plot(rows: list[Row], png: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * len(rows)))
@@ -144,8 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--min-run-time", type=float, default=0.02, help="seconds per measurement (default 0.02)"
     )
-    parser.add_argument("--png", type=Path, default=Path("docs/bench_plan_overhead.png"))
+    add_png_option(parser)
     options = parser.parse_args(argv)
+    check_png(parser, options.png)
+    missing = gpu_missing() if options.device in ("cuda", "all") else None
+    if missing and options.device == "cuda":
+        print(f"no FlashInfer decode row: {missing}", file=sys.stderr)
+        return 1
     rows = []
     if options.device in ("cpu", "all"):
         planners = {
@@ -155,18 +174,18 @@ def main(argv: list[str] | None = None) -> int:
         for case, planner in planners.items():
             rows.append(host_row(case, planner, options.rounds, options.min_run_time))
     if options.device in ("cuda", "all"):
-        if torch.cuda.is_available():
+        if missing:
+            print(f"no FlashInfer decode row: {missing}", file=sys.stderr)
+        else:
             rows.append(gpu_row(options.rounds, options.min_run_time))
-        elif options.device == "cuda":
-            print("no CUDA GPU here", file=sys.stderr)
-            return 1
     print(f"{'planner':<62} {'direct us':>10} {'via plan us':>12} {'added us':>9} {'ratio':>7}")
     for row in rows:
         print(
             f"{row.case:<62} {row.direct_us:>10.1f} {row.wrapped_us:>12.1f} "
             f"{row.added_us:>9.2f} {row.ratio:>7.4f}"
         )
-    plot(rows, options.png)
+    if options.png:
+        plot(rows, options.png)
     return 0
 
 

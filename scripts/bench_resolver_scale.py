@@ -1,12 +1,16 @@
 """How resolve() and build_pools() scale with the number of declared resources, against Hydra.
 
-    python scripts/bench_resolver_scale.py                       # 10 ... 10,000 resources
+    python scripts/bench_resolver_scale.py                       # 10 ... 1,000 resources
+    python scripts/bench_resolver_scale.py --full                # ... and 10,000 (minutes)
     python scripts/bench_resolver_scale.py --sizes 10 100 --repeats 1 --png /tmp/scale.png
+    python scripts/bench_resolver_scale.py --full --png docs/bench_resolver_scale.png  # README's
 
 For each size, one tree of that many resources (nested two levels deep, as an engine's would be)
 is written as YAML, composed with Hydra's Compose API, then resolved and turned into pools (on the
 CPU: pools allocate nothing until a workspace is asked for). Times are medians over repeats, all
 taken in this run; the ratios compare the resolver's work with composing the same tree.
+
+It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a folder that exists.
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import build_pools, resolve
 
-from _plot import pyplot, save
+from _plot import add_png_option, check_png, pyplot, save
+
+SIZES = [10, 100, 1_000]
+FULL_SIZE = 10_000  # composing it alone takes seconds a repeat: only in the full sweep
 
 
 def tree(size: int) -> dict:
@@ -87,13 +94,20 @@ def plot(results: dict[int, dict[str, float]], png: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1_000, 10_000])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--png", type=Path, default=Path("docs/bench_resolver_scale.png"))
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=SIZES, help="tree sizes (default 10 100 1000)"
+    )
+    parser.add_argument(
+        "--full", action="store_true", help=f"the full sweep: also {FULL_SIZE:,} resources"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="repeats per median (default 5)")
+    add_png_option(parser)
     options = parser.parse_args(argv)
+    check_png(parser, options.png)
+    sizes = sorted(set(options.sizes) | ({FULL_SIZE} if options.full else set()))
     results = {}
     with tempfile.TemporaryDirectory() as workdir:
-        for size in options.sizes:
+        for size in sizes:
             results[size] = measure(size, options.repeats, Path(workdir))
     print(
         f"{'resources':>9} {'compose ms':>11} {'resolve ms':>11} {'build_pools ms':>15} "
@@ -105,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['build_pools'] * 1e3:>15.2f} {r['resolve'] / r['compose']:>16.3f} "
             f"{r['build_pools'] / r['compose']:>20.3f}"
         )
-    plot(results, options.png)
+    if options.png:
+        plot(results, options.png)
     return 0
 
 

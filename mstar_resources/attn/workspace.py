@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -50,8 +50,8 @@ class WorkspaceStats:
     """Bytes it holds now."""
     floor_bytes: int
     """Bytes it started with."""
-    floor: str
-    """The setting that sizes it."""
+    floor_setting: str
+    """The setting that sizes its floor: a config key, ``size_mb`` or the variable."""
     times_grown: int
     largest_growth_bytes: int
     """Bytes added by its largest growth (0 if it never grew)."""
@@ -68,8 +68,8 @@ class WorkspaceStats:
         )
         sealed = "sealed" if self.sealed else "growable"
         return (
-            f"{self.name}: {self.bytes:,} bytes (floor {self.floor_bytes:,} from {self.floor}), "
-            f"{grown}, {sealed}"
+            f"{self.name}: {self.bytes:,} bytes (floor {self.floor_bytes:,} from "
+            f"{self.floor_setting}), {grown}, {sealed}"
         )
 
 
@@ -92,7 +92,8 @@ class Workspace:
         tensor: the buffer, 1-D ``torch.uint8``, as given to FlashInfer's wrappers.
         name: how errors and logs refer to this workspace.
         sealed: start sealed.
-        floor: the setting (config key or environment variable) that sizes this workspace.
+        floor: the setting (config key or environment variable) that sizes this workspace's
+            floor; errors and logs name it as the one to raise.
     """
 
     def __init__(
@@ -264,8 +265,18 @@ class WorkspacePool:
     """FlashInfer workspaces, one per (plan label, cg slot).
 
     Persistent: a wrapper is planned against the buffer it was built with, so these outlive any
-    single step. Each starts at ``workspace_bytes(size_mb)`` bytes on ``device``. ``owner`` names
-    the resource in what a workspace reports.
+    single step. Each starts at the floor ``size_mb`` resolves to (``size_mb``, else
+    ``MSTAR_WORKSPACE_BUFFER_MB``, else 512) on ``device``. ``owner`` names the resource in what a
+    workspace reports.
+
+    A pool built from a declared resource (see :func:`mstar_resources.build_pools`) says so with
+    the keyword-only arguments:
+
+    Args:
+        config_key: the resource's key in the config, e.g. ``resources.attn.decode``. Its
+            ``declared_mb`` is then the setting that ``size_mb`` came from, and errors point there.
+        serves: the (label, cg slot) pairs the pool hands out; None (the default) serves any.
+        env: where ``MSTAR_WORKSPACE_BUFFER_MB`` is read (``os.environ`` by default).
     """
 
     def __init__(
@@ -273,13 +284,22 @@ class WorkspacePool:
         device: torch.device | str,
         size_mb: int | None = None,
         owner: str = "attention",
+        *,
+        config_key: str | None = None,
+        serves: Iterable[tuple[str, int | None]] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(owner, str) or not owner:
             raise ResourceConfigError(f"owner={owner!r} must be a non-empty string")
         self.device = torch.device(device)
         self.size_mb = size_mb
         self.owner = owner
-        self._floor: Floor = resolve_floor(size_mb, declared_setting="size_mb")
+        self.config_key = config_key
+        setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
+        self._floor: Floor = resolve_floor(size_mb, env, setting)
+        self._serves = None if serves is None else tuple(dict.fromkeys(serves))
+        for label, cg_slot in self._serves or ():
+            self._check_key(label, cg_slot)
         self._workspaces: dict[tuple[str, int | None], Workspace] = {}
         self._lock = threading.Lock()
         self._sealed = False
@@ -293,6 +313,16 @@ class WorkspacePool:
     @property
     def sealed(self) -> bool:
         return self._sealed
+
+    @property
+    def serves(self) -> tuple[tuple[str, int | None], ...] | None:
+        """The (label, cg slot) pairs this pool hands out, in declared order; None: any."""
+        return self._serves
+
+    @property
+    def floor_bytes(self) -> int:
+        """The bytes each workspace starts with."""
+        return self._floor.bytes
 
     def get(self, label: str, cg_slot: int | None = None) -> Workspace:
         """The workspace of plans labelled ``label`` in CUDA-graph slot ``cg_slot`` (None: eager),
@@ -347,6 +377,22 @@ class WorkspacePool:
             raise ResourceConfigError(
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
             )
+        if self._serves is not None and (label, cg_slot) not in self._serves:
+            raise ResourceConfigError(self._not_served(label, cg_slot))
+
+    def _not_served(self, label: str, cg_slot: int | None) -> str:
+        labels = list(dict.fromkeys(label for label, _ in self._serves or ()))
+        slots = sorted({slot for _, slot in self._serves or () if slot is not None})
+        where = self.config_key or f"pool {self.owner!r}"
+        served = f"labels {labels} " + (
+            f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)"
+        )
+        fix = (
+            f"Add the label to {self.config_key}.labels or the slot to {self.config_key}.cg_slots"
+            if self.config_key
+            else "Ask for one of those"
+        )
+        return f"{where} does not serve ({label!r}, cg_slot={cg_slot}); it serves {served}. {fix}"
 
     def _name(self, label: str, cg_slot: int | None) -> str:
         return f"{self.owner}:{label}" + ("" if cg_slot is None else f":cg{cg_slot}")

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .._app import format_table
+from .._table import format_table
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
 from .measure import Need, Planner

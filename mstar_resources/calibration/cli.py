@@ -15,7 +15,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .._app import console_script, cuda_device
+from .._devices import cuda_device
+from ..app import hydra_app
 from ..errors import ResourceConfigError
 from ..resolver import resolve
 from .calibrate import (
@@ -27,13 +28,14 @@ from .calibrate import (
     table,
     write_override,
 )
-from .override import DEFAULT_MARGIN
 from .profile import ROOT, load_profile
 
 PROG = "mstar-resources-calibrate"
 
 
-def _run(cfg: DictConfig) -> None:
+@hydra_app(PROG, config_name="mstar_resources_calibrate")
+def main(cfg: DictConfig) -> None:
+    """Calibrate the composed deployment on ``cfg.device`` and write its override."""
     # Everything the config can get wrong is checked first, on any machine; then the GPU.
     deployment = HydraConfig.get().runtime.choices.get("deployment")
     if cfg.get(ROOT) is None:
@@ -41,8 +43,8 @@ def _run(cfg: DictConfig) -> None:
             f"deployment={deployment} carries no `{ROOT}` profile to calibrate; pick a "
             "deployment that has one (deployment=<name>)"
         )
-    margin = DEFAULT_MARGIN if cfg.margin is None else cfg.margin
-    if not isinstance(margin, float | int) or isinstance(margin, bool) or margin < 0:
+    margin = cfg.margin  # a float, by its schema
+    if margin < 0:
         raise ResourceConfigError(f"margin={margin!r} must be a fraction >= 0, e.g. margin=0.1")
     profile = load_profile(cfg[ROOT])
     records = resolve(cfg.resources)
@@ -55,9 +57,6 @@ def _run(cfg: DictConfig) -> None:
     name = base_deployment(str(deployment))
     path = write_override(name, rows, provenance(profile, device), output_dir, margin)
     print(f"wrote {path}: use it with deployment={path.stem}")
-
-
-main = console_script(PROG, "mstar_resources_calibrate", _run)
 
 
 if __name__ == "__main__":

@@ -143,9 +143,7 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
         raise ResourceConfigError(f"{full_key}: {reason}") from None
     problems = _problems(profile)
     if problems:
-        raise ResourceConfigError(
-            "bad calibration profile:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
+        raise ResourceConfigError.listing(problems, "the calibration profile")
     return profile
 
 

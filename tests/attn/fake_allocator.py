@@ -1,43 +1,72 @@
 """A fake FlashInfer planner for the CPU tests, failing exactly as FlashInfer's allocator does.
 
-Its error text is not copied here: it is rebuilt from the installed FlashInfer's own C++ headers
-(``allocator.h`` for the message, ``exception.h`` for the prefix), so a FlashInfer release that
-changes the text fails these tests instead of silently turning growth off.
+Its error text is not written out here: it is rendered from ``flashinfer_overflow.json``, which
+holds FlashInfer's own C++ stream expressions (``allocator.h`` for the message, ``exception.h`` for
+the prefix) parsed into literals and variables, with their lines. So the CPU tests need no
+FlashInfer, and test_overflow.py checks the fixture against the installed FlashInfer's headers
+wherever FlashInfer is installed: a release that changes the text fails there instead of silently
+turning growth off.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
+import json
 import re
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+FIXTURE = Path(__file__).with_name("flashinfer_overflow.json")
 
-def flashinfer_header(name: str) -> Path:
-    """A header of the installed FlashInfer, found without importing it (no CUDA needed)."""
+# Where a FlashInfer wheel keeps its headers, inside the package; its JIT builds compile them from
+# there, so that is the path (``__FILE__``) its errors name.
+HEADERS = Path("data/include/flashinfer")
+
+
+def installed_flashinfer_header(name: str) -> Path | None:
+    """A header of the installed FlashInfer, or None where there is none.
+
+    Found without importing FlashInfer, which needs CUDA.
+    """
     spec = importlib.util.find_spec("flashinfer")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("FlashInfer is not installed: pip install -e '.[test]'")
-    return Path(next(iter(spec.submodule_search_locations))) / "data/include/flashinfer" / name
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / HEADERS / name
+
+
+def header_file(name: str) -> str:
+    """The path an error names for header ``name``: where a FlashInfer wheel installed in this
+    environment keeps it (whether or not one is installed)."""
+    return str(Path(sysconfig.get_path("purelib")) / "flashinfer" / HEADERS / name)
+
+
+# The statement right after an expression that throws it: its line is the one the error names.
+_THROW = re.compile(r"\s*(FLASHINFER_ERROR)\s*\(\s*oss\.str\(\)\s*\)")
 
 
 @dataclass(frozen=True)
 class StreamText:
-    """A C++ ``oss << "literal" << variable << ...`` expression, rendered from Python values."""
+    """A C++ ``oss << "literal" << variable << ...;`` expression, rendered from Python values."""
 
     parts: tuple[tuple[bool, str], ...]  # (is_variable, literal text or variable name)
-    source: str
     line: int
+    """Where the expression begins in its header."""
+    throw_line: int | None
+    """Where the ``FLASHINFER_ERROR(oss.str())`` right after it throws the text, if one does:
+    the ``__LINE__`` its error reports. None where the text is not thrown there."""
 
     @classmethod
-    def find(cls, header: Path, opening: str) -> StreamText:
-        text = header.read_text()
+    def parse(cls, text: str, opening: str) -> StreamText:
+        """The first expression in header ``text`` whose first literal starts with ``opening``."""
         match = re.search(r'oss\s*<<\s*("' + re.escape(opening) + r".*?);", text, re.S)
         if match is None:
-            raise AssertionError(f'{header}: no `oss << "{opening}...` expression')
+            raise LookupError(f'no `oss << "{opening}...` expression')
         parts = []
         for piece in (p.strip() for p in match[1].split("<<")):
             literals = re.findall(r'"(?:[^"\\]|\\.)*"', piece)
@@ -45,8 +74,37 @@ class StreamText:
                 parts.append((False, "".join(ast.literal_eval(s) for s in literals)))
             else:
                 parts.append((True, piece))
-        line = text.count("\n", 0, match.start()) + 1
-        return cls(tuple(parts), str(header), line)
+        thrown = _THROW.match(text, match.end())
+        return cls(
+            parts=tuple(parts),
+            line=_line_at(text, match.start()),
+            throw_line=None if thrown is None else _line_at(text, thrown.start(1)),
+        )
+
+    @classmethod
+    def find(cls, header: Path, opening: str) -> StreamText:
+        try:
+            return cls.parse(header.read_text(), opening)
+        except LookupError as error:
+            raise AssertionError(f"{header}: {error}") from None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> StreamText:
+        parts = []
+        for part in record["parts"]:
+            ((kind, value),) = part.items()
+            if kind not in ("literal", "variable"):
+                raise ValueError(f"{FIXTURE.name}: a part is a literal or a variable, not {part}")
+            parts.append((kind == "variable", value))
+        return cls(tuple(parts), record["line"], record["throw_line"])
+
+    def record(self) -> dict[str, Any]:
+        """The fields the fixture holds for this expression, as it holds them."""
+        return {
+            "line": self.line,
+            "throw_line": self.throw_line,
+            "parts": [{"variable" if var else "literal": value} for var, value in self.parts],
+        }
 
     @property
     def variables(self) -> set[str]:
@@ -56,20 +114,39 @@ class StreamText:
         return "".join(str(values[v]) if is_var else v for is_var, v in self.parts)
 
 
+def _line_at(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+@functools.cache
+def fixture() -> dict[str, Any]:
+    """FlashInfer's overflow text as the fixture holds it: the version and commits it was taken
+    from, and under ``expressions`` each expression's header, opening, lines and parts."""
+    return json.loads(FIXTURE.read_text())
+
+
+def fixture_expression(key: str) -> dict[str, Any]:
+    return fixture()["expressions"][key]
+
+
 def overflow_text() -> StreamText:
-    return StreamText.find(flashinfer_header("allocator.h"), "Buffer overflow")
+    return StreamText.from_record(fixture_expression("overflow"))
 
 
 def error_prefix_text() -> StreamText:
-    return StreamText.find(flashinfer_header("exception.h"), "Error in function")
+    return StreamText.from_record(fixture_expression("error_prefix"))
 
 
 def flashinfer_overflow_message(name: str, size: int, alignment: int, available: int) -> str:
     """The text FlashInfer's allocator throws for this overflow, prefix included."""
+    where = fixture_expression("overflow")
     overflow = overflow_text()
     message = overflow.render(name=name, size=size, alignment=alignment, remaining_space=available)
     return error_prefix_text().render(
-        func="aligned_alloc", file=overflow.source, line=overflow.line, message=message
+        func=where["function"],
+        file=header_file(where["header"]),
+        line=overflow.throw_line,
+        message=message,
     )
 
 

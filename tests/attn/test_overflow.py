@@ -1,17 +1,77 @@
-"""Reading FlashInfer's overflow errors, their text rebuilt from the installed FlashInfer."""
+"""Reading FlashInfer's overflow errors, their text rendered from FlashInfer's own headers as the
+fixture holds them, and the fixture checked against the installed FlashInfer where there is one."""
 
 from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
 
 import pytest
 
 from mstar_resources.attn._overflow import Overflow, parse_float_overflow
 
-from .fake_allocator import flashinfer_overflow_message, legacy_overflow_message, overflow_text
+from .fake_allocator import (
+    FIXTURE,
+    StreamText,
+    fixture,
+    flashinfer_overflow_message,
+    header_file,
+    installed_flashinfer_header,
+    legacy_overflow_message,
+    overflow_text,
+)
+
+# find_spec, not import: FlashInfer's import needs CUDA, and its headers are all this needs.
+NO_FLASHINFER = importlib.util.find_spec("flashinfer") is None
 
 
-def test_allocator_header_still_has_the_fields_we_read():
-    # A FlashInfer release that renames or drops one of these changes what its error says.
+def test_fixture_has_the_fields_the_library_reads():
+    # parse_float_overflow reads these four; the contract test below ties them to FlashInfer's.
     assert overflow_text().variables == {"name", "size", "alignment", "remaining_space"}
+
+
+def test_fixture_renders_the_text_seen_on_an_h200():
+    # What FlashInfer 0.7.2.post1 and 0.7.4 threw on an H200, its header's path aside.
+    assert flashinfer_overflow_message("batch_decode_tmp_v", 2_097_152, 16, 1_048_576) == (
+        f"Error in function 'aligned_alloc' at {header_file('allocator.h')}:71: Buffer overflow "
+        "when allocating memory for batch_decode_tmp_v with size 2097152 and alignment 16, but "
+        "only 1048576 bytes available in AlignedAllocator. Increase the workspace buffer size."
+    )
+
+
+def _installed_version() -> str:
+    for distribution in importlib.metadata.packages_distributions().get("flashinfer", []):
+        return f"{distribution} {importlib.metadata.version(distribution)}"
+    return "FlashInfer of an unknown version"
+
+
+def _what_the_error_says(text: StreamText) -> dict[str, object]:
+    """What of an expression reaches the error's text: its parts, and the line its throw reports.
+    Not where the expression begins, which appears in no error and moves whenever a macro is added
+    above it (exception.h's is at line 31 in one FlashInfer commit, 50 in a later one)."""
+    return {"parts": text.parts, "throw_line": text.throw_line}
+
+
+@pytest.mark.flashinfer
+@pytest.mark.skipif(
+    NO_FLASHINFER,
+    reason=f"needs FlashInfer installed, to check {FIXTURE.name} against its headers",
+)
+def test_fixture_matches_the_installed_flashinfers_headers():
+    expressions = fixture()["expressions"]
+    installed: dict[str, StreamText] = {}
+    for key, expression in expressions.items():
+        header = installed_flashinfer_header(expression["header"])
+        assert header is not None
+        installed[key] = StreamText.find(header, expression["opening"])
+    says = {key: _what_the_error_says(text) for key, text in installed.items()}
+    held = {key: _what_the_error_says(StreamText.from_record(e)) for key, e in expressions.items()}
+    assert says == held, (
+        f"{_installed_version()}'s headers build another text than {FIXTURE.name} holds (from "
+        f"FlashInfer {fixture()['flashinfer']}); theirs, for the fixture:\n"
+        + json.dumps({key: text.record() for key, text in installed.items()}, indent=2)
+    )
 
 
 @pytest.mark.parametrize(

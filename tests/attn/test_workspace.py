@@ -25,6 +25,7 @@ from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
 from .fake_allocator import FakePlanner, flashinfer_overflow_message
 
 MIB = 1 << 20
+VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 DECODE_CHAIN = [("batch_decode_tmp_v", 2 * MIB, 16), ("batch_decode_tmp_s", 16_400, 16)]
 
 
@@ -335,6 +336,39 @@ def test_pool_get_from_many_threads_makes_one_workspace_per_key():
 def test_pool_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ResourceConfigError, match=match):
         WorkspacePool("cpu", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("size_mb", "env", "setting", "floor"),
+    [
+        pytest.param(1, {VAR: "2"}, "resources.attn.decode.declared_mb", MIB, id="declared"),
+        pytest.param(None, {VAR: "2"}, VAR, 2 * MIB, id="env"),
+    ],
+)
+def test_a_pool_declared_in_the_config_names_its_setting(size_mb, env, setting, floor):
+    pool = WorkspacePool("cpu", size_mb, config_key="resources.attn.decode", env=env)
+    assert pool.size_mb == size_mb  # what was passed, whatever the floor resolved to
+    assert pool.floor_bytes == floor
+    workspace = pool.get("decode", 0)
+    assert (workspace.floor, workspace.tensor.numel()) == (setting, floor)
+
+
+def test_a_pool_that_serves_some_keys_refuses_others_and_makes_nothing():
+    pool = WorkspacePool("cpu", size_mb=1, serves=[("decode", 0), ("decode", 1)])
+    assert pool.serves == (("decode", 0), ("decode", 1))
+    assert pool.get("decode", 1).tensor.numel() == MIB
+    with pytest.raises(
+        ResourceConfigError,
+        match=r"^pool 'attention' does not serve \('decode', cg_slot=None\); it serves labels "
+        r"\['decode'\] in cg slots \[0, 1\]\. Ask for one of those",
+    ):
+        pool.get("decode")
+    assert list(pool.workspaces()) == [("decode", 1)]
+
+
+def test_a_pool_checks_the_keys_it_serves_when_it_is_made():
+    with pytest.raises(ResourceConfigError, match=r"cg_slot=-1 must be None \(eager\) or an int"):
+        WorkspacePool("cpu", size_mb=1, serves=[("decode", -1)])
 
 
 def test_pool_rejects_a_bad_variable_at_construction(monkeypatch):

@@ -19,8 +19,10 @@ CALIBRATE = ["-m", "mstar_resources.calibration.cli"]
                      r"deployment=none carries no `calibration` profile to calibrate",
                      id="no-profile"),
         pytest.param(["deployment=llama3-8b-h100"],
-                     r"Could not find 'deployment/llama3-8b-h100'.*llama3-8b-h200",
-                     id="misspelled-deployment"),
+                     r"deployment=llama3-8b-h100 is not a deployment \(did you mean "
+                     r"llama3-8b-h200\?\)", id="misspelled-deployment"),
+        pytest.param(["deployment=llama3-8b-h200", "margin=lots"],
+                     r"margin='lots' is not valid; margin takes a fraction >= 0", id="margin-type"),
         pytest.param(["deployment=llama3-8b-h200", "margin=-0.5"],
                      r"margin=-0\.5 must be a fraction >= 0", id="negative-margin"),
         pytest.param(["deployment=llama3-8b-h200", "calibration.model.num_kv_heads=5"],
@@ -40,3 +42,13 @@ def test_bad_input_exits_2_with_one_paragraph(tmp_path, args, message):
     assert len(done.stderr.strip().splitlines()) == 1
     assert re.search(message, done.stderr), done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_help_is_the_app_s_own(tmp_path):
+    done = run_cli("--help", cwd=tmp_path, python=[sys.executable, *CALIBRATE])
+    assert (done.returncode, done.stderr) == (0, "")
+    for needed in ("deployment=NAME", "margin=FRACTION", "(now: 0.1)", "device=cuda[:N]",
+                   "output_dir=PATH", "MSTAR_WORKSPACE_BUFFER_MB", "llama3-8b-h200"):  # fmt: skip
+        assert needed in done.stdout
+    assert len(re.findall(r"^  mstar-resources-calibrate \S", done.stdout, re.M)) >= 3
+    assert "powered by Hydra" not in done.stdout and "mstar_resources" not in done.stdout

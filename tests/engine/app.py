@@ -1,18 +1,24 @@
-"""An engine's entry point: composes its config under ``@hydra.main`` and prints the resolved
-resources as JSON (``{"model": ..., "resources": [...]}``)."""
+"""An engine's entry point: composes its config and prints the resolved resources as JSON
+(``{"model": ..., "resources": [...]}``).
+
+    python -m tests.engine.app deployment=llama3-70b-tp8-h200 resources.attn.decode.declared_mb=96
+
+``hydra_app`` is ``@hydra.main`` with the library's error reporting: bad input, in the engine's
+own settings or in the resource tree, ends in one paragraph on stderr and exit status 2.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 
-import hydra
 from omegaconf import DictConfig
 
 from mstar_resources import resolve
+from mstar_resources.app import hydra_app
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="engine")
+@hydra_app("engine", config_name="engine", config_path="conf")
 def main(cfg: DictConfig) -> None:
     records = resolve(cfg.resources)
     print(

@@ -1,0 +1,107 @@
+"""Hydra's and OmegaConf's compose errors told as one sentence, from the exceptions' fields.
+
+Hydra reports a misspelled key with advice to append it with ``+`` (which only leads to another
+error) and a bad value in OmegaConf's words over several lines. The exceptions carry what happened
+as data (the full key, the value, the node it was meant for, a group's options), so the sentence is
+built from that: the setting, the bad value, what it takes, and the closest valid name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from enum import Enum
+
+from hydra.errors import MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    OmegaConfBaseException,
+    ValidationError,
+)
+from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
+
+from .errors import did_you_mean
+
+__all__ = ["explain"]
+
+_NODE_EXPECTS: list[tuple[type, str]] = [
+    (BooleanNode, "true or false"),
+    (IntegerNode, "a whole number"),
+    (FloatNode, "a number"),
+    (StringNode, "a string"),
+    (ListConfig, "a list, e.g. [a, b]"),
+    (DictConfig, "a mapping, e.g. {key: value}"),
+]
+
+
+def explain(error: BaseException) -> str:
+    """``error``, raised while composing a config, as one paragraph that names the setting."""
+    if isinstance(error, MissingConfigException) and error.options is not None:
+        return _missing_option(error.missing_cfg_file or "", list(error.options))
+    if isinstance(error, OverrideParseException):
+        return f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
+    cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
+        return _unknown_key(cause)
+    if isinstance(cause, ValidationError) and cause.full_key:
+        return _bad_value(cause)
+    return _paragraph(str(error))
+
+
+def _missing_option(missing: str, options: list[str]) -> str:
+    group, name = posixpath.split(missing)
+    return (
+        f"{group}={name} is not a {group}{did_you_mean(name, options)}; "
+        f"pick one of {', '.join(options)}"
+    )
+
+
+def _unknown_key(error: OmegaConfBaseException) -> str:
+    parent = error.parent_node
+    if not isinstance(parent, DictConfig):
+        return _paragraph(str(error))
+    prefix = _key_of(parent)
+    settings = [str(key) for key in parent if key != "hydra"]
+    return (
+        f"{error.full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
+        f"{prefix.rstrip('.') or 'the config'} takes {', '.join(settings)}"
+    )
+
+
+def _bad_value(error: ValidationError) -> str:
+    parent, key = error.parent_node, error.key
+    field = parent._get_parent() if isinstance(parent, ListConfig) else None
+    if field is not None:  # an element of a list: the list's own field says what it takes
+        parent, key = field, parent._key()
+    takes = _expects(error, parent, key)
+    return f"{error.full_key}={error.value!r} is not valid; {_key_of(parent)}{key} takes {takes}"
+
+
+def _expects(error: ValidationError, parent: object, key: object) -> str:
+    """What ``parent.key`` takes: the schema field's own words where it has them."""
+    schema = OmegaConf.get_type(parent) if isinstance(parent, DictConfig) else None
+    if schema is not None and dataclasses.is_dataclass(schema):
+        for field in dataclasses.fields(schema):
+            if field.name == key and "expects" in field.metadata:
+                return str(field.metadata["expects"])
+    child = error.child_node
+    if isinstance(child, EnumNode) and issubclass(child.enum_type, Enum):
+        return "one of " + ", ".join(member.name for member in child.enum_type)
+    for node_type, expects in _NODE_EXPECTS:
+        if isinstance(child, node_type):
+            return expects
+    return _paragraph(error.msg or str(error))
+
+
+def _key_of(node: object) -> str:
+    """``node``'s full key with a trailing dot, or "" at the root."""
+    if not isinstance(node, DictConfig | ListConfig) or node._get_parent() is None:
+        return ""
+    return f"{node._get_full_key(None)}."
+
+
+def _paragraph(text: str) -> str:
+    """``text``'s lines joined as one paragraph."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
