@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .errors import (
         ResourceConfigError,
         ResourceError,
+        WorkspaceAgreementError,
         WorkspacePlanError,
         WorkspaceSealedError,
     )
@@ -30,6 +31,7 @@ __all__ = [
     "ResourceConfigError",
     "ResourceError",
     "Workspace",
+    "WorkspaceAgreementError",
     "WorkspaceGrowthError",
     "WorkspacePlanError",
     "WorkspacePool",
@@ -45,6 +47,7 @@ _HOMES = {
     "ResourceConfigError": ".errors",
     "ResourceError": ".errors",
     "Workspace": ".attn.workspace",
+    "WorkspaceAgreementError": ".errors",
     "WorkspaceGrowthError": ".attn.workspace",
     "WorkspacePool": ".attn.workspace",
     "WorkspacePlanError": ".errors",

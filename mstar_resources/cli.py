@@ -47,26 +47,25 @@ def main(cfg: DictConfig) -> None:
     }
     if device != "cpu":
         report["device"] = device
-        report["allocated_bytes"] = _allocate(cfg.resources, records, device)
+        report["allocated_bytes"] = _allocate(cfg.resources, device)
     if cfg.format is OutputFormat.json:
         print(json.dumps(report))
     else:
         print(_table(records, report))
 
 
-def _allocate(resources_node: DictConfig, records: list[ResolvedResource], device: str) -> int:
+def _allocate(resources_node: DictConfig, device: str) -> int:
     """Make every declared workspace on ``device``; returns how many more bytes the GPU holds."""
     import torch
 
     target = cuda_device(device, "set device=cpu for a dry run")
-    pools = build_pools(resources_node, target)
     torch.cuda.synchronize(target)
     before = torch.cuda.memory_allocated(target)
-    for record in records:
-        for label, slot in record.served():
-            pools[record.path].get(label, slot)
+    pools = build_pools(resources_node, target, reserve=True)  # held until measured
     torch.cuda.synchronize(target)
-    return torch.cuda.memory_allocated(target) - before
+    allocated = torch.cuda.memory_allocated(target) - before
+    del pools
+    return allocated
 
 
 def _table(records: list[ResolvedResource], report: dict[str, Any]) -> str:

@@ -9,7 +9,13 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["ResourceConfigError", "ResourceError", "WorkspacePlanError", "WorkspaceSealedError"]
+__all__ = [
+    "ResourceConfigError",
+    "ResourceError",
+    "WorkspaceAgreementError",
+    "WorkspacePlanError",
+    "WorkspaceSealedError",
+]
 
 
 class ResourceError(Exception):
@@ -31,6 +37,11 @@ class ResourceConfigError(ResourceError, ValueError):
 
 class WorkspaceSealedError(ResourceError):
     """A plan needs more room than a sealed workspace has; a sealed workspace never moves."""
+
+
+class WorkspaceAgreementError(ResourceError):
+    """The ranks of a group could not agree on a pool at a group seal (they hold different pools,
+    or another rank could not grow); raised on every rank, and no rank sealed the pool."""
 
 
 class WorkspacePlanError(ResourceError):

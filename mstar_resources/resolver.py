@@ -130,14 +130,17 @@ def build_pools(
     resources_node: DictConfig | Mapping,
     device: torch.device | str,
     env: Mapping[str, str] | None = None,
+    *,
+    reserve: bool = False,
 ) -> dict[str, WorkspacePool]:
     """A workspace pool on ``device`` for every resource of the tree, by path. Each serves its
     resource's (label, slot) pairs only and names its ``declared_mb`` (or the variable) as the
-    setting that sized it. Allocates nothing until a workspace is asked for."""
+    setting that sized it. With ``reserve``, every declared workspace is made now
+    (:meth:`WorkspacePool.reserve`); without it, each is made when first asked for."""
     from .attn.workspace import WorkspacePool
 
     env = dict(os.environ) if env is None else env  # the one environment resolve() checked
-    return {
+    pools = {
         record.path: WorkspacePool(
             device,
             record.declared_mb,
@@ -148,6 +151,10 @@ def build_pools(
         )
         for record in resolve(resources_node, env)
     }
+    if reserve:
+        for pool in pools.values():
+            pool.reserve()
+    return pools
 
 
 def _as_config(resources_node: DictConfig | Mapping) -> DictConfig:

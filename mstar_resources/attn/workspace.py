@@ -6,13 +6,16 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from .._floor import ENV_VAR, Floor, is_int, mb_to_hold, resolve_floor
 from ..errors import ResourceConfigError, ResourceError, WorkspacePlanError, WorkspaceSealedError
 from ._overflow import Overflow, parse_float_overflow
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = [
     "Workspace",
@@ -58,6 +61,8 @@ class WorkspaceStats:
     largest_growth_allocation: str | None
     """The FlashInfer allocation that caused that growth."""
     sealed: bool
+    grown_to_agree_bytes: int = 0
+    """Bytes added at a group seal to match what other ranks hold (0 without a group)."""
 
     def __str__(self) -> str:
         grown = (
@@ -66,6 +71,8 @@ class WorkspaceStats:
             if self.times_grown
             else "never grew"
         )
+        if self.grown_to_agree_bytes:
+            grown += f", +{self.grown_to_agree_bytes:,} to agree with other ranks"
         sealed = "sealed" if self.sealed else "growable"
         return (
             f"{self.name}: {self.bytes:,} bytes (floor {self.floor_bytes:,} from "
@@ -128,6 +135,7 @@ class Workspace:
         self._floor_bytes = tensor.numel()
         self._times_grown = 0
         self._largest_growth: tuple[int, str | None] = (0, None)  # (bytes added, allocation)
+        self._grown_to_agree = 0  # bytes added to match other ranks at a group seal
 
     def __repr__(self) -> str:
         state = "sealed" if self.sealed else "growable"
@@ -187,6 +195,7 @@ class Workspace:
                 added,
                 allocation,
                 self.sealed,
+                self._grown_to_agree,
             )
 
     def _sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceSealedError:
@@ -214,24 +223,12 @@ class Workspace:
             if self.sealed:  # sealed while the plan ran
                 raise self._sealed_error(overflow, None) from error
             have, need = self.tensor.numel(), overflow.bytes_needed(planned_on)
-            if have >= need:  # another plan grew it meanwhile
+            added = self._resize(need, overflow.allocation)
+            if not added:  # another plan grew it meanwhile
                 return
-            try:
-                # A failed resize_() leaves the tensor claiming storage it does not have, so the
-                # new buffer is made whole before the tensor moves onto it.
-                grown = torch.empty(need, dtype=torch.uint8, device=self.tensor.device)
-                grown[:have].copy_(self.tensor)
-                grown[have:].zero_()
-            except RuntimeError as oom:
-                raise WorkspaceGrowthError(
-                    f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
-                    f"{overflow.allocation}; it keeps its {have:,}-byte buffer. Free device "
-                    f"memory, or set {self.floor} so the workspace is reserved up front. ({oom})"
-                ) from oom
-            self.tensor.set_(grown.untyped_storage())
             self._times_grown += 1
-            if need - have > self._largest_growth[0]:
-                self._largest_growth = (need - have, overflow.allocation)
+            if added > self._largest_growth[0]:
+                self._largest_growth = (added, overflow.allocation)
         logger.info(
             "workspace %r grew from %d to %d bytes for %s; set %s=%d to reserve it up front",
             self.name,
@@ -241,6 +238,40 @@ class Workspace:
             self.floor,
             mb_to_hold(need),
         )
+
+    def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
+        """Grow to ``nbytes``, what ``ranks`` hold of this workspace; returns the bytes added."""
+        with self._lock:
+            have = self.tensor.numel()
+            if self.sealed and have < nbytes:
+                raise WorkspaceSealedError(
+                    f"workspace {self.name!r} is sealed at {have:,} bytes, and {ranks} hold "
+                    f"{nbytes:,}; seal with the group before any rank seals alone"
+                )
+            added = self._resize(nbytes, f"agreement with {ranks}")
+            self._grown_to_agree += added
+            return added
+
+    def _resize(self, need: int, cause: str | None) -> int:
+        """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed; returns the
+        bytes added (0 if it holds that many already). The caller holds the lock."""
+        have = self.tensor.numel()
+        if have >= need:
+            return 0
+        try:
+            # A failed resize_() leaves the tensor claiming storage it does not have, so the
+            # new buffer is made whole before the tensor moves onto it.
+            grown = torch.empty(need, dtype=torch.uint8, device=self.tensor.device)
+            grown[:have].copy_(self.tensor)
+            grown[have:].zero_()
+        except RuntimeError as oom:
+            raise WorkspaceGrowthError(
+                f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
+                f"{cause}; it keeps its {have:,}-byte buffer. Free device memory, or set "
+                f"{self.floor} so the workspace is reserved up front. ({oom})"
+            ) from oom
+        self.tensor.set_(grown.untyped_storage())
+        return need - have
 
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any) -> int | None:
@@ -339,14 +370,43 @@ class WorkspacePool:
                 self._workspaces[key] = workspace
             return workspace
 
-    def seal(self) -> None:
+    def reserve(self) -> int:
+        """Make, now, every workspace this pool serves (a pool built from the config: every
+        declared label and slot), so an engine takes their memory before it sizes its KV cache
+        from what is left. Returns the bytes the pool holds."""
+        for label, cg_slot in self._serves or ():
+            self.get(label, cg_slot)
+        return self.held_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of every workspace made so far."""
+        return sum(workspace.tensor.numel() for workspace in self.workspaces().values())
+
+    def seal(self, *, group: ProcessGroup | None = None) -> None:
         """The workspaces here keep their addresses from now on, for the graphs about to be
-        captured over them, and so does any made later."""
+        captured over them, and so does any made later.
+
+        With a torch.distributed process ``group``, its ranks agree first: each makes the keys
+        another made, and grows each workspace to the largest any rank holds, so every rank
+        holds the same bytes (see ``_agree.py``). Every rank of the group must call it, for the
+        same pool, in the same order.
+        """
+        if group is not None:
+            from ._agree import agree
+
+            agree(self, group)
         with self._lock:
             self._sealed = True
             for workspace in self._workspaces.values():
                 workspace.seal()
         logger.info("%s", self.summary())
+
+    @property
+    def identity(self) -> tuple[str, str | None, tuple[tuple[str, int | None], ...] | None]:
+        """What must match across ranks for their pools to be one: (owner, config key, the keys
+        it serves)."""
+        return self.owner, self.config_key, self._serves
 
     def workspaces(self) -> dict[tuple[str, int | None], Workspace]:
         """The workspaces made so far, by (label, cg slot)."""

@@ -1,0 +1,96 @@
+"""Agreeing on a pool across the ranks of a torch.distributed group, before it is sealed.
+
+Ranks see different batches (data-parallel attention, uneven micro-batches), so a workspace can
+grow on one rank and not on another. Engines size the KV cache from the smallest free memory of
+any rank, so the largest rank's growth is lost on every rank anyway; agreeing makes it visible and
+symmetric: every rank ends with the same keys, each as large as the largest any rank holds.
+
+Two ``all_gather_object`` calls on the group's own backend (gloo on CPUs, NCCL on GPUs: there,
+each rank must have set its CUDA device), at seal time only:
+
+1. every rank's pool identity (owner, config key, served keys) and the bytes of each workspace it
+   made. Pools that differ fail on every rank alike, since every rank sees the same gathered
+   list: none waits for another.
+2. after each rank made what it lacked and grew to the agreed sizes, whether it could. A rank
+   that could not raises its own error (``WorkspaceGrowthError``: its buffers kept, intact) and
+   every other rank raises ``WorkspaceAgreementError`` naming it; then no rank seals.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from ..errors import WorkspaceAgreementError
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from .workspace import WorkspacePool
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, int | None]
+
+
+def agree(pool: WorkspacePool, group: ProcessGroup) -> None:
+    """Make ``pool`` on this rank hold what the largest of the group's ranks holds, key by key."""
+    rank, ranks = dist.get_rank(), dist.get_world_size(group)
+    held = {key: workspace.tensor.numel() for key, workspace in pool.workspaces().items()}
+    gathered: list[tuple[int, tuple, dict[Key, int]] | None] = [None] * ranks
+    dist.all_gather_object(gathered, (rank, pool.identity, held), group=group)
+    everyone = [entry for entry in gathered if entry is not None]
+    if len({identity for _, identity, _ in everyone}) > 1:
+        pools = "; ".join(
+            f"rank {r}: {_describe(identity)} serving {_served(identity)}"
+            for r, identity, _ in everyone
+        )
+        raise WorkspaceAgreementError(
+            f"the ranks of the group are sealing different pools ({pools}); every rank must "
+            "seal the same pools, in the same order"
+        )
+    agreed: dict[Key, int] = {}
+    for _, _, sizes in everyone:
+        for key, nbytes in sizes.items():
+            agreed[key] = max(agreed.get(key, 0), nbytes)
+    others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
+
+    failure: BaseException | None = None
+    added = 0
+    try:
+        for (label, cg_slot), nbytes in agreed.items():
+            added += pool.get(label, cg_slot)._grow_to_agree(nbytes, others)
+    except Exception as error:  # told to every rank below, then raised here
+        failure = error
+    outcomes: list[tuple[int, str | None] | None] = [None] * ranks
+    report = None if failure is None else f"{type(failure).__name__}: {failure}"
+    dist.all_gather_object(outcomes, (rank, report), group=group)
+    if failure is not None:
+        raise failure
+    failed = [entry for entry in outcomes if entry is not None and entry[1] is not None]
+    if failed:
+        told = "; ".join(f"rank {r} failed: {message}" for r, message in failed)
+        raise WorkspaceAgreementError(
+            f"{_describe(pool.identity)} was not sealed on any rank of the group: {told}"
+        )
+    logger.info(
+        "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
+        rank,
+        _describe(pool.identity),
+        sum(agreed.values()),
+        len(agreed),
+        ranks,
+        added,
+    )
+
+
+def _describe(identity: tuple) -> str:
+    owner, config_key, _ = identity
+    return f"pool {owner!r}" + (f" ({config_key})" if config_key else "")
+
+
+def _served(identity: tuple) -> str:
+    served = identity[2]
+    return "any key" if served is None else ", ".join(f"{label}/{slot}" for label, slot in served)

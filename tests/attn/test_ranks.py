@@ -1,0 +1,216 @@
+"""WorkspacePool.seal(group=...) across gloo ranks, each in a process of its own.
+
+Every test spawns its ranks and waits for them with a deadline, so a rank that hangs fails the test
+instead of blocking the run. The GPU twin, with NCCL and real FlashInfer plans, is
+test_ranks_gpu.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from mstar_resources import (
+    WorkspaceAgreementError,
+    WorkspaceGrowthError,
+    WorkspacePool,
+)
+
+from .fake_allocator import FakePlanner
+
+MIB = 1 << 20
+DEADLINE_S = 60
+"""How long a test waits for all its ranks (spawning each costs an import of torch)."""
+
+Scenario = Callable[[int, int], Any]
+
+
+def run_ranks(scenario: Scenario, world: int, store: Path) -> list[Any]:
+    """``scenario(rank, world)`` on ``world`` gloo ranks; what each returned, or the exception
+    it raised (as ``(type name, message)``), by rank."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    ranks = [
+        context.Process(target=_rank_main, args=(scenario, rank, world, str(store), results))
+        for rank in range(world)
+    ]
+    for process in ranks:
+        process.start()
+    got: dict[int, Any] = {}
+    try:
+        for _ in range(world):
+            rank, outcome = results.get(timeout=DEADLINE_S)
+            got[rank] = outcome
+    except Exception:
+        pytest.fail(f"ranks {sorted(set(range(world)) - set(got))} did not finish: a hang")
+    finally:
+        for process in ranks:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    return [got[rank] for rank in range(world)]
+
+
+def _rank_main(scenario: Scenario, rank: int, world: int, store: str, results: Any) -> None:
+    outcome: Any
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{store}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=DEADLINE_S // 2),
+        )
+        outcome = scenario(rank, world)
+    except Exception as error:
+        outcome = (type(error).__name__, str(error) or traceback.format_exc())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    results.put((rank, outcome))
+
+
+def _pool(**kwargs: Any) -> WorkspacePool:
+    return WorkspacePool("cpu", 1, "attention", config_key="resources.attn.decode", **kwargs)
+
+
+def _grow(pool: WorkspacePool, label: str, cg_slot: int | None, nbytes: int) -> None:
+    """Plan on (label, slot) something that needs ``nbytes``: the workspace grows to exactly it."""
+    workspace = pool.get(label, cg_slot)
+    workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", nbytes, 16)]))
+
+
+def _holding(pool: WorkspacePool) -> dict[str, Any]:
+    return {
+        "sizes": {f"{k[0]}/{k[1]}": w.tensor.numel() for k, w in pool.workspaces().items()},
+        "sealed": pool.sealed and all(w.sealed for w in pool.workspaces().values()),
+        "agreed": {s.name: s.grown_to_agree_bytes for s in pool.stats()},
+    }
+
+
+SERVES = [("decode", 0), ("decode", 1), ("prefill", None)]
+
+
+def grew_differently(rank: int, world: int) -> dict[str, Any]:
+    pool = _pool(serves=SERVES)
+    pool.get("decode", 0)
+    if rank == 0:
+        _grow(pool, "decode", 0, 3 * MIB)
+    if rank == world - 1:
+        pool.get("prefill").tensor.fill_(rank)  # bytes a rank wrote survive the growth
+        _grow(pool, "prefill", None, 2 * MIB)
+    tensors = {key: workspace.tensor for key, workspace in pool.workspaces().items()}
+    pool.seal(group=dist.group.WORLD)
+    holding = _holding(pool)
+    holding["same_tensors"] = all(pool.get(*key).tensor is t for key, t in tensors.items())
+    if rank == world - 1:
+        holding["kept"] = bool((pool.get("prefill").tensor[:MIB] == rank).all())
+    return holding
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_that_grew_differently_agree_on_every_key_and_size(tmp_path, world):
+    results = run_ranks(grew_differently, world, tmp_path / "store")
+    agreed = {"decode/0": 3 * MIB, "prefill/None": 2 * MIB}
+    for holding in results:
+        assert isinstance(holding, dict), holding
+        assert holding["sizes"] == agreed and holding["sealed"] and holding["same_tensors"]
+    # What each rank grew to agree: the first rank only the prefill, the last only the decode.
+    assert results[0]["agreed"] == {"attention:decode:cg0": 0, "attention:prefill": MIB}
+    assert results[-1]["agreed"] == {"attention:decode:cg0": 2 * MIB, "attention:prefill": 0}
+    assert results[-1]["kept"]
+
+
+def missing_a_key(rank: int, world: int) -> dict[str, Any]:
+    pool = _pool(serves=SERVES)
+    if rank == 1:
+        _grow(pool, "decode", 1, 2 * MIB)
+    pool.seal(group=dist.group.WORLD)
+    return _holding(pool)
+
+
+def test_a_rank_missing_a_key_gets_it(tmp_path):
+    first, second = run_ranks(missing_a_key, 2, tmp_path / "store")
+    assert first["sizes"] == second["sizes"] == {"decode/1": 2 * MIB}
+    assert first["agreed"] == {"attention:decode:cg1": MIB}  # made at its floor, then grown
+    assert first["sealed"] and second["sealed"]
+
+
+def mismatched(rank: int, world: int) -> Any:
+    pool = WorkspacePool("cpu", 1, owner=f"owner{rank}")
+    pool.get("decode")
+    try:
+        pool.seal(group=dist.group.WORLD)
+    except WorkspaceAgreementError as error:
+        return ("WorkspaceAgreementError", str(error), pool.sealed)
+    return "sealed"
+
+
+def test_mismatched_pools_raise_the_same_error_on_every_rank(tmp_path):
+    results = run_ranks(mismatched, 3, tmp_path / "store")
+    assert len(set(results)) == 1  # the same error, word for word, and nobody sealed
+    kind, message, sealed = results[0]
+    assert (kind, sealed) == ("WorkspaceAgreementError", False)
+    for rank in range(3):
+        assert f"rank {rank}: pool 'owner{rank}'" in message
+
+
+FAILING_RANK = 2
+HUGE = 1 << 55
+"""More bytes than any machine has."""
+
+
+def one_rank_cannot_grow(rank: int, world: int) -> Any:
+    # The other ranks keep their pools on the meta device, where HUGE bytes cost nothing; this
+    # rank's CPU really cannot allocate them, as a full GPU could not.
+    device = "cpu" if rank == FAILING_RANK else "meta"
+    pool = WorkspacePool(device, 1, config_key="resources.attn.decode", serves=SERVES)
+    workspace = pool.get("decode", 0)
+    if rank == FAILING_RANK:
+        workspace.tensor.fill_(7)
+    else:
+        _grow(pool, "decode", 0, HUGE)
+    try:
+        pool.seal(group=dist.group.WORLD)
+    except (WorkspaceGrowthError, WorkspaceAgreementError) as error:
+        intact = rank != FAILING_RANK or (
+            workspace.tensor.numel() == MIB and bool((workspace.tensor == 7).all())
+        )
+        return (type(error).__name__, str(error), pool.sealed, intact)
+    return "sealed"
+
+
+def test_a_rank_that_cannot_grow_fails_every_rank_clearly_and_keeps_its_buffer(tmp_path):
+    results = run_ranks(one_rank_cannot_grow, 3, tmp_path / "store")
+    kind, message, sealed, intact = results[FAILING_RANK]
+    assert (kind, sealed, intact) == ("WorkspaceGrowthError", False, True)
+    assert f"to {HUGE:,} bytes" in message and "keeps its 1,048,576-byte buffer" in message
+    for rank in (0, 1):
+        kind, message, sealed, _ = results[rank]
+        assert (kind, sealed) == ("WorkspaceAgreementError", False)
+        assert f"rank {FAILING_RANK} failed: WorkspaceGrowthError" in message
+        assert "'attention' (resources.attn.decode) was not sealed on any rank" in message
+
+
+def test_reserve_makes_exactly_the_served_keys_and_reports_the_bytes():
+    pool = _pool(serves=SERVES)
+    assert pool.reserve() == 3 * MIB
+    assert list(pool.workspaces()) == SERVES
+    assert pool.reserve() == 3 * MIB  # again: nothing new
+    assert WorkspacePool("cpu", 1).reserve() == 0  # serves any key: none is known up front
+
+
+def test_without_a_group_seal_is_the_plain_seal():
+    pool = _pool(serves=SERVES)
+    pool.get("decode", 0)
+    pool.seal()
+    assert pool.sealed and [s.grown_to_agree_bytes for s in pool.stats()] == [0]
+    assert torch.distributed.is_initialized() is False
