@@ -33,6 +33,10 @@ FAST = [
     ),
     pytest.param("bench_memory.py", [], "deployment", id="memory"),
     pytest.param("bench_dry_run.py", ["--rounds", "2"], "median", id="dry-run"),
+    # Two gloo ranks (each process imports torch: about 2 s) and two rounds after the warm-up.
+    pytest.param(
+        "bench_seal_ranks.py", ["--ranks", "2", "--rounds", "2"], "seal(group)", id="seal-ranks"
+    ),
 ]
 
 

@@ -7,16 +7,11 @@ test_ranks_gpu.py.
 
 from __future__ import annotations
 
-import datetime
-import traceback
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from mstar_resources import (
     WorkspaceAgreementError,
@@ -24,58 +19,10 @@ from mstar_resources import (
     WorkspacePool,
 )
 
+from ..ranks import run_ranks
 from .fake_allocator import FakePlanner
 
 MIB = 1 << 20
-DEADLINE_S = 60
-"""How long a test waits for all its ranks (spawning each costs an import of torch)."""
-
-Scenario = Callable[[int, int], Any]
-
-
-def run_ranks(scenario: Scenario, world: int, store: Path) -> list[Any]:
-    """``scenario(rank, world)`` on ``world`` gloo ranks; what each returned, or the exception
-    it raised (as ``(type name, message)``), by rank."""
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    ranks = [
-        context.Process(target=_rank_main, args=(scenario, rank, world, str(store), results))
-        for rank in range(world)
-    ]
-    for process in ranks:
-        process.start()
-    got: dict[int, Any] = {}
-    try:
-        for _ in range(world):
-            rank, outcome = results.get(timeout=DEADLINE_S)
-            got[rank] = outcome
-    except Exception:
-        pytest.fail(f"ranks {sorted(set(range(world)) - set(got))} did not finish: a hang")
-    finally:
-        for process in ranks:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-    return [got[rank] for rank in range(world)]
-
-
-def _rank_main(scenario: Scenario, rank: int, world: int, store: str, results: Any) -> None:
-    outcome: Any
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{store}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=DEADLINE_S // 2),
-        )
-        outcome = scenario(rank, world)
-    except Exception as error:
-        outcome = (type(error).__name__, str(error) or traceback.format_exc())
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    results.put((rank, outcome))
 
 
 def _pool(**kwargs: Any) -> WorkspacePool:
