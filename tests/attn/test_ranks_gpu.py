@@ -20,7 +20,7 @@ import torch.distributed as dist
 from mstar_resources import WorkspacePool
 
 from ..ranks import run_ranks
-from .test_workspace_gpu import Decode
+from .test_workspace_gpu import Decode, capture
 
 pytestmark = [
     pytest.mark.gpu,
@@ -55,14 +55,7 @@ def plan_seal_capture(rank: int, world: int) -> dict[str, Any]:
     if rank == 1:  # sealed now: it fits only because rank 0's size was agreed
         graph_workspace.plan(wrapper.plan, *decode.plan_args, **decode.plan_kwargs)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        wrapper.run(decode.q, decode.kv_cache)  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = wrapper.run(decode.q, decode.kv_cache)
+    graph, out = capture(lambda: wrapper.run(decode.q, decode.kv_cache))
     decode.q.copy_(torch.randn_like(decode.q))  # the replay must follow new inputs
     graph.replay()
     torch.cuda.synchronize()

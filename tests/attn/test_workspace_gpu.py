@@ -6,6 +6,7 @@ fa2 CUDA-core decode kernel), so FlashInfer's JIT builds it once per run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -70,6 +71,20 @@ class Decode:
         return wrapper.workspace_size(*self.plan_args, **self.plan_kwargs)[0]
 
 
+def capture(run: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``run()`` captured in a CUDA graph, after one warm-up outside capture: the graph and the
+    tensor its replays write."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    return graph, out
+
+
 def test_decode_plan_grows_a_1_mib_workspace_and_runs_as_on_a_large_buffer():
     decode = Decode(batch=64, kv_len=4096)
     workspace = WorkspacePool("cuda", size_mb=1).get("decode")
@@ -110,14 +125,7 @@ def test_graph_wrappers_of_several_batch_sizes_share_one_workspace_then_seal_and
     address = tensor.data_ptr()
     decode, wrapper = decodes[-1], wrappers[-1]
     eager = wrapper.run(decode.q, decode.kv_cache).clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        wrapper.run(decode.q, decode.kv_cache)  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = wrapper.run(decode.q, decode.kv_cache)
+    graph, out = capture(lambda: wrapper.run(decode.q, decode.kv_cache))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
