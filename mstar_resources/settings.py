@@ -1,7 +1,7 @@
-"""The settings of the two apps, as the schemas of their primary configs.
+"""The settings of the apps, as the schemas of their primary configs.
 
-Registered in Hydra's ConfigStore (``mstar_resources_settings``, ``mstar_calibrate_settings``) and
-listed first in ``conf/mstar_resources.yaml`` and ``conf/mstar_resources_calibrate.yaml``, so a
+Registered in Hydra's ConfigStore (``mstar_resources_settings``, ``mstar_calibrate_settings``,
+``mstar_replay_settings``) and listed first in their primary configs in ``conf/``, so a
 bad value (``format=xml``, ``margin=lots``) or a misspelled setting fails while Hydra composes,
 naming the key. Each field's ``expects`` is how an error says what it takes.
 """
@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 
 from .calibration.override import DEFAULT_MARGIN
 
-__all__ = ["CalibrateSettings", "DryRunSettings", "OutputFormat"]
+__all__ = ["CalibrateSettings", "DryRunSettings", "OutputFormat", "ReplaySettings"]
 
 
 class OutputFormat(Enum):
@@ -67,5 +67,39 @@ class CalibrateSettings(_Tree):
     """Show a progress bar on stderr."""
 
 
+@dataclass
+class ReplaySettings(_Tree):
+    """``scripts/replay.py``: a serving trace through an engine's loop, two memory setups."""
+
+    layers: int = field(default=4, metadata={"expects": "a whole number of layers >= 1"})
+    """Attention-and-MLP layers of the model (the attention shape is the deployment's)."""
+    requests: int = field(default=64, metadata={"expects": "a whole number >= 1"})
+    """Requests in the synthetic trace."""
+    seed: int = field(default=0, metadata={"expects": "a whole number"})
+    """Seeds the trace and the weights."""
+    vocab_size: int = field(default=8192, metadata={"expects": "a whole number >= 2"})
+    """The LM head's vocabulary (small: the model's shapes are what matter)."""
+    memory_utilization: float = field(
+        default=0.8, metadata={"expects": "a fraction between 0 and 1, e.g. 0.8"}
+    )
+    """The fraction of the free memory (after weights and workspaces) the KV cache takes."""
+    warmup: bool = field(default=True, metadata={"expects": "true or false"})
+    """Plan every label's bounding shapes before sealing (plans may grow the workspaces)."""
+    cuda_graphs: bool = field(default=True, metadata={"expects": "true or false"})
+    """Decode under CUDA graphs at the profile's graph batch sizes."""
+    fixed_buffer_mb: int | None = field(
+        default=None, metadata={"expects": "a whole number of MB, or null"}
+    )
+    """The engines' setup: one shared buffer of this size. Null: vLLM's size for the
+    deployment, max(394, max_num_batched_tokens x query heads x head dim x 16 B / 2**20)."""
+    device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
+    """The GPU of a one-rank run (under torchrun each rank takes cuda:<local rank>)."""
+    report_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
+    """Where report.json and replay.png go (a folder that exists); null: nowhere."""
+    progress: bool = field(default=True, metadata={"expects": "true or false"})
+    """A progress bar over the trace on stderr (rank 0)."""
+
+
 ConfigStore.instance().store(name="mstar_resources_settings", node=DryRunSettings)
 ConfigStore.instance().store(name="mstar_calibrate_settings", node=CalibrateSettings)
+ConfigStore.instance().store(name="mstar_replay_settings", node=ReplaySettings)

@@ -1,0 +1,230 @@
+"""The replay app: the library in an engine's loop, end to end, against the engines' way.
+
+    python scripts/replay.py deployment=llama3-8b-h200_calibrated
+    torchrun --nproc-per-node 2 scripts/replay.py deployment=llama3-8b-h200_calibrated
+
+Composes the deployment, makes a seeded synthetic trace and its schedule (``trace.py``,
+``scheduler.py``), builds the model (``model.py``), then runs the schedule twice (``engine.py``):
+on the deployment's pools, built, reserved, warmed up and sealed with the group, and on one fixed
+buffer shared by every wrapper. Both setups serve the same schedule, so their generated tokens
+must be identical, and after sealing nothing may grow or overflow; the report says each and the
+run fails (status 1) if one does not hold. Bad settings, or no GPU, end in one paragraph and
+status 2. Under ``torchrun`` the heads are split between the ranks (tensor parallel), NCCL sums
+the output and MLP projections, the pools are sealed with the group, and rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from .._devices import cuda_device
+from .._floor import MIB, mb_to_hold
+from ..app import hydra_app
+from ..calibration.profile import ROOT, CalibrationProfile, PlanKind, load_profile
+from ..errors import ResourceConfigError, WorkspaceSealedError
+from ..resolver import ResolvedResource, build_pools, resolve
+
+__all__ = ["check", "main", "vllm_buffer_mb"]
+
+PROG = "replay"
+LABELS = {"prefill": PlanKind.paged_prefill, "decode": PlanKind.decode}
+"""The plan labels the replay plans, and the wrapper each must be planned with."""
+
+VLLM_MIN_MB = 394
+VLLM_BYTES_PER_TOKEN_HEAD_DIM = 16
+"""vLLM sizes its shared FlashInfer buffer as max(394 MiB, max_num_batched_tokens x query heads
+per rank x head dim x 16 bytes) (``vllm/v1/attention/backends/flashinfer.py``)."""
+
+
+def vllm_buffer_mb(profile: CalibrationProfile, ranks: int) -> int:
+    """vLLM's float workspace size for this deployment, in MB."""
+    model = profile.model
+    per_token = (model.num_qo_heads // ranks) * model.head_dim * VLLM_BYTES_PER_TOKEN_HEAD_DIM
+    return max(VLLM_MIN_MB, mb_to_hold(profile.limits.max_num_batched_tokens * per_token))
+
+
+def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[ResolvedResource]]:
+    """Everything the settings can get wrong, on any machine, before a GPU is touched."""
+    problems = []
+    for name, low in (("layers", 1), ("requests", 1), ("vocab_size", 2)):
+        if cfg[name] < low:
+            problems.append(f"{name}={cfg[name]} must be at least {low}")
+    if not 0 < cfg.memory_utilization < 1:
+        problems.append(
+            f"memory_utilization={cfg.memory_utilization} must be between 0 and 1, e.g. 0.8"
+        )
+    if cfg.fixed_buffer_mb is not None and cfg.fixed_buffer_mb < 1:
+        problems.append(f"fixed_buffer_mb={cfg.fixed_buffer_mb} must be at least 1, or null")
+    if cfg.report_dir is not None and not Path(cfg.report_dir).is_dir():
+        problems.append(f"report_dir={cfg.report_dir!r} is not a folder that exists; make it")
+    if problems:
+        raise ResourceConfigError.listing(problems, "the replay's settings")
+    if cfg.get(ROOT) is None:
+        raise ResourceConfigError(
+            "this deployment carries no `calibration` profile (the model's attention shape and "
+            "the engine's limits); pick one that has, e.g. deployment=llama3-8b-h200_calibrated"
+        )
+    profile = load_profile(cfg[ROOT])
+    for label, kind in LABELS.items():
+        plan = profile.plans.get(label)
+        if plan is None or plan.kind is not kind:
+            raise ResourceConfigError(
+                f"calibration.plans.{label} must be planned as kind={kind.value} for the replay "
+                f"(it has {plan.kind.value if plan else 'none'})"
+            )
+    model = profile.model
+    if model.num_qo_heads % ranks or model.num_kv_heads % ranks:
+        raise ResourceConfigError(
+            f"{ranks} ranks can't split calibration.model.num_qo_heads={model.num_qo_heads} and "
+            f"num_kv_heads={model.num_kv_heads} evenly; run on a number of ranks that divides both"
+        )
+    return profile, resolve(cfg.resources)
+
+
+@hydra_app(PROG, config_name="replay")
+def main(cfg: DictConfig) -> None:
+    """Replay the trace on both setups and report; see the module's docstring."""
+    ranks, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    profile, records = check(cfg, ranks)
+    device_setting = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if ranks > 1 else cfg.device
+    device = cuda_device(device_setting, "the replay runs on a GPU")
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(device)
+    if ranks > 1:
+        dist.init_process_group("nccl", device_id=device)
+    try:
+        failures = _replay(cfg, profile, records, device, rank, ranks)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if failures:
+        if rank == 0:
+            print(f"{PROG}: failed: {'; '.join(failures)}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def _replay(
+    cfg: DictConfig,
+    profile: CalibrationProfile,
+    records: list[ResolvedResource],
+    device: Any,
+    rank: int,
+    ranks: int,
+) -> list[str]:
+    """Both setups over one schedule; rank 0 prints (and writes) the report. What failed."""
+    import torch
+    import torch.distributed as dist
+
+    from . import report as reporting
+    from .engine import FixedBuffer, LibraryBuffers, Setup
+    from .model import Model, Shape, describe
+    from .scheduler import schedule
+    from .trace import synthetic_trace
+
+    group = dist.group.WORLD if ranks > 1 else None
+    limits = profile.limits
+    trace = synthetic_trace(cfg.requests, cfg.seed, limits.max_model_len, cfg.vocab_size)
+    shape = Shape.of(profile, cfg.layers, cfg.vocab_size, ranks)
+    model = Model(shape, device, cfg.seed, rank, ranks)
+    fixed_mb = cfg.fixed_buffer_mb or vllm_buffer_mb(profile, ranks)
+
+    # One schedule for both setups (their tokens must match), within the KV cache either could
+    # hold on any rank: the free memory now, less each setup's workspaces.
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    page_bytes = shape.kv_bytes_per_token * shape.page_size
+    reserved = sum(record.reserved_bytes for record in records)
+    pages = min(int((free - ws) * cfg.memory_utilization) // page_bytes for ws in
+                (reserved, fixed_mb * MIB)) - 1  # fmt: skip
+    if group is not None:
+        every: list[int | None] = [None] * ranks
+        dist.all_gather_object(every, pages, group=group)
+        pages = min(p for p in every if p is not None)
+    steps = schedule(
+        trace,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        cuda_graph_batch_sizes=profile.cuda_graph_batch_sizes,
+        num_pages=pages,
+        page_size=shape.page_size,
+    )
+
+    results = []
+    for make in (
+        lambda: LibraryBuffers(build_pools(cfg.resources, device)),
+        lambda: FixedBuffer(fixed_mb * MIB, device),
+    ):
+        buffers = make()
+        setup = Setup(model, profile, buffers, cfg.memory_utilization, group, cfg.cuda_graphs)
+        if setup.result.kv_pages < pages:
+            raise ResourceConfigError(
+                f"{buffers.name}: the KV cache holds {setup.result.kv_pages:,} pages, fewer than "
+                f"the {pages:,} the schedule was made for; free GPU memory changed during the run"
+            )
+        progress = _progress(cfg.progress and rank == 0, len(steps), buffers.name)
+        try:
+            if cfg.warmup:
+                setup.warm_up()
+            setup.seal_and_capture()
+            result = setup.serve(steps, trace, progress)
+        except WorkspaceSealedError as error:  # a graph's plan at capture did not fit
+            setup.result.sealed_overflow = str(error)
+            result = setup.result
+        finally:
+            progress.close()
+        results.append(result)
+        del setup, buffers
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    ours, theirs = results
+    complete = all(r.sealed_overflow is None for r in results)
+    identical = complete and ours.tokens == theirs.tokens
+    report = {
+        "deployment": _deployment(),
+        "gpu": torch.cuda.get_device_name(device),
+        "ranks": ranks,
+        "model": describe(shape),
+        "trace": {"requests": len(trace), "seed": cfg.seed, "steps": len(steps)},
+        "setups": [reporting.setup_summary(r) for r in results],
+        "tokens_identical": identical,
+    }
+    if group is not None:  # rank 0 reports every rank's figures
+        every_report: list[dict | None] = [None] * ranks
+        dist.all_gather_object(every_report, report, group=group)
+        report["per_rank"] = every_report
+    failures = []
+    for r in results:
+        if r.sealed_overflow is not None:
+            failures.append(f"{r.name} overflowed a sealed workspace: {r.sealed_overflow}")
+        elif r.growths_after_seal:
+            failures.append(f"{r.name}: {r.growths_after_seal} growths after sealing")
+    if complete and not identical:
+        failures.append("the two setups generated different tokens")
+    if rank == 0:
+        print(reporting.table(report))
+        if cfg.report_dir is not None:
+            times = {r.name: r.decode_step_s for r in results}
+            for path in reporting.write(report, Path(cfg.report_dir), times):
+                print(f"wrote {path}")
+    return failures
+
+
+def _deployment() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    return str(HydraConfig.get().runtime.choices.get("deployment"))
+
+
+def _progress(show: bool, total: int, name: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", desc=name, disable=not show, leave=False)

@@ -1,0 +1,432 @@
+"""One setup of the replay: its workspaces, KV cache, wrappers and CUDA graphs, serving a schedule.
+
+The order is an engine's: make the workspaces (the library's pools, reserved; or the engines' one
+fixed buffer), size the KV cache from the free memory left, warm up (plans may grow), seal (with
+the group, across ranks), capture the decode graphs, then serve the schedule step by step: one
+prefill plan and one decode plan a step, each run by every layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..attn.workspace import Workspace, WorkspacePool
+from ..calibration.profile import CalibrationProfile, PlanKind
+from ..calibration.shapes import shapes_for
+from ..errors import ResourceConfigError, WorkspaceSealedError
+from .model import Model
+from .scheduler import Chunk, Step
+from .trace import Request
+
+DUMMY_PAGE = 0
+"""A page no request owns: the padded rows of a graph batch attend to it and write to it."""
+
+
+class Buffers:
+    """Where a setup's wrappers get their float workspaces, and how their plans are made."""
+
+    name: str
+
+    def prefill(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decode(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def plan(self, label: str, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    def seal(self, group: Any) -> None:
+        """Before graphs are captured over the buffers."""
+
+    @property
+    def bytes(self) -> int:
+        raise NotImplementedError
+
+    def growths(self) -> int:
+        """Times a workspace grew, so far (0 for a fixed buffer, which never grows)."""
+        return 0
+
+
+class LibraryBuffers(Buffers):
+    """The library's way: pools built from the composed config and reserved before the KV cache
+    is sized; plans go through :meth:`Workspace.plan`, and the pools are sealed with the group."""
+
+    name = "mstar-resources"
+
+    def __init__(self, pools: dict[str, WorkspacePool]) -> None:
+        self.pools = pools
+        self.reserved = sum(pool.reserve() for pool in pools.values())
+        self._prefill = _served(pools, "prefill", None)
+        self._decode = _served(pools, "decode", 0)
+
+    def prefill(self) -> torch.Tensor:
+        return self._prefill.tensor
+
+    def decode(self) -> torch.Tensor:
+        return self._decode.tensor
+
+    def plan(self, label: str, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        (self._prefill if label == "prefill" else self._decode).plan(plan, *args, **kwargs)
+
+    def seal(self, group: Any) -> None:
+        for pool in self.pools.values():
+            pool.seal(group=group)
+
+    @property
+    def bytes(self) -> int:
+        return sum(pool.held_bytes for pool in self.pools.values())
+
+    def growths(self) -> int:
+        return sum(s.times_grown for pool in self.pools.values() for s in pool.stats())
+
+
+def _served(pools: dict[str, WorkspacePool], label: str, cg_slot: int | None) -> Workspace:
+    for pool in pools.values():
+        if pool.serves is not None and (label, cg_slot) in pool.serves:
+            return pool.get(label, cg_slot)
+    slot = "eagerly" if cg_slot is None else f"in cg slot {cg_slot}"
+    raise ResourceConfigError(
+        f"no resource under resources serves label {label!r} {slot}; the replay plans prefill "
+        "eagerly and decode in cg slot 0 (e.g. resources.attn.decode.cg_slots=[0])"
+    )
+
+
+class FixedBuffer(Buffers):
+    """The engines' way: one buffer of a fixed size for every wrapper and graph, planned on
+    directly."""
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        self.tensor = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        self.name = f"fixed {nbytes >> 20} MiB"
+
+    def prefill(self) -> torch.Tensor:
+        return self.tensor
+
+    def decode(self) -> torch.Tensor:
+        return self.tensor
+
+    def plan(self, label: str, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        plan(*args, **kwargs)
+
+    @property
+    def bytes(self) -> int:
+        return self.tensor.numel()
+
+
+@dataclass
+class SetupResult:
+    """What one setup did, for the report."""
+
+    name: str
+    workspace_bytes: int
+    kv_pages: int
+    kv_tokens: int
+    kv_bytes: int
+    weights_bytes: int
+    decode_step_s: list[float] = field(default_factory=list)
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    growths_before_seal: int = 0
+    growths_after_seal: int = 0
+    sealed_overflow: str | None = None
+    """The sealed error a plan raised while serving, if any (the run stops there)."""
+    steps_served: int = 0
+
+    @property
+    def tokens_out(self) -> int:
+        return sum(len(t) for t in self.tokens.values())
+
+
+class Setup:
+    """One setup's run over ``model``: KV cache, wrappers, warm-up, seal, graphs, serving."""
+
+    def __init__(
+        self,
+        model: Model,
+        profile: CalibrationProfile,
+        buffers: Buffers,
+        memory_utilization: float,
+        group: Any,
+        cuda_graphs: bool,
+    ) -> None:
+        self.model, self.profile, self.buffers = model, profile, buffers
+        self.group, self.cuda_graphs = group, cuda_graphs
+        shape, device = model.shape, model.device
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(device)
+        page_bytes = shape.kv_bytes_per_token * shape.page_size
+        self.pages = int(free * memory_utilization) // page_bytes
+        self.kv_cache = torch.empty(
+            (shape.layers, self.pages, 2, shape.page_size, shape.kv_heads, shape.head_dim),
+            dtype=shape.kv_dtype,
+            device=device,
+        )
+        self.kv_cache[:, DUMMY_PAGE].zero_()
+        self.result = SetupResult(
+            name=buffers.name,
+            workspace_bytes=buffers.bytes,
+            kv_pages=self.pages - 1,
+            kv_tokens=(self.pages - 1) * shape.page_size,
+            kv_bytes=self.kv_cache.numel() * self.kv_cache.element_size(),
+            weights_bytes=model.bytes,
+        )
+        import flashinfer
+
+        backend = {label: plan.backend for label, plan in profile.plans.items()}
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            buffers.prefill(), "NHD", backend=backend.get("prefill", "fa2")
+        )
+        self.eager_decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            buffers.decode(), "NHD", backend=backend.get("decode", "fa2")
+        )
+        max_pages = -(-profile.limits.max_model_len // shape.page_size)
+        self.graphs: dict[int, _DecodeGraph] = {}
+        if cuda_graphs:
+            for batch in sorted(profile.cuda_graph_batch_sizes):
+                self.graphs[batch] = _DecodeGraph(
+                    self, batch, min(self.pages, batch * max_pages), backend.get("decode", "fa2")
+                )
+        self.plan_kwargs = {
+            "q_data_type": shape.dtype,
+            "kv_data_type": shape.kv_dtype,
+        }
+
+    # --- warm-up, seal, capture -------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """Plan every label's bounding shapes (calibration's), so workspaces grow before sealing."""
+        device, profile = self.model.device, self.profile
+        labels = [("prefill", PlanKind.paged_prefill)]
+        if not self.graphs:  # with graphs, decode plans only graph batches (below)
+            labels.append(("decode", PlanKind.decode))
+        for label, wrapper_kind in labels:
+            plan = profile.plans.get(label)
+            if plan is None or plan.kind is not wrapper_kind:
+                continue
+            for shape in shapes_for(plan, profile, cuda_graph=False):
+                pages = -(-shape.kv_len // self.model.shape.page_size)
+                kv_indptr = _arange(shape.batch + 1, pages, device)
+                indices = torch.zeros(shape.batch * pages, dtype=torch.int32, device=device)
+                last = torch.full(
+                    (shape.batch,), shape.kv_len - (pages - 1) * self.model.shape.page_size,
+                    dtype=torch.int32, device=device,
+                )  # fmt: skip
+                if label == "prefill":
+                    qo = _arange(shape.batch + 1, shape.q_len, device)
+                    self._plan_prefill(qo, kv_indptr, indices, last)
+                else:
+                    self._plan_eager_decode(kv_indptr, indices, last)
+        for graph in self.graphs.values():
+            graph.plan_padding()
+
+    def seal_and_capture(self) -> None:
+        self.result.growths_before_seal = self.buffers.growths()
+        self.buffers.seal(self.group)
+        if self.group is not None and self.graphs:
+            # NCCL collectives are captured only after one has run eagerly on the stream.
+            dist.all_reduce(torch.zeros(1, device=self.model.device))
+        for graph in self.graphs.values():
+            graph.capture()
+
+    # --- serving ------------------------------------------------------------------------------
+
+    def serve(
+        self, steps: Sequence[Step], trace: Sequence[Request], progress: Any = None
+    ) -> SetupResult:
+        prompts = {request.id: request.prompt for request in trace}
+        tokens = self.result.tokens
+        try:
+            for step in steps:
+                if step.prefill:
+                    self._prefill_step(step.prefill, prompts, tokens)
+                if step.decode:
+                    self._decode_step(step, tokens)
+                self.result.steps_served += 1
+                if progress is not None:
+                    progress.update()
+        except WorkspaceSealedError as error:
+            self.result.sealed_overflow = str(error)
+        self.result.growths_after_seal = self.buffers.growths() - self.result.growths_before_seal
+        return self.result
+
+    def _prefill_step(
+        self, chunks: Sequence[Chunk], prompts: dict[int, tuple[int, ...]], tokens: dict
+    ) -> None:
+        device, page = self.model.device, self.model.shape.page_size
+        ids: list[int] = []
+        positions: list[int] = []
+        qo, samples = [0], []
+        for chunk in chunks:
+            ids.extend(prompts[chunk.request][chunk.start : chunk.start + chunk.length])
+            positions.extend(range(chunk.start, chunk.start + chunk.length))
+            qo.append(qo[-1] + chunk.length)
+            if chunk.samples:
+                samples.append(qo[-1] - 1)
+        kv_indptr, indices, last = _page_table(chunks, page)
+        slot_pages, slot_offsets = _slots(chunks, page)
+        self._plan_prefill(
+            _tensor(qo, device), _tensor(kv_indptr, device), _tensor(indices, device),
+            _tensor(last, device),
+        )  # fmt: skip
+        out = self.model.forward(
+            _tensor(ids, device), _tensor(positions, device), _tensor(slot_pages, device),
+            _tensor(slot_offsets, device), _tensor(samples, device, torch.int64), self.kv_cache,
+            lambda layer, q: self.prefill_wrapper.run(q, self.kv_cache[layer]),
+        )  # fmt: skip
+        sampled = [chunk.request for chunk in chunks if chunk.samples]
+        for request, token in zip(sampled, out.tolist(), strict=True):
+            tokens.setdefault(request, []).append(token)
+
+    def _decode_step(self, step: Step, tokens: dict[int, list[int]]) -> None:
+        torch.cuda.synchronize(self.model.device)
+        start = time.perf_counter()
+        chunks = step.decode
+        inputs = [tokens[chunk.request][-1] for chunk in chunks]
+        graph = self.graphs.get(step.graph_batch or 0)
+        out = graph.run(chunks, inputs) if graph else self._eager_decode(chunks, inputs)
+        for chunk, token in zip(chunks, out, strict=True):
+            tokens[chunk.request].append(token)
+        self.result.decode_step_s.append(time.perf_counter() - start)  # .tolist() synchronised
+
+    def _eager_decode(self, chunks: Sequence[Chunk], inputs: list[int]) -> list[int]:
+        device, page = self.model.device, self.model.shape.page_size
+        kv_indptr, indices, last = _page_table(chunks, page)
+        slot_pages, slot_offsets = _slots(chunks, page)
+        self._plan_eager_decode(
+            _tensor(kv_indptr, device), _tensor(indices, device), _tensor(last, device)
+        )
+        out = self.model.forward(
+            _tensor(inputs, device), _tensor([c.start for c in chunks], device),
+            _tensor(slot_pages, device), _tensor(slot_offsets, device),
+            torch.arange(len(chunks), device=device), self.kv_cache,
+            lambda layer, q: self.eager_decode.run(q, self.kv_cache[layer]),
+        )  # fmt: skip
+        return list(out.tolist())
+
+    def _plan_prefill(self, qo: Any, kv_indptr: Any, indices: Any, last: Any) -> None:
+        s = self.model.shape
+        self.buffers.plan(
+            "prefill", self.prefill_wrapper.plan, qo, kv_indptr, indices, last,
+            s.qo_heads, s.kv_heads, s.head_dim, s.page_size, causal=True, **self.plan_kwargs,
+        )  # fmt: skip
+
+    def _plan_eager_decode(self, kv_indptr: Any, indices: Any, last: Any) -> None:
+        s = self.model.shape
+        self.buffers.plan(
+            "decode", self.eager_decode.plan, kv_indptr, indices, last,
+            s.qo_heads, s.kv_heads, s.head_dim, s.page_size, **self.plan_kwargs,
+        )  # fmt: skip
+
+
+class _DecodeGraph:
+    """The decode forward of one graph batch size, captured once and replayed every step whose
+    decode batch pads to it; its wrapper is planned (outside the graph) before each replay."""
+
+    def __init__(self, setup: Setup, batch: int, max_pages: int, backend: str) -> None:
+        import flashinfer
+
+        self.setup, self.batch = setup, batch
+        device = setup.model.device
+        self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            setup.buffers.decode(),
+            "NHD",
+            use_cuda_graph=True,
+            paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=device),
+            paged_kv_indices_buffer=torch.zeros(max_pages, dtype=torch.int32, device=device),
+            paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=device),
+            backend=backend,
+        )
+        self.tokens, self.positions, self.slot_pages, self.slot_offsets = (
+            torch.zeros(batch, dtype=torch.int32, device=device) for _ in range(4)
+        )
+        self.rows = torch.arange(batch, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None
+
+    def plan(self, chunks: Sequence[Chunk]) -> None:
+        """Plan ``chunks``, padded to the graph's batch with rows on the dummy page."""
+        s, device = self.setup.model.shape, self.setup.model.device
+        kv_indptr, indices, last = _page_table(chunks, s.page_size)
+        for _ in range(self.batch - len(chunks)):
+            kv_indptr.append(kv_indptr[-1] + 1)
+            indices.append(DUMMY_PAGE)
+            last.append(1)
+        self.setup.buffers.plan(
+            "decode", self.wrapper.plan, _tensor(kv_indptr, device), _tensor(indices, device),
+            _tensor(last, device), s.qo_heads, s.kv_heads, s.head_dim, s.page_size,
+            **self.setup.plan_kwargs,
+        )  # fmt: skip
+
+    def plan_padding(self) -> None:
+        """A plan of padding rows only: what the graph's plans need, for warm-up and capture."""
+        self.plan([])
+
+    def capture(self) -> None:
+        setup = self.setup
+        self.plan_padding()
+        self.slot_pages.fill_(DUMMY_PAGE)
+        self.slot_offsets.zero_()
+
+        def forward() -> torch.Tensor:
+            return setup.model.forward(
+                self.tokens, self.positions, self.slot_pages, self.slot_offsets, self.rows,
+                setup.kv_cache, lambda layer, q: self.wrapper.run(q, setup.kv_cache[layer]),
+            )  # fmt: skip
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            forward()  # warm-up outside capture
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = forward()
+
+    def run(self, chunks: Sequence[Chunk], inputs: list[int]) -> list[int]:
+        assert self.graph is not None and self.out is not None
+        n, device = len(chunks), self.setup.model.device
+        page = self.setup.model.shape.page_size
+        slot_pages, slot_offsets = _slots(chunks, page)
+        pad = self.batch - n
+        self.tokens.copy_(_tensor(inputs + [0] * pad, device))
+        self.positions.copy_(_tensor([c.start for c in chunks] + [0] * pad, device))
+        self.slot_pages.copy_(_tensor(slot_pages + [DUMMY_PAGE] * pad, device))
+        self.slot_offsets.copy_(_tensor(slot_offsets + [0] * pad, device))
+        self.plan(chunks)
+        self.graph.replay()
+        return list(self.out[:n].tolist())
+
+
+def _page_table(chunks: Sequence[Chunk], page: int) -> tuple[list[int], list[int], list[int]]:
+    """FlashInfer's (kv indptr, page indices, last page lengths) for ``chunks``."""
+    kv_indptr, indices, last = [0], [], []
+    for chunk in chunks:
+        pages = [p + 1 for p in chunk.pages]  # page 0 is the dummy page
+        kv_indptr.append(kv_indptr[-1] + len(pages))
+        indices.extend(pages)
+        last.append(chunk.start + chunk.length - (len(pages) - 1) * page)
+    return kv_indptr, indices, last
+
+
+def _slots(chunks: Sequence[Chunk], page: int) -> tuple[list[int], list[int]]:
+    """The (page, offset) each new token's K and V go to."""
+    slot_pages, slot_offsets = [], []
+    for chunk in chunks:
+        for position in range(chunk.start, chunk.start + chunk.length):
+            slot_pages.append(chunk.pages[position // page] + 1)
+            slot_offsets.append(position % page)
+    return slot_pages, slot_offsets
+
+
+def _tensor(values: Sequence[int], device: torch.device, dtype: Any = torch.int32) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def _arange(n: int, step: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.int32, device=device) * step

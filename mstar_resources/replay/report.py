@@ -1,0 +1,126 @@
+"""The replay's report: a table on stdout, ``report.json`` and a PNG where the user says."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._table import format_table
+from .engine import SetupResult
+
+MIB = 1 << 20
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The ``fraction`` quantile of ``values`` (nearest rank), 0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))]
+
+
+def setup_summary(result: SetupResult) -> dict[str, Any]:
+    """One setup's figures, as report.json holds them."""
+    steps = result.decode_step_s
+    p50 = statistics.median(steps) if steps else 0.0
+    p99 = percentile(steps, 0.99)
+    return {
+        "setup": result.name,
+        "workspace_bytes": result.workspace_bytes,
+        "kv_tokens": result.kv_tokens,
+        "kv_bytes": result.kv_bytes,
+        "weights_bytes": result.weights_bytes,
+        "decode_steps": len(steps),
+        "decode_p50_ms": p50 * 1e3,
+        "decode_p99_ms": p99 * 1e3,
+        "decode_p99_over_p50": p99 / p50 if p50 else 0.0,
+        "tokens_out": result.tokens_out,
+        "steps_served": result.steps_served,
+        "growths_before_seal": result.growths_before_seal,
+        "growths_after_seal": result.growths_after_seal,
+        "sealed_overflow": result.sealed_overflow,
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report's setups side by side, and what they prove."""
+    head = (
+        "setup", "workspace MiB", "KV-cache tokens", "decode p50 ms", "p99 ms", "p99/p50",
+        "tokens out", "growths after seal", "sealed overflows",
+    )  # fmt: skip
+    rows = [
+        (
+            s["setup"],
+            f"{s['workspace_bytes'] / MIB:,.2f}",
+            f"{s['kv_tokens']:,}",
+            f"{s['decode_p50_ms']:.3f}",
+            f"{s['decode_p99_ms']:.3f}",
+            f"{s['decode_p99_over_p50']:.2f}",
+            f"{s['tokens_out']:,}",
+            str(s["growths_after_seal"]),
+            "0" if s["sealed_overflow"] is None else "1 (stopped)",
+        )
+        for s in report["setups"]
+    ]
+    lines = [format_table([head, None, *rows], right=set(range(1, len(head))))]
+    ours, theirs = report["setups"]
+    gained = ours["kv_tokens"] - theirs["kv_tokens"]
+    ratio = ours["decode_p50_ms"] / theirs["decode_p50_ms"] if theirs["decode_p50_ms"] else 0.0
+    lines += [
+        f"ranks: {report['ranks']}; {report['deployment']} on {report['gpu']}; "
+        f"{report['trace']['requests']} requests, {report['trace']['steps']:,} steps",
+        f"KV-cache tokens: {gained:+,} a rank with {ours['setup']} "
+        f"({gained / max(1, theirs['kv_tokens']):+.2%}); decode p50 ratio "
+        f"{ours['setup']}/{theirs['setup']}: {ratio:.3f}",
+        f"generated tokens identical between the setups: "
+        f"{'yes' if report['tokens_identical'] else 'NO'}",
+    ]
+    for s in report["setups"]:
+        if s["sealed_overflow"]:
+            lines.append(f"{s['setup']} stopped at a sealed overflow: {s['sealed_overflow']}")
+    return "\n".join(lines)
+
+
+def write(report: dict[str, Any], folder: Path, step_times: dict[str, list[float]]) -> list[Path]:
+    """``report.json`` and ``replay.png`` in ``folder`` (which exists); the paths written."""
+    json_path = folder / "report.json"
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    png = folder / "replay.png"
+    _plot(report, step_times, png)
+    return [json_path, png]
+
+
+def _plot(report: dict[str, Any], step_times: dict[str, list[float]], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    setups = report["setups"]
+    names = [s["setup"] for s in setups]
+    gib = 1 << 30
+    fig, (memory, times) = plt.subplots(1, 2, figsize=(11, 4.2))
+    bottom = [0.0] * len(setups)
+    for key, label in (
+        ("weights_bytes", "weights"),
+        ("kv_bytes", "KV cache"),
+        ("workspace_bytes", "float workspaces"),
+    ):
+        values = [s[key] / gib for s in setups]
+        memory.bar(names, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    memory.set_ylabel("GiB on one GPU")
+    memory.set_title("Memory of each setup")
+    memory.legend(fontsize=8)
+    data = [[t * 1e3 for t in step_times[name]] or [0.0] for name in names]
+    times.boxplot(data, whis=(1, 99), showfliers=False)
+    times.set_xticks(range(1, len(names) + 1), names)
+    times.set_ylabel("decode step (ms), whiskers p1-p99")
+    times.set_title("Decode step time")
+    fig.suptitle(f"replay: {report['deployment']}, {report['ranks']} rank(s), {report['gpu']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)

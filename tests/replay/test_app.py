@@ -1,0 +1,80 @@
+"""The replay app's refusals, on a machine without a GPU: one paragraph and exit status 2."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from mstar_resources.calibration.profile import load_profile
+from mstar_resources.replay.app import vllm_buffer_mb
+
+from ..conftest import compose_shipped
+from ..test_cli import run_cli
+
+SCRIPT = str(Path(__file__).parents[2] / "scripts" / "replay.py")
+DEPLOYMENT = "deployment=llama3-8b-h200_calibrated"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        pytest.param(["deployment=none"], {}, r"carries no `calibration` profile", id="no-profile"),
+        pytest.param([DEPLOYMENT, "layers=0"], {}, r"layers=0 must be at least 1", id="layers"),
+        pytest.param([DEPLOYMENT, "memory_utilization=1.5", "requests=0"], {},
+                     r"2 problems in the replay's settings: - requests=0 must be at least 1 - "
+                     r"memory_utilization=1\.5 must be between 0 and 1", id="every-problem"),
+        pytest.param([DEPLOYMENT, "layers=two"], {},
+                     r"layers='two' is not valid; layers takes a whole number of layers",
+                     id="wrong-type"),
+        pytest.param([DEPLOYMENT, "report_dir=/nonexistent/replay"], {},
+                     r"report_dir='/nonexistent/replay' is not a folder that exists",
+                     id="report-dir"),
+        pytest.param([DEPLOYMENT, "calibration.plans.decode.kind=paged_prefill"], {},
+                     r"calibration\.plans\.decode must be planned as kind=decode", id="plan-kind"),
+        pytest.param([DEPLOYMENT], {"WORLD_SIZE": "3", "RANK": "0"},
+                     r"3 ranks can't split calibration\.model\.num_qo_heads=32 and "
+                     r"num_kv_heads=8 evenly", id="ranks"),
+    ],
+)  # fmt: skip
+def test_bad_settings_are_one_paragraph_and_exit_2(tmp_path, args, env, message):
+    done = run_cli(*args, cwd=tmp_path, env=env, python=[sys.executable, SCRIPT])
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.startswith("replay: error: ")
+    assert re.search(message, " ".join(done.stderr.split())), done.stderr
+    assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_a_gpu_it_says_so(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible; test_replay_gpu runs the replay")
+    done = run_cli(DEPLOYMENT, "layers=1", cwd=tmp_path, python=[sys.executable, SCRIPT])
+    assert done.returncode == 2
+    assert "torch sees no CUDA device" in done.stderr and "the replay runs on a GPU" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("deployment", "ranks", "mb"),
+    [
+        # 8192 batched tokens x 32 heads x 128 x 16 B = 512 MiB, above vLLM's 394 minimum.
+        pytest.param("llama3-8b-h200", 1, 512, id="8b"),
+        pytest.param("llama3-8b-h200", 2, 394, id="8b-two-ranks"),  # 256 MiB: the minimum
+        pytest.param("llama3-70b-tp8-h200", 1, 394, id="70b-tp8"),
+    ],
+)
+def test_the_engines_buffer_is_vllm_s_size_for_the_deployment(deployment, ranks, mb):
+    profile = load_profile(compose_shipped([f"deployment={deployment}"]).calibration)
+    assert vllm_buffer_mb(profile, ranks) == mb
+
+
+def test_help_is_the_app_s_own(tmp_path):
+    done = run_cli("--help", cwd=tmp_path, python=[sys.executable, SCRIPT])
+    assert (done.returncode, done.stderr) == (0, "")
+    for needed in ("layers=N", "memory_utilization=F", "fixed_buffer_mb", "report_dir=PATH",
+                   "torchrun --nproc-per-node", "llama3-8b-h200_calibrated"):  # fmt: skip
+        assert needed in done.stdout
