@@ -36,6 +36,10 @@ PROG = "replay"
 LABELS = {"prefill": PlanKind.paged_prefill, "decode": PlanKind.decode}
 """The plan labels the replay plans, and the wrapper each must be planned with."""
 
+SCHEDULE_PAGES_FRACTION = 0.95
+"""The share of the smaller setup's KV cache the schedule may use: the rest is room for what is
+allocated after the estimate and before the KV cache is sized."""
+
 VLLM_MIN_MB = 394
 VLLM_BYTES_PER_TOKEN_HEAD_DIM = 16
 """vLLM sizes its shared FlashInfer buffer as max(394 MiB, max_num_batched_tokens x query heads
@@ -97,6 +101,8 @@ def main(cfg: DictConfig) -> None:
     import torch
     import torch.distributed as dist
 
+    if device.index is None:  # plain "cuda": the current device
+        device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     if ranks > 1:
         dist.init_process_group("nccl", device_id=device)
@@ -137,13 +143,17 @@ def _replay(
     fixed_mb = cfg.fixed_buffer_mb or vllm_buffer_mb(profile, ranks)
 
     # One schedule for both setups (their tokens must match), within the KV cache either could
-    # hold on any rank: the free memory now, less each setup's workspaces.
+    # hold on any rank: the free memory now, less each setup's workspaces, less a margin for
+    # what is allocated between now and each KV cache (the caching allocator's rounding).
+    if group is not None:
+        dist.barrier()  # NCCL makes its buffers at the first collective: before measuring
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
     page_bytes = shape.kv_bytes_per_token * shape.page_size
     reserved = sum(record.reserved_bytes for record in records)
     pages = min(int((free - ws) * cfg.memory_utilization) // page_bytes for ws in
-                (reserved, fixed_mb * MIB)) - 1  # fmt: skip
+                (reserved, fixed_mb * MIB))  # fmt: skip
+    pages = int(pages * SCHEDULE_PAGES_FRACTION) - 1  # and page 0, the dummy page
     if group is not None:
         every: list[int | None] = [None] * ranks
         dist.all_gather_object(every, pages, group=group)
