@@ -36,10 +36,6 @@ PROG = "replay"
 LABELS = {"prefill": PlanKind.paged_prefill, "decode": PlanKind.decode}
 """The plan labels the replay plans, and the wrapper each must be planned with."""
 
-SCHEDULE_PAGES_FRACTION = 0.95
-"""The share of the smaller setup's KV cache the schedule may use: the rest is room for what is
-allocated after the estimate and before the KV cache is sized."""
-
 VLLM_MIN_MB = 394
 VLLM_BYTES_PER_TOKEN_HEAD_DIM = 16
 """vLLM sizes its shared FlashInfer buffer as max(394 MiB, max_num_batched_tokens x query heads
@@ -89,6 +85,13 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
             f"num_kv_heads={model.num_kv_heads} evenly; run on a number of ranks that divides both"
         )
     return profile, resolve(cfg.resources)
+
+
+def kv_pages_for(free: int, workspace_bytes: int, shape: Any, utilization: float) -> int:
+    """Pages of KV cache a setup gets: ``utilization`` of the ``free`` memory its workspaces
+    leave."""
+    page_bytes = shape.kv_bytes_per_token * shape.page_size
+    return int((free - workspace_bytes) * utilization) // page_bytes
 
 
 @hydra_app(PROG, config_name="replay")
@@ -142,18 +145,22 @@ def _replay(
     model = Model(shape, device, cfg.seed, rank, ranks)
     fixed_mb = cfg.fixed_buffer_mb or vllm_buffer_mb(profile, ranks)
 
-    # One schedule for both setups (their tokens must match), within the KV cache either could
-    # hold on any rank: the free memory now, less each setup's workspaces, less a margin for
-    # what is allocated between now and each KV cache (the caching allocator's rounding).
+    # Each setup's KV cache is sized from the free memory measured once, now, less that setup's
+    # workspaces (reserved before the KV cache is sized): measuring again after the first setup
+    # would charge the second with what the process made once (kernels loaded, cuBLAS
+    # workspaces). One schedule serves both (their tokens must match), within the smaller cache
+    # of any rank.
     if group is not None:
         dist.barrier()  # NCCL makes its buffers at the first collective: before measuring
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    page_bytes = shape.kv_bytes_per_token * shape.page_size
-    reserved = sum(record.reserved_bytes for record in records)
-    pages = min(int((free - ws) * cfg.memory_utilization) // page_bytes for ws in
-                (reserved, fixed_mb * MIB))  # fmt: skip
-    pages = int(pages * SCHEDULE_PAGES_FRACTION) - 1  # and page 0, the dummy page
+    library_bytes = sum(record.reserved_bytes for record in records)
+    fixed_bytes = fixed_mb * MIB
+    kv_pages = {
+        "library": kv_pages_for(free, library_bytes, shape, cfg.memory_utilization),
+        "fixed": kv_pages_for(free, fixed_bytes, shape, cfg.memory_utilization),
+    }
+    pages = min(kv_pages.values()) - 1  # page 0 is the dummy page
     if group is not None:
         every: list[int | None] = [None] * ranks
         dist.all_gather_object(every, pages, group=group)
@@ -168,17 +175,12 @@ def _replay(
     )
 
     results = []
-    for make in (
-        lambda: LibraryBuffers(build_pools(cfg.resources, device)),
-        lambda: FixedBuffer(fixed_mb * MIB, device),
+    for kind, make in (
+        ("library", lambda: LibraryBuffers(build_pools(cfg.resources, device))),
+        ("fixed", lambda: FixedBuffer(fixed_bytes, device)),
     ):
         buffers = make()
-        setup = Setup(model, profile, buffers, cfg.memory_utilization, group, cfg.cuda_graphs)
-        if setup.result.kv_pages < pages:
-            raise ResourceConfigError(
-                f"{buffers.name}: the KV cache holds {setup.result.kv_pages:,} pages, fewer than "
-                f"the {pages:,} the schedule was made for; free GPU memory changed during the run"
-            )
+        setup = Setup(model, profile, buffers, kv_pages[kind], group, cfg.cuda_graphs)
         progress = _progress(cfg.progress and rank == 0, len(steps), buffers.name)
         try:
             if cfg.warmup:

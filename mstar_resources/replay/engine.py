@@ -144,24 +144,25 @@ class SetupResult:
 
 
 class Setup:
-    """One setup's run over ``model``: KV cache, wrappers, warm-up, seal, graphs, serving."""
+    """One setup's run over ``model``: KV cache, wrappers, warm-up, seal, graphs, serving.
+
+    ``pages`` is the KV cache's size in pages, page 0 (the dummy page) included: the caller sizes
+    it from the free memory left once ``buffers`` are made (see ``app.kv_pages``).
+    """
 
     def __init__(
         self,
         model: Model,
         profile: CalibrationProfile,
         buffers: Buffers,
-        memory_utilization: float,
+        pages: int,
         group: Any,
         cuda_graphs: bool,
     ) -> None:
         self.model, self.profile, self.buffers = model, profile, buffers
         self.group, self.cuda_graphs = group, cuda_graphs
         shape, device = model.shape, model.device
-        torch.cuda.empty_cache()
-        free, _ = torch.cuda.mem_get_info(device)
-        page_bytes = shape.kv_bytes_per_token * shape.page_size
-        self.pages = int(free * memory_utilization) // page_bytes
+        self.pages = pages
         self.kv_cache = torch.empty(
             (shape.layers, self.pages, 2, shape.page_size, shape.kv_heads, shape.head_dim),
             dtype=shape.kv_dtype,

@@ -78,3 +78,16 @@ def test_help_is_the_app_s_own(tmp_path):
     for needed in ("layers=N", "memory_utilization=F", "fixed_buffer_mb", "report_dir=PATH",
                    "torchrun --nproc-per-node", "llama3-8b-h200_calibrated"):  # fmt: skip
         assert needed in done.stdout
+
+
+def test_each_setup_s_kv_cache_is_what_its_workspaces_leave():
+    from mstar_resources.replay.app import kv_pages_for
+    from mstar_resources.replay.model import Shape
+
+    profile = load_profile(compose_shipped(["deployment=llama3-8b-h200"]).calibration)
+    shape = Shape.of(profile, layers=4, vocab_size=8192, tp=1)
+    assert shape.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2  # 16 KiB: 4 layers of K and V
+    free, mib = 100 << 30, 1 << 20
+    ours, theirs = (kv_pages_for(free, ws * mib, shape, 0.8) for ws in (25, 512))
+    # 80% of the 487 MiB the fixed buffer holds back, in pages of 16 tokens x 16 KiB.
+    assert ours - theirs == pytest.approx(487 * mib * 0.8 / (16 * 16 * 1024), abs=1)
