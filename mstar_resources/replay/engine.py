@@ -8,6 +8,7 @@ prefill plan and one decode plan a step, each run by every layer.
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,26 +29,30 @@ DUMMY_PAGE = 0
 """A page no request owns: the padded rows of a graph batch attend to it and write to it."""
 
 
-class Buffers:
+class Buffers(abc.ABC):
     """Where a setup's wrappers get their float workspaces, and how their plans are made."""
 
     name: str
 
+    @abc.abstractmethod
     def prefill(self) -> torch.Tensor:
-        raise NotImplementedError
+        """The buffer the prefill wrapper is built on."""
 
+    @abc.abstractmethod
     def decode(self) -> torch.Tensor:
-        raise NotImplementedError
+        """The buffer the decode wrappers (every graph batch size) are built on."""
 
+    @abc.abstractmethod
     def plan(self, label: str, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError
+        """``plan(*args, **kwargs)`` for a wrapper of plan label ``label``."""
 
-    def seal(self, group: Any) -> None:
+    def seal(self, group: Any) -> None:  # noqa: B027 (a fixed buffer has nothing to seal)
         """Before graphs are captured over the buffers."""
 
     @property
+    @abc.abstractmethod
     def bytes(self) -> int:
-        raise NotImplementedError
+        """The bytes the buffers hold."""
 
     def growths(self) -> int:
         """Times a workspace grew, so far (0 for a fixed buffer, which never grows)."""
