@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         WorkspaceStats,
         workspace_bytes,
     )
+    from .calibration.stale import check_calibration
     from .errors import (
         ResourceConfigError,
         ResourceError,
@@ -38,6 +39,7 @@ __all__ = [
     "WorkspaceSealedError",
     "WorkspaceStats",
     "build_pools",
+    "check_calibration",
     "resolve",
     "workspace_bytes",
 ]
@@ -54,6 +56,7 @@ _HOMES = {
     "WorkspaceSealedError": ".errors",
     "WorkspaceStats": ".attn.workspace",
     "build_pools": ".resolver",
+    "check_calibration": ".calibration.stale",
     "resolve": ".resolver",
     "workspace_bytes": ".attn.workspace",
 }

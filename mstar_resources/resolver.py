@@ -136,7 +136,11 @@ def build_pools(
     """A workspace pool on ``device`` for every resource of the tree, by path. Each serves its
     resource's (label, slot) pairs only and names its ``declared_mb`` (or the variable) as the
     setting that sized it. With ``reserve``, every declared workspace is made now
-    (:meth:`WorkspacePool.reserve`); without it, each is made when first asked for."""
+    (:meth:`WorkspacePool.reserve`); without it, each is made when first asked for.
+
+    On a GPU, a tree composed from a calibrated deployment that was measured elsewhere (another
+    GPU, other FlashInfer or torch versions, another profile) logs one WARNING that says so
+    (:func:`mstar_resources.check_calibration`)."""
     from .attn.workspace import WorkspacePool
 
     env = dict(os.environ) if env is None else env  # the one environment resolve() checked
@@ -151,10 +155,26 @@ def build_pools(
         )
         for record in resolve(resources_node, env)
     }
+    _check_calibration(resources_node, device)
     if reserve:
         for pool in pools.values():
             pool.reserve()
     return pools
+
+
+def _check_calibration(resources_node: DictConfig | Mapping, device: torch.device | str) -> None:
+    """On a GPU, warn once if the tree comes from a deployment calibrated elsewhere (another GPU,
+    other FlashInfer or torch versions, another profile): see ``calibration/stale.py``."""
+    import torch
+
+    target = torch.device(device)
+    if target.type != "cuda" or not isinstance(resources_node, DictConfig):
+        return
+    root = resources_node._get_root()  # the composed config the tree was handed out of
+    if isinstance(root, DictConfig) and root is not resources_node:
+        from .calibration.stale import check_calibration
+
+        check_calibration(root, target)
 
 
 def _as_config(resources_node: DictConfig | Mapping) -> DictConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import importlib.resources
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from .measure import Need, Planner
 from .override import DEFAULT_MARGIN, Measured, calibrated_yaml, declared_mb_for
 from .profile import CalibrationProfile, PlanKind
 from .shapes import shapes_for
+from .stale import RunningOn
 
 CALIBRATED_SUFFIX = "_calibrated"
 
@@ -121,22 +122,16 @@ def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
     ]
 
 
-def provenance(profile: CalibrationProfile, device: torch.device) -> dict[str, str]:
-    import flashinfer
-
-    gpu = torch.cuda.get_device_properties(device)
-    model, limits = profile.model, profile.limits
+def provenance(
+    profile: CalibrationProfile, device: torch.device, deployment: str
+) -> dict[str, Any]:
+    """What the calibration of ``deployment`` depends on, as its override records it (and
+    ``stale.check_calibration`` compares with what runs)."""
     return {
-        "gpu": f"{gpu.name} ({gpu.multi_processor_count} SMs)",
-        "flashinfer": flashinfer.__version__,
-        "torch": f"{torch.__version__} (CUDA {torch.version.cuda})",
+        "deployment": deployment,
+        **asdict(RunningOn.here(device, profile)),
+        "cuda": torch.version.cuda,
         "date": datetime.date.today().isoformat(),
-        "profile": (
-            f"{model.num_qo_heads} q / {model.num_kv_heads} kv heads, head dim {model.head_dim}, "
-            f"page {model.page_size}, {model.q_dtype}/{model.kv_dtype}; "
-            f"max {limits.max_num_seqs} seqs, {limits.max_num_batched_tokens} batched tokens, "
-            f"{limits.max_model_len} context; graph batch sizes {profile.cuda_graph_batch_sizes}"
-        ),
     }
 
 

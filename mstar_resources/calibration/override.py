@@ -40,7 +40,7 @@ def declared_mb_for(need_bytes: int, margin: float = DEFAULT_MARGIN) -> int:
 def calibrated_yaml(
     deployment: str,
     measured: list[Measured],
-    provenance: Mapping[str, str],
+    provenance: Mapping[str, object],
     margin: float = DEFAULT_MARGIN,
 ) -> str:
     """The text of ``<deployment>_calibrated.yaml``."""
