@@ -130,7 +130,7 @@ def provenance(
     return {
         "deployment": deployment,
         **asdict(RunningOn.here(device, profile)),
-        "cuda": torch.version.cuda,
+        "cuda": str(torch.version.cuda),
         "date": datetime.date.today().isoformat(),
     }
 

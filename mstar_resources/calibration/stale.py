@@ -55,7 +55,7 @@ class RunningOn:
         except importlib.metadata.PackageNotFoundError:
             flashinfer = "none"
         return cls(
-            gpu.name, gpu.multi_processor_count, flashinfer, torch.__version__,
+            gpu.name, gpu.multi_processor_count, flashinfer, str(torch.__version__),
             describe_profile(profile),
         )  # fmt: skip
 
