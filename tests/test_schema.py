@@ -96,8 +96,9 @@ def test_every_yaml_starts_with_the_command_that_uses_it_and_an_override(path):
             break
         comments.append(line)
     assert comments, f"{path} starts with no comment"
-    commands = [line for line in comments if re.match(r"#   mstar-resources(-calibrate)? ", line)]
-    assert commands and "=" in commands[0], f"{path}: no `mstar-resources key=value` example"
+    command = r"#   (mstar-resources(-calibrate)?|python scripts/\w+\.py) "
+    commands = [line for line in comments if re.match(command, line)]
+    assert commands and "=" in commands[0], f"{path}: no `<command> key=value` example"
 
 
 # (overrides, the key the schema refuses, its value): told from Hydra's and OmegaConf's fields

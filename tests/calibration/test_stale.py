@@ -40,9 +40,9 @@ def test_a_shipped_record_matches_its_own_profile_and_where_it_was_measured(depl
 CHANGES = [
     pytest.param({"gpu": "NVIDIA H100 80GB HBM3"}, "gpu", id="another-gpu"),
     pytest.param({"sm_count": 114}, "sm_count", id="fewer-sms"),
-    pytest.param({"flashinfer": "0.7.4"}, "flashinfer", id="flashinfer-version"),
+    pytest.param({"flashinfer": "0.6.7"}, "flashinfer", id="flashinfer-version"),
     pytest.param({"torch": "2.12.0+cu130"}, "torch", id="torch-version"),
-    pytest.param({"flashinfer": "0.7.4", "torch": "2.12.0+cu130"}, "flashinfer, torch",
+    pytest.param({"flashinfer": "0.6.7", "torch": "2.12.0+cu130"}, "flashinfer, torch",
                  id="both-versions"),
 ]  # fmt: skip
 
@@ -55,7 +55,7 @@ def test_a_record_from_elsewhere_names_what_was_recorded_what_runs_and_the_fix(c
     assert warning is not None
     assert warning.startswith(
         "deployment llama3-8b-h200_calibrated was calibrated on NVIDIA H200 (132 SMs), "
-        "FlashInfer 0.7.2.post1, torch 2.11.0+cu130, and this is "
+        f"FlashInfer {record['flashinfer']}, torch {record['torch']}, and this is "
     )
     assert f"and this is {running} ({named} differ)" in warning
     assert warning.endswith(
@@ -75,7 +75,7 @@ def test_another_profile_than_the_one_measured_is_stale_too():
 
 def test_check_calibration_logs_one_warning_and_returns_it(monkeypatch, caplog):
     _, same = recorded("llama3-8b-h200_calibrated")
-    elsewhere = dataclasses.replace(same, flashinfer="0.7.4")
+    elsewhere = dataclasses.replace(same, flashinfer="0.6.7")
     monkeypatch.setattr(RunningOn, "here", classmethod(lambda cls, device, profile: elsewhere))
     cfg = compose_shipped(["deployment=llama3-8b-h200_calibrated"])
     with caplog.at_level(logging.WARNING, logger="mstar_resources"):
