@@ -7,10 +7,11 @@ entry point with it too (``tests/engine/app.py`` does)::
     def main(cfg: DictConfig) -> None:
         pools = build_pools(cfg.resources, "cuda")
 
-A plain run (overrides only) composes the config once, through Hydra's Compose API, and calls the
-function; ``@hydra.main`` would compose it twice (once to read ``hydra.mode``), which doubles a dry
-run's time. Anything with a flag (``--help``, ``--cfg job``, ``--info``, ...) goes to
-``@hydra.main`` itself. ``-m`` is refused: Hydra's sweeper writes ``multirun.yaml``, and these apps
+``@hydra.main`` composes the config twice (once to read ``hydra.mode``), which doubles a dry run's
+time. An app made with ``compose_once=True`` (the library's own, whose configs set no log files
+and no output folders) composes a plain run (overrides only) once, through Hydra's Compose API,
+and calls the function; anything with a flag (``--help``, ``--cfg job``, ``--info``, ...) still goes
+to ``@hydra.main``. ``-m`` is refused: Hydra's sweeper writes ``multirun.yaml``, and these apps
 write nothing to disk.
 
 Compose errors are told from the exceptions' fields (``_explain.py``). Set ``HYDRA_FULL_ERROR=1``
@@ -55,13 +56,20 @@ def fail(prog: str, message: str) -> NoReturn:
 
 
 def hydra_app(
-    prog: str, config_name: str, config_path: str = SHIPPED_CONF
+    prog: str,
+    config_name: str,
+    config_path: str = SHIPPED_CONF,
+    *,
+    compose_once: bool = False,
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
     """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``.
 
     ``config_path`` is ``pkg://<package>`` or a folder relative to ``run``'s module, as for
     ``@hydra.main``. A compose error, a :class:`ResourceConfigError` from ``run`` and ``-m`` end
     the app with one line on stderr and status 2; a closed stdout ends it quietly with status 1.
+    ``compose_once``: compose a plain run once (see the module's docstring); only for a config
+    that sets ``hydra/job_logging: none`` and no output folder, since the run then skips Hydra's
+    job set-up.
     """
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -90,7 +98,7 @@ def hydra_app(
                     f"{prog} writes nothing to disk; run it once per value instead",
                 )
             with _compose_errors_reported(prog):
-                if any(arg.startswith("-") for arg in args):
+                if not compose_once or any(arg.startswith("-") for arg in args):
                     hydra_main()
                     return
                 with _config_source(config_path, run):

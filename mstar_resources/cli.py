@@ -31,7 +31,7 @@ PROG = "mstar-resources"
 _COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB")
 
 
-@hydra_app(PROG, config_name="mstar_resources")
+@hydra_app(PROG, config_name="mstar_resources", compose_once=True)
 def main(cfg: DictConfig) -> None:
     """Resolve ``cfg.resources`` and print what it reserves (and allocate it on ``device=cuda``)."""
     device = cfg.device

@@ -252,7 +252,7 @@ class Workspace:
             self._grown_to_agree += added
             return added
 
-    def _resize(self, need: int, cause: str | None) -> int:
+    def _resize(self, need: int, cause: str) -> int:
         """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed; returns the
         bytes added (0 if it holds that many already). The caller holds the lock."""
         have = self.tensor.numel()

@@ -33,7 +33,7 @@ from .profile import ROOT, load_profile
 PROG = "mstar-resources-calibrate"
 
 
-@hydra_app(PROG, config_name="mstar_resources_calibrate")
+@hydra_app(PROG, config_name="mstar_resources_calibrate", compose_once=True)
 def main(cfg: DictConfig) -> None:
     """Calibrate the composed deployment on ``cfg.device`` and write its override."""
     # Everything the config can get wrong is checked first, on any machine; then the GPU.

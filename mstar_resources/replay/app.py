@@ -94,7 +94,7 @@ def kv_pages_for(free: int, workspace_bytes: int, shape: Any, utilization: float
     return int((free - workspace_bytes) * utilization) // page_bytes
 
 
-@hydra_app(PROG, config_name="replay")
+@hydra_app(PROG, config_name="replay", compose_once=True)
 def main(cfg: DictConfig) -> None:
     """Replay the trace on both setups and report; see the module's docstring."""
     ranks, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
