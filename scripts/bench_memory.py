@@ -7,9 +7,11 @@
 For each deployment ``<name>`` shipped with a ``<name>_calibrated`` override (written on a GPU by
 ``mstar-resources-calibrate``), composes that override and reports, over all its workspaces (one
 per label and CUDA-graph slot, none aliased):
-- reserved: what its pools hold with the calibrated floors;
 - need: what calibration measured (the floor no one can beat without aliasing);
-- what each engine's fixed workspace size would reserve for the same workspaces, one buffer each.
+- reserved: what its pools hold with the calibrated floors, and its ratio to the need;
+- what each engine really reserves for that deployment: one buffer, shared by all its wrappers,
+  of the size its current release gives it (``mstar_resources/calibration/engines.py`` says
+  where each figure comes from).
 
 It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a folder that exists.
 """
@@ -25,11 +27,13 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import resolve
 from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, default_output_dir
+from mstar_resources.calibration.engines import engine_buffers_mb
+from mstar_resources.calibration.profile import load_profile
 
 from _plot import add_png_option, check_png, pyplot, save
 
 MIB = 1 << 20
-ENGINE_DEFAULT_MIB = {"vLLM": 394, "SGLang": 384, "TensorRT-LLM": 320, "MLC-LLM": 768}
+ENGINES = ["vLLM", "SGLang", "TensorRT-LLM", "MLC-LLM"]
 
 
 def calibrated_deployments() -> list[str]:
@@ -49,26 +53,26 @@ def measure(deployment: str) -> dict[str, float]:
         "reserved": sum(r.reserved_bytes for r in records.values()) / MIB,
         "need": need / MIB,
     }
-    row.update({engine: mib * workspaces for engine, mib in ENGINE_DEFAULT_MIB.items()})
+    row.update(engine_buffers_mb(load_profile(cfg.calibration)))
     return row
 
 
 def plot(results: dict[str, dict[str, float]], png: Path) -> None:
     plt = pyplot()
-    series = ["need", "reserved", *ENGINE_DEFAULT_MIB]
-    labels = ["measured need", "calibrated floors", *(f"{e} fixed" for e in ENGINE_DEFAULT_MIB)]
+    series = ["need", "reserved", *ENGINES]
+    labels = ["measured need", "calibrated floors", *(f"{e} (one shared buffer)" for e in ENGINES)]
     names = list(results)
     width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     for i, (key, label) in enumerate(zip(series, labels, strict=True)):
         xs = [n + (i - (len(series) - 1) / 2) * width for n in range(len(names))]
         ax.bar(xs, [results[d][key] for d in names], width, label=label)
     ax.set_yscale("log")
     ax.set_xticks(range(len(names)), [d.removesuffix(CALIBRATED_SUFFIX) for d in names])
     ax.set_ylabel("float workspace memory (MiB, log scale)")
-    ax.set_title("Workspace memory for the same workspaces")
+    ax.set_title("Float workspace memory for the same deployment")
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save(fig, png)
 
 
@@ -83,11 +87,16 @@ def main(argv: list[str] | None = None) -> int:
         print("no calibrated deployments: run mstar-resources-calibrate on a GPU", file=sys.stderr)
         return 1
     results = {d: measure(d) for d in deployments}
-    head = f"{'deployment':<34} {'workspaces':>10} {'need MiB':>9} {'reserved MiB':>12}"
-    print(head + "".join(f" {e + ' MiB':>17}" for e in ENGINE_DEFAULT_MIB))
+    head = (
+        f"{'deployment':<32} {'workspaces':>10} {'need MiB':>9} {'reserved MiB':>12} {'/need':>6}"
+    )
+    print(head + "".join(f" {e + ' MiB':>16}" for e in ENGINES))
     for d, r in results.items():
-        line = f"{d:<34} {r['workspaces']:>10} {r['need']:>9.2f} {r['reserved']:>12.0f}"
-        print(line + "".join(f" {r[e]:>17,.0f}" for e in ENGINE_DEFAULT_MIB))
+        line = (
+            f"{d:<32} {r['workspaces']:>10} {r['need']:>9.2f} {r['reserved']:>12.0f} "
+            f"{r['reserved'] / r['need']:>6.2f}"
+        )
+        print(line + "".join(f" {r[e]:>16,.0f}" for e in ENGINES))
     if options.png:
         plot(results, options.png)
     return 0

@@ -24,29 +24,18 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .._devices import cuda_device
-from .._floor import MIB, mb_to_hold
+from .._floor import MIB
 from ..app import hydra_app
+from ..calibration.engines import vllm_buffer_mb
 from ..calibration.profile import ROOT, CalibrationProfile, PlanKind, load_profile
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..resolver import ResolvedResource, build_pools, resolve
 
-__all__ = ["check", "main", "vllm_buffer_mb"]
+__all__ = ["check", "main"]
 
 PROG = "replay"
 LABELS = {"prefill": PlanKind.paged_prefill, "decode": PlanKind.decode}
 """The plan labels the replay plans, and the wrapper each must be planned with."""
-
-VLLM_MIN_MB = 394
-VLLM_BYTES_PER_TOKEN_HEAD_DIM = 16
-"""vLLM sizes its shared FlashInfer buffer as max(394 MiB, max_num_batched_tokens x query heads
-per rank x head dim x 16 bytes) (``vllm/v1/attention/backends/flashinfer.py``)."""
-
-
-def vllm_buffer_mb(profile: CalibrationProfile, ranks: int) -> int:
-    """vLLM's float workspace size for this deployment, in MB."""
-    model = profile.model
-    per_token = (model.num_qo_heads // ranks) * model.head_dim * VLLM_BYTES_PER_TOKEN_HEAD_DIM
-    return max(VLLM_MIN_MB, mb_to_hold(profile.limits.max_num_batched_tokens * per_token))
 
 
 def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[ResolvedResource]]:

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from mstar_resources.calibration.profile import load_profile
-from mstar_resources.replay.app import vllm_buffer_mb
 
 from ..conftest import compose_shipped
 from ..test_cli import run_cli
@@ -56,20 +55,6 @@ def test_without_a_gpu_it_says_so(tmp_path):
     done = run_cli(DEPLOYMENT, "layers=1", cwd=tmp_path, python=[sys.executable, SCRIPT])
     assert done.returncode == 2
     assert "torch sees no CUDA device" in done.stderr and "the replay runs on a GPU" in done.stderr
-
-
-@pytest.mark.parametrize(
-    ("deployment", "ranks", "mb"),
-    [
-        # 8192 batched tokens x 32 heads x 128 x 16 B = 512 MiB, above vLLM's 394 minimum.
-        pytest.param("llama3-8b-h200", 1, 512, id="8b"),
-        pytest.param("llama3-8b-h200", 2, 394, id="8b-two-ranks"),  # 256 MiB: the minimum
-        pytest.param("llama3-70b-tp8-h200", 1, 394, id="70b-tp8"),
-    ],
-)
-def test_the_engines_buffer_is_vllm_s_size_for_the_deployment(deployment, ranks, mb):
-    profile = load_profile(compose_shipped([f"deployment={deployment}"]).calibration)
-    assert vllm_buffer_mb(profile, ranks) == mb
 
 
 def test_help_is_the_app_s_own(tmp_path):

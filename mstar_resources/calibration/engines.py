@@ -1,0 +1,45 @@
+"""What inference engines reserve today for FlashInfer's float workspace, for comparison.
+
+Each of these engines makes one buffer and shares it among all its FlashInfer wrappers and CUDA
+graph sizes (they run one after another on a stream):
+
+- vLLM: ``max(394 MiB, max_num_batched_tokens x query heads per rank x head dim x 16 bytes)``.
+  The 394 MiB is ``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE``'s default (``vllm/envs.py``); the
+  per-token scaling came with vLLM PR #48428, for deployments whose split-KV partials outgrow it.
+- SGLang: ``SGLANG_FLASHINFER_WORKSPACE_SIZE``, 384 MiB by default
+  (``python/sglang/srt/environ.py``; some architectures get 512 MiB), process-global.
+- TensorRT-LLM (PyTorch backend): 320 MiB, hard-coded.
+- MLC-LLM / TVM: 768 MiB per KV cache.
+"""
+
+from __future__ import annotations
+
+from .._floor import mb_to_hold
+from .profile import CalibrationProfile
+
+VLLM_MIN_MB = 394
+VLLM_BYTES_PER_TOKEN_HEAD_DIM = 16
+SGLANG_MB = 384
+TENSORRT_LLM_MB = 320
+MLC_LLM_MB = 768
+
+
+def vllm_buffer_mb(profile: CalibrationProfile, ranks: int = 1) -> int:
+    """vLLM's shared float workspace for this deployment on ``ranks`` tensor-parallel ranks
+    (the profile's heads are one GPU's; ``ranks`` splits them further)."""
+    model = profile.model
+    per_token = (model.num_qo_heads // ranks) * model.head_dim * VLLM_BYTES_PER_TOKEN_HEAD_DIM
+    return max(VLLM_MIN_MB, mb_to_hold(profile.limits.max_num_batched_tokens * per_token))
+
+
+def engine_buffers_mb(profile: CalibrationProfile) -> dict[str, int]:
+    """Each engine's one shared buffer for this deployment, in MB."""
+    return {
+        "vLLM": vllm_buffer_mb(profile),
+        "SGLang": SGLANG_MB,
+        "TensorRT-LLM": TENSORRT_LLM_MB,
+        "MLC-LLM": MLC_LLM_MB,
+    }
+
+
+__all__ = ["engine_buffers_mb", "vllm_buffer_mb"]
