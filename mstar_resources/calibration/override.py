@@ -1,8 +1,9 @@
 """Writing what calibration measured as a deployment override that composes like any other.
 
 ``<name>_calibrated.yaml`` in the ``deployment`` group pulls in ``<name>`` and sets each measured
-resource's ``declared_mb`` to its need plus :data:`DEFAULT_MARGIN`, rounded up to a whole MB. The
-measurements themselves go under the root key ``calibrated``, so a program can read them back.
+resource's ``declared_mb`` to its need (plus a margin, none by default), rounded up to a whole
+MB. The measurements themselves go under the root key ``calibrated``, so a program can read
+them back.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from omegaconf import OmegaConf
 
 from .._floor import MIB
 
-DEFAULT_MARGIN = 0.10
-"""Added to a measured need before it is declared. Graph plans are measured exactly, but eager
-plans are sampled (shapes.py) and the need between two sampled shapes can be a little higher; a
-tenth covers that on the shapes seen, and the workspace still grows (before sealing) if not."""
+DEFAULT_MARGIN = 0.0
+"""Added to a measured need before it is declared. None by default: the need calibration measures
+is the most any plan within the profile's limits can ask for (``bounds.py`` says why), so the
+floor is that need rounded up to a whole MB. A margin stays possible (``margin=0.1``) for a GPU or
+FlashInfer build the bound was not checked on."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ def calibrated_yaml(
         f"# Calibrated {deployment}: written by",
         f"#   mstar-resources-calibrate deployment={deployment}",
         *(f"# {key}: {value}" for key, value in provenance.items()),
-        f"# declared_mb = need x {1 + margin:g}, rounded up to a whole MB. Use it with",
+        f"# declared_mb = need{f' x {1 + margin:g}' if margin else ''}, rounded up to a whole MB. "
+        "Use it with",
         f"#   mstar-resources deployment={deployment}_calibrated",
     ]
     return "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(body))

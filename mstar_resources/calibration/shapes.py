@@ -1,16 +1,19 @@
 """The plan shapes that bound what a label's workspace can need under a profile.
 
 FlashInfer splits the KV of a request into chunks, and the float workspace holds one partial
-result per chunk, so the need grows with the number of chunks in flight: few query rows against
-long contexts. Under a CUDA graph the grid is padded to the graph's batch size, so one plan per
-graph batch size fixes the need exactly. Eager plans are sampled over batch sizes and short and
-long contexts; the largest need seen is what calibration reports (with a margin, see override.py).
+result per chunk, so the need grows with the number of chunks in flight, up to a maximum the
+scheduler pads to (``bounds.py``): few query rows against long contexts. Under a CUDA graph the
+split is padded to that maximum, so one plan per graph batch size fixes the need exactly, and a
+graph plan also bounds every eager decode plan. Eager prefill plans are swept over batch sizes,
+query lengths and short and long contexts, and include the bounding configurations: one full
+query tile per request over the longest context, for batches up to the grid.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .bounds import MAX_CTA_TILE_Q
 from .profile import CalibrationProfile, PlanKind, PlanProfile
 
 SHORT_CONTEXT = 1024
@@ -47,7 +50,10 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
         if cuda_graph:
             return [Shape(b, 1, long, cuda_graph=True) for b in profile.cuda_graph_batch_sizes]
         batches = _powers_of_two_up_to(limits.max_num_seqs)
-        return [Shape(b, 1, kv) for b in batches for kv in contexts]
+        # The bounding configuration: a graph plan, padded to the most any decode plan splits to.
+        return [Shape(1, 1, long, cuda_graph=True)] + [
+            Shape(b, 1, kv) for b in batches for kv in contexts
+        ]
     budget = limits.max_num_batched_tokens
     shapes = []
     for batch in _powers_of_two_up_to(min(limits.max_num_seqs, budget)):
@@ -57,4 +63,11 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
                 shapes.append(Shape(batch, q_len, q_len))  # a prompt attends to itself
             else:
                 shapes.extend(Shape(batch, q_len, max(kv, q_len)) for kv in contexts)
-    return sorted(set(shapes), key=lambda s: (s.batch, s.q_len, s.kv_len))
+    if plan.kind is PlanKind.paged_prefill:
+        # One full 128-row query tile per request (the packed rows of all query heads of a KV
+        # head), over the longest context: the split fills the grid.
+        group = profile.model.num_qo_heads // profile.model.num_kv_heads
+        tile_q = max(1, min(MAX_CTA_TILE_Q // group, budget, long))
+        for batch in _powers_of_two_up_to(min(limits.max_num_seqs, budget // tile_q)):
+            shapes.append(Shape(batch, tile_q, long))
+    return sorted(set(shapes), key=lambda s: (s.batch, s.q_len, s.kv_len, s.cuda_graph))

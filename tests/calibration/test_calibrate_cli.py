@@ -47,7 +47,7 @@ def test_bad_input_exits_2_with_one_paragraph(tmp_path, args, message):
 def test_help_is_the_app_s_own(tmp_path):
     done = run_cli("--help", cwd=tmp_path, python=[sys.executable, *CALIBRATE])
     assert (done.returncode, done.stderr) == (0, "")
-    for needed in ("deployment=NAME", "margin=FRACTION", "(now: 0.1)", "device=cuda[:N]",
+    for needed in ("deployment=NAME", "margin=FRACTION", "(now: 0.0)", "device=cuda[:N]",
                    "output_dir=PATH", "MSTAR_WORKSPACE_BUFFER_MB", "llama3-8b-h200"):  # fmt: skip
         assert needed in done.stdout
     assert len(re.findall(r"^  mstar-resources-calibrate \S", done.stdout, re.M)) >= 3

@@ -88,12 +88,21 @@ def test_graph_decode_plans_once_per_graph_batch_size_at_the_longest_context():
     ]
 
 
-def test_eager_decode_covers_batch_sizes_and_short_and_long_contexts():
+def test_eager_decode_covers_batch_sizes_and_short_and_long_contexts_and_its_bound():
     profile = load_profile(GOOD)
-    shapes = shapes_for(profile.plans["decode"], profile, cuda_graph=False)
-    assert {s.batch for s in shapes} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
-    assert {s.kv_len for s in shapes} == {1024, 131072}
-    assert all(s.q_len == 1 and not s.cuda_graph for s in shapes)
+    bounding, *eager = shapes_for(profile.plans["decode"], profile, cuda_graph=False)
+    # A graph plan is padded to the most any decode plan splits to: it bounds the eager ones.
+    assert bounding == Shape(1, 1, 131072, cuda_graph=True)
+    assert {s.batch for s in eager} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert {s.kv_len for s in eager} == {1024, 131072}
+    assert all(s.q_len == 1 and not s.cuda_graph for s in eager)
+
+
+def test_paged_prefill_includes_full_query_tiles_over_the_longest_context():
+    profile = load_profile(GOOD)
+    shapes = set(shapes_for(profile.plans["prefill"], profile, cuda_graph=False))
+    group = profile.model.num_qo_heads // profile.model.num_kv_heads
+    assert Shape(1, 128 // group, 131072) in shapes and Shape(8, 128 // group, 131072) in shapes
 
 
 @pytest.mark.parametrize("label", ["prefill", "prompt"])

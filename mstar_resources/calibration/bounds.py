@@ -1,0 +1,73 @@
+"""Why a calibrated floor is a bound, not a sample: how FlashInfer (0.7.x, fa2) sizes its float
+workspace, and the most any plan within a profile's limits can ask for.
+
+Only plans that split the KV of a request use the float workspace. A split plan allocates, from
+offset 0 and each 16-byte aligned, ``tmp_v`` (the partial outputs) then ``tmp_s`` (their
+log-sum-exp), both in float32 whatever the output dtype, for ``P`` work items padded as the
+scheduler (``include/flashinfer/attention/scheduler.cuh``) decides:
+
+- **Decode** (``DecodePlan``): ``bytes = Hq * P * (4 * head_dim + 4)``. The scheduler fits the
+  split work in a grid of ``max_grid = blocks_per_sm * SMs`` blocks, ``Hkv`` per work item, so
+  ``P <= max_grid // Hkv`` (``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch`` picks the
+  chunk so that it holds). Under CUDA graphs ``P`` is padded to exactly ``max_grid // Hkv`` for
+  every batch that splits (a batch with ``B * Hkv >= max_grid`` does not split: 0 bytes), so one
+  graph plan measures the most any decode plan, graph or eager, can need. ``blocks_per_sm`` comes
+  from a CUDA occupancy query (9 for the bf16, head-dim-128 kernel on an H200): it is measured, not
+  assumed.
+- **Prefill** (``PrefillPlan``, ``PrefillSplitQOKVIndptr``): eager plans that split hold at most
+  ``max_batch_size_if_split = (2 * SMs) // Hkv`` work items of ``cta_tile_q <= 128`` query rows
+  each (two blocks per SM is fixed in the source), and the partials are sized by query rows:
+  ``rows = ceil(P * cta_tile_q / (Hq / Hkv))``, ``bytes = Hq * rows * (4 * head_dim + 4)``. So
+  ``bytes <= 4 * (head_dim + 1) * Hkv * ((2 * SMs) // Hkv) * 128``, which is 17,436,672 on an H200
+  with head dim 128 for any ``Hkv`` that divides 264, and is reached by a few query rows over a
+  context long enough to split into the whole grid (e.g. 1 x 32 tokens over 131,072 with 32/8
+  heads). The context length and the batched-token budget don't enter the bound: a longer context
+  only changes the chunk size, and more query tiles than the grid holds turn the split off.
+
+Calibration plans those bounding configurations (every graph batch size; eager prefill shapes of
+a few query rows over the longest context, see ``shapes.py``) through FlashInfer and records what
+they need; the functions below are the same arithmetic, to check a measurement against and to say
+what the bound is on another GPU. The GPU tests plan a dense sweep and random shapes within the
+limits and find nothing above the recorded need.
+"""
+
+from __future__ import annotations
+
+__all__ = ["decode_bytes", "prefill_bound_bytes", "prefill_bytes"]
+
+ALIGNMENT = 16
+FLOAT32 = 4
+PREFILL_BLOCKS_PER_SM = 2
+"""``PrefillPlan``'s grid: two blocks per SM, fixed in the source."""
+MAX_CTA_TILE_Q = 128
+"""The most query rows one prefill work item holds (``FA2DetermineCtaTileQ``)."""
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def _partials(qo_heads: int, rows: int, head_dim: int) -> int:
+    """``tmp_v`` and ``tmp_s`` for ``rows`` rows of every query head."""
+    return _aligned(qo_heads * rows * head_dim * FLOAT32) + _aligned(qo_heads * rows * FLOAT32)
+
+
+def decode_bytes(qo_heads: int, head_dim: int, work_items: int) -> int:
+    """A decode plan's float workspace for ``work_items`` (padded) split work items."""
+    return _partials(qo_heads, work_items, head_dim)
+
+
+def prefill_bytes(
+    qo_heads: int, kv_heads: int, head_dim: int, work_items: int, cta_tile_q: int
+) -> int:
+    """A prefill plan's float workspace for ``work_items`` split work items of ``cta_tile_q``
+    packed query rows (``Hq / Hkv`` heads share a row of a work item)."""
+    group = qo_heads // kv_heads
+    rows = -(-work_items * cta_tile_q // group)
+    return _partials(qo_heads, rows, head_dim)
+
+
+def prefill_bound_bytes(qo_heads: int, kv_heads: int, head_dim: int, sm_count: int) -> int:
+    """The most float workspace any eager prefill plan can need on ``sm_count`` SMs."""
+    work_items = (PREFILL_BLOCKS_PER_SM * sm_count) // kv_heads
+    return prefill_bytes(qo_heads, kv_heads, head_dim, work_items, MAX_CTA_TILE_Q)
