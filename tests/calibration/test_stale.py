@@ -73,11 +73,16 @@ def test_another_profile_than_the_one_measured_is_stale_too():
     assert warning is not None and "and a different profile (profile differ)" in warning
 
 
-def test_check_calibration_logs_one_warning_and_returns_it(monkeypatch, caplog):
+def running_elsewhere(monkeypatch, **change: object):
+    """This process seen as running the 8B calibration's record with ``change``: its config."""
     _, same = recorded("llama3-8b-h200_calibrated")
-    elsewhere = dataclasses.replace(same, flashinfer="0.6.7")
+    elsewhere = dataclasses.replace(same, **change)
     monkeypatch.setattr(RunningOn, "here", classmethod(lambda cls, device, profile: elsewhere))
-    cfg = compose_shipped(["deployment=llama3-8b-h200_calibrated"])
+    return compose_shipped(["deployment=llama3-8b-h200_calibrated"])
+
+
+def test_check_calibration_logs_one_warning_and_returns_it(monkeypatch, caplog):
+    cfg = running_elsewhere(monkeypatch, flashinfer="0.6.7")
     with caplog.at_level(logging.WARNING, logger="mstar_resources"):
         warning = check_calibration(cfg, "cuda:0")
     assert warning is not None and "(flashinfer differ)" in warning
@@ -89,10 +94,7 @@ def test_check_calibration_logs_one_warning_and_returns_it(monkeypatch, caplog):
 def test_build_pools_for_a_gpu_checks_the_deployment_it_came_from(monkeypatch, caplog):
     from mstar_resources import build_pools
 
-    _, same = recorded("llama3-8b-h200_calibrated")
-    elsewhere = dataclasses.replace(same, gpu="NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(RunningOn, "here", classmethod(lambda cls, device, profile: elsewhere))
-    cfg = compose_shipped(["deployment=llama3-8b-h200_calibrated"])
+    cfg = running_elsewhere(monkeypatch, gpu="NVIDIA H100 80GB HBM3")
     with caplog.at_level(logging.WARNING, logger="mstar_resources"):
         build_pools(cfg.resources, "cpu", {})  # planning on the CPU: nothing to check
         assert caplog.records == []
