@@ -16,6 +16,9 @@ from omegaconf import OmegaConf
 
 from .._floor import MIB
 
+RECORD = "calibrated"
+"""The root key a calibrated deployment keeps its measurements and their provenance under."""
+
 DEFAULT_MARGIN = 0.0
 """Added to a measured need before it is declared. None by default: the need calibration measures
 is the most any plan within the profile's limits can ask for (``bounds.py`` says why), so the
@@ -55,7 +58,7 @@ def calibrated_yaml(
     body = {
         "defaults": [deployment, "_self_"],
         "resources": resources,
-        "calibrated": {
+        RECORD: {
             "margin": margin,
             **dict(provenance),
             "needs": [

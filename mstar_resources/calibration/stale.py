@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from .override import RECORD
 from .profile import ROOT, CalibrationProfile, load_profile
 
 if TYPE_CHECKING:
@@ -25,9 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["RunningOn", "check_calibration", "describe_profile", "stale_calibration"]
 
 logger = logging.getLogger(__name__)
-
-RECORD = "calibrated"
-"""The root key a calibrated deployment keeps its measurements and their provenance under."""
 
 
 @dataclass(frozen=True)

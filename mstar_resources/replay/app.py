@@ -19,7 +19,7 @@ import gc
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
@@ -30,6 +30,9 @@ from ..calibration.engines import vllm_buffer_mb
 from ..calibration.profile import ROOT, CalibrationProfile, PlanKind, load_profile
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..resolver import ResolvedResource, build_pools, resolve
+
+if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
+    from .model import Shape
 
 __all__ = ["check", "main"]
 
@@ -76,7 +79,7 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
     return profile, resolve(cfg.resources)
 
 
-def kv_pages_for(free: int, workspace_bytes: int, shape: Any, utilization: float) -> int:
+def kv_pages_for(free: int, workspace_bytes: int, shape: Shape, utilization: float) -> int:
     """Pages of KV cache a setup gets: ``utilization`` of the ``free`` memory its workspaces
     leave."""
     page_bytes = shape.kv_bytes_per_token * shape.page_size
