@@ -12,6 +12,13 @@ to go on. Two forms exist:
 The same allocator serves the int workspace, which growing the float one cannot help. Float
 allocations hold split-KV partial results and are named for them (``batch_decode_tmp_v``,
 ``batch_prefill_tmp_s``, ``mla_partial_o``, ``holistic_partial_lse``, ...); int ones hold indices.
+
+In 0.7.4 (not yet in 0.7.2.post1) the MLA wrapper's ``fa2`` and ``fa3`` backends check the whole
+float workspace before they plan (``flashinfer/mla/_batch_mla/_backends/_fa_common.py``), so an
+MLA plan that does not fit raises a ``ValueError`` instead, naming the bytes of both partial
+buffers together:
+``fa2 MLA needs N float workspace bytes for partial outputs and LSE.`` Under ``backend="auto"``
+each backend tried says so in one message; the plan needs the most any of them asked for.
 """
 
 from __future__ import annotations
@@ -26,6 +33,12 @@ _OVERFLOW = re.compile(
     r"and alignment (?P<old_alignment>\d+) in AlignedAllocator"
 )
 
+_MLA_PREFLIGHT = re.compile(
+    r"(?P<backend>\w+) MLA needs (?P<size>\d+) float workspace bytes for partial outputs and LSE"
+)
+MLA_PARTIALS = "mla_partial_o+lse"
+"""How a growth for MLA's preflight is named: it asks for both partial buffers at once."""
+
 # Partial outputs (``tmp_v``/``partial_o``) and their log-sum-exp (``tmp_s``/``partial_lse``).
 _FLOAT_ALLOCATION = re.compile(r"(?:^|_)(?:tmp_[vs]|partial_(?:o|lse))$")
 
@@ -39,6 +52,9 @@ class Overflow:
     alignment: int
     available: int | None
     """Bytes left in the buffer when it failed; FlashInfer before 0.2.9 did not say."""
+    whole: bool = False
+    """``size`` is what the whole buffer must hold (MLA's check before it plans), not one
+    allocation after those already taken."""
 
     def bytes_needed(self, buffer_bytes: int) -> int:
         """The buffer size at which this allocation fits, in a buffer of ``buffer_bytes``.
@@ -46,6 +62,8 @@ class Overflow:
         Without ``available`` the bytes already taken are unknown, and the whole buffer is the
         bound on them.
         """
+        if self.whole:
+            return self.size
         taken = buffer_bytes if self.available is None else buffer_bytes - self.available
         return _round_up(taken, self.alignment) + self.size
 
@@ -56,7 +74,11 @@ def _round_up(value: int, alignment: int) -> int:
 
 def parse_float_overflow(error: BaseException) -> Overflow | None:
     """The float-workspace overflow ``error`` reports, or None if it reports anything else."""
-    match = _OVERFLOW.search(str(error))
+    text = str(error)
+    asked = [int(m["size"]) for m in _MLA_PREFLIGHT.finditer(text)]
+    if asked:
+        return Overflow(MLA_PARTIALS, max(asked), 1, None, whole=True)
+    match = _OVERFLOW.search(text)
     if match is None:
         return None
     if match["name"] is not None:

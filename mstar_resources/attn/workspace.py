@@ -151,8 +151,8 @@ class Workspace:
         while True:
             have = self.tensor.numel()  # what the plan sees, whatever another thread does
             try:
-                return plan(*args, **kwargs)
-            except RuntimeError as error:
+                planned = plan(*args, **kwargs)
+            except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
                 overflow = parse_float_overflow(error)
                 # An allocator with more room than this buffer holds was not allocating from it.
                 if overflow is None or (overflow.available or 0) > have:
@@ -176,6 +176,9 @@ class Workspace:
                     ) from error
                 self._grow(overflow, have, error)
                 growths, last = growths + 1, overflow
+            else:
+                _refresh_recorded_size(plan, self.tensor)
+                return planned
 
     def seal(self) -> None:
         """Keep this buffer's address from now on: graphs are about to be captured over it."""
@@ -202,11 +205,15 @@ class Workspace:
         have = self.tensor.numel()
         need = overflow.bytes_needed(have)
         failed = (
-            f"{overflow.allocation} asked for {overflow.size:,} bytes, alignment "
+            f"{overflow.allocation} asked for {overflow.size:,} bytes in all"
+            if overflow.whole
+            else f"{overflow.allocation} asked for {overflow.size:,} bytes, alignment "
             f"{overflow.alignment}, with {have - (overflow.available or 0):,} taken"
         )
         if whole is not None and whole >= need:
             asked, caveat = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})", ""
+        elif overflow.whole:
+            whole, asked, caveat = need, f"{need:,} ({failed})", ""
         else:
             whole = need
             asked = f"at least {need:,} ({failed})"
@@ -217,7 +224,7 @@ class Workspace:
             "before sealing"
         )
 
-    def _grow(self, overflow: Overflow, planned_on: int, error: RuntimeError) -> None:
+    def _grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
         """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
         with self._lock:
             if self.sealed:  # sealed while the plan ran
@@ -272,6 +279,24 @@ class Workspace:
             ) from oom
         self.tensor.set_(grown.untyped_storage())
         return need - have
+
+
+def _refresh_recorded_size(plan: Callable[..., Any], tensor: torch.Tensor) -> None:
+    """Tell the wrapper whose ``plan`` ran how large its buffer is now.
+
+    FlashInfer's paged prefill wrapper records its float buffer's size once, when it is built
+    (``_workspace_size``; the decode wrapper reads it again at every plan), and hands that figure
+    to its run, where the ``trtllm-gen`` backend bounds its scratch by it (``fa2`` and ``fa3``
+    read the tensor itself). After this workspace grew, possibly through another wrapper, the
+    figure would understate the buffer, so it is brought up to date after each plan on this
+    workspace's tensor. Wrappers without the attribute are left alone.
+    """
+    wrapper = getattr(plan, "__self__", None)
+    recorded = getattr(wrapper, "_workspace_size", None)
+    if is_int(recorded) and getattr(wrapper, "_float_workspace_buffer", None) is tensor:
+        now = tensor.numel()
+        if recorded != now:
+            wrapper._workspace_size = now  # type: ignore[union-attr]
 
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any) -> int | None:

@@ -24,6 +24,17 @@ scheduler (``include/flashinfer/attention/scheduler.cuh``) decides:
   heads). The context length and the batched-token budget don't enter the bound: a longer context
   only changes the chunk size, and more query tiles than the grid holds turn the split off.
 
+- **Ragged prefill** plans through the same ``PrefillPlan``, and so has the same bound; so does
+  **POD**'s decode batch (``PODWithPagedKVCacheWrapper`` plans it as a prefill of one row a
+  request, so its work items hold a 16-row tile and it stays well below). Under CUDA graphs a
+  prefill-style plan pads to ``max(grid, query tiles)`` instead, which one plan at each graph
+  batch size measures.
+- **MLA** (``MLAPlan``; ``fa2`` and ``fa3``) sizes its partials by the grid alone:
+  ``2 * clusters * cluster_tile_q`` rows (``cluster_tile_q = 64 * cluster_size``,
+  ``clusters = SMs // cluster_size``) of ``2 * head_dim_ckv`` bytes of output plus 4 of
+  log-sum-exp. No shape enters it, so every MLA plan on a GPU needs the same bytes, 17,369,088
+  on an H200 with ``head_dim_ckv=512``, and the wrapper checks for them before it plans.
+
 Calibration plans those bounding configurations (every graph batch size; eager prefill shapes of
 a few query rows over the longest context, see ``shapes.py``) through FlashInfer and records what
 they need; the functions below are the same arithmetic, to check a measurement against and to say
@@ -33,7 +44,7 @@ limits and find nothing above the recorded need.
 
 from __future__ import annotations
 
-__all__ = ["decode_bytes", "prefill_bound_bytes", "prefill_bytes"]
+__all__ = ["decode_bytes", "mla_bytes", "prefill_bound_bytes", "prefill_bytes"]
 
 ALIGNMENT = 16
 FLOAT32 = 4
@@ -41,6 +52,10 @@ PREFILL_BLOCKS_PER_SM = 2
 """``PrefillPlan``'s grid: two blocks per SM, fixed in the source."""
 MAX_CTA_TILE_Q = 128
 """The most query rows one prefill work item holds (``FA2DetermineCtaTileQ``)."""
+MLA_CTA_TILE_Q = 64
+"""Query rows of one MLA block; a cluster of two blocks holds twice as many."""
+MLA_OUTPUT_BYTES = 2
+"""MLA's partial outputs are 16-bit, whatever the output dtype (``sizeof_dtype_o``)."""
 
 
 def _aligned(nbytes: int) -> int:
@@ -71,3 +86,13 @@ def prefill_bound_bytes(qo_heads: int, kv_heads: int, head_dim: int, sm_count: i
     """The most float workspace any eager prefill plan can need on ``sm_count`` SMs."""
     work_items = (PREFILL_BLOCKS_PER_SM * sm_count) // kv_heads
     return prefill_bytes(qo_heads, kv_heads, head_dim, work_items, MAX_CTA_TILE_Q)
+
+
+def mla_bytes(head_dim_ckv: int, sm_count: int) -> int:
+    """What every MLA plan needs on ``sm_count`` SMs: the most of one- and two-block clusters
+    (the same for an even SM count)."""
+    needs = []
+    for cluster_size in (1, 2):
+        rows = 2 * (sm_count // cluster_size) * cluster_size * MLA_CTA_TILE_Q
+        needs.append(_aligned(rows * MLA_OUTPUT_BYTES * head_dim_ckv) + _aligned(rows * FLOAT32))
+    return max(needs)

@@ -16,7 +16,7 @@ from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
 from .measure import Need, Planner
 from .override import DEFAULT_MARGIN, Measured, calibrated_yaml, declared_mb_for
-from .profile import CalibrationProfile, PlanKind
+from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from .shapes import shapes_for
 from .stale import RunningOn
 
@@ -60,18 +60,19 @@ def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfil
     if missing:
         problems.append(
             f"the profile does not say how these labels are planned; add {', '.join(missing)} "
-            "with a kind (decode, paged_prefill or ragged_prefill)"
+            f"with a kind ({', '.join(kind.value for kind in PlanKind)})"
         )
     owners: dict[str, dict[str, str]] = {}
     for r in records:
         for label in r.labels:
             owners.setdefault(label, {}).setdefault(r.owner, r.path)
             plan = profile.plans.get(label)
-            if r.cg_slots and plan is not None and plan.kind is not PlanKind.decode:
+            if r.cg_slots and plan is not None and plan.kind not in GRAPH_KINDS:
+                graph_kinds = ", ".join(k.value for k in PlanKind if k in GRAPH_KINDS)
                 problems.append(
                     f"resources.{r.path}.cg_slots={list(r.cg_slots)} puts {label} under CUDA "
-                    f"graphs, but calibration.plans.{label}.kind={plan.kind.value}: only decode "
-                    "is calibrated under graphs"
+                    f"graphs, but calibration.plans.{label}.kind={plan.kind.value}: only "
+                    f"{graph_kinds} plans are calibrated under graphs"
                 )
     for label, by_owner in owners.items():
         if len(by_owner) > 1:
@@ -84,6 +85,21 @@ def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfil
         raise ResourceConfigError("cannot calibrate: " + "; ".join(problems))
 
 
+def check_backends(profile: CalibrationProfile, device: torch.device) -> None:
+    """Every plan's backend runs on ``device``: ``fa3`` needs an SM90 GPU (Hopper)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) == (9, 0):
+        return
+    fa3 = [f"calibration.plans.{label}.backend=fa3" for label, plan in profile.plans.items()
+           if plan.backend == "fa3"]  # fmt: skip
+    if fa3:
+        name = torch.cuda.get_device_name(device)
+        raise ResourceConfigError(
+            f"cannot calibrate on {device} ({name}, SM{major}{minor}): {', '.join(fa3)} needs "
+            "an SM90 GPU; calibrate on the GPU the engine runs, or plan with fa2 or auto"
+        )
+
+
 def measure_all(
     records: Sequence[ResolvedResource],
     profile: CalibrationProfile,
@@ -94,6 +110,7 @@ def measure_all(
     from tqdm import tqdm
 
     check_labels(records, profile)  # before any kernel is built
+    check_backends(profile, device)
     planner = Planner(profile, device)
     work = [
         (record, label, shapes_for(profile.plans[label], profile, bool(record.cg_slots)))

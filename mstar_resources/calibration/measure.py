@@ -1,8 +1,8 @@
 """Measuring on the GPU what a label's plans need of the float workspace, through FlashInfer.
 
 Where a wrapper can say (``workspace_size()``: decode and paged prefill), it is asked; where it
-cannot (ragged prefill, or a backend without the query), the shapes are planned on a workspace
-that starts empty and grows, which ends at exactly the largest need.
+cannot (ragged prefill, MLA, POD, or a backend without the query), the shapes are planned on a
+workspace that starts empty and grows, which ends at exactly the largest need.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from ..attn.workspace import Workspace
 from .profile import CalibrationProfile, PlanKind, PlanProfile
-from .shapes import Shape
+from .shapes import DECODE_LIKE, Shape
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,10 @@ class Need:
     """The shape that needs it (None when no shape needs any)."""
     method: str
     """``workspace_size`` (FlashInfer's own query) or ``growth`` (planned on a growing buffer)."""
+
+
+ASKS_WORKSPACE_SIZE = frozenset({PlanKind.decode, PlanKind.paged_prefill})
+"""Kinds whose wrapper answers ``workspace_size()`` (on some backends)."""
 
 
 class Planner:
@@ -48,48 +52,82 @@ class Planner:
     def _indptr(self, batch: int, step: int) -> torch.Tensor:
         return torch.arange(batch + 1, dtype=torch.int32, device=self.device) * step
 
+    def _pages(self, shape: Shape) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """Pages a request, the KV indptr, and the page indices of ``shape``."""
+        pages = -(-shape.kv_len // self.profile.model.page_size)
+        indices = torch.arange(shape.batch * pages, dtype=torch.int32, device=self.device)
+        return pages, self._indptr(shape.batch, pages), indices
+
     def plan_args(self, kind: PlanKind, shape: Shape) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``plan()``'s arguments (also ``workspace_size()``'s) for ``shape``."""
         model = self.profile.model
         heads = (model.num_qo_heads, model.num_kv_heads, model.head_dim)
+        qo = self._indptr(shape.batch, shape.q_len)
         if kind is PlanKind.ragged_prefill:
-            qo, kv = self._indptr(shape.batch, shape.q_len), self._indptr(shape.batch, shape.kv_len)
+            kv = self._indptr(shape.batch, shape.kv_len)
             return (qo, kv, *heads), {"causal": True, **self.dtypes}
-        pages = -(-shape.kv_len // model.page_size)
-        kv_indptr = self._indptr(shape.batch, pages)
-        indices = torch.arange(shape.batch * pages, dtype=torch.int32, device=self.device)
+        pages, kv_indptr, indices = self._pages(shape)
+        if kind is PlanKind.mla:
+            from flashinfer.mla import MLAPlanMetadata
+
+            lengths = torch.full_like(kv_indptr[1:], shape.kv_len)
+            return (), {
+                "metadata": MLAPlanMetadata.csr(qo, kv_indptr, indices, lengths),
+                "num_heads": model.num_qo_heads,
+                "head_dim_ckv": model.head_dim_ckv,
+                "head_dim_kpe": model.head_dim_kpe,
+                "page_size": model.page_size,
+                "causal": shape.q_len > 1,
+                "sm_scale": 1.0,  # a kernel argument: the plan does not depend on it
+                # Two tensors each for the query and the cache (no-PE and PE parts), as the
+                # engines keep them.
+                "query_layout": "split",
+                "kv_cache_layout": "split",
+                **self.dtypes,
+            }
         last = shape.kv_len - (pages - 1) * model.page_size
         last_page_len = torch.full((shape.batch,), last, dtype=torch.int32, device=self.device)
         paged = (kv_indptr, indices, last_page_len, *heads, model.page_size)
-        if kind is PlanKind.decode:
+        if kind in DECODE_LIKE:
             return paged, dict(self.dtypes)
-        qo = self._indptr(shape.batch, shape.q_len)
         return (qo, *paged), {"causal": True, **self.dtypes}
 
     def wrapper(self, plan: PlanProfile, buffer: torch.Tensor, shape: Shape) -> Any:
+        """A FlashInfer wrapper of ``plan``'s kind on ``buffer``; under a graph, one that holds
+        ``shape``'s batch."""
         import flashinfer
 
-        if plan.kind is PlanKind.ragged_prefill:
-            return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
-                buffer, "NHD", backend=plan.backend
-            )
-        if plan.kind is PlanKind.paged_prefill:
-            return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                buffer, "NHD", backend=plan.backend
-            )
-        if not shape.cuda_graph:
-            return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                buffer, "NHD", backend=plan.backend
-            )
-        (indptr, indices, last_page_len, *_), _ = self.plan_args(plan.kind, shape)
+        kind, backend = plan.kind, plan.backend
+        if kind is PlanKind.ragged_prefill:
+            return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(buffer, "NHD", backend=backend)
+        if kind is PlanKind.paged_prefill:
+            return flashinfer.BatchPrefillWithPagedKVCacheWrapper(buffer, "NHD", backend=backend)
+        graph: dict[str, Any] = {}
+        if kind is PlanKind.mla:
+            if shape.cuda_graph:
+                metadata = self.plan_args(kind, shape)[1]["metadata"]
+                graph = {
+                    "use_cuda_graph": True,
+                    "qo_indptr": metadata.qo_indptr,
+                    "kv_indptr": metadata.kv_indptr,
+                    "kv_indices": metadata.kv_indices,
+                    "kv_len_arr": metadata.kv_len_arr,
+                }
+            from flashinfer.mla import BatchMLAPagedAttentionWrapper
+
+            return BatchMLAPagedAttentionWrapper(buffer, backend=backend, **graph)
+        if shape.cuda_graph:
+            (indptr, indices, last_page_len, *_), _ = self.plan_args(kind, shape)
+            graph = {
+                "use_cuda_graph": True,
+                "paged_kv_indptr_buffer": indptr,
+                "paged_kv_indices_buffer": indices,
+                "paged_kv_last_page_len_buffer": last_page_len,
+            }
+        if kind is PlanKind.pod:  # fa2 only: the wrapper takes no backend
+            return flashinfer.PODWithPagedKVCacheWrapper(buffer, "NHD", **graph)
         return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            buffer,
-            "NHD",
-            use_cuda_graph=True,
-            paged_kv_indptr_buffer=indptr,
-            paged_kv_indices_buffer=indices,
-            paged_kv_last_page_len_buffer=last_page_len,
-            backend=plan.backend,
+            buffer, "NHD", backend=backend, **graph
         )
 
     def wrappers(self, plan: PlanProfile, buffer: torch.Tensor) -> Callable[[Shape], Any]:
@@ -108,7 +146,7 @@ class Planner:
 
     def need(self, plan: PlanProfile, shapes: list[Shape], progress: Any = None) -> Need:
         """The largest need over ``shapes``; ``progress`` (a tqdm bar) advances once a shape."""
-        if plan.kind is not PlanKind.ragged_prefill:
+        if plan.kind in ASKS_WORKSPACE_SIZE:
             try:
                 return self.need_by_query(plan, shapes, progress)
             except NotImplementedError:  # this backend has no workspace_size()

@@ -29,11 +29,33 @@ DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 class PlanKind(Enum):
-    """Which FlashInfer wrapper plans a label."""
+    """Which FlashInfer wrapper plans a label.
+
+    ``BatchPODWithPagedKVCacheWrapper`` is not one: it splits its float buffer into two views
+    when it is built, so it cannot follow a workspace that grows (build it on a sealed one).
+    """
 
     decode = "decode"  # BatchDecodeWithPagedKVCacheWrapper
     paged_prefill = "paged_prefill"  # BatchPrefillWithPagedKVCacheWrapper
     ragged_prefill = "ragged_prefill"  # BatchPrefillWithRaggedKVCacheWrapper
+    mla = "mla"  # flashinfer.mla.BatchMLAPagedAttentionWrapper, for decode and prefill alike
+    pod = "pod"  # PODWithPagedKVCacheWrapper: one prefill and a decode batch in one kernel
+
+
+BACKENDS: dict[PlanKind, tuple[str, ...]] = {
+    PlanKind.decode: ("fa2", "auto"),
+    PlanKind.paged_prefill: ("fa2", "fa3", "auto"),
+    PlanKind.ragged_prefill: ("fa2", "fa3", "auto"),
+    PlanKind.mla: ("fa2", "fa3", "auto"),
+    PlanKind.pod: ("fa2",),
+}
+"""The backends calibration can plan each kind with: those an SM80 or SM90 GPU runs (``fa3``
+needs SM90). Others (``trtllm-gen``, ``cudnn``, ``cutlass``...) are refused by name, not guessed;
+POD plans its decode with ``fa2`` only."""
+
+GRAPH_KINDS = frozenset({PlanKind.decode, PlanKind.mla, PlanKind.pod})
+"""Kinds calibrated under CUDA graphs: each graph batch size is one decode batch, planned once.
+A prefill graph's need depends on the tokens it is captured with, which a profile does not say."""
 
 
 @dataclass
@@ -45,7 +67,11 @@ class ModelShape:
     num_kv_heads: int = MISSING
     """KV heads on one GPU; must divide ``num_qo_heads``."""
     head_dim: int = 128
-    """Dimension of one head."""
+    """Dimension of one head (not read by ``mla`` plans)."""
+    head_dim_ckv: int | None = None
+    """MLA only: the compressed KV's dimension (512 for DeepSeek-V3). Required by ``mla`` plans."""
+    head_dim_kpe: int | None = None
+    """MLA only: the rotary part's dimension (64 for DeepSeek-V3). Required by ``mla`` plans."""
     page_size: int = 16
     """Tokens per KV-cache page."""
     q_dtype: str = "bfloat16"
@@ -74,8 +100,9 @@ class PlanProfile:
     """The FlashInfer wrapper that plans it. Whether it runs under CUDA graphs is not said here:
     the resources that serve the label say so, by their ``cg_slots``."""
     backend: str = "fa2"
-    """The FlashInfer backend the engine plans it with. ``fa2`` splits KV and so uses the float
-    workspace; a backend that uses none (``fa3`` prefill) measures 0."""
+    """The FlashInfer backend the engine plans it with (see ``BACKENDS``); ``auto`` lets
+    FlashInfer pick per plan, as it does for the engine. A backend that uses no float workspace
+    measures 0, and its floor is the smallest there is, 1 MB."""
 
 
 @dataclass
@@ -129,6 +156,21 @@ def _problems(profile: CalibrationProfile) -> list[str]:
         )
     if not profile.plans:
         problems.append(f"{key}.plans is empty: name the wrapper kind of every plan label")
+    for label, plan in profile.plans.items():
+        allowed = BACKENDS[plan.kind]
+        if plan.backend not in allowed:
+            problems.append(
+                f"{key}.plans.{label}.backend={plan.backend!r} cannot be calibrated for kind "
+                f"{plan.kind.value}; use one of {', '.join(allowed)}"
+            )
+    mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
+    for name in ("head_dim_ckv", "head_dim_kpe") if mla else ():
+        if not is_positive_int(getattr(model, name)):
+            problems.append(
+                f"{key}.model.{name}={getattr(model, name)!r} must be a positive whole number "
+                f"for the mla plans ({', '.join(mla)}); DeepSeek-V3 has head_dim_ckv=512, "
+                "head_dim_kpe=64"
+            )
     return problems
 
 

@@ -4,9 +4,11 @@ FlashInfer splits the KV of a request into chunks, and the float workspace holds
 result per chunk, so the need grows with the number of chunks in flight, up to a maximum the
 scheduler pads to (``bounds.py``): few query rows against long contexts. Under a CUDA graph the
 split is padded to that maximum, so one plan per graph batch size fixes the need exactly, and a
-graph plan also bounds every eager decode plan. Eager prefill plans are swept over batch sizes,
-query lengths and short and long contexts, and include the bounding configurations: one full
-query tile per request over the longest context, for batches up to the grid.
+graph plan also bounds every eager decode plan. Eager prefill plans (paged or ragged) are swept
+over batch sizes, query lengths and short and long contexts, and include the bounding
+configurations: one full query tile per request over the longest context, for batches up to the
+grid. MLA's need does not depend on the shape at all (``bounds.mla_bytes``); its shapes are the
+decode or prefill ones all the same, so that the measurement shows it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from .profile import CalibrationProfile, PlanKind, PlanProfile
 
 SHORT_CONTEXT = 1024
 """Tokens of context in the short-context shapes (or the model's limit, if lower)."""
+
+DECODE_LIKE = frozenset({PlanKind.decode, PlanKind.pod})
+"""Kinds whose plans have one query token a request (POD plans its decode batch)."""
 
 
 @dataclass(frozen=True)
@@ -46,24 +51,24 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
     limits = profile.limits
     long = limits.max_model_len
     contexts = sorted({min(SHORT_CONTEXT, long), long})
-    if plan.kind is PlanKind.decode:
-        if cuda_graph:
-            return [Shape(b, 1, long, cuda_graph=True) for b in profile.cuda_graph_batch_sizes]
+    if cuda_graph:  # a graph replays one decode batch of its size
+        return [Shape(b, 1, long, cuda_graph=True) for b in profile.cuda_graph_batch_sizes]
+    if plan.kind in DECODE_LIKE:
         batches = _powers_of_two_up_to(limits.max_num_seqs)
-        # The bounding configuration: a graph plan, padded to the most any decode plan splits to.
-        return [Shape(1, 1, long, cuda_graph=True)] + [
-            Shape(b, 1, kv) for b in batches for kv in contexts
-        ]
+        eager = [Shape(b, 1, kv) for b in batches for kv in contexts]
+        if plan.kind is PlanKind.decode:
+            # The bounding configuration: a graph plan, padded to the most any decode plan
+            # splits to.
+            eager.insert(0, Shape(1, 1, long, cuda_graph=True))
+        return eager
     budget = limits.max_num_batched_tokens
-    shapes = []
+    shapes: list[Shape] = []
     for batch in _powers_of_two_up_to(min(limits.max_num_seqs, budget)):
-        # Query lengths from a chunked-prefill tail (a few tokens) up to the whole budget.
+        # Query lengths from a chunked-prefill tail (a few tokens) up to the whole budget, over
+        # a short and the longest context (a prompt attends at least to itself).
         for q_len in _powers_of_two_up_to(min(budget // batch, long)):
-            if plan.kind is PlanKind.ragged_prefill:
-                shapes.append(Shape(batch, q_len, q_len))  # a prompt attends to itself
-            else:
-                shapes.extend(Shape(batch, q_len, max(kv, q_len)) for kv in contexts)
-    if plan.kind is PlanKind.paged_prefill:
+            shapes.extend(Shape(batch, q_len, max(kv, q_len)) for kv in contexts)
+    if plan.kind is not PlanKind.mla:
         # One full 128-row query tile per request (the packed rows of all query heads of a KV
         # head), over the longest context: the split fills the grid.
         group = profile.model.num_qo_heads // profile.model.num_kv_heads

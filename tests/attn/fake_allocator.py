@@ -29,15 +29,19 @@ FIXTURE = Path(__file__).with_name("flashinfer_overflow.json")
 HEADERS = Path("data/include/flashinfer")
 
 
-def installed_flashinfer_header(name: str) -> Path | None:
-    """A header of the installed FlashInfer, or None where there is none.
+def installed_flashinfer_file(expression: dict[str, Any]) -> Path | None:
+    """The file of the installed FlashInfer a fixture expression comes from (a header, or a
+    Python ``source``), or None where FlashInfer is not installed.
 
     Found without importing FlashInfer, which needs CUDA.
     """
     spec = importlib.util.find_spec("flashinfer")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(next(iter(spec.submodule_search_locations))) / HEADERS / name
+    package = Path(next(iter(spec.submodule_search_locations)))
+    if "source" in expression:
+        return package / expression["source"]
+    return package / HEADERS / expression["header"]
 
 
 def header_file(name: str) -> str:
@@ -82,11 +86,30 @@ class StreamText:
         )
 
     @classmethod
-    def find(cls, header: Path, opening: str) -> StreamText:
+    def parse_fstring(cls, text: str, opening: str) -> StreamText:
+        """The first f-string in Python ``text`` with a literal part that contains ``opening``
+        and a formatted value; its line, and no throw line (a Python error names none)."""
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.JoinedStr):
+                continue
+            parts = tuple(
+                (True, ast.unparse(value.value))
+                if isinstance(value, ast.FormattedValue)
+                else (False, str(value.value))  # type: ignore[attr-defined]
+                for value in node.values
+            )
+            if any(not var and opening in value for var, value in parts):
+                return cls(parts=parts, line=node.lineno, throw_line=None)
+        raise LookupError(f"no f-string with {opening!r}")
+
+    @classmethod
+    def find(cls, path: Path, opening: str) -> StreamText:
+        """The expression in a header, or the f-string in a Python source."""
+        parse = cls.parse_fstring if path.suffix == ".py" else cls.parse
         try:
-            return cls.parse(header.read_text(), opening)
+            return parse(path.read_text(), opening)
         except LookupError as error:
-            raise AssertionError(f"{header}: {error}") from None
+            raise AssertionError(f"{path}: {error}") from None
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> StreamText:
@@ -96,7 +119,7 @@ class StreamText:
             if kind not in ("literal", "variable"):
                 raise ValueError(f"{FIXTURE.name}: a part is a literal or a variable, not {part}")
             parts.append((kind == "variable", value))
-        return cls(tuple(parts), record["line"], record["throw_line"])
+        return cls(tuple(parts), record["line"], record.get("throw_line"))
 
     def record(self) -> dict[str, Any]:
         """The fields the fixture holds for this expression, as it holds them."""
@@ -150,6 +173,13 @@ def flashinfer_overflow_message(name: str, size: int, alignment: int, available:
     )
 
 
+def mla_preflight_message(backend: str, required_bytes: int) -> str:
+    """The ``ValueError`` text of MLA's ``fa2``/``fa3`` check before they plan (0.7.4)."""
+    text = StreamText.from_record(fixture_expression("mla_preflight"))
+    values = {"cls._plan_capabilities.backend_name": backend, "required_bytes": required_bytes}
+    return text.render(**values)
+
+
 def legacy_overflow_message(name: str, size: int, alignment: int) -> str:
     """The text of FlashInfer before 0.2.9, which did not say how many bytes were left."""
     return (
@@ -167,11 +197,16 @@ class FakePlanner:
     buffer: torch.Tensor
     allocations: list[tuple[str, int, int]]  # (name, size, alignment)
     legacy: bool = False
+    mla_backend: str | None = None
+    """Check the whole buffer first, as MLA's ``fa2``/``fa3`` backends do (0.7.4), and raise
+    their ``ValueError`` naming this backend if it is short."""
     calls: int = 0
     offsets: dict[str, int] = field(default_factory=dict)
 
     def __call__(self, *args: object, **kwargs: object) -> tuple[tuple[object, ...], dict]:
         self.calls += 1
+        if self.mla_backend is not None and self.buffer.numel() < self.bytes_needed():
+            raise ValueError(mla_preflight_message(self.mla_backend, self.bytes_needed()))
         taken, available = 0, self.buffer.numel()
         for name, size, alignment in self.allocations:
             padding = -taken % alignment
@@ -197,3 +232,16 @@ class FakePlanner:
         for _, size, alignment in self.allocations:
             taken += -taken % alignment + size
         return taken
+
+
+class FakePrefillWrapper:
+    """Records its float buffer's size when it is built, as FlashInfer's paged prefill wrapper
+    does (``_workspace_size``), and plans through a FakePlanner on that buffer."""
+
+    def __init__(self, buffer: torch.Tensor, allocations: list[tuple[str, int, int]]) -> None:
+        self._float_workspace_buffer = buffer
+        self._workspace_size = buffer.numel() * buffer.element_size()
+        self._planner = FakePlanner(buffer, allocations)
+
+    def plan(self, *args: object, **kwargs: object) -> tuple[tuple[object, ...], dict]:
+        return self._planner(*args, **kwargs)

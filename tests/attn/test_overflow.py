@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from mstar_resources.attn._overflow import Overflow, parse_float_overflow
+from mstar_resources.attn._overflow import MLA_PARTIALS, Overflow, parse_float_overflow
 
 from .fake_allocator import (
     FIXTURE,
@@ -17,8 +17,9 @@ from .fake_allocator import (
     fixture,
     flashinfer_overflow_message,
     header_file,
-    installed_flashinfer_header,
+    installed_flashinfer_file,
     legacy_overflow_message,
+    mla_preflight_message,
     overflow_text,
 )
 
@@ -62,9 +63,9 @@ def test_fixture_matches_the_installed_flashinfers_headers():
     expressions = fixture()["expressions"]
     installed: dict[str, StreamText] = {}
     for key, expression in expressions.items():
-        header = installed_flashinfer_header(expression["header"])
-        assert header is not None
-        installed[key] = StreamText.find(header, expression["opening"])
+        path = installed_flashinfer_file(expression)
+        assert path is not None
+        installed[key] = StreamText.find(path, expression["opening"])
     says = {key: _what_the_error_says(text) for key, text in installed.items()}
     held = {key: _what_the_error_says(StreamText.from_record(e)) for key, e in expressions.items()}
     assert says == held, (
@@ -93,6 +94,20 @@ def test_reads_float_allocations_from_todays_text(allocation):
     assert parse_float_overflow(error) == Overflow(allocation, 2_097_152, 16, 1_048_576)
 
 
+def test_reads_mlas_check_before_it_plans_as_a_need_for_the_whole_buffer():
+    overflow = parse_float_overflow(ValueError(mla_preflight_message("fa2", 17_369_088)))
+    assert overflow == Overflow(MLA_PARTIALS, 17_369_088, 1, None, whole=True)
+    assert overflow.bytes_needed(65_536) == 17_369_088  # whatever the buffer holds now
+
+
+def test_reads_the_most_any_backend_asked_for_under_auto():
+    # backend="auto" tries each candidate and joins their refusals (mla/_batch_mla/_auto_policy.py).
+    refusals = [f"fa3: {mla_preflight_message('fa3', 9_000_000)}",
+                f"fa2: {mla_preflight_message('fa2', 17_369_088)}"]  # fmt: skip
+    error = ValueError("No supported planned MLA backend: " + "; ".join(refusals))
+    assert parse_float_overflow(error).size == 17_369_088
+
+
 def test_reads_text_from_before_0_2_9():
     error = RuntimeError(legacy_overflow_message("batch_decode_tmp_v", 4096, 16))
     assert parse_float_overflow(error) == Overflow("batch_decode_tmp_v", 4096, 16, None)
@@ -109,6 +124,14 @@ def test_reads_text_from_before_0_2_9():
         pytest.param("CUDA error: an illegal memory access was encountered", id="cuda"),
         pytest.param("Expected q to have dtype bfloat16, got float16", id="shapes"),
         pytest.param("", id="empty"),
+        pytest.param(
+            "fa2 MLA needs 232448 shared-memory bytes per block, but this device supports 101376.",
+            id="mla-shared-memory",
+        ),
+        pytest.param(
+            "FA MLA needs 20000 work items including KV splits; native capacity is 16384.",
+            id="mla-work-items",
+        ),
     ],
 )
 def test_ignores_everything_else(message):

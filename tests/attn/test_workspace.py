@@ -5,6 +5,7 @@ checked in test_workspace_gpu.py."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 import pytest
@@ -20,13 +21,15 @@ from mstar_resources import (
     WorkspaceSealedError,
     WorkspaceStats,
 )
+from mstar_resources.attn._overflow import MLA_PARTIALS
 from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
 
-from .fake_allocator import FakePlanner, flashinfer_overflow_message
+from .fake_allocator import FakePlanner, FakePrefillWrapper, flashinfer_overflow_message
 
 MIB = 1 << 20
 VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 DECODE_CHAIN = [("batch_decode_tmp_v", 2 * MIB, 16), ("batch_decode_tmp_s", 16_400, 16)]
+MLA_PARTIALS_ON_AN_H200 = [("mla_partial_o", 17_301_504, 16), ("mla_partial_lse", 67_584, 16)]
 
 
 def make_workspace(size: int = MIB, **kwargs) -> Workspace:
@@ -129,6 +132,48 @@ def test_other_errors_reach_the_caller_unchanged(error):
     assert raised.value is error
     assert raised.value.__cause__ is None
     assert workspace.tensor.numel() == MIB
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_mlas_check_before_planning_grows_the_workspace_in_one_step(backend):
+    workspace = make_workspace(64 * 1024)
+    planner = FakePlanner(workspace.tensor, MLA_PARTIALS_ON_AN_H200, mla_backend=backend)
+
+    workspace.plan(planner)
+
+    assert (workspace.tensor.numel(), planner.calls) == (17_369_088, 2)
+    stats = workspace.stats()
+    assert (stats.times_grown, stats.largest_growth_allocation) == (1, MLA_PARTIALS)
+
+
+def test_a_sealed_mla_workspace_names_the_whole_need_and_the_setting():
+    workspace = make_workspace(floor="resources.attn.decode.declared_mb", sealed=True)
+    planner = FakePlanner(workspace.tensor, MLA_PARTIALS_ON_AN_H200, mla_backend="fa2")
+
+    with pytest.raises(WorkspaceSealedError, match=r"a plan needs 17,369,088 \("
+                       rf"{re.escape(MLA_PARTIALS)} asked for 17,369,088 bytes in all\); set "
+                       r"resources\.attn\.decode\.declared_mb=17 or more, or plan"):  # fmt: skip
+        workspace.plan(planner)
+    assert workspace.tensor.numel() == MIB
+
+
+def test_a_wrapper_that_recorded_its_buffers_size_learns_the_grown_size():
+    # FlashInfer's paged prefill wrapper records the size when it is built and hands it to its run.
+    workspace = make_workspace()
+    before = FakePrefillWrapper(workspace.tensor, [("batch_prefill_tmp_v", 1024, 16)])
+    grows = FakePrefillWrapper(workspace.tensor, [("batch_prefill_tmp_v", 3 * MIB, 16)])
+
+    workspace.plan(grows.plan)
+    assert grows._workspace_size == workspace.tensor.numel() == 3 * MIB
+    workspace.plan(before.plan)  # built before the growth, plans without growing
+    assert before._workspace_size == 3 * MIB
+
+
+def test_a_wrapper_on_another_buffer_keeps_its_recorded_size():
+    workspace = make_workspace()
+    elsewhere = FakePrefillWrapper(torch.zeros(4 * MIB, dtype=torch.uint8), [])
+    workspace.plan(elsewhere.plan)
+    assert elsewhere._workspace_size == 4 * MIB
 
 
 def test_a_planner_that_never_fits_is_stopped():

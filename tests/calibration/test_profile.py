@@ -16,8 +16,11 @@ GOOD = {
         "decode": {"kind": "decode"},
         "prefill": {"kind": "paged_prefill"},
         "prompt": {"kind": "ragged_prefill"},
+        "mla_decode": {"kind": "mla", "backend": "auto"},
+        "mixed": {"kind": "pod"},
     },
 }
+GOOD["model"] |= {"head_dim_ckv": 512, "head_dim_kpe": 64}
 
 
 def with_(path: str, value: object) -> dict:
@@ -53,13 +56,32 @@ def test_good_profile_loads_with_defaults():
         ("cuda_graph_batch_sizes", [1, 1], r"cuda_graph_batch_sizes=\[1, 1\] must be distinct"),
         ("cuda_graph_batch_sizes", [512], r"has 512, more than calibration\.limits\.max_num_seqs"),
         ("plans", {}, r"calibration\.plans is empty"),
-        ("plans.prefill.kind", "mla", r"calibration\.plans\.prefill\.kind: Invalid value 'mla'"),
+        ("plans.prefill.kind", "pod_batch", r"calibration\.plans\.prefill\.kind: Invalid value"),
+        (
+            "plans.prefill.backend",
+            "trtllm-gen",
+            r"calibration\.plans\.prefill\.backend="
+            r"'trtllm-gen' cannot be calibrated for kind paged_prefill; use one of fa2, fa3, auto",
+        ),
+        ("plans.mixed.backend", "fa3", r"plans\.mixed\.backend='fa3' .* kind pod; use one of fa2$"),
+        (
+            "model.head_dim_ckv",
+            None,
+            r"calibration\.model\.head_dim_ckv=None must be a positive "
+            r"whole number for the mla plans \(mla_decode\)",
+        ),
         ("plans.prefill.cuda_graph", True, r"calibration\.plans\.prefill\.cuda_graph: Key"),
     ],
 )
 def test_bad_profile_names_the_key_and_value(path, value, match):
     with pytest.raises(ResourceConfigError, match=match):
         load_profile(with_(path, value))
+
+
+def test_mla_dimensions_are_needed_only_by_mla_plans():
+    plain = with_("plans", {"decode": {"kind": "decode"}})
+    plain["model"] = {"num_qo_heads": 32, "num_kv_heads": 8}
+    assert load_profile(plain).model.head_dim_ckv is None
 
 
 def test_every_problem_is_reported_at_once():
@@ -113,7 +135,30 @@ def test_prefill_shapes_stay_within_the_engines_limits(label):
     assert all(s.batch * s.q_len <= limits.max_num_batched_tokens for s in shapes)
     assert all(s.batch <= limits.max_num_seqs and s.kv_len <= limits.max_model_len for s in shapes)
     assert max(s.q_len for s in shapes) == limits.max_num_batched_tokens
-    assert Shape(1, 1, 1 if label == "prompt" else 131072) in shapes  # the fewest query rows
+    assert Shape(1, 1, 131072) in shapes  # the fewest query rows over the longest context
+
+
+@pytest.mark.parametrize("label", ["mla_decode", "mixed"])
+def test_mla_and_pod_graph_plans_are_one_decode_batch_per_graph_batch_size(label):
+    profile = load_profile(GOOD)
+    assert shapes_for(profile.plans[label], profile, cuda_graph=True) == [
+        Shape(b, 1, 131072, cuda_graph=True) for b in (1, 8, 64)
+    ]
+
+
+def test_eager_pod_plans_decode_batches_without_a_graph_bound():
+    profile = load_profile(GOOD)
+    shapes = shapes_for(profile.plans["mixed"], profile, cuda_graph=False)
+    assert not any(s.cuda_graph for s in shapes) and {s.q_len for s in shapes} == {1}
+    assert Shape(1, 1, 131072) in shapes  # one request over the longest context splits most
+
+
+def test_ragged_prefill_plans_short_chunks_over_long_contexts_too():
+    # A ragged wrapper attends to any KV it is given (a prefix included), so its bound is
+    # paged prefill's: the same bounding tiles.
+    profile = load_profile(GOOD)
+    ragged = shapes_for(profile.plans["prompt"], profile, cuda_graph=False)
+    assert ragged == shapes_for(profile.plans["prefill"], profile, cuda_graph=False)
 
 
 # --- which labels can be calibrated --------------------------------------------------------------
@@ -134,7 +179,8 @@ def records(tree: dict):
                      r"add calibration\.plans\.verify \(for resources\.attn\.d\)", id="missing"),
         pytest.param({"attn": {"p": {"labels": ["prefill"], "cg_slots": [0]}}},
                      r"resources\.attn\.p\.cg_slots=\[0\] puts prefill under CUDA graphs, but "
-                     r"calibration\.plans\.prefill\.kind=paged_prefill", id="graph-prefill"),
+                     r"calibration\.plans\.prefill\.kind=paged_prefill: only decode, mla, "
+                     r"pod plans are calibrated under graphs", id="graph-prefill"),
         pytest.param({"attn": {"d": {"labels": ["decode"]}},
                       "mla": {"d": {"owner": "mla", "labels": ["decode"]}}},
                      r"plans\.decode would plan resources\.attn\.d \(owner attention\), "
