@@ -168,6 +168,12 @@ def table(rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN) -> str:
             )
         )
     lines = [format_table([head, None, *body]), ""]
+    for row in rows:
+        if row.need.refused:
+            lines.append(
+                f"{row.resource.path}/{row.label}: FlashInfer refused {len(row.need.refused)} of "
+                f"its shapes (an engine cannot plan them either), e.g. {row.need.refused[0]}"
+            )
     measured = per_resource(rows)
     lines += [
         f"resources.{m.path}.declared_mb = {declared_mb_for(m.need_bytes, margin)}"

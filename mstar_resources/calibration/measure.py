@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..attn.workspace import Workspace
+from ..errors import ResourceConfigError
 from .profile import CalibrationProfile, PlanKind, PlanProfile
 from .shapes import DECODE_LIKE, Shape
 
@@ -27,6 +28,9 @@ class Need:
     """The shape that needs it (None when no shape needs any)."""
     method: str
     """``workspace_size`` (FlashInfer's own query) or ``growth`` (planned on a growing buffer)."""
+    refused: tuple[str, ...] = ()
+    """Shapes FlashInfer would not plan for a reason of its own, not the workspace (MLA's
+    work-item capacity, say), each with its reason: an engine cannot plan them either."""
 
 
 ASKS_WORKSPACE_SIZE = frozenset({PlanKind.decode, PlanKind.paged_prefill})
@@ -171,13 +175,21 @@ class Planner:
             torch.zeros(0, dtype=torch.uint8, device=self.device), "calibration", floor="none"
         )
         wrapper_for = self.wrappers(plan, workspace.tensor)
-        worst = None
+        worst, refused = None, []
         for shape in shapes:
             before = workspace.tensor.numel()
             args, kwargs = self.plan_args(plan.kind, shape)
-            workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
+            try:
+                workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
+            except ValueError as error:  # FlashInfer refuses the shape itself
+                refused.append(f"{shape}: {error}")
             if workspace.tensor.numel() > before:
                 worst = shape
             if progress is not None:
                 progress.update()
-        return Need(workspace.tensor.numel(), worst, "growth")
+        if len(refused) == len(shapes):
+            raise ResourceConfigError(
+                f"FlashInfer refused every shape of a {plan.kind.value} plan on backend "
+                f"{plan.backend}, so nothing was measured; the first: {refused[0]}"
+            )
+        return Need(workspace.tensor.numel(), worst, "growth", tuple(refused))

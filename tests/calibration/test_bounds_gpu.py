@@ -15,8 +15,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from mstar_resources.calibration.bounds import prefill_bound_bytes
-from mstar_resources.calibration.profile import load_profile
+from mstar_resources.calibration.bounds import mla_bytes, prefill_bound_bytes
+from mstar_resources.calibration.profile import PlanKind, load_profile
 
 from ..conftest import compose_shipped
 
@@ -25,6 +25,15 @@ pytestmark = pytest.mark.gpu
 CONF = Path(__file__).parents[2] / "conf" / "deployment"
 CALIBRATED = sorted(p.stem for p in CONF.glob("*_calibrated.yaml"))
 SAMPLES = 150
+
+
+def _kinds(deployment: str) -> set[PlanKind]:
+    profile = load_profile(compose_shipped([f"deployment={deployment}"]).calibration)
+    return {plan.kind for plan in profile.plans.values()}
+
+
+DENSE = [d for d in CALIBRATED if PlanKind.mla not in _kinds(d)]
+MLA = [d for d in CALIBRATED if PlanKind.mla in _kinds(d)]
 
 
 def _lengths_to_args(q_lens, kv_lens, page, heads, dtypes, prefill):
@@ -51,7 +60,7 @@ def _needs(deployment):
     return profile, recorded
 
 
-@pytest.mark.parametrize("deployment", CALIBRATED)
+@pytest.mark.parametrize("deployment", DENSE)
 def test_no_plan_within_the_limits_needs_more_than_the_recorded_need(deployment):
     import flashinfer
 
@@ -103,3 +112,45 @@ def test_no_plan_within_the_limits_needs_more_than_the_recorded_need(deployment)
     bound = prefill_bound_bytes(*heads, sms)
     assert max(prefill_needs) <= recorded["prefill"] <= bound
     assert max(prefill_needs) == recorded["prefill"]  # the sweep holds a bounding shape
+
+
+@pytest.mark.parametrize("deployment", MLA)
+def test_every_mla_plan_fits_the_calibrated_floor_sealed_and_needs_the_bound(deployment):
+    """MLA plans of every graph batch size and of random mixed batches, decode and prefill, on
+    the calibrated workspaces sealed: none overflows, and each label's recorded need is the
+    bound, which one plan on an empty workspace grows to exactly."""
+    from mstar_resources import build_pools
+    from mstar_resources.calibration.measure import Planner
+    from mstar_resources.calibration.shapes import Shape
+
+    cfg = compose_shipped([f"deployment={deployment}"])
+    profile, recorded = _needs(deployment)
+    limits, model = profile.limits, profile.model
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bound = mla_bytes(model.head_dim_ckv, sms)
+    planner = Planner(profile, torch.device("cuda"))
+    pools = build_pools(cfg.resources, "cuda", env={})
+    rng = random.Random(0)
+    for path, pool in pools.items():
+        pool.reserve()
+        pool.seal()
+        for (label, slot), workspace in pool.workspaces().items():
+            assert recorded[label] == bound, (label, recorded[label], bound)
+            plan = profile.plans[label]
+            if slot is not None:
+                shapes = [Shape(b, 1, kv, cuda_graph=True)
+                          for b in profile.cuda_graph_batch_sizes
+                          for kv in (1, 4096, limits.max_model_len)]  # fmt: skip
+            else:
+                shapes = []
+                for _ in range(SAMPLES // 3):
+                    b = rng.randint(1, 64)
+                    q = rng.choice([1, rng.randint(2, limits.max_num_batched_tokens // b)])
+                    shapes.append(Shape(b, q, rng.randint(q, limits.max_model_len)))
+            wrapper_for = planner.wrappers(plan, workspace.tensor)
+            for shape in shapes:
+                args, kwargs = planner.plan_args(plan.kind, shape)
+                workspace.plan(wrapper_for(shape).plan, *args, **kwargs)  # sealed: no growth
+            assert workspace.stats().times_grown == 0, path
+            fresh = planner.need_by_growth(plan, shapes[:1], None)
+            assert fresh.bytes == bound
