@@ -41,20 +41,25 @@ def calibrated_deployments() -> list[str]:
     return sorted(p.stem for p in folder.glob(f"*{CALIBRATED_SUFFIX}.yaml"))
 
 
-def measure(deployment: str) -> dict[str, float]:
+def measure(deployment: str) -> dict[str, float | None]:
     GlobalHydra.instance().clear()
     with initialize_config_module("mstar_resources.conf", version_base="1.3"):
         cfg = compose("mstar_resources", overrides=[f"deployment={deployment}"])
     records = {r.path: r for r in resolve(cfg.resources, env={})}
     workspaces = sum(r.workspaces for r in records.values())
     need = sum(n.need_bytes * records[n.path].workspaces for n in cfg.calibrated.needs)
-    row = {
+    row: dict[str, float | None] = {
         "workspaces": workspaces,
         "reserved": sum(r.reserved_bytes for r in records.values()) / MIB,
         "need": need / MIB,
     }
     row.update(engine_buffers_mb(load_profile(cfg.calibration)))
     return row
+
+
+def _mb(value: float | None) -> str:
+    """An engine's figure; ``-`` where it plans no FlashInfer workspace for the deployment."""
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def plot(results: dict[str, dict[str, float]], png: Path) -> None:
@@ -66,7 +71,7 @@ def plot(results: dict[str, dict[str, float]], png: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for i, (key, label) in enumerate(zip(series, labels, strict=True)):
         xs = [n + (i - (len(series) - 1) / 2) * width for n in range(len(names))]
-        ax.bar(xs, [results[d][key] for d in names], width, label=label)
+        ax.bar(xs, [results[d][key] or 0 for d in names], width, label=label)
     ax.set_yscale("log")
     ax.set_xticks(range(len(names)), [d.removesuffix(CALIBRATED_SUFFIX) for d in names])
     ax.set_ylabel("float workspace memory (MiB, log scale)")
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{d:<32} {r['workspaces']:>10} {r['need']:>9.2f} {r['reserved']:>12.0f} "
             f"{r['reserved'] / r['need']:>6.2f}"
         )
-        print(line + "".join(f" {r[e]:>16,.0f}" for e in ENGINES))
+        print(line + "".join(f" {_mb(r[e]):>16}" for e in ENGINES))
     if options.png:
         plot(results, options.png)
     return 0

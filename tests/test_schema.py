@@ -80,6 +80,8 @@ def test_every_shipped_deployment_composes_and_resolves(deployment):
 
 def test_the_shipped_deployments_are_the_documented_ones():
     assert DEPLOYMENTS == [
+        "deepseek-v3-tp8-h200",  # MLA
+        "deepseek-v3-tp8-h200_calibrated",
         "llama3-70b-tp8-h200",
         "llama3-70b-tp8-h200_calibrated",  # written on an H200 by mstar-resources-calibrate
         "llama3-8b-h200",

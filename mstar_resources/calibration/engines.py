@@ -6,8 +6,13 @@ graph sizes (they run one after another on a stream):
 - vLLM: ``max(394 MiB, max_num_batched_tokens x query heads per rank x head dim x 16 bytes)``.
   The 394 MiB is ``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE``'s default (``vllm/envs.py``); the
   per-token scaling came with vLLM PR #48428, for deployments whose split-KV partials outgrow it.
+  For MLA models vLLM plans FlashInfer only on SM100 GPUs (its FlashInfer MLA decode backend, and
+  ``vllm/v1/attention/backends/mla/prefill/flashinfer.py``, which asks ``supports_compute_
+  capability`` for major 10); on an H200 it runs MLA without FlashInfer, so it has no figure here.
 - SGLang: ``SGLANG_FLASHINFER_WORKSPACE_SIZE``, 384 MiB by default
-  (``python/sglang/srt/environ.py``; some architectures get 512 MiB), process-global.
+  (``python/sglang/srt/environ.py``; some architectures get 512 MiB), process-global. Its
+  FlashInfer MLA backend (``layers/attention/flashinfer_mla_backend.py``) plans its ragged
+  prefill and every MLA wrapper, graph ones included, on that same buffer.
 - TensorRT-LLM (PyTorch backend): 320 MiB, hard-coded.
 - MLC-LLM / TVM: 768 MiB per KV cache.
 """
@@ -15,7 +20,7 @@ graph sizes (they run one after another on a stream):
 from __future__ import annotations
 
 from .._floor import mb_to_hold
-from .profile import CalibrationProfile
+from .profile import CalibrationProfile, PlanKind
 
 VLLM_MIN_MB = 394
 VLLM_BYTES_PER_TOKEN_HEAD_DIM = 16
@@ -24,16 +29,20 @@ TENSORRT_LLM_MB = 320
 MLC_LLM_MB = 768
 
 
-def vllm_buffer_mb(profile: CalibrationProfile, ranks: int = 1) -> int:
+def vllm_buffer_mb(profile: CalibrationProfile, ranks: int = 1) -> int | None:
     """vLLM's shared float workspace for this deployment on ``ranks`` tensor-parallel ranks
-    (the profile's heads are one GPU's; ``ranks`` splits them further)."""
+    (the profile's heads are one GPU's; ``ranks`` splits them further). None for MLA models,
+    which vLLM runs without FlashInfer on the GPUs calibrated here (SM90)."""
+    if any(plan.kind is PlanKind.mla for plan in profile.plans.values()):
+        return None
     model = profile.model
     per_token = (model.num_qo_heads // ranks) * model.head_dim * VLLM_BYTES_PER_TOKEN_HEAD_DIM
     return max(VLLM_MIN_MB, mb_to_hold(profile.limits.max_num_batched_tokens * per_token))
 
 
-def engine_buffers_mb(profile: CalibrationProfile) -> dict[str, int]:
-    """Each engine's one shared buffer for this deployment, in MB."""
+def engine_buffers_mb(profile: CalibrationProfile) -> dict[str, int | None]:
+    """Each engine's one shared buffer for this deployment, in MB (None: it uses no FlashInfer
+    workspace for it)."""
     return {
         "vLLM": vllm_buffer_mb(profile),
         "SGLang": SGLANG_MB,

@@ -19,7 +19,7 @@ import gc
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig
 
@@ -135,7 +135,8 @@ def _replay(
     trace = synthetic_trace(cfg.requests, cfg.seed, limits.max_model_len, cfg.vocab_size)
     shape = Shape.of(profile, cfg.layers, cfg.vocab_size, ranks)
     model = Model(shape, device, cfg.seed, rank, ranks)
-    fixed_mb = cfg.fixed_buffer_mb or vllm_buffer_mb(profile, ranks)
+    # check() admits paged prefill and decode plans only, for which vLLM has a figure.
+    fixed_mb = cfg.fixed_buffer_mb or cast(int, vllm_buffer_mb(profile, ranks))
 
     # Each setup's KV cache is sized from the free memory measured once, now, less that setup's
     # workspaces (reserved before the KV cache is sized): measuring again after the first setup

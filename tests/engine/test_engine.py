@@ -77,6 +77,8 @@ def test_a_misspelled_deployment_lists_the_engine_s_and_the_shipped_ones():
     with pytest.raises(MissingConfigException) as raised:
         compose_engine(["deployment=lab-a10"])
     assert list(raised.value.options or []) == [
+        "deepseek-v3-tp8-h200",
+        "deepseek-v3-tp8-h200_calibrated",
         "lab-a100",
         "llama3-70b-tp8-h200",
         "llama3-70b-tp8-h200_calibrated",
