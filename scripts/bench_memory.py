@@ -71,7 +71,11 @@ def plot(results: dict[str, dict[str, float]], png: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for i, (key, label) in enumerate(zip(series, labels, strict=True)):
         xs = [n + (i - (len(series) - 1) / 2) * width for n in range(len(names))]
-        ax.bar(xs, [results[d][key] or 0 for d in names], width, label=label)
+        values = [results[d][key] for d in names]
+        ax.bar(xs, [v or 0 for v in values], width, label=label)
+        for x, v in zip(xs, values, strict=True):
+            if v is None:  # this engine plans no FlashInfer workspace for the deployment
+                ax.text(x, 25, "n/a", ha="center", va="bottom", rotation=90, fontsize=8)
     ax.set_yscale("log")
     ax.set_xticks(range(len(names)), [d.removesuffix(CALIBRATED_SUFFIX) for d in names])
     ax.set_ylabel("float workspace memory (MiB, log scale)")

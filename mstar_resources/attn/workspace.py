@@ -177,7 +177,8 @@ class Workspace:
                 self._grow(overflow, have, error)
                 growths, last = growths + 1, overflow
             else:
-                _refresh_recorded_size(plan, self.tensor)
+                if self.tensor.numel() != self._floor_bytes:  # grown, here or by another plan
+                    _refresh_recorded_size(plan, self.tensor)
                 return planned
 
     def seal(self) -> None:
@@ -291,12 +292,14 @@ def _refresh_recorded_size(plan: Callable[..., Any], tensor: torch.Tensor) -> No
     figure would understate the buffer, so it is brought up to date after each plan on this
     workspace's tensor. Wrappers without the attribute are left alone.
     """
-    wrapper = getattr(plan, "__self__", None)
-    recorded = getattr(wrapper, "_workspace_size", None)
-    if is_int(recorded) and getattr(wrapper, "_float_workspace_buffer", None) is tensor:
+    # Looked up in the wrapper's __dict__: a getattr that misses raises inside, which costs more
+    # than the rest of Workspace.plan together.
+    attributes = getattr(getattr(plan, "__self__", None), "__dict__", None) or {}
+    recorded = attributes.get("_workspace_size")
+    if is_int(recorded) and attributes.get("_float_workspace_buffer") is tensor:
         now = tensor.numel()
         if recorded != now:
-            wrapper._workspace_size = now  # type: ignore[union-attr]
+            attributes["_workspace_size"] = now
 
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any) -> int | None:
