@@ -192,3 +192,21 @@ def test_labels_that_cannot_be_calibrated_as_they_run_are_refused(tree, match):
 
     with pytest.raises(ResourceConfigError, match=match):
         check_labels(records(tree), load_profile(GOOD))
+
+
+def test_fa3_is_refused_on_a_gpu_that_is_not_sm90(monkeypatch):
+    import torch
+
+    from mstar_resources.calibration.calibrate import check_backends
+
+    profile = load_profile(with_("plans.prefill.backend", "fa3"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
+    with pytest.raises(
+        ResourceConfigError,
+        match=r"cannot calibrate on cuda:0 \(NVIDIA A100, SM80\): "
+        r"calibration\.plans\.prefill\.backend=fa3 needs an SM90 GPU",
+    ):
+        check_backends(profile, torch.device("cuda:0"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    check_backends(profile, torch.device("cuda:0"))  # an H100 or H200 runs it
