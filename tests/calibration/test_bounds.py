@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from mstar_resources.calibration.bounds import decode_bytes, prefill_bound_bytes, prefill_bytes
+from mstar_resources.calibration.bounds import (
+    decode_bytes,
+    mla_bytes,
+    prefill_bound_bytes,
+    prefill_bytes,
+)
 
 H200_SMS = 132
 DECODE_GRID = 9 * H200_SMS  # blocks per SM from the decode kernel's occupancy, times SMs
@@ -46,3 +51,14 @@ def test_the_prefill_bound_scales_with_the_sms_and_the_head_dim():
     # An H100 PCIe's 114 SMs: 228 blocks, 28 work items of 8 KV heads (8 does not divide 228).
     assert prefill_bound_bytes(32, 8, 128, 114) == 516 * 8 * (228 // 8) * 128
     assert prefill_bound_bytes(32, 8, 64, H200_SMS) == 260 * 264 * 128
+
+
+def test_mla_bytes_are_what_flashinfer_measured():
+    # An MLA plan grown from 64 KiB on an H200 (compressed KV 512), on fa2, fa3 and auto alike.
+    assert mla_bytes(512, H200_SMS) == 17_369_088
+
+
+def test_an_odd_sm_count_needs_the_one_block_clusters_rows():
+    # Clusters of two leave an SM idle: the one-block cluster's 2 x 133 x 64 rows are the most.
+    rows = 2 * 133 * 64
+    assert mla_bytes(512, 133) == rows * 2 * 512 + rows * 4
