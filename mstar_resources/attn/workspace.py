@@ -145,7 +145,9 @@ class Workspace:
         """``plan(*args, **kwargs)``. One that runs short of room grows this workspace to the bytes
         it had taken plus the allocation that failed, and runs again.
 
-        Any other error, an int-workspace overflow included, reaches the caller unchanged.
+        MLA's check of the whole buffer before it plans (FlashInfer 0.7.4) counts as running
+        short too, and grows the workspace to what it asked for. Any other error, an
+        int-workspace overflow included, reaches the caller unchanged.
         """
         growths, last = 0, None
         while True:
@@ -289,8 +291,8 @@ def _refresh_recorded_size(plan: Callable[..., Any], tensor: torch.Tensor) -> No
     (``_workspace_size``; the decode wrapper reads it again at every plan), and hands that figure
     to its run, where the ``trtllm-gen`` backend bounds its scratch by it (``fa2`` and ``fa3``
     read the tensor itself). After this workspace grew, possibly through another wrapper, the
-    figure would understate the buffer, so it is brought up to date after each plan on this
-    workspace's tensor. Wrappers without the attribute are left alone.
+    figure would understate the buffer, so once the workspace has grown it is brought up to date
+    after each plan on this workspace's tensor. Wrappers without the attribute are left alone.
     """
     # Looked up in the wrapper's __dict__: a getattr that misses raises inside, which costs more
     # than the rest of Workspace.plan together.
