@@ -52,7 +52,7 @@ class Overflow:
     alignment: int
     available: int | None
     """Bytes left in the buffer when it failed; FlashInfer before 0.2.9 did not say."""
-    whole: bool = False
+    whole_buffer: bool = False
     """``size`` is what the whole buffer must hold (MLA's check before it plans), not one
     allocation after those already taken."""
 
@@ -62,7 +62,7 @@ class Overflow:
         Without ``available`` the bytes already taken are unknown, and the whole buffer is the
         bound on them.
         """
-        if self.whole:
+        if self.whole_buffer:
             return self.size
         taken = buffer_bytes if self.available is None else buffer_bytes - self.available
         return _round_up(taken, self.alignment) + self.size
@@ -77,7 +77,7 @@ def parse_float_overflow(error: BaseException) -> Overflow | None:
     text = str(error)
     asked = [int(m["size"]) for m in _MLA_PREFLIGHT.finditer(text)]
     if asked:
-        return Overflow(MLA_PARTIALS, max(asked), 1, None, whole=True)
+        return Overflow(MLA_PARTIALS, max(asked), 1, None, whole_buffer=True)
     match = _OVERFLOW.search(text)
     if match is None:
         return None

@@ -209,13 +209,13 @@ class Workspace:
         need = overflow.bytes_needed(have)
         failed = (
             f"{overflow.allocation} asked for {overflow.size:,} bytes in all"
-            if overflow.whole
+            if overflow.whole_buffer
             else f"{overflow.allocation} asked for {overflow.size:,} bytes, alignment "
             f"{overflow.alignment}, with {have - (overflow.available or 0):,} taken"
         )
         if whole is not None and whole >= need:
             asked, caveat = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})", ""
-        elif overflow.whole:
+        elif overflow.whole_buffer:
             whole, asked, caveat = need, f"{need:,} ({failed})", ""
         else:
             whole = need

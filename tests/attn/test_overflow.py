@@ -96,7 +96,7 @@ def test_reads_float_allocations_from_todays_text(allocation):
 
 def test_reads_mlas_check_before_it_plans_as_a_need_for_the_whole_buffer():
     overflow = parse_float_overflow(ValueError(mla_preflight_message("fa2", 17_369_088)))
-    assert overflow == Overflow(MLA_PARTIALS, 17_369_088, 1, None, whole=True)
+    assert overflow == Overflow(MLA_PARTIALS, 17_369_088, 1, None, whole_buffer=True)
     assert overflow.bytes_needed(65_536) == 17_369_088  # whatever the buffer holds now
 
 

@@ -98,20 +98,20 @@ def test_measured_bytes_equal_flashinfers_workspace_size_and_planned_growth(cali
 
 # Shapes calibration did not plan: between its batch sizes, contexts and query lengths. The
 # calibrated floors (need + margin) must hold them too.
+GRAPH = [Shape(b, 1, 8192, cuda_graph=True) for b in (3, 24, 48)]
+EAGER_DECODE = [Shape(b, 1, kv) for b in (3, 24, 48) for kv in (3000, 6000)]
+PREFILL = [Shape(b, q, kv) for b in (1, 3, 12) for q in (3, 24) for kv in (3000, 8000)]
+RAGGED = [Shape(b, q, q) for b in (1, 3, 12) for q in (24, 40)] + PREFILL
 BETWEEN = {
-    "decode": [Shape(b, 1, 8192, cuda_graph=True) for b in (3, 24, 48)],
-    "eager_decode": [Shape(b, 1, kv) for b in (3, 24, 48) for kv in (3000, 6000)],
-    "prefill": [Shape(b, q, kv) for b in (1, 3, 12) for q in (3, 24) for kv in (3000, 8000)],
-    "prompt": [Shape(b, q, q) for b in (1, 3, 12) for q in (24, 40)],
-    "pod": [Shape(b, 1, 8192, cuda_graph=True) for b in (3, 24, 48)],
-    "eager_pod": [Shape(b, 1, kv) for b in (3, 24, 48) for kv in (3000, 6000)],
-    "mla_decode": [Shape(b, 1, 8192, cuda_graph=True) for b in (3, 24, 48)],
-    "mla_prefill": [Shape(b, q, kv) for b in (1, 3, 12) for q in (3, 24) for kv in (3000, 8000)],
+    "decode": GRAPH,
+    "eager_decode": EAGER_DECODE,
+    "pod": GRAPH,
+    "eager_pod": EAGER_DECODE,
+    "mla_decode": GRAPH,
+    "mla_prefill": PREFILL,
+    **dict.fromkeys(["prefill", "prefill_fa3", "prefill_auto"], PREFILL),
+    **dict.fromkeys(["prompt", "prompt_fa3", "prompt_auto"], RAGGED),
 }
-for _label in ("prefill_fa3", "prefill_auto"):
-    BETWEEN[_label] = BETWEEN["prefill"]
-for _label in ("prompt_fa3", "prompt_auto"):
-    BETWEEN[_label] = BETWEEN["prompt"] + BETWEEN["prefill"]
 
 
 def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):

@@ -9,7 +9,7 @@ from mstar_resources.calibration.profile import PlanKind, load_profile
 from mstar_resources.calibration.shapes import Shape, shapes_for
 
 GOOD = {
-    "model": {"num_qo_heads": 32, "num_kv_heads": 8},
+    "model": {"num_qo_heads": 32, "num_kv_heads": 8, "head_dim_ckv": 512, "head_dim_kpe": 64},
     "limits": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_model_len": 131072},
     "cuda_graph_batch_sizes": [1, 8, 64],
     "plans": {
@@ -20,7 +20,6 @@ GOOD = {
         "mixed": {"kind": "pod"},
     },
 }
-GOOD["model"] |= {"head_dim_ckv": 512, "head_dim_kpe": 64}
 
 
 def with_(path: str, value: object) -> dict:
