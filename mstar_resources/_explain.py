@@ -24,7 +24,7 @@ from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, Strin
 
 from .errors import did_you_mean
 
-__all__ = ["explain"]
+__all__ = ["explain", "not_a_choice"]
 
 _NODE_EXPECTS: list[tuple[type, str]] = [
     (BooleanNode, "true or false"),
@@ -52,6 +52,11 @@ def explain(error: BaseException) -> str:
 
 def _missing_option(missing: str, options: list[str]) -> str:
     group, name = posixpath.split(missing)
+    return not_a_choice(group, name, options)
+
+
+def not_a_choice(group: str, name: str, options: list[str]) -> str:
+    """``group=name`` picks no option of config group ``group``: the closest, and all of them."""
     return (
         f"{group}={name} is not a {group}{did_you_mean(name, options)}; "
         f"pick one of {', '.join(options)}"

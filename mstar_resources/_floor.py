@@ -18,6 +18,10 @@ ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 DEFAULT_MB = 512
 """The floor when neither a resource nor the environment sets one."""
 
+MAX_MB = 1 << 20
+"""The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a
+typo (and would overflow the float that a report divides it by)."""
+
 FloorSource = Literal["declared", "env", "default"]
 
 
@@ -50,6 +54,17 @@ def is_positive_int(value: object) -> bool:
     return is_int(value) and value > 0
 
 
+def mb_problem(setting: str, value: object) -> str | None:
+    """What is wrong with ``value`` as a floor in MB for ``setting``, or None if it is usable."""
+    if is_positive_int(value) and value <= MAX_MB:
+        return None
+    return (
+        f"{setting}={value!r} is not a positive whole number of MB; declare the workspace's floor "
+        f"in MB, at most {MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {setting}=256), or "
+        f"leave it unset for {ENV_VAR} or the default of {DEFAULT_MB}"
+    )
+
+
 def resolve_floor(
     declared_mb: int | None = None,
     env: Mapping[str, str] | None = None,
@@ -60,20 +75,20 @@ def resolve_floor(
     ``declared_setting`` names the setting that declared it, for messages and provenance.
     """
     if declared_mb is not None:
-        if not is_positive_int(declared_mb):
-            raise ResourceConfigError(
-                f"{declared_setting}={declared_mb!r} is not a positive whole number of MB; "
-                f"declare the workspace's floor in MB (e.g. {declared_setting}=256), "
-                "or leave it unset to use the environment or the default"
-            )
+        problem = mb_problem(declared_setting, declared_mb)
+        if problem is not None:
+            raise ResourceConfigError(problem)
         return Floor(declared_mb, "declared", declared_setting)
     raw = (os.environ if env is None else env).get(ENV_VAR, "")
     if raw.strip() == "":
         return Floor(DEFAULT_MB, "default", ENV_VAR)
     text = raw.strip()
-    if not (text.isascii() and text.isdigit()) or int(text) == 0:
+    # Digits only, and few enough that int() stays cheap: a longer number is out of range anyway.
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
+    if value is None or not 0 < value <= MAX_MB:
         raise ResourceConfigError(
-            f"{ENV_VAR}={raw!r} is not a positive whole number of MB; "
-            f"set it to one (e.g. {ENV_VAR}=256) or unset it for the default of {DEFAULT_MB}"
+            f"{ENV_VAR}={raw!r} is not a positive whole number of MB; set it to one, at most "
+            f"{MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {ENV_VAR}=256), or unset it for "
+            f"the default of {DEFAULT_MB}"
         )
-    return Floor(int(text), "env", ENV_VAR)
+    return Floor(value, "env", ENV_VAR)

@@ -95,7 +95,7 @@ def _table(records: list[ResolvedResource], report: dict[str, Any]) -> str:
 
 
 def _mb(nbytes: int) -> str:
-    return f"{nbytes / MIB:,.0f}" if nbytes % MIB == 0 else f"{nbytes / MIB:,.2f}"
+    return f"{nbytes // MIB:,}" if nbytes % MIB == 0 else f"{nbytes / MIB:,.2f}"
 
 
 if __name__ == "__main__":

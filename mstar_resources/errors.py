@@ -1,5 +1,9 @@
 """The exceptions this library raises: each names the setting to change and the value to give it.
 
+Each carries its figures as fields (as Hydra's ``MissingConfigException.options`` does), so an
+engine reacts to what happened, never to the wording; the text says the same for a person. Every
+one pickles with its fields, so a worker process can hand it to its parent whole.
+
 Torch-free, so that composing and checking a config imports no torch. The one error that is also a
 torch error, ``WorkspaceGrowthError``, lives beside the workspaces that raise it.
 """
@@ -7,7 +11,8 @@ torch error, ``WorkspaceGrowthError``, lives beside the workspaces that raise it
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = [
     "ResourceConfigError",
@@ -17,36 +22,119 @@ __all__ = [
     "WorkspaceSealedError",
 ]
 
+WorkspaceKey = tuple[str, "int | None"]
+"""A workspace's place in its pool: (plan label, CUDA-graph slot or None for eager)."""
+
 
 class ResourceError(Exception):
     """Base of every error raised by mstar-resources."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default rebuilds an exception from its args alone, which would lose the keyword-only
+        # fields of the subclasses below.
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuild(cls: type[ResourceError], args: tuple[Any, ...], fields: dict[str, Any]) -> Any:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
+
 
 class ResourceConfigError(ResourceError, ValueError):
-    """A setting (config key, argument or environment variable) holds an unusable value."""
+    """A setting (config key, argument or environment variable) holds an unusable value.
 
-    @classmethod
-    def listing(cls, problems: list[str], where: str) -> ResourceConfigError:
-        """One error for every problem found in ``where`` (e.g. ``the resources config``): the
-        problem itself if there is one, else a count and one line each."""
+    ``problems`` holds one sentence per problem found, in the order found, each naming its
+    setting and value; ``where`` is what was checked (e.g. ``the resources config``). The text is
+    the problem itself when there is one, else a count and one line each.
+    """
+
+    problems: tuple[str, ...]
+    where: str
+
+    def __init__(self, *problems: str, where: str = "the config") -> None:
+        if not problems:
+            raise TypeError("ResourceConfigError needs at least one problem")
+        self.problems = problems
+        self.where = where
         if len(problems) == 1:
-            return cls(problems[0])
-        lines = "\n".join(f"  - {problem}" for problem in problems)
-        return cls(f"{len(problems)} problems in {where}:\n{lines}")
+            text = problems[0]
+        else:
+            lines = "\n".join(f"  - {problem}" for problem in problems)
+            text = f"{len(problems)} problems in {where}:\n{lines}"
+        super().__init__(text)
 
 
 class WorkspaceSealedError(ResourceError):
-    """A plan needs more room than a sealed workspace has; a sealed workspace never moves."""
+    """A plan needs more room than a sealed workspace has; a sealed workspace never moves.
+
+    Fields: ``workspace`` (its name), ``held_bytes`` (what it holds), ``needed_bytes`` (what the
+    plan needs, as far as FlashInfer said), ``setting`` (the one that sizes its floor) and
+    ``suggested_mb`` (the value of ``setting`` that holds ``needed_bytes``).
+    """
+
+    workspace: str
+    held_bytes: int
+    needed_bytes: int
+    setting: str
+    suggested_mb: int
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        workspace: str,
+        held_bytes: int,
+        needed_bytes: int,
+        setting: str,
+        suggested_mb: int,
+    ) -> None:
+        super().__init__(message)
+        self.workspace = workspace
+        self.held_bytes = held_bytes
+        self.needed_bytes = needed_bytes
+        self.setting = setting
+        self.suggested_mb = suggested_mb
 
 
 class WorkspaceAgreementError(ResourceError):
     """The ranks of a group could not agree on a pool at a group seal (they hold different pools,
-    or another rank could not grow); raised on every rank, and no rank sealed the pool."""
+    or another rank could not grow); raised on every rank, and no rank sealed the pool.
+
+    Fields: ``ranks`` (the ranks concerned: every rank when the pools differ, else those that
+    failed), ``reasons`` (by each of those ranks: the pool it seals, or how it failed) and
+    ``held`` (by every rank of the group: the bytes of each workspace it held, by key).
+    """
+
+    ranks: tuple[int, ...]
+    reasons: dict[int, str]
+    held: dict[int, dict[WorkspaceKey, int]]
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reasons: Mapping[int, str],
+        held: Mapping[int, Mapping[WorkspaceKey, int]],
+    ) -> None:
+        super().__init__(message)
+        self.ranks = tuple(sorted(reasons))
+        self.reasons = dict(reasons)
+        self.held = {rank: dict(sizes) for rank, sizes in held.items()}
 
 
 class WorkspacePlanError(ResourceError):
     """A plan that growing cannot satisfy: its planner does not plan on the workspace's tensor, or
-    keeps asking for more."""
+    keeps asking for more. Fields: ``workspace`` (its name) and ``held_bytes``."""
+
+    workspace: str
+    held_bytes: int
+
+    def __init__(self, message: str, *, workspace: str, held_bytes: int) -> None:
+        super().__init__(message)
+        self.workspace = workspace
+        self.held_bytes = held_bytes
 
 
 def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:

@@ -105,9 +105,9 @@ def resolve(
         try:
             resolve_floor(None, env)
         except ResourceConfigError as error:
-            problems.append(str(error))
+            problems.extend(error.problems)
     if problems:
-        raise ResourceConfigError.listing(problems, "the resources config")
+        raise ResourceConfigError(*problems, where="the resources config")
     records = []
     for path, resource in declared:
         floor = resolve_floor(resource.declared_mb, env, f"{ROOT}.{path}.declared_mb")
@@ -290,7 +290,7 @@ def _checked(make: Callable[[], Resource], key: str, problems: list[str]) -> Res
     try:
         return make()
     except ResourceConfigError as error:
-        problems.extend(f"{key}.{line}" for line in str(error).splitlines())
+        problems.extend(f"{key}.{problem}" for problem in error.problems)
         return None
 
 

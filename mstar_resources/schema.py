@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from ._floor import is_positive_int
+from ._floor import MAX_MB, mb_problem
 from .errors import ResourceConfigError
 
 __all__ = ["Resource"]
@@ -25,7 +25,7 @@ class Resource:
     Default ``attention``."""
 
     declared_mb: int | None = field(
-        default=None, metadata={"expects": "a whole number of MB above 0, or null"}
+        default=None, metadata={"expects": f"a whole number of MB from 1 to {MAX_MB:,}, or null"}
     )
     """The floor of each workspace, in MB (2**20 bytes). Default null: ``MSTAR_WORKSPACE_BUFFER_MB``
     if set, else 512. Higher reserves more memory up front; lower lets plans grow it at run time."""
@@ -50,12 +50,10 @@ class Resource:
                 f"owner={self.owner!r} is empty; name who the resource belongs to "
                 "(e.g. owner=attention)"
             )
-        if self.declared_mb is not None and not is_positive_int(self.declared_mb):
-            problems.append(
-                f"declared_mb={self.declared_mb!r} is not a positive whole number of MB; declare "
-                "the floor in MB (e.g. declared_mb=256), or null for MSTAR_WORKSPACE_BUFFER_MB "
-                "or the default of 512"
-            )
+        if self.declared_mb is not None and (
+            problem := mb_problem("declared_mb", self.declared_mb)
+        ):
+            problems.append(problem)
         labels, slots = list(self.labels), list(self.cg_slots)
         if not labels:
             problems.append(
@@ -74,7 +72,7 @@ class Resource:
         if repeated := _repeated(slots):
             problems.append(f"cg_slots={slots!r} repeats {repeated}; list each slot once")
         if problems:
-            raise ResourceConfigError("\n".join(problems))
+            raise ResourceConfigError(*problems, where="the resource")
 
 
 def _repeated(items: list) -> list:

@@ -99,16 +99,32 @@ DEPLOYMENTS = (
 # (arguments, environment, what stderr must say): this project's key, value and fix.
 BAD_INPUT = [
     pytest.param([f"{D}=lots"], {},
-                 rf"{D}='lots' is not valid; {D} takes a whole number of MB above 0, or null",
+                 rf"{D}='lots' is not valid; {D} takes a whole number of MB from 1 to 1,048,576, or null",
                  id="wrong-type"),
     pytest.param(["resources.attn.decode.cg_slots=[a]"], {},
                  r"resources\.attn\.decode\.cg_slots\[0\]='a' is not valid; "
                  r"resources\.attn\.decode\.cg_slots takes a list of slot numbers",
                  id="slot-wrong-type"),
     pytest.param([f"{D}=0"], {},
-                 rf"{D}=0 is not a positive whole number of MB; "
-                 r"declare the floor in MB \(e\.g\. declared_mb=256\)",
+                 rf"{D}=0 is not a positive whole number of MB; declare the workspace's floor in "
+                 r"MB, at most 1,048,576 \(1 TiB, more than any GPU holds; e\.g\. declared_mb=256\)",
                  id="declared-zero"),
+    pytest.param([f"{D}={10**20}"], {},
+                 rf"{D}={10**20} is not a positive whole number of MB; .*at most 1,048,576",
+                 id="declared-beyond-any-gpu"),
+    pytest.param([f"{D}={'9' * 320}"], {}, rf"{D}=9{{320}} is not a positive whole number of MB",
+                 id="declared-320-digits"),
+    pytest.param(["deployment=null"], {}, r"deployment=null is not a deployment; pick one of "
+                 r"deepseek-v3-tp8-h200, .*llama3-8b-h200_calibrated, none", id="deployment-null"),
+    pytest.param(["deployment=5"], {}, r"deployment=5 is not a deployment; pick one of ",
+                 id="deployment-number"),
+    pytest.param(["resources=null"], {}, r"resources=null is not a resources; pick one of default",
+                 id="tree-null"),
+    pytest.param(["resources=5"], {}, r"resources=5 is not a resources; pick one of default",
+                 id="tree-number"),
+    pytest.param([f"resources.attn.{'x' * 300}=1"], {},
+                 rf"resources\.attn\.x{{65}}\.\.\. \(315 characters\) is not a setting",
+                 id="key-300-characters"),
     pytest.param(["resources.attn.prefill.labels=[]"], {},
                  r"resources\.attn\.prefill\.labels=\[\] is empty; list the plan labels",
                  id="labels-empty"),
@@ -128,8 +144,12 @@ BAD_INPUT = [
                  r"resources\.attn\.decode\._target_='os\.getcwd' is not allowed", id="target"),
     pytest.param([], {VAR: "half"},
                  r"MSTAR_WORKSPACE_BUFFER_MB='half' is not a positive whole number of MB; set "
-                 r"it to one \(e\.g\. MSTAR_WORKSPACE_BUFFER_MB=256\)",
+                 r"it to one, at most 1,048,576 \(1 TiB, more than any GPU holds; e\.g\. "
+                 r"MSTAR_WORKSPACE_BUFFER_MB=256\)",
                  id="bad-variable"),
+    pytest.param([], {VAR: str(10**20)},
+                 rf"MSTAR_WORKSPACE_BUFFER_MB='{10**20}' is not a positive whole number of MB",
+                 id="variable-beyond-any-gpu"),
     pytest.param(["deployment=llama3-8b-h100"], {},
                  r"deployment=llama3-8b-h100 is not a deployment \(did you mean "
                  rf"llama3-8b-h200\?\); pick one of {DEPLOYMENTS}, llama3-8b-h200_calibrated, none",

@@ -98,7 +98,7 @@ BAD_TREES = [
     pytest.param(
         {"d": {"labels": ["x"], "declared_mb": "big"}}, {},
         [r"resources\.d\.declared_mb='big' has the wrong type; set it to a whole number of MB "
-         r"above 0, or null"],
+         r"from 1 to 1,048,576, or null"],
         id="declared-wrong-type",
     ),
     pytest.param(

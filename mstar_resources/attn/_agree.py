@@ -42,14 +42,17 @@ def agree(pool: WorkspacePool, group: ProcessGroup) -> None:
     gathered: list[tuple[int, tuple, dict[Key, int]] | None] = [None] * ranks
     dist.all_gather_object(gathered, (rank, pool.identity, held), group=group)
     everyone = [entry for entry in gathered if entry is not None]
+    every_held = {r: sizes for r, _, sizes in everyone}
     if len({identity for _, identity, _ in everyone}) > 1:
-        pools = "; ".join(
-            f"rank {r}: {_describe(identity)} serving {_served(identity)}"
-            for r, identity, _ in everyone
-        )
+        pools = {
+            r: f"{_describe(identity)} serving {_served(identity)}" for r, identity, _ in everyone
+        }
+        listed = "; ".join(f"rank {r}: {described}" for r, described in pools.items())
         raise WorkspaceAgreementError(
-            f"the ranks of the group are sealing different pools ({pools}); every rank must "
-            "seal the same pools, in the same order"
+            f"the ranks of the group are sealing different pools ({listed}); every rank must "
+            "seal the same pools, in the same order",
+            reasons=pools,
+            held=every_held,
         )
     agreed: dict[Key, int] = {}
     for _, _, sizes in everyone:
@@ -69,11 +72,13 @@ def agree(pool: WorkspacePool, group: ProcessGroup) -> None:
     dist.all_gather_object(outcomes, (rank, report), group=group)
     if failure is not None:
         raise failure
-    failed = [entry for entry in outcomes if entry is not None and entry[1] is not None]
+    failed = {r: message for r, message in filter(None, outcomes) if message is not None}
     if failed:
-        told = "; ".join(f"rank {r} failed: {message}" for r, message in failed)
+        told = "; ".join(f"rank {r} failed: {message}" for r, message in failed.items())
         raise WorkspaceAgreementError(
-            f"{_describe(pool.identity)} was not sealed on any rank of the group: {told}"
+            f"{_describe(pool.identity)} was not sealed on any rank of the group: {told}",
+            reasons=failed,
+            held=every_held,
         )
     logger.info(
         "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",

@@ -40,8 +40,39 @@ MAX_GROWTHS_PER_PLAN = 16
 class WorkspaceGrowthError(ResourceError, torch.OutOfMemoryError):
     """A workspace could not get the memory it needed; it keeps its old buffer, intact and usable.
 
+    Raised only when the allocator ran out of memory (``torch.OutOfMemoryError``, or the CPU
+    allocator's failure to allocate): any other error while growing reaches the caller unchanged.
     Also a ``torch.OutOfMemoryError``, so an engine's out-of-memory handling still catches it.
+    Fields: ``workspace`` (its name, or the pool's name for the workspace it could not make),
+    ``held_bytes`` (what it keeps), ``needed_bytes`` (what it asked for) and ``setting`` (the one
+    that sizes its floor: reserving up front, or lowering it, is the fix).
     """
+
+    workspace: str
+    held_bytes: int
+    needed_bytes: int
+    setting: str
+
+    def __init__(
+        self, message: str, *, workspace: str, held_bytes: int, needed_bytes: int, setting: str
+    ) -> None:
+        super().__init__(message)
+        self.workspace = workspace
+        self.held_bytes = held_bytes
+        self.needed_bytes = needed_bytes
+        self.setting = setting
+
+
+_CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
+"""How torch's CPU allocator says it ran out (``c10/core/impl/alloc_cpu.cpp``): a plain
+``RuntimeError``, where a GPU raises ``torch.OutOfMemoryError``."""
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocator running out of memory, and nothing else."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error)
 
 
 @dataclass(frozen=True)
@@ -126,10 +157,10 @@ class Workspace:
                 f"workspace {name!r}: tensor starts at {tensor.data_ptr():#x}, which FlashInfer "
                 f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
             )
-        self.tensor = tensor
-        self.name = name
-        self.sealed = sealed
-        self.floor = floor
+        self._tensor = tensor
+        self._name = name
+        self._sealed = sealed
+        self._floor = floor
         # Serialises growth against seal(), so a workspace sealed mid-plan never moves.
         self._lock = threading.Lock()
         self._floor_bytes = tensor.numel()
@@ -137,9 +168,29 @@ class Workspace:
         self._largest_growth: tuple[int, str | None] = (0, None)  # (bytes added, allocation)
         self._grown_to_agree = 0  # bytes added to match other ranks at a group seal
 
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The buffer wrappers are built on: the same object for the workspace's whole life."""
+        return self._tensor
+
+    @property
+    def name(self) -> str:
+        """How errors and logs refer to this workspace, e.g. ``attention:decode:cg0``."""
+        return self._name
+
+    @property
+    def sealed(self) -> bool:
+        """Whether its buffer keeps its address from now on (see :meth:`seal`)."""
+        return self._sealed
+
+    @property
+    def floor(self) -> str:
+        """The setting that sizes this workspace's floor, which errors name as the one to raise."""
+        return self._floor
+
     def __repr__(self) -> str:
-        state = "sealed" if self.sealed else "growable"
-        return f"Workspace({self.name!r}, {self.tensor.numel()} bytes, {state})"
+        state = "sealed" if self._sealed else "growable"
+        return f"Workspace({self._name!r}, {self._tensor.numel()} bytes, {state})"
 
     def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``plan(*args, **kwargs)``. One that runs short of room grows this workspace to the bytes
@@ -151,7 +202,7 @@ class Workspace:
         """
         growths, last = 0, None
         while True:
-            have = self.tensor.numel()  # what the plan sees, whatever another thread does
+            have = self._tensor.numel()  # what the plan sees, whatever another thread does
             try:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
@@ -159,53 +210,57 @@ class Workspace:
                 # An allocator with more room than this buffer holds was not allocating from it.
                 if overflow is None or (overflow.available or 0) > have:
                     raise
-                if self.sealed:
+                if self._sealed:
                     whole = _whole_plan_need(plan, args, kwargs)
                     raise self._sealed_error(overflow, whole) from error
                 if overflow == last:
                     raise WorkspacePlanError(
-                        f"workspace {self.name!r} grew to {have:,} bytes, yet the plan reports "
+                        f"workspace {self._name!r} grew to {have:,} bytes, yet the plan reports "
                         f"the same overflow again ({overflow.allocation}, {overflow.size:,} "
                         "bytes): it does not plan on this workspace's tensor; build the wrapper "
-                        "on workspace.tensor"
+                        "on workspace.tensor",
+                        workspace=self._name,
+                        held_bytes=have,
                     ) from error
                 if growths == MAX_GROWTHS_PER_PLAN:
                     raise WorkspacePlanError(
-                        f"workspace {self.name!r}: the plan still overflows after "
+                        f"workspace {self._name!r}: the plan still overflows after "
                         f"{MAX_GROWTHS_PER_PLAN} growths (now {have:,} bytes, "
                         f"{overflow.allocation} asked for {overflow.size:,} more); "
-                        "the planner does not converge"
+                        "the planner does not converge",
+                        workspace=self._name,
+                        held_bytes=have,
                     ) from error
                 self._grow(overflow, have, error)
                 growths, last = growths + 1, overflow
             else:
-                if self.tensor.numel() != self._floor_bytes:  # grown, here or by another plan
-                    _refresh_recorded_size(plan, self.tensor)
+                if self._tensor.numel() != self._floor_bytes:  # grown, here or by another plan
+                    _refresh_recorded_size(plan, self._tensor)
                 return planned
 
     def seal(self) -> None:
         """Keep this buffer's address from now on: graphs are about to be captured over it."""
         with self._lock:
-            self.sealed = True
+            self._sealed = True
 
     def stats(self) -> WorkspaceStats:
         """A snapshot of this workspace: bytes now, floor, growth history, sealed or not."""
         with self._lock:
             added, allocation = self._largest_growth
             return WorkspaceStats(
-                self.name,
-                self.tensor.numel(),
+                self._name,
+                self._tensor.numel(),
                 self._floor_bytes,
-                self.floor,
+                self._floor,
                 self._times_grown,
                 added,
                 allocation,
-                self.sealed,
+                self._sealed,
                 self._grown_to_agree,
             )
 
     def _sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceSealedError:
-        have = self.tensor.numel()
+        have = self._tensor.numel()
         need = overflow.bytes_needed(have)
         failed = (
             f"{overflow.allocation} asked for {overflow.size:,} bytes in all"
@@ -222,17 +277,22 @@ class Workspace:
             asked = f"at least {need:,} ({failed})"
             caveat = " (allocations after it were not tried and may ask for more)"
         return WorkspaceSealedError(
-            f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan needs {asked}; "
-            f"set {self.floor}={mb_to_hold(whole)} or more{caveat}, or plan the largest shape "
-            "before sealing"
+            f"workspace {self._name!r} is sealed at {have:,} bytes, and a plan needs {asked}; "
+            f"set {self._floor}={mb_to_hold(whole)} or more{caveat}, or plan the largest shape "
+            "before sealing",
+            workspace=self._name,
+            held_bytes=have,
+            needed_bytes=whole,
+            setting=self._floor,
+            suggested_mb=mb_to_hold(whole),
         )
 
     def _grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
         """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
         with self._lock:
-            if self.sealed:  # sealed while the plan ran
+            if self._sealed:  # sealed while the plan ran
                 raise self._sealed_error(overflow, None) from error
-            have, need = self.tensor.numel(), overflow.bytes_needed(planned_on)
+            have, need = self._tensor.numel(), overflow.bytes_needed(planned_on)
             added = self._resize(need, overflow.allocation)
             if not added:  # another plan grew it meanwhile
                 return
@@ -241,22 +301,27 @@ class Workspace:
                 self._largest_growth = (added, overflow.allocation)
         logger.info(
             "workspace %r grew from %d to %d bytes for %s; set %s=%d to reserve it up front",
-            self.name,
+            self._name,
             have,
             need,
             overflow.allocation,
-            self.floor,
+            self._floor,
             mb_to_hold(need),
         )
 
     def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
         """Grow to ``nbytes``, what ``ranks`` hold of this workspace; returns the bytes added."""
         with self._lock:
-            have = self.tensor.numel()
-            if self.sealed and have < nbytes:
+            have = self._tensor.numel()
+            if self._sealed and have < nbytes:
                 raise WorkspaceSealedError(
-                    f"workspace {self.name!r} is sealed at {have:,} bytes, and {ranks} hold "
-                    f"{nbytes:,}; seal with the group before any rank seals alone"
+                    f"workspace {self._name!r} is sealed at {have:,} bytes, and {ranks} hold "
+                    f"{nbytes:,}; seal with the group before any rank seals alone",
+                    workspace=self._name,
+                    held_bytes=have,
+                    needed_bytes=nbytes,
+                    setting=self._floor,
+                    suggested_mb=mb_to_hold(nbytes),
                 )
             added = self._resize(nbytes, f"agreement with {ranks}")
             self._grown_to_agree += added
@@ -265,22 +330,30 @@ class Workspace:
     def _resize(self, need: int, cause: str) -> int:
         """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed; returns the
         bytes added (0 if it holds that many already). The caller holds the lock."""
-        have = self.tensor.numel()
+        have = self._tensor.numel()
         if have >= need:
             return 0
         try:
             # A failed resize_() leaves the tensor claiming storage it does not have, so the
             # new buffer is made whole before the tensor moves onto it.
-            grown = torch.empty(need, dtype=torch.uint8, device=self.tensor.device)
-            grown[:have].copy_(self.tensor)
-            grown[have:].zero_()
-        except RuntimeError as oom:
+            grown = torch.empty(need, dtype=torch.uint8, device=self._tensor.device)
+        except RuntimeError as error:
+            if not _is_out_of_memory(error):
+                raise
             raise WorkspaceGrowthError(
-                f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
+                f"workspace {self._name!r}: could not grow from {have:,} to {need:,} bytes for "
                 f"{cause}; it keeps its {have:,}-byte buffer. Free device memory, or set "
-                f"{self.floor} so the workspace is reserved up front. ({oom})"
-            ) from oom
-        self.tensor.set_(grown.untyped_storage())
+                f"{self._floor} so the workspace is reserved up front. ({error})",
+                workspace=self._name,
+                held_bytes=have,
+                needed_bytes=need,
+                setting=self._floor,
+            ) from error
+        # Any error from here on (a broken CUDA context, say) is not a shortage: it reaches the
+        # caller as it was raised, and the tensor has not moved.
+        grown[:have].copy_(self._tensor)
+        grown[have:].zero_()
+        self._tensor.set_(grown.untyped_storage())
         return need - have
 
 
@@ -493,9 +566,15 @@ class WorkspacePool:
         try:
             # Zeroed: FlashInfer asks for a zeroed workspace (some backends keep semaphores in it).
             tensor = torch.zeros(size, dtype=torch.uint8, device=self.device)
-        except RuntimeError as oom:
+        except RuntimeError as error:
+            if not _is_out_of_memory(error):
+                raise
             raise WorkspaceGrowthError(
                 f"workspace {name!r}: could not allocate its floor of {size:,} bytes on "
-                f"{self.device}; lower {self._floor.setting} (now {self._floor.mb} MB). ({oom})"
-            ) from oom
+                f"{self.device}; lower {self._floor.setting} (now {self._floor.mb} MB). ({error})",
+                workspace=name,
+                held_bytes=0,
+                needed_bytes=size,
+                setting=self._floor.setting,
+            ) from error
         return Workspace(tensor, name, sealed=self._sealed, floor=self._floor.setting)

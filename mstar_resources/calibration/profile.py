@@ -185,7 +185,7 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
         raise ResourceConfigError(f"{full_key}: {reason}") from None
     problems = _problems(profile)
     if problems:
-        raise ResourceConfigError.listing(problems, "the calibration profile")
+        raise ResourceConfigError(*problems, where="the calibration profile")
     return profile
 
 

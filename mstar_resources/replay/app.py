@@ -56,7 +56,7 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
     if cfg.report_dir is not None and not Path(cfg.report_dir).is_dir():
         problems.append(f"report_dir={cfg.report_dir!r} is not a folder that exists; make it")
     if problems:
-        raise ResourceConfigError.listing(problems, "the replay's settings")
+        raise ResourceConfigError(*problems, where="the replay's settings")
     if cfg.get(ROOT) is None:
         raise ResourceConfigError(
             "this deployment carries no `calibration` profile (the model's attention shape and "
@@ -181,7 +181,7 @@ def _replay(
             setup.seal_and_capture()
             result = setup.serve(steps, trace, progress)
         except WorkspaceSealedError as error:  # a graph's plan at capture did not fit
-            setup.result.sealed_overflow = str(error)
+            setup.result.sealed_overflow = error
             result = setup.result
         finally:
             progress.close()

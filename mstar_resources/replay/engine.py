@@ -139,7 +139,7 @@ class SetupResult:
     tokens: dict[int, list[int]] = field(default_factory=dict)
     growths_before_seal: int = 0
     growths_after_seal: int = 0
-    sealed_overflow: str | None = None
+    sealed_overflow: WorkspaceSealedError | None = None
     """The sealed error a plan raised while serving, if any (the run stops there)."""
     steps_served: int = 0
 
@@ -257,7 +257,7 @@ class Setup:
                 if progress is not None:
                     progress.update()
         except WorkspaceSealedError as error:
-            self.result.sealed_overflow = str(error)
+            self.result.sealed_overflow = error
         self.result.growths_after_seal = self.buffers.growths() - self.result.growths_before_seal
         return self.result
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._table import format_table
+from ..errors import WorkspaceSealedError
 from .engine import SetupResult
 
 MIB = 1 << 20
@@ -41,7 +42,21 @@ def setup_summary(result: SetupResult) -> dict[str, Any]:
         "steps_served": result.steps_served,
         "growths_before_seal": result.growths_before_seal,
         "growths_after_seal": result.growths_after_seal,
-        "sealed_overflow": result.sealed_overflow,
+        "sealed_overflow": sealed_overflow(result.sealed_overflow),
+    }
+
+
+def sealed_overflow(error: WorkspaceSealedError | None) -> dict[str, Any] | None:
+    """A sealed overflow as report.json holds it: the error's fields and its message."""
+    if error is None:
+        return None
+    return {
+        "workspace": error.workspace,
+        "held_bytes": error.held_bytes,
+        "needed_bytes": error.needed_bytes,
+        "setting": error.setting,
+        "suggested_mb": error.suggested_mb,
+        "message": str(error),
     }
 
 
@@ -80,7 +95,9 @@ def table(report: dict[str, Any]) -> str:
     ]
     for s in report["setups"]:
         if s["sealed_overflow"]:
-            lines.append(f"{s['setup']} stopped at a sealed overflow: {s['sealed_overflow']}")
+            lines.append(
+                f"{s['setup']} stopped at a sealed overflow: {s['sealed_overflow']['message']}"
+            )
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ from mstar_resources import (
     WorkspaceStats,
 )
 from mstar_resources.attn._overflow import MLA_PARTIALS
+from mstar_resources._floor import MAX_MB
 from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
 
 from .fake_allocator import FakePlanner, FakePrefillWrapper, flashinfer_overflow_message
@@ -440,7 +441,7 @@ def test_pool_rejects_bad_keys(label, slot, match):
 
 
 def test_pool_that_cannot_allocate_its_floor_says_which_setting_to_lower():
-    pool = WorkspacePool("cpu", size_mb=1 << 35)  # 32 PiB
+    pool = WorkspacePool("cpu", size_mb=MAX_MB)  # 1 TiB: more than this machine has
     with pytest.raises(WorkspaceGrowthError, match=r"'attention:decode'.*lower size_mb"):
         pool.get("decode")
     assert pool.workspaces() == {}
