@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import importlib.resources
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from .measure import Need, Planner
 from .override import DEFAULT_MARGIN, Measured, calibrated_yaml, declared_mb_for
 from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from .shapes import shapes_for
-from .stale import RunningOn
+from .stale import Machine, calibration_inputs
 
 CALIBRATED_SUFFIX = "_calibrated"
 
@@ -140,14 +140,16 @@ def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
 
 
 def provenance(
-    profile: CalibrationProfile, device: torch.device, deployment: str
+    profile: CalibrationProfile,
+    device: torch.device,
+    deployment: str,
+    records: Sequence[ResolvedResource],
 ) -> dict[str, Any]:
     """What the calibration of ``deployment`` depends on, as its override records it (and
     ``stale.check_calibration`` compares with what runs)."""
     return {
         "deployment": deployment,
-        **asdict(RunningOn.here(device, profile)),
-        "cuda": str(torch.version.cuda),
+        **calibration_inputs(Machine.here(device), profile, records),
         "date": datetime.date.today().isoformat(),
     }
 

@@ -55,7 +55,8 @@ def main(cfg: DictConfig) -> None:
     print(table(rows, margin))
     output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir()
     name = base_deployment(str(deployment))
-    path = write_override(name, rows, provenance(profile, device, name), output_dir, margin)
+    record = provenance(profile, device, name, records)
+    path = write_override(name, rows, record, output_dir, margin)
     print(f"wrote {path}: use it with deployment={path.stem}")
 
 

@@ -71,9 +71,13 @@ def calibrated_yaml(
         "# @package _global_",
         f"# Calibrated {deployment}: written by",
         f"#   mstar-resources-calibrate deployment={deployment}",
-        *(f"# {key}: {value}" for key, value in provenance.items()),
+        *(f"# {key}: {value}" for key, value in provenance.items() if _is_scalar(value)),
         f"# declared_mb = need{f' x {1 + margin:g}' if margin else ''}, rounded up to a whole MB. "
         "Use it with",
         f"#   mstar-resources deployment={deployment}_calibrated",
     ]
     return "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(body))
+
+
+def _is_scalar(value: object) -> bool:
+    return isinstance(value, str | int | float | bool)

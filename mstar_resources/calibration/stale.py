@@ -1,36 +1,56 @@
-"""Whether a calibrated deployment was measured where it runs now.
+"""Whether a calibrated deployment was measured where, and as, it runs now.
 
-A calibrated floor holds for the GPU (its name and SM count: FlashInfer's scheduler sizes its
-split-KV work by the SMs), the FlashInfer and torch versions, and the profile it was measured
-with. ``mstar-resources-calibrate`` records them under the root key ``calibrated``; when pools are
-built on a GPU from a deployment whose record differs from what runs, :func:`check_calibration`
-logs one WARNING naming what was recorded, what runs, and the command that recalibrates.
+A calibrated floor holds for the inputs it was measured with: the GPU (its name and SM count:
+FlashInfer's scheduler sizes its split-KV work by the SMs), the FlashInfer, torch and CUDA
+versions, every field of the calibration profile (the model's shape, the engine's limits, the graph
+batch sizes, each plan's kind and backend), and the labels and CUDA-graph slots of the resources
+it measured. ``mstar-resources-calibrate`` records each of them as a field under the root key
+``calibrated`` (:func:`calibration_inputs`); :func:`stale_calibration` compares a record with what
+runs field by field, every field but those in :data:`NOT_INPUTS`, and names each that differs.
+When pools are built on a GPU from a deployment whose record differs, :func:`check_calibration`
+logs one WARNING naming them and the command that recalibrates.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from ..resolver import ResolvedResource, resolve
 from .override import RECORD
 from .profile import ROOT, CalibrationProfile, load_profile
 
 if TYPE_CHECKING:
     from torch import device as Device  # a field below is named torch
 
-__all__ = ["RunningOn", "check_calibration", "describe_profile", "stale_calibration"]
+__all__ = [
+    "NOT_INPUTS",
+    "Difference",
+    "Machine",
+    "StaleCalibration",
+    "calibration_inputs",
+    "check_calibration",
+    "stale_calibration",
+]
 
 logger = logging.getLogger(__name__)
 
+NOT_INPUTS = frozenset({"deployment", "date", "margin", "needs"})
+"""The fields of a record that no need depends on, and that the comparison ignores: the
+deployment's name, the day, the margin (it moves the floor, not the need) and the needs
+themselves. Every other recorded field is compared; a field recorded on one side only differs."""
+
 
 @dataclass(frozen=True)
-class RunningOn:
-    """What a calibration depends on, as recorded or as running."""
+class Machine:
+    """The machine a calibration ran on, or the one running now."""
 
     gpu: str
     """The GPU's name, e.g. ``NVIDIA H200``."""
@@ -39,12 +59,12 @@ class RunningOn:
     """FlashInfer's version (``flashinfer-python``'s), or ``none`` where it is not installed."""
     torch: str
     """torch's version, e.g. ``2.11.0+cu130``."""
-    profile: str
-    """The calibration profile, as :func:`describe_profile` writes it."""
+    cuda: str
+    """The CUDA version torch was built with, e.g. ``13.0``."""
 
     @classmethod
-    def here(cls, device: Device, profile: CalibrationProfile) -> RunningOn:
-        """This process on ``device``, with ``profile`` (imports torch, not FlashInfer)."""
+    def here(cls, device: Device) -> Machine:
+        """This process on ``device`` (imports torch, not FlashInfer)."""
         import torch
 
         gpu = torch.cuda.get_device_properties(device)
@@ -54,51 +74,145 @@ class RunningOn:
             flashinfer = "none"
         return cls(
             gpu.name, gpu.multi_processor_count, flashinfer, str(torch.__version__),
-            describe_profile(profile),
+            str(torch.version.cuda),
         )  # fmt: skip
 
     def __str__(self) -> str:
-        return f"{self.gpu} ({self.sm_count} SMs), FlashInfer {self.flashinfer}, torch {self.torch}"
+        return (
+            f"{self.gpu} ({self.sm_count} SMs), FlashInfer {self.flashinfer}, torch {self.torch}, "
+            f"CUDA {self.cuda}"
+        )
 
 
-def describe_profile(profile: CalibrationProfile) -> str:
-    """The profile in one line, as a calibrated deployment records it."""
-    model, limits = profile.model, profile.limits
-    return (
-        f"{model.num_qo_heads} q / {model.num_kv_heads} kv heads, head dim {model.head_dim}, "
-        f"page {model.page_size}, {model.q_dtype}/{model.kv_dtype}; "
-        f"max {limits.max_num_seqs} seqs, {limits.max_num_batched_tokens} batched tokens, "
-        f"{limits.max_model_len} context; graph batch sizes {profile.cuda_graph_batch_sizes}"
+def calibration_inputs(
+    machine: Machine, profile: CalibrationProfile, resources: Sequence[ResolvedResource]
+) -> dict[str, Any]:
+    """Every input a calibration's needs depend on, as plain fields: what a calibrated deployment
+    records under ``calibrated`` (besides :data:`NOT_INPUTS`), and what runs is compared with."""
+    return {
+        **asdict(machine),
+        "profile": _plain(asdict(profile)),
+        "resources": {
+            r.path: {"labels": list(r.labels), "cg_slots": list(r.cg_slots)} for r in resources
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One input recorded with one value and running with another."""
+
+    field: str
+    """Its dotted name in the record, e.g. ``profile.model.head_dim_ckv``."""
+    recorded: Any
+    """Its value in the record; None where the record has no such field."""
+    running: Any
+    """Its value where it runs now; None where it has no such field."""
+
+    def __str__(self) -> str:
+        return f"{self.field} ({_shown(self.recorded)} recorded, {_shown(self.running)} here)"
+
+
+@dataclass(frozen=True)
+class StaleCalibration:
+    """Why a calibrated deployment's floors may not hold where it runs: what differs. Its text is
+    the warning :func:`check_calibration` logs."""
+
+    deployment: str
+    """The deployment that was calibrated (its override is ``<deployment>_calibrated``)."""
+    differences: tuple[Difference, ...]
+    """Each input that differs, in the record's order."""
+    recorded_on: str
+    """The machine in the record, in words."""
+    running_on: str
+    """The machine running now, in words."""
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The dotted names of the inputs that differ."""
+        return tuple(difference.field for difference in self.differences)
+
+    def __str__(self) -> str:
+        differs = "; ".join(map(str, self.differences))
+        return (
+            f"deployment {self.deployment}_calibrated was calibrated on {self.recorded_on}, and "
+            f"this is {self.running_on}; what differs: {differs}. Its floors may not hold here: "
+            f"recalibrate with `mstar-resources-calibrate deployment={self.deployment}` on this "
+            "machine"
+        )
+
+
+def stale_calibration(
+    record: Mapping[str, Any], running: Mapping[str, Any]
+) -> StaleCalibration | None:
+    """How the calibration ``record`` (the ``calibrated`` node) differs from the inputs
+    ``running`` (:func:`calibration_inputs` of what runs), field by field; None when every input
+    is the same."""
+    recorded = dict(_flat(record, skip=NOT_INPUTS))
+    here = dict(_flat(running, skip=NOT_INPUTS))
+    differences = tuple(
+        Difference(name, recorded.get(name), here.get(name))
+        for name in {**recorded, **here}
+        if recorded.get(name, _ABSENT) != here.get(name, _ABSENT)
     )
-
-
-def stale_calibration(record: Mapping[str, Any], running: RunningOn) -> str | None:
-    """Why the calibration ``record`` (the ``calibrated`` node) may not hold on ``running``, in
-    one paragraph; None when it was measured as it runs."""
-    recorded = {name: record.get(name) for name in asdict(running)}
-    differs = [name for name, value in asdict(running).items() if recorded[name] != value]
-    if not differs:
+    if not differences:
         return None
-    was = RunningOn(**{name: recorded[name] for name in asdict(running)})  # type: ignore[arg-type]
-    profile = " and a different profile" if "profile" in differs else ""
-    deployment = record.get("deployment", "<deployment>")
-    return (
-        f"deployment {deployment}_calibrated was calibrated on {was}, and this is {running}"
-        f"{profile} ({', '.join(differs)} differ); its floors may not hold here: recalibrate "
-        f"with `mstar-resources-calibrate deployment={deployment}` on this machine"
+    return StaleCalibration(
+        deployment=str(record.get("deployment", "<deployment>")),
+        differences=differences,
+        recorded_on=_machine_in_words(record),
+        running_on=_machine_in_words(running),
     )
 
 
-def check_calibration(cfg: DictConfig, device: Device) -> str | None:
-    """Log one WARNING, and return it, when the composed config ``cfg`` (the root, holding
-    ``calibrated`` and ``calibration``) was calibrated elsewhere than on ``device``, with other
-    versions or another profile; None when it holds, or when ``cfg`` is not calibrated."""
+def check_calibration(cfg: DictConfig, device: Device) -> StaleCalibration | None:
+    """Log one WARNING, and return what differs, when the composed config ``cfg`` (the root,
+    holding ``calibrated``, ``calibration`` and ``resources``) was calibrated with other inputs
+    than those running on ``device``; None when it holds, or when ``cfg`` is not calibrated."""
     record = cfg.get(RECORD)
     if record is None or cfg.get(ROOT) is None:
         return None
-    running = RunningOn.here(device, load_profile(cfg[ROOT]))
+    running = calibration_inputs(
+        Machine.here(device), load_profile(cfg[ROOT]), resolve(cfg.get("resources") or {})
+    )
     plain = OmegaConf.to_container(record) if isinstance(record, DictConfig) else record
-    warning = stale_calibration(cast(Mapping[str, Any], plain), running)
-    if warning is not None:
-        logger.warning("%s", warning)
-    return warning
+    stale = stale_calibration(cast(Mapping[str, Any], plain), running)
+    if stale is not None:
+        logger.warning("%s", stale)
+    return stale
+
+
+_ABSENT = object()
+
+
+def _flat(
+    values: Mapping[str, Any], skip: frozenset[str], prefix: str = ""
+) -> Iterator[tuple[str, Any]]:
+    """``values`` as (dotted name, leaf value) pairs; lists are leaves, compared whole."""
+    for name, value in values.items():
+        if not prefix and name in skip:
+            continue
+        if isinstance(value, Mapping) and value:
+            yield from _flat(value, skip, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with its enums as their values, as YAML writes them."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _machine_in_words(values: Mapping[str, Any]) -> str:
+    fields = {f.name: values.get(f.name, "?") for f in dataclasses.fields(Machine)}
+    return str(Machine(**fields))
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value is None else repr(value) if isinstance(value, str) else str(value)

@@ -1,92 +1,177 @@
-"""A calibrated deployment measured elsewhere than where it runs says so, once, with the fix."""
+"""A calibrated deployment measured with other inputs than those it runs with says so, once,
+naming each input that differs, with the fix."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import typing
 
 import pytest
 from omegaconf import OmegaConf
 
 from mstar_resources import check_calibration
-from mstar_resources.calibration.profile import load_profile
-from mstar_resources.calibration.stale import RunningOn, describe_profile, stale_calibration
+from mstar_resources.calibration.profile import CalibrationProfile, load_profile
+from mstar_resources.calibration.stale import (
+    NOT_INPUTS,
+    Difference,
+    Machine,
+    calibration_inputs,
+    stale_calibration,
+)
+from mstar_resources.resolver import resolve
 
 from ..conftest import compose_shipped
 
-CALIBRATED = ["llama3-8b-h200_calibrated", "llama3-70b-tp8-h200_calibrated"]
+CALIBRATED = [
+    "deepseek-v3-tp8-h200_calibrated",
+    "llama3-70b-tp8-h200_calibrated",
+    "llama3-8b-h200_calibrated",
+]
+LLAMA = "llama3-8b-h200_calibrated"
+DEEPSEEK = "deepseek-v3-tp8-h200_calibrated"
 
 
-def recorded(deployment: str) -> tuple[dict, RunningOn]:
-    """The shipped record, and an environment that matches it exactly."""
-    cfg = compose_shipped([f"deployment={deployment}"])
+def recorded_machine(record: dict) -> Machine:
+    return Machine(*(record[f.name] for f in dataclasses.fields(Machine)))
+
+
+def record_and_inputs(deployment: str, overrides: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """The shipped record, and the inputs of the deployment composed with ``overrides`` on the
+    machine the record names."""
+    cfg = compose_shipped([f"deployment={deployment}", *overrides])
     record = OmegaConf.to_container(cfg.calibrated)
     assert isinstance(record, dict)
-    same = RunningOn(
-        record["gpu"], record["sm_count"], record["flashinfer"], record["torch"],
-        describe_profile(load_profile(cfg.calibration)),
-    )  # fmt: skip
-    return record, same
+    inputs = calibration_inputs(
+        recorded_machine(record), load_profile(cfg.calibration), resolve(cfg.resources, {})
+    )
+    return record, inputs
 
 
 @pytest.mark.parametrize("deployment", CALIBRATED)
-def test_a_shipped_record_matches_its_own_profile_and_where_it_was_measured(deployment):
-    record, same = recorded(deployment)
-    assert record["profile"] == same.profile  # else every engine running it would be warned
-    assert stale_calibration(record, same) is None
+def test_a_shipped_record_holds_where_and_as_it_was_measured(deployment):
+    record, inputs = record_and_inputs(deployment)
+    assert stale_calibration(record, inputs) is None  # else every engine running it is warned
 
 
-# What runs instead -> the fields the warning names
+# Overrides of the composed config -> (field, recorded, running) for each that differs
 CHANGES = [
-    pytest.param({"gpu": "NVIDIA H100 80GB HBM3"}, "gpu", id="another-gpu"),
-    pytest.param({"sm_count": 114}, "sm_count", id="fewer-sms"),
-    pytest.param({"flashinfer": "0.6.7"}, "flashinfer", id="flashinfer-version"),
-    pytest.param({"torch": "2.12.0+cu130"}, "torch", id="torch-version"),
-    pytest.param({"flashinfer": "0.6.7", "torch": "2.12.0+cu130"}, "flashinfer, torch",
-                 id="both-versions"),
+    pytest.param(DEEPSEEK, ["calibration.model.head_dim_ckv=256"],
+                 [("profile.model.head_dim_ckv", 512, 256)], id="mla-ckv"),
+    pytest.param(DEEPSEEK, ["calibration.model.head_dim_kpe=32"],
+                 [("profile.model.head_dim_kpe", 64, 32)], id="mla-kpe"),
+    pytest.param(DEEPSEEK, ["calibration.plans.mla_decode.backend=fa2"],
+                 [("profile.plans.mla_decode.backend", "auto", "fa2")], id="plan-backend"),
+    pytest.param(LLAMA, ["calibration.plans.prefill.kind=ragged_prefill"],
+                 [("profile.plans.prefill.kind", "paged_prefill", "ragged_prefill")],
+                 id="plan-kind"),
+    pytest.param(LLAMA, ["calibration.limits.max_num_seqs=512"],
+                 [("profile.limits.max_num_seqs", 256, 512)], id="limit"),
+    pytest.param(LLAMA, ["calibration.cuda_graph_batch_sizes=[1,2]"],
+                 [("profile.cuda_graph_batch_sizes", [1, 2, 4, 8, 16, 32, 64, 128, 256], [1, 2])],
+                 id="graph-sizes"),
+    pytest.param(LLAMA, ["resources.attn.decode.cg_slots=[0]"],
+                 [("resources.attn.decode.cg_slots", [0, 1], [0])], id="resource-slots"),
+    pytest.param(LLAMA, ["resources.attn.prefill.labels=[prefill,decode]"],
+                 [("resources.attn.prefill.labels", ["prefill"], ["prefill", "decode"])],
+                 id="resource-labels"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("change", "named"), CHANGES)
-def test_a_record_from_elsewhere_names_what_was_recorded_what_runs_and_the_fix(change, named):
-    record, same = recorded("llama3-8b-h200_calibrated")
-    running = dataclasses.replace(same, **change)
-    warning = stale_calibration(record, running)
-    assert warning is not None
-    assert warning.startswith(
-        "deployment llama3-8b-h200_calibrated was calibrated on NVIDIA H200 (132 SMs), "
-        f"FlashInfer {record['flashinfer']}, torch {record['torch']}, and this is "
-    )
-    assert f"and this is {running} ({named} differ)" in warning
-    assert warning.endswith(
-        "recalibrate with `mstar-resources-calibrate deployment=llama3-8b-h200` on this machine"
+@pytest.mark.parametrize(("deployment", "overrides", "differences"), CHANGES)
+def test_each_input_that_changes_a_need_is_named(deployment, overrides, differences):
+    record, inputs = record_and_inputs(deployment, tuple(overrides))
+    stale = stale_calibration(record, inputs)
+    assert stale is not None
+    assert [(d.field, d.recorded, d.running) for d in stale.differences] == differences
+    base = deployment.removesuffix("_calibrated")
+    assert stale.deployment == base
+    for field in stale.fields:
+        assert field in str(stale)
+    assert str(stale).endswith(
+        f"recalibrate with `mstar-resources-calibrate deployment={base}` on this machine"
     )
 
 
-def test_another_profile_than_the_one_measured_is_stale_too():
-    cfg = compose_shipped(
-        ["deployment=llama3-8b-h200_calibrated", "calibration.limits.max_num_seqs=512"]
+@pytest.mark.parametrize(
+    "machine_change",
+    [
+        {"gpu": "NVIDIA H100 80GB HBM3"},
+        {"sm_count": 114},
+        {"flashinfer": "0.6.7"},
+        {"torch": "2.12.0+cu130"},
+        {"cuda": "12.8"},
+    ],
+    ids=lambda change: next(iter(change)),
+)
+def test_another_machine_is_named_field_by_field(machine_change):
+    record, inputs = record_and_inputs(LLAMA)
+    stale = stale_calibration(record, {**inputs, **machine_change})
+    assert stale is not None
+    ((name, value),) = machine_change.items()
+    assert stale.differences == (Difference(name, record[name], value),)
+    assert str(stale).startswith(
+        "deployment llama3-8b-h200_calibrated was "
+        f"calibrated on {recorded_machine(record)}, and this is "
     )
-    record, same = recorded("llama3-8b-h200_calibrated")
-    running = dataclasses.replace(same, profile=describe_profile(load_profile(cfg.calibration)))
-    warning = stale_calibration(record, running)
-    assert warning is not None and "and a different profile (profile differ)" in warning
+
+
+def test_what_is_not_an_input_is_ignored_and_said_so():
+    record, inputs = record_and_inputs(LLAMA)
+    assert {"deployment", "date", "margin", "needs"} == NOT_INPUTS
+    changed = {**record, "date": "1999-01-01", "margin": 0.5, "needs": [], "deployment": "x"}
+    assert stale_calibration(changed, inputs) is None
+
+
+def test_a_record_in_the_old_single_sentence_form_is_stale():
+    record, inputs = record_and_inputs(LLAMA)
+    old = {key: value for key, value in record.items() if key not in ("profile", "resources")}
+    old["profile"] = "32 q / 8 kv heads, head dim 128, ..."
+    stale = stale_calibration(old, inputs)
+    assert stale is not None
+    assert "profile" in stale.fields and "profile.model.num_qo_heads" in stale.fields
+
+
+def _dataclass_fields(cls: type, prefix: str) -> list[str]:
+    names = []
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            names += _dataclass_fields(hint, f"{prefix}{field.name}.")
+        else:
+            names.append(f"{prefix}{field.name}")
+    return names
+
+
+def test_every_field_of_the_profile_is_recorded():
+    """A field added to the profile's schema is recorded and compared without another change."""
+    record, _ = record_and_inputs(LLAMA)
+    profile = record["profile"]
+    for name in _dataclass_fields(CalibrationProfile, ""):
+        node = profile
+        for part in name.split("."):
+            assert part in node, f"calibrated.profile.{name} is not recorded"
+            node = node[part]
+    for plan in profile["plans"].values():
+        assert set(plan) == {"kind", "backend"}
 
 
 def running_elsewhere(monkeypatch, **change: object):
-    """This process seen as running the 8B calibration's record with ``change``: its config."""
-    _, same = recorded("llama3-8b-h200_calibrated")
-    elsewhere = dataclasses.replace(same, **change)
-    monkeypatch.setattr(RunningOn, "here", classmethod(lambda cls, device, profile: elsewhere))
-    return compose_shipped(["deployment=llama3-8b-h200_calibrated"])
+    """This process seen as running on the machine of the 8B calibration's record, with
+    ``change``: an honest stand-in for the GPU query, which this CPU machine cannot make."""
+    record, _ = record_and_inputs(LLAMA)
+    elsewhere = dataclasses.replace(recorded_machine(record), **change)
+    monkeypatch.setattr(Machine, "here", classmethod(lambda cls, device: elsewhere))
+    return compose_shipped([f"deployment={LLAMA}"])
 
 
-def test_check_calibration_logs_one_warning_and_returns_it(monkeypatch, caplog):
+def test_check_calibration_logs_one_warning_and_returns_what_differs(monkeypatch, caplog):
     cfg = running_elsewhere(monkeypatch, flashinfer="0.6.7")
     with caplog.at_level(logging.WARNING, logger="mstar_resources"):
-        warning = check_calibration(cfg, "cuda:0")
-    assert warning is not None and "(flashinfer differ)" in warning
-    assert [r.getMessage() for r in caplog.records] == [warning]
+        stale = check_calibration(cfg, "cuda:0")
+    assert stale is not None and stale.fields == ("flashinfer",)
+    assert [r.getMessage() for r in caplog.records] == [str(stale)]
     # A deployment that was not calibrated has nothing to check.
     assert check_calibration(compose_shipped(["deployment=llama3-8b-h200"]), "cuda:0") is None
 
