@@ -97,17 +97,20 @@ def mismatched(rank: int, world: int) -> Any:
     try:
         pool.seal(group=dist.group.WORLD)
     except WorkspaceAgreementError as error:
-        return ("WorkspaceAgreementError", str(error), pool.sealed)
+        return ("WorkspaceAgreementError", str(error), pool.sealed, error.ranks,
+                tuple(sorted(error.reasons.items())), tuple(sorted(error.held.items())))  # fmt: skip
     return "sealed"
 
 
 def test_mismatched_pools_raise_the_same_error_on_every_rank(tmp_path):
     results = run_ranks(mismatched, 3, tmp_path / "store")
-    assert len(set(results)) == 1  # the same error, word for word, and nobody sealed
-    kind, message, sealed = results[0]
-    assert (kind, sealed) == ("WorkspaceAgreementError", False)
+    assert len(set(map(repr, results))) == 1  # the same error, word for word; nobody sealed
+    kind, message, sealed, ranks, reasons, held = results[0]
+    assert (kind, sealed, ranks) == ("WorkspaceAgreementError", False, (0, 1, 2))
     for rank in range(3):
         assert f"rank {rank}: pool 'owner{rank}'" in message
+        assert reasons[rank] == (rank, f"pool 'owner{rank}' serving any key")
+        assert held[rank] == (rank, {("decode", None): MIB})
 
 
 FAILING_RANK = 2
@@ -131,18 +134,27 @@ def one_rank_cannot_grow(rank: int, world: int) -> Any:
         intact = rank != FAILING_RANK or (
             workspace.tensor.numel() == MIB and bool((workspace.tensor == 7).all())
         )
-        return (type(error).__name__, str(error), pool.sealed, intact)
+        figures = (
+            (error.ranks, sorted(error.reasons), error.held)
+            if isinstance(error, WorkspaceAgreementError)
+            else (error.workspace, error.held_bytes, error.needed_bytes)
+        )
+        return (type(error).__name__, str(error), pool.sealed, intact, figures)
     return "sealed"
 
 
 def test_a_rank_that_cannot_grow_fails_every_rank_clearly_and_keeps_its_buffer(tmp_path):
     results = run_ranks(one_rank_cannot_grow, 3, tmp_path / "store")
-    kind, message, sealed, intact = results[FAILING_RANK]
+    kind, message, sealed, intact, figures = results[FAILING_RANK]
     assert (kind, sealed, intact) == ("WorkspaceGrowthError", False, True)
     assert f"to {HUGE:,} bytes" in message and "keeps its 1,048,576-byte buffer" in message
+    assert figures == ("attention:decode:cg0", MIB, HUGE)
     for rank in (0, 1):
-        kind, message, sealed, _ = results[rank]
+        kind, message, sealed, _, (ranks, reasons, held) = results[rank]
         assert (kind, sealed) == ("WorkspaceAgreementError", False)
+        assert (ranks, reasons) == ((FAILING_RANK,), [FAILING_RANK])
+        assert held == {0: {("decode", 0): HUGE}, 1: {("decode", 0): HUGE},
+                        FAILING_RANK: {("decode", 0): MIB}}  # fmt: skip
         assert f"rank {FAILING_RANK} failed: WorkspaceGrowthError" in message
         assert "'attention' (resources.attn.decode) was not sealed on any rank" in message
 

@@ -5,6 +5,7 @@ checked in test_workspace_gpu.py."""
 from __future__ import annotations
 
 import logging
+import pickle
 import re
 import threading
 
@@ -21,8 +22,8 @@ from mstar_resources import (
     WorkspaceSealedError,
     WorkspaceStats,
 )
-from mstar_resources.attn._overflow import MLA_PARTIALS
 from mstar_resources._floor import MAX_MB
+from mstar_resources.attn._overflow import MLA_PARTIALS
 from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
 
 from .fake_allocator import FakePlanner, FakePrefillWrapper, flashinfer_overflow_message
@@ -242,6 +243,11 @@ def test_sealed_overflow_names_workspace_bytes_and_setting_and_never_moves():
     assert isinstance(raised.value, ResourceError)
     assert isinstance(raised.value.__cause__, RuntimeError)
     assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, MIB)
+    error = raised.value
+    assert (error.workspace, error.held_bytes, error.needed_bytes) == (
+        "attention:decode", MIB, 2 * MIB
+    )
+    assert (error.setting, error.suggested_mb) == ("resources.attn.decode.declared_mb", 2)
 
 
 def test_sealed_overflow_of_a_wrapper_plan_says_what_the_whole_plan_needs():
@@ -494,3 +500,129 @@ def test_pool_summary_is_logged_at_seal(caplog):
         "largest +2,097,152 for batch_decode_tmp_v, sealed",
         "  llama:prefill: 1,048,576 bytes (floor 1,048,576 from size_mb), never grew, sealed",
     ]
+
+
+# --- what an engine reads: fields, not text; state it cannot write ---------------------------------
+
+
+def test_growth_error_carries_its_figures():
+    workspace = make_workspace(floor="resources.attn.decode.declared_mb")
+    with pytest.raises(WorkspaceGrowthError) as raised:
+        workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1 << 55, 16)]))
+    error = raised.value
+    assert (error.workspace, error.held_bytes, error.needed_bytes, error.setting) == (
+        "attention:decode", MIB, 1 << 55, "resources.attn.decode.declared_mb"
+    )
+
+
+def test_a_non_memory_error_while_growing_propagates_unchanged_and_the_buffer_stays(monkeypatch):
+    workspace = make_workspace()
+    workspace.tensor.fill_(7)
+    address = workspace.tensor.data_ptr()
+    broken = RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def broken_context(*args, **kwargs):  # stands in for a CUDA context a kernel broke
+        raise broken
+
+    planner = FakePlanner(workspace.tensor, DECODE_CHAIN)
+    monkeypatch.setattr(torch, "empty", broken_context)
+    with pytest.raises(RuntimeError) as raised:
+        workspace.plan(planner)
+    monkeypatch.undo()
+
+    assert raised.value is broken  # not an out-of-memory error, and not renamed
+    assert not isinstance(raised.value, torch.OutOfMemoryError | ResourceError)
+    assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, MIB)
+    assert bool((workspace.tensor == 7).all())
+    assert workspace.stats().times_grown == 0
+
+
+def test_a_non_memory_error_making_a_workspace_propagates_unchanged(monkeypatch):
+    pool = WorkspacePool("cpu", size_mb=1)
+    broken = RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def broken_context(*args, **kwargs):  # stands in for a CUDA context a kernel broke
+        raise broken
+
+    monkeypatch.setattr(torch, "zeros", broken_context)
+    with pytest.raises(RuntimeError) as raised:
+        pool.get("decode")
+    assert raised.value is broken
+    monkeypatch.undo()
+    assert pool.workspaces() == {}
+
+
+def test_floor_allocation_error_carries_its_figures():
+    pool = WorkspacePool("cpu", size_mb=MAX_MB)
+    with pytest.raises(WorkspaceGrowthError) as raised:
+        pool.get("decode")
+    error = raised.value
+    assert (error.workspace, error.held_bytes, error.needed_bytes, error.setting) == (
+        "attention:decode", 0, MAX_MB * MIB, "size_mb"
+    )
+
+
+def test_plan_error_carries_the_workspace_and_its_bytes():
+    workspace = make_workspace()
+    elsewhere = torch.zeros(MIB, dtype=torch.uint8)  # the planner plans on another buffer
+    with pytest.raises(WorkspacePlanError) as raised:
+        workspace.plan(FakePlanner(elsewhere, DECODE_CHAIN))
+    assert (raised.value.workspace, raised.value.held_bytes) == ("attention:decode", 2 * MIB)
+
+
+def _sealed_error() -> WorkspaceSealedError:
+    workspace = make_workspace(sealed=True)
+    with pytest.raises(WorkspaceSealedError) as raised:
+        workspace.plan(FakePlanner(workspace.tensor, DECODE_CHAIN))
+    return raised.value
+
+
+def _growth_error() -> WorkspaceGrowthError:
+    workspace = make_workspace()
+    with pytest.raises(WorkspaceGrowthError) as raised:
+        workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1 << 55, 16)]))
+    return raised.value
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        _sealed_error,
+        _growth_error,
+        lambda: ResourceConfigError("a=1 is bad", "b=2 is bad", where="the test"),
+        lambda: WorkspacePlanError("it never fits", workspace="w", held_bytes=3),
+    ],
+    ids=["sealed", "growth", "config", "plan"],
+)
+def test_errors_cross_a_process_boundary_whole(make):
+    """A worker process hands its parent the error, fields and all (pickle is how)."""
+    error = make()
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error)
+    assert str(again) == str(error)
+    fields = {k: v for k, v in vars(error).items() if not k.startswith("_")}
+    assert fields and {k: v for k, v in vars(again).items() if not k.startswith("_")} == fields
+
+
+def test_config_error_lists_its_problems_in_order():
+    error = ResourceConfigError("a=1 is bad", "b=2 is bad", where="the test")
+    assert error.problems == ("a=1 is bad", "b=2 is bad")
+    assert str(error) == "2 problems in the test:\n  - a=1 is bad\n  - b=2 is bad"
+    assert str(ResourceConfigError("only one")) == "only one"
+
+
+@pytest.mark.parametrize("name", ["sealed", "tensor", "name", "floor"])
+def test_workspace_state_is_read_only(name):
+    workspace = make_workspace()
+    before = getattr(workspace, name)
+    with pytest.raises(AttributeError):
+        setattr(workspace, name, before)
+    assert getattr(workspace, name) is before
+
+
+def test_only_seal_seals_and_nothing_unseals():
+    workspace = make_workspace()
+    workspace.seal()
+    with pytest.raises(AttributeError):
+        workspace.sealed = False  # type: ignore[misc]
+    assert workspace.sealed and workspace.stats().sealed
