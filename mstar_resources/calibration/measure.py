@@ -7,6 +7,7 @@ workspace that starts empty and grows, which ends at exactly the largest need.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 from ..attn.workspace import Workspace
 from ..errors import ResourceConfigError
 from .profile import CalibrationProfile, PlanKind, PlanProfile
-from .shapes import DECODE_LIKE, Shape
+from .shapes import DECODE_LIKE, Shape, is_bounding
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,32 @@ class Need:
     method: str
     """``workspace_size`` (FlashInfer's own query) or ``growth`` (planned on a growing buffer)."""
     refused: tuple[str, ...] = ()
-    """Shapes FlashInfer would not plan for a reason of its own, not the workspace (MLA's
-    work-item capacity, say), each with its reason: an engine cannot plan them either."""
+    """Shapes FlashInfer refused to plan for a reason of its own, not the workspace (MLA's
+    work-item capacity, say), each with its reason: an engine cannot plan them either. None of
+    them bounds the need (a bounding shape refused stops calibration instead)."""
 
 
 ASKS_WORKSPACE_SIZE = frozenset({PlanKind.decode, PlanKind.paged_prefill})
 """Kinds whose wrapper answers ``workspace_size()`` (on some backends)."""
+
+FLASHINFER_REFUSAL = (
+    "flashinfer.mla._batch_mla._backends._capabilities",
+    "_BackendPlanUnsupportedError",
+)
+"""Where FlashInfer (0.7.4) keeps the type of its refusal to plan a shape ("typed signal for
+backend preflight rejection before launch/compile", a ``ValueError``). Its MLA backends raise it
+for a shape they cannot run; a FlashInfer without it refuses nothing calibration would accept,
+and a test marked ``flashinfer`` checks that the installed one has it."""
+
+
+def flashinfer_refusals() -> tuple[type[BaseException], ...]:
+    """The exception types by which the installed FlashInfer refuses a shape (none if unknown)."""
+    module, name = FLASHINFER_REFUSAL
+    try:
+        refusal = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return ()
+    return (refusal,) if isinstance(refusal, type) and issubclass(refusal, ValueError) else ()
 
 
 class Planner:
@@ -44,9 +65,17 @@ class Planner:
     every wrapper here of one kind shares a configuration, so each kernel is built once per run.
     """
 
-    def __init__(self, profile: CalibrationProfile, device: torch.device) -> None:
+    def __init__(
+        self,
+        profile: CalibrationProfile,
+        device: torch.device,
+        *,
+        refusals: tuple[type[BaseException], ...] | None = None,
+    ) -> None:
         self.profile = profile
         self.device = device
+        self.refusals = flashinfer_refusals() if refusals is None else refusals
+        """The errors by which FlashInfer refuses a shape; any other error propagates."""
         model = profile.model
         self.dtypes = {
             "q_data_type": getattr(torch, model.q_dtype),
@@ -181,7 +210,15 @@ class Planner:
             args, kwargs = self.plan_args(plan.kind, shape)
             try:
                 workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
-            except ValueError as error:  # FlashInfer refuses the shape itself
+            except self.refusals as error:  # FlashInfer refuses the shape itself
+                if is_bounding(shape, plan, self.profile):
+                    raise ResourceConfigError(
+                        f"FlashInfer refused to plan {shape}, a shape that bounds what a "
+                        f"{plan.kind.value} plan on backend {plan.backend} needs ({error}); a "
+                        "floor measured without it could fall short, so none is written. Lower "
+                        "the profile's limits (calibration.limits) to what the engine can plan, "
+                        "or plan with another backend"
+                    ) from error
                 refused.append(f"{shape}: {error}")
             if workspace.tensor.numel() > before:
                 worst = shape

@@ -71,8 +71,27 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
     if plan.kind is not PlanKind.mla:
         # One full 128-row query tile per request (the packed rows of all query heads of a KV
         # head), over the longest context: the split fills the grid.
-        group = profile.model.num_qo_heads // profile.model.num_kv_heads
-        tile_q = max(1, min(MAX_CTA_TILE_Q // group, budget, long))
+        tile_q = _full_tile_q(profile)
         for batch in _powers_of_two_up_to(min(limits.max_num_seqs, budget // tile_q)):
             shapes.append(Shape(batch, tile_q, long))
     return sorted(set(shapes), key=lambda s: (s.batch, s.q_len, s.kv_len, s.cuda_graph))
+
+
+def is_bounding(shape: Shape, plan: PlanProfile, profile: CalibrationProfile) -> bool:
+    """Whether ``shape`` is one of the configurations that reach the most a label can need (see
+    ``bounds.py``), so that a floor measured without it may fall short: every graph plan, a
+    prefill's full query tiles over the longest context, a POD decode batch over it. MLA's need
+    is the same for every shape, so no one MLA shape bounds it."""
+    if shape.cuda_graph:
+        return True
+    long = profile.limits.max_model_len
+    if plan.kind in (PlanKind.paged_prefill, PlanKind.ragged_prefill):
+        return shape.kv_len == long and shape.q_len == _full_tile_q(profile)
+    return plan.kind is PlanKind.pod and shape.kv_len == long
+
+
+def _full_tile_q(profile: CalibrationProfile) -> int:
+    """Query tokens a request needs to fill one prefill work item of 128 packed rows."""
+    group = profile.model.num_qo_heads // profile.model.num_kv_heads
+    limits = profile.limits
+    return max(1, min(MAX_CTA_TILE_Q // group, limits.max_num_batched_tokens, limits.max_model_len))
