@@ -87,14 +87,15 @@ def hydra_app(
     *,
     compose_once: bool = False,
     command: str | None = None,
-    version: str | None = None,
+    version: str | Callable[[], str] | None = None,
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
     """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``.
 
     ``config_path`` is ``pkg://<package>`` or a folder relative to ``run``'s module, as for
     ``@hydra.main``. ``prog`` starts each error line; ``command`` is how a user runs the app
     (``python scripts/replay.py``; default ``prog``), which errors name for ``--help``.
-    ``version`` is what ``--version`` prints after ``prog`` (default: this package's version).
+    ``version`` (or a function that returns it) is what ``--version`` prints after ``prog``;
+    without it, ``--version`` names the mstar-resources it was built with.
     ``compose_once``: compose a plain run once (see the module's docstring); only for a config
     that sets ``hydra/job_logging: none`` and no output folder, since the run then skips Hydra's
     job set-up.
@@ -123,7 +124,10 @@ def hydra_app(
 
         def start(args: list[str]) -> None:
             if VERSION_FLAG in args:
-                print(f"{prog} {version or package_version()}")
+                if version is None:
+                    print(f"{prog} (built with mstar-resources {package_version()})")
+                else:
+                    print(f"{prog} {version if isinstance(version, str) else version()}")
                 return
             if MULTIRUN_FLAGS & set(args):
                 fail(
@@ -239,7 +243,7 @@ def _told(error: BaseException, args: list[str], config_name: str) -> str | None
             # Hydra picks a config group's option by name only: `deployment=null` is no name.
             options = _group_options(key, config_name)
             if options:
-                return not_a_choice(key, override.input_line.partition("=")[2], options)
+                return not_a_choice(key, (override.input_line or "").partition("=")[2], options)
         if isinstance(error, OSError) and error.filename and key in str(error.filename):
             # Hydra looks a key up as a config group on disk first; no setting is that long.
             shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key)} characters)"

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from ._devices import cuda_device, is_cuda_device
 from ._floor import MIB
 from ._table import format_table
-from .app import hydra_app
+from .app import hydra_app, package_version
 from .errors import ResourceConfigError
 from .resolver import ResolvedResource, build_pools, resolve
 from .settings import OutputFormat
@@ -31,7 +31,7 @@ PROG = "mstar-resources"
 _COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB")
 
 
-@hydra_app(PROG, config_name="mstar_resources", compose_once=True)
+@hydra_app(PROG, config_name="mstar_resources", compose_once=True, version=package_version)
 def main(cfg: DictConfig) -> None:
     """Resolve ``cfg.resources`` and print what it reserves (and allocate it on ``device=cuda``)."""
     device = cfg.device

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from .._devices import cuda_device
-from ..app import hydra_app
+from ..app import hydra_app, package_version
 from ..errors import ResourceConfigError
 from ..resolver import resolve
 from .calibrate import (
@@ -33,7 +33,9 @@ from .profile import ROOT, load_profile
 PROG = "mstar-resources-calibrate"
 
 
-@hydra_app(PROG, config_name="mstar_resources_calibrate", compose_once=True)
+@hydra_app(
+    PROG, config_name="mstar_resources_calibrate", compose_once=True, version=package_version
+)
 def main(cfg: DictConfig) -> None:
     """Calibrate the composed deployment on ``cfg.device`` and write its override."""
     # Everything the config can get wrong is checked first, on any machine; then the GPU.

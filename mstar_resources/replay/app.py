@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from .._devices import cuda_device
 from .._floor import MIB
-from ..app import hydra_app
+from ..app import hydra_app, package_version
 from ..calibration.engines import vllm_buffer_mb
 from ..calibration.profile import ROOT, CalibrationProfile, PlanKind, load_profile
 from ..errors import ResourceConfigError, WorkspaceSealedError
@@ -53,8 +53,14 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
         )
     if cfg.fixed_buffer_mb is not None and cfg.fixed_buffer_mb < 1:
         problems.append(f"fixed_buffer_mb={cfg.fixed_buffer_mb} must be at least 1, or null")
-    if cfg.report_dir is not None and not Path(cfg.report_dir).is_dir():
-        problems.append(f"report_dir={cfg.report_dir!r} is not a folder that exists; make it")
+    if cfg.report_dir is not None:
+        try:
+            Path(cfg.report_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file in the way, no permission, ...
+            problems.append(
+                f"report_dir={cfg.report_dir!r} can't be made a folder ({error.strerror}); "
+                "point it at a folder that exists or can be made"
+            )
     if problems:
         raise ResourceConfigError(*problems, where="the replay's settings")
     if cfg.get(ROOT) is None:
@@ -86,7 +92,13 @@ def kv_pages_for(free: int, workspace_bytes: int, shape: Shape, utilization: flo
     return int((free - workspace_bytes) * utilization) // page_bytes
 
 
-@hydra_app(PROG, config_name="replay", compose_once=True)
+@hydra_app(
+    PROG,
+    config_name="replay",
+    compose_once=True,
+    command="python scripts/replay.py",
+    version=package_version,
+)
 def main(cfg: DictConfig) -> None:
     """Replay the trace on both setups and report; see the module's docstring."""
     ranks, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))

@@ -18,7 +18,7 @@ from mstar_resources import resolve
 from mstar_resources.app import hydra_app
 
 
-@hydra_app("engine", config_name="engine", config_path="conf")
+@hydra_app("engine", config_name="engine", config_path="conf", command="python -m tests.engine.app")
 def main(cfg: DictConfig) -> None:
     records = resolve(cfg.resources)
     print(
