@@ -56,7 +56,7 @@ def is_positive_int(value: object) -> bool:
 
 def mb_problem(setting: str, value: object) -> str | None:
     """What is wrong with ``value`` as a floor in MB for ``setting``, or None if it is usable."""
-    if is_positive_int(value) and value <= MAX_MB:
+    if is_int(value) and 0 < value <= MAX_MB:
         return None
     return (
         f"{setting}={value!r} is not a positive whole number of MB; declare the workspace's floor "

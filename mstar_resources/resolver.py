@@ -13,7 +13,7 @@ import os
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -85,7 +85,7 @@ class ResolvedResource:
 
 
 def resolve(
-    resources_node: DictConfig | Mapping, env: Mapping[str, str] | None = None
+    resources_node: DictConfig | Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> list[ResolvedResource]:
     """One record per resource of the composed ``resources`` tree, in tree order.
 
@@ -127,7 +127,7 @@ def resolve(
 
 
 def build_pools(
-    resources_node: DictConfig | Mapping,
+    resources_node: DictConfig | Mapping[str, Any],
     device: torch.device | str,
     env: Mapping[str, str] | None = None,
     *,
@@ -162,7 +162,9 @@ def build_pools(
     return pools
 
 
-def _check_calibration(resources_node: DictConfig | Mapping, device: torch.device | str) -> None:
+def _check_calibration(
+    resources_node: DictConfig | Mapping[str, Any], device: torch.device | str
+) -> None:
     """On a GPU, warn once if the tree comes from a deployment calibrated elsewhere (another GPU,
     other FlashInfer or torch versions, another profile): see ``calibration/stale.py``."""
     import torch
@@ -177,7 +179,7 @@ def _check_calibration(resources_node: DictConfig | Mapping, device: torch.devic
         check_calibration(root, target)
 
 
-def _as_config(resources_node: DictConfig | Mapping) -> DictConfig:
+def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
     if isinstance(resources_node, DictConfig):
         return resources_node
     if not isinstance(resources_node, Mapping):
@@ -220,7 +222,7 @@ def _walk(node: DictConfig, key: str, problems: list[str]) -> Iterator[tuple[str
 def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | None:
     """``node`` as a :class:`Resource`, or None with what is wrong with it added to ``problems``."""
     try:
-        values = cast(dict, OmegaConf.to_container(node, resolve=True))
+        values = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
     except OmegaConfBaseException as error:
         problems.append(f"{key} can't be read: {_first_line(error)}")
         return None
@@ -263,7 +265,7 @@ def _reads_env(node: DictConfig) -> bool:
         return False
 
 
-def _already_typed(node: DictConfig, values: dict) -> bool:
+def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
     """``values`` (``node``'s) hold every required field of the schema and nothing else, each of
     its declared type: a node composed through the schema, or a plain one written as it says."""
     if not (_REQUIRED <= values.keys() <= _FIELDS.keys()) or MISSING in values.values():

@@ -6,6 +6,7 @@ key then fails when the config is composed.
 """
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -14,6 +15,8 @@ from ._floor import MAX_MB, mb_problem
 from .errors import ResourceConfigError
 
 __all__ = ["Resource"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -69,13 +72,13 @@ class Resource:
                 f"cg_slots={slots!r} has negative slots {negative}; slots are numbered from 0 "
                 "(cg_slots=[] means eager only)"
             )
-        if repeated := _repeated(slots):
-            problems.append(f"cg_slots={slots!r} repeats {repeated}; list each slot once")
+        if repeated_slots := _repeated(slots):
+            problems.append(f"cg_slots={slots!r} repeats {repeated_slots}; list each slot once")
         if problems:
             raise ResourceConfigError(*problems, where="the resource")
 
 
-def _repeated(items: list) -> list:
+def _repeated(items: list[T]) -> list[T]:
     return sorted({item for item in items if items.count(item) > 1}, key=items.index)
 
 

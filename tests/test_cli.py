@@ -99,7 +99,8 @@ DEPLOYMENTS = (
 # (arguments, environment, what stderr must say): this project's key, value and fix.
 BAD_INPUT = [
     pytest.param([f"{D}=lots"], {},
-                 rf"{D}='lots' is not valid; {D} takes a whole number of MB from 1 to 1,048,576, or null",
+                 rf"{D}='lots' is not valid; {D} takes a whole number of MB from 1 to "
+                 r"1,048,576, or null",
                  id="wrong-type"),
     pytest.param(["resources.attn.decode.cg_slots=[a]"], {},
                  r"resources\.attn\.decode\.cg_slots\[0\]='a' is not valid; "
@@ -107,7 +108,8 @@ BAD_INPUT = [
                  id="slot-wrong-type"),
     pytest.param([f"{D}=0"], {},
                  rf"{D}=0 is not a positive whole number of MB; declare the workspace's floor in "
-                 r"MB, at most 1,048,576 \(1 TiB, more than any GPU holds; e\.g\. declared_mb=256\)",
+                 r"MB, at most 1,048,576 \(1 TiB, more than any GPU holds; "
+                 r"e\.g\. declared_mb=256\)",
                  id="declared-zero"),
     pytest.param([f"{D}={10**20}"], {},
                  rf"{D}={10**20} is not a positive whole number of MB; .*at most 1,048,576",
@@ -123,7 +125,7 @@ BAD_INPUT = [
     pytest.param(["resources=5"], {}, r"resources=5 is not a resources; pick one of default",
                  id="tree-number"),
     pytest.param([f"resources.attn.{'x' * 300}=1"], {},
-                 rf"resources\.attn\.x{{65}}\.\.\. \(315 characters\) is not a setting",
+                 r"resources\.attn\.x{65}\.\.\. \(315 characters\) is not a setting",
                  id="key-300-characters"),
     pytest.param(["resources.attn.prefill.labels=[]"], {},
                  r"resources\.attn\.prefill\.labels=\[\] is empty; list the plan labels",

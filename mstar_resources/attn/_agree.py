@@ -33,13 +33,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, int | None]
+Identity = tuple[str, str | None, tuple[Key, ...] | None]
+"""A pool's owner, config key and served keys: what must match across ranks."""
 
 
 def agree(pool: WorkspacePool, group: ProcessGroup) -> None:
     """Make ``pool`` on this rank hold what the largest of the group's ranks holds, key by key."""
     rank, ranks = dist.get_rank(), dist.get_world_size(group)
     held = {key: workspace.tensor.numel() for key, workspace in pool.workspaces().items()}
-    gathered: list[tuple[int, tuple, dict[Key, int]] | None] = [None] * ranks
+    gathered: list[tuple[int, Identity, dict[Key, int]] | None] = [None] * ranks
     dist.all_gather_object(gathered, (rank, pool.identity, held), group=group)
     everyone = [entry for entry in gathered if entry is not None]
     every_held = {r: sizes for r, _, sizes in everyone}
@@ -91,11 +93,11 @@ def agree(pool: WorkspacePool, group: ProcessGroup) -> None:
     )
 
 
-def _describe(identity: tuple) -> str:
+def _describe(identity: Identity) -> str:
     owner, config_key, _ = identity
     return f"pool {owner!r}" + (f" ({config_key})" if config_key else "")
 
 
-def _served(identity: tuple) -> str:
+def _served(identity: Identity) -> str:
     served = identity[2]
     return "any key" if served is None else ", ".join(f"{label}/{slot}" for label, slot in served)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -49,7 +50,7 @@ def calibrated_yaml(
     margin: float = DEFAULT_MARGIN,
 ) -> str:
     """The text of ``<deployment>_calibrated.yaml``."""
-    resources: dict = {}
+    resources: dict[str, Any] = {}
     for m in measured:
         node = resources
         for part in m.path.split("."):

@@ -215,7 +215,7 @@ def _replay(
         "tokens_identical": identical,
     }
     if group is not None:  # rank 0 reports every rank's figures
-        every_report: list[dict | None] = [None] * ranks
+        every_report: list[dict[str, Any] | None] = [None] * ranks
         dist.all_gather_object(every_report, report, group=group)
         report["per_rank"] = every_report
     failures = []

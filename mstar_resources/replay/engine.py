@@ -262,7 +262,10 @@ class Setup:
         return self.result
 
     def _prefill_step(
-        self, chunks: Sequence[Chunk], prompts: dict[int, tuple[int, ...]], tokens: dict
+        self,
+        chunks: Sequence[Chunk],
+        prompts: dict[int, tuple[int, ...]],
+        tokens: dict[int, list[int]],
     ) -> None:
         device, page = self.model.device, self.model.shape.page_size
         ids: list[int] = []

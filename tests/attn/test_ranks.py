@@ -97,8 +97,8 @@ def mismatched(rank: int, world: int) -> Any:
     try:
         pool.seal(group=dist.group.WORLD)
     except WorkspaceAgreementError as error:
-        return ("WorkspaceAgreementError", str(error), pool.sealed, error.ranks,
-                tuple(sorted(error.reasons.items())), tuple(sorted(error.held.items())))  # fmt: skip
+        reasons, held = sorted(error.reasons.items()), sorted(error.held.items())
+        return ("WorkspaceAgreementError", str(error), pool.sealed, error.ranks, reasons, held)
     return "sealed"
 
 

@@ -245,7 +245,9 @@ def test_sealed_overflow_names_workspace_bytes_and_setting_and_never_moves():
     assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, MIB)
     error = raised.value
     assert (error.workspace, error.held_bytes, error.needed_bytes) == (
-        "attention:decode", MIB, 2 * MIB
+        "attention:decode",
+        MIB,
+        2 * MIB,
     )
     assert (error.setting, error.suggested_mb) == ("resources.attn.decode.declared_mb", 2)
 
@@ -502,7 +504,7 @@ def test_pool_summary_is_logged_at_seal(caplog):
     ]
 
 
-# --- what an engine reads: fields, not text; state it cannot write ---------------------------------
+# --- what an engine reads: fields, not text; state it cannot write -------------------------------
 
 
 def test_growth_error_carries_its_figures():
@@ -511,7 +513,10 @@ def test_growth_error_carries_its_figures():
         workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1 << 55, 16)]))
     error = raised.value
     assert (error.workspace, error.held_bytes, error.needed_bytes, error.setting) == (
-        "attention:decode", MIB, 1 << 55, "resources.attn.decode.declared_mb"
+        "attention:decode",
+        MIB,
+        1 << 55,
+        "resources.attn.decode.declared_mb",
     )
 
 
@@ -558,7 +563,10 @@ def test_floor_allocation_error_carries_its_figures():
         pool.get("decode")
     error = raised.value
     assert (error.workspace, error.held_bytes, error.needed_bytes, error.setting) == (
-        "attention:decode", 0, MAX_MB * MIB, "size_mb"
+        "attention:decode",
+        0,
+        MAX_MB * MIB,
+        "size_mb",
     )
 
 
