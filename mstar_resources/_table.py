@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Container, Sequence
+
+
+def display_width(text: str) -> int:
+    """The columns ``text`` takes in a terminal: wide and fullwidth characters (CJK) two, combining
+    marks none, the rest one."""
+    width = 0
+    for char in text:
+        if unicodedata.category(char) in ("Mn", "Me"):
+            continue  # drawn over the character before it
+        width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    return width
 
 
 def format_table(rows: Sequence[Sequence[str] | None], right: Container[int] = ()) -> str:
     """``rows`` as aligned columns, two spaces apart; None draws a rule across them, and the
     columns numbered in ``right`` are right-aligned."""
     cells = [row for row in rows if row is not None]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    widths = [max(display_width(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = []
     for row in rows:
         line = ["-" * width for width in widths] if row is None else row
-        lines.append(
-            "  ".join(
-                cell.rjust(width) if i in right else cell.ljust(width)
-                for i, (cell, width) in enumerate(zip(line, widths, strict=True))
-            ).rstrip()
-        )
+        padded = []
+        for i, (cell, width) in enumerate(zip(line, widths, strict=True)):
+            # str.ljust counts characters, and a CJK character takes two columns.
+            pad = " " * (width - display_width(cell))
+            padded.append(pad + cell if i in right else cell + pad)
+        lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)

@@ -11,6 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from _args import refuse
+
 
 def add_png_option(parser: argparse.ArgumentParser) -> None:
     """Adds ``--png PATH``, the file to draw the figure into (none by default)."""
@@ -39,7 +41,7 @@ def check_png(parser: argparse.ArgumentParser, png: Path | None) -> None:
         except ImportError:
             problem = "drawing needs matplotlib: pip install 'mstar-resources[bench]'"
     if problem:
-        parser.exit(2, f"{parser.prog}: error: --png {png}: {problem}\n")
+        refuse(parser, "--png", png, problem)
 
 
 def pyplot() -> Any:

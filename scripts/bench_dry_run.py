@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import positive_int
 from _plot import add_png_option, check_png, pyplot, save
 
 GOAL_RATIO = 2.0
@@ -109,12 +110,12 @@ def plot(medians: dict[str, float], png: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    parser.add_argument(
+        "--rounds", type=positive_int, default=7, help="interleaved rounds (default 7)"
+    )
     add_png_option(parser)
     options = parser.parse_args(argv)
     check_png(parser, options.png)
-    if options.rounds < 1:
-        parser.error("--rounds must be at least 1")
     times: dict[str, list[float]] = {name: [] for name in COMMANDS}
     try:
         with tempfile.TemporaryDirectory() as cwd:

@@ -30,6 +30,7 @@ from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, default_out
 from mstar_resources.calibration.engines import engine_buffers_mb
 from mstar_resources.calibration.profile import load_profile
 
+from _args import one_of
 from _plot import add_png_option, check_png, pyplot, save
 
 MIB = 1 << 20
@@ -86,12 +87,23 @@ def plot(results: dict[str, dict[str, float]], png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    calibrated = calibrated_deployments()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("deployments", nargs="*", help="default: every calibrated deployment")
+    parser.add_argument(
+        "deployments",
+        nargs="*",
+        type=one_of(
+            calibrated,
+            "calibrated deployment",
+            fix=f"on a GPU, mstar-resources-calibrate deployment=<name> writes "
+            f"<name>{CALIBRATED_SUFFIX}",
+        ),
+        help="default: every calibrated deployment",
+    )
     add_png_option(parser)
     options = parser.parse_args(argv)
     check_png(parser, options.png)
-    deployments = options.deployments or calibrated_deployments()
+    deployments = options.deployments or calibrated
     if not deployments:
         print("no calibrated deployments: run mstar-resources-calibrate on a GPU", file=sys.stderr)
         return 1

@@ -5,7 +5,8 @@
     python scripts/bench_plan_overhead.py --png docs/bench_plan_overhead.png  # README's, on a GPU
 
 Three planners: a real FlashInfer decode plan (batch 64, 4096 tokens each; only where there are a
-CUDA GPU and FlashInfer, else the row is left out and stderr says why); on the CPU, a planner of
+CUDA GPU and FlashInfer, else the row is left out and stderr says why, or, asked for alone with
+``--device cuda``, the run is refused with status 2); on the CPU, a planner of
 similar cost (host work calibrated to the decode plan's ~220 us); and a no-op planner, which
 leaves only Workspace.plan's own cost. Each round times direct, wrapped, wrapped, direct (ABBA, so
 a drift in the machine's speed cancels out) and takes its ratio and difference within the round;
@@ -29,6 +30,7 @@ import torch.utils.benchmark as benchmark
 
 from mstar_resources import WorkspacePool
 
+from _args import non_negative_float, positive_int, refuse
 from _plot import add_png_option, check_png, pyplot, save
 
 DECODE_PLAN_US = 220.0  # FlashInfer's decode plan on an H200 (see the FlashInfer notes)
@@ -154,17 +156,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     # Many short rounds: a drift in the machine's speed within a round is small, and the median
     # over rounds leaves out the rounds that something else on the machine disturbed.
-    parser.add_argument("--rounds", type=int, default=41, help="ABBA rounds (default 41)")
+    parser.add_argument("--rounds", type=positive_int, default=41, help="ABBA rounds (default 41)")
     parser.add_argument(
-        "--min-run-time", type=float, default=0.02, help="seconds per measurement (default 0.02)"
+        "--min-run-time",
+        type=non_negative_float,
+        default=0.02,
+        help="seconds per measurement (default 0.02)",
     )
     add_png_option(parser)
     options = parser.parse_args(argv)
     check_png(parser, options.png)
     missing = gpu_missing() if options.device in ("cuda", "all") else None
     if missing and options.device == "cuda":
-        print(f"no FlashInfer decode row: {missing}", file=sys.stderr)
-        return 1
+        # The only row asked for is one this machine cannot measure: nothing is left to run.
+        refuse(parser, "--device", "cuda", f"{missing}; --device cpu measures the CPU rows")
     rows = []
     if options.device in ("cpu", "all"):
         planners = {

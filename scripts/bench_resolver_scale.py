@@ -29,6 +29,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import build_pools, resolve
 
+from _args import positive_int
 from _plot import add_png_option, check_png, pyplot, save
 
 SIZES = [10, 100, 1_000]
@@ -95,12 +96,18 @@ def plot(results: dict[int, dict[str, float]], png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--sizes", type=int, nargs="+", default=SIZES, help="tree sizes (default 10 100 1000)"
+        "--sizes",
+        type=positive_int,
+        nargs="+",
+        default=SIZES,
+        help="tree sizes (default 10 100 1000)",
     )
     parser.add_argument(
         "--full", action="store_true", help=f"the full sweep: also {FULL_SIZE:,} resources"
     )
-    parser.add_argument("--repeats", type=int, default=5, help="repeats per median (default 5)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=5, help="repeats per median (default 5)"
+    )
     add_png_option(parser)
     options = parser.parse_args(argv)
     check_png(parser, options.png)

@@ -41,6 +41,7 @@ import torch.multiprocessing as mp
 
 from mstar_resources import WorkspacePool
 
+from _args import positive_int, refuse
 from _plot import add_png_option, check_png, pyplot, save
 
 RANKS = [2, 4]
@@ -262,7 +263,7 @@ def plot(rows: list[Row], png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--ranks", type=int, nargs="+", default=RANKS, help="world sizes (default 2 4)"
+        "--ranks", type=positive_int, nargs="+", default=RANKS, help="world sizes (default 2 4)"
     )
     parser.add_argument("--full", action="store_true", help=f"also {FULL_RANKS} ranks")
     parser.add_argument(
@@ -271,22 +272,19 @@ def main(argv: list[str] | None = None) -> int:
         default="gloo",
         help="gloo: pools on the CPU (default); nccl: rank r on cuda:r, one GPU per rank",
     )
-    parser.add_argument("--rounds", type=int, default=30, help="timed rounds (default 30)")
+    parser.add_argument("--rounds", type=positive_int, default=30, help="timed rounds (default 30)")
     add_png_option(parser)
     options = parser.parse_args(argv)
     check_png(parser, options.png)
-    if options.rounds < 1:
-        parser.error("--rounds must be at least 1")
-    if min(options.ranks) < 1:
-        parser.error("--ranks must be at least 1")
     worlds = sorted(set(options.ranks) | ({FULL_RANKS} if options.full else set()))
     if options.backend == "nccl":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus < worlds[-1]:
-            parser.exit(
-                2,
-                f"{parser.prog}: error: --backend nccl with {worlds[-1]} ranks needs "
-                f"{worlds[-1]} GPUs, one per rank; this machine has {gpus}\n",
+            refuse(
+                parser,
+                "--backend",
+                "nccl",
+                f"{worlds[-1]} ranks need {worlds[-1]} GPUs, one per rank; this machine has {gpus}",
             )
     try:
         rows = [run_world(world, options.backend, options.rounds) for world in worlds]

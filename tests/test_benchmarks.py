@@ -1,13 +1,18 @@
 """The benchmarks in scripts/, at small sizes: each prints its table, writes nothing unless asked
-(``--png``), never creates a folder, and draws its figure when asked and matplotlib is there."""
+(``--png``), never creates a folder, and draws its figure when asked and matplotlib is there; bad
+input ends the run as an app's does (one paragraph on stderr, status 2)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -36,6 +41,81 @@ FAST = [
     # Two gloo ranks (each process imports torch: about 2 s) and two rounds after the warm-up.
     pytest.param(
         "bench_seal_ranks.py", ["--ranks", "2", "--rounds", "2"], "seal(group)", id="seal-ranks"
+    ),
+]
+
+
+def decode_row_measurable() -> bool:
+    """True where bench_plan_overhead.py --device cuda would measure, not refuse: CUDA and
+    FlashInfer are both there (torch is imported only where FlashInfer is)."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# Each flag's refusal, end to end: the script, its arguments, the flag and the value its error
+# must name, and any other text the error must hold. Refused before anything is measured, but the
+# scripts that import torch take a second or two each: one row per flag, the rules' edge cases
+# are in RULES.
+REFUSED = [
+    pytest.param(
+        "bench_memory.py",
+        ["llama3-8b-h100_calibrated"],
+        "deployments",
+        "llama3-8b-h100_calibrated",
+        "(did you mean llama3-8b-h200_calibrated?)",
+        id="memory-missing-deployment",
+    ),
+    pytest.param(
+        "bench_memory.py",
+        ["none"],
+        "deployments",
+        "none",
+        "llama3-8b-h200_calibrated",  # the calibrated ones are listed
+        id="memory-deployment-not-calibrated",
+    ),
+    pytest.param("bench_resolver_scale.py", ["--sizes", "-5"], "--sizes", "-5", "", id="sizes"),
+    pytest.param(
+        "bench_resolver_scale.py", ["--sizes", "10", "0"], "--sizes", "0", "", id="sizes-one-bad"
+    ),
+    pytest.param("bench_resolver_scale.py", ["--repeats", "0"], "--repeats", "0", "", id="repeats"),
+    pytest.param(
+        "bench_plan_overhead.py", ["--rounds", "0"], "--rounds", "0", "", id="plan-overhead-rounds"
+    ),
+    pytest.param(
+        "bench_plan_overhead.py",
+        ["--min-run-time", "-1"],
+        "--min-run-time",
+        "-1",
+        "",
+        id="min-run-time",
+    ),
+    pytest.param(
+        "bench_plan_overhead.py",
+        ["--device", "cuda"],
+        "--device",
+        "cuda",
+        "--device cpu",  # the fix
+        id="plan-overhead-cuda",
+        marks=pytest.mark.skipif(
+            decode_row_measurable(), reason="CUDA and FlashInfer are here: the row is measured"
+        ),
+    ),
+    pytest.param("bench_dry_run.py", ["--rounds", "0"], "--rounds", "0", "", id="dry-run-rounds"),
+    pytest.param(
+        "bench_seal_ranks.py", ["--rounds", "0"], "--rounds", "0", "", id="seal-ranks-rounds"
+    ),
+    pytest.param("bench_seal_ranks.py", ["--ranks", "0"], "--ranks", "0", "", id="ranks"),
+    # No machine has a GPU for each of 1,000 ranks.
+    pytest.param(
+        "bench_seal_ranks.py",
+        ["--backend", "nccl", "--ranks", "1000"],
+        "--backend",
+        "nccl",
+        "1000 GPUs",
+        id="nccl-without-gpus",
     ),
 ]
 
@@ -117,3 +197,55 @@ def test_png_writes_the_figure(tmp_path: Path, script: str, args: list[str], hea
     assert done.stdout.splitlines()[-1] == f"plot: {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(tmp_path.iterdir()) == [png]
+
+
+@pytest.mark.parametrize(("script", "args", "flag", "value", "also"), REFUSED)
+def test_bad_input_is_a_usage_error(
+    tmp_path: Path, script: str, args: list[str], flag: str, value: str, also: str
+) -> None:
+    done = run(script, *args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+    assert "\n\n" not in done.stderr.strip()  # one paragraph
+    # argparse's own refusals print the usage first: the error is the last line.
+    line = done.stderr.splitlines()[-1]
+    assert line.startswith(f"{script}: error: ")
+    assert flag in line
+    assert value in line
+    assert also in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def rules(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """scripts/_args.py, imported as the benchmarks import it (from beside them)."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    return importlib.import_module("_args")
+
+
+# The argument rules the benchmarks share, in-process: a rule, a command-line text, and the
+# value it becomes (None: refused, the text named in the error).
+RULES = [
+    pytest.param("positive_int", "1", 1, id="int-one"),
+    pytest.param("positive_int", "0", None, id="int-zero"),
+    pytest.param("positive_int", "-5", None, id="int-negative"),
+    pytest.param("positive_int", "1.5", None, id="int-fraction"),
+    pytest.param("positive_int", "x", None, id="int-not-a-number"),
+    pytest.param("non_negative_float", "0", 0.0, id="float-zero"),
+    pytest.param("non_negative_float", "0.02", 0.02, id="float-positive"),
+    pytest.param("non_negative_float", "-1", None, id="float-negative"),
+    pytest.param("non_negative_float", "nan", None, id="float-nan"),
+    pytest.param("non_negative_float", "inf", None, id="float-inf"),
+    pytest.param("non_negative_float", "x", None, id="float-not-a-number"),
+]
+
+
+@pytest.mark.parametrize(("rule", "text", "value"), RULES)
+def test_argument_rule(rules: ModuleType, rule: str, text: str, value: float | None) -> None:
+    convert = getattr(rules, rule)
+    if value is None:
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
+            convert(text)
+    else:
+        assert convert(text) == value
