@@ -1,17 +1,26 @@
-"""A synthetic serving trace: requests with long-tailed prompt and output lengths, arriving over
-engine steps. Seeded, so the same arguments always give the same trace."""
+"""A serving trace: requests arriving over engine steps, either synthetic (long-tailed prompt and
+output lengths) or read from a production trace file (arrival times and lengths). Seeded, so the
+same arguments always give the same trace."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
 import random
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from decimal import ROUND_FLOOR, Decimal, InvalidOperation
+from pathlib import Path
 from typing import TypeGuard
 
 from .._floor import is_int, is_positive_int
 from ..errors import ResourceConfigError
 
-__all__ = ["Request", "synthetic_trace"]
+__all__ = ["CSV_COLUMNS", "JSONL_KEYS", "Request", "TraceFile", "read_trace", "synthetic_trace"]
 
 
 @dataclass(frozen=True)
@@ -126,3 +135,367 @@ def _check_trace_args(**args: object) -> None:
 def _is_real(value: object) -> TypeGuard[float]:
     """True for an int or float that is not a bool (``True`` is not a rate)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+CSV_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+"""The columns a CSV trace needs (the Azure LLM inference trace 2023's): arrival time, prompt
+tokens, output tokens. Others are ignored."""
+
+JSONL_KEYS = ("arrival_s", "prompt_len", "output_len")
+"""The keys each object of a JSON-lines trace needs: arrival in seconds, prompt tokens, output
+tokens. Others are ignored."""
+
+_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+"""The format each accepted suffix (lower case) names."""
+
+_TIMESTAMP = re.compile(
+    r"(?P<main>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2})(?:\.(?P<fraction>\d+))?(?P<zone>Z|[+-].+)?",
+    re.ASCII,
+)
+"""A date and time with any number of fractional digits: the Azure trace writes 7, which
+``datetime.fromisoformat`` does not read before Python 3.11, so the fraction is read apart."""
+
+_WHOLE = re.compile(r"[+-]?\d+", re.ASCII)
+"""A length as a CSV writes it; ``int()`` alone would also take ``1_000`` and non-ASCII digits."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+_FIX = "fix the row, or read a slice without it (offset, limit)"
+"""What to do about a bad value in a row, which every such message ends with."""
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """The requests read from a slice of a trace file, and what became of its rows."""
+
+    requests: list[Request]
+    """The requests kept, in arrival order, with ids 0..n-1; prompts are seeded random tokens."""
+    path: Path
+    """The file, as given."""
+    offset: int
+    """Rows of the file skipped before the slice (rows are counted from 0, after a header)."""
+    rows_read: int
+    """Rows in the slice: the requests kept plus those refused."""
+    rows_in_file: int
+    """Rows in the whole file; those outside the slice are counted, not checked."""
+    refused: int
+    """Rows whose prompt has ``max_model_len`` tokens or more: an engine rejects them unserved."""
+    clipped: int
+    """Requests whose output was cut to end at ``max_model_len`` tokens, as an engine stops them."""
+    span_s: float
+    """Seconds from the slice's first arrival to its last (refused rows included)."""
+    step_ms: float
+    """Milliseconds one engine step stood for when arrival times became arrival steps."""
+
+
+def read_trace(
+    path: str | Path,
+    *,
+    max_model_len: int,
+    vocab_size: int,
+    seed: int,
+    step_ms: float,
+    offset: int = 0,
+    limit: int | None = None,
+) -> TraceFile:
+    """The requests of rows ``offset`` .. ``offset + limit - 1`` of a production trace file.
+
+    The suffix picks the format: ``.csv`` with the columns of :data:`CSV_COLUMNS` (the Azure LLM
+    inference trace 2023; ``TIMESTAMP`` a date and time such as ``2023-11-16 18:17:03.9799600``,
+    or a number of seconds), or ``.jsonl``/``.json`` with one object a line holding
+    :data:`JSONL_KEYS`. Rows are counted from 0 after the header; ``limit=None`` reads to the end.
+
+    Arrivals are sorted by time, and ``step_ms`` (milliseconds one engine step stands for) maps
+    each to the step ``floor((t - t_first) / step_ms)``, where ``t_first`` is the slice's first
+    arrival. The trace holds lengths only, so each prompt is ``prompt_len`` token ids drawn from
+    ``random.Random(seed)`` over ``range(vocab_size)``, in arrival order. As an engine does, a
+    prompt of ``max_model_len`` tokens or more is refused (not served; counted in ``refused``), and
+    an output that would run past ``max_model_len`` is cut to fit (counted in ``clipped``).
+
+    Raises :class:`ResourceConfigError` for a bad argument, or a file that can't be read as a
+    trace, naming the file, the line (from 1) and the value, before anything is served.
+    """
+    _check_read_args(
+        max_model_len=max_model_len,
+        vocab_size=vocab_size,
+        seed=seed,
+        step_ms=step_ms,
+        offset=offset,
+        limit=limit,
+    )
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in _FORMATS:
+        raise ResourceConfigError(
+            f"trace file {path}: can't tell its format from the suffix {path.suffix!r}; name a CSV "
+            f"with the columns {','.join(CSV_COLUMNS)} '.csv', or JSON lines (one object a line "
+            f"with {', '.join(JSONL_KEYS)}) '.jsonl' or '.json'"
+        )
+    form = _FORMATS[suffix]
+    rows = _csv_rows(path) if form == "csv" else _jsonl_rows(path)
+    end = len(rows) if limit is None else offset + limit
+    if offset >= len(rows) or end > len(rows):
+        has = (
+            f"it has {len(rows)} rows (counted from 0 after any header), the last at line "
+            f"{rows[-1][0]}"
+        )
+        if offset >= len(rows):
+            raise ResourceConfigError(
+                f"trace file {path}: offset={offset} starts past its last row: {has}; set offset "
+                f"below {len(rows)}"
+            )
+        raise ResourceConfigError(
+            f"trace file {path}: offset={offset} limit={limit} select rows {offset}..{end - 1}, "
+            f"past its last row: {has}; set limit={len(rows) - offset} or less, or limit=None to "
+            "read to the end"
+        )
+    names = CSV_COLUMNS if form == "csv" else JSONL_KEYS
+    parsed = [_parse_row(path, line, fields, names) for line, fields in rows[offset:end]]
+    # Stable, so rows that arrive at the same time keep their order in the file.
+    parsed.sort(key=lambda row: row[0])
+    first = parsed[0][0]
+    step = Decimal(str(step_ms))  # str: 0.1 is 0.1 ms, not the float nearest it
+    rng = random.Random(seed)
+    tokens = range(vocab_size)
+    requests: list[Request] = []
+    refused = clipped = 0
+    for arrival, prompt_len, output_len in parsed:
+        if prompt_len >= max_model_len:
+            refused += 1
+            continue
+        if prompt_len + output_len > max_model_len:
+            clipped += 1
+            output_len = max_model_len - prompt_len
+        steps = ((arrival - first) * 1000 / step).to_integral_value(rounding=ROUND_FLOOR)
+        requests.append(
+            Request(
+                id=len(requests),
+                arrival_step=int(steps),
+                prompt=tuple(rng.choices(tokens, k=prompt_len)),
+                output_len=output_len,
+            )
+        )
+    return TraceFile(
+        requests=requests,
+        path=path,
+        offset=offset,
+        rows_read=len(parsed),
+        rows_in_file=len(rows),
+        refused=refused,
+        clipped=clipped,
+        span_s=float(parsed[-1][0] - first),
+        step_ms=step_ms,
+    )
+
+
+_Row = tuple[int, list[str] | str]
+"""A row of a trace file before its values are checked: its line (from 1), and the fields of
+:data:`CSV_COLUMNS` (CSV) or its text (JSON lines)."""
+
+_MAX_SECONDS = Decimal(10**12)
+"""Arrival times at or beyond this many seconds (about 31,700 years) are refused: no trace means
+them, and they would run past the precision the steps are computed with."""
+
+
+def _check_read_args(
+    max_model_len: object,
+    vocab_size: object,
+    seed: object,
+    step_ms: object,
+    offset: object,
+    limit: object,
+) -> None:
+    """Raise for every unusable argument of :func:`read_trace`, naming each."""
+    problems = []
+    if not is_int(max_model_len) or max_model_len < 2:
+        problems.append(
+            f"max_model_len={max_model_len!r} must be a whole number >= 2 "
+            "(a prompt token and an output token)"
+        )
+    if not is_positive_int(vocab_size):
+        problems.append(f"vocab_size={vocab_size!r} must be a positive whole number")
+    if not is_int(seed):
+        problems.append(f"seed={seed!r} must be a whole number")
+    if not _is_real(step_ms) or not 0 < step_ms < math.inf:
+        problems.append(
+            f"step_ms={step_ms!r} must be a finite number of milliseconds > 0 (what one engine "
+            "step stands for), e.g. step_ms=10"
+        )
+    if not is_int(offset) or offset < 0:
+        problems.append(f"offset={offset!r} must be a whole number >= 0 (rows to skip)")
+    if limit is not None and not is_positive_int(limit):
+        problems.append(f"limit={limit!r} must be a positive whole number of rows, or None")
+    if problems:
+        raise ResourceConfigError(*problems, where="read_trace's arguments")
+
+
+def _text(path: Path) -> str:
+    """The file's text; a missing file, a folder or bytes that are not UTF-8 are refused."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ResourceConfigError(f"trace file {path} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise ResourceConfigError(f"trace file {path} is a folder; pass a trace file") from None
+    try:
+        # -sig: a CSV saved by a spreadsheet may start with a byte-order mark.
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ResourceConfigError(
+            f"trace file {path}, line {line}: byte {data[error.start]:#04x} is not UTF-8 text; "
+            "a trace file is text"
+        ) from None
+
+
+def _csv_rows(path: Path) -> list[_Row]:
+    """Every row of a CSV trace after its header, with the line each ends on."""
+    # newline="": the csv module reads the line ends itself (a quoted field may hold one).
+    reader = csv.reader(io.StringIO(_text(path), newline=""))
+    header = next((row for row in reader if row), None)
+    if header is None:
+        raise ResourceConfigError(
+            f"trace file {path} is empty; a CSV trace starts with the header line "
+            f"{','.join(CSV_COLUMNS)}, then one request a line"
+        )
+    columns = [name.strip() for name in header]
+    missing = [name for name in CSV_COLUMNS if name not in columns]
+    if missing:
+        raise ResourceConfigError(
+            f"trace file {path}, line {reader.line_num}: the header has the columns "
+            f"{','.join(header)!r}, and a trace needs {', '.join(CSV_COLUMNS)} (the Azure LLM "
+            f"inference trace's); it lacks {', '.join(missing)}"
+        )
+    positions = [columns.index(name) for name in CSV_COLUMNS]
+    header_line = reader.line_num
+    rows: list[_Row] = []
+    for row in reader:
+        if not row:  # a blank line, e.g. at the end
+            continue
+        if len(row) != len(header):
+            raise ResourceConfigError(
+                f"trace file {path}, line {reader.line_num}: {','.join(row)!r} has {len(row)} "
+                f"fields, and the header has {len(header)}; each row needs one value a column"
+            )
+        rows.append((reader.line_num, [row[index] for index in positions]))
+    if not rows:
+        raise ResourceConfigError(
+            f"trace file {path} has a header (line {header_line}) and no rows after it; a trace "
+            "needs at least one request"
+        )
+    return rows
+
+
+def _jsonl_rows(path: Path) -> list[_Row]:
+    """Every non-blank line of a JSON-lines trace, unparsed: only the slice is parsed."""
+    rows: list[_Row] = [
+        (line, text) for line, text in enumerate(_text(path).splitlines(), start=1) if text.strip()
+    ]
+    if not rows:
+        raise ResourceConfigError(
+            f"trace file {path} is empty; a JSON-lines trace holds one object a line with "
+            f"{', '.join(JSONL_KEYS)}"
+        )
+    return rows
+
+
+def _parse_row(
+    path: Path, line: int, fields: list[str] | str, names: Sequence[str]
+) -> tuple[Decimal, int, int]:
+    """A row's arrival in seconds and its prompt and output lengths; a bad value is refused."""
+    where = f"trace file {path}, line {line}"
+    # A line of JSON is parsed only now, so that rows outside the slice cost no parsing.
+    values: Sequence[object] = _json_fields(where, fields) if isinstance(fields, str) else fields
+    time_name, prompt_name, output_name = names
+    arrival = _seconds(values[0])
+    if arrival is None:
+        raise ResourceConfigError(
+            f"{where}: {time_name}={_shown(values[0])} is neither a date and time (e.g. "
+            f"2023-11-16 18:17:03.9799600) nor a number of seconds (finite, under "
+            f"{_MAX_SECONDS:,}); {_FIX}"
+        )
+    prompt_len = _length(where, prompt_name, values[1], "a prompt needs a token")
+    output_len = _length(where, output_name, values[2], "a request generates at least one token")
+    return arrival, prompt_len, output_len
+
+
+def _json_fields(where: str, text: str) -> list[object]:
+    """The values of :data:`JSONL_KEYS` in a line of JSON; anything else is refused."""
+    try:
+        # Decimal: times keep every digit written; NaN and Infinity stay floats, refused later.
+        row = json.loads(text, parse_float=Decimal)
+    except json.JSONDecodeError:
+        row = None
+    if not isinstance(row, dict):
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ResourceConfigError(
+            f"{where}: {shown!r} is not a JSON object; a JSON-lines trace holds one object a "
+            f"line with {', '.join(JSONL_KEYS)}"
+        )
+    missing = [key for key in JSONL_KEYS if key not in row]
+    if missing:
+        raise ResourceConfigError(
+            f"{where}: the object has the keys {', '.join(row) or 'none'}, and a row needs "
+            f"{', '.join(JSONL_KEYS)}; it lacks {', '.join(missing)}"
+        )
+    return [row[key] for key in JSONL_KEYS]
+
+
+def _seconds(value: object) -> Decimal | None:
+    """Seconds of a number, or of a date and time since 1970 (UTC if it names no zone); None
+    for anything else, or a number that is not finite."""
+    if is_int(value) or isinstance(value, Decimal):
+        seconds: Decimal | None = Decimal(value)
+    elif isinstance(value, str):
+        seconds = _seconds_of_text(value.strip())
+    else:
+        return None
+    if seconds is None or not seconds.is_finite() or abs(seconds) >= _MAX_SECONDS:
+        return None
+    return seconds
+
+
+def _seconds_of_text(text: str) -> Decimal | None:
+    """Seconds written as a number, or as a date and time; None if it is neither."""
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        pass
+    match = _TIMESTAMP.fullmatch(text)
+    if match is None:
+        return None
+    zone = match["zone"] or ""
+    try:
+        moment = datetime.fromisoformat(match["main"] + ("+00:00" if zone == "Z" else zone))
+    except ValueError:  # a month 13, or a zone that is not one
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    whole = (moment - _EPOCH) // timedelta(seconds=1)
+    return whole + Decimal(f"0.{match['fraction'] or 0}")
+
+
+def _length(where: str, name: str, value: object, why: str) -> int:
+    """A length of at least one token; anything else is refused, saying ``why`` for zero."""
+    if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+        length = int(value)
+    elif is_int(value):
+        length = value
+    else:
+        raise ResourceConfigError(
+            f"{where}: {name}={_shown(value)} is not a whole number of tokens; {_FIX}"
+        )
+    if length < 0:
+        raise ResourceConfigError(
+            f"{where}: {name}={_shown(value)} is negative, and a length counts tokens; {_FIX}"
+        )
+    if length == 0:
+        raise ResourceConfigError(f"{where}: {name}={_shown(value)} is zero, and {why}; {_FIX}")
+    return length
+
+
+def _shown(value: object) -> str:
+    """A value as its file wrote it: quoted if it is text."""
+    if isinstance(value, str):
+        return repr(value)
+    return str(value) if isinstance(value, Decimal) else json.dumps(value)
