@@ -32,3 +32,15 @@ def test_the_table_reports_what_the_gpu_holds(tmp_path):
     done = run_cli("device=cuda:0", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "allocated on cuda:0: 1,610,612,736 bytes (torch.cuda.memory_allocated)" in done.stdout
+
+
+def test_a_calibration_reused_with_another_mla_shape_is_named_stale(tmp_path):
+    """DeepSeek-V3's calibration, as shipped, holds on the H200 it was measured on; composed with
+    another compressed-KV width, pools built on the GPU warn, naming the field and both values."""
+    deployment = "deployment=deepseek-v3-tp8-h200_calibrated"
+    done = run_cli("device=cuda", deployment, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    done = run_cli("device=cuda", deployment, "calibration.model.head_dim_ckv=256", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "profile.model.head_dim_ckv (512 recorded, 256 here)" in done.stderr
+    assert "mstar-resources-calibrate deployment=deepseek-v3-tp8-h200" in done.stderr

@@ -19,17 +19,18 @@ import gc
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
 from .._devices import cuda_device
 from .._floor import MIB
 from ..app import hydra_app, package_version
-from ..calibration.engines import vllm_buffer_mb
-from ..calibration.profile import ROOT, CalibrationProfile, PlanKind, load_profile
+from ..calibration.engines import SGLANG_MB, vllm_buffer_mb
+from ..calibration.profile import ROOT, CalibrationProfile, load_profile
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..resolver import ResolvedResource, build_pools, resolve
+from .roles import Roles, is_mla, roles_of
 
 if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
     from .model import Shape
@@ -37,11 +38,9 @@ if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
 __all__ = ["check", "main"]
 
 PROG = "replay"
-LABELS = {"prefill": PlanKind.paged_prefill, "decode": PlanKind.decode}
-"""The plan labels the replay plans, and the wrapper each must be planned with."""
 
 
-def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[ResolvedResource]]:
+def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[ResolvedResource], Roles]:
     """Everything the settings can get wrong, on any machine, before a GPU is touched."""
     problems = []
     for name, low in (("layers", 1), ("requests", 1), ("vocab_size", 2)):
@@ -69,20 +68,21 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
             "the engine's limits); pick one that has, e.g. deployment=llama3-8b-h200_calibrated"
         )
     profile = load_profile(cfg[ROOT])
-    for label, kind in LABELS.items():
-        plan = profile.plans.get(label)
-        if plan is None or plan.kind is not kind:
-            raise ResourceConfigError(
-                f"calibration.plans.{label} must be planned as kind={kind.value} for the replay "
-                f"(it has {plan.kind.value if plan else 'none'})"
-            )
+    records = resolve(cfg.resources)
+    roles = roles_of(records, profile)
     model = profile.model
-    if model.num_qo_heads % ranks or model.num_kv_heads % ranks:
+    if is_mla(profile):  # one compressed KV for all heads: only the heads are split
+        if model.num_qo_heads % ranks:
+            raise ResourceConfigError(
+                f"{ranks} ranks can't split calibration.model.num_qo_heads="
+                f"{model.num_qo_heads} evenly; run on a number of ranks that divides it"
+            )
+    elif model.num_qo_heads % ranks or model.num_kv_heads % ranks:
         raise ResourceConfigError(
             f"{ranks} ranks can't split calibration.model.num_qo_heads={model.num_qo_heads} and "
             f"num_kv_heads={model.num_kv_heads} evenly; run on a number of ranks that divides both"
         )
-    return profile, resolve(cfg.resources)
+    return profile, records, roles
 
 
 def kv_pages_for(free: int, workspace_bytes: int, shape: Shape, utilization: float) -> int:
@@ -102,7 +102,7 @@ def kv_pages_for(free: int, workspace_bytes: int, shape: Shape, utilization: flo
 def main(cfg: DictConfig) -> None:
     """Replay the trace on both setups and report; see the module's docstring."""
     ranks, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    profile, records = check(cfg, ranks)
+    profile, records, roles = check(cfg, ranks)
     device_setting = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if ranks > 1 else cfg.device
     device = cuda_device(device_setting, "the replay runs on a GPU")
     import torch
@@ -114,7 +114,7 @@ def main(cfg: DictConfig) -> None:
     if ranks > 1:
         dist.init_process_group("nccl", device_id=device)
     try:
-        failures = _replay(cfg, profile, records, device, rank, ranks)
+        failures = _replay(cfg, profile, records, roles, device, rank, ranks)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -128,6 +128,7 @@ def _replay(
     cfg: DictConfig,
     profile: CalibrationProfile,
     records: list[ResolvedResource],
+    roles: Roles,
     device: Any,
     rank: int,
     ranks: int,
@@ -148,7 +149,9 @@ def _replay(
     shape = Shape.of(profile, cfg.layers, cfg.vocab_size, ranks)
     model = Model(shape, device, cfg.seed, rank, ranks)
     # check() admits paged prefill and decode plans only, for which vLLM has a figure.
-    fixed_mb = cfg.fixed_buffer_mb or cast(int, vllm_buffer_mb(profile, ranks))
+    # vLLM's buffer where it plans FlashInfer for the model; for MLA on SM90 it plans none, and
+    # SGLang's (the engine that does) stands for the engines.
+    fixed_mb = cfg.fixed_buffer_mb or vllm_buffer_mb(profile, ranks) or SGLANG_MB
 
     # Each setup's KV cache is sized from the free memory measured once, now, less that setup's
     # workspaces (reserved before the KV cache is sized): measuring again after the first setup
@@ -181,11 +184,11 @@ def _replay(
 
     results = []
     for kind, make in (
-        ("library", lambda: LibraryBuffers(build_pools(cfg.resources, device))),
+        ("library", lambda: LibraryBuffers(build_pools(cfg.resources, device), roles)),
         ("fixed", lambda: FixedBuffer(fixed_bytes, device)),
     ):
         buffers = make()
-        setup = Setup(model, profile, buffers, kv_pages[kind], group, cfg.cuda_graphs)
+        setup = Setup(model, profile, buffers, kv_pages[kind], group, cfg.cuda_graphs, roles)
         progress = _progress(cfg.progress and rank == 0, len(steps), buffers.name)
         try:
             if cfg.warmup:

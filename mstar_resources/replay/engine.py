@@ -4,6 +4,10 @@ The order is an engine's: make the workspaces (the library's pools, reserved; or
 fixed buffer), size the KV cache from the free memory left, warm up (plans may grow), seal (with
 the group, across ranks), capture the decode graphs, then serve the schedule step by step: one
 prefill plan and one decode plan a step, each run by every layer.
+
+Two plan labels do the work (:class:`Roles`): one planned eagerly for the prefill chunks, one for
+the decodes (in CUDA-graph slot 0 under graphs). Their wrappers are FlashInfer's paged prefill and
+decode wrappers (:class:`PagedAttention`), or its MLA wrapper for both (:class:`MLAAttention`).
 """
 
 from __future__ import annotations
@@ -12,21 +16,160 @@ import abc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 
 from ..attn.workspace import Workspace, WorkspacePool
-from ..calibration.profile import CalibrationProfile, PlanKind
+from ..calibration.profile import CalibrationProfile
 from ..calibration.shapes import shapes_for
 from ..errors import ResourceConfigError, WorkspaceSealedError
-from .model import Model
+from .model import KVCache, Model, Query
+from .roles import Roles
 from .scheduler import Chunk, Step
 from .trace import Request
 
 DUMMY_PAGE = 0
 """A page no request owns: the padded rows of a graph batch attend to it and write to it."""
+
+
+PageTable = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""A batch's KV pages as FlashInfer's paged wrappers take them: (kv indptr, page ids, tokens in
+each request's last page)."""
+
+
+class Attention(abc.ABC):
+    """How one kind of attention builds, plans and runs FlashInfer's wrappers for a setup."""
+
+    def __init__(self, model: Model, profile: CalibrationProfile, roles: Roles) -> None:
+        self.shape, self.device = model.shape, model.device
+        self.backends = {role: profile.plans[label].backend for role, label in vars(roles).items()}
+        self.dtypes = {"q_data_type": self.shape.dtype, "kv_data_type": self.shape.kv_dtype}
+
+    @abc.abstractmethod
+    def prefill_wrapper(self, buffer: torch.Tensor) -> Any:
+        """The wrapper that plans and runs prefill chunks, on ``buffer``."""
+
+    @abc.abstractmethod
+    def decode_wrapper(self, buffer: torch.Tensor, graph_batch: int | None, pages: int) -> Any:
+        """A decode wrapper on ``buffer``: eager (``graph_batch`` None) or for a CUDA graph of
+        that batch over at most ``pages`` pages."""
+
+    @abc.abstractmethod
+    def prefill_plan(
+        self, qo: torch.Tensor, pages: PageTable
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``plan()``'s arguments for prefill chunks of query offsets ``qo`` over ``pages``."""
+
+    @abc.abstractmethod
+    def decode_plan(self, pages: PageTable) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``plan()``'s arguments for one decode token a request over ``pages``."""
+
+    @abc.abstractmethod
+    def run(self, wrapper: Any, kv_cache: KVCache, layer: int, q: Query) -> torch.Tensor:
+        """``layer``'s attention output for queries ``q``, as ``wrapper`` was planned."""
+
+
+class PagedAttention(Attention):
+    """FlashInfer's paged prefill and decode wrappers: grouped-query attention."""
+
+    def prefill_wrapper(self, buffer: torch.Tensor) -> Any:
+        import flashinfer
+
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            buffer, "NHD", backend=self.backends["prefill"]
+        )
+
+    def decode_wrapper(self, buffer: torch.Tensor, graph_batch: int | None, pages: int) -> Any:
+        import flashinfer
+
+        graph: dict[str, Any] = {}
+        if graph_batch is not None:
+            graph = {
+                "use_cuda_graph": True,
+                "paged_kv_indptr_buffer": self._zeros(graph_batch + 1),
+                "paged_kv_indices_buffer": self._zeros(pages),
+                "paged_kv_last_page_len_buffer": self._zeros(graph_batch),
+            }
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            buffer, "NHD", backend=self.backends["decode"], **graph
+        )
+
+    def prefill_plan(
+        self, qo: torch.Tensor, pages: PageTable
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (qo, *pages, *self._heads()), {"causal": True, **self.dtypes}
+
+    def decode_plan(self, pages: PageTable) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (*pages, *self._heads()), dict(self.dtypes)
+
+    def run(self, wrapper: Any, kv_cache: KVCache, layer: int, q: Query) -> torch.Tensor:
+        return cast(torch.Tensor, wrapper.run(q, kv_cache[0][layer]))
+
+    def _heads(self) -> tuple[int, int, int, int]:
+        s = self.shape
+        return s.qo_heads, s.kv_heads, s.head_dim, s.page_size
+
+    def _zeros(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.int32, device=self.device)
+
+
+class MLAAttention(PagedAttention):
+    """FlashInfer's MLA wrapper, for prefill and decode alike, on the split query and cache."""
+
+    def prefill_wrapper(self, buffer: torch.Tensor) -> Any:
+        from flashinfer.mla import BatchMLAPagedAttentionWrapper
+
+        return BatchMLAPagedAttentionWrapper(buffer, backend=self.backends["prefill"])
+
+    def decode_wrapper(self, buffer: torch.Tensor, graph_batch: int | None, pages: int) -> Any:
+        from flashinfer.mla import BatchMLAPagedAttentionWrapper
+
+        graph: dict[str, Any] = {}
+        if graph_batch is not None:
+            graph = {
+                "use_cuda_graph": True,
+                "qo_indptr": self._zeros(graph_batch + 1),
+                "kv_indptr": self._zeros(graph_batch + 1),
+                "kv_indices": self._zeros(pages),
+                "kv_len_arr": self._zeros(graph_batch),
+            }
+        return BatchMLAPagedAttentionWrapper(buffer, backend=self.backends["decode"], **graph)
+
+    def prefill_plan(
+        self, qo: torch.Tensor, pages: PageTable
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (), self._plan(qo, pages, causal=True)
+
+    def decode_plan(self, pages: PageTable) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        batch = pages[2].numel()
+        qo = torch.arange(batch + 1, dtype=torch.int32, device=self.device)
+        return (), self._plan(qo, pages, causal=False)
+
+    def run(self, wrapper: Any, kv_cache: KVCache, layer: int, q: Query) -> torch.Tensor:
+        out = wrapper.run(query=q, kv_cache=(kv_cache[0][layer], kv_cache[1][layer]))
+        return cast(torch.Tensor, out)
+
+    def _plan(self, qo: torch.Tensor, pages: PageTable, causal: bool) -> dict[str, Any]:
+        from flashinfer.mla import MLAPlanMetadata
+
+        s = self.shape
+        kv_indptr, indices, last = pages
+        lengths = (kv_indptr[1:] - kv_indptr[:-1] - 1) * s.page_size + last
+        return {
+            "metadata": MLAPlanMetadata.csr(qo, kv_indptr, indices, lengths),
+            "num_heads": s.qo_heads,
+            "head_dim_ckv": s.head_dim_ckv,
+            "head_dim_kpe": s.head_dim_kpe,
+            "page_size": s.page_size,
+            "causal": causal,
+            # The query-key width before absorption: DeepSeek-V3's 128 + 64.
+            "sm_scale": (s.head_dim + s.head_dim_kpe) ** -0.5,
+            "query_layout": "split",
+            "kv_cache_layout": "split",
+            **self.dtypes,
+        }
 
 
 class Buffers(abc.ABC):
@@ -65,11 +208,11 @@ class LibraryBuffers(Buffers):
 
     name = "mstar-resources"
 
-    def __init__(self, pools: dict[str, WorkspacePool]) -> None:
+    def __init__(self, pools: dict[str, WorkspacePool], roles: Roles) -> None:
         self.pools = pools
         self.reserved = sum(pool.reserve() for pool in pools.values())
-        self._prefill = _served(pools, "prefill", None)
-        self._decode = _served(pools, "decode", 0)
+        self._prefill = _served(pools, roles.prefill, None)
+        self._decode = _served(pools, roles.decode, 0)
 
     def prefill(self) -> torch.Tensor:
         return self._prefill.tensor
@@ -98,8 +241,9 @@ def _served(pools: dict[str, WorkspacePool], label: str, cg_slot: int | None) ->
             return pool.get(label, cg_slot)
     slot = "eagerly" if cg_slot is None else f"in cg slot {cg_slot}"
     raise ResourceConfigError(
-        f"no resource under resources serves label {label!r} {slot}; the replay plans prefill "
-        "eagerly and decode in cg slot 0 (e.g. resources.attn.decode.cg_slots=[0])"
+        f"no resource under resources serves label {label!r} {slot}; the replay plans its "
+        "prefill label eagerly and its decode label in cg slot 0 (e.g. "
+        "resources.attn.decode.cg_slots=[0])"
     )
 
 
@@ -163,58 +307,42 @@ class Setup:
         pages: int,
         group: Any,
         cuda_graphs: bool,
+        roles: Roles,
     ) -> None:
         self.model, self.profile, self.buffers = model, profile, buffers
-        self.group, self.cuda_graphs = group, cuda_graphs
-        shape, device = model.shape, model.device
+        self.group, self.cuda_graphs, self.roles = group, cuda_graphs, roles
+        shape = model.shape
         self.pages = pages
-        self.kv_cache = torch.empty(
-            (shape.layers, self.pages, 2, shape.page_size, shape.kv_heads, shape.head_dim),
-            dtype=shape.kv_dtype,
-            device=device,
-        )
-        self.kv_cache[:, DUMMY_PAGE].zero_()
+        self.kv_cache = model.empty_kv_cache(pages)
+        for layers in self.kv_cache:
+            layers[:, DUMMY_PAGE].zero_()
         self.result = SetupResult(
             name=buffers.name,
             workspace_bytes=buffers.bytes,
             kv_pages=self.pages - 1,
             kv_tokens=(self.pages - 1) * shape.page_size,
-            kv_bytes=self.kv_cache.numel() * self.kv_cache.element_size(),
+            kv_bytes=sum(t.numel() * t.element_size() for t in self.kv_cache),
             weights_bytes=model.bytes,
         )
-        import flashinfer
-
-        backend = {label: plan.backend for label, plan in profile.plans.items()}
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            buffers.prefill(), "NHD", backend=backend.get("prefill", "fa2")
-        )
-        self.eager_decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            buffers.decode(), "NHD", backend=backend.get("decode", "fa2")
-        )
+        self.attention = (MLAAttention if shape.mla else PagedAttention)(model, profile, roles)
+        self.prefill_wrapper = self.attention.prefill_wrapper(buffers.prefill())
+        self.eager_decode = self.attention.decode_wrapper(buffers.decode(), None, 0)
         max_pages = -(-profile.limits.max_model_len // shape.page_size)
         self.graphs: dict[int, _DecodeGraph] = {}
         if cuda_graphs:
             for batch in sorted(profile.cuda_graph_batch_sizes):
-                self.graphs[batch] = _DecodeGraph(
-                    self, batch, min(self.pages, batch * max_pages), backend.get("decode", "fa2")
-                )
-        self.plan_kwargs = {
-            "q_data_type": shape.dtype,
-            "kv_data_type": shape.kv_dtype,
-        }
+                self.graphs[batch] = _DecodeGraph(self, batch, min(self.pages, batch * max_pages))
 
     # --- warm-up, seal, capture -------------------------------------------------------------
 
     def warm_up(self) -> None:
         """Plan every label's bounding shapes (calibration's), so workspaces grow before sealing."""
         device, profile = self.model.device, self.profile
-        labels = [("prefill", PlanKind.paged_prefill)]
+        roles = [("prefill", self.roles.prefill)]
         if not self.graphs:  # with graphs, decode plans only graph batches (below)
-            labels.append(("decode", PlanKind.decode))
-        for label, wrapper_kind in labels:
-            plan = profile.plans.get(label)
-            if plan is None or plan.kind is not wrapper_kind:
-                continue
+            roles.append(("decode", self.roles.decode))
+        for role, label in roles:
+            plan = profile.plans[label]
             for shape in shapes_for(plan, profile, cuda_graph=False):
                 pages = -(-shape.kv_len // self.model.shape.page_size)
                 kv_indptr = _arange(shape.batch + 1, pages, device)
@@ -223,11 +351,11 @@ class Setup:
                     (shape.batch,), shape.kv_len - (pages - 1) * self.model.shape.page_size,
                     dtype=torch.int32, device=device,
                 )  # fmt: skip
-                if label == "prefill":
+                if role == "prefill":
                     qo = _arange(shape.batch + 1, shape.q_len, device)
-                    self._plan_prefill(qo, kv_indptr, indices, last)
+                    self._plan_prefill(qo, (kv_indptr, indices, last))
                 else:
-                    self._plan_eager_decode(kv_indptr, indices, last)
+                    self._plan_eager_decode((kv_indptr, indices, last))
         for graph in self.graphs.values():
             graph.plan_padding()
 
@@ -277,16 +405,12 @@ class Setup:
             qo.append(qo[-1] + chunk.length)
             if chunk.samples:
                 samples.append(qo[-1] - 1)
-        kv_indptr, indices, last = _page_table(chunks, page)
         slot_pages, slot_offsets = _slots(chunks, page)
-        self._plan_prefill(
-            _tensor(qo, device), _tensor(kv_indptr, device), _tensor(indices, device),
-            _tensor(last, device),
-        )  # fmt: skip
+        self._plan_prefill(_tensor(qo, device), _page_tensors(chunks, page, device))
         out = self.model.forward(
             _tensor(ids, device), _tensor(positions, device), _tensor(slot_pages, device),
             _tensor(slot_offsets, device), _tensor(samples, device, torch.int64), self.kv_cache,
-            lambda layer, q: self.prefill_wrapper.run(q, self.kv_cache[layer]),
+            lambda layer, q: self.attention.run(self.prefill_wrapper, self.kv_cache, layer, q),
         )  # fmt: skip
         sampled = [chunk.request for chunk in chunks if chunk.samples]
         for request, token in zip(sampled, out.tolist(), strict=True):
@@ -305,52 +429,33 @@ class Setup:
 
     def _eager_decode(self, chunks: Sequence[Chunk], inputs: list[int]) -> list[int]:
         device, page = self.model.device, self.model.shape.page_size
-        kv_indptr, indices, last = _page_table(chunks, page)
         slot_pages, slot_offsets = _slots(chunks, page)
-        self._plan_eager_decode(
-            _tensor(kv_indptr, device), _tensor(indices, device), _tensor(last, device)
-        )
+        self._plan_eager_decode(_page_tensors(chunks, page, device))
         out = self.model.forward(
             _tensor(inputs, device), _tensor([c.start for c in chunks], device),
             _tensor(slot_pages, device), _tensor(slot_offsets, device),
             torch.arange(len(chunks), device=device), self.kv_cache,
-            lambda layer, q: self.eager_decode.run(q, self.kv_cache[layer]),
+            lambda layer, q: self.attention.run(self.eager_decode, self.kv_cache, layer, q),
         )  # fmt: skip
         return list(out.tolist())
 
-    def _plan_prefill(self, qo: Any, kv_indptr: Any, indices: Any, last: Any) -> None:
-        s = self.model.shape
-        self.buffers.plan(
-            "prefill", self.prefill_wrapper.plan, qo, kv_indptr, indices, last,
-            s.qo_heads, s.kv_heads, s.head_dim, s.page_size, causal=True, **self.plan_kwargs,
-        )  # fmt: skip
+    def _plan_prefill(self, qo: torch.Tensor, pages: PageTable) -> None:
+        args, kwargs = self.attention.prefill_plan(qo, pages)
+        self.buffers.plan("prefill", self.prefill_wrapper.plan, *args, **kwargs)
 
-    def _plan_eager_decode(self, kv_indptr: Any, indices: Any, last: Any) -> None:
-        s = self.model.shape
-        self.buffers.plan(
-            "decode", self.eager_decode.plan, kv_indptr, indices, last,
-            s.qo_heads, s.kv_heads, s.head_dim, s.page_size, **self.plan_kwargs,
-        )  # fmt: skip
+    def _plan_eager_decode(self, pages: PageTable) -> None:
+        args, kwargs = self.attention.decode_plan(pages)
+        self.buffers.plan("decode", self.eager_decode.plan, *args, **kwargs)
 
 
 class _DecodeGraph:
     """The decode forward of one graph batch size, captured once and replayed every step whose
     decode batch pads to it; its wrapper is planned (outside the graph) before each replay."""
 
-    def __init__(self, setup: Setup, batch: int, max_pages: int, backend: str) -> None:
-        import flashinfer
-
+    def __init__(self, setup: Setup, batch: int, max_pages: int) -> None:
         self.setup, self.batch = setup, batch
         device = setup.model.device
-        self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            setup.buffers.decode(),
-            "NHD",
-            use_cuda_graph=True,
-            paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device=device),
-            paged_kv_indices_buffer=torch.zeros(max_pages, dtype=torch.int32, device=device),
-            paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device=device),
-            backend=backend,
-        )
+        self.wrapper = setup.attention.decode_wrapper(setup.buffers.decode(), batch, max_pages)
         self.tokens, self.positions, self.slot_pages, self.slot_offsets = (
             torch.zeros(batch, dtype=torch.int32, device=device) for _ in range(4)
         )
@@ -366,11 +471,9 @@ class _DecodeGraph:
             kv_indptr.append(kv_indptr[-1] + 1)
             indices.append(DUMMY_PAGE)
             last.append(1)
-        self.setup.buffers.plan(
-            "decode", self.wrapper.plan, _tensor(kv_indptr, device), _tensor(indices, device),
-            _tensor(last, device), s.qo_heads, s.kv_heads, s.head_dim, s.page_size,
-            **self.setup.plan_kwargs,
-        )  # fmt: skip
+        pages = (_tensor(kv_indptr, device), _tensor(indices, device), _tensor(last, device))
+        args, kwargs = self.setup.attention.decode_plan(pages)
+        self.setup.buffers.plan("decode", self.wrapper.plan, *args, **kwargs)
 
     def plan_padding(self) -> None:
         """A plan of padding rows only: what the graph's plans need, for warm-up and capture."""
@@ -385,7 +488,8 @@ class _DecodeGraph:
         def forward() -> torch.Tensor:
             return setup.model.forward(
                 self.tokens, self.positions, self.slot_pages, self.slot_offsets, self.rows,
-                setup.kv_cache, lambda layer, q: self.wrapper.run(q, setup.kv_cache[layer]),
+                setup.kv_cache,
+                lambda layer, q: setup.attention.run(self.wrapper, setup.kv_cache, layer, q),
             )  # fmt: skip
 
         side = torch.cuda.Stream()
@@ -421,6 +525,11 @@ def _page_table(chunks: Sequence[Chunk], page: int) -> tuple[list[int], list[int
         indices.extend(pages)
         last.append(chunk.start + chunk.length - (len(pages) - 1) * page)
     return kv_indptr, indices, last
+
+
+def _page_tensors(chunks: Sequence[Chunk], page: int, device: torch.device) -> PageTable:
+    kv_indptr, indices, last = _page_table(chunks, page)
+    return _tensor(kv_indptr, device), _tensor(indices, device), _tensor(last, device)
 
 
 def _slots(chunks: Sequence[Chunk], page: int) -> tuple[list[int], list[int]]:

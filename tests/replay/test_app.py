@@ -32,7 +32,8 @@ DEPLOYMENT = "deployment=llama3-8b-h200_calibrated"
                      r"report_dir='/dev/null/replay' can't be made a folder \(Not a directory\)",
                      id="report-dir"),
         pytest.param([DEPLOYMENT, "calibration.plans.decode.kind=paged_prefill"], {},
-                     r"calibration\.plans\.decode must be planned as kind=decode", id="plan-kind"),
+                     r"calibration\.plans\.decode\.kind=paged_prefill: the replay's model runs",
+                     id="plan-kind"),
         pytest.param([DEPLOYMENT], {"WORLD_SIZE": "3", "RANK": "0"},
                      r"3 ranks can't split calibration\.model\.num_qo_heads=32 and "
                      r"num_kv_heads=8 evenly", id="ranks"),

@@ -56,6 +56,19 @@ def test_a_short_replay_on_one_gpu(tmp_path):
     assert "generated tokens identical between the setups: yes" in done.stdout
 
 
+def test_the_mla_deployment_replays_through_flashinfer_s_mla_wrapper(tmp_path):
+    """DeepSeek-V3's rank of TP8: prefill and graph-captured decode on FlashInfer's MLA wrapper,
+    on the calibrated pools and on SGLang's buffer (vLLM plans no FlashInfer MLA on SM90)."""
+    args = [*SHORT[1:], "deployment=deepseek-v3-tp8-h200_calibrated", f"report_dir={tmp_path}"]
+    done = replay(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = check_report(tmp_path, 1)
+    assert report["model"]["attention"] == "mla"
+    ours, theirs = report["setups"]
+    assert ours["workspace_bytes"] == 3 * 17 * (1 << 20)  # the calibrated floors, three workspaces
+    assert theirs["workspace_bytes"] == 384 * (1 << 20)  # SGLang's buffer
+
+
 def test_a_floor_too_small_is_reported_with_the_setting_to_raise(tmp_path):
     done = replay(*SHORT, "resources.attn.decode.declared_mb=1", "warmup=false", cwd=tmp_path)
     assert done.returncode == 1
