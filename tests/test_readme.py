@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,3 +31,36 @@ def test_each_example_prints_what_the_readme_shows(tmp_path, args, output):
 
 def test_the_readme_has_no_unfilled_placeholder():
     assert not re.findall(r"\b[A-Z]+_TABLE\b", README)
+
+
+ENGINE_YAML = re.search(r"### In an engine\n.*?```yaml\n(.*?)```", README, re.S)
+ENGINE_APP = """
+import dataclasses, json
+from omegaconf import DictConfig
+from mstar_resources import resolve
+from mstar_resources.app import hydra_app
+
+@hydra_app("my-engine", config_name="engine", config_path="conf")
+def main(cfg: DictConfig) -> None:
+    print(json.dumps([dataclasses.asdict(r) for r in resolve(cfg.resources)]))
+
+main()
+"""
+
+
+def test_the_engine_snippet_runs_as_shown_and_writes_nothing(tmp_path):
+    """The README's engine config, copied as shown beside the engine's own model group, composes,
+    resolves, and leaves the working directory as it was."""
+    assert ENGINE_YAML is not None
+    engine = tmp_path / "engine"
+    (engine / "conf" / "model").mkdir(parents=True)
+    (engine / "conf" / "engine.yaml").write_text(ENGINE_YAML.group(1))
+    (engine / "conf" / "model" / "llama3-8b.yaml").write_text("name: llama3-8b\n")
+    (engine / "app.py").write_text(ENGINE_APP)
+    work = tmp_path / "work"
+    work.mkdir()
+    done = run_cli(python=[sys.executable, str(engine / "app.py")], cwd=work)
+    assert done.returncode == 0, done.stderr
+    paths = [record["path"] for record in json.loads(done.stdout)]
+    assert paths == ["attn.prefill", "attn.decode", "mla.decode"]
+    assert list(work.iterdir()) == []  # no outputs/, no .hydra/, no log
