@@ -73,10 +73,31 @@ class ReplaySettings(_Tree):
 
     layers: int = field(default=4, metadata={"expects": "a whole number of layers >= 1"})
     """Attention-and-MLP layers of the model (the attention shape is the deployment's)."""
+    trace: str | None = field(
+        default=None, metadata={"expects": "a .csv, .jsonl or .json trace file, or null"}
+    )
+    """A production trace to replay: a CSV in the Azure LLM inference trace 2023 format
+    (``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``), or JSON lines (``arrival_s``,
+    ``prompt_len``, ``output_len``); prompts are seeded random tokens of those lengths. Null: a
+    seeded synthetic trace."""
+    trace_offset: int = field(default=0, metadata={"expects": "a whole number of rows >= 0"})
+    """Rows of the trace file skipped before the ``requests`` rows replayed (counted from 0,
+    after the header)."""
     requests: int = field(default=64, metadata={"expects": "a whole number >= 1"})
-    """Requests in the synthetic trace."""
+    """Requests in the synthetic trace; with a trace file, the rows read from ``trace_offset``
+    on (those whose prompt does not fit ``max_model_len`` are refused, not served)."""
+    step_ms: float = field(
+        default=10.0, metadata={"expects": "a number of milliseconds > 0, e.g. step_ms=10"}
+    )
+    """Milliseconds one engine step stands for: a trace file's arrival times become arrival
+    steps by it (the synthetic trace draws its arrivals in steps and ignores it). The replay's
+    model is a few layers and steps faster than a served one, so arrivals are mapped to steps,
+    not to its wall clock; 10 ms is the order of a served model's step with a full batch, so
+    each step meets about the arrivals production would. Larger: more arrivals a step (heavier
+    load, fewer steps); smaller: lighter load, more steps."""
     seed: int = field(default=0, metadata={"expects": "a whole number"})
-    """Seeds the trace and the weights."""
+    """Seeds the trace (its arrivals and lengths if synthetic, its prompt tokens either way) and
+    the weights."""
     vocab_size: int = field(default=8192, metadata={"expects": "a whole number >= 2"})
     """The LM head's vocabulary (small: the model's shapes are what matter)."""
     memory_utilization: float = field(
@@ -91,7 +112,8 @@ class ReplaySettings(_Tree):
         default=None, metadata={"expects": "a whole number of MB, or null"}
     )
     """The engines' setup: one shared buffer of this size. Null: vLLM's size for the
-    deployment, max(394, max_num_batched_tokens x query heads x head dim x 16 B / 2**20)."""
+    deployment, max(394, max_num_batched_tokens x query heads x head dim x 16 B / 2**20), or for
+    MLA, which vLLM plans without FlashInfer on SM90, SGLang's 384."""
     device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
     """The GPU of a one-rank run (under torchrun each rank takes cuda:<local rank>)."""
     report_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})

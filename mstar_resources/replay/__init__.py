@@ -1,6 +1,7 @@
 """Proof in an engine's loop: a serving trace replayed on sealed, calibrated pools, on one GPU or
 on tensor-parallel ranks, against the engines' one fixed buffer (``scripts/replay.py``).
 
-``trace`` and ``scheduler`` are plain Python (what runs each step); ``model`` and ``engine`` run
-it on a GPU; ``app`` is the Hydra app; ``report`` prints and writes what it found.
+``trace``, ``workload`` and ``scheduler`` are plain Python (the requests, and what runs each
+step); ``model`` and ``engine`` run it on a GPU; ``app`` is the Hydra app; ``report`` prints and
+writes what it found.
 """

@@ -3,19 +3,22 @@
     python scripts/replay.py deployment=llama3-8b-h200_calibrated
     torchrun --nproc-per-node 2 scripts/replay.py deployment=llama3-8b-h200_calibrated
 
-Composes the deployment, makes a seeded synthetic trace and its schedule (``trace.py``,
-``scheduler.py``), builds the model (``model.py``), then runs the schedule twice (``engine.py``):
-on the deployment's pools, built, reserved, warmed up and sealed with the group, and on one fixed
-buffer shared by every wrapper. Both setups serve the same schedule, so their generated tokens
-must be identical, and after sealing nothing may grow or overflow; the report says each and the
-run fails (status 1) if one does not hold. Bad settings, or no GPU, end in one paragraph and
-status 2. Under ``torchrun`` the heads are split between the ranks (tensor parallel), NCCL sums
-the output and MLP projections, the pools are sealed with the group, and rank 0 reports.
+Composes the deployment, checks the settings and reads the trace before any GPU work (a seeded
+synthetic one, or a slice of a production trace file: ``workload.py``, ``trace.py``), makes its
+schedule (``scheduler.py``), builds the model (``model.py``), then runs the schedule twice
+(``engine.py``): on the deployment's pools, built, reserved, warmed up and sealed with the group,
+and on one fixed buffer shared by every wrapper. Both setups serve the same schedule, so their
+generated tokens must be identical, and after sealing nothing may grow or overflow; the report
+says each and the run fails (status 1) if one does not hold. Bad settings, a bad trace file, or no
+GPU, end in one paragraph and status 2. Under ``torchrun`` the heads are split between the ranks
+(tensor parallel), NCCL sums the output and MLP projections, the pools are sealed with the group,
+and rank 0 reports.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import os
 import sys
 from pathlib import Path
@@ -31,6 +34,7 @@ from ..calibration.profile import ROOT, CalibrationProfile, load_profile
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..resolver import ResolvedResource, build_pools, resolve
 from .roles import Roles, is_mla, roles_of
+from .workload import Workload, load_workload
 
 if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
     from .model import Shape
@@ -40,10 +44,13 @@ __all__ = ["check", "main"]
 PROG = "replay"
 
 
-def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[ResolvedResource], Roles]:
-    """Everything the settings can get wrong, on any machine, before a GPU is touched."""
+def check(
+    cfg: DictConfig, ranks: int
+) -> tuple[CalibrationProfile, list[ResolvedResource], Roles, Workload]:
+    """Everything the settings can get wrong, on any machine, before a GPU is touched. The trace
+    is read here too, so that a bad file is refused on any machine and the GPU part reads none."""
     problems = []
-    for name, low in (("layers", 1), ("requests", 1), ("vocab_size", 2)):
+    for name, low in (("layers", 1), ("requests", 1), ("vocab_size", 2), ("trace_offset", 0)):
         if cfg[name] < low:
             problems.append(f"{name}={cfg[name]} must be at least {low}")
     if not 0 < cfg.memory_utilization < 1:
@@ -52,6 +59,16 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
         )
     if cfg.fixed_buffer_mb is not None and cfg.fixed_buffer_mb < 1:
         problems.append(f"fixed_buffer_mb={cfg.fixed_buffer_mb} must be at least 1, or null")
+    if not 0 < cfg.step_ms < math.inf:
+        problems.append(
+            f"step_ms={cfg.step_ms} must be a finite number of milliseconds > 0 (what one engine "
+            "step stands for), e.g. step_ms=10"
+        )
+    if cfg.trace is None and cfg.trace_offset > 0:
+        problems.append(
+            f"trace_offset={cfg.trace_offset} skips rows of a trace file, and trace=null replays "
+            "the synthetic trace; set trace=PATH, or trace_offset=0"
+        )
     if cfg.report_dir is not None:
         try:
             Path(cfg.report_dir).mkdir(parents=True, exist_ok=True)
@@ -82,7 +99,16 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
             f"{ranks} ranks can't split calibration.model.num_qo_heads={model.num_qo_heads} and "
             f"num_kv_heads={model.num_kv_heads} evenly; run on a number of ranks that divides both"
         )
-    return profile, records, roles
+    workload = load_workload(
+        cfg.trace,
+        requests=cfg.requests,
+        trace_offset=cfg.trace_offset,
+        step_ms=cfg.step_ms,
+        seed=cfg.seed,
+        vocab_size=cfg.vocab_size,
+        max_model_len=profile.limits.max_model_len,
+    )
+    return profile, records, roles, workload
 
 
 def kv_pages_for(free: int, workspace_bytes: int, shape: Shape, utilization: float) -> int:
@@ -102,7 +128,7 @@ def kv_pages_for(free: int, workspace_bytes: int, shape: Shape, utilization: flo
 def main(cfg: DictConfig) -> None:
     """Replay the trace on both setups and report; see the module's docstring."""
     ranks, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    profile, records, roles = check(cfg, ranks)
+    profile, records, roles, workload = check(cfg, ranks)
     device_setting = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if ranks > 1 else cfg.device
     device = cuda_device(device_setting, "the replay runs on a GPU")
     import torch
@@ -114,7 +140,7 @@ def main(cfg: DictConfig) -> None:
     if ranks > 1:
         dist.init_process_group("nccl", device_id=device)
     try:
-        failures = _replay(cfg, profile, records, roles, device, rank, ranks)
+        failures = _replay(cfg, profile, records, roles, workload, device, rank, ranks)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -129,6 +155,7 @@ def _replay(
     profile: CalibrationProfile,
     records: list[ResolvedResource],
     roles: Roles,
+    workload: Workload,
     device: Any,
     rank: int,
     ranks: int,
@@ -138,17 +165,15 @@ def _replay(
     import torch.distributed as dist
 
     from . import report as reporting
-    from .engine import FixedBuffer, LibraryBuffers, Setup
+    from .engine import FixedBuffer, LibraryBuffers, SealedOverflow, Setup
     from .model import Model, Shape, describe
     from .scheduler import schedule
-    from .trace import synthetic_trace
 
     group = dist.group.WORLD if ranks > 1 else None
     limits = profile.limits
-    trace = synthetic_trace(cfg.requests, cfg.seed, limits.max_model_len, cfg.vocab_size)
+    trace = workload.requests
     shape = Shape.of(profile, cfg.layers, cfg.vocab_size, ranks)
     model = Model(shape, device, cfg.seed, rank, ranks)
-    # check() admits paged prefill and decode plans only, for which vLLM has a figure.
     # vLLM's buffer where it plans FlashInfer for the model; for MLA on SM90 it plans none, and
     # SGLang's (the engine that does) stands for the engines.
     fixed_mb = cfg.fixed_buffer_mb or vllm_buffer_mb(profile, ranks) or SGLANG_MB
@@ -196,7 +221,7 @@ def _replay(
             setup.seal_and_capture()
             result = setup.serve(steps, trace, progress)
         except WorkspaceSealedError as error:  # a graph's plan at capture did not fit
-            setup.result.sealed_overflow = error
+            setup.result.sealed_overflow = SealedOverflow.of(error)
             result = setup.result
         finally:
             progress.close()
@@ -213,7 +238,7 @@ def _replay(
         "gpu": torch.cuda.get_device_name(device),
         "ranks": ranks,
         "model": describe(shape),
-        "trace": {"requests": len(trace), "seed": cfg.seed, "steps": len(steps)},
+        "trace": reporting.trace_summary(workload, len(steps)),
         "setups": [reporting.setup_summary(r) for r in results],
         "tokens_identical": identical,
     }

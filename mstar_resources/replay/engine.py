@@ -269,6 +269,26 @@ class FixedBuffer(Buffers):
         return self.tensor.numel()
 
 
+@dataclass(frozen=True)
+class SealedOverflow:
+    """What a sealed workspace refused: the error's figures and text, kept without the error
+    itself, whose traceback would keep the setup (its KV cache) in memory."""
+
+    workspace: str
+    held_bytes: int
+    needed_bytes: int
+    setting: str
+    suggested_mb: int
+    message: str
+
+    @classmethod
+    def of(cls, error: WorkspaceSealedError) -> SealedOverflow:
+        return cls(
+            error.workspace, error.held_bytes, error.needed_bytes, error.setting,
+            error.suggested_mb, str(error),
+        )  # fmt: skip
+
+
 @dataclass
 class SetupResult:
     """What one setup did, for the report."""
@@ -283,7 +303,7 @@ class SetupResult:
     tokens: dict[int, list[int]] = field(default_factory=dict)
     growths_before_seal: int = 0
     growths_after_seal: int = 0
-    sealed_overflow: WorkspaceSealedError | None = None
+    sealed_overflow: SealedOverflow | None = None
     """The sealed error a plan raised while serving, if any (the run stops there)."""
     steps_served: int = 0
 
@@ -385,7 +405,7 @@ class Setup:
                 if progress is not None:
                     progress.update()
         except WorkspaceSealedError as error:
-            self.result.sealed_overflow = error
+            self.result.sealed_overflow = SealedOverflow.of(error)
         self.result.growths_after_seal = self.buffers.growths() - self.result.growths_before_seal
         return self.result
 

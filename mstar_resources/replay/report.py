@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Sequence
@@ -9,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .._table import format_table
-from ..errors import WorkspaceSealedError
 from .engine import SetupResult
+from .workload import Workload
 
 MIB = 1 << 20
 
@@ -42,22 +43,42 @@ def setup_summary(result: SetupResult) -> dict[str, Any]:
         "steps_served": result.steps_served,
         "growths_before_seal": result.growths_before_seal,
         "growths_after_seal": result.growths_after_seal,
-        "sealed_overflow": sealed_overflow(result.sealed_overflow),
+        "sealed_overflow": (
+            None if result.sealed_overflow is None else dataclasses.asdict(result.sealed_overflow)
+        ),
     }
 
 
-def sealed_overflow(error: WorkspaceSealedError | None) -> dict[str, Any] | None:
-    """A sealed overflow as report.json holds it: the error's fields and its message."""
-    if error is None:
-        return None
+def trace_summary(workload: Workload, steps: int) -> dict[str, Any]:
+    """The trace as report.json holds it: its source, and the requests, steps and tokens served
+    (the generated tokens are the trace's outputs, what each setup yields when it completes)."""
     return {
-        "workspace": error.workspace,
-        "held_bytes": error.held_bytes,
-        "needed_bytes": error.needed_bytes,
-        "setting": error.setting,
-        "suggested_mb": error.suggested_mb,
-        "message": str(error),
+        **workload.source,
+        "requests": len(workload.requests),
+        "steps": steps,
+        "prompt_tokens": sum(request.prompt_len for request in workload.requests),
+        "generated_tokens": sum(request.output_len for request in workload.requests),
     }
+
+
+def trace_line(trace: dict[str, Any]) -> str:
+    """The table's line on the trace (report.json's ``trace`` entry): its source, and what was
+    served of it."""
+    if trace["source"] == "file":
+        first = trace["offset"]
+        source = (
+            f"{trace['path']} rows {first:,}..{first + trace['rows'] - 1:,} of "
+            f"{trace['rows_in_file']:,} ({trace['span_s']:,.1f} s at {trace['step_ms']:g} ms a "
+            f"step, seed {trace['seed']})"
+        )
+    else:
+        source = f"synthetic (seed {trace['seed']})"
+    return (
+        f"trace: {source}: {trace['requests']:,} requests served, {trace['refused']:,} refused "
+        f"(prompt >= max_model_len {trace['max_model_len']:,}), {trace['clipped']:,} clipped "
+        f"(output cut to fit); {trace['steps']:,} steps; {trace['prompt_tokens']:,} prompt "
+        f"tokens, {trace['generated_tokens']:,} generated"
+    )
 
 
 def table(report: dict[str, Any]) -> str:
@@ -85,8 +106,8 @@ def table(report: dict[str, Any]) -> str:
     gained = ours["kv_tokens"] - theirs["kv_tokens"]
     ratio = ours["decode_p50_ms"] / theirs["decode_p50_ms"] if theirs["decode_p50_ms"] else 0.0
     lines += [
-        f"ranks: {report['ranks']}; {report['deployment']} on {report['gpu']}; "
-        f"{report['trace']['requests']} requests, {report['trace']['steps']:,} steps",
+        f"ranks: {report['ranks']}; {report['deployment']} on {report['gpu']}",
+        trace_line(report["trace"]),
         f"KV-cache tokens: {gained:+,} a rank with {ours['setup']} "
         f"({gained / max(1, theirs['kv_tokens']):+.2%}); decode p50 ratio "
         f"{ours['setup']}/{theirs['setup']}: {ratio:.3f}",

@@ -15,6 +15,23 @@ from ..test_cli import run_cli
 
 SCRIPT = str(Path(__file__).parents[2] / "scripts" / "replay.py")
 DEPLOYMENT = "deployment=llama3-8b-h200_calibrated"
+HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+TRACES = {
+    "good.csv": HEADER + "2023-11-16 18:15:46.6805900,374,44\n"
+    "2023-11-16 18:15:50.9951690,396,109\n2023-11-16 18:15:51.2224670,879,55\n",
+    "columns.csv": "time,prompt,output\n0,374,44\n",
+    "negative.csv": HEADER + "2023-11-16 18:15:46.6805900,-374,44\n",
+}
+"""Trace files the refusals read, written once into a folder of their own (``{traces}`` in an
+argument), so that each run's working folder stays empty."""
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("traces")
+    for name, text in TRACES.items():
+        (folder / name).write_text(text)
+    return folder
 
 
 @pytest.mark.parametrize(
@@ -37,9 +54,29 @@ DEPLOYMENT = "deployment=llama3-8b-h200_calibrated"
         pytest.param([DEPLOYMENT], {"WORLD_SIZE": "3", "RANK": "0"},
                      r"3 ranks can't split calibration\.model\.num_qo_heads=32 and "
                      r"num_kv_heads=8 evenly", id="ranks"),
+        pytest.param([DEPLOYMENT, "step_ms=0"], {},
+                     r"step_ms=0\.0 must be a finite number of milliseconds > 0", id="step-ms"),
+        pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=-1"], {},
+                     r"trace_offset=-1 must be at least 0", id="trace-offset"),
+        pytest.param([DEPLOYMENT, "trace_offset=2"], {},
+                     r"trace_offset=2 skips rows of a trace file, and trace=null replays the "
+                     r"synthetic trace", id="offset-without-trace"),
+        pytest.param([DEPLOYMENT, "trace={traces}/missing.csv"], {},
+                     r"trace file \S+/missing\.csv does not exist", id="trace-missing"),
+        pytest.param([DEPLOYMENT, "trace={traces}/columns.csv"], {},
+                     r"columns\.csv, line 1: the header has the columns 'time,prompt,output'.* "
+                     r"it lacks TIMESTAMP, ContextTokens, GeneratedTokens", id="trace-columns"),
+        pytest.param([DEPLOYMENT, "trace={traces}/negative.csv", "requests=1"], {},
+                     r"negative\.csv, line 2: ContextTokens='-374' is negative",
+                     id="trace-negative"),
+        pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=1"], {},
+                     r"offset=1 limit=64 select rows 1\.\.64, past its last row: it has 3 rows.* "
+                     r"\(the replay's trace_offset=1 is its offset, requests=64 its limit\)",
+                     id="trace-slice"),
     ],
 )  # fmt: skip
-def test_bad_settings_are_one_paragraph_and_exit_2(tmp_path, args, env, message):
+def test_bad_settings_are_one_paragraph_and_exit_2(tmp_path, traces, args, env, message):
+    args = [arg.replace("{traces}", str(traces)) for arg in args]
     done = run_cli(*args, cwd=tmp_path, env=env, python=[sys.executable, SCRIPT])
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.startswith("replay: error: ")
@@ -56,6 +93,19 @@ def test_without_a_gpu_it_says_so(tmp_path):
     done = run_cli(DEPLOYMENT, "layers=1", cwd=tmp_path, python=[sys.executable, SCRIPT])
     assert done.returncode == 2
     assert "torch sees no CUDA device" in done.stderr and "the replay runs on a GPU" in done.stderr
+
+
+def test_a_good_trace_file_is_read_before_the_gpu_is_looked_for(tmp_path, traces):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible; test_replay_gpu runs the replay")
+    # The same run refuses a bad file without a GPU (the table above): the file is read first.
+    good = traces / "good.csv"
+    done = run_cli(DEPLOYMENT, f"trace={good}", "trace_offset=1", "requests=2", cwd=tmp_path,
+                   python=[sys.executable, SCRIPT])  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "torch sees no CUDA device" in done.stderr and "trace file" not in done.stderr
 
 
 def test_help_is_the_app_s_own(tmp_path):

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from .test_trace_file import AZURE_HEAD
+
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).parents[2]
@@ -85,3 +87,17 @@ def test_a_short_replay_on_two_tensor_parallel_ranks(tmp_path):
     report = check_report(tmp_path, 2)
     assert [r["model"]["qo_heads_per_rank"] for r in report["per_rank"]] == [16, 16]
     assert all(r["tokens_identical"] for r in report["per_rank"])
+
+
+def test_a_trace_file_replays_and_the_report_says_what_was_served(tmp_path):
+    trace = tmp_path / "azure.csv"
+    trace.write_text(AZURE_HEAD)
+    args = [arg for arg in SHORT if not arg.startswith("requests=")]
+    done = replay(*args, f"trace={trace}", "requests=20", f"report_dir={tmp_path}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = check_report(tmp_path, 1)
+    served = report["trace"]
+    assert (served["source"], served["rows"], served["requests"]) == ("file", 20, 20)
+    assert (served["refused"], served["clipped"]) == (0, 0)
+    assert report["setups"][0]["tokens_out"] == served["generated_tokens"]
+    assert f"trace: {trace} rows 0..19 of 20" in done.stdout
