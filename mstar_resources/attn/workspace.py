@@ -276,15 +276,22 @@ class Workspace:
             whole = need
             asked = f"at least {need:,} ({failed})"
             caveat = " (allocations after it were not tried and may ask for more)"
-        return WorkspaceSealedError(
+        return self._refusal(
             f"workspace {self._name!r} is sealed at {have:,} bytes, and a plan needs {asked}; "
             f"set {self._floor}={mb_to_hold(whole)} or more{caveat}, or plan the largest shape "
             "before sealing",
+            needed=whole,
+        )
+
+    def _refusal(self, message: str, needed: int) -> WorkspaceSealedError:
+        """A sealed workspace's refusal of ``needed`` bytes, with its figures."""
+        return WorkspaceSealedError(
+            message,
             workspace=self._name,
-            held_bytes=have,
-            needed_bytes=whole,
+            held_bytes=self._tensor.numel(),
+            needed_bytes=needed,
             setting=self._floor,
-            suggested_mb=mb_to_hold(whole),
+            suggested_mb=mb_to_hold(needed),
         )
 
     def _grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
@@ -314,14 +321,10 @@ class Workspace:
         with self._lock:
             have = self._tensor.numel()
             if self._sealed and have < nbytes:
-                raise WorkspaceSealedError(
+                raise self._refusal(
                     f"workspace {self._name!r} is sealed at {have:,} bytes, and {ranks} hold "
                     f"{nbytes:,}; seal with the group before any rank seals alone",
-                    workspace=self._name,
-                    held_bytes=have,
-                    needed_bytes=nbytes,
-                    setting=self._floor,
-                    suggested_mb=mb_to_hold(nbytes),
+                    needed=nbytes,
                 )
             added = self._resize(nbytes, f"agreement with {ranks}")
             self._grown_to_agree += added

@@ -17,6 +17,7 @@ from mstar_resources import (
     WorkspaceAgreementError,
     WorkspaceGrowthError,
     WorkspacePool,
+    WorkspaceSealedError,
 )
 
 from ..ranks import run_ranks
@@ -173,3 +174,33 @@ def test_without_a_group_seal_is_the_plain_seal():
     pool.seal()
     assert pool.sealed and [s.grown_to_agree_bytes for s in pool.stats()] == [0]
     assert torch.distributed.is_initialized() is False
+
+
+def one_rank_sealed_alone(rank: int, world: int) -> Any:
+    pool = _pool(serves=SERVES)
+    workspace = pool.get("decode", 0)
+    if rank == 0:
+        workspace.seal()  # this rank sealed its workspace before the group did
+    else:
+        _grow(pool, "decode", 0, 3 * MIB)
+    try:
+        pool.seal(group=dist.group.WORLD)
+    except (WorkspaceSealedError, WorkspaceAgreementError) as error:
+        figures = (
+            (error.held_bytes, error.needed_bytes, error.suggested_mb)
+            if isinstance(error, WorkspaceSealedError)
+            else error.ranks
+        )
+        return type(error).__name__, str(error), pool.sealed, workspace.tensor.numel(), figures
+    return "sealed"
+
+
+def test_a_rank_that_sealed_alone_refuses_to_grow_and_no_rank_seals(tmp_path):
+    first, second = run_ranks(one_rank_sealed_alone, 2, tmp_path / "store")
+    kind, message, pool_sealed, held, figures = first
+    assert (kind, pool_sealed, held, figures) == ("WorkspaceSealedError", False, MIB,
+                                                  (MIB, 3 * MIB, 3))  # fmt: skip
+    assert "seal with the group before any rank seals alone" in message
+    kind, message, pool_sealed, held, figures = second
+    assert (kind, pool_sealed, held, figures) == ("WorkspaceAgreementError", False, 3 * MIB, (0,))
+    assert "rank 0 failed: WorkspaceSealedError" in message
