@@ -17,7 +17,6 @@ if TYPE_CHECKING:
         WorkspaceStats,
         workspace_bytes,
     )
-    from .calibration.stale import check_calibration
     from .errors import (
         ResourceConfigError,
         ResourceError,
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
         WorkspacePlanError,
         WorkspaceSealedError,
     )
-    from .resolver import ResolvedResource, build_pools, resolve
+    from .resolver import ResolvedResource, build_pools, check_calibration, resolve
 
 __all__ = [
     "ResolvedResource",
@@ -56,7 +55,7 @@ _HOMES = {
     "WorkspaceSealedError": ".errors",
     "WorkspaceStats": ".attn.workspace",
     "build_pools": ".resolver",
-    "check_calibration": ".calibration.stale",
+    "check_calibration": ".resolver",
     "resolve": ".resolver",
     "workspace_bytes": ".attn.workspace",
 }

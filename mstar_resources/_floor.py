@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeGuard
+from typing import Literal
 
 from .errors import ResourceConfigError
-
-MIB = 1 << 20
-"""One MB as engines size workspaces: a mebibyte."""
+from .units import MIB, is_int
 
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 """The variable that sets the floor of every workspace whose resource declares none."""
@@ -37,21 +35,6 @@ class Floor:
     @property
     def bytes(self) -> int:
         return self.mb * MIB
-
-
-def mb_to_hold(nbytes: int) -> int:
-    """The fewest whole MB that hold ``nbytes``."""
-    return -(-nbytes // MIB)
-
-
-def is_int(value: object) -> TypeGuard[int]:
-    """True for an int; ``True`` is a bool, not a number."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_positive_int(value: object) -> bool:
-    """True for an int above zero."""
-    return is_int(value) and value > 0
 
 
 def mb_problem(setting: str, value: object) -> str | None:

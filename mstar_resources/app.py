@@ -39,6 +39,7 @@ from typing import NoReturn
 
 import hydra
 from hydra import compose, initialize_config_dir, initialize_config_module
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -50,7 +51,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ._explain import explain, not_a_choice
 from .errors import ResourceConfigError
 
-__all__ = ["fail", "hydra_app"]
+__all__ = ["fail", "hydra_app", "package_version", "register_settings"]
 
 SHIPPED_CONF = "pkg://mstar_resources.conf"
 """Where the library's config tree is, for Hydra."""
@@ -64,6 +65,15 @@ def fail(prog: str, message: str) -> NoReturn:
     """Print ``prog: error: message`` on stderr and exit with status 2."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def register_settings(config_name: str, settings: type) -> None:
+    """Register ``settings``, the schema of an app's own settings, in Hydra's ConfigStore as
+    ``<config_name>_settings``, the name its primary config ``config_name`` lists first. An app
+    does it when it runs; a program composing that primary config itself does it first."""
+    ConfigStore.instance().store(
+        name=f"{config_name}_settings", node=settings, provider="mstar-resources"
+    )
 
 
 def package_version() -> str:
@@ -88,6 +98,7 @@ def hydra_app(
     compose_once: bool = False,
     command: str | None = None,
     version: str | Callable[[], str] | None = None,
+    settings: type | None = None,
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
     """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``.
 
@@ -96,6 +107,9 @@ def hydra_app(
     (``python scripts/replay.py``; default ``prog``), which errors name for ``--help``.
     ``version`` (or a function that returns it) is what ``--version`` prints after ``prog``;
     without it, ``--version`` names the mstar-resources it was built with.
+    ``settings``: the dataclass that types the app's own settings, registered in Hydra's
+    ConfigStore as ``<config_name>_settings`` when the app runs (its primary config lists it
+    first in its defaults), so that no other app's or engine's ConfigStore holds it.
     ``compose_once``: compose a plain run once (see the module's docstring); only for a config
     that sets ``hydra/job_logging: none`` and no output folder, since the run then skips Hydra's
     job set-up.
@@ -149,6 +163,8 @@ def hydra_app(
                 task(cfg)
 
         def main() -> None:
+            if settings is not None:
+                register_settings(config_name, settings)
             try:
                 with _options_resolver(config_name):
                     try:

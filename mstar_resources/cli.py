@@ -18,12 +18,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from ._devices import cuda_device, is_cuda_device
-from ._floor import MIB
 from ._table import format_table
 from .app import hydra_app, package_version
 from .errors import ResourceConfigError
 from .resolver import ResolvedResource, build_pools, resolve
-from .settings import OutputFormat
+from .settings import DryRunSettings, OutputFormat
+from .units import MIB
 
 __all__ = ["main"]
 
@@ -31,7 +31,13 @@ PROG = "mstar-resources"
 _COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB")
 
 
-@hydra_app(PROG, config_name="mstar_resources", compose_once=True, version=package_version)
+@hydra_app(
+    PROG,
+    config_name="mstar_resources",
+    compose_once=True,
+    version=package_version,
+    settings=DryRunSettings,
+)
 def main(cfg: DictConfig) -> None:
     """Resolve ``cfg.resources`` and print what it reserves (and allocate it on ``device=cuda``)."""
     device = cfg.device

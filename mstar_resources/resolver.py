@@ -18,18 +18,21 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._floor import MIB, FloorSource, is_int, resolve_floor
+from ._floor import FloorSource, resolve_floor
+from .calibrated import RECORD_KEY, StaleCalibration, warn_if_stale
 from .errors import ResourceConfigError, did_you_mean
+from .profile import PROFILE_KEY
 from .schema import Resource
+from .units import MIB, is_int
 
 if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools allocates
     import torch
 
     from .attn.workspace import WorkspacePool
 
-__all__ = ["ResolvedResource", "build_pools", "resolve"]
+__all__ = ["ResolvedResource", "build_pools", "check_calibration", "resolve"]
 
-ROOT = "resources"
+RESOURCES_KEY = "resources"
 """The config key the tree lives under; a resource's full key is ``resources.<path>``."""
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Resource)}
@@ -75,7 +78,7 @@ class ResolvedResource:
     @property
     def key(self) -> str:
         """The resource's full config key, e.g. ``resources.attn.decode``."""
-        return f"{ROOT}.{self.path}"
+        return f"{RESOURCES_KEY}.{self.path}"
 
     def served(self) -> Iterator[tuple[str, int | None]]:
         """Every (label, cg slot) the resource serves; the slot is None for eager."""
@@ -96,9 +99,9 @@ def resolve(
     problems: list[str] = []
     declared: list[tuple[str, Resource]] = []
     reads_env = False
-    for path, node in _walk(_as_config(resources_node), ROOT, problems):
+    for path, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
         reads_env = reads_env or _reads_env(node)
-        resource = _validate(node, f"{ROOT}.{path}", problems)
+        resource = _validate(node, f"{RESOURCES_KEY}.{path}", problems)
         if resource is not None:
             declared.append((path, resource))
     if reads_env:  # checked once: a bad variable is one problem, however many resources read it
@@ -110,7 +113,7 @@ def resolve(
         raise ResourceConfigError(*problems, where="the resources config")
     records = []
     for path, resource in declared:
-        floor = resolve_floor(resource.declared_mb, env, f"{ROOT}.{path}.declared_mb")
+        floor = resolve_floor(resource.declared_mb, env, f"{RESOURCES_KEY}.{path}.declared_mb")
         records.append(
             ResolvedResource(
                 path=path,
@@ -141,9 +144,12 @@ def build_pools(
     On a GPU, a tree composed from a calibrated deployment that was measured elsewhere (another
     GPU, other FlashInfer or torch versions, another profile) logs one WARNING that says so
     (:func:`mstar_resources.check_calibration`)."""
+    import torch
+
     from .attn.workspace import WorkspacePool
 
     env = dict(os.environ) if env is None else env  # the one environment resolve() checked
+    records = resolve(resources_node, env)
     pools = {
         record.path: WorkspacePool(
             device,
@@ -153,30 +159,49 @@ def build_pools(
             serves=record.served(),
             env=env,
         )
-        for record in resolve(resources_node, env)
+        for record in records
     }
-    _check_calibration(resources_node, device)
+    _warn_if_calibrated_elsewhere(resources_node, records, torch.device(device))
     if reserve:
         for pool in pools.values():
             pool.reserve()
     return pools
 
 
-def _check_calibration(
-    resources_node: DictConfig | Mapping[str, Any], device: torch.device | str
-) -> None:
-    """On a GPU, warn once if the tree comes from a deployment calibrated elsewhere (another GPU,
-    other FlashInfer or torch versions, another profile): see ``calibration/stale.py``."""
+def check_calibration(cfg: DictConfig, device: torch.device | str) -> StaleCalibration | None:
+    """Log one WARNING, and return what differs, when the composed config ``cfg`` (holding
+    ``resources``, ``calibration`` and ``calibrated``) was calibrated with other inputs than
+    those running on ``device``; None when it holds, or when ``cfg`` is not calibrated."""
     import torch
 
-    target = torch.device(device)
-    if target.type != "cuda" or not isinstance(resources_node, DictConfig):
-        return
-    root = resources_node._get_root()  # the composed config the tree was handed out of
-    if isinstance(root, DictConfig) and root is not resources_node:
-        from .calibration.stale import check_calibration
+    return warn_if_stale(
+        cfg.get(RECORD_KEY),
+        cfg.get(PROFILE_KEY),
+        resolve(cfg.get(RESOURCES_KEY) or {}),
+        torch.device(device),
+    )
 
-        check_calibration(root, target)
+
+def _warn_if_calibrated_elsewhere(
+    resources_node: DictConfig | Mapping[str, Any],
+    records: list[ResolvedResource],
+    device: torch.device,
+) -> None:
+    """On a GPU, the check of :func:`check_calibration` for a tree handed out of a composed
+    config: its ``calibrated`` record and ``calibration`` profile sit beside it."""
+    if device.type != "cuda" or not isinstance(resources_node, DictConfig):
+        return
+    warn_if_stale(
+        _beside(resources_node, RECORD_KEY), _beside(resources_node, PROFILE_KEY), records, device
+    )
+
+
+def _beside(node: DictConfig, key: str) -> Any:
+    """The value of ``key`` beside ``node`` in the config it was handed out of, or None."""
+    try:
+        return OmegaConf.select(node, f"..{key}")  # relative to node's parent
+    except OmegaConfBaseException:  # node is a config of its own: nothing beside it
+        return None
 
 
 def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
@@ -184,14 +209,14 @@ def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
         return resources_node
     if not isinstance(resources_node, Mapping):
         raise ResourceConfigError(
-            f"{ROOT}={resources_node!r} is not a mapping; give it resources by name "
-            f"(e.g. {ROOT}.attn.decode.labels=[decode])"
+            f"{RESOURCES_KEY}={resources_node!r} is not a mapping; give it resources by name "
+            f"(e.g. {RESOURCES_KEY}.attn.decode.labels=[decode])"
         )
     try:
         return OmegaConf.create(dict(resources_node))
     except OmegaConfBaseException as error:
         raise ResourceConfigError(
-            f"{ROOT} can't be read as a config: {_first_line(error)}"
+            f"{RESOURCES_KEY} can't be read as a config: {_first_line(error)}"
         ) from None
 
 
@@ -200,7 +225,7 @@ def _walk(node: DictConfig, key: str, problems: list[str]) -> Iterator[tuple[str
     any other mapping a group of them."""
     for name in node:
         child_key = key + "." + str(name)
-        path = child_key.removeprefix(f"{ROOT}.")
+        path = child_key.removeprefix(f"{RESOURCES_KEY}.")
         try:
             child = node[name]
         except OmegaConfBaseException as error:

@@ -82,4 +82,6 @@ def _repeated(items: list[T]) -> list[T]:
     return sorted({item for item in items if items.count(item) > 1}, key=items.index)
 
 
-ConfigStore.instance().store(group="mstar_resources", name="resource", node=Resource)
+ConfigStore.instance().store(
+    group="mstar_resources", name="resource", node=Resource, provider="mstar-resources"
+)

@@ -1,7 +1,8 @@
 """The settings of the apps, as the schemas of their primary configs.
 
-Registered in Hydra's ConfigStore (``mstar_resources_settings``, ``mstar_calibrate_settings``,
-``mstar_replay_settings``) and listed first in their primary configs in ``conf/``, so a
+Each app registers its own in Hydra's ConfigStore when it runs, as ``<primary config>_settings``
+(``mstar_resources_settings``, ``mstar_resources_calibrate_settings``, ``replay_settings``: see
+``app.hydra_app``), and its primary config in ``conf/`` lists it first, so a
 bad value (``format=xml``, ``margin=lots``) or a misspelled setting fails while Hydra composes,
 naming the key. Each field's ``expects`` is how an error says what it takes.
 """
@@ -11,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
-
-from hydra.core.config_store import ConfigStore
 
 from .calibration.override import DEFAULT_MARGIN
 
@@ -120,8 +119,3 @@ class ReplaySettings(_Tree):
     """Where report.json and replay.png go (a folder that exists); null: nowhere."""
     progress: bool = field(default=True, metadata={"expects": "true or false"})
     """A progress bar over the trace on stderr (rank 0)."""
-
-
-ConfigStore.instance().store(name="mstar_resources_settings", node=DryRunSettings)
-ConfigStore.instance().store(name="mstar_calibrate_settings", node=CalibrateSettings)
-ConfigStore.instance().store(name="mstar_replay_settings", node=ReplaySettings)

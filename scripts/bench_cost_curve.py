@@ -47,6 +47,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from mstar_resources import resolve
+from mstar_resources.app import register_settings
+from mstar_resources.calibrated import Machine
 from mstar_resources.calibration.calibrate import (
     LabelNeed,
     check_backends,
@@ -55,15 +57,15 @@ from mstar_resources.calibration.calibrate import (
     per_resource,
 )
 from mstar_resources.calibration.engines import engine_buffers_mb
-from mstar_resources.calibration.profile import ROOT, CalibrationProfile, load_profile
-from mstar_resources.calibration.stale import Machine
 from mstar_resources.errors import ResourceConfigError
+from mstar_resources.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from mstar_resources.resolver import ResolvedResource
+from mstar_resources.settings import DryRunSettings
+from mstar_resources.units import MIB
 
 from _args import one_of, positive_int, refuse
 from _plot import add_png_option, check_png, pyplot, save
 
-MIB = 1 << 20
 DEPLOYMENT = "llama3-8b-h200"
 TOKENS = [8192, 16384, 32768, 65536]
 SEQS = [256, 1024]
@@ -138,6 +140,7 @@ def cuda_device(text: str) -> str:
 
 def compose_deployment(deployment: str, overrides: Sequence[str] = ()) -> DictConfig:
     GlobalHydra.instance().clear()
+    register_settings("mstar_resources", DryRunSettings)  # as the dry run does
     with initialize_config_module("mstar_resources.conf", version_base="1.3"):
         return compose("mstar_resources", overrides=[f"deployment={deployment}", *overrides])
 
@@ -146,12 +149,14 @@ def profiled_deployments() -> list[str]:
     """The deployments shipped in ``conf/deployment`` that carry a ``calibration`` profile (the
     ones a curve can be measured for), each composed to tell."""
     GlobalHydra.instance().clear()
+    register_settings("mstar_resources", DryRunSettings)  # as the dry run does
     with initialize_config_module("mstar_resources.conf", version_base="1.3"):
         names = GlobalHydra.instance().config_loader().get_group_options("deployment")
         return [
             name
             for name in names
-            if compose("mstar_resources", overrides=[f"deployment={name}"]).get(ROOT) is not None
+            if compose("mstar_resources", overrides=[f"deployment={name}"]).get(PROFILE_KEY)
+            is not None
         ]
 
 
@@ -160,7 +165,7 @@ def settings(deployment: str, tokens: Sequence[int], seqs: Sequence[int]) -> lis
     :func:`profiled_deployments`), composed and checked on the CPU; a problem with a point's
     profile raises :class:`ResourceConfigError`."""
     base = compose_deployment(deployment)
-    graph_sizes = list(base[ROOT].cuda_graph_batch_sizes)
+    graph_sizes = list(base[PROFILE_KEY].cuda_graph_batch_sizes)
     points = []
     for t in tokens:
         for s in seqs:
@@ -169,12 +174,12 @@ def settings(deployment: str, tokens: Sequence[int], seqs: Sequence[int]) -> lis
             cfg = compose_deployment(
                 deployment,
                 [
-                    f"{ROOT}.limits.max_num_batched_tokens={t}",
-                    f"{ROOT}.limits.max_num_seqs={s}",
-                    f"{ROOT}.cuda_graph_batch_sizes=[{within}]",
+                    f"{PROFILE_KEY}.limits.max_num_batched_tokens={t}",
+                    f"{PROFILE_KEY}.limits.max_num_seqs={s}",
+                    f"{PROFILE_KEY}.cuda_graph_batch_sizes=[{within}]",
                 ],
             )
-            profile = load_profile(cfg[ROOT])
+            profile = load_profile(cfg[PROFILE_KEY])
             records = resolve(cfg.resources, env={})  # the floors don't enter the need
             check_labels(records, profile)
             points.append(Setting(t, s, records, profile))
@@ -340,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     deployment_type = one_of(
         profiled,
         "profiled deployment",
-        fix=f"a profiled deployment carries the `{ROOT}` profile the curve is measured from",
+        fix=f"a profiled deployment carries the `{PROFILE_KEY}` profile the curve is measured from",
     )
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(

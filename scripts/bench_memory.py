@@ -26,14 +26,16 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import resolve
+from mstar_resources.app import register_settings
 from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, default_output_dir
 from mstar_resources.calibration.engines import engine_buffers_mb
-from mstar_resources.calibration.profile import load_profile
+from mstar_resources.profile import load_profile
+from mstar_resources.settings import DryRunSettings
+from mstar_resources.units import MIB
 
 from _args import one_of
 from _plot import add_png_option, check_png, pyplot, save
 
-MIB = 1 << 20
 ENGINES = ["vLLM", "SGLang", "TensorRT-LLM", "MLC-LLM"]
 
 
@@ -44,6 +46,7 @@ def calibrated_deployments() -> list[str]:
 
 def measure(deployment: str) -> dict[str, float | None]:
     GlobalHydra.instance().clear()
+    register_settings("mstar_resources", DryRunSettings)  # as the dry run does
     with initialize_config_module("mstar_resources.conf", version_base="1.3"):
         cfg = compose("mstar_resources", overrides=[f"deployment={deployment}"])
     records = {r.path: r for r in resolve(cfg.resources, env={})}

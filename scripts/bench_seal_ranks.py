@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mstar_resources import WorkspacePool
+from mstar_resources.units import MIB
 
 from _args import positive_int, refuse
 from _plot import add_png_option, check_png, pyplot, save
@@ -47,7 +48,6 @@ from _plot import add_png_option, check_png, pyplot, save
 RANKS = [2, 4]
 FULL_RANKS = 8  # 8 processes importing torch: only in the full sweep
 WARMUP_ROUNDS = 3
-MIB = 1 << 20
 GROWN_BYTES = 2 * MIB
 """What rank 0's planned overflow grows one workspace to (twice the floor)."""
 SERVES = [("decode", 0), ("decode", 1), ("prefill", None)]

@@ -10,6 +10,9 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
+from mstar_resources.app import register_settings
+from mstar_resources.settings import DryRunSettings
+
 VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 
 
@@ -33,6 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def compose_shipped(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """The CLI's primary config composed through the Compose API, with ``overrides``."""
+    register_settings("mstar_resources", DryRunSettings)  # as the app does when it runs
     with initialize_config_module("mstar_resources.conf", version_base="1.3"):
         return compose("mstar_resources", overrides=list(overrides))
 

@@ -99,8 +99,11 @@ BUGGY_APP = """
 import os, subprocess, sys
 from omegaconf import DictConfig
 from mstar_resources.app import hydra_app
+from mstar_resources.settings import DryRunSettings
 
-@hydra_app("buggy", config_name="mstar_resources", compose_once={compose_once})
+@hydra_app(
+    "buggy", config_name="mstar_resources", compose_once={compose_once}, settings=DryRunSettings
+)
 def main(cfg: DictConfig) -> None:
     child = subprocess.run(
         [sys.executable, "-c", "import os; print(os.environ.get('HYDRA_FULL_ERROR'))"],

@@ -18,12 +18,12 @@ import pytest
 
 from mstar_resources.calibration.calibrate import LabelNeed
 from mstar_resources.calibration.measure import Need
-from mstar_resources.calibration.profile import CalibrationProfile
+from mstar_resources.profile import CalibrationProfile
 from mstar_resources.resolver import ResolvedResource
+from mstar_resources.units import MIB
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SCRIPT = SCRIPTS / "bench_cost_curve.py"
-MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")

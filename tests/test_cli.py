@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mstar_resources.units import MIB
+
 from .conftest import VAR
 
-MIB = 1 << 20
 SCRIPT = Path(sys.executable).parent / "mstar-resources"
 
 DEFAULT_TABLE = """\

@@ -8,8 +8,8 @@ import pytest
 
 from mstar_resources import ResourceConfigError, workspace_bytes
 from mstar_resources._floor import Floor, resolve_floor
+from mstar_resources.units import MIB
 
-MIB = 1 << 20
 VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 
 

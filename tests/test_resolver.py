@@ -16,11 +16,11 @@ from mstar_resources import (
     build_pools,
     resolve,
 )
+from mstar_resources.units import MIB
 
 from .attn.fake_allocator import FakePlanner
 from .conftest import VAR, compose_shipped
 
-MIB = 1 << 20
 PREFILL = "resources.attn.prefill.declared_mb"
 DECODE = "resources.attn.decode.declared_mb"
 JSON_KEYS = [

@@ -19,16 +19,16 @@ each rank must have set its CUDA device), at seal time only:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
+import torch
 import torch.distributed as dist
 
 from ..errors import WorkspaceAgreementError
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
-
-    from .workspace import WorkspacePool
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,28 @@ Identity = tuple[str, str | None, tuple[Key, ...] | None]
 """A pool's owner, config key and served keys: what must match across ranks."""
 
 
-def agree(pool: WorkspacePool, group: ProcessGroup) -> None:
+class Agreeing(Protocol):
+    """A workspace, as far as agreeing on it goes (``workspace.Workspace``)."""
+
+    @property
+    def tensor(self) -> torch.Tensor: ...
+
+    def _grow_to_agree(self, nbytes: int, ranks: str) -> int: ...
+
+
+class Pool(Protocol):
+    """A pool, as far as agreeing on it goes (``workspace.WorkspacePool``, which calls in here:
+    this module names what it needs rather than importing it back)."""
+
+    @property
+    def identity(self) -> Identity: ...
+
+    def workspaces(self) -> Mapping[Key, Agreeing]: ...
+
+    def get(self, label: str, cg_slot: int | None = None) -> Agreeing: ...
+
+
+def agree(pool: Pool, group: ProcessGroup) -> None:
     """Make ``pool`` on this rank hold what the largest of the group's ranks holds, key by key."""
     rank, ranks = dist.get_rank(), dist.get_world_size(group)
     held = {key: workspace.tensor.numel() for key, workspace in pool.workspaces().items()}

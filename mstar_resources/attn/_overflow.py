@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..units import round_up
+
 _OVERFLOW = re.compile(
     r"Buffer overflow when allocating memory for (?P<name>\S+) with size (?P<size>\d+) "
     r"and alignment (?P<alignment>\d+), but only (?P<available>\d+) bytes available"
@@ -65,11 +67,7 @@ class Overflow:
         if self.whole_buffer:
             return self.size
         taken = buffer_bytes if self.available is None else buffer_bytes - self.available
-        return _round_up(taken, self.alignment) + self.size
-
-
-def _round_up(value: int, alignment: int) -> int:
-    return -(-value // alignment) * alignment if alignment > 1 else value
+        return round_up(taken, self.alignment) + self.size
 
 
 def parse_float_overflow(error: BaseException) -> Overflow | None:

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from .._floor import ENV_VAR, Floor, is_int, mb_to_hold, resolve_floor
+from .._floor import ENV_VAR, Floor, resolve_floor
 from ..errors import ResourceConfigError, ResourceError, WorkspacePlanError, WorkspaceSealedError
+from ..units import ALIGNMENT, is_int, mb_to_hold
 from ._overflow import Overflow, parse_float_overflow
 
 if TYPE_CHECKING:
@@ -28,9 +29,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-ALIGNMENT = 16
-"""FlashInfer needs a workspace's first byte on a 16-byte boundary."""
 
 MAX_GROWTHS_PER_PLAN = 16
 """How many times one plan may grow a workspace. FlashInfer's allocations come in short chains

@@ -44,9 +44,10 @@ limits and find nothing above the recorded need.
 
 from __future__ import annotations
 
+from ..units import ALIGNMENT, round_up
+
 __all__ = ["decode_bytes", "mla_bytes", "prefill_bound_bytes", "prefill_bytes"]
 
-ALIGNMENT = 16
 FLOAT32 = 4
 PREFILL_BLOCKS_PER_SM = 2
 """``PrefillPlan``'s grid: two blocks per SM, fixed in the source."""
@@ -59,7 +60,7 @@ MLA_OUTPUT_BYTES = 2
 
 
 def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+    return round_up(nbytes, ALIGNMENT)
 
 
 def _partials(qo_heads: int, rows: int, head_dim: int) -> int:

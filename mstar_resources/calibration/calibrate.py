@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 from .._table import format_table
+from ..calibrated import Machine, calibration_inputs
 from ..errors import ResourceConfigError
+from ..profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from ..resolver import ResolvedResource
 from .measure import Need, Planner
 from .override import DEFAULT_MARGIN, Measured, calibrated_yaml, declared_mb_for
-from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from .shapes import shapes_for
-from .stale import Machine, calibration_inputs
 
 CALIBRATED_SUFFIX = "_calibrated"
 

@@ -18,7 +18,9 @@ from omegaconf import DictConfig
 from .._devices import cuda_device
 from ..app import hydra_app, package_version
 from ..errors import ResourceConfigError
+from ..profile import PROFILE_KEY, load_profile
 from ..resolver import resolve
+from ..settings import CalibrateSettings
 from .calibrate import (
     base_deployment,
     check_labels,
@@ -28,27 +30,30 @@ from .calibrate import (
     table,
     write_override,
 )
-from .profile import ROOT, load_profile
 
 PROG = "mstar-resources-calibrate"
 
 
 @hydra_app(
-    PROG, config_name="mstar_resources_calibrate", compose_once=True, version=package_version
+    PROG,
+    config_name="mstar_resources_calibrate",
+    compose_once=True,
+    version=package_version,
+    settings=CalibrateSettings,
 )
 def main(cfg: DictConfig) -> None:
     """Calibrate the composed deployment on ``cfg.device`` and write its override."""
     # Everything the config can get wrong is checked first, on any machine; then the GPU.
     deployment = HydraConfig.get().runtime.choices.get("deployment")
-    if cfg.get(ROOT) is None:
+    if cfg.get(PROFILE_KEY) is None:
         raise ResourceConfigError(
-            f"deployment={deployment} carries no `{ROOT}` profile to calibrate; pick a "
+            f"deployment={deployment} carries no `{PROFILE_KEY}` profile to calibrate; pick a "
             "deployment that has one (deployment=<name>)"
         )
     margin = cfg.margin  # a float, by its schema
     if margin < 0:
         raise ResourceConfigError(f"margin={margin!r} must be a fraction >= 0, e.g. margin=0.1")
-    profile = load_profile(cfg[ROOT])
+    profile = load_profile(cfg[PROFILE_KEY])
     records = resolve(cfg.resources)
     check_labels(records, profile)
 

@@ -15,10 +15,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .._floor import MIB
-
-RECORD = "calibrated"
-"""The root key a calibrated deployment keeps its measurements and their provenance under."""
+from ..calibrated import RECORD_KEY
+from ..units import mb_to_hold
 
 DEFAULT_MARGIN = 0.0
 """Added to a measured need before it is declared. None by default: the need calibration measures
@@ -40,7 +38,7 @@ class Measured:
 
 def declared_mb_for(need_bytes: int, margin: float = DEFAULT_MARGIN) -> int:
     """The ``declared_mb`` that holds ``need_bytes`` plus ``margin``: at least 1."""
-    return max(1, math.ceil(need_bytes * (1 + margin) / MIB))
+    return max(1, mb_to_hold(math.ceil(need_bytes * (1 + margin))))
 
 
 def calibrated_yaml(
@@ -59,7 +57,7 @@ def calibrated_yaml(
     body = {
         "defaults": [deployment, "_self_"],
         "resources": resources,
-        RECORD: {
+        RECORD_KEY: {
             "margin": margin,
             **dict(provenance),
             "needs": [

@@ -22,9 +22,10 @@ import torch
 import torch.distributed as dist
 
 from ..attn.workspace import Workspace, WorkspacePool
-from ..calibration.profile import CalibrationProfile
 from ..calibration.shapes import shapes_for
 from ..errors import ResourceConfigError, WorkspaceSealedError
+from ..profile import CalibrationProfile
+from ..units import MIB
 from .model import KVCache, Model, Query
 from .roles import Roles
 from .scheduler import Chunk, Step
@@ -253,7 +254,7 @@ class FixedBuffer(Buffers):
 
     def __init__(self, nbytes: int, device: torch.device) -> None:
         self.tensor = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-        self.name = f"fixed {nbytes >> 20} MiB"
+        self.name = f"fixed {nbytes / MIB:,.0f} MiB"
 
     def prefill(self) -> torch.Tensor:
         return self.tensor

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from .._table import format_table
+from ..units import MIB
 from .engine import SetupResult
 from .workload import Workload
-
-MIB = 1 << 20
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._floor import is_positive_int
 from ..errors import ResourceConfigError
+from ..units import is_positive_int
 from .trace import Request
 
 __all__ = ["Chunk", "Step", "pages_for", "schedule", "summary"]

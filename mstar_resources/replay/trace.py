@@ -17,8 +17,8 @@ from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
 from typing import TypeGuard
 
-from .._floor import is_int, is_positive_int
 from ..errors import ResourceConfigError
+from ..units import is_int, is_positive_int
 
 __all__ = ["CSV_COLUMNS", "JSONL_KEYS", "Request", "TraceFile", "read_trace", "synthetic_trace"]
 

@@ -19,11 +19,10 @@ from mstar_resources import (
     WorkspacePool,
     WorkspaceSealedError,
 )
+from mstar_resources.units import MIB
 
 from ..ranks import run_ranks
 from .fake_allocator import FakePlanner
-
-MIB = 1 << 20
 
 
 def _pool(**kwargs: Any) -> WorkspacePool:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from mstar_resources import WorkspacePool
+from mstar_resources.units import MIB
 
 from ..ranks import run_ranks
 from .test_workspace_gpu import Decode, capture
@@ -30,7 +31,6 @@ pytestmark = [
     ),
 ]
 
-MIB = 1 << 20
 SERVES = [("decode", None), ("decode", 0)]
 GRAPH_BATCH = {0: 8, 1: 32}
 

@@ -25,10 +25,10 @@ from mstar_resources import (
 from mstar_resources._floor import MAX_MB
 from mstar_resources.attn._overflow import MLA_PARTIALS
 from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
+from mstar_resources.units import MIB
 
 from .fake_allocator import FakePlanner, FakePrefillWrapper, flashinfer_overflow_message
 
-MIB = 1 << 20
 VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 DECODE_CHAIN = [("batch_decode_tmp_v", 2 * MIB, 16), ("batch_decode_tmp_s", 16_400, 16)]
 MLA_PARTIALS_ON_AN_H200 = [("mla_partial_o", 17_301_504, 16), ("mla_partial_lse", 67_584, 16)]

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from mstar_resources import ResourceError, WorkspacePool, WorkspaceSealedError
+from mstar_resources.units import MIB
 
 pytestmark = pytest.mark.gpu
 
-MIB = 1 << 20
 QO_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 

@@ -17,10 +17,11 @@ import torch
 
 from mstar_resources import Workspace
 from mstar_resources.calibration.bounds import mla_bytes
+from mstar_resources.units import MIB
 
 pytestmark = pytest.mark.gpu
 
-KIB, MIB = 1 << 10, 1 << 20
+KIB = 1 << 10
 QO_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 MLA_HEADS, CKV, KPE, MLA_PAGE = 16, 512, 64, 64
 DTYPE = torch.bfloat16

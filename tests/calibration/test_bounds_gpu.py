@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mstar_resources.calibration.bounds import mla_bytes, prefill_bound_bytes
-from mstar_resources.calibration.profile import PlanKind, load_profile
+from mstar_resources.profile import PlanKind, load_profile
 
 from ..conftest import compose_shipped
 

@@ -11,8 +11,8 @@ import torch
 
 from mstar_resources import ResourceConfigError
 from mstar_resources.calibration.measure import FLASHINFER_REFUSAL, Planner, flashinfer_refusals
-from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.shapes import Shape, is_bounding, shapes_for
+from mstar_resources.profile import load_profile
 
 from ..attn.fake_allocator import flashinfer_overflow_message
 from ..conftest import compose_shipped

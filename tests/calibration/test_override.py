@@ -13,8 +13,8 @@ from mstar_resources.calibration.calibrate import LabelNeed, per_resource, table
 from mstar_resources.calibration.measure import Need
 from mstar_resources.calibration.override import declared_mb_for
 from mstar_resources.calibration.shapes import Shape
+from mstar_resources.units import MIB
 
-MIB = 1 << 20
 PROVENANCE = {"gpu": "NVIDIA H200 (132 SMs)", "flashinfer": "0.7.2.post1", "date": "2026-11-29"}
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from mstar_resources.units import MIB
+
 from .test_trace_file import AZURE_HEAD
 
 pytestmark = pytest.mark.gpu
@@ -67,8 +69,8 @@ def test_the_mla_deployment_replays_through_flashinfer_s_mla_wrapper(tmp_path):
     report = check_report(tmp_path, 1)
     assert report["model"]["attention"] == "mla"
     ours, theirs = report["setups"]
-    assert ours["workspace_bytes"] == 3 * 17 * (1 << 20)  # the calibrated floors, three workspaces
-    assert theirs["workspace_bytes"] == 384 * (1 << 20)  # SGLang's buffer
+    assert ours["workspace_bytes"] == 3 * 17 * MIB  # the calibrated floors, three workspaces
+    assert theirs["workspace_bytes"] == 384 * MIB  # SGLang's buffer
 
 
 def test_a_floor_too_small_is_reported_with_the_setting_to_raise(tmp_path):

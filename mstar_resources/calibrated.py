@@ -1,14 +1,16 @@
-"""Whether a calibrated deployment was measured where, and as, it runs now.
+"""The calibrated record: what a calibrated deployment says it was measured with, and whether
+that still holds where, and as, it runs now. Config, like the profile it records: the resolver
+checks it when it builds pools on a GPU.
 
 A calibrated floor holds for the inputs it was measured with: the GPU (its name and SM count:
 FlashInfer's scheduler sizes its split-KV work by the SMs), the FlashInfer, torch and CUDA
 versions, every field of the calibration profile (the model's shape, the engine's limits, the graph
 batch sizes, each plan's kind and backend), and the labels and CUDA-graph slots of the resources
-it measured. ``mstar-resources-calibrate`` records each of them as a field under the root key
+it measured. ``mstar-resources-calibrate`` records each of them as a field under the key
 ``calibrated`` (:func:`calibration_inputs`); :func:`stale_calibration` compares a record with what
 runs field by field, every field but those in :data:`NOT_INPUTS`, and names each that differs.
-When pools are built on a GPU from a deployment whose record differs, :func:`check_calibration`
-logs one WARNING naming them and the command that recalibrates.
+When pools are built on a GPU from a deployment whose record differs, :func:`warn_if_stale` logs
+one WARNING naming them and the command that recalibrates.
 """
 
 from __future__ import annotations
@@ -19,28 +21,45 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..resolver import ResolvedResource, resolve
-from .override import RECORD
-from .profile import ROOT, CalibrationProfile, load_profile
+from .profile import CalibrationProfile, load_profile
 
 if TYPE_CHECKING:
     from torch import device as Device  # a field below is named torch
 
 __all__ = [
     "NOT_INPUTS",
+    "RECORD_KEY",
     "Difference",
     "Machine",
     "StaleCalibration",
     "calibration_inputs",
-    "check_calibration",
     "stale_calibration",
+    "warn_if_stale",
 ]
 
 logger = logging.getLogger(__name__)
+
+RECORD_KEY = "calibrated"
+"""The config key a calibrated deployment keeps its measurements and their inputs under, beside
+``resources`` and ``calibration``."""
+
+
+class Declared(Protocol):
+    """A declared resource, as far as its calibration depends on it."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def labels(self) -> tuple[str, ...]: ...
+
+    @property
+    def cg_slots(self) -> tuple[int, ...]: ...
+
 
 NOT_INPUTS = frozenset({"deployment", "date", "margin", "needs"})
 """The fields of a record that no need depends on, and that the comparison ignores: the
@@ -85,7 +104,7 @@ class Machine:
 
 
 def calibration_inputs(
-    machine: Machine, profile: CalibrationProfile, resources: Sequence[ResolvedResource]
+    machine: Machine, profile: CalibrationProfile, resources: Sequence[Declared]
 ) -> dict[str, Any]:
     """Every input a calibration's needs depend on, as plain fields: what a calibrated deployment
     records under ``calibrated`` (besides :data:`NOT_INPUTS`), and what runs is compared with."""
@@ -165,16 +184,16 @@ def stale_calibration(
     )
 
 
-def check_calibration(cfg: DictConfig, device: Device) -> StaleCalibration | None:
-    """Log one WARNING, and return what differs, when the composed config ``cfg`` (the root,
-    holding ``calibrated``, ``calibration`` and ``resources``) was calibrated with other inputs
-    than those running on ``device``; None when it holds, or when ``cfg`` is not calibrated."""
-    record = cfg.get(RECORD)
-    if record is None or cfg.get(ROOT) is None:
+def warn_if_stale(
+    record: Any, profile: Any, resources: Sequence[Declared], device: Device
+) -> StaleCalibration | None:
+    """Log one WARNING, and return what differs, when a calibrated deployment's ``record`` (its
+    ``calibrated`` node) was measured with other inputs than ``profile`` (its ``calibration``
+    node) and ``resources`` have on ``device``; None when it holds, or when either node is
+    missing (a deployment that was not calibrated)."""
+    if record is None or profile is None:
         return None
-    running = calibration_inputs(
-        Machine.here(device), load_profile(cfg[ROOT]), resolve(cfg.get("resources") or {})
-    )
+    running = calibration_inputs(Machine.here(device), load_profile(profile), resources)
     plain = OmegaConf.to_container(record) if isinstance(record, DictConfig) else record
     stale = stale_calibration(cast(Mapping[str, Any], plain), running)
     if stale is not None:

@@ -11,17 +11,17 @@ import pytest
 from omegaconf import OmegaConf
 
 from mstar_resources import check_calibration
-from mstar_resources.calibration.profile import CalibrationProfile, load_profile
-from mstar_resources.calibration.stale import (
+from mstar_resources.calibrated import (
     NOT_INPUTS,
     Difference,
     Machine,
     calibration_inputs,
     stale_calibration,
 )
+from mstar_resources.profile import CalibrationProfile, load_profile
 from mstar_resources.resolver import resolve
 
-from ..conftest import compose_shipped
+from .conftest import compose_shipped
 
 CALIBRATED = [
     "deepseek-v3-tp8-h200_calibrated",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mstar_resources.calibration.profile import load_profile
+from mstar_resources.profile import load_profile
+from mstar_resources.units import MIB
 
 from ..conftest import compose_shipped
 from ..test_cli import run_cli
@@ -124,13 +125,13 @@ def test_the_report_dir_is_made_before_anything_runs(tmp_path):
 
 
 def test_each_setup_s_kv_cache_is_what_its_workspaces_leave():
-    from mstar_resources.replay.app import kv_pages_for
+    from mstar_resources.replay.cli import kv_pages_for
     from mstar_resources.replay.model import Shape
 
     profile = load_profile(compose_shipped(["deployment=llama3-8b-h200"]).calibration)
     shape = Shape.of(profile, layers=4, vocab_size=8192, tp=1)
     assert shape.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2  # 16 KiB: 4 layers of K and V
-    free, mib = 100 << 30, 1 << 20
+    free, mib = 100 << 30, MIB
     ours, theirs = (kv_pages_for(free, ws * mib, shape, 0.8) for ws in (25, 512))
     # 80% of the 487 MiB the fixed buffer holds back, in pages of 16 tokens x 16 KiB.
     assert ours - theirs == pytest.approx(487 * mib * 0.8 / (16 * 16 * 1024), abs=1)

@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from .._devices import cuda_device
-from .._floor import MIB
 from ..app import hydra_app, package_version
 from ..calibration.engines import SGLANG_MB, vllm_buffer_mb
-from ..calibration.profile import ROOT, CalibrationProfile, load_profile
 from ..errors import ResourceConfigError, WorkspaceSealedError
+from ..profile import PROFILE_KEY, CalibrationProfile, load_profile
 from ..resolver import ResolvedResource, build_pools, resolve
+from ..settings import ReplaySettings
+from ..units import MIB
 from .roles import Roles, is_mla, roles_of
 from .workload import Workload, load_workload
 
@@ -79,12 +80,12 @@ def check(
             )
     if problems:
         raise ResourceConfigError(*problems, where="the replay's settings")
-    if cfg.get(ROOT) is None:
+    if cfg.get(PROFILE_KEY) is None:
         raise ResourceConfigError(
             "this deployment carries no `calibration` profile (the model's attention shape and "
             "the engine's limits); pick one that has, e.g. deployment=llama3-8b-h200_calibrated"
         )
-    profile = load_profile(cfg[ROOT])
+    profile = load_profile(cfg[PROFILE_KEY])
     records = resolve(cfg.resources)
     roles = roles_of(records, profile)
     model = profile.model
@@ -124,6 +125,7 @@ def kv_pages_for(free: int, workspace_bytes: int, shape: Shape, utilization: flo
     compose_once=True,
     command="python scripts/replay.py",
     version=package_version,
+    settings=ReplaySettings,
 )
 def main(cfg: DictConfig) -> None:
     """Replay the trace on both setups and report; see the module's docstring."""

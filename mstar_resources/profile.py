@@ -18,10 +18,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .._floor import is_positive_int
-from ..errors import ResourceConfigError
+from .errors import ResourceConfigError
+from .units import is_positive_int
 
-ROOT = "calibration"
+PROFILE_KEY = "calibration"
 """The config key the profile lives under."""
 
 DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -118,7 +118,7 @@ class CalibrationProfile:
 
 
 def _problems(profile: CalibrationProfile) -> list[str]:
-    key = ROOT
+    key = PROFILE_KEY
     problems = []
 
     def positive(name: str, value: object) -> None:
@@ -180,7 +180,9 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
         merged = OmegaConf.merge(OmegaConf.structured(CalibrationProfile), node)
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
     except OmegaConfBaseException as error:
-        full_key = f"{ROOT}.{error.full_key}" if getattr(error, "full_key", None) else ROOT
+        full_key = (
+            f"{PROFILE_KEY}.{error.full_key}" if getattr(error, "full_key", None) else PROFILE_KEY
+        )
         reason = str(error).splitlines()[0]
         raise ResourceConfigError(f"{full_key}: {reason}") from None
     problems = _problems(profile)
@@ -189,4 +191,6 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
     return profile
 
 
-ConfigStore.instance().store(group="mstar_resources", name=ROOT, node=CalibrationProfile)
+ConfigStore.instance().store(
+    group="mstar_resources", name=PROFILE_KEY, node=CalibrationProfile, provider="mstar-resources"
+)
