@@ -22,6 +22,7 @@ from omegaconf.errors import (
 )
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
+from . import _limits as limits
 from .errors import did_you_mean
 
 __all__ = ["explain", "not_a_choice"]
@@ -89,8 +90,8 @@ def _expects(error: ValidationError, parent: object, key: object) -> str:
     schema = OmegaConf.get_type(parent) if isinstance(parent, DictConfig) else None
     if schema is not None and dataclasses.is_dataclass(schema):
         for field in dataclasses.fields(schema):
-            if field.name == key and "expects" in field.metadata:
-                return str(field.metadata["expects"])
+            if field.name == key and (said := limits.expects(field)) is not None:
+                return said
     child = error.child_node
     if isinstance(child, EnumNode) and issubclass(child.enum_type, Enum):
         return "one of " + ", ".join(member.name for member in child.enum_type)

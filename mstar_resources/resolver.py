@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from . import _limits as limits
 from ._floor import FloorSource, resolve_floor
 from .calibrated import RECORD_KEY, StaleCalibration, warn_if_stale
 from .errors import ResourceConfigError, did_you_mean
@@ -275,7 +276,7 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
                 )
     for name in _FIELDS:
         # A value of the wrong type left the field unset too, and is reported already.
-        if OmegaConf.is_missing(typed, name) and values.get(name, "???") == "???":
+        if OmegaConf.is_missing(typed, name) and values.get(name, MISSING) == MISSING:
             problems.append(f"{key}.{name} is not set; set it to {_expects(name)}")
     if len(problems) > before:
         return None
@@ -322,7 +323,7 @@ def _checked(make: Callable[[], Resource], key: str, problems: list[str]) -> Res
 
 
 def _expects(name: str) -> str:
-    return str(_FIELDS[name].metadata["expects"])
+    return limits.expects(_FIELDS[name]) or name
 
 
 def _plain(value: object) -> object:

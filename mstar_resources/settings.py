@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ._limits import bounded
 from .calibration.override import DEFAULT_MARGIN
 
 __all__ = ["CalibrateSettings", "DryRunSettings", "OutputFormat", "ReplaySettings"]
@@ -54,9 +55,7 @@ class DryRunSettings(_Tree):
 class CalibrateSettings(_Tree):
     """``mstar-resources-calibrate``: measure a deployment's workspaces on this GPU."""
 
-    margin: float = field(
-        default=DEFAULT_MARGIN, metadata={"expects": "a fraction >= 0, e.g. margin=0.1"}
-    )
+    margin: float = field(default=DEFAULT_MARGIN, metadata=bounded("a fraction", ge=0))
     """Added to each measured need before it is declared, as a fraction of it."""
     device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
     """The GPU to plan on."""
@@ -70,7 +69,7 @@ class CalibrateSettings(_Tree):
 class ReplaySettings(_Tree):
     """``scripts/replay.py``: a serving trace through an engine's loop, two memory setups."""
 
-    layers: int = field(default=4, metadata={"expects": "a whole number of layers >= 1"})
+    layers: int = field(default=4, metadata=bounded("a whole number of layers", ge=1))
     """Attention-and-MLP layers of the model (the attention shape is the deployment's)."""
     trace: str | None = field(
         default=None, metadata={"expects": "a .csv, .jsonl or .json trace file, or null"}
@@ -79,15 +78,13 @@ class ReplaySettings(_Tree):
     (``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``), or JSON lines (``arrival_s``,
     ``prompt_len``, ``output_len``); prompts are seeded random tokens of those lengths. Null: a
     seeded synthetic trace."""
-    trace_offset: int = field(default=0, metadata={"expects": "a whole number of rows >= 0"})
+    trace_offset: int = field(default=0, metadata=bounded("a whole number of rows", ge=0))
     """Rows of the trace file skipped before the ``requests`` rows replayed (counted from 0,
     after the header)."""
-    requests: int = field(default=64, metadata={"expects": "a whole number >= 1"})
+    requests: int = field(default=64, metadata=bounded("a whole number", ge=1))
     """Requests in the synthetic trace; with a trace file, the rows read from ``trace_offset``
     on (those whose prompt does not fit ``max_model_len`` are refused, not served)."""
-    step_ms: float = field(
-        default=10.0, metadata={"expects": "a number of milliseconds > 0, e.g. step_ms=10"}
-    )
+    step_ms: float = field(default=10.0, metadata=bounded("a number of milliseconds", gt=0))
     """Milliseconds one engine step stands for: a trace file's arrival times become arrival
     steps by it (the synthetic trace draws its arrivals in steps and ignores it). The replay's
     model is a few layers and steps faster than a served one, so arrivals are mapped to steps,
@@ -97,18 +94,16 @@ class ReplaySettings(_Tree):
     seed: int = field(default=0, metadata={"expects": "a whole number"})
     """Seeds the trace (its arrivals and lengths if synthetic, its prompt tokens either way) and
     the weights."""
-    vocab_size: int = field(default=8192, metadata={"expects": "a whole number >= 2"})
+    vocab_size: int = field(default=8192, metadata=bounded("a whole number", ge=2))
     """The LM head's vocabulary (small: the model's shapes are what matter)."""
-    memory_utilization: float = field(
-        default=0.8, metadata={"expects": "a fraction between 0 and 1, e.g. 0.8"}
-    )
+    memory_utilization: float = field(default=0.8, metadata=bounded("a fraction", gt=0, lt=1))
     """The fraction of the free memory (after weights and workspaces) the KV cache takes."""
     warmup: bool = field(default=True, metadata={"expects": "true or false"})
     """Plan every label's bounding shapes before sealing (plans may grow the workspaces)."""
     cuda_graphs: bool = field(default=True, metadata={"expects": "true or false"})
     """Decode under CUDA graphs at the profile's graph batch sizes."""
     fixed_buffer_mb: int | None = field(
-        default=None, metadata={"expects": "a whole number of MB, or null"}
+        default=None, metadata=bounded("a whole number of MB, or null", ge=1)
     )
     """The engines' setup: one shared buffer of this size. Null: vLLM's size for the
     deployment, max(394, max_num_batched_tokens x query heads x head dim x 16 B / 2**20), or for

@@ -15,6 +15,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from .. import _limits as limits
 from .._devices import cuda_device
 from ..app import hydra_app, package_version
 from ..errors import ResourceConfigError
@@ -50,9 +51,10 @@ def main(cfg: DictConfig) -> None:
             f"deployment={deployment} carries no `{PROFILE_KEY}` profile to calibrate; pick a "
             "deployment that has one (deployment=<name>)"
         )
-    margin = cfg.margin  # a float, by its schema
-    if margin < 0:
-        raise ResourceConfigError(f"margin={margin!r} must be a fraction >= 0, e.g. margin=0.1")
+    problems = limits.problems(cfg, CalibrateSettings)
+    if problems:
+        raise ResourceConfigError(*problems, where="the settings")
+    margin = cfg.margin
     profile = load_profile(cfg[PROFILE_KEY])
     records = resolve(cfg.resources)
     check_labels(records, profile)

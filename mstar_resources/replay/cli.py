@@ -18,7 +18,6 @@ and rank 0 reports.
 from __future__ import annotations
 
 import gc
-import math
 import os
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
+from .. import _limits as limits
 from .._devices import cuda_device
 from ..app import hydra_app, package_version
 from ..calibration.engines import SGLANG_MB, vllm_buffer_mb
@@ -50,21 +50,7 @@ def check(
 ) -> tuple[CalibrationProfile, list[ResolvedResource], Roles, Workload]:
     """Everything the settings can get wrong, on any machine, before a GPU is touched. The trace
     is read here too, so that a bad file is refused on any machine and the GPU part reads none."""
-    problems = []
-    for name, low in (("layers", 1), ("requests", 1), ("vocab_size", 2), ("trace_offset", 0)):
-        if cfg[name] < low:
-            problems.append(f"{name}={cfg[name]} must be at least {low}")
-    if not 0 < cfg.memory_utilization < 1:
-        problems.append(
-            f"memory_utilization={cfg.memory_utilization} must be between 0 and 1, e.g. 0.8"
-        )
-    if cfg.fixed_buffer_mb is not None and cfg.fixed_buffer_mb < 1:
-        problems.append(f"fixed_buffer_mb={cfg.fixed_buffer_mb} must be at least 1, or null")
-    if not 0 < cfg.step_ms < math.inf:
-        problems.append(
-            f"step_ms={cfg.step_ms} must be a finite number of milliseconds > 0 (what one engine "
-            "step stands for), e.g. step_ms=10"
-        )
+    problems = limits.problems(cfg, ReplaySettings)
     if cfg.trace is None and cfg.trace_offset > 0:
         problems.append(
             f"trace_offset={cfg.trace_offset} skips rows of a trace file, and trace=null replays "

@@ -22,9 +22,10 @@ CALIBRATE = ["-m", "mstar_resources.calibration.cli"]
                      r"deployment=llama3-8b-h100 is not a deployment \(did you mean "
                      r"llama3-8b-h200\?\)", id="misspelled-deployment"),
         pytest.param(["deployment=llama3-8b-h200", "margin=lots"],
-                     r"margin='lots' is not valid; margin takes a fraction >= 0", id="margin-type"),
+                     r"margin='lots' is not valid; margin takes a fraction, at least 0",
+                     id="margin-type"),
         pytest.param(["deployment=llama3-8b-h200", "margin=-0.5"],
-                     r"margin=-0\.5 must be a fraction >= 0", id="negative-margin"),
+                     r"margin=-0\.5 must be at least 0 \(a fraction\)", id="negative-margin"),
         pytest.param(["deployment=llama3-8b-h200", "calibration.model.num_kv_heads=5"],
                      r"calibration\.model\.num_kv_heads=5 does not divide", id="bad-profile"),
         pytest.param(["deployment=llama3-8b-h200", "resources.attn.decode.labels=[decode,verify]"],

@@ -39,10 +39,12 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("args", "env", "message"),
     [
         pytest.param(["deployment=none"], {}, r"carries no `calibration` profile", id="no-profile"),
-        pytest.param([DEPLOYMENT, "layers=0"], {}, r"layers=0 must be at least 1", id="layers"),
+        pytest.param([DEPLOYMENT, "layers=0"], {},
+                     r"layers=0 must be at least 1 \(a whole number of layers\)", id="layers"),
         pytest.param([DEPLOYMENT, "memory_utilization=1.5", "requests=0"], {},
-                     r"2 problems in the replay's settings: - requests=0 must be at least 1 - "
-                     r"memory_utilization=1\.5 must be between 0 and 1", id="every-problem"),
+                     r"2 problems in the replay's settings: - requests=0 must be at least 1 "
+                     r"\(a whole number\) - memory_utilization=1\.5 must be between 0 and 1",
+                     id="every-problem"),
         pytest.param([DEPLOYMENT, "layers=two"], {},
                      r"layers='two' is not valid; layers takes a whole number of layers",
                      id="wrong-type"),
@@ -56,7 +58,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      r"3 ranks can't split calibration\.model\.num_qo_heads=32 and "
                      r"num_kv_heads=8 evenly", id="ranks"),
         pytest.param([DEPLOYMENT, "step_ms=0"], {},
-                     r"step_ms=0\.0 must be a finite number of milliseconds > 0", id="step-ms"),
+                     r"step_ms=0\.0 must be above 0 \(a number of milliseconds\)", id="step-ms"),
         pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=-1"], {},
                      r"trace_offset=-1 must be at least 0", id="trace-offset"),
         pytest.param([DEPLOYMENT, "trace_offset=2"], {},

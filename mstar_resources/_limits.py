@@ -1,0 +1,77 @@
+"""A setting's limits, stated once on its schema field and checked by one routine.
+
+A field says what it takes in its metadata: ``expects`` (what an error calls a good value, e.g.
+``a whole number of layers``) and any of the bounds ``gt``, ``ge``, ``lt``, ``le`` (as vLLM's config
+fields do). :func:`problems` checks values against every bounded field of a schema, and
+:func:`expects` is how an error describes a field, its bounds included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["bounded", "expects", "problems"]
+
+_BOUNDS = ("gt", "ge", "lt", "le")
+
+
+def bounded(expects: str, **bounds: float) -> dict[str, Any]:
+    """A field's metadata: what it takes and its bounds (``bounded("a whole number", ge=1)``)."""
+    unknown = set(bounds) - set(_BOUNDS)
+    if unknown:
+        raise TypeError(f"unknown bounds {sorted(unknown)}; use {', '.join(_BOUNDS)}")
+    return {"expects": expects, **bounds}
+
+
+def _bounds_text(metadata: Mapping[str, Any]) -> str:
+    low = ("above", metadata["gt"]) if "gt" in metadata else ("at least", metadata.get("ge"))
+    high = ("below", metadata["lt"]) if "lt" in metadata else ("at most", metadata.get("le"))
+    if low[1] is not None and high[1] is not None:
+        if "gt" in metadata and "lt" in metadata:
+            return f"between {low[1]} and {high[1]}"
+        return f"{low[0]} {low[1]} and {high[0]} {high[1]}"
+    word, value = low if low[1] is not None else high
+    return "" if value is None else f"{word} {value}"
+
+
+def expects(field: dataclasses.Field[Any]) -> str | None:
+    """What ``field`` takes, in words, its bounds included; None where it does not say."""
+    if "expects" not in field.metadata:
+        return None
+    bounds = _bounds_text(field.metadata)
+    return f"{field.metadata['expects']}, {bounds}" if bounds else str(field.metadata["expects"])
+
+
+def _within(value: float, metadata: Mapping[str, Any]) -> bool:
+    if not math.isfinite(value):
+        return False
+    return all(
+        (
+            ("gt" not in metadata or value > metadata["gt"]),
+            ("ge" not in metadata or value >= metadata["ge"]),
+            ("lt" not in metadata or value < metadata["lt"]),
+            ("le" not in metadata or value <= metadata["le"]),
+        )
+    )
+
+
+def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
+    """One sentence for each bounded field of the dataclass ``schema`` whose value in ``values``
+    (an instance, or a mapping such as a DictConfig) is out of its bounds, in field order. A
+    null value is not checked: the field's type says whether null is allowed."""
+    found = []
+    for field in dataclasses.fields(schema):
+        if not any(bound in field.metadata for bound in _BOUNDS):
+            continue
+        value = values[field.name] if isinstance(values, Mapping) else getattr(values, field.name)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not _within(value, field.metadata):
+            found.append(
+                f"{prefix}{field.name}={value!r} must be {_bounds_text(field.metadata)} "
+                f"({field.metadata['expects']})"
+            )
+    return found
