@@ -13,7 +13,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["bounded", "expects", "problems"]
+from .units import is_int
+
+__all__ = ["argument_problem", "bounded", "expects", "problems"]
 
 _BOUNDS = ("gt", "ge", "lt", "le")
 
@@ -75,3 +77,26 @@ def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
                 f"({field.metadata['expects']})"
             )
     return found
+
+
+_SYMBOLS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def argument_problem(
+    name: str, value: object, *, whole: bool = False, of: str = "", note: str = "", **bounds: float
+) -> str | None:
+    """What is wrong with a function's argument ``name``, the same rule as a field's: a number
+    (a whole one where ``whole``; never a bool) within ``bounds``; None if it is fine. ``of``
+    names its unit (``milliseconds``), ``note`` ends the sentence (``, or None``)."""
+    number = (
+        is_int(value) if whole else isinstance(value, int | float) and not isinstance(value, bool)
+    )
+    if number and _within(float(value), bounds):  # type: ignore[arg-type]
+        return None
+    if whole and bounds == {"ge": 1}:
+        takes = f"a positive whole number{f' of {of}' if of else ''}"
+    else:
+        kind = "whole number" if whole else "finite number"
+        limits = "".join(f" {_SYMBOLS[bound]} {limit}" for bound, limit in bounds.items())
+        takes = f"a {kind}{f' of {of}' if of else ''}{limits}"
+    return f"{name}={value!r} must be {takes}{note}"

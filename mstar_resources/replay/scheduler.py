@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._limits import argument_problem
 from ..errors import ResourceConfigError
 from ..units import is_positive_int
 from .trace import Request
@@ -240,8 +241,8 @@ def _check_schedule_args(
     """Raise for the first unusable argument of :func:`schedule`, naming it; the graph batch
     sizes, sorted."""
     for name, value in {**limits, "num_pages": num_pages, "page_size": page_size}.items():
-        if not is_positive_int(value):
-            raise ResourceConfigError(f"{name}={value!r} must be a positive whole number")
+        if (problem := argument_problem(name, value, whole=True, ge=1)) is not None:
+            raise ResourceConfigError(problem)
     sizes = list(cuda_graph_batch_sizes)
     if not all(is_positive_int(size) for size in sizes):
         raise ResourceConfigError(

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
-from typing import TypeGuard
 
+from .._limits import argument_problem
 from ..errors import ResourceConfigError
 from ..units import is_int, is_positive_int
 
@@ -113,28 +113,24 @@ def _lognormal_len(rng: random.Random, median: int, sigma: float) -> int:
 
 def _check_trace_args(**args: object) -> None:
     """Raise for the first unusable argument of :func:`synthetic_trace`, naming it."""
-    for name in ("num_requests", "vocab_size", "prompt_median", "output_median"):
-        if not is_positive_int(args[name]):
-            raise ResourceConfigError(f"{name}={args[name]!r} must be a positive whole number")
-    if not is_int(args["seed"]):
-        raise ResourceConfigError(f"seed={args['seed']!r} must be a whole number")
-    max_model_len = args["max_model_len"]
-    if not is_int(max_model_len) or max_model_len < 2:
-        raise ResourceConfigError(
-            f"max_model_len={max_model_len!r} must be a whole number >= 2 "
-            "(a prompt token and an output token)"
-        )
-    sigma = args["sigma"]
-    if not _is_real(sigma) or not 0 <= sigma < math.inf:
-        raise ResourceConfigError(f"sigma={sigma!r} must be a finite number >= 0")
-    rate = args["arrivals_per_step"]
-    if not _is_real(rate) or not 0 < rate < math.inf:
-        raise ResourceConfigError(f"arrivals_per_step={rate!r} must be a finite number > 0")
+    checks = [
+        *(
+            argument_problem(name, args[name], whole=True, ge=1)
+            for name in ("num_requests", "vocab_size", "prompt_median", "output_median")
+        ),
+        argument_problem("seed", args["seed"], whole=True),
+        argument_problem(
+            "max_model_len", args["max_model_len"], whole=True, ge=2, note=BOTH_TOKENS
+        ),
+        argument_problem("sigma", args["sigma"], ge=0),
+        argument_problem("arrivals_per_step", args["arrivals_per_step"], gt=0),
+    ]
+    first = next((problem for problem in checks if problem is not None), None)
+    if first is not None:
+        raise ResourceConfigError(first)
 
 
-def _is_real(value: object) -> TypeGuard[float]:
-    """True for an int or float that is not a bool (``True`` is not a rate)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+BOTH_TOKENS = " (a prompt token and an output token)"
 
 
 CSV_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -306,25 +302,20 @@ def _check_read_args(
     limit: object,
 ) -> None:
     """Raise for every unusable argument of :func:`read_trace`, naming each."""
-    problems = []
-    if not is_int(max_model_len) or max_model_len < 2:
-        problems.append(
-            f"max_model_len={max_model_len!r} must be a whole number >= 2 "
-            "(a prompt token and an output token)"
-        )
-    if not is_positive_int(vocab_size):
-        problems.append(f"vocab_size={vocab_size!r} must be a positive whole number")
-    if not is_int(seed):
-        problems.append(f"seed={seed!r} must be a whole number")
-    if not _is_real(step_ms) or not 0 < step_ms < math.inf:
-        problems.append(
-            f"step_ms={step_ms!r} must be a finite number of milliseconds > 0 (what one engine "
-            "step stands for), e.g. step_ms=10"
-        )
-    if not is_int(offset) or offset < 0:
-        problems.append(f"offset={offset!r} must be a whole number >= 0 (rows to skip)")
-    if limit is not None and not is_positive_int(limit):
-        problems.append(f"limit={limit!r} must be a positive whole number of rows, or None")
+    checks = [
+        argument_problem("max_model_len", max_model_len, whole=True, ge=2, note=BOTH_TOKENS),
+        argument_problem("vocab_size", vocab_size, whole=True, ge=1),
+        argument_problem("seed", seed, whole=True),
+        argument_problem(
+            "step_ms", step_ms, of="milliseconds", gt=0,
+            note=" (what one engine step stands for), e.g. step_ms=10",
+        ),
+        argument_problem("offset", offset, whole=True, ge=0, note=" (rows to skip)"),
+        None if limit is None else argument_problem(
+            "limit", limit, whole=True, of="rows", ge=1, note=", or None"
+        ),
+    ]  # fmt: skip
+    problems = [problem for problem in checks if problem is not None]
     if problems:
         raise ResourceConfigError(*problems, where="read_trace's arguments")
 
