@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -11,9 +12,17 @@ import mstar_resources
 
 
 @pytest.mark.parametrize("name", mstar_resources.__all__)
-def test_every_public_name_loads_and_is_listed(name):
-    assert getattr(mstar_resources, name).__name__ == name
-    assert name in dir(mstar_resources)
+def test_every_public_name_is_its_home_module_s_own(name):
+    """The facade hands out the very object its home module defines and lists as public."""
+    value = getattr(mstar_resources, name)
+    home = importlib.import_module(value.__module__)
+    assert value.__module__.startswith("mstar_resources.")
+    assert getattr(home, name) is value
+    assert name in home.__all__
+
+
+def test_every_listed_name_has_a_home_and_every_home_is_listed():
+    assert sorted(mstar_resources._HOMES) == sorted(mstar_resources.__all__)
 
 
 def test_an_unknown_name_is_an_attribute_error():

@@ -29,10 +29,6 @@ def test_each_example_prints_what_the_readme_shows(tmp_path, args, output):
     assert (done.stdout + done.stderr) == output
 
 
-def test_the_readme_has_no_unfilled_placeholder():
-    assert not re.findall(r"\b[A-Z]+_TABLE\b", README)
-
-
 ENGINE_YAML = re.search(r"### In an engine\n.*?```yaml\n(.*?)```", README, re.S)
 ENGINE_APP = """
 import dataclasses, json
