@@ -47,35 +47,46 @@ class Resource:
     only, one workspace per label."""
 
     def __post_init__(self) -> None:
-        problems = []
-        if not isinstance(self.owner, str) or not self.owner.strip():
-            problems.append(
-                f"owner={self.owner!r} is empty; name who the resource belongs to "
-                "(e.g. owner=attention)"
-            )
-        if self.declared_mb is not None and (
-            problem := mb_problem("declared_mb", self.declared_mb)
-        ):
-            problems.append(problem)
-        labels, slots = list(self.labels), list(self.cg_slots)
-        if not labels:
-            problems.append(
-                "labels=[] is empty; list the plan labels the resource serves "
-                "(e.g. labels=[decode])"
-            )
-        elif any(not isinstance(label, str) or not label.strip() for label in labels):
-            problems.append(f"labels={labels!r} has an empty label; give every label a name")
-        if repeated := _repeated(labels):
-            problems.append(f"labels={labels!r} repeats {repeated}; list each label once")
-        if negative := list(dict.fromkeys(slot for slot in slots if slot < 0)):
-            problems.append(
-                f"cg_slots={slots!r} has negative slots {negative}; slots are numbered from 0 "
-                "(cg_slots=[] means eager only)"
-            )
-        if repeated_slots := _repeated(slots):
-            problems.append(f"cg_slots={slots!r} repeats {repeated_slots}; list each slot once")
-        if problems:
-            raise ResourceConfigError(*problems, where="the resource")
+        problems = [
+            *_owner_problems(self.owner),
+            *([] if self.declared_mb is None else [mb_problem("declared_mb", self.declared_mb)]),
+            *_label_problems(list(self.labels)),
+            *_slot_problems(list(self.cg_slots)),
+        ]
+        found = [problem for problem in problems if problem is not None]
+        if found:
+            raise ResourceConfigError(*found, where="the resource")
+
+
+def _owner_problems(owner: object) -> list[str]:
+    if isinstance(owner, str) and owner.strip():
+        return []
+    return [f"owner={owner!r} is empty; name who the resource belongs to (e.g. owner=attention)"]
+
+
+def _label_problems(labels: list[str]) -> list[str]:
+    problems = []
+    if not labels:
+        problems.append(
+            "labels=[] is empty; list the plan labels the resource serves (e.g. labels=[decode])"
+        )
+    elif any(not isinstance(label, str) or not label.strip() for label in labels):
+        problems.append(f"labels={labels!r} has an empty label; give every label a name")
+    if repeated := _repeated(labels):
+        problems.append(f"labels={labels!r} repeats {repeated}; list each label once")
+    return problems
+
+
+def _slot_problems(slots: list[int]) -> list[str]:
+    problems = []
+    if negative := list(dict.fromkeys(slot for slot in slots if slot < 0)):
+        problems.append(
+            f"cg_slots={slots!r} has negative slots {negative}; slots are numbered from 0 "
+            "(cg_slots=[] means eager only)"
+        )
+    if repeated := _repeated(slots):
+        problems.append(f"cg_slots={slots!r} repeats {repeated}; list each slot once")
+    return problems
 
 
 def _repeated(items: list[T]) -> list[T]:

@@ -19,7 +19,7 @@ each rank must have set its CUDA device), at seal time only:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -61,6 +61,25 @@ class Pool(Protocol):
 def agree(pool: Pool, group: ProcessGroup) -> None:
     """Make ``pool`` on this rank hold what the largest of the group's ranks holds, key by key."""
     rank, ranks = dist.get_rank(), dist.get_world_size(group)
+    every_held = _gather_pools(pool, group, rank, ranks)
+    agreed = _largest(every_held.values())
+    added = _grow_and_tell(pool, agreed, every_held, group, rank, ranks)
+    logger.info(
+        "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
+        rank,
+        _describe(pool.identity),
+        sum(agreed.values()),
+        len(agreed),
+        ranks,
+        added,
+    )
+
+
+def _gather_pools(
+    pool: Pool, group: ProcessGroup, rank: int, ranks: int
+) -> dict[int, dict[Key, int]]:
+    """Step 1: every rank's bytes of each workspace, by rank; raises on every rank alike when
+    the ranks are sealing different pools."""
     held = {key: workspace.tensor.numel() for key, workspace in pool.workspaces().items()}
     gathered: list[tuple[int, Identity, dict[Key, int]] | None] = [None] * ranks
     dist.all_gather_object(gathered, (rank, pool.identity, held), group=group)
@@ -77,18 +96,36 @@ def agree(pool: Pool, group: ProcessGroup) -> None:
             reasons=pools,
             held=every_held,
         )
+    return every_held
+
+
+def _largest(every_held: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
+    """Each key any rank made, at the most bytes any rank holds of it."""
     agreed: dict[Key, int] = {}
-    for _, _, sizes in everyone:
+    for sizes in every_held:
         for key, nbytes in sizes.items():
             agreed[key] = max(agreed.get(key, 0), nbytes)
-    others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
+    return agreed
 
+
+def _grow_and_tell(
+    pool: Pool,
+    agreed: Mapping[Key, int],
+    every_held: Mapping[int, Mapping[Key, int]],
+    group: ProcessGroup,
+    rank: int,
+    ranks: int,
+) -> int:
+    """Step 2: make and grow what this rank lacks, then tell every rank whether it could. A rank
+    that could not raises its own error; the others raise one naming it. Returns the bytes
+    added here."""
+    others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
     failure: BaseException | None = None
     added = 0
     try:
         for (label, cg_slot), nbytes in agreed.items():
             added += pool.get(label, cg_slot)._grow_to_agree(nbytes, others)
-    except Exception as error:  # told to every rank below, then raised here
+    except Exception as error:  # told to every rank below, then raised here as it was
         failure = error
     outcomes: list[tuple[int, str | None] | None] = [None] * ranks
     report = None if failure is None else f"{type(failure).__name__}: {failure}"
@@ -103,15 +140,7 @@ def agree(pool: Pool, group: ProcessGroup) -> None:
             reasons=failed,
             held=every_held,
         )
-    logger.info(
-        "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
-        rank,
-        _describe(pool.identity),
-        sum(agreed.values()),
-        len(agreed),
-        ranks,
-        added,
-    )
+    return added
 
 
 def _describe(identity: Identity) -> str:

@@ -29,6 +29,18 @@ class Roles:
 def roles_of(records: Sequence[ResolvedResource], profile: CalibrationProfile) -> Roles:
     """The tree's one eager label (prefill) and one graph label (decode), checked against the
     kinds their plans have."""
+    roles = _labels(records)
+    missing = [label for label in (roles.prefill, roles.decode) if label not in profile.plans]
+    if missing:
+        raise ResourceConfigError(
+            f"the profile does not say how {', '.join(missing)} is planned; add "
+            + ", ".join(f"calibration.plans.{label}" for label in missing)
+        )
+    _check_kinds(roles, profile)
+    return roles
+
+
+def _labels(records: Sequence[ResolvedResource]) -> Roles:
     eager = [label for r in records if not r.cg_slots for label in r.labels]
     graphed = [label for r in records if r.cg_slots for label in r.labels]
     if len(eager) != 1 or len(graphed) != 1:
@@ -37,25 +49,21 @@ def roles_of(records: Sequence[ResolvedResource], profile: CalibrationProfile) -
             f"and the resources serve {eager or 'none'} eagerly and {graphed or 'none'} in "
             "cg slots; give it a tree with one of each"
         )
-    roles = Roles(prefill=eager[0], decode=graphed[0])
-    missing = [label for label in (roles.prefill, roles.decode) if label not in profile.plans]
-    if missing:
-        raise ResourceConfigError(
-            f"the profile does not say how {', '.join(missing)} is planned; add "
-            + ", ".join(f"calibration.plans.{label}" for label in missing)
-        )
-    kinds = tuple(profile.plans[label].kind for label in (roles.prefill, roles.decode))
-    if kinds not in REPLAYED_KINDS:
-        runs = "; ".join(
-            f"{prefill.value} then {decode.value} ({what})"
-            for (prefill, decode), what in REPLAYED_KINDS.items()
-        )
-        raise ResourceConfigError(
-            f"calibration.plans.{roles.prefill}.kind={kinds[0].value} and "
-            f"calibration.plans.{roles.decode}.kind={kinds[1].value}: the replay's model runs "
-            f"{runs}"
-        )
-    return roles
+    return Roles(prefill=eager[0], decode=graphed[0])
+
+
+def _check_kinds(roles: Roles, profile: CalibrationProfile) -> None:
+    kinds = (profile.plans[roles.prefill].kind, profile.plans[roles.decode].kind)
+    if kinds in REPLAYED_KINDS:
+        return
+    runs = "; ".join(
+        f"{prefill.value} then {decode.value} ({what})"
+        for (prefill, decode), what in REPLAYED_KINDS.items()
+    )
+    raise ResourceConfigError(
+        f"calibration.plans.{roles.prefill}.kind={kinds[0].value} and "
+        f"calibration.plans.{roles.decode}.kind={kinds[1].value}: the replay's model runs {runs}"
+    )
 
 
 def is_mla(profile: CalibrationProfile) -> bool:
