@@ -634,3 +634,23 @@ def test_only_seal_seals_and_nothing_unseals():
     with pytest.raises(AttributeError):
         workspace.sealed = False  # type: ignore[misc]
     assert workspace.sealed and workspace.stats().sealed
+
+
+def test_a_workspace_sealed_while_a_plan_runs_never_moves():
+    """Another thread seals the workspace between the plan's overflow and its growth: the growth
+    is refused as a sealed overflow, and the buffer keeps its address and size."""
+    workspace = make_workspace(floor="resources.attn.decode.declared_mb")
+    address = workspace.tensor.data_ptr()
+    overflowing = FakePlanner(workspace.tensor, DECODE_CHAIN)
+
+    def sealed_meanwhile() -> object:
+        try:
+            return overflowing()
+        finally:
+            workspace.seal()  # as another thread's seal() would, before the growth
+
+    with pytest.raises(WorkspaceSealedError) as raised:
+        workspace.plan(sealed_meanwhile)
+    assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, MIB)
+    assert (raised.value.held_bytes, raised.value.needed_bytes) == (MIB, 2 * MIB)
+    assert workspace.stats().times_grown == 0
