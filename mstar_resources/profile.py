@@ -16,13 +16,16 @@ from typing import Any, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from .errors import ResourceConfigError
 from .units import is_positive_int
 
 PROFILE_KEY = "calibration"
 """The config key the profile lives under."""
+
+_WHERE = "the calibration profile"
+"""What :func:`load_profile`'s errors say they checked (their ``where``)."""
 
 DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 """Query and KV dtypes a profile may name (``torch.<name>``)."""
@@ -117,61 +120,101 @@ class CalibrationProfile:
     """By plan label (as in the resources' ``labels``): which wrapper plans it."""
 
 
-def _problems(profile: CalibrationProfile) -> list[str]:
-    key = PROFILE_KEY
-    problems = []
+def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str]:
+    """A problem for each of ``node``'s fields ``names`` that is not a positive whole number."""
+    return [
+        f"{prefix}.{name}={getattr(node, name)!r} must be a positive whole number"
+        for name in names
+        if not is_positive_int(getattr(node, name))
+    ]
 
-    def positive(name: str, value: object) -> None:
-        if not is_positive_int(value):
-            problems.append(f"{key}.{name}={value!r} must be a positive whole number")
 
-    model, limits = profile.model, profile.limits
-    for name in ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"):
-        positive(f"model.{name}", getattr(model, name))
-    if (
-        is_positive_int(model.num_qo_heads)
-        and is_positive_int(model.num_kv_heads)
-        and model.num_qo_heads % model.num_kv_heads
-    ):
+def _model_problems(model: ModelShape) -> list[str]:
+    """What is wrong with the model's shape: sizes, the head grouping, the dtypes."""
+    key = f"{PROFILE_KEY}.model"
+    problems = _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
+    heads = (model.num_qo_heads, model.num_kv_heads)
+    if all(is_positive_int(h) for h in heads) and model.num_qo_heads % model.num_kv_heads:
         problems.append(
-            f"{key}.model.num_kv_heads={model.num_kv_heads} does not divide "
-            f"{key}.model.num_qo_heads={model.num_qo_heads}"
+            f"{key}.num_kv_heads={model.num_kv_heads} does not divide "
+            f"{key}.num_qo_heads={model.num_qo_heads}"
         )
-    for name in ("q_dtype", "kv_dtype"):
-        if getattr(model, name) not in DTYPES:
-            problems.append(
-                f"{key}.model.{name}={getattr(model, name)!r} is not one of {', '.join(DTYPES)}"
-            )
-    for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-        positive(f"limits.{name}", getattr(limits, name))
-    sizes = profile.cuda_graph_batch_sizes
-    if any(not is_positive_int(s) for s in sizes) or len(set(sizes)) != len(sizes):
-        problems.append(
-            f"{key}.cuda_graph_batch_sizes={sizes!r} must be distinct positive whole numbers"
-        )
-    elif is_positive_int(limits.max_num_seqs) and sizes and max(sizes) > limits.max_num_seqs:
-        problems.append(
-            f"{key}.cuda_graph_batch_sizes has {max(sizes)}, more than "
-            f"{key}.limits.max_num_seqs={limits.max_num_seqs}"
-        )
-    if not profile.plans:
-        problems.append(f"{key}.plans is empty: name the wrapper kind of every plan label")
-    for label, plan in profile.plans.items():
-        allowed = BACKENDS[plan.kind]
-        if plan.backend not in allowed:
-            problems.append(
-                f"{key}.plans.{label}.backend={plan.backend!r} cannot be calibrated for kind "
-                f"{plan.kind.value}; use one of {', '.join(allowed)}"
-            )
-    mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
-    for name in ("head_dim_ckv", "head_dim_kpe") if mla else ():
-        if not is_positive_int(getattr(model, name)):
-            problems.append(
-                f"{key}.model.{name}={getattr(model, name)!r} must be a positive whole number "
-                f"for the mla plans ({', '.join(mla)}); DeepSeek-V3 has head_dim_ckv=512, "
-                "head_dim_kpe=64"
-            )
+    problems += [
+        f"{key}.{name}={getattr(model, name)!r} is not one of {', '.join(DTYPES)}"
+        for name in ("q_dtype", "kv_dtype")
+        if getattr(model, name) not in DTYPES
+    ]
     return problems
+
+
+def _limits_problems(limits: EngineLimits) -> list[str]:
+    """What is wrong with the engine's limits: each is a positive whole number."""
+    names = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
+    return _not_positive(f"{PROFILE_KEY}.limits", limits, names)
+
+
+def _graph_size_problems(sizes: list[int], limits: EngineLimits) -> list[str]:
+    """What is wrong with the graph batch sizes: they are distinct positive whole numbers, none
+    above the batch limit."""
+    key = f"{PROFILE_KEY}.cuda_graph_batch_sizes"
+    if any(not is_positive_int(s) for s in sizes) or len(set(sizes)) != len(sizes):
+        return [f"{key}={sizes!r} must be distinct positive whole numbers"]
+    if is_positive_int(limits.max_num_seqs) and sizes and max(sizes) > limits.max_num_seqs:
+        return [
+            f"{key} has {max(sizes)}, more than "
+            f"{PROFILE_KEY}.limits.max_num_seqs={limits.max_num_seqs}"
+        ]
+    return []
+
+
+def _plan_problems(plans: dict[str, PlanProfile]) -> list[str]:
+    """What is wrong with the plans: none at all, or a backend calibration cannot plan the kind
+    with."""
+    key = f"{PROFILE_KEY}.plans"
+    problems = [] if plans else [f"{key} is empty: name the wrapper kind of every plan label"]
+    problems += [
+        f"{key}.{label}.backend={plan.backend!r} cannot be calibrated for kind "
+        f"{plan.kind.value}; use one of {', '.join(BACKENDS[plan.kind])}"
+        for label, plan in plans.items()
+        if plan.backend not in BACKENDS[plan.kind]
+    ]
+    return problems
+
+
+def _mla_dimension_problems(plans: dict[str, PlanProfile], model: ModelShape) -> list[str]:
+    """The model dimensions that ``mla`` plans need and the model leaves unset (or bad)."""
+    mla = [label for label, plan in plans.items() if plan.kind is PlanKind.mla]
+    if not mla:
+        return []
+    return [
+        f"{PROFILE_KEY}.model.{name}={getattr(model, name)!r} must be a positive whole number "
+        f"for the mla plans ({', '.join(mla)}); DeepSeek-V3 has head_dim_ckv=512, "
+        "head_dim_kpe=64"
+        for name in ("head_dim_ckv", "head_dim_kpe")
+        if not is_positive_int(getattr(model, name))
+    ]
+
+
+def _problems(profile: CalibrationProfile) -> list[str]:
+    """Every problem of ``profile``, in the order of its fields (the MLA dimensions, which
+    depend on the plans, last)."""
+    return [
+        *_model_problems(profile.model),
+        *_limits_problems(profile.limits),
+        *_graph_size_problems(profile.cuda_graph_batch_sizes, profile.limits),
+        *_plan_problems(profile.plans),
+        *_mla_dimension_problems(profile.plans, profile.model),
+    ]
+
+
+def _schema_problem(error: OmegaConfBaseException) -> str:
+    """OmegaConf's refusal of the profile's schema as one problem, from the error's fields: the
+    full key, the value where it refused one (a wrong type or choice), then its reason."""
+    full_key = f"{PROFILE_KEY}.{error.full_key}" if error.full_key else PROFILE_KEY
+    reason = str(error).splitlines()[0]
+    if isinstance(error, ValidationError):
+        return f"{full_key}={error.value!r} is not valid: {reason}"
+    return f"{full_key}: {reason}"
 
 
 def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
@@ -180,14 +223,10 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
         merged = OmegaConf.merge(OmegaConf.structured(CalibrationProfile), node)
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
     except OmegaConfBaseException as error:
-        full_key = (
-            f"{PROFILE_KEY}.{error.full_key}" if getattr(error, "full_key", None) else PROFILE_KEY
-        )
-        reason = str(error).splitlines()[0]
-        raise ResourceConfigError(f"{full_key}: {reason}") from None
+        raise ResourceConfigError(_schema_problem(error), where=_WHERE) from None
     problems = _problems(profile)
     if problems:
-        raise ResourceConfigError(*problems, where="the calibration profile")
+        raise ResourceConfigError(*problems, where=_WHERE)
     return profile
 
 

@@ -50,39 +50,62 @@ def base_deployment(name: str) -> str:
 def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfile) -> None:
     """Every label of every resource has a plan profile that can be calibrated as it runs, and
     a label names one kind of plan: resources of different owners don't share it."""
-    problems = []
+    problems = [
+        *_labels_without_a_plan(records, profile),
+        *_graph_slots_on_eager_kinds(records, profile),
+        *_labels_of_several_owners(records),
+    ]
+    if problems:
+        raise ResourceConfigError("cannot calibrate: " + "; ".join(problems))
+
+
+def _labels_without_a_plan(
+    records: Sequence[ResolvedResource], profile: CalibrationProfile
+) -> list[str]:
+    """Labels the profile has no plan for: calibration cannot tell how they are planned."""
     missing = [
         f"calibration.plans.{label} (for resources.{r.path})"
         for r in records
         for label in r.labels
         if label not in profile.plans
     ]
-    if missing:
-        problems.append(
-            f"the profile does not say how these labels are planned; add {', '.join(missing)} "
-            f"with a kind ({', '.join(kind.value for kind in PlanKind)})"
-        )
-    owners: dict[str, dict[str, str]] = {}
+    if not missing:
+        return []
+    return [
+        f"the profile does not say how these labels are planned; add {', '.join(missing)} "
+        f"with a kind ({', '.join(kind.value for kind in PlanKind)})"
+    ]
+
+
+def _graph_slots_on_eager_kinds(
+    records: Sequence[ResolvedResource], profile: CalibrationProfile
+) -> list[str]:
+    """Labels a resource serves under CUDA graphs whose kind is not calibrated under graphs."""
+    graph_kinds = ", ".join(k.value for k in PlanKind if k in GRAPH_KINDS)
+    return [
+        f"resources.{r.path}.cg_slots={list(r.cg_slots)} puts {label} under CUDA graphs, but "
+        f"calibration.plans.{label}.kind={plan.kind.value}: only {graph_kinds} plans are "
+        "calibrated under graphs"
+        for r in records
+        if r.cg_slots
+        for label in r.labels
+        if (plan := profile.plans.get(label)) is not None and plan.kind not in GRAPH_KINDS
+    ]
+
+
+def _labels_of_several_owners(records: Sequence[ResolvedResource]) -> list[str]:
+    """Labels that resources of different owners serve: one plan profile would plan them all."""
+    owners: dict[str, dict[str, str]] = {}  # label -> owner -> the first resource of it
     for r in records:
         for label in r.labels:
             owners.setdefault(label, {}).setdefault(r.owner, r.path)
-            plan = profile.plans.get(label)
-            if r.cg_slots and plan is not None and plan.kind not in GRAPH_KINDS:
-                graph_kinds = ", ".join(k.value for k in PlanKind if k in GRAPH_KINDS)
-                problems.append(
-                    f"resources.{r.path}.cg_slots={list(r.cg_slots)} puts {label} under CUDA "
-                    f"graphs, but calibration.plans.{label}.kind={plan.kind.value}: only "
-                    f"{graph_kinds} plans are calibrated under graphs"
-                )
-    for label, by_owner in owners.items():
-        if len(by_owner) > 1:
-            served = ", ".join(f"resources.{p} (owner {o})" for o, p in by_owner.items())
-            problems.append(
-                f"calibration.plans.{label} would plan {served} alike; give their plans "
-                "different labels"
-            )
-    if problems:
-        raise ResourceConfigError("cannot calibrate: " + "; ".join(problems))
+    return [
+        f"calibration.plans.{label} would plan "
+        f"{', '.join(f'resources.{p} (owner {o})' for o, p in by_owner.items())} alike; give "
+        "their plans different labels"
+        for label, by_owner in owners.items()
+        if len(by_owner) > 1
+    ]
 
 
 def check_backends(profile: CalibrationProfile, device: torch.device) -> None:

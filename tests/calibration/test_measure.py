@@ -1,18 +1,29 @@
-"""How calibration treats a shape FlashInfer refuses, on the CPU: a planner whose wrappers are
-honest fakes (they overflow as FlashInfer's allocator does, and refuse shapes by a stand-in for
-FlashInfer's refusal type). The real wrappers are measured in test_calibrate_gpu.py."""
+"""Measuring on the CPU: the plan arguments (pure torch), which wrapper plans each shape, how a
+need is found (asked, or grown into), and how calibration treats a shape FlashInfer refuses.
+
+FlashInfer is not needed: its wrappers are honest fakes (they answer ``workspace_size()`` and
+overflow as FlashInfer's do, and refuse shapes by a stand-in for FlashInfer's refusal type), and
+its module is a fake that records how each wrapper was built. The real wrappers are measured in
+test_calibrate_gpu.py."""
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import pytest
 import torch
 
 from mstar_resources import ResourceConfigError
-from mstar_resources.calibration.measure import FLASHINFER_REFUSAL, Planner, flashinfer_refusals
+from mstar_resources.calibration.measure import (
+    FLASHINFER_REFUSAL,
+    Need,
+    Planner,
+    flashinfer_refusals,
+)
 from mstar_resources.calibration.shapes import Shape, is_bounding, shapes_for
-from mstar_resources.profile import load_profile
+from mstar_resources.profile import PlanKind, PlanProfile, load_profile
 
 from ..attn.fake_allocator import flashinfer_overflow_message
 from ..conftest import compose_shipped
@@ -113,3 +124,258 @@ def test_flashinfer_has_its_refusal_type():
     assert refusal.__module__ == FLASHINFER_REFUSAL[0]
     assert refusal.__name__ == FLASHINFER_REFUSAL[1]
     assert issubclass(refusal, ValueError)
+
+
+def test_a_refusal_type_that_is_not_a_value_error_is_not_taken(monkeypatch):
+    """A stand-in for FlashInfer's module that keeps the refusal type: calibration takes the type
+    only while it is the ``ValueError`` it documents."""
+    module_name, name = FLASHINFER_REFUSAL
+    fake_module = types.ModuleType(module_name)
+    monkeypatch.setitem(sys.modules, module_name, fake_module)
+    setattr(fake_module, name, FakeRefusal)
+    assert flashinfer_refusals() == (FakeRefusal,)
+    setattr(fake_module, name, type(name, (RuntimeError,), {}))
+    assert flashinfer_refusals() == ()
+
+
+# --- plan arguments ------------------------------------------------------------------------------
+
+SMALL = load_profile(
+    {
+        "model": {"num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16},
+        "limits": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 4096},
+        "cuda_graph_batch_sizes": [1, 2, 4],
+        "plans": {
+            "decode": {"kind": "decode"},
+            "prefill": {"kind": "paged_prefill"},
+            "prompt": {"kind": "ragged_prefill"},
+            "mixed": {"kind": "pod"},
+        },
+    }
+)
+HEADS = (8, 2, 64)
+DTYPES = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+
+
+def plain(args: tuple[Any, ...]) -> list[Any]:
+    """``args`` with each tensor as a list, after checking it is int32 on the planner's device."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            assert (arg.dtype, arg.device.type) == (torch.int32, "cpu")
+    return [arg.tolist() if isinstance(arg, torch.Tensor) else arg for arg in args]
+
+
+# Three requests over 40 tokens: 3 pages of 16 each, the last holding 8. Over 32 tokens: 2 full
+# pages, the last holding 16 (never 0).
+PAGED_40 = [[0, 3, 6, 9], list(range(9)), [8, 8, 8], *HEADS, 16]
+PAGED_32 = [[0, 2, 4, 6], list(range(6)), [16, 16, 16], *HEADS, 16]
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape", "args", "kwargs"),
+    [
+        pytest.param(PlanKind.ragged_prefill, Shape(3, 5, 40),
+                     [[0, 5, 10, 15], [0, 40, 80, 120], *HEADS], {"causal": True, **DTYPES},
+                     id="ragged-prefill"),
+        pytest.param(PlanKind.paged_prefill, Shape(3, 5, 40),
+                     [[0, 5, 10, 15], *PAGED_40], {"causal": True, **DTYPES}, id="paged-prefill"),
+        pytest.param(PlanKind.paged_prefill, Shape(3, 5, 32),
+                     [[0, 5, 10, 15], *PAGED_32], {"causal": True, **DTYPES},
+                     id="paged-prefill-full-last-page"),
+        pytest.param(PlanKind.decode, Shape(3, 1, 40), PAGED_40, DTYPES, id="decode"),
+        pytest.param(PlanKind.decode, Shape(3, 1, 32, cuda_graph=True), PAGED_32, DTYPES,
+                     id="decode-graph"),
+        pytest.param(PlanKind.pod, Shape(3, 1, 40), PAGED_40, DTYPES, id="pod"),
+    ],
+)  # fmt: skip
+def test_plan_args_describe_the_shape(kind, shape, args, kwargs):
+    planned_args, planned_kwargs = Planner(SMALL, torch.device("cpu"), refusals=()).plan_args(
+        kind, shape
+    )
+    assert plain(planned_args) == args
+    assert planned_kwargs == kwargs
+
+
+# --- which wrapper plans a shape -----------------------------------------------------------------
+
+
+class FakeFlashInferWrapper:
+    """Stands in for a FlashInfer wrapper class of the fake module below: records what it was
+    built with."""
+
+    def __init__(self, buffer: torch.Tensor, layout: str = "NHD", **kwargs: Any) -> None:
+        self.buffer, self.layout, self.kwargs = buffer, layout, kwargs
+
+
+FAKE_WRAPPERS = (
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "PODWithPagedKVCacheWrapper",
+)
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """A fake ``flashinfer`` module, imported in the real one's place: its wrapper classes only
+    record how they were built."""
+    module = types.ModuleType("flashinfer")
+    for name in FAKE_WRAPPERS:
+        setattr(module, name, type(name, (FakeFlashInferWrapper,), {}))
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("kind", "backend", "wrapper", "kwargs"),
+    [
+        pytest.param("decode", "fa2", "BatchDecodeWithPagedKVCacheWrapper", {"backend": "fa2"},
+                     id="decode"),
+        pytest.param("paged_prefill", "fa3", "BatchPrefillWithPagedKVCacheWrapper",
+                     {"backend": "fa3"}, id="paged-prefill"),
+        pytest.param("ragged_prefill", "auto", "BatchPrefillWithRaggedKVCacheWrapper",
+                     {"backend": "auto"}, id="ragged-prefill"),
+        pytest.param("pod", "fa2", "PODWithPagedKVCacheWrapper", {}, id="pod-takes-no-backend"),
+    ],
+)  # fmt: skip
+def test_an_eager_shape_is_planned_by_its_kind_s_wrapper_on_the_buffer(
+    fake_flashinfer, kind, backend, wrapper, kwargs
+):
+    buffer = torch.zeros(0, dtype=torch.uint8)
+    plan = PlanProfile(PlanKind(kind), backend)
+    built = Planner(SMALL, torch.device("cpu"), refusals=()).wrapper(plan, buffer, Shape(2, 1, 40))
+    assert type(built).__name__ == wrapper
+    assert built.buffer is buffer
+    assert (built.layout, built.kwargs) == ("NHD", kwargs)
+
+
+@pytest.mark.parametrize(("kind", "backend"), [("decode", {"backend": "fa2"}), ("pod", {})])
+def test_a_graph_shape_s_wrapper_holds_buffers_for_its_batch(fake_flashinfer, kind, backend):
+    planner = Planner(SMALL, torch.device("cpu"), refusals=())
+    shape = Shape(4, 1, 40, cuda_graph=True)
+    kwargs = dict(planner.wrapper(PlanProfile(PlanKind(kind)), torch.zeros(0), shape).kwargs)
+    assert kwargs.pop("use_cuda_graph") is True
+    names = ("paged_kv_indptr_buffer", "paged_kv_indices_buffer", "paged_kv_last_page_len_buffer")
+    buffers = tuple(kwargs.pop(name) for name in names)
+    assert kwargs == backend
+    # The buffers a graph replays with: the indptr, indices and last page lengths of its batch.
+    assert plain(buffers) == plain(planner.plan_args(PlanKind(kind), shape)[0])[:3]
+
+
+class CountingPlanner(Planner):
+    """A planner on the CPU whose ``wrapper`` builds a fresh stand-in object each call."""
+
+    def __init__(self) -> None:
+        super().__init__(SMALL, torch.device("cpu"), refusals=())
+        self.built: list[Shape] = []
+
+    def wrapper(self, plan: Any, buffer: torch.Tensor, shape: Shape) -> object:
+        self.built.append(shape)
+        return object()
+
+
+def test_eager_shapes_share_one_wrapper_and_each_graph_shape_has_its_own():
+    planner = CountingPlanner()
+    wrapper_for = planner.wrappers(SMALL.plans["decode"], torch.zeros(0))
+    eager = [wrapper_for(Shape(b, 1, 40)) for b in (1, 2, 4)]
+    graph = [wrapper_for(Shape(b, 1, 40, cuda_graph=True)) for b in (1, 2)]
+    assert eager[0] is eager[1] is eager[2]
+    assert len({id(w) for w in graph}) == 2 and eager[0] not in graph
+    assert planner.built == [Shape(1, 1, 40), Shape(1, 1, 40, True), Shape(2, 1, 40, True)]
+
+
+# --- finding the need ----------------------------------------------------------------------------
+
+
+class FakeSizedWrapper:
+    """Stands in for a FlashInfer wrapper that needs 1 KiB of float workspace a request: asked,
+    ``workspace_size()`` answers as FlashInfer's does (a tuple, the float bytes first), or raises
+    ``NotImplementedError`` as a backend without the query does; ``plan()`` overflows as
+    FlashInfer's allocator does."""
+
+    def __init__(self, buffer: torch.Tensor, answers: bool, per_request: int = 1024) -> None:
+        self.buffer, self.answers, self.per_request = buffer, answers, per_request
+        self.asked = 0
+
+    def _need(self, indptr: torch.Tensor) -> int:
+        return self.per_request * (indptr.numel() - 1)  # every kind's first argument: an indptr
+
+    def workspace_size(self, indptr: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        self.asked += 1
+        if not self.answers:
+            raise NotImplementedError("workspace_size() is not implemented for this backend")
+        return self._need(indptr), 64  # the float workspace's bytes, then the int workspace's
+
+    def plan(self, indptr: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        need = self._need(indptr)
+        if self.buffer.numel() < need:
+            message = flashinfer_overflow_message("tmp_v", need, 16, self.buffer.numel())
+            raise RuntimeError(message)
+
+
+class SizedPlanner(Planner):
+    """A planner on the CPU with the real plan arguments and :class:`FakeSizedWrapper`s."""
+
+    def __init__(self, answers: bool, per_request: int = 1024) -> None:
+        super().__init__(SMALL, torch.device("cpu"), refusals=())
+        self.answers, self.per_request = answers, per_request
+        self.built: list[FakeSizedWrapper] = []
+
+    def wrapper(self, plan: Any, buffer: torch.Tensor, shape: Shape) -> FakeSizedWrapper:
+        self.built.append(FakeSizedWrapper(buffer, self.answers, self.per_request))
+        return self.built[-1]
+
+
+class FakeProgress:
+    """Stands in for a tqdm bar: counts its updates."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def update(self) -> None:
+        self.n += 1
+
+
+@pytest.mark.parametrize("label", ["decode", "prefill"])
+def test_a_wrapper_that_answers_workspace_size_is_asked(label):
+    plan = SMALL.plans[label]
+    shapes = shapes_for(plan, SMALL, cuda_graph=False)
+    progress = FakeProgress()
+    need = SizedPlanner(answers=True).need(plan, shapes, progress)
+    most = max(shape.batch for shape in shapes)
+    # Of the shapes that tie, the last (the largest) is named.
+    last = [shape for shape in shapes if shape.batch == most][-1]
+    assert need == Need(1024 * most, last, "workspace_size")
+    assert progress.n == len(shapes)
+
+
+def test_no_need_names_no_shape():
+    plan = SMALL.plans["decode"]
+    need = SizedPlanner(answers=True, per_request=0).need_by_query(
+        plan, shapes_for(plan, SMALL, cuda_graph=True), None
+    )
+    assert need == Need(0, None, "workspace_size")
+
+
+def test_a_backend_without_workspace_size_is_measured_by_growth():
+    plan = SMALL.plans["decode"]
+    shapes = shapes_for(plan, SMALL, cuda_graph=False)
+    planner = SizedPlanner(answers=False)
+    progress = FakeProgress()
+    need = planner.need(plan, shapes, progress)
+    most = max(shape.batch for shape in shapes)
+    first = next(shape for shape in shapes if shape.batch == most)  # the one that grew it
+    assert need == Need(1024 * most, first, "growth")
+    assert planner.built[0].asked == 1  # asked once, then planned
+    assert progress.n == len(shapes)
+
+
+@pytest.mark.parametrize("label", ["prompt", "mixed"])
+def test_kinds_that_cannot_say_are_never_asked(label):
+    plan = SMALL.plans[label]
+    shapes = shapes_for(plan, SMALL, cuda_graph=False)
+    planner = SizedPlanner(answers=True)
+    need = planner.need(plan, shapes)
+    assert need.method == "growth"
+    assert need.bytes == 1024 * max(shape.batch for shape in shapes)
+    assert all(wrapper.asked == 0 for wrapper in planner.built)

@@ -1,0 +1,163 @@
+"""What calibration checks before it plans, and how it reports and writes what it measured, on the
+CPU. The GPU queries are monkeypatched with stand-ins for a GPU's answers; the measuring itself is
+in test_measure.py and test_calibrate_gpu.py, the override's composing in test_override.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mstar_resources import ResourceConfigError, resolve
+from mstar_resources.calibration.calibrate import (
+    LabelNeed,
+    base_deployment,
+    check_backends,
+    check_labels,
+    default_output_dir,
+    per_resource,
+    table,
+    write_override,
+)
+from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.shapes import Shape
+from mstar_resources.profile import load_profile
+from mstar_resources.resolver import ResolvedResource
+
+from ..test_profile import GOOD, with_
+
+
+def records(tree: dict) -> list[ResolvedResource]:
+    return resolve(OmegaConf.create(tree), env={})
+
+
+# --- which labels can be calibrated --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tree", "match"),
+    [
+        pytest.param({"attn": {"d": {"labels": ["decode", "verify"]}}},
+                     r"add calibration\.plans\.verify \(for resources\.attn\.d\)", id="missing"),
+        pytest.param({"attn": {"p": {"labels": ["prefill"], "cg_slots": [0]}}},
+                     r"resources\.attn\.p\.cg_slots=\[0\] puts prefill under CUDA graphs, but "
+                     r"calibration\.plans\.prefill\.kind=paged_prefill: only decode, mla, "
+                     r"pod plans are calibrated under graphs", id="graph-prefill"),
+        pytest.param({"attn": {"d": {"labels": ["decode"]}},
+                      "mla": {"d": {"owner": "mla", "labels": ["decode"]}}},
+                     r"plans\.decode would plan resources\.attn\.d \(owner attention\), "
+                     r"resources\.mla\.d \(owner mla\) alike", id="one-label-two-owners"),
+    ],
+)  # fmt: skip
+def test_labels_that_cannot_be_calibrated_as_they_run_are_refused(tree, match):
+    with pytest.raises(ResourceConfigError, match=match):
+        check_labels(records(tree), load_profile(GOOD))
+
+
+def test_every_label_problem_is_reported_at_once_in_the_order_of_the_checks():
+    tree = {
+        "attn": {"p": {"labels": ["prefill", "verify"], "cg_slots": [0]}},
+        "mla": {"p": {"owner": "mla", "labels": ["prefill"]}},
+    }
+    with pytest.raises(ResourceConfigError) as raised:
+        check_labels(records(tree), load_profile(GOOD))
+    (problem,) = raised.value.problems
+    assert problem.startswith("cannot calibrate: the profile does not say how these labels")
+    found = [problem.index(part) for part in ("plans.verify (for", "cg_slots=[0] puts prefill",
+                                              "plans.prefill would plan")]  # fmt: skip
+    assert found == sorted(found)
+
+
+def test_labels_that_can_be_calibrated_pass():
+    tree = {
+        "attn": {
+            "d": {"labels": ["decode", "mixed"], "cg_slots": [0, 1]},
+            "p": {"labels": ["prefill", "prompt"]},
+        },
+        "mla": {"d": {"owner": "mla", "labels": ["mla_decode"], "cg_slots": [0]}},
+    }
+    check_labels(records(tree), load_profile(GOOD))
+
+
+# --- which backends this GPU runs ----------------------------------------------------------------
+
+
+@pytest.fixture
+def a100(monkeypatch):
+    """Stand-ins for what torch's GPU queries answer on an A100 (SM80)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A100")
+
+
+def test_fa3_is_refused_on_a_gpu_that_is_not_sm90(a100, monkeypatch):
+    profile = load_profile(with_("plans.prefill.backend", "fa3"))
+    with pytest.raises(
+        ResourceConfigError,
+        match=r"cannot calibrate on cuda:0 \(NVIDIA A100, SM80\): "
+        r"calibration\.plans\.prefill\.backend=fa3 needs an SM90 GPU",
+    ):
+        check_backends(profile, torch.device("cuda:0"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    check_backends(profile, torch.device("cuda:0"))  # an H100 or H200 runs it
+
+
+def test_fa2_and_auto_run_on_a_gpu_that_is_not_sm90(a100):
+    check_backends(load_profile(GOOD), torch.device("cuda:0"))  # fa2 and auto only
+
+
+# --- what was measured ---------------------------------------------------------------------------
+
+
+def measured_rows() -> list[LabelNeed]:
+    """A resource whose decode needs nothing, beside one whose prefill refused a shape."""
+    by_path = {r.path: r for r in records({"attn": {
+        "d": {"labels": ["decode"], "declared_mb": 1},
+        "p": {"labels": ["prefill"], "declared_mb": 2},
+    }})}  # fmt: skip
+    refused = ("bs=8 q=16 kv=1024: too many work items",)
+    return [
+        LabelNeed(by_path["attn.d"], "decode", Need(0, None, "workspace_size")),
+        LabelNeed(
+            by_path["attn.p"], "prefill", Need(3_000_000, Shape(1, 16, 4096), "growth", refused)
+        ),
+    ]
+
+
+def test_a_need_of_nothing_names_no_shape_and_keeps_the_smallest_floor():
+    (decode, prefill) = per_resource(measured_rows())
+    assert (decode.path, decode.need_bytes, decode.worst) == ("attn.d", 0, "decode: -")
+    assert (prefill.path, prefill.worst, prefill.method) == (
+        "attn.p",
+        "prefill: bs=1 q=16 kv=4096",
+        "growth",
+    )
+    report = table(measured_rows())
+    assert "resources.attn.d.declared_mb = 1  (need 0 bytes + 0%)" in report
+    assert "resources.attn.p.declared_mb = 3  (need 3,000,000 bytes + 0%)" in report
+
+
+def test_the_table_says_which_shapes_flashinfer_refused():
+    report = table(measured_rows())
+    assert (
+        "attn.p/prefill: FlashInfer refused 1 of its shapes (an engine cannot plan them either), "
+        "e.g. bs=8 q=16 kv=1024: too many work items"
+    ) in report
+    assert "attn.d/decode: FlashInfer refused" not in report
+    assert f"{2 * 2**20 - 3_000_000:+,}" in report  # prefill's floor falls short
+
+
+def test_recalibrating_a_calibrated_deployment_rewrites_its_base_s_override(tmp_path):
+    name = base_deployment("llama3-8b-h200_calibrated")
+    assert name == base_deployment("llama3-8b-h200") == "llama3-8b-h200"
+    path = write_override(name, measured_rows(), {"gpu": "NVIDIA A100"}, tmp_path)
+    assert path == tmp_path / "llama3-8b-h200_calibrated.yaml"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    written = OmegaConf.load(path)
+    assert OmegaConf.to_container(written.resources) == {
+        "attn": {"d": {"declared_mb": 1}, "p": {"declared_mb": 3}}
+    }
+    assert written.calibrated.gpu == "NVIDIA A100"
+
+
+def test_overrides_are_written_beside_the_shipped_deployments_by_default():
+    assert (default_output_dir() / "llama3-8b-h200.yaml").is_file()
