@@ -20,8 +20,10 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig
 
@@ -38,11 +40,16 @@ from .roles import Roles, is_mla, roles_of
 from .workload import Workload, load_workload
 
 if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
-    from .model import Shape
+    from .engine import Setup, SetupResult
+    from .model import Model, Shape
+    from .scheduler import Step
+    from .trace import Request
 
 __all__ = ["check", "main"]
 
 PROG = "replay"
+
+T = TypeVar("T")
 
 
 def check(
@@ -105,6 +112,83 @@ def kv_pages_for(free: int, workspace_bytes: int, shape: Shape, utilization: flo
     return int((free - workspace_bytes) * utilization) // page_bytes
 
 
+def fixed_buffer_mb(setting: int | None, profile: CalibrationProfile, ranks: int) -> int:
+    """The engines' one fixed buffer, in MB: ``fixed_buffer_mb=`` where set, else vLLM's for the
+    deployment on ``ranks``; for MLA on SM90 vLLM plans no FlashInfer, and SGLang's (the engine
+    that does) stands for the engines."""
+    return setting or vllm_buffer_mb(profile, ranks) or SGLANG_MB
+
+
+def kv_pages(
+    free: int, workspace_bytes: Mapping[str, int], shape: Shape, utilization: float
+) -> dict[str, int]:
+    """Each setup's KV-cache pages (the dummy page included), by the setup's name in
+    ``workspace_bytes``: the ``free`` memory measured once, less that setup's workspaces.
+    Measuring again after the first setup would charge the second with what the process made
+    once (kernels loaded, cuBLAS workspaces)."""
+    return {
+        name: kv_pages_for(free, workspaces, shape, utilization)
+        for name, workspaces in workspace_bytes.items()
+    }
+
+
+def schedule_pages(every_rank: Sequence[Mapping[str, int]]) -> int:
+    """The KV pages one schedule may use, given every rank's :func:`kv_pages`: the smallest cache
+    of any setup on any rank, less its dummy page (page 0). Both setups serve that one schedule,
+    so their tokens must match."""
+    return min(min(pages.values()) for pages in every_rank) - 1
+
+
+def run_setup(
+    setup: Setup, steps: list[Step], trace: list[Request], *, warm_up: bool, progress: Any
+) -> SetupResult:
+    """One setup in an engine's order: warm up (where ``warm_up``), seal and capture, serve
+    ``steps``. A plan that does not fit a sealed workspace stops it, kept in its result; the
+    ``progress`` bar is closed either way."""
+    from .engine import SealedOverflow
+
+    try:
+        if warm_up:
+            setup.warm_up()
+        setup.seal_and_capture()
+        return setup.serve(steps, trace, progress)
+    except WorkspaceSealedError as error:  # a graph's plan at capture did not fit
+        setup.result.sealed_overflow = SealedOverflow.of(error)
+        return setup.result
+    finally:
+        progress.close()
+
+
+def failures(results: Sequence[SetupResult]) -> list[str]:
+    """What failed, a line each: a setup stopped by a sealed overflow, one that grew after
+    sealing, and two setups that both ran to the end and generated different tokens."""
+    found = []
+    for result in results:
+        if result.sealed_overflow is not None:
+            overflow = result.sealed_overflow.message
+            found.append(f"{result.name} overflowed a sealed workspace: {overflow}")
+        elif result.growths_after_seal:
+            found.append(f"{result.name}: {result.growths_after_seal} growths after sealing")
+    ours, theirs = results
+    complete = all(result.sealed_overflow is None for result in results)
+    if complete and ours.tokens != theirs.tokens:  # a stopped setup's tokens are only cut short
+        found.append("the two setups generated different tokens")
+    return found
+
+
+def print_report(
+    report: dict[str, Any], step_times: dict[str, list[float]], report_dir: str | None
+) -> None:
+    """Rank 0's output: the report's table on stdout; where ``report_dir`` is set (made by
+    :func:`check`), report.json and the PNG written into it, a ``wrote`` line each."""
+    from . import report as reporting
+
+    print(reporting.table(report))
+    if report_dir is not None:
+        for path in reporting.write(report, Path(report_dir), step_times):
+            print(f"wrote {path}")
+
+
 @hydra_app(
     PROG,
     config_name="replay",
@@ -128,14 +212,65 @@ def main(cfg: DictConfig) -> None:
     if ranks > 1:
         dist.init_process_group("nccl", device_id=device)
     try:
-        failures = _replay(cfg, profile, records, roles, workload, device, rank, ranks)
+        failed = _replay(cfg, profile, records, roles, workload, _Gpu(device, rank, ranks))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    if failures:
+    if failed:
         if rank == 0:
-            print(f"{PROG}: failed: {'; '.join(failures)}", file=sys.stderr)
+            print(f"{PROG}: failed: {'; '.join(failed)}", file=sys.stderr)
         raise SystemExit(1)
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    """This rank's GPU among the replay's ranks: every CUDA memory call and collective the
+    replay makes between the setups, kept here so that the steps around them run on a CPU."""
+
+    device: Any
+    """The ``torch.device`` this rank runs on."""
+    rank: int
+    ranks: int
+
+    @property
+    def group(self) -> Any:
+        """The ranks' process group the pools seal with; None on one rank."""
+        import torch.distributed as dist
+
+        return dist.group.WORLD if self.ranks > 1 else None
+
+    def name(self) -> str:
+        import torch
+
+        return str(torch.cuda.get_device_name(self.device))
+
+    def free_bytes(self) -> int:
+        """The free memory now, with the cached blocks given back first."""
+        import torch
+        import torch.distributed as dist
+
+        if self.ranks > 1:
+            dist.barrier()  # NCCL makes its buffers at the first collective: before measuring
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return int(free)
+
+    def gather(self, value: T) -> list[T]:
+        """Every rank's ``value``, in rank order."""
+        if self.ranks == 1:
+            return [value]
+        import torch.distributed as dist
+
+        every: list[Any] = [None] * self.ranks
+        dist.all_gather_object(every, value, group=self.group)
+        return every
+
+    def release(self) -> None:
+        """Give the memory of what is no longer referenced back to the GPU."""
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _replay(
@@ -144,111 +279,75 @@ def _replay(
     records: list[ResolvedResource],
     roles: Roles,
     workload: Workload,
-    device: Any,
-    rank: int,
-    ranks: int,
+    gpu: _Gpu,
 ) -> list[str]:
     """Both setups over one schedule; rank 0 prints (and writes) the report. What failed."""
-    import torch
-    import torch.distributed as dist
-
     from . import report as reporting
-    from .engine import FixedBuffer, LibraryBuffers, SealedOverflow, Setup
     from .model import Model, Shape, describe
     from .scheduler import schedule
 
-    group = dist.group.WORLD if ranks > 1 else None
-    limits = profile.limits
-    trace = workload.requests
-    shape = Shape.of(profile, cfg.layers, cfg.vocab_size, ranks)
-    model = Model(shape, device, cfg.seed, rank, ranks)
-    # vLLM's buffer where it plans FlashInfer for the model; for MLA on SM90 it plans none, and
-    # SGLang's (the engine that does) stands for the engines.
-    fixed_mb = cfg.fixed_buffer_mb or vllm_buffer_mb(profile, ranks) or SGLANG_MB
-
-    # Each setup's KV cache is sized from the free memory measured once, now, less that setup's
-    # workspaces (reserved before the KV cache is sized): measuring again after the first setup
-    # would charge the second with what the process made once (kernels loaded, cuBLAS
-    # workspaces). One schedule serves both (their tokens must match), within the smaller cache
-    # of any rank.
-    if group is not None:
-        dist.barrier()  # NCCL makes its buffers at the first collective: before measuring
-    torch.cuda.empty_cache()
-    free, _ = torch.cuda.mem_get_info(device)
-    library_bytes = sum(record.reserved_bytes for record in records)
-    fixed_bytes = fixed_mb * MIB
-    kv_pages = {
-        "library": kv_pages_for(free, library_bytes, shape, cfg.memory_utilization),
-        "fixed": kv_pages_for(free, fixed_bytes, shape, cfg.memory_utilization),
+    shape = Shape.of(profile, cfg.layers, cfg.vocab_size, gpu.ranks)
+    model = Model(shape, gpu.device, cfg.seed, gpu.rank, gpu.ranks)
+    workspace_bytes = {
+        "library": sum(record.reserved_bytes for record in records),
+        "fixed": fixed_buffer_mb(cfg.fixed_buffer_mb, profile, gpu.ranks) * MIB,
     }
-    pages = min(kv_pages.values()) - 1  # page 0 is the dummy page
-    if group is not None:
-        every: list[int | None] = [None] * ranks
-        dist.all_gather_object(every, pages, group=group)
-        pages = min(p for p in every if p is not None)
+    # Free memory is measured once, now, before either setup's workspaces are made: each setup's
+    # own are then taken from it (the library's as its records reserve them).
+    pages = kv_pages(gpu.free_bytes(), workspace_bytes, shape, cfg.memory_utilization)
     steps = schedule(
-        trace,
-        max_num_seqs=limits.max_num_seqs,
-        max_num_batched_tokens=limits.max_num_batched_tokens,
+        workload.requests,
+        max_num_seqs=profile.limits.max_num_seqs,
+        max_num_batched_tokens=profile.limits.max_num_batched_tokens,
         cuda_graph_batch_sizes=profile.cuda_graph_batch_sizes,
-        num_pages=pages,
+        num_pages=schedule_pages(gpu.gather(pages)),
         page_size=shape.page_size,
     )
+    results = _serve_setups(
+        cfg, model, profile, roles, workspace_bytes["fixed"], pages, steps, workload.requests, gpu
+    )
+    report = reporting.rank_report(
+        results,
+        deployment=_deployment(),
+        gpu=gpu.name(),
+        ranks=gpu.ranks,
+        model=describe(shape),
+        trace=reporting.trace_summary(workload, len(steps)),
+    )
+    if gpu.ranks > 1:  # rank 0 reports every rank's figures
+        report["per_rank"] = gpu.gather(report)
+    if gpu.rank == 0:
+        print_report(report, {r.name: r.decode_step_s for r in results}, cfg.report_dir)
+    return failures(results)
+
+
+def _serve_setups(
+    cfg: DictConfig,
+    model: Model,
+    profile: CalibrationProfile,
+    roles: Roles,
+    fixed_bytes: int,
+    pages: dict[str, int],
+    steps: list[Step],
+    trace: list[Request],
+    gpu: _Gpu,
+) -> list[SetupResult]:
+    """The library's pools, then the engines' fixed buffer, each with a KV cache of its
+    ``pages`` serving ``steps``; each setup's memory given back before the next is made."""
+    from .engine import FixedBuffer, LibraryBuffers, Setup
 
     results = []
     for kind, make in (
-        ("library", lambda: LibraryBuffers(build_pools(cfg.resources, device), roles)),
-        ("fixed", lambda: FixedBuffer(fixed_bytes, device)),
+        ("library", lambda: LibraryBuffers(build_pools(cfg.resources, gpu.device), roles)),
+        ("fixed", lambda: FixedBuffer(fixed_bytes, gpu.device)),
     ):
         buffers = make()
-        setup = Setup(model, profile, buffers, kv_pages[kind], group, cfg.cuda_graphs, roles)
-        progress = _progress(cfg.progress and rank == 0, len(steps), buffers.name)
-        try:
-            if cfg.warmup:
-                setup.warm_up()
-            setup.seal_and_capture()
-            result = setup.serve(steps, trace, progress)
-        except WorkspaceSealedError as error:  # a graph's plan at capture did not fit
-            setup.result.sealed_overflow = SealedOverflow.of(error)
-            result = setup.result
-        finally:
-            progress.close()
-        results.append(result)
+        setup = Setup(model, profile, buffers, pages[kind], gpu.group, cfg.cuda_graphs, roles)
+        progress = _progress(cfg.progress and gpu.rank == 0, len(steps), buffers.name)
+        results.append(run_setup(setup, steps, trace, warm_up=cfg.warmup, progress=progress))
         del setup, buffers
-        gc.collect()
-        torch.cuda.empty_cache()
-
-    ours, theirs = results
-    complete = all(r.sealed_overflow is None for r in results)
-    identical = complete and ours.tokens == theirs.tokens
-    report = {
-        "deployment": _deployment(),
-        "gpu": torch.cuda.get_device_name(device),
-        "ranks": ranks,
-        "model": describe(shape),
-        "trace": reporting.trace_summary(workload, len(steps)),
-        "setups": [reporting.setup_summary(r) for r in results],
-        "tokens_identical": identical,
-    }
-    if group is not None:  # rank 0 reports every rank's figures
-        every_report: list[dict[str, Any] | None] = [None] * ranks
-        dist.all_gather_object(every_report, report, group=group)
-        report["per_rank"] = every_report
-    failures = []
-    for r in results:
-        if r.sealed_overflow is not None:
-            failures.append(f"{r.name} overflowed a sealed workspace: {r.sealed_overflow}")
-        elif r.growths_after_seal:
-            failures.append(f"{r.name}: {r.growths_after_seal} growths after sealing")
-    if complete and not identical:
-        failures.append("the two setups generated different tokens")
-    if rank == 0:
-        print(reporting.table(report))
-        if cfg.report_dir is not None:
-            times = {r.name: r.decode_step_s for r in results}
-            for path in reporting.write(report, Path(cfg.report_dir), times):
-                print(f"wrote {path}")
-    return failures
+        gpu.release()
+    return results
 
 
 def _deployment() -> str:

@@ -60,6 +60,37 @@ def trace_summary(workload: Workload, steps: int) -> dict[str, Any]:
     }
 
 
+def tokens_identical(results: Sequence[SetupResult]) -> bool:
+    """Whether both setups ran to the end and generated the same tokens (a setup a sealed
+    overflow stopped generated only part of them)."""
+    ours, theirs = results
+    complete = all(result.sealed_overflow is None for result in results)
+    return complete and ours.tokens == theirs.tokens
+
+
+def rank_report(
+    results: Sequence[SetupResult],
+    *,
+    deployment: str,
+    gpu: str,
+    ranks: int,
+    model: dict[str, Any],
+    trace: dict[str, Any],
+) -> dict[str, Any]:
+    """One rank's report.json (under ``torchrun``, rank 0 adds ``per_rank``: every rank's): where
+    it ran, the ``model`` and ``trace`` as described, each setup's figures, and whether they
+    generated the same tokens."""
+    return {
+        "deployment": deployment,
+        "gpu": gpu,
+        "ranks": ranks,
+        "model": model,
+        "trace": trace,
+        "setups": [setup_summary(result) for result in results],
+        "tokens_identical": tokens_identical(results),
+    }
+
+
 def trace_line(trace: dict[str, Any]) -> str:
     """The table's line on the trace (report.json's ``trace`` entry): its source, and what was
     served of it."""

@@ -1,4 +1,6 @@
-"""The replay app's refusals, on a machine without a GPU: one paragraph and exit status 2."""
+"""The replay app on a machine without a GPU: its refusals (one paragraph and exit status 2), and
+the steps of a run that need no GPU: the KV caches sized from free memory, the engines' buffer,
+one setup's order, what failed, and the report printed and written."""
 
 from __future__ import annotations
 
@@ -8,11 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from mstar_resources.errors import WorkspaceSealedError
 from mstar_resources.profile import load_profile
+from mstar_resources.replay import cli
+from mstar_resources.replay import report as reporting
+from mstar_resources.replay.engine import SealedOverflow
+from mstar_resources.replay.model import Shape
 from mstar_resources.units import MIB
 
 from ..conftest import compose_shipped
 from ..test_cli import run_cli
+from .test_report import OVERFLOW, readme_run, setup_result
 
 SCRIPT = str(Path(__file__).parents[2] / "scripts" / "replay.py")
 DEPLOYMENT = "deployment=llama3-8b-h200_calibrated"
@@ -57,6 +65,10 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.param([DEPLOYMENT], {"WORLD_SIZE": "3", "RANK": "0"},
                      r"3 ranks can't split calibration\.model\.num_qo_heads=32 and "
                      r"num_kv_heads=8 evenly", id="ranks"),
+        pytest.param(["deployment=deepseek-v3-tp8-h200_calibrated"],
+                     {"WORLD_SIZE": "3", "RANK": "0"},
+                     r"3 ranks can't split calibration\.model\.num_qo_heads=16 evenly; run on a "
+                     r"number of ranks that divides it", id="ranks-mla"),
         pytest.param([DEPLOYMENT, "step_ms=0"], {},
                      r"step_ms=0\.0 must be above 0 \(a number of milliseconds\)", id="step-ms"),
         pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=-1"], {},
@@ -126,14 +138,173 @@ def test_the_report_dir_is_made_before_anything_runs(tmp_path):
     assert done.returncode in (0, 2), done.stderr
 
 
-def test_each_setup_s_kv_cache_is_what_its_workspaces_leave():
-    from mstar_resources.replay.cli import kv_pages_for
-    from mstar_resources.replay.model import Shape
+def profile_of(deployment: str):
+    return load_profile(compose_shipped([f"deployment={deployment}"]).calibration)
 
-    profile = load_profile(compose_shipped(["deployment=llama3-8b-h200"]).calibration)
-    shape = Shape.of(profile, layers=4, vocab_size=8192, tp=1)
+
+def test_each_setup_s_kv_cache_is_what_its_workspaces_leave():
+    shape = Shape.of(profile_of("llama3-8b-h200"), layers=4, vocab_size=8192, tp=1)
     assert shape.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2  # 16 KiB: 4 layers of K and V
     free, mib = 100 << 30, MIB
-    ours, theirs = (kv_pages_for(free, ws * mib, shape, 0.8) for ws in (25, 512))
+    ours, theirs = (cli.kv_pages_for(free, ws * mib, shape, 0.8) for ws in (25, 512))
     # 80% of the 487 MiB the fixed buffer holds back, in pages of 16 tokens x 16 KiB.
     assert ours - theirs == pytest.approx(487 * mib * 0.8 / (16 * 16 * 1024), abs=1)
+
+
+def test_both_kv_caches_are_sized_from_one_measure_of_free_memory():
+    shape = Shape.of(profile_of("llama3-8b-h200"), layers=4, vocab_size=8192, tp=1)
+    pages = cli.kv_pages(100 << 30, {"library": 25 * MIB, "fixed": 512 * MIB}, shape, 0.8)
+    # 80% of (100 GiB less each setup's workspaces), in pages of 256 KiB (16 tokens x 16 KiB).
+    assert pages == {"library": 327_600, "fixed": 326_041}
+
+
+@pytest.mark.parametrize(
+    ("every_rank", "pages"),
+    [
+        pytest.param([{"library": 10, "fixed": 8}], 7, id="one-rank"),
+        pytest.param([{"library": 10, "fixed": 8}, {"library": 9, "fixed": 6}], 5,
+                     id="the-smallest-rank"),
+        pytest.param([{"library": 4, "fixed": 8}, {"library": 9, "fixed": 6}], 3,
+                     id="the-smallest-setup"),
+    ],
+)  # fmt: skip
+def test_the_schedule_fits_the_smallest_cache_of_any_rank_less_the_dummy_page(every_rank, pages):
+    assert cli.schedule_pages(every_rank) == pages
+
+
+@pytest.mark.parametrize(
+    ("deployment", "ranks", "setting", "mb"),
+    [
+        pytest.param("llama3-8b-h200_calibrated", 1, None, 512, id="vllm"),
+        pytest.param("llama3-8b-h200_calibrated", 2, None, 394, id="vllm-two-ranks"),
+        pytest.param("deepseek-v3-tp8-h200_calibrated", 1, None, 384, id="mla-sglang"),
+        pytest.param("llama3-8b-h200_calibrated", 1, 100, 100, id="the-setting"),
+    ],
+)  # fmt: skip
+def test_the_engines_buffer_is_the_setting_else_vllm_s_else_sglang_s(
+    deployment, ranks, setting, mb
+):
+    assert cli.fixed_buffer_mb(setting, profile_of(deployment), ranks) == mb
+
+
+class FakeSetup:
+    """The calls run_setup makes on a setup, recorded; the one named ``fail_at`` raises
+    ``error`` (a RuntimeError naming it by default). Serving fills in the steps served."""
+
+    def __init__(self, fail_at: str | None = None, error: Exception | None = None) -> None:
+        self.result = setup_result()
+        self.calls: list[str] = []
+        self.fail_at, self.error = fail_at, error
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if name == self.fail_at:
+            raise self.error or RuntimeError(name)
+
+    def warm_up(self) -> None:
+        self._call("warm_up")
+
+    def seal_and_capture(self) -> None:
+        self._call("seal_and_capture")
+
+    def serve(self, steps, trace, progress):
+        self._call("serve")
+        self.result.steps_served = len(steps)
+        return self.result
+
+
+class FakeProgress:
+    """A progress bar that says whether it was closed."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+SEALED = WorkspaceSealedError(  # OVERFLOW, as a sealed workspace raises it
+    OVERFLOW.message,
+    workspace=OVERFLOW.workspace,
+    held_bytes=OVERFLOW.held_bytes,
+    needed_bytes=OVERFLOW.needed_bytes,
+    setting=OVERFLOW.setting,
+    suggested_mb=OVERFLOW.suggested_mb,
+)
+
+
+@pytest.mark.parametrize(
+    ("warm_up", "fail_at", "calls", "overflow"),
+    [
+        pytest.param(True, None, ["warm_up", "seal_and_capture", "serve"], None, id="warm-up"),
+        pytest.param(False, None, ["seal_and_capture", "serve"], None, id="no-warm-up"),
+        pytest.param(False, "seal_and_capture", ["seal_and_capture"], OVERFLOW,
+                     id="overflow-at-capture"),
+    ],
+)  # fmt: skip
+def test_a_setup_runs_in_an_engine_s_order_and_a_sealed_overflow_stops_it(
+    warm_up, fail_at, calls, overflow
+):
+    setup, progress = FakeSetup(fail_at, SEALED), FakeProgress()
+    result = cli.run_setup(setup, [object()] * 3, [], warm_up=warm_up, progress=progress)
+    assert result is setup.result and setup.calls == calls
+    assert result.sealed_overflow == overflow
+    assert progress.closed
+
+
+def test_any_other_error_of_a_setup_passes_through_with_the_progress_bar_closed():
+    setup, progress = FakeSetup("warm_up"), FakeProgress()
+    with pytest.raises(RuntimeError, match="warm_up"):
+        cli.run_setup(setup, [], [], warm_up=True, progress=progress)
+    assert progress.closed and setup.result.sealed_overflow is None
+
+
+def test_a_sealed_overflow_is_kept_as_its_figures():
+    assert SealedOverflow.of(SEALED) == OVERFLOW
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "failed"),
+    [
+        pytest.param({}, {}, [], id="nothing"),
+        pytest.param({"growths_after_seal": 2}, {}, ["mstar-resources: 2 growths after sealing"],
+                     id="growth-after-seal"),
+        pytest.param({"tokens": {0: [1]}}, {"tokens": {0: [2]}},
+                     ["the two setups generated different tokens"], id="different-tokens"),
+        pytest.param({}, {"growths_after_seal": 1, "tokens": {0: [2]}},
+                     ["fixed 512 MiB: 1 growths after sealing",
+                      "the two setups generated different tokens"], id="both"),
+    ],
+)  # fmt: skip
+def test_what_failed_is_a_line_each(ours, theirs, failed):
+    results = [setup_result(**ours), setup_result("fixed 512 MiB", **theirs)]
+    assert cli.failures(results) == failed
+
+
+def test_a_setup_stopped_by_a_sealed_overflow_fails_with_its_message_and_nothing_more():
+    # Its tokens were cut short where it stopped: that they differ is no further failure.
+    stopped = setup_result(sealed_overflow=OVERFLOW, growths_after_seal=1, tokens={0: [1]})
+    (failed,) = cli.failures([stopped, setup_result("fixed 512 MiB", tokens={0: [1, 2]})])
+    assert failed == f"mstar-resources overflowed a sealed workspace: {OVERFLOW.message}"
+
+
+def test_rank_0_prints_the_table_and_writes_nothing_without_a_report_dir(capsys, monkeypatch):
+    monkeypatch.setattr(reporting, "write", lambda *args: pytest.fail("wrote files"))
+    report = readme_run()
+    cli.print_report(report, {}, None)
+    assert capsys.readouterr().out == reporting.table(report) + "\n"
+
+
+def test_rank_0_names_each_file_it_writes_into_the_report_dir(tmp_path, capsys, monkeypatch):
+    written = []
+
+    def write(report, folder, step_times):
+        written.append((report, folder, step_times))
+        return [folder / "report.json", folder / "replay.png"]
+
+    monkeypatch.setattr(reporting, "write", write)
+    report, times = readme_run(), {"mstar-resources": [0.001]}
+    cli.print_report(report, times, str(tmp_path))
+    assert written == [(report, tmp_path, times)]
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"wrote {tmp_path / 'report.json'}", f"wrote {tmp_path / 'replay.png'}",
+    ]  # fmt: skip
