@@ -317,7 +317,8 @@ class Setup:
     """One setup's run over ``model``: KV cache, wrappers, warm-up, seal, graphs, serving.
 
     ``pages`` is the KV cache's size in pages, page 0 (the dummy page) included: the caller sizes
-    it from the free memory left once ``buffers`` are made (see ``app.kv_pages``).
+    it from the free memory left once ``buffers`` are made (see ``cli.kv_pages_for``). ``attention``
+    builds, plans and runs the wrappers: by default FlashInfer's, MLA's where the shape is MLA.
     """
 
     def __init__(
@@ -329,6 +330,8 @@ class Setup:
         group: Any,
         cuda_graphs: bool,
         roles: Roles,
+        *,
+        attention: Attention | None = None,
     ) -> None:
         self.model, self.profile, self.buffers = model, profile, buffers
         self.group, self.cuda_graphs, self.roles = group, cuda_graphs, roles
@@ -345,7 +348,9 @@ class Setup:
             kv_bytes=sum(t.numel() * t.element_size() for t in self.kv_cache),
             weights_bytes=model.bytes,
         )
-        self.attention = (MLAAttention if shape.mla else PagedAttention)(model, profile, roles)
+        if attention is None:
+            attention = (MLAAttention if shape.mla else PagedAttention)(model, profile, roles)
+        self.attention = attention
         self.prefill_wrapper = self.attention.prefill_wrapper(buffers.prefill())
         self.eager_decode = self.attention.decode_wrapper(buffers.decode(), None, 0)
         max_pages = -(-profile.limits.max_model_len // shape.page_size)
@@ -438,7 +443,8 @@ class Setup:
             tokens.setdefault(request, []).append(token)
 
     def _decode_step(self, step: Step, tokens: dict[int, list[int]]) -> None:
-        torch.cuda.synchronize(self.model.device)
+        if self.model.device.type == "cuda":  # the step's clock starts with the GPU idle
+            torch.cuda.synchronize(self.model.device)
         start = time.perf_counter()
         chunks = step.decode
         inputs = [tokens[chunk.request][-1] for chunk in chunks]
