@@ -41,7 +41,7 @@ from .workload import Workload, load_workload
 
 if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
     from .engine import Setup, SetupResult
-    from .model import Model, Shape
+    from .model import Model, ModelSizes
     from .scheduler import Step
     from .trace import Request
 
@@ -105,7 +105,7 @@ def check(
     return profile, records, roles, workload
 
 
-def kv_pages_for(free: int, workspace_bytes: int, shape: Shape, utilization: float) -> int:
+def kv_pages_for(free: int, workspace_bytes: int, shape: ModelSizes, utilization: float) -> int:
     """Pages of KV cache a setup gets: ``utilization`` of the ``free`` memory its workspaces
     leave."""
     page_bytes = shape.kv_bytes_per_token * shape.page_size
@@ -120,7 +120,7 @@ def fixed_buffer_mb(setting: int | None, profile: CalibrationProfile, ranks: int
 
 
 def kv_pages(
-    free: int, workspace_bytes: Mapping[str, int], shape: Shape, utilization: float
+    free: int, workspace_bytes: Mapping[str, int], shape: ModelSizes, utilization: float
 ) -> dict[str, int]:
     """Each setup's KV-cache pages (the dummy page included), by the setup's name in
     ``workspace_bytes``: the ``free`` memory measured once, less that setup's workspaces.
@@ -283,10 +283,10 @@ def _replay(
 ) -> list[str]:
     """Both setups over one schedule; rank 0 prints (and writes) the report. What failed."""
     from . import report as reporting
-    from .model import Model, Shape, describe
+    from .model import Model, ModelSizes, describe
     from .scheduler import schedule
 
-    shape = Shape.of(profile, cfg.layers, cfg.vocab_size, gpu.ranks)
+    shape = ModelSizes.of(profile, cfg.layers, cfg.vocab_size, gpu.ranks)
     model = Model(shape, gpu.device, cfg.seed, gpu.rank, gpu.ranks)
     workspace_bytes = {
         "library": sum(record.reserved_bytes for record in records),

@@ -31,7 +31,7 @@ ROPE_THETA = 500_000.0
 
 
 @dataclass(frozen=True)
-class Shape:
+class ModelSizes:
     """The model's sizes on one rank."""
 
     layers: int
@@ -53,7 +53,7 @@ class Shape:
     """MLA only (0 otherwise): the rotary part's width."""
 
     @classmethod
-    def of(cls, profile: CalibrationProfile, layers: int, vocab_size: int, tp: int) -> Shape:
+    def of(cls, profile: CalibrationProfile, layers: int, vocab_size: int, tp: int) -> ModelSizes:
         model = profile.model
         hidden = model.num_qo_heads * model.head_dim
         mla = is_mla(profile)
@@ -109,7 +109,7 @@ class Model:
     """The weights, on one rank's device, and the forward pass over flattened tokens."""
 
     def __init__(
-        self, shape: Shape, device: torch.device, seed: int, tp_rank: int = 0, tp: int = 1
+        self, shape: ModelSizes, device: torch.device, seed: int, tp_rank: int = 0, tp: int = 1
     ) -> None:
         self.shape, self.device = shape, device
         self.tp, self.group_all_reduce = tp, tp > 1
@@ -256,7 +256,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def describe(shape: Shape) -> dict[str, Any]:
+def describe(shape: ModelSizes) -> dict[str, Any]:
     """The shape as the report shows it."""
     described = {
         "attention": "mla" if shape.mla else "gqa",

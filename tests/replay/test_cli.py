@@ -15,7 +15,7 @@ from mstar_resources.profile import load_profile
 from mstar_resources.replay import cli
 from mstar_resources.replay import report as reporting
 from mstar_resources.replay.engine import SealedOverflow
-from mstar_resources.replay.model import Shape
+from mstar_resources.replay.model import ModelSizes
 from mstar_resources.units import MIB
 
 from ..conftest import compose_shipped
@@ -143,7 +143,7 @@ def profile_of(deployment: str):
 
 
 def test_each_setup_s_kv_cache_is_what_its_workspaces_leave():
-    shape = Shape.of(profile_of("llama3-8b-h200"), layers=4, vocab_size=8192, tp=1)
+    shape = ModelSizes.of(profile_of("llama3-8b-h200"), layers=4, vocab_size=8192, tp=1)
     assert shape.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2  # 16 KiB: 4 layers of K and V
     free, mib = 100 << 30, MIB
     ours, theirs = (cli.kv_pages_for(free, ws * mib, shape, 0.8) for ws in (25, 512))
@@ -152,7 +152,7 @@ def test_each_setup_s_kv_cache_is_what_its_workspaces_leave():
 
 
 def test_both_kv_caches_are_sized_from_one_measure_of_free_memory():
-    shape = Shape.of(profile_of("llama3-8b-h200"), layers=4, vocab_size=8192, tp=1)
+    shape = ModelSizes.of(profile_of("llama3-8b-h200"), layers=4, vocab_size=8192, tp=1)
     pages = cli.kv_pages(100 << 30, {"library": 25 * MIB, "fixed": 512 * MIB}, shape, 0.8)
     # 80% of (100 GiB less each setup's workspaces), in pages of 256 KiB (16 tokens x 16 KiB).
     assert pages == {"library": 327_600, "fixed": 326_041}

@@ -39,7 +39,7 @@ from mstar_resources.replay.engine import (
     _page_tensors,
     _slots,
 )
-from mstar_resources.replay.model import KVCache, Model, Query, Shape
+from mstar_resources.replay.model import KVCache, Model, ModelSizes, Query
 from mstar_resources.replay.roles import Roles, roles_of
 from mstar_resources.replay.scheduler import Chunk, Step, schedule
 from mstar_resources.replay.trace import Request, synthetic_trace
@@ -300,7 +300,7 @@ def small_model(profile: CalibrationProfile) -> Model:
     """The deployment's attention (heads, head dims, page size, dtypes) in one layer, over a
     64-token vocabulary. The residual and the MLP, which attention never sees, are narrowed to
     256 and 512 so that the CPU runs a step in milliseconds."""
-    shape = Shape.of(profile, layers=1, vocab_size=64, tp=1)
+    shape = ModelSizes.of(profile, layers=1, vocab_size=64, tp=1)
     return Model(dataclasses.replace(shape, hidden=256, mlp=512), CPU, seed=0)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mstar_resources.profile import CalibrationProfile, load_profile
-from mstar_resources.replay.model import Model, Query, Shape, describe
+from mstar_resources.replay.model import Model, ModelSizes, Query, describe
 
 from ..conftest import compose_shipped
 
@@ -21,10 +21,10 @@ def profile(deployment: str, *overrides: str) -> CalibrationProfile:
     return load_profile(compose_shipped([f"deployment={deployment}", *overrides]).calibration)
 
 
-def small(deployment: str, *overrides: str, layers: int = 1, tp: int = 1) -> Shape:
+def small(deployment: str, *overrides: str, layers: int = 1, tp: int = 1) -> ModelSizes:
     """The deployment's attention on a rank of ``tp``, with a residual of 256 and an MLP of 512
     split between the ranks (widths attention never sees), so that the CPU builds it at once."""
-    shape = Shape.of(profile(deployment, *overrides), layers=layers, vocab_size=64, tp=tp)
+    shape = ModelSizes.of(profile(deployment, *overrides), layers=layers, vocab_size=64, tp=tp)
     return dataclasses.replace(shape, hidden=256, mlp=512 // tp)
 
 
@@ -54,7 +54,7 @@ BF16 = torch.bfloat16
     ],
 )  # fmt: skip
 def test_a_rank_s_shape_comes_from_the_profile(deployment, overrides, layers, tp, expected):
-    shape = Shape.of(profile(deployment, *overrides), layers=layers, vocab_size=100, tp=tp)
+    shape = ModelSizes.of(profile(deployment, *overrides), layers=layers, vocab_size=100, tp=tp)
     assert (shape.layers, shape.vocab_size) == (layers, 100)
     assert {name: getattr(shape, name) for name in expected} == expected
 
@@ -214,4 +214,4 @@ def test_ranks_shard_the_matrices_one_rank_holds_whole(deployment):
     ],
 )  # fmt: skip
 def test_describe_gives_the_report_a_rank_s_shape(deployment, described):
-    assert describe(Shape.of(profile(deployment), layers=2, vocab_size=100, tp=2)) == described
+    assert describe(ModelSizes.of(profile(deployment), layers=2, vocab_size=100, tp=2)) == described
