@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         WorkspaceAgreementError,
         WorkspacePlanError,
         WorkspaceSealedError,
+        WorkspaceShortError,
     )
     from .resolver import ResolvedResource, build_pools, check_calibration, resolve
 
@@ -36,6 +37,7 @@ __all__ = [
     "WorkspacePlanError",
     "WorkspacePool",
     "WorkspaceSealedError",
+    "WorkspaceShortError",
     "WorkspaceStats",
     "build_pools",
     "check_calibration",
@@ -53,6 +55,7 @@ _HOMES = {
     "WorkspacePool": ".attn.workspace",
     "WorkspacePlanError": ".errors",
     "WorkspaceSealedError": ".errors",
+    "WorkspaceShortError": ".errors",
     "WorkspaceStats": ".attn.workspace",
     "build_pools": ".resolver",
     "check_calibration": ".resolver",

@@ -20,6 +20,7 @@ __all__ = [
     "WorkspaceAgreementError",
     "WorkspacePlanError",
     "WorkspaceSealedError",
+    "WorkspaceShortError",
 ]
 
 WorkspaceKey = tuple[str, "int | None"]
@@ -66,18 +67,34 @@ class ResourceConfigError(ResourceError, ValueError):
         super().__init__(text)
 
 
-class WorkspaceSealedError(ResourceError):
-    """A plan needs more room than a sealed workspace has; a sealed workspace never moves.
-
-    Fields: ``workspace`` (its name), ``held_bytes`` (what it holds), ``needed_bytes`` (what the
-    plan needs, as far as FlashInfer said), ``setting`` (the one that sizes its floor) and
-    ``suggested_mb`` (the value of ``setting`` that holds ``needed_bytes``).
-    """
+class WorkspaceShortError(ResourceError):
+    """A workspace that had fewer bytes than it needed. Fields: ``workspace`` (its name),
+    ``held_bytes`` (what it holds), ``needed_bytes`` (what it needed) and ``setting`` (the one that
+    sizes its floor)."""
 
     workspace: str
     held_bytes: int
     needed_bytes: int
     setting: str
+
+    def __init__(
+        self, message: str, *, workspace: str, held_bytes: int, needed_bytes: int, setting: str
+    ) -> None:
+        super().__init__(message)
+        self.workspace = workspace
+        self.held_bytes = held_bytes
+        self.needed_bytes = needed_bytes
+        self.setting = setting
+
+
+class WorkspaceSealedError(WorkspaceShortError):
+    """A plan needs more room than a sealed workspace has; a sealed workspace never moves.
+
+    Fields: those of :class:`WorkspaceShortError` (``needed_bytes``: what the plan needs, as far
+    as FlashInfer said), and ``suggested_mb``, the value of ``setting`` that holds
+    ``needed_bytes``.
+    """
+
     suggested_mb: int
 
     def __init__(
@@ -90,11 +107,13 @@ class WorkspaceSealedError(ResourceError):
         setting: str,
         suggested_mb: int,
     ) -> None:
-        super().__init__(message)
-        self.workspace = workspace
-        self.held_bytes = held_bytes
-        self.needed_bytes = needed_bytes
-        self.setting = setting
+        super().__init__(
+            message,
+            workspace=workspace,
+            held_bytes=held_bytes,
+            needed_bytes=needed_bytes,
+            setting=setting,
+        )
         self.suggested_mb = suggested_mb
 
 

@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from .._floor import ENV_VAR, Floor, resolve_floor
-from ..errors import ResourceConfigError, ResourceError, WorkspacePlanError, WorkspaceSealedError
+from ..errors import (
+    ResourceConfigError,
+    WorkspacePlanError,
+    WorkspaceSealedError,
+    WorkspaceShortError,
+)
 from ..units import ALIGNMENT, is_int, mb_to_hold
 from ._overflow import Overflow, parse_float_overflow
 
@@ -35,30 +40,16 @@ MAX_GROWTHS_PER_PLAN = 16
 (``tmp_v`` then ``tmp_s``: two growths at most seen); the bound stops a planner that never fits."""
 
 
-class WorkspaceGrowthError(ResourceError, torch.OutOfMemoryError):
+class WorkspaceGrowthError(WorkspaceShortError, torch.OutOfMemoryError):
     """A workspace could not get the memory it needed; it keeps its old buffer, intact and usable.
 
     Raised only when the allocator ran out of memory (``torch.OutOfMemoryError``, or the CPU
     allocator's failure to allocate): any other error while growing reaches the caller unchanged.
     Also a ``torch.OutOfMemoryError``, so an engine's out-of-memory handling still catches it.
-    Fields: ``workspace`` (its name, or the pool's name for the workspace it could not make),
-    ``held_bytes`` (what it keeps), ``needed_bytes`` (what it asked for) and ``setting`` (the one
-    that sizes its floor: reserving up front, or lowering it, is the fix).
+    Fields: those of :class:`WorkspaceShortError` (``workspace``: its name, or the pool's name for
+    the workspace it could not make; ``held_bytes``: what it keeps; ``needed_bytes``: what it
+    asked for; ``setting``: reserving it up front, or lowering it, is the fix).
     """
-
-    workspace: str
-    held_bytes: int
-    needed_bytes: int
-    setting: str
-
-    def __init__(
-        self, message: str, *, workspace: str, held_bytes: int, needed_bytes: int, setting: str
-    ) -> None:
-        super().__init__(message)
-        self.workspace = workspace
-        self.held_bytes = held_bytes
-        self.needed_bytes = needed_bytes
-        self.setting = setting
 
 
 _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
