@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import re
 from enum import Enum
 
 from hydra.errors import MissingConfigException, OverrideParseException
@@ -68,7 +69,7 @@ def _unknown_key(error: OmegaConfBaseException) -> str:
     parent = error.parent_node
     if not isinstance(parent, DictConfig):
         return _paragraph(str(error))
-    prefix = _key_of(parent)
+    prefix = _prefix(str(error.full_key))
     settings = [str(key) for key in parent if key != "hydra"]
     return (
         f"{error.full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
@@ -77,12 +78,12 @@ def _unknown_key(error: OmegaConfBaseException) -> str:
 
 
 def _bad_value(error: ValidationError) -> str:
-    parent, key = error.parent_node, error.key
-    field = parent._get_parent() if isinstance(parent, ListConfig) else None
-    if field is not None:  # an element of a list: the list's own field says what it takes
-        parent, key = field, parent._key()
+    parent, setting = error.parent_node, _LIST_INDEX.sub("", str(error.full_key))
+    if isinstance(parent, ListConfig):  # an element of a list: the list's own field says
+        parent = OmegaConf.select(parent, "..")  # the node holding the list
+    key = setting.rpartition(".")[2]
     takes = _expects(error, parent, key)
-    return f"{error.full_key}={error.value!r} is not valid; {_key_of(parent)}{key} takes {takes}"
+    return f"{error.full_key}={error.value!r} is not valid; {setting} takes {takes}"
 
 
 def _expects(error: ValidationError, parent: object, key: object) -> str:
@@ -101,11 +102,13 @@ def _expects(error: ValidationError, parent: object, key: object) -> str:
     return _paragraph(error.msg or str(error))
 
 
-def _key_of(node: object) -> str:
-    """``node``'s full key with a trailing dot, or "" at the root."""
-    if not isinstance(node, DictConfig | ListConfig) or node._get_parent() is None:
-        return ""
-    return f"{node._get_full_key(None)}."
+_LIST_INDEX = re.compile(r"\[\d+\]$")
+
+
+def _prefix(full_key: str) -> str:
+    """The full key of the node holding ``full_key``, with a trailing dot; "" at the root."""
+    parent = full_key.rpartition(".")[0]
+    return f"{parent}." if parent else ""
 
 
 def _paragraph(text: str) -> str:
