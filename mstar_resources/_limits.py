@@ -13,8 +13,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .units import is_int
-
 __all__ = ["argument_problem", "bounded", "expects", "problems"]
 
 _BOUNDS = ("gt", "ge", "lt", "le")
@@ -88,10 +86,8 @@ def argument_problem(
     """What is wrong with a function's argument ``name``, the same rule as a field's: a number
     (a whole one where ``whole``; never a bool) within ``bounds``; None if it is fine. ``of``
     names its unit (``milliseconds``), ``note`` ends the sentence (``, or None``)."""
-    number = (
-        is_int(value) if whole else isinstance(value, int | float) and not isinstance(value, bool)
-    )
-    if number and _within(float(value), bounds):  # type: ignore[arg-type]
+    accepted = int if whole else int | float
+    if isinstance(value, accepted) and not isinstance(value, bool) and _within(value, bounds):
         return None
     if whole and bounds == {"ge": 1}:
         takes = f"a positive whole number{f' of {of}' if of else ''}"
