@@ -61,10 +61,11 @@ class Declared(Protocol):
     def cg_slots(self) -> tuple[int, ...]: ...
 
 
-NOT_INPUTS = frozenset({"deployment", "date", "margin", "needs"})
+NOT_INPUTS = frozenset({"deployment", "date", "margin", "needs", "one_buffer"})
 """The fields of a record that no need depends on, and that the comparison ignores: the
 deployment's name, the day, the margin (it moves the floor, not the need) and the needs
-themselves. Every other recorded field is compared; a field recorded on one side only differs."""
+themselves (per resource, and the one-buffer engines' size).
+Every other recorded field is compared; a field recorded on one side only differs."""
 
 
 @dataclass(frozen=True)

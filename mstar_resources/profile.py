@@ -9,6 +9,7 @@ composed node into a checked :class:`CalibrationProfile`, reporting every proble
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,6 +19,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
+from .engine_presets import VERSIONS, Engine, decode_graph_batch_sizes, split_settings
+from .engine_presets import uses_tensor_cores as engine_uses_tensor_cores
 from .errors import ResourceConfigError
 from .units import is_positive_int
 
@@ -56,9 +59,13 @@ BACKENDS: dict[PlanKind, tuple[str, ...]] = {
 needs SM90). Others (``trtllm-gen``, ``cudnn``, ``cutlass``...) are refused by name, not guessed;
 POD plans its decode with ``fa2`` only."""
 
-GRAPH_KINDS = frozenset({PlanKind.decode, PlanKind.mla, PlanKind.pod})
-"""Kinds calibrated under CUDA graphs: each graph batch size is one decode batch, planned once.
-A prefill graph's need depends on the tokens it is captured with, which a profile does not say."""
+GRAPH_KINDS = frozenset({PlanKind.decode, PlanKind.mla, PlanKind.pod, PlanKind.paged_prefill})
+"""Kinds calibrated under CUDA graphs: each graph batch size is one decode batch, planned once;
+a paged prefill under graphs is planned once per captured token count
+(``cuda_graph_prefill_tokens``), as SGLang captures its prefill graphs."""
+
+SPLIT_KINDS = frozenset({PlanKind.decode, PlanKind.paged_prefill, PlanKind.ragged_prefill})
+"""Kinds whose plans take FlashInfer's ``fixed_split_size`` and ``disable_split_kv``."""
 
 
 @dataclass
@@ -106,16 +113,44 @@ class PlanProfile:
     """The FlashInfer backend the engine plans it with (see ``BACKENDS``); ``auto`` lets
     FlashInfer pick per plan, as it does for the engine. A backend that uses no float workspace
     measures 0, and its floor is the smallest there is, 1 MB."""
+    tensor_cores: bool = False
+    """``decode`` only: plan with ``use_tensor_cores=True``, i.e. through FlashInfer's prefill
+    scheduler with one query row a request, as vLLM always does and SGLang does for GQA groups of
+    4 or more. Under CUDA graphs its need grows with the graph batch and the GQA group, where the
+    plain decode plan's is bounded by the SM count."""
+    q_len_per_req: int = 1
+    """``decode`` with ``tensor_cores`` only: query tokens a request per step (1 + the speculative
+    tokens verified at once). More than 1 needs FlashInfer 0.7.2 or newer."""
+    fixed_split_size: int = -1
+    """``decode`` with ``tensor_cores``, or a prefill: split each request's KV into chunks of this
+    many KV-cache pages (FlashInfer's ``fixed_split_size``); -1 lets the scheduler pick. Engines
+    set it in their deterministic / batch-invariant modes. A fixed split is not capped by the
+    grid: the need grows with the batch and its contexts."""
+    disable_split_kv: bool = False
+    """``decode`` or a prefill: never split KV (FlashInfer's ``disable_split_kv``); such plans
+    need no float workspace at all."""
 
 
 @dataclass
 class CalibrationProfile:
     """Everything calibration needs to know about a deployment's plans."""
 
+    engine: Engine | None = None
+    """Plan as this engine does (``vllm``: vLLM 0.33.0, ``sglang``: SGLang 0.5.23; see
+    ``engine_presets.py``): its decode plans' ``tensor_cores``, ``backend`` and KV split, and its
+    decode graph batch sizes, are derived from the limits and the model, replacing what the
+    profile declares for them. None: the plans and graph sizes as declared."""
+    deterministic: bool = False
+    """With an ``engine``: plan as its deterministic / batch-invariant mode does (fixed KV
+    split sizes, no split under graphs)."""
     model: ModelShape = MISSING
     limits: EngineLimits = MISSING
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
-    """Batch sizes the engine captures graphs for; each is planned."""
+    """Batch sizes the engine captures decode graphs for; each is planned."""
+    cuda_graph_prefill_tokens: list[int] = field(default_factory=list)
+    """Token counts the engine captures prefill graphs for (SGLang's prefill graphs); each is
+    planned, for every batch that fits it, for a ``paged_prefill`` label served in CUDA-graph
+    slots. Empty: prefill runs eagerly."""
     plans: dict[str, PlanProfile] = field(default_factory=dict)
     """By plan label (as in the resources' ``labels``): which wrapper plans it."""
 
@@ -153,18 +188,48 @@ def _limits_problems(limits: EngineLimits) -> list[str]:
     return _not_positive(f"{PROFILE_KEY}.limits", limits, names)
 
 
-def _graph_size_problems(sizes: list[int], limits: EngineLimits) -> list[str]:
-    """What is wrong with the graph batch sizes: they are distinct positive whole numbers, none
-    above the batch limit."""
-    key = f"{PROFILE_KEY}.cuda_graph_batch_sizes"
+def _graph_size_problems(sizes: list[int], limit: int, limit_name: str, name: str) -> list[str]:
+    """What is wrong with a list of graph sizes: they are distinct positive whole numbers, none
+    above the limit ``limit_name`` (of ``calibration.limits``)."""
+    key = f"{PROFILE_KEY}.{name}"
     if any(not is_positive_int(s) for s in sizes) or len(set(sizes)) != len(sizes):
         return [f"{key}={sizes!r} must be distinct positive whole numbers"]
-    if is_positive_int(limits.max_num_seqs) and sizes and max(sizes) > limits.max_num_seqs:
-        return [
-            f"{key} has {max(sizes)}, more than "
-            f"{PROFILE_KEY}.limits.max_num_seqs={limits.max_num_seqs}"
-        ]
+    if is_positive_int(limit) and sizes and max(sizes) > limit:
+        return [f"{key} has {max(sizes)}, more than {PROFILE_KEY}.limits.{limit_name}={limit}"]
     return []
+
+
+def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
+    """What is wrong with one plan's options: each goes with the kinds FlashInfer takes it for."""
+    key = f"{PROFILE_KEY}.plans.{label}"
+    decode, tensor_cores = plan.kind is PlanKind.decode, plan.tensor_cores
+    problems = []
+    if tensor_cores and not decode:
+        problems.append(f"{key}.tensor_cores=true is for kind decode, not {plan.kind.value}")
+    if not is_positive_int(plan.q_len_per_req):
+        problems.append(
+            f"{key}.q_len_per_req={plan.q_len_per_req!r} must be a positive whole number"
+        )
+    elif plan.q_len_per_req > 1 and not (decode and tensor_cores):
+        problems.append(
+            f"{key}.q_len_per_req={plan.q_len_per_req} needs kind decode with tensor_cores=true "
+            "(FlashInfer plans several query tokens a request only through tensor cores)"
+        )
+    split = plan.fixed_split_size
+    if split != -1 and not is_positive_int(split):
+        problems.append(
+            f"{key}.fixed_split_size={split!r} must be -1 (the scheduler picks) or a positive "
+            "whole number"
+        )
+    elif split != -1 and not (plan.kind in SPLIT_KINDS and (tensor_cores or not decode)):
+        problems.append(
+            f"{key}.fixed_split_size={split} is taken by a prefill, or by decode with "
+            f"tensor_cores=true, not by {plan.kind.value}"
+            + (" without tensor cores" if decode else "")
+        )
+    if plan.disable_split_kv and plan.kind not in SPLIT_KINDS:
+        problems.append(f"{key}.disable_split_kv=true is not taken by kind {plan.kind.value}")
+    return problems
 
 
 def _plan_problems(plans: dict[str, PlanProfile]) -> list[str]:
@@ -178,6 +243,27 @@ def _plan_problems(plans: dict[str, PlanProfile]) -> list[str]:
         for label, plan in plans.items()
         if plan.backend not in BACKENDS[plan.kind]
     ]
+    for label, plan in plans.items():
+        problems += _plan_option_problems(label, plan)
+    return problems
+
+
+def _engine_problems(profile: CalibrationProfile) -> list[str]:
+    """What an engine preset cannot follow: a deterministic mode without an engine, vLLM with
+    FlashInfer MLA plans (it runs MLA without FlashInfer on SM90)."""
+    problems = []
+    if profile.deterministic and profile.engine is None:
+        problems.append(
+            f"{PROFILE_KEY}.deterministic=true is an engine's mode; name the engine "
+            f"({PROFILE_KEY}.engine={' or '.join(e.value for e in Engine)})"
+        )
+    mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
+    if profile.engine is Engine.vllm and mla:
+        problems.append(
+            f"{PROFILE_KEY}.engine=vllm: {VERSIONS[Engine.vllm]} plans no FlashInfer MLA on SM90 "
+            f"GPUs, and {', '.join(f'{PROFILE_KEY}.plans.{x}' for x in mla)} are mla plans; use "
+            f"{PROFILE_KEY}.engine=sglang, or null to plan as declared"
+        )
     return problems
 
 
@@ -198,13 +284,64 @@ def _mla_dimension_problems(plans: dict[str, PlanProfile], model: ModelShape) ->
 def _problems(profile: CalibrationProfile) -> list[str]:
     """Every problem of ``profile``, in the order of its fields (the MLA dimensions, which
     depend on the plans, last)."""
+    limits = profile.limits
     return [
+        *_engine_problems(profile),
         *_model_problems(profile.model),
-        *_limits_problems(profile.limits),
-        *_graph_size_problems(profile.cuda_graph_batch_sizes, profile.limits),
+        *_limits_problems(limits),
+        *_graph_size_problems(
+            profile.cuda_graph_batch_sizes,
+            limits.max_num_seqs,
+            "max_num_seqs",
+            "cuda_graph_batch_sizes",
+        ),
+        *_graph_size_problems(
+            profile.cuda_graph_prefill_tokens,
+            limits.max_num_batched_tokens,
+            "max_num_batched_tokens",
+            "cuda_graph_prefill_tokens",
+        ),
         *_plan_problems(profile.plans),
         *_mla_dimension_problems(profile.plans, profile.model),
     ]
+
+
+def as_engine_plans(profile: CalibrationProfile) -> CalibrationProfile:
+    """``profile`` with the plans and decode graph batch sizes its ``engine`` makes (the profile
+    itself when it names none). Decode labels take the engine's tensor-core choice, backend
+    ``auto`` and KV split; prefill labels its KV split; ``q_len_per_req`` stays as declared."""
+    engine = profile.engine
+    if engine is None:
+        return profile
+    model, limits = profile.model, profile.limits
+    tensor_cores = engine_uses_tensor_cores(
+        engine, model.num_qo_heads, model.num_kv_heads, model.kv_dtype
+    )
+    plans: dict[str, PlanProfile] = {}
+    for label, plan in profile.plans.items():
+        if plan.kind is PlanKind.decode:
+            split = split_settings(engine, profile.deterministic, decode=True)
+            plans[label] = dataclasses.replace(
+                plan,
+                tensor_cores=tensor_cores or plan.q_len_per_req > 1,
+                backend="auto",
+                fixed_split_size=split.fixed_split_size,
+                disable_split_kv=split.disable_split_kv,
+            )
+        elif plan.kind in SPLIT_KINDS:
+            split = split_settings(engine, profile.deterministic, decode=False)
+            plans[label] = dataclasses.replace(
+                plan,
+                fixed_split_size=split.fixed_split_size,
+                disable_split_kv=split.disable_split_kv,
+            )
+        else:
+            plans[label] = plan
+    q_len = max((p.q_len_per_req for p in plans.values() if p.kind is PlanKind.decode), default=1)
+    sizes = decode_graph_batch_sizes(
+        engine, limits.max_num_seqs, limits.max_num_batched_tokens, q_len
+    )
+    return dataclasses.replace(profile, plans=plans, cuda_graph_batch_sizes=sizes)
 
 
 def _schema_problem(error: OmegaConfBaseException) -> str:
@@ -225,6 +362,9 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
     except OmegaConfBaseException as error:
         raise ResourceConfigError(_schema_problem(error), where=_WHERE) from None
     problems = _problems(profile)
+    if not problems:
+        profile = as_engine_plans(profile)
+        problems = _problems(profile)  # what the engine's plans make of the limits
     if problems:
         raise ResourceConfigError(*problems, where=_WHERE)
     return profile

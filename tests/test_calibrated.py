@@ -18,7 +18,7 @@ from mstar_resources.calibrated import (
     calibration_inputs,
     stale_calibration,
 )
-from mstar_resources.profile import CalibrationProfile, load_profile
+from mstar_resources.profile import CalibrationProfile, PlanProfile, load_profile
 from mstar_resources.resolver import resolve
 
 from .conftest import compose_shipped
@@ -118,8 +118,9 @@ def test_another_machine_is_named_field_by_field(machine_change):
 
 def test_what_is_not_an_input_is_ignored_and_said_so():
     record, inputs = record_and_inputs(LLAMA)
-    assert {"deployment", "date", "margin", "needs"} == NOT_INPUTS
+    assert {"deployment", "date", "margin", "needs", "one_buffer"} == NOT_INPUTS
     changed = {**record, "date": "1999-01-01", "margin": 0.5, "needs": [], "deployment": "x"}
+    changed["one_buffer"] = {"need_bytes": 1, "bytes": 1 << 20, "worst": "-"}
     assert stale_calibration(changed, inputs) is None
 
 
@@ -153,8 +154,9 @@ def test_every_field_of_the_profile_is_recorded():
         for part in name.split("."):
             assert part in node, f"calibrated.profile.{name} is not recorded"
             node = node[part]
+    plan_fields = {field.name for field in dataclasses.fields(PlanProfile)}
     for plan in profile["plans"].values():
-        assert set(plan) == {"kind", "backend"}
+        assert set(plan) == plan_fields
 
 
 def running_elsewhere(monkeypatch, **change: object):

@@ -29,6 +29,16 @@ scheduler (``include/flashinfer/attention/scheduler.cuh``) decides:
   request, so its work items hold a 16-row tile and it stays well below). Under CUDA graphs a
   prefill-style plan pads to ``max(grid, query tiles)`` instead, which one plan at each graph
   batch size measures.
+- **Tensor-core decode** (``use_tensor_cores=True``, vLLM's and SGLang's) is ``PrefillPlan``
+  with ``q_len_per_req`` query rows a request. Eagerly it splits within the same grid as prefill.
+  Under CUDA graphs ``P = max(grid, query tiles)`` (``grid = (2 * SMs) // Hkv``), and how the
+  tiles and partials are counted changed between versions (:func:`tensor_core_graph_bytes`):
+  FlashInfer 0.6.x pads the tiles for ragged rows (``ceil(B * q * group / tile) + B - 1``) and
+  sizes the partials by tiles (``P * tile`` rows), so the need grows with the graph batch ``B``
+  without bound (32/2 heads, head dim 256, ``B = 512``: 538,441,728 bytes, above vLLM's default
+  buffer); 0.7.2 sizes them by query rows (``ceil(P * tile / group)``); 0.7.4 counts tiles of a
+  uniform query length (``B * ceil(q * group / tile)``) and turns the split off past the grid (0
+  bytes). One plan per graph batch size measures it, whatever the version.
 - **MLA** (``MLAPlan``; ``fa2`` and ``fa3``) sizes its partials by the grid alone:
   ``2 * clusters * cluster_tile_q`` rows (``cluster_tile_q = 64 * cluster_size``,
   ``clusters = SMs // cluster_size``) of ``2 * head_dim_ckv`` bytes of output plus 4 of
@@ -46,7 +56,14 @@ from __future__ import annotations
 
 from ..units import ALIGNMENT, round_up
 
-__all__ = ["decode_bytes", "mla_bytes", "prefill_bound_bytes", "prefill_bytes"]
+__all__ = [
+    "cta_tile_q",
+    "decode_bytes",
+    "mla_bytes",
+    "prefill_bound_bytes",
+    "prefill_bytes",
+    "tensor_core_graph_bytes",
+]
 
 FLOAT32 = 4
 PREFILL_BLOCKS_PER_SM = 2
@@ -97,3 +114,39 @@ def mla_bytes(head_dim_ckv: int, sm_count: int) -> int:
         rows = 2 * (sm_count // cluster_size) * cluster_size * MLA_CTA_TILE_Q
         needs.append(_aligned(rows * MLA_OUTPUT_BYTES * head_dim_ckv) + _aligned(rows * FLOAT32))
     return max(needs)
+
+
+def cta_tile_q(packed_rows: int, head_dim: int) -> int:
+    """The query tile a prefill-style plan picks for ``packed_rows`` rows (query tokens x GQA
+    group) on an SM80 or newer GPU (``FA2DetermineCtaTileQ``, head dims up to 256)."""
+    if packed_rows > 64 and head_dim < 256:
+        return MAX_CTA_TILE_Q
+    return 64 if packed_rows > 16 else 16
+
+
+def tensor_core_graph_bytes(
+    qo_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    batch: int,
+    sm_count: int,
+    flashinfer: tuple[int, ...],
+    q_len_per_req: int = 1,
+) -> int:
+    """What a CUDA-graph tensor-core decode plan of ``batch`` requests of ``q_len_per_req``
+    tokens needs on ``sm_count`` SMs, as FlashInfer release ``flashinfer`` (e.g. ``(0, 6, 6)``)
+    sizes it: the arithmetic of the module docstring, read in 0.6.6, 0.7.2 and 0.7.4."""
+    group = qo_heads // kv_heads
+    grid = (PREFILL_BLOCKS_PER_SM * sm_count) // kv_heads
+    if flashinfer >= (0, 7, 4):
+        tile = cta_tile_q(q_len_per_req * group, head_dim)
+        tiles = batch * -(-q_len_per_req * group // tile)
+        if tiles > grid:  # every request is one work item already: no split
+            return 0
+        return prefill_bytes(qo_heads, kv_heads, head_dim, grid, tile)
+    rows = batch * q_len_per_req
+    tile = cta_tile_q(((q_len_per_req - 1) * batch + 1) * group, head_dim)
+    work_items = max(grid, -(-rows * group // tile) + batch - 1)
+    if flashinfer >= (0, 7):
+        return prefill_bytes(qo_heads, kv_heads, head_dim, work_items, tile)
+    return _partials(qo_heads, work_items * tile, head_dim)

@@ -16,9 +16,12 @@ from ..calibrated import Machine, calibration_inputs
 from ..errors import ResourceConfigError
 from ..profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from ..resolver import ResolvedResource
+from ..units import MIB
+from .engines import vllm_formula_bytes
 from .measure import Need, Planner
-from .override import DEFAULT_MARGIN, Measured, calibrated_yaml, declared_mb_for
+from .override import DEFAULT_MARGIN, Measured, OneBuffer, calibrated_yaml, declared_mb_for
 from .shapes import shapes_for
+from .versions import check_flashinfer
 
 CALIBRATED_SUFFIX = "_calibrated"
 
@@ -53,6 +56,7 @@ def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfil
     problems = [
         *_labels_without_a_plan(records, profile),
         *_graph_slots_on_eager_kinds(records, profile),
+        *_graph_plans_without_sizes(records, profile),
         *_labels_of_several_owners(records),
     ]
     if problems:
@@ -91,6 +95,36 @@ def _graph_slots_on_eager_kinds(
         for label in r.labels
         if (plan := profile.plans.get(label)) is not None and plan.kind not in GRAPH_KINDS
     ]
+
+
+def _graph_plans_without_sizes(
+    records: Sequence[ResolvedResource], profile: CalibrationProfile
+) -> list[str]:
+    """Graph labels calibration could not plan as they run: a prefill graph with no captured
+    token counts, a fixed KV split under a graph (FlashInfer refuses a split past the graph's
+    padding)."""
+    problems = []
+    for r in records:
+        if not r.cg_slots:
+            continue
+        for label in r.labels:
+            plan = profile.plans.get(label)
+            if plan is None:
+                continue
+            key = f"calibration.plans.{label}"
+            if plan.kind is PlanKind.paged_prefill and not profile.cuda_graph_prefill_tokens:
+                problems.append(
+                    f"resources.{r.path}.cg_slots={list(r.cg_slots)} puts the paged_prefill "
+                    f"{label} under CUDA graphs, and calibration.cuda_graph_prefill_tokens is "
+                    "empty; list the token counts the engine captures prefill graphs for"
+                )
+            if plan.fixed_split_size > 0 and not plan.disable_split_kv:
+                problems.append(
+                    f"{key}.fixed_split_size={plan.fixed_split_size} under CUDA graphs "
+                    f"(resources.{r.path} has cg_slots): FlashInfer cannot pad a fixed split to a "
+                    f"graph; set {key}.disable_split_kv=true, as engines do under graphs"
+                )
+    return problems
 
 
 def _labels_of_several_owners(records: Sequence[ResolvedResource]) -> list[str]:
@@ -133,6 +167,7 @@ def measure_all(
     from tqdm import tqdm
 
     check_labels(records, profile)  # before any kernel is built
+    check_flashinfer(profile)
     check_backends(profile, device)
     planner = Planner(profile, device)
     work = [
@@ -162,6 +197,18 @@ def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
     ]
 
 
+def one_buffer(
+    rows: Sequence[LabelNeed], profile: CalibrationProfile, margin: float = DEFAULT_MARGIN
+) -> OneBuffer:
+    """What an engine that keeps one buffer for every wrapper and graph size must reserve: every
+    plan carves it from offset 0, so the most any single plan needs, plus ``margin``, in whole
+    MB."""
+    worst = max(rows, key=lambda row: row.need.bytes, default=None)
+    need = worst.need.bytes if worst else 0
+    where = f"{worst.label}: {worst.need.worst}" if worst and worst.need.worst else "-"
+    return OneBuffer(need, declared_mb_for(need, margin) * MIB, where, vllm_formula_bytes(profile))
+
+
 def provenance(
     profile: CalibrationProfile,
     device: torch.device,
@@ -177,7 +224,11 @@ def provenance(
     }
 
 
-def table(rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN) -> str:
+def table(
+    rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN, buffer: OneBuffer | None = None
+) -> str:
+    """The calibration table, the floors to declare and, given ``buffer``, the one-buffer
+    engines' settings."""
     head = ("resource", "label", "worst shape", "need bytes", "declared today", "waste(+)/short(-)")
     body = []
     for row in rows:
@@ -205,6 +256,8 @@ def table(rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN) -> str:
         f"  (need {m.need_bytes:,} bytes + {margin:.0%})"
         for m in measured
     ]
+    if buffer is not None:
+        lines += ["", *buffer.advice()]
     return "\n".join(lines)
 
 
@@ -214,7 +267,8 @@ def write_override(
     provenance: dict[str, Any],
     output_dir: Path,
     margin: float = DEFAULT_MARGIN,
+    buffer: OneBuffer | None = None,
 ) -> Path:
     path = output_dir / f"{deployment}{CALIBRATED_SUFFIX}.yaml"
-    path.write_text(calibrated_yaml(deployment, per_resource(rows), provenance, margin))
+    path.write_text(calibrated_yaml(deployment, per_resource(rows), provenance, margin, buffer))
     return path

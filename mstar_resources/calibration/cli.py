@@ -27,6 +27,7 @@ from .calibrate import (
     check_labels,
     default_output_dir,
     measure_all,
+    one_buffer,
     provenance,
     table,
     write_override,
@@ -61,11 +62,12 @@ def main(cfg: DictConfig) -> None:
 
     device = cuda_device(cfg.device, "calibration plans on a GPU")
     rows = measure_all(records, profile, device, show_progress=cfg.progress)
-    print(table(rows, margin))
+    buffer = one_buffer(rows, profile, margin)
+    print(table(rows, margin, buffer))
     output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir()
     name = base_deployment(str(deployment))
     record = provenance(profile, device, name, records)
-    path = write_override(name, rows, record, output_dir, margin)
+    path = write_override(name, rows, record, output_dir, margin, buffer)
     print(f"wrote {path}: use it with deployment={path.stem}")
 
 

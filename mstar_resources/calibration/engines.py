@@ -29,15 +29,21 @@ TENSORRT_LLM_MB = 320
 MLC_LLM_MB = 768
 
 
-def vllm_buffer_mb(profile: CalibrationProfile, ranks: int = 1) -> int | None:
-    """vLLM's shared float workspace for this deployment on ``ranks`` tensor-parallel ranks
-    (the profile's heads are one GPU's; ``ranks`` splits them further). None for MLA models,
-    which vLLM runs without FlashInfer on the GPUs calibrated here (SM90)."""
+def vllm_formula_bytes(profile: CalibrationProfile, ranks: int = 1) -> int | None:
+    """vLLM 0.33's per-token floor under its buffer setting, in bytes (None for MLA models)."""
     if any(plan.kind is PlanKind.mla for plan in profile.plans.values()):
         return None
     model = profile.model
     per_token = (model.num_qo_heads // ranks) * model.head_dim * VLLM_BYTES_PER_TOKEN_HEAD_DIM
-    return max(VLLM_MIN_MB, mb_to_hold(profile.limits.max_num_batched_tokens * per_token))
+    return profile.limits.max_num_batched_tokens * per_token
+
+
+def vllm_buffer_mb(profile: CalibrationProfile, ranks: int = 1) -> int | None:
+    """vLLM's shared float workspace for this deployment on ``ranks`` tensor-parallel ranks
+    (the profile's heads are one GPU's; ``ranks`` splits them further). None for MLA models,
+    which vLLM runs without FlashInfer on the GPUs calibrated here (SM90)."""
+    formula = vllm_formula_bytes(profile, ranks)
+    return None if formula is None else max(VLLM_MIN_MB, mb_to_hold(formula))
 
 
 def engine_buffers_mb(profile: CalibrationProfile) -> dict[str, int | None]:
@@ -51,4 +57,4 @@ def engine_buffers_mb(profile: CalibrationProfile) -> dict[str, int | None]:
     }
 
 
-__all__ = ["engine_buffers_mb", "vllm_buffer_mb"]
+__all__ = ["engine_buffers_mb", "vllm_buffer_mb", "vllm_formula_bytes"]

@@ -91,14 +91,18 @@ class Planner:
         indices = torch.arange(shape.batch * pages, dtype=torch.int32, device=self.device)
         return pages, self._indptr(shape.batch, pages), indices
 
-    def plan_args(self, kind: PlanKind, shape: Shape) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``plan()``'s arguments (also ``workspace_size()``'s) for ``shape``."""
+    def plan_args(self, plan: PlanProfile, shape: Shape) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``plan()``'s arguments (also ``workspace_size()``'s) for ``shape``, with ``plan``'s
+        options (those left at FlashInfer's defaults are not passed, so that every FlashInfer
+        version calibration runs on takes them)."""
+        kind = plan.kind
         model = self.profile.model
         heads = (model.num_qo_heads, model.num_kv_heads, model.head_dim)
         qo = self._indptr(shape.batch, shape.q_len)
+        options = _plan_options(plan)
         if kind is PlanKind.ragged_prefill:
             kv = self._indptr(shape.batch, shape.kv_len)
-            return (qo, kv, *heads), {"causal": True, **self.dtypes}
+            return (qo, kv, *heads), {"causal": True, **self.dtypes, **options}
         pages, kv_indptr, indices = self._pages(shape)
         if kind is PlanKind.mla:
             from flashinfer.mla import MLAPlanMetadata
@@ -122,8 +126,8 @@ class Planner:
         last_page_len = torch.full((shape.batch,), last, dtype=torch.int32, device=self.device)
         paged = (kv_indptr, indices, last_page_len, *heads, model.page_size)
         if kind in DECODE_LIKE:
-            return paged, dict(self.dtypes)
-        return (qo, *paged), {"causal": True, **self.dtypes}
+            return paged, {**self.dtypes, **options}
+        return (qo, *paged), {"causal": True, **self.dtypes, **options}
 
     def wrapper(self, plan: PlanProfile, buffer: torch.Tensor, shape: Shape) -> Any:
         """A FlashInfer wrapper of ``plan``'s kind on ``buffer``; under a graph, one that holds
@@ -133,12 +137,23 @@ class Planner:
         kind, backend = plan.kind, plan.backend
         if kind is PlanKind.ragged_prefill:
             return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(buffer, "NHD", backend=backend)
-        if kind is PlanKind.paged_prefill:
-            return flashinfer.BatchPrefillWithPagedKVCacheWrapper(buffer, "NHD", backend=backend)
         graph: dict[str, Any] = {}
+        if kind is PlanKind.paged_prefill:
+            if shape.cuda_graph:
+                (qo, indptr, indices, last_page_len, *_), _ = self.plan_args(plan, shape)
+                graph = {
+                    "use_cuda_graph": True,
+                    "qo_indptr_buf": qo,
+                    "paged_kv_indptr_buf": indptr,
+                    "paged_kv_indices_buf": indices,
+                    "paged_kv_last_page_len_buf": last_page_len,
+                }
+            return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                buffer, "NHD", backend=backend, **graph
+            )
         if kind is PlanKind.mla:
             if shape.cuda_graph:
-                metadata = self.plan_args(kind, shape)[1]["metadata"]
+                metadata = self.plan_args(plan, shape)[1]["metadata"]
                 graph = {
                     "use_cuda_graph": True,
                     "qo_indptr": metadata.qo_indptr,
@@ -150,7 +165,7 @@ class Planner:
 
             return BatchMLAPagedAttentionWrapper(buffer, backend=backend, **graph)
         if shape.cuda_graph:
-            (indptr, indices, last_page_len, *_), _ = self.plan_args(kind, shape)
+            (indptr, indices, last_page_len, *_), _ = self.plan_args(plan, shape)
             graph = {
                 "use_cuda_graph": True,
                 "paged_kv_indptr_buffer": indptr,
@@ -159,6 +174,8 @@ class Planner:
             }
         if kind is PlanKind.pod:  # fa2 only: the wrapper takes no backend
             return flashinfer.PODWithPagedKVCacheWrapper(buffer, "NHD", **graph)
+        if plan.tensor_cores:
+            graph["use_tensor_cores"] = True
         return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             buffer, "NHD", backend=backend, **graph
         )
@@ -187,12 +204,17 @@ class Planner:
         return self.need_by_growth(plan, shapes, progress)
 
     def need_by_query(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
+        """The need as the wrappers' ``workspace_size()`` answers it; ``NotImplementedError``
+        where a wrapper has no such query (FlashInfer before 0.7.2, some backends)."""
         selector = torch.empty(0, dtype=torch.uint8, device=self.device)  # device selector only
         wrapper_for = self.wrappers(plan, selector)
         best, worst = 0, None
         for shape in shapes:
-            args, kwargs = self.plan_args(plan.kind, shape)
-            need = wrapper_for(shape).workspace_size(*args, **kwargs)[0]
+            args, kwargs = self.plan_args(plan, shape)
+            ask = getattr(wrapper_for(shape), "workspace_size", None)
+            if ask is None:
+                raise NotImplementedError("this FlashInfer's wrappers have no workspace_size()")
+            need = ask(*args, **kwargs)[0]
             if need >= best:  # of shapes that tie (graph sizes often do), name the largest
                 best, worst = need, shape
             if progress is not None:
@@ -207,7 +229,7 @@ class Planner:
         worst, refused = None, []
         for shape in shapes:
             before = workspace.tensor.numel()
-            args, kwargs = self.plan_args(plan.kind, shape)
+            args, kwargs = self.plan_args(plan, shape)
             try:
                 workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
             except self.refusals as error:  # FlashInfer refuses the shape itself
@@ -230,3 +252,17 @@ class Planner:
                 f"{plan.backend}, so nothing was measured; the first: {refused[0]}"
             )
         return Need(workspace.tensor.numel(), worst, "growth", tuple(refused))
+
+
+def _plan_options(plan: PlanProfile) -> dict[str, Any]:
+    """``plan``'s KV-split and query-length options as ``plan()`` keywords, those left at
+    FlashInfer's defaults omitted (FlashInfer before 0.7.2 takes no ``q_len_per_req``, and a
+    decode plan without tensor cores no ``fixed_split_size``)."""
+    options: dict[str, Any] = {}
+    if plan.fixed_split_size > 0:
+        options["fixed_split_size"] = plan.fixed_split_size
+    if plan.disable_split_kv:
+        options["disable_split_kv"] = True
+    if plan.q_len_per_req > 1:
+        options["q_len_per_req"] = plan.q_len_per_req
+    return options

@@ -36,6 +36,43 @@ class Measured:
     method: str
 
 
+@dataclass(frozen=True)
+class OneBuffer:
+    """What an engine that shares one float workspace among all its wrappers and graph sizes
+    (vLLM, SGLang) must reserve for this deployment: every plan carves that buffer from offset
+    0, so the most any single plan needs, across prefill and every graph size."""
+
+    need_bytes: int
+    """The most any one plan needs."""
+    bytes: int
+    """What to reserve: the need plus the margin, in whole MB (at least 1)."""
+    worst: str
+    """The label and shape that need it."""
+    vllm_formula_bytes: int | None
+    """vLLM 0.33's own floor under its setting (``max_num_batched_tokens x query heads x head
+    dim x 16``), or None where vLLM plans no FlashInfer for the deployment."""
+
+    def record(self) -> dict[str, Any]:
+        """The fields the calibrated record keeps."""
+        return {"need_bytes": self.need_bytes, "bytes": self.bytes, "worst": self.worst}
+
+    def advice(self) -> list[str]:
+        """The engines' settings, for people."""
+        lines = [
+            f"One buffer for every plan and graph size (vLLM, SGLang): {self.bytes:,} bytes "
+            f"(the need of {self.worst}, {self.need_bytes:,} bytes, in whole MB). Set:",
+            f"  SGLANG_FLASHINFER_WORKSPACE_SIZE={self.bytes}",
+        ]
+        if self.vllm_formula_bytes is not None:
+            lines += [
+                f"  VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE={self.bytes}",
+                "  (vLLM 0.33 reserves the larger of this and max_num_batched_tokens x query heads "
+                f"x head dim x 16 = {self.vllm_formula_bytes:,} bytes: the setting can raise its "
+                "buffer, not lower it)",
+            ]
+        return lines
+
+
 def declared_mb_for(need_bytes: int, margin: float = DEFAULT_MARGIN) -> int:
     """The ``declared_mb`` that holds ``need_bytes`` plus ``margin``: at least 1."""
     return max(1, mb_to_hold(math.ceil(need_bytes * (1 + margin))))
@@ -46,6 +83,7 @@ def calibrated_yaml(
     measured: list[Measured],
     provenance: Mapping[str, object],
     margin: float = DEFAULT_MARGIN,
+    buffer: OneBuffer | None = None,
 ) -> str:
     """The text of ``<deployment>_calibrated.yaml``."""
     resources: dict[str, Any] = {}
@@ -64,6 +102,7 @@ def calibrated_yaml(
                 {"path": m.path, "need_bytes": m.need_bytes, "worst": m.worst, "method": m.method}
                 for m in measured
             ],
+            **({"one_buffer": buffer.record()} if buffer is not None else {}),
         },
     }
     header = [

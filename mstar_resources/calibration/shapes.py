@@ -9,6 +9,15 @@ over batch sizes, query lengths and short and long contexts, and include the bou
 configurations: one full query tile per request over the longest context, for batches up to the
 grid. MLA's need does not depend on the shape at all (``bounds.mla_bytes``); its shapes are the
 decode or prefill ones all the same, so that the measurement shows it.
+
+A tensor-core decode plan is a prefill plan of ``q_len_per_req`` query rows a request
+(``bounds.py``). Under a graph its padded work grows with the graph's batch, which one plan per
+graph batch size at the longest context measures; eagerly it splits within the grid, which its
+graph plan of one request bounds, as for plain decode. A fixed KV split (``fixed_split_size``)
+lifts the grid's cap on eager plans: the work then grows with the batch and every request's
+context, so the largest batch over the longest context bounds it, and the sweep includes it. A
+prefill graph of ``T`` tokens pads its work by its batch (one extra tile a request), so it is
+planned for every power-of-two batch up to ``T`` requests, ``T // batch`` tokens each.
 """
 
 from __future__ import annotations
@@ -51,15 +60,18 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
     limits = profile.limits
     long = limits.max_model_len
     contexts = sorted({min(SHORT_CONTEXT, long), long})
+    q = plan.q_len_per_req
+    if cuda_graph and plan.kind in (PlanKind.paged_prefill, PlanKind.ragged_prefill):
+        return _prefill_graph_shapes(profile)
     if cuda_graph:  # a graph replays one decode batch of its size
-        return [Shape(b, 1, long, cuda_graph=True) for b in profile.cuda_graph_batch_sizes]
+        return [Shape(b, q, max(q, long), cuda_graph=True) for b in profile.cuda_graph_batch_sizes]
     if plan.kind in DECODE_LIKE:
-        batches = _powers_of_two_up_to(limits.max_num_seqs)
-        eager = [Shape(b, 1, kv) for b in batches for kv in contexts]
-        if plan.kind is PlanKind.decode:
+        batches = _powers_of_two_up_to(min(limits.max_num_seqs, limits.max_num_batched_tokens // q))
+        eager = [Shape(b, q, max(q, kv)) for b in batches for kv in contexts]
+        if plan.kind is PlanKind.decode and not _fixed_split(plan):
             # The bounding configuration: a graph plan, padded to the most any decode plan
             # splits to.
-            eager.insert(0, Shape(1, 1, long, cuda_graph=True))
+            eager.insert(0, Shape(1, q, max(q, long), cuda_graph=True))
         return eager
     budget = limits.max_num_batched_tokens
     shapes: list[Shape] = []
@@ -77,6 +89,22 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
     return sorted(set(shapes), key=lambda s: (s.batch, s.q_len, s.kv_len, s.cuda_graph))
 
 
+def _prefill_graph_shapes(profile: CalibrationProfile) -> list[Shape]:
+    """One prefill graph plan per captured token count and batch that fits it."""
+    long = profile.limits.max_model_len
+    shapes = {
+        Shape(batch, tokens // batch, max(long, tokens // batch), cuda_graph=True)
+        for tokens in profile.cuda_graph_prefill_tokens
+        for batch in _powers_of_two_up_to(min(profile.limits.max_num_seqs, tokens))
+    }
+    return sorted(shapes, key=lambda s: (s.batch, s.q_len))
+
+
+def _fixed_split(plan: PlanProfile) -> bool:
+    """Whether ``plan`` splits KV in chunks of a fixed size, unbounded by the grid."""
+    return plan.fixed_split_size > 0 and not plan.disable_split_kv
+
+
 def is_bounding(shape: Shape, plan: PlanProfile, profile: CalibrationProfile) -> bool:
     """Whether ``shape`` is one of the configurations that reach the most a label can need (see
     ``bounds.py``), so that a floor measured without it may fall short: every graph plan, a
@@ -86,7 +114,11 @@ def is_bounding(shape: Shape, plan: PlanProfile, profile: CalibrationProfile) ->
         return True
     long = profile.limits.max_model_len
     if plan.kind in (PlanKind.paged_prefill, PlanKind.ragged_prefill):
+        if _fixed_split(plan) and shape.kv_len == long:
+            return True
         return shape.kv_len == long and shape.q_len == _full_tile_q(profile)
+    if plan.kind is PlanKind.decode and _fixed_split(plan):
+        return shape.kv_len >= long
     return plan.kind is PlanKind.pod and shape.kv_len == long
 
 

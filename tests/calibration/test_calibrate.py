@@ -39,10 +39,15 @@ def records(tree: dict) -> list[ResolvedResource]:
     [
         pytest.param({"attn": {"d": {"labels": ["decode", "verify"]}}},
                      r"add calibration\.plans\.verify \(for resources\.attn\.d\)", id="missing"),
+        pytest.param({"attn": {"p": {"labels": ["prompt"], "cg_slots": [0]}}},
+                     r"resources\.attn\.p\.cg_slots=\[0\] puts prompt under CUDA graphs, but "
+                     r"calibration\.plans\.prompt\.kind=ragged_prefill: only decode, "
+                     r"paged_prefill, mla, pod plans are calibrated under graphs",
+                     id="graph-ragged-prefill"),
         pytest.param({"attn": {"p": {"labels": ["prefill"], "cg_slots": [0]}}},
-                     r"resources\.attn\.p\.cg_slots=\[0\] puts prefill under CUDA graphs, but "
-                     r"calibration\.plans\.prefill\.kind=paged_prefill: only decode, mla, "
-                     r"pod plans are calibrated under graphs", id="graph-prefill"),
+                     r"puts the paged_prefill prefill under CUDA graphs, and "
+                     r"calibration\.cuda_graph_prefill_tokens is empty",
+                     id="graph-prefill-no-tokens"),
         pytest.param({"attn": {"d": {"labels": ["decode"]}},
                       "mla": {"d": {"owner": "mla", "labels": ["decode"]}}},
                      r"plans\.decode would plan resources\.attn\.d \(owner attention\), "
@@ -63,7 +68,7 @@ def test_every_label_problem_is_reported_at_once_in_the_order_of_the_checks():
         check_labels(records(tree), load_profile(GOOD))
     (problem,) = raised.value.problems
     assert problem.startswith("cannot calibrate: the profile does not say how these labels")
-    found = [problem.index(part) for part in ("plans.verify (for", "cg_slots=[0] puts prefill",
+    found = [problem.index(part) for part in ("plans.verify (for", "puts the paged_prefill prefill",
                                               "plans.prefill would plan")]  # fmt: skip
     assert found == sorted(found)
 

@@ -131,6 +131,6 @@ def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
             workspace = pools[record.path].get(label, slot)
             wrapper_for = planner.wrappers(plan, workspace.tensor)
             for shape in shapes_for(plan, profile, bool(record.cg_slots)) + BETWEEN[label]:
-                args, kwargs = planner.plan_args(plan.kind, shape)
+                args, kwargs = planner.plan_args(plan, shape)
                 workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
             assert workspace.stats().times_grown == 0

@@ -190,7 +190,7 @@ PAGED_32 = [[0, 2, 4, 6], list(range(6)), [16, 16, 16], *HEADS, 16]
 )  # fmt: skip
 def test_plan_args_describe_the_shape(kind, shape, args, kwargs):
     planned_args, planned_kwargs = Planner(SMALL, torch.device("cpu"), refusals=()).plan_args(
-        kind, shape
+        PlanProfile(kind), shape
     )
     assert plain(planned_args) == args
     assert planned_kwargs == kwargs
@@ -259,7 +259,7 @@ def test_a_graph_shape_s_wrapper_holds_buffers_for_its_batch(fake_flashinfer, ki
     buffers = tuple(kwargs.pop(name) for name in names)
     assert kwargs == backend
     # The buffers a graph replays with: the indptr, indices and last page lengths of its batch.
-    assert plain(buffers) == plain(planner.plan_args(PlanKind(kind), shape)[0])[:3]
+    assert plain(buffers) == plain(planner.plan_args(PlanProfile(PlanKind(kind)), shape)[0])[:3]
 
 
 class CountingPlanner(Planner):
