@@ -130,6 +130,19 @@ class PlanProfile:
     """``decode`` or a prefill: never split KV (FlashInfer's ``disable_split_kv``); such plans
     need no float workspace at all."""
 
+    def plan_options(self) -> dict[str, Any]:
+        """The KV-split and query-length options as FlashInfer ``plan()`` keywords, those at
+        FlashInfer's defaults left out (FlashInfer before 0.7.2 takes no ``q_len_per_req``, and a
+        decode plan without tensor cores no ``fixed_split_size``)."""
+        options: dict[str, Any] = {}
+        if self.fixed_split_size > 0:
+            options["fixed_split_size"] = self.fixed_split_size
+        if self.disable_split_kv:
+            options["disable_split_kv"] = True
+        if self.q_len_per_req > 1:
+            options["q_len_per_req"] = self.q_len_per_req
+        return options
+
 
 @dataclass
 class CalibrationProfile:
@@ -281,14 +294,19 @@ def _mla_dimension_problems(plans: dict[str, PlanProfile], model: ModelShape) ->
     ]
 
 
-def _problems(profile: CalibrationProfile) -> list[str]:
-    """Every problem of ``profile``, in the order of its fields (the MLA dimensions, which
-    depend on the plans, last)."""
-    limits = profile.limits
+def _shape_problems(profile: CalibrationProfile) -> list[str]:
+    """What is wrong with the engine, the model and the limits, which the plans derive from."""
     return [
         *_engine_problems(profile),
         *_model_problems(profile.model),
-        *_limits_problems(limits),
+        *_limits_problems(profile.limits),
+    ]
+
+
+def _plans_problems(profile: CalibrationProfile) -> list[str]:
+    """What is wrong with the graph sizes and the plans (an engine's, where it names one)."""
+    limits = profile.limits
+    return [
         *_graph_size_problems(
             profile.cuda_graph_batch_sizes,
             limits.max_num_seqs,
@@ -361,10 +379,10 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
     except OmegaConfBaseException as error:
         raise ResourceConfigError(_schema_problem(error), where=_WHERE) from None
-    problems = _problems(profile)
-    if not problems:
+    problems = _shape_problems(profile)
+    if not problems:  # the engine's plans derive from a sound model and limits
         profile = as_engine_plans(profile)
-        problems = _problems(profile)  # what the engine's plans make of the limits
+    problems += _plans_problems(profile)
     if problems:
         raise ResourceConfigError(*problems, where=_WHERE)
     return profile

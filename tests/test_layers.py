@@ -16,10 +16,10 @@ CONF = Path(__file__).parents[1] / "conf"
 LAYERS = [
     ("errors and units", ["errors", "units", "_limits", "_floor", "_table", "_devices"]),
     ("the core", ["attn", "attn.workspace", "attn._overflow", "attn._agree"]),
-    ("config", ["schema", "profile", "calibrated", "resolver", "conf"]),
+    ("config", ["schema", "engine_presets", "profile", "calibrated", "resolver", "conf"]),
     ("calibration", ["calibration", "calibration.bounds", "calibration.shapes",
                      "calibration.measure", "calibration.calibrate", "calibration.override",
-                     "calibration.engines"]),
+                     "calibration.engines", "calibration.versions"]),
     ("the replay", ["replay", "replay.trace", "replay.scheduler", "replay.workload",
                     "replay.roles", "replay.model", "replay.engine", "replay.report"]),
     ("the apps", ["", "app", "_explain", "settings", "cli", "calibration.cli", "replay.cli"]),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mstar_resources import ResourceConfigError
-from mstar_resources.calibration.shapes import Shape, shapes_for
-from mstar_resources.profile import PlanKind, load_profile
+from mstar_resources.calibration.shapes import Shape, is_bounding, shapes_for
+from mstar_resources.profile import PlanKind, PlanProfile, load_profile
 
 GOOD = {
     "model": {"num_qo_heads": 32, "num_kv_heads": 8, "head_dim_ckv": 512, "head_dim_kpe": 64},
@@ -199,3 +199,176 @@ def test_ragged_prefill_plans_short_chunks_over_long_contexts_too():
     profile = load_profile(GOOD)
     ragged = shapes_for(profile.plans["prompt"], profile, cuda_graph=False)
     assert ragged == shapes_for(profile.plans["prefill"], profile, cuda_graph=False)
+
+
+# --- plan options and engine presets -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "match"),
+    [
+        pytest.param("plans.prefill.tensor_cores", True,
+                     r"plans\.prefill\.tensor_cores=true is for kind decode, not paged_prefill",
+                     id="tensor-cores-on-prefill"),
+        pytest.param("plans.decode.q_len_per_req", 0,
+                     r"plans\.decode\.q_len_per_req=0 must be a positive whole number",
+                     id="q-len-zero"),
+        pytest.param("plans.decode.q_len_per_req", 3,
+                     r"plans\.decode\.q_len_per_req=3 needs kind decode with tensor_cores=true",
+                     id="q-len-without-tensor-cores"),
+        pytest.param("plans.decode.fixed_split_size", 0,
+                     r"plans\.decode\.fixed_split_size=0 must be -1 \(the scheduler picks\) or a "
+                     r"positive whole number", id="split-zero"),
+        pytest.param("plans.decode.fixed_split_size", 2048,
+                     r"plans\.decode\.fixed_split_size=2048 is taken by a prefill, or by decode "
+                     r"with tensor_cores=true, not by decode without tensor cores",
+                     id="split-on-plain-decode"),
+        pytest.param("plans.mla_decode.fixed_split_size", 2048,
+                     r"plans\.mla_decode\.fixed_split_size=2048 .* not by mla$", id="split-on-mla"),
+        pytest.param("plans.mixed.disable_split_kv", True,
+                     r"plans\.mixed\.disable_split_kv=true is not taken by kind pod",
+                     id="no-split-on-pod"),
+        pytest.param("cuda_graph_prefill_tokens", [512, 16384],
+                     r"cuda_graph_prefill_tokens has 16384, more than "
+                     r"calibration\.limits\.max_num_batched_tokens=8192",
+                     id="prefill-graph-tokens"),
+        pytest.param("deterministic", True,
+                     r"calibration\.deterministic=true is an engine's mode; name the engine "
+                     r"\(calibration\.engine=vllm or sglang\)", id="deterministic-without-engine"),
+        pytest.param("engine", "vllm",
+                     r"calibration\.engine=vllm: vLLM 0\.33\.0 plans no FlashInfer MLA on SM90 "
+                     r"GPUs, and calibration\.plans\.mla_decode are mla plans",
+                     id="vllm-with-mla"),
+    ],
+)  # fmt: skip
+def test_a_plan_option_where_flashinfer_or_the_engine_takes_none_is_named(path, value, match):
+    with pytest.raises(ResourceConfigError, match=match):
+        load_profile(with_(path, value))
+
+
+def test_an_unknown_engine_is_refused_naming_the_key_and_value():
+    with pytest.raises(ResourceConfigError) as raised:
+        load_profile(with_("engine", "trtllm"))
+    (problem,) = raised.value.problems
+    assert problem.startswith("calibration.engine='trtllm' is not valid: "), problem
+
+
+def test_plan_options_default_to_flashinfer_s_own_defaults():
+    plan = load_profile(GOOD).plans["decode"]
+    assert (plan.tensor_cores, plan.q_len_per_req) == (False, 1)
+    assert (plan.fixed_split_size, plan.disable_split_kv) == (-1, False)
+    assert plan.plan_options() == {}  # nothing passed: every FlashInfer version takes the plan
+
+
+def test_plan_options_are_passed_only_where_set():
+    plan = PlanProfile(PlanKind.decode, "auto", True, 3, 2048, True)
+    assert plan.plan_options() == {
+        "fixed_split_size": 2048,
+        "disable_split_kv": True,
+        "q_len_per_req": 3,
+    }
+
+
+DENSE = {k: v for k, v in GOOD["plans"].items() if k in ("decode", "prefill", "prompt")}
+
+
+def dense(**top: object) -> dict:
+    """GOOD without its MLA and POD plans, with ``top``-level fields set."""
+    import copy
+
+    node = copy.deepcopy(GOOD)
+    node["plans"] = copy.deepcopy(DENSE)
+    node.update(top)
+    return node
+
+
+def test_vllm_plans_decode_with_tensor_cores_at_its_graph_sizes():
+    profile = load_profile(dense(engine="vllm", cuda_graph_batch_sizes=[3]))
+    decode = profile.plans["decode"]
+    assert (decode.tensor_cores, decode.backend) == (True, "auto")
+    assert (decode.fixed_split_size, decode.disable_split_kv) == (-1, False)
+    # vLLM 0.33's capture sizes up to min(2 x max_num_seqs, 512), capped at max_num_seqs for
+    # decode (256 here): the declared [3] is replaced.
+    assert profile.cuda_graph_batch_sizes == [1, 2, 4, *range(8, 256, 8), 256]
+    assert profile.plans["prefill"] == load_profile(GOOD).plans["prefill"]
+
+
+def test_sglang_plans_tensor_core_decode_from_a_gqa_group_of_4_or_an_fp8_cache():
+    def tensor_cores(qo: int, kv: int, kv_dtype: str = "bfloat16") -> bool:
+        node = dense(engine="sglang")
+        node["model"] = {**node["model"], "num_qo_heads": qo, "num_kv_heads": kv,
+                         "kv_dtype": kv_dtype}  # fmt: skip
+        return load_profile(node).plans["decode"].tensor_cores
+
+    assert (tensor_cores(32, 8), tensor_cores(24, 8)) == (True, False)  # groups of 4 and 3
+    assert tensor_cores(32, 32, "float8_e4m3fn") is True
+    sizes = load_profile(dense(engine="sglang")).cuda_graph_batch_sizes
+    assert sizes[:6] == [1, 2, 4, 8, 12, 16] and sizes[-1] == 256 and 24 in sizes
+
+
+def test_sglang_graph_sizes_step_by_16_then_32_past_256():
+    node = dense(engine="sglang")
+    node["limits"] = {**node["limits"], "max_num_seqs": 640}
+    sizes = load_profile(node).cuda_graph_batch_sizes
+    assert [s for s in sizes if s > 256] == [*range(272, 512, 16), 512, 544, 576, 608, 640]
+
+
+def test_vllm_graph_sizes_with_speculative_tokens_are_requests_of_that_many_tokens():
+    node = dense(engine="vllm")
+    node["plans"]["decode"] = {"kind": "decode", "q_len_per_req": 4}
+    profile = load_profile(node)
+    assert profile.plans["decode"].tensor_cores is True
+    # Token sizes up to 512, each a graph of size / 4 requests.
+    assert profile.cuda_graph_batch_sizes[:4] == [1, 2, 4, 6]
+    assert profile.cuda_graph_batch_sizes[-1] == 128
+
+
+@pytest.mark.parametrize(
+    ("engine", "decode_split", "prefill_split"),
+    [
+        pytest.param("vllm", (2048, True), (4096, True), id="vllm-batch-invariant"),
+        pytest.param("sglang", (2048, True), (4096, False), id="sglang-deterministic"),
+    ],
+)
+def test_deterministic_modes_fix_the_kv_split(engine, decode_split, prefill_split):
+    profile = load_profile(dense(engine=engine, deterministic=True))
+    for label, split in (("decode", decode_split), ("prefill", prefill_split)):
+        plan = profile.plans[label]
+        assert (plan.fixed_split_size, plan.disable_split_kv) == split, label
+
+
+def test_tensor_core_decode_shapes_are_the_graph_batches_at_the_query_length():
+    node = dense()
+    node["plans"]["decode"] = {"kind": "decode", "tensor_cores": True, "q_len_per_req": 2}
+    profile = load_profile(node)
+    graph = shapes_for(profile.plans["decode"], profile, cuda_graph=True)
+    assert graph == [Shape(b, 2, 131072, cuda_graph=True) for b in (1, 8, 64)]
+    eager = shapes_for(profile.plans["decode"], profile, cuda_graph=False)
+    assert eager[0] == Shape(1, 2, 131072, cuda_graph=True)  # the bound of eager plans
+    assert all(s.q_len == 2 for s in eager)
+
+
+def test_a_fixed_split_drops_the_graph_bound_and_keeps_the_largest_batch_at_the_longest_context():
+    node = dense()
+    node["plans"]["decode"] = {"kind": "decode", "tensor_cores": True, "fixed_split_size": 64}
+    profile = load_profile(node)
+    plan = profile.plans["decode"]
+    eager = shapes_for(plan, profile, cuda_graph=False)
+    assert not any(s.cuda_graph for s in eager)
+    assert Shape(256, 1, 131072) in eager
+    assert [s for s in eager if is_bounding(s, plan, profile)] == [
+        s for s in eager if s.kv_len == 131072
+    ]
+
+
+def test_a_prefill_graph_is_planned_for_every_batch_that_fits_its_tokens():
+    profile = load_profile(dense(cuda_graph_prefill_tokens=[8, 512]))
+    shapes = shapes_for(profile.plans["prefill"], profile, cuda_graph=True)
+    assert {(s.batch, s.q_len) for s in shapes if s.batch * s.q_len == 8} == {
+        (1, 8),
+        (2, 4),
+        (4, 2),
+        (8, 1),
+    }
+    assert all(s.cuda_graph and s.kv_len == 131072 for s in shapes)
+    assert max(s.batch for s in shapes) == 256  # max_num_seqs caps the batch of 512 tokens

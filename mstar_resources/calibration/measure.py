@@ -99,7 +99,7 @@ class Planner:
         model = self.profile.model
         heads = (model.num_qo_heads, model.num_kv_heads, model.head_dim)
         qo = self._indptr(shape.batch, shape.q_len)
-        options = _plan_options(plan)
+        options = plan.plan_options()
         if kind is PlanKind.ragged_prefill:
             kv = self._indptr(shape.batch, shape.kv_len)
             return (qo, kv, *heads), {"causal": True, **self.dtypes, **options}
@@ -252,17 +252,3 @@ class Planner:
                 f"{plan.backend}, so nothing was measured; the first: {refused[0]}"
             )
         return Need(workspace.tensor.numel(), worst, "growth", tuple(refused))
-
-
-def _plan_options(plan: PlanProfile) -> dict[str, Any]:
-    """``plan``'s KV-split and query-length options as ``plan()`` keywords, those left at
-    FlashInfer's defaults omitted (FlashInfer before 0.7.2 takes no ``q_len_per_req``, and a
-    decode plan without tensor cores no ``fixed_split_size``)."""
-    options: dict[str, Any] = {}
-    if plan.fixed_split_size > 0:
-        options["fixed_split_size"] = plan.fixed_split_size
-    if plan.disable_split_kv:
-        options["disable_split_kv"] = True
-    if plan.q_len_per_req > 1:
-        options["q_len_per_req"] = plan.q_len_per_req
-    return options

@@ -31,6 +31,7 @@ from .. import _limits as limits
 from .._devices import cuda_device
 from ..app import hydra_app, package_version
 from ..calibration.engines import SGLANG_MB, vllm_buffer_mb
+from ..calibration.versions import check_flashinfer
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..profile import PROFILE_KEY, CalibrationProfile, load_profile
 from ..resolver import ResolvedResource, build_pools, resolve
@@ -204,6 +205,7 @@ def main(cfg: DictConfig) -> None:
     profile, records, roles, workload = check(cfg, ranks)
     device_setting = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if ranks > 1 else cfg.device
     device = cuda_device(device_setting, "the replay runs on a GPU")
+    check_flashinfer(profile)  # what this FlashInfer can plan, before any GPU work
     import torch
     import torch.distributed as dist
 

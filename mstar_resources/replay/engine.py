@@ -45,7 +45,8 @@ class Attention(abc.ABC):
 
     def __init__(self, model: Model, profile: CalibrationProfile, roles: Roles) -> None:
         self.shape, self.device = model.shape, model.device
-        self.backends = {role: profile.plans[label].backend for role, label in vars(roles).items()}
+        self.plans = {role: profile.plans[label] for role, label in vars(roles).items()}
+        self.backends = {role: plan.backend for role, plan in self.plans.items()}
         self.dtypes = {"q_data_type": self.shape.dtype, "kv_data_type": self.shape.kv_dtype}
 
     @abc.abstractmethod
@@ -93,6 +94,8 @@ class PagedAttention(Attention):
                 "paged_kv_indices_buffer": self._zeros(pages),
                 "paged_kv_last_page_len_buffer": self._zeros(graph_batch),
             }
+        if self.plans["decode"].tensor_cores:  # as vLLM, and SGLang for GQA groups of 4+
+            graph["use_tensor_cores"] = True
         return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             buffer, "NHD", backend=self.backends["decode"], **graph
         )
@@ -100,10 +103,11 @@ class PagedAttention(Attention):
     def prefill_plan(
         self, qo: torch.Tensor, pages: PageTable
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (qo, *pages, *self._heads()), {"causal": True, **self.dtypes}
+        options = self.plans["prefill"].plan_options()
+        return (qo, *pages, *self._heads()), {"causal": True, **self.dtypes, **options}
 
     def decode_plan(self, pages: PageTable) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (*pages, *self._heads()), dict(self.dtypes)
+        return (*pages, *self._heads()), {**self.dtypes, **self.plans["decode"].plan_options()}
 
     def run(self, wrapper: Any, kv_cache: KVCache, layer: int, q: Query) -> torch.Tensor:
         return cast(torch.Tensor, wrapper.run(q, kv_cache[0][layer]))

@@ -37,6 +37,12 @@ def roles_of(records: Sequence[ResolvedResource], profile: CalibrationProfile) -
             + ", ".join(f"calibration.plans.{label}" for label in missing)
         )
     _check_kinds(roles, profile)
+    q_len = profile.plans[roles.decode].q_len_per_req
+    if q_len != 1:
+        raise ResourceConfigError(
+            f"calibration.plans.{roles.decode}.q_len_per_req={q_len}: the replay's model decodes "
+            "one token a request a step; replay with q_len_per_req=1"
+        )
     return roles
 
 

@@ -9,6 +9,7 @@ from mstar_resources.calibration.bounds import (
     mla_bytes,
     prefill_bound_bytes,
     prefill_bytes,
+    tensor_core_graph_bytes,
 )
 
 H200_SMS = 132
@@ -62,3 +63,30 @@ def test_an_odd_sm_count_needs_the_one_block_clusters_rows():
     # Clusters of two leave an SM idle: the one-block cluster's 2 x 133 x 64 rows are the most.
     rows = 2 * 133 * 64
     assert mla_bytes(512, 133) == rows * 2 * 512 + rows * 4
+
+
+# A CUDA-graph tensor-core decode plan (vLLM's), 32 query and 2 KV heads, head dim 256, grown
+# from a 1 MiB workspace on an H200 (132 SMs) at graph batches 392, 400 and 512 on FlashInfer
+# 0.6.6: what it grew to. On 0.7.4 the same plans did not grow past 1 MiB.
+@pytest.mark.parametrize(
+    ("batch", "measured"),
+    [(392, 412_121_088), (400, 420_542_464), (512, 538_441_728)],
+)
+def test_tensor_core_graph_bytes_are_what_flashinfer_0_6_6_grew_to(batch, measured):
+    assert tensor_core_graph_bytes(32, 2, 256, batch, H200_SMS, (0, 6, 6)) == measured
+
+
+@pytest.mark.parametrize("batch", [392, 400, 512])
+def test_tensor_core_graph_plans_past_the_grid_need_nothing_on_flashinfer_0_7_4(batch):
+    assert tensor_core_graph_bytes(32, 2, 256, batch, H200_SMS, (0, 7, 4)) < 1 << 20
+
+
+def test_the_tensor_core_graph_need_grows_with_the_batch_before_0_7_4_only():
+    def needs(version: tuple[int, ...]) -> list[int]:
+        return [tensor_core_graph_bytes(32, 8, 128, b, H200_SMS, version) for b in (1, 32, 256)]
+
+    old, rows, uniform = needs((0, 6, 6)), needs((0, 7, 2)), needs((0, 7, 4))
+    assert old == sorted(old) and old[0] < old[-1]
+    assert all(r < o for r, o in zip(rows, old, strict=True))  # partials by rows, not tiles
+    # Up to the grid (2 x 132 // 8 = 33 requests) a split of the grid, past it none.
+    assert uniform[-1] == 0 and uniform[0] == uniform[1] > 0

@@ -15,6 +15,7 @@ from mstar_resources.calibration.calibrate import (
     check_backends,
     check_labels,
     default_output_dir,
+    one_buffer,
     per_resource,
     table,
     write_override,
@@ -24,7 +25,7 @@ from mstar_resources.calibration.shapes import Shape
 from mstar_resources.profile import load_profile
 from mstar_resources.resolver import ResolvedResource
 
-from ..test_profile import GOOD, with_
+from ..test_profile import GOOD, dense, with_
 
 
 def records(tree: dict) -> list[ResolvedResource]:
@@ -166,3 +167,60 @@ def test_recalibrating_a_calibrated_deployment_rewrites_its_base_s_override(tmp_
 
 def test_overrides_are_written_beside_the_shipped_deployments_by_default():
     assert (default_output_dir() / "llama3-8b-h200.yaml").is_file()
+
+
+# --- the one buffer engines keep -----------------------------------------------------------------
+
+
+def test_one_buffer_is_the_largest_single_plan_and_names_both_engines_settings():
+    profile = load_profile(dense())
+    buffer = one_buffer(measured_rows(), profile)
+    assert (buffer.need_bytes, buffer.bytes) == (3_000_000, 3 * 2**20)
+    assert buffer.worst == "prefill: bs=1 q=16 kv=4096"
+    # vLLM 0.33's own floor: 8,192 tokens x 32 heads x 128 x 16 bytes.
+    assert buffer.vllm_formula_bytes == 8192 * 32 * 128 * 16
+    report = table(measured_rows(), buffer=buffer)
+    lines = [line.strip() for line in report.splitlines()]
+    assert f"SGLANG_FLASHINFER_WORKSPACE_SIZE={3 * 2**20}" in lines
+    assert f"VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE={3 * 2**20}" in lines
+    # vLLM reserves the larger of the setting and its own formula: the report says the figure.
+    assert f"{8192 * 32 * 128 * 16:,} bytes" in report
+
+
+def test_one_buffer_with_a_margin_is_rounded_up_to_whole_mb():
+    buffer = one_buffer(measured_rows(), load_profile(GOOD), margin=0.5)
+    assert buffer.bytes == 5 * 2**20  # 4.5 million bytes hold in 5 MB
+
+
+def test_an_mla_deployment_gets_no_vllm_setting():
+    profile = load_profile(with_("plans", {"mla_decode": {"kind": "mla"}}))
+    report = "\n".join(one_buffer(measured_rows(), profile).advice())
+    assert "SGLANG_FLASHINFER_WORKSPACE_SIZE=" in report
+    assert "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE" not in report
+
+
+def test_the_record_keeps_the_one_buffer_size(tmp_path):
+    buffer = one_buffer(measured_rows(), load_profile(GOOD))
+    path = write_override("x", measured_rows(), {"gpu": "NVIDIA H200"}, tmp_path, buffer=buffer)
+    record = OmegaConf.load(path).calibrated.one_buffer
+    assert OmegaConf.to_container(record) == {
+        "need_bytes": 3_000_000,
+        "bytes": 3 * 2**20,
+        "worst": "prefill: bs=1 q=16 kv=4096",
+    }
+
+
+def test_a_fixed_split_under_a_graph_and_a_prefill_graph_without_tokens_are_refused():
+    node = with_("plans.decode", {"kind": "decode", "tensor_cores": True, "fixed_split_size": 64})
+    tree = {"attn": {"d": {"labels": ["decode"], "cg_slots": [0]}}}
+    with pytest.raises(ResourceConfigError, match=r"calibration\.plans\.decode\.fixed_split_size="
+                       r"64 under CUDA graphs .* set calibration\.plans\.decode\.disable_split_kv="
+                       r"true"):  # fmt: skip
+        check_labels(records(tree), load_profile(node))
+    node["plans"]["decode"]["disable_split_kv"] = True  # engines' way: no split under graphs
+    check_labels(records(tree), load_profile(node))
+
+
+def test_a_prefill_graph_with_token_counts_can_be_calibrated():
+    tree = {"attn": {"p": {"labels": ["prefill"], "cg_slots": [0]}}}
+    check_labels(records(tree), load_profile(with_("cuda_graph_prefill_tokens", [256, 512])))

@@ -729,7 +729,7 @@ def test_the_default_attention_is_flashinfer_s_paged_or_mla(fake_flashinfer):
 
 
 def test_paged_wrappers_are_built_on_the_buffer_with_the_profile_s_backends(fake_flashinfer):
-    dep = deployment(GQA, "calibration.plans.decode.backend=auto")
+    dep = deployment(GQA)  # served with vLLM's plans: tensor-core decode, backend auto
     attention = PagedAttention(dep.model, dep.profile, dep.roles)
     buffer = torch.zeros(64, dtype=torch.uint8)
     prefill = attention.prefill_wrapper(buffer)
@@ -738,14 +738,23 @@ def test_paged_wrappers_are_built_on_the_buffer_with_the_profile_s_backends(fake
     assert type(prefill) is fake_flashinfer.BatchPrefillWithPagedKVCacheWrapper
     assert type(eager) is type(graph) is fake_flashinfer.BatchDecodeWithPagedKVCacheWrapper
     assert (prefill.args, prefill.kwargs) == ((buffer, "NHD"), {"backend": "fa2"})
-    assert (eager.args, eager.kwargs) == ((buffer, "NHD"), {"backend": "auto"})
+    tensor_cores = {"backend": "auto", "use_tensor_cores": True}
+    assert (eager.args, eager.kwargs) == ((buffer, "NHD"), tensor_cores)
     # Under a graph, index buffers of the graph's batch and page count, which plans fill.
     assert graph.args == (buffer, "NHD")
-    assert graph.kwargs.pop("backend") == "auto" and graph.kwargs.pop("use_cuda_graph") is True
+    assert graph.kwargs.pop("use_cuda_graph") is True
+    assert {name: graph.kwargs.pop(name) for name in tensor_cores} == tensor_cores
     names = ["paged_kv_indptr_buffer", "paged_kv_indices_buffer", "paged_kv_last_page_len_buffer"]
     assert {name: described(t) for name, t in graph.kwargs.items()} == dict(
         zip(names, zeros_of(5, 40, 4), strict=True)
     )
+
+
+def test_decode_as_declared_is_planned_without_tensor_cores(fake_flashinfer):
+    dep = deployment(GQA, "calibration.engine=null")
+    attention = PagedAttention(dep.model, dep.profile, dep.roles)
+    eager = attention.decode_wrapper(torch.zeros(64, dtype=torch.uint8), None, 0)
+    assert eager.kwargs == {"backend": "fa2"}
 
 
 def test_mla_wrappers_are_flashinfer_s_mla_wrapper_for_both_roles(fake_flashinfer):
@@ -778,7 +787,18 @@ def test_paged_plans_take_the_page_table_then_the_heads_in_flashinfer_s_order():
         (qo, *pages, 32, 8, 128, 16), {"causal": True, **dtypes},
     )  # fmt: skip
     assert attention.decode_plan(pages) == ((*pages, 32, 8, 128, 16), dtypes)
-    assert attention.backends == {"prefill": "fa2", "decode": "fa2"}
+    assert attention.backends == {"prefill": "fa2", "decode": "auto"}
+
+
+def test_paged_plans_carry_the_plans_kv_split_options():
+    dep = deployment(GQA, "calibration.deterministic=true")  # vLLM's batch-invariant mode
+    attention = PagedAttention(dep.model, dep.profile, dep.roles)
+    pages = _page_tensors([Chunk(0, 0, 20, (3, 7), True)], PAGE, CPU)
+    qo = torch.tensor([0, 20], dtype=torch.int32)
+    prefill_split = {"fixed_split_size": 4096, "disable_split_kv": True}
+    assert prefill_split.items() <= attention.prefill_plan(qo, pages)[1].items()
+    decode_split = {"fixed_split_size": 2048, "disable_split_kv": True}
+    assert decode_split.items() <= attention.decode_plan(pages)[1].items()
 
 
 @pytest.mark.parametrize(
@@ -905,7 +925,8 @@ def fake_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_graph_replays_generate_the_eager_tokens(fake_cuda_graphs, name, sizes, graphed):
-    dep = deployment(name, f"calibration.cuda_graph_batch_sizes={sizes}")
+    # Plans as declared, so that the graph sizes are the test's, not an engine's.
+    dep = deployment(name, "calibration.engine=null", f"calibration.cuda_graph_batch_sizes={sizes}")
     attention = ReferenceAttention(dep.model, dep.profile, dep.roles)
     setup = setup_of(dep, library_buffers(dep), attention, cuda_graphs=True)
     setup.warm_up()
