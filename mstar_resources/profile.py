@@ -355,7 +355,8 @@ def as_engine_plans(profile: CalibrationProfile) -> CalibrationProfile:
             )
         else:
             plans[label] = plan
-    q_len = max((p.q_len_per_req for p in plans.values() if p.kind is PlanKind.decode), default=1)
+    q_lens = [p.q_len_per_req for p in plans.values() if p.kind is PlanKind.decode]
+    q_len = max((q for q in q_lens if is_positive_int(q)), default=1)  # a bad one is named later
     sizes = decode_graph_batch_sizes(
         engine, limits.max_num_seqs, limits.max_num_batched_tokens, q_len
     )

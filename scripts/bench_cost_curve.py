@@ -4,13 +4,16 @@
     python scripts/bench_cost_curve.py llama3-70b-tp8-h200 --tokens 8192 65536 --seqs 256
     python scripts/bench_cost_curve.py --json /tmp/cost_curve.json --png /tmp/cost_curve.png
     python scripts/bench_cost_curve.py --png docs/bench_cost_curve.png    # the README's figure
+    python scripts/bench_cost_curve.py qwen3.5-122b-a10b-h200 --engine none   # plain decode
 
 For every point of ``--tokens`` (``max_num_batched_tokens``; default 8,192 to 65,536) by
 ``--seqs`` (``max_num_seqs``; default 256 and 1,024), composes the deployment (default
 ``llama3-8b-h200``) with those limits through Hydra's Compose API, keeping its CUDA-graph batch
-sizes up to ``max_num_seqs``, and calibrates it on the GPU as ``mstar-resources-calibrate``
-does (``calibrate.measure_all``: every label's bounding shapes planned through FlashInfer). Each
-row gives:
+sizes up to ``max_num_seqs`` (or those of ``--engine``: ``vllm`` and ``sglang`` plan as those
+engines do, tensor-core decode included; ``none`` plans as the profile declares, plain decode for
+the shipped ones; default: the deployment's own choice), and calibrates it on the GPU as
+``mstar-resources-calibrate`` does (``calibrate.measure_all``: every label's bounding shapes
+planned through FlashInfer). Each row gives:
 - the measured need: the largest of one workspace (and the resource it is in), and the total over
   all the deployment's workspaces (labels x graph slots each, none aliased, as
   ``bench_memory.py`` counts them), in bytes and MiB;
@@ -145,6 +148,10 @@ def compose_deployment(deployment: str, overrides: Sequence[str] = ()) -> DictCo
         return compose("mstar_resources", overrides=[f"deployment={deployment}", *overrides])
 
 
+ENGINE_CHOICES = ("vllm", "sglang", "none")
+"""``--engine``'s values: an engine's plans (``calibration.engine``), or the profile's own."""
+
+
 def profiled_deployments() -> list[str]:
     """The deployments shipped in ``conf/deployment`` that carry a ``calibration`` profile (the
     ones a curve can be measured for), each composed to tell."""
@@ -160,11 +167,15 @@ def profiled_deployments() -> list[str]:
         ]
 
 
-def settings(deployment: str, tokens: Sequence[int], seqs: Sequence[int]) -> list[Setting]:
+def settings(
+    deployment: str, tokens: Sequence[int], seqs: Sequence[int], engine: str | None = None
+) -> list[Setting]:
     """Every point of ``tokens`` x ``seqs`` for ``deployment`` (one of
-    :func:`profiled_deployments`), composed and checked on the CPU; a problem with a point's
-    profile raises :class:`ResourceConfigError`."""
-    base = compose_deployment(deployment)
+    :func:`profiled_deployments`), planned as ``engine`` does (``none``: as declared; None: as
+    the deployment says), composed and checked on the CPU; a problem with a point's profile
+    raises :class:`ResourceConfigError`."""
+    plans = [] if engine is None else [f"{PROFILE_KEY}.engine={engine.replace('none', 'null')}"]
+    base = compose_deployment(deployment, plans)
     graph_sizes = list(base[PROFILE_KEY].cuda_graph_batch_sizes)
     points = []
     for t in tokens:
@@ -177,6 +188,7 @@ def settings(deployment: str, tokens: Sequence[int], seqs: Sequence[int]) -> lis
                     f"{PROFILE_KEY}.limits.max_num_batched_tokens={t}",
                     f"{PROFILE_KEY}.limits.max_num_seqs={s}",
                     f"{PROFILE_KEY}.cuda_graph_batch_sizes=[{within}]",
+                    *plans,
                 ],
             )
             profile = load_profile(cfg[PROFILE_KEY])
@@ -378,6 +390,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"max_num_seqs values (default {' '.join(map(str, SEQS))})",
     )
     parser.add_argument(
+        "--engine",
+        choices=ENGINE_CHOICES,
+        help="plan as this engine does (none: as the profile declares; default: the deployment's "
+        "calibration.engine)",
+    )
+    parser.add_argument(
         "--device", type=cuda_device, default="cuda", help="cuda or cuda:N (default cuda)"
     )
     parser.add_argument(
@@ -398,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Everything the arguments and the config can get wrong, on any machine; then the GPU.
     try:
-        points = settings(deployment, tokens, seqs)
+        points = settings(deployment, tokens, seqs, options.engine)
     except ResourceConfigError as error:
         parser.error(" ".join(line.strip() for line in str(error).splitlines()))
     problem = gpu_problem(options.device)
@@ -415,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
 
     measurement = on_gpu(device, show_progress=True)
     results = []
+    plans = options.engine or points[0].profile.engine or "declared"
+    print(f"{deployment}: plans {getattr(plans, 'value', plans)}")
     with tqdm(points, unit="point", desc=deployment) as bar:
         for setting in bar:
             bar.set_postfix_str(f"{setting.max_num_batched_tokens} x {setting.max_num_seqs}")

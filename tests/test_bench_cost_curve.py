@@ -174,8 +174,8 @@ def fake_measurement(
 
 @pytest.fixture(scope="module")
 def points(curve: ModuleType) -> list:
-    """The 8B's default curve, measured by the fake."""
-    settings = curve.settings("llama3-8b-h200", curve.TOKENS, curve.SEQS)
+    """The 8B's default curve with its plans as declared (plain decode), measured by the fake."""
+    settings = curve.settings("llama3-8b-h200", curve.TOKENS, curve.SEQS, "none")
     return [curve.measure_point(s, fake_measurement) for s in settings]
 
 
@@ -196,9 +196,26 @@ def test_the_points_are_the_limits_asked_for(curve: ModuleType, points: list) ->
 def test_graph_sizes_are_the_deployments_within_max_num_seqs(
     curve: ModuleType, seqs: int, graph_sizes: list[int]
 ) -> None:
-    [setting] = curve.settings("llama3-8b-h200", [8192], [seqs])
+    [setting] = curve.settings("llama3-8b-h200", [8192], [seqs], "none")
     assert setting.profile.limits.max_num_seqs == seqs
     assert setting.profile.cuda_graph_batch_sizes == graph_sizes
+
+
+@pytest.mark.parametrize(
+    ("engine", "tensor_cores", "first_graphs"),
+    [
+        pytest.param(None, True, [1, 2, 4, 8, 16, 24], id="the-deployment's-vllm"),
+        pytest.param("sglang", True, [1, 2, 4, 8, 12, 16], id="sglang"),
+        pytest.param("none", False, [1, 2, 4, 8, 16, 32], id="as-declared"),
+    ],
+)
+def test_an_engine_plans_the_curve_as_it_does(
+    curve: ModuleType, engine: str | None, tensor_cores: bool, first_graphs: list[int]
+) -> None:
+    [setting] = curve.settings("llama3-8b-h200", [8192], [100], engine)
+    assert setting.profile.plans["decode"].tensor_cores is tensor_cores
+    sizes = setting.profile.cuda_graph_batch_sizes
+    assert sizes[: len(first_graphs)] == first_graphs and max(sizes) <= 100
 
 
 @pytest.mark.parametrize(

@@ -60,3 +60,18 @@ def test_the_engine_snippet_runs_as_shown_and_writes_nothing(tmp_path):
     paths = [record["path"] for record in json.loads(done.stdout)]
     assert paths == ["attn.prefill", "attn.decode", "mla.decode"]
     assert list(work.iterdir()) == []  # no outputs/, no .hydra/, no log
+
+
+WITHOUT_HYDRA = re.search(
+    r"### Without Hydra\n.*?```python\n(.*?)```\n\n```text\n(.*?)```", README, re.S
+)
+
+
+def test_the_plain_dict_example_prints_what_the_readme_shows(tmp_path):
+    """An engine without Hydra: the README's snippet runs as shown and prints what it shows."""
+    assert WITHOUT_HYDRA is not None
+    code, output = WITHOUT_HYDRA.groups()
+    (tmp_path / "plain.py").write_text(code)
+    done = run_cli(python=[sys.executable, str(tmp_path / "plain.py")], cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == output
