@@ -54,6 +54,9 @@ def test_a_shipped_record_holds_where_and_as_it_was_measured(deployment):
     assert stale_calibration(record, inputs) is None  # else every engine running it is warned
 
 
+VLLM_SIZES = [1, 2, 4, *range(8, 256, 8), 256]
+"""The 8B's decode graph batch sizes under vLLM 0.33 (max_num_seqs 256)."""
+
 # Overrides of the composed config -> (field, recorded, running) for each that differs
 CHANGES = [
     pytest.param(DEEPSEEK, ["calibration.model.head_dim_ckv=256"],
@@ -65,11 +68,19 @@ CHANGES = [
     pytest.param(LLAMA, ["calibration.plans.prefill.kind=ragged_prefill"],
                  [("profile.plans.prefill.kind", "paged_prefill", "ragged_prefill")],
                  id="plan-kind"),
-    pytest.param(LLAMA, ["calibration.limits.max_num_seqs=512"],
-                 [("profile.limits.max_num_seqs", 256, 512)], id="limit"),
-    pytest.param(LLAMA, ["calibration.cuda_graph_batch_sizes=[1,2]"],
-                 [("profile.cuda_graph_batch_sizes", [1, 2, 4, 8, 16, 32, 64, 128, 256], [1, 2])],
-                 id="graph-sizes"),
+    pytest.param(LLAMA, ["calibration.limits.max_model_len=65536"],
+                 [("profile.limits.max_model_len", 131072, 65536)], id="limit"),
+    # vLLM's graph sizes follow max_num_seqs (up to it, by 8 past 8), so both differ.
+    pytest.param(LLAMA, ["calibration.limits.max_num_seqs=32"],
+                 [("profile.limits.max_num_seqs", 256, 32),
+                  ("profile.cuda_graph_batch_sizes", VLLM_SIZES, [1, 2, 4, 8, 16, 24, 32])],
+                 id="limit-and-graph-sizes"),
+    pytest.param(LLAMA, ["calibration.engine=null"],
+                 [("profile.engine", "vllm", None),
+                  ("profile.cuda_graph_batch_sizes", VLLM_SIZES, [1, 2, 4, 8, 16, 32, 64, 128,
+                                                                  256]),
+                  ("profile.plans.decode.backend", "auto", "fa2"),
+                  ("profile.plans.decode.tensor_cores", True, False)], id="engine"),
     pytest.param(LLAMA, ["resources.attn.decode.cg_slots=[0]"],
                  [("resources.attn.decode.cg_slots", [0, 1], [0])], id="resource-slots"),
     pytest.param(LLAMA, ["resources.attn.prefill.labels=[prefill,decode]"],

@@ -93,8 +93,9 @@ def test_the_dry_run_imports_neither_torch_nor_flashinfer(tmp_path):
 
 P, D = "resources.attn.prefill.declared_mb", "resources.attn.decode.declared_mb"
 DEPLOYMENTS = (
-    "deepseek-v3-tp8-h200, deepseek-v3-tp8-h200_calibrated, llama3-70b-tp8-h200, "
-    "llama3-70b-tp8-h200_calibrated, llama3-8b-h200"
+    "deepseek-v3-tp8-h200, deepseek-v3-tp8-h200_calibrated, glm-4.5-air-h200, "
+    "glm-4.5-air-h200_calibrated, llama3-70b-tp8-h200, llama3-70b-tp8-h200_calibrated, "
+    "llama3-8b-h200"
 )
 
 # (arguments, environment, what stderr must say): this project's key, value and fix.

@@ -89,11 +89,15 @@ def test_the_shipped_deployments_are_the_documented_ones():
     assert DEPLOYMENTS == [
         "deepseek-v3-tp8-h200",  # MLA
         "deepseek-v3-tp8-h200_calibrated",
-        "llama3-70b-tp8-h200",
+        "glm-4.5-air-h200",  # SGLang's plans
+        "glm-4.5-air-h200_calibrated",
+        "llama3-70b-tp8-h200",  # SGLang's plans
         "llama3-70b-tp8-h200_calibrated",  # written on an H200 by mstar-resources-calibrate
-        "llama3-8b-h200",
+        "llama3-8b-h200",  # vLLM's plans
         "llama3-8b-h200_calibrated",
         "none",
+        "qwen3.5-122b-a10b-h200",  # vLLM's plans, a GQA group of 16
+        "qwen3.5-122b-a10b-h200_calibrated",
     ]
 
 

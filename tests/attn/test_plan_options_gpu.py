@@ -118,7 +118,7 @@ def _needs_multi_token_decode() -> None:
 
 CASES: dict[str, Callable[[], Case]] = {
     "tensor-core-decode": lambda: decode(4, 65_536),
-    "tensor-core-decode-graph": lambda: decode(64, 4096, graph=True),
+    "tensor-core-decode-graph": lambda: decode(16, 4096, graph=True),  # within the grid: splits
     "tensor-core-decode-q3": lambda: decode(4, 65_536, q_len=3),
     "tensor-core-decode-fixed-split": lambda: decode(8, 16_384, fixed_split_size=64),
     "tensor-core-decode-graph-no-split": lambda: decode(

@@ -79,12 +79,16 @@ def test_a_misspelled_deployment_lists_the_engine_s_and_the_shipped_ones():
     assert list(raised.value.options or []) == [
         "deepseek-v3-tp8-h200",
         "deepseek-v3-tp8-h200_calibrated",
+        "glm-4.5-air-h200",
+        "glm-4.5-air-h200_calibrated",
         "lab-a100",
         "llama3-70b-tp8-h200",
         "llama3-70b-tp8-h200_calibrated",
         "llama3-8b-h200",
         "llama3-8b-h200_calibrated",
         "none",
+        "qwen3.5-122b-a10b-h200",
+        "qwen3.5-122b-a10b-h200_calibrated",
     ]
 
 
