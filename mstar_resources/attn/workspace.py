@@ -149,6 +149,7 @@ class Workspace:
         self._tensor = tensor
         self._name = name
         self._sealed = sealed
+        self._sealing = False  # its group is agreeing: plans may no longer grow it
         self._floor = floor
         # Serialises growth against seal(), so a workspace sealed mid-plan never moves.
         self._lock = threading.Lock()
@@ -286,7 +287,9 @@ class Workspace:
     def _grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
         """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
         with self._lock:
-            if self._sealed:  # sealed while the plan ran
+            # Sealed while the plan ran, or being sealed with a group: the ranks have agreed on
+            # sizes that a growth now would leave behind.
+            if self._sealed or self._sealing:
                 raise self._sealed_error(overflow, None) from error
             have, need = self._tensor.numel(), overflow.bytes_needed(planned_on)
             added = self._resize(need, overflow.allocation)
@@ -304,6 +307,12 @@ class Workspace:
             self._floor,
             mb_to_hold(need),
         )
+
+    def _begin_sealing(self, sealing: bool = True) -> None:
+        """Refuse growth by plans from now on (``sealing``), while the group agrees on sizes;
+        ``False`` lifts it again, when the agreement failed and nothing was sealed."""
+        with self._lock:
+            self._sealing = sealing
 
     def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
         """Grow to ``nbytes``, what ``ranks`` hold of this workspace; returns the bytes added."""
@@ -343,10 +352,25 @@ class Workspace:
             ) from error
         # Any error from here on (a broken CUDA context, say) is not a shortage: it reaches the
         # caller as it was raised, and the tensor has not moved.
+        _wait_for_every_stream(self._tensor)
         grown[:have].copy_(self._tensor)
         grown[have:].zero_()
         self._tensor.set_(grown.untyped_storage())
         return need - have
+
+
+def _wait_for_every_stream(tensor: torch.Tensor) -> None:
+    """Wait until no CUDA stream can still use ``tensor``'s storage, before it is copied and
+    handed back to the caching allocator.
+
+    The allocator knows only the stream a block was allocated on. Work another stream queued on
+    the old buffer (an engine's second micro-batch, a copy) would otherwise land after the copy
+    (lost) or in whatever the allocator hands out next from the old block (seen on an H200: a
+    write queued behind a 1.5 s kernel on a side stream overwrote a fresh tensor of the old
+    size). Which streams used the buffer is not known here, and growth is rare (warm-up), so the
+    whole device is synchronised rather than a ``record_stream`` per stream."""
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
 
 
 def _refresh_recorded_size(plan: Callable[..., Any], tensor: torch.Tensor) -> None:
@@ -429,6 +453,7 @@ class WorkspacePool:
         self._workspaces: dict[tuple[str, int | None], Workspace] = {}
         self._lock = threading.Lock()
         self._sealed = False
+        self._sealing = False  # agreeing with a group: workspaces made now are sealing too
 
     def __repr__(self) -> str:
         return (
@@ -488,14 +513,33 @@ class WorkspacePool:
         same pool, in the same order.
         """
         if group is not None:
-            from ._agree import agree
-
-            agree(self, group)
+            self._agree_sealing(group)
         with self._lock:
             self._sealed = True
             for workspace in self._workspaces.values():
                 workspace.seal()
         logger.info("%s", self.summary())
+
+    def _agree_sealing(self, group: ProcessGroup) -> None:
+        """Agree with ``group`` while no plan can grow a workspace here: from the moment the
+        sizes are gathered to the seal, a growth would leave this rank at a size the others
+        never saw. If the agreement fails, nothing is sealed and plans may grow again."""
+        from ._agree import agree
+
+        with self._lock:
+            self._sealing = True
+            workspaces = list(self._workspaces.values())
+        for workspace in workspaces:
+            workspace._begin_sealing()
+        try:
+            agree(self, group)
+        except BaseException:
+            with self._lock:
+                self._sealing = False
+                workspaces = list(self._workspaces.values())
+            for workspace in workspaces:
+                workspace._begin_sealing(False)
+            raise
 
     @property
     def identity(self) -> tuple[str, str | None, tuple[tuple[str, int | None], ...] | None]:
@@ -569,4 +613,7 @@ class WorkspacePool:
                 needed_bytes=size,
                 setting=self._floor.setting,
             ) from error
-        return Workspace(tensor, name, sealed=self._sealed, floor=self._floor.setting)
+        workspace = Workspace(tensor, name, sealed=self._sealed, floor=self._floor.setting)
+        if self._sealing:
+            workspace._begin_sealing()
+        return workspace

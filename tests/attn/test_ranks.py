@@ -203,3 +203,49 @@ def test_a_rank_that_sealed_alone_refuses_to_grow_and_no_rank_seals(tmp_path):
     kind, message, pool_sealed, held, figures = second
     assert (kind, pool_sealed, held, figures) == ("WorkspaceAgreementError", False, 3 * MIB, (0,))
     assert "rank 0 failed: WorkspaceSealedError" in message
+
+
+def plan_races_the_seal(rank: int, world: int) -> dict[str, Any]:
+    """Rank 0's plan, made while the group agrees (after the sizes were gathered, before they
+    are applied), would grow its workspace past the agreed size."""
+    from mstar_resources.attn import _agree
+
+    pool = _pool(serves=SERVES)
+    pool.get("decode", 0)
+    gathered_then = _agree._largest
+    refused: list[str] = []
+
+    def gather_then_plan(every_held):  # the window a growth could slip into
+        agreed = gathered_then(every_held)
+        if rank == 0:
+            try:
+                _grow(pool, "decode", 0, 5 * MIB)
+            except WorkspaceSealedError as error:
+                refused.append(error.workspace)
+        return agreed
+
+    _agree._largest = gather_then_plan
+    pool.seal(group=dist.group.WORLD)
+    return {**_holding(pool), "refused": refused}
+
+
+def test_a_plan_during_the_group_seal_is_refused_and_the_ranks_seal_at_one_size(tmp_path):
+    first, second = run_ranks(plan_races_the_seal, 2, tmp_path / "store")
+    assert first["refused"] == ["attention:decode:cg0"]
+    assert first["sizes"] == second["sizes"] == {"decode/0": MIB}
+    assert first["sealed"] and second["sealed"]
+
+
+def failed_seal_then_grows(rank: int, world: int) -> dict[str, Any]:
+    pool = _pool(serves=SERVES if rank == 0 else SERVES[:1])  # the ranks' pools differ
+    try:
+        pool.seal(group=dist.group.WORLD)
+    except WorkspaceAgreementError:
+        pass
+    _grow(pool, "decode", 0, 2 * MIB)  # not sealed, so plans may grow it again
+    return _holding(pool)
+
+
+def test_a_group_seal_that_fails_leaves_the_workspaces_growable(tmp_path):
+    for holding in run_ranks(failed_seal_then_grows, 2, tmp_path / "store"):
+        assert holding["sizes"] == {"decode/0": 2 * MIB} and not holding["sealed"]

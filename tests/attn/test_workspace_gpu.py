@@ -211,3 +211,26 @@ def test_a_plan_with_wrong_arguments_raises_flashinfers_own_error(make_bad_plan,
     assert not isinstance(through.value, ResourceError)
     assert through.value.__cause__ is None
     assert workspace.tensor.numel() == MIB
+
+
+def test_growth_waits_for_a_side_stream_before_its_old_buffer_goes_back():
+    """An engine's second stream queues a write into a workspace behind a long kernel; the
+    default stream grows the workspace meanwhile. The write must land in the workspace (before
+    its bytes are copied), never in memory the allocator hands out next."""
+    from mstar_resources import Workspace
+
+    from .fake_allocator import FakePlanner
+
+    workspace = Workspace(torch.zeros(MIB, dtype=torch.uint8, device="cuda"), "streams")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2_000_000_000)  # about a second on an H200
+        workspace.tensor.fill_(7)  # queued on the buffer the workspace holds now
+    workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 2 * MIB, 16)]))
+    fresh = torch.zeros(MIB, dtype=torch.uint8, device="cuda")  # the old block, if it was free
+    torch.cuda.synchronize()
+    assert workspace.tensor.numel() == 2 * MIB
+    assert not fresh.any(), "a side stream's write landed in memory handed out after growth"
+    assert bool((workspace.tensor[:MIB] == 7).all())  # it landed before the copy
+    assert not workspace.tensor[MIB:].any()
