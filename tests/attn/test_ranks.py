@@ -238,14 +238,17 @@ def test_a_plan_during_the_group_seal_is_refused_and_the_ranks_seal_at_one_size(
 
 def failed_seal_then_grows(rank: int, world: int) -> dict[str, Any]:
     pool = _pool(serves=SERVES if rank == 0 else SERVES[:1])  # the ranks' pools differ
+    pool.get("decode", 0)
+    refused = None
     try:
         pool.seal(group=dist.group.WORLD)
-    except WorkspaceAgreementError:
-        pass
+    except WorkspaceAgreementError as error:
+        refused = type(error).__name__
     _grow(pool, "decode", 0, 2 * MIB)  # not sealed, so plans may grow it again
-    return _holding(pool)
+    return {**_holding(pool), "refused": refused}
 
 
 def test_a_group_seal_that_fails_leaves_the_workspaces_growable(tmp_path):
     for holding in run_ranks(failed_seal_then_grows, 2, tmp_path / "store"):
+        assert holding["refused"] == "WorkspaceAgreementError"
         assert holding["sizes"] == {"decode/0": 2 * MIB} and not holding["sealed"]
