@@ -60,7 +60,9 @@ class CalibrateSettings(_Tree):
     device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
     """The GPU to plan on."""
     output_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
-    """Where ``<deployment>_calibrated.yaml`` goes; null: the installed ``conf/deployment``."""
+    """Where ``<deployment>_calibrated.yaml`` goes (made if missing); null:
+    ``calibrated/deployment`` under the working directory, found with ``--config-dir
+    calibrated``."""
     progress: bool = field(default=True, metadata={"expects": "true or false"})
     """Show a progress bar on stderr."""
 

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).parents[1] / "mstar_resources"
 CONF = Path(__file__).parents[1] / "conf"
 
 LAYERS = [
-    ("errors and units", ["errors", "units", "_limits", "_floor", "_table", "_devices"]),
+    ("errors and units", ["errors", "units", "files", "_limits", "_floor", "_table", "_devices"]),
     ("the core", ["attn", "attn.workspace", "attn._overflow", "attn._agree"]),
     ("config", ["schema", "engine_presets", "profile", "calibrated", "resolver", "conf"]),
     ("calibration", ["calibration", "calibration.bounds", "calibration.shapes",

@@ -14,6 +14,7 @@ import torch
 from .._table import format_table
 from ..calibrated import Machine, calibration_inputs
 from ..errors import ResourceConfigError
+from ..files import write_whole
 from ..profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from ..resolver import ResolvedResource
 from ..units import MIB
@@ -40,9 +41,29 @@ class LabelNeed:
         return self.resource.floor_bytes - self.need.bytes
 
 
+DEFAULT_CONFIG_DIR = Path("calibrated")
+"""Where calibrated deployments go by default: a config folder under the working directory,
+never the installed package. Hydra finds ``calibrated/deployment/<name>_calibrated.yaml`` through
+``--config-dir calibrated`` or ``hydra.searchpath: [file://calibrated]``."""
+
+
 def default_output_dir() -> Path:
-    """The ``deployment`` folder of the installed ``conf`` (the source tree's, when editable)."""
-    return Path(str(importlib.resources.files("mstar_resources.conf"))) / "deployment"
+    """The ``deployment`` group of :data:`DEFAULT_CONFIG_DIR`, under the working directory."""
+    return DEFAULT_CONFIG_DIR / "deployment"
+
+
+def how_to_compose(path: Path) -> str:
+    """How a config composes the calibrated deployment written at ``path``."""
+    name = path.stem
+    if path.parent.name != "deployment":
+        return f"move it into the deployment/ folder of a config dir, then use deployment={name}"
+    config_dir = path.parent.parent
+    if config_dir.absolute() == Path(str(importlib.resources.files("mstar_resources.conf"))):
+        return f"use it with deployment={name}"
+    return (
+        f"use it with --config-dir {config_dir} deployment={name} (or list "
+        f"file://{config_dir.absolute()} under hydra.searchpath)"
+    )
 
 
 def base_deployment(name: str) -> str:
@@ -269,6 +290,9 @@ def write_override(
     margin: float = DEFAULT_MARGIN,
     buffer: OneBuffer | None = None,
 ) -> Path:
+    """Write ``<deployment>_calibrated.yaml`` into ``output_dir`` (made if missing), whole or not
+    at all; returns its path."""
     path = output_dir / f"{deployment}{CALIBRATED_SUFFIX}.yaml"
-    path.write_text(calibrated_yaml(deployment, per_resource(rows), provenance, margin, buffer))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_whole(path, calibrated_yaml(deployment, per_resource(rows), provenance, margin, buffer))
     return path

@@ -19,6 +19,7 @@ from .. import _limits as limits
 from .._devices import cuda_device
 from ..app import hydra_app, package_version
 from ..errors import ResourceConfigError
+from ..files import folder_problem
 from ..profile import PROFILE_KEY, load_profile
 from ..resolver import resolve
 from ..settings import CalibrateSettings
@@ -26,6 +27,7 @@ from .calibrate import (
     base_deployment,
     check_labels,
     default_output_dir,
+    how_to_compose,
     measure_all,
     one_buffer,
     provenance,
@@ -59,16 +61,22 @@ def main(cfg: DictConfig) -> None:
     profile = load_profile(cfg[PROFILE_KEY])
     records = resolve(cfg.resources)
     check_labels(records, profile)
+    output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir()
+    problem = folder_problem(output_dir)
+    if problem:
+        raise ResourceConfigError(
+            f"output_dir={str(output_dir)!r} can't take the calibrated deployment ({problem}); "
+            "point it at a folder that exists or can be made"
+        )
 
     device = cuda_device(cfg.device, "calibration plans on a GPU")
     rows = measure_all(records, profile, device, show_progress=cfg.progress)
     buffer = one_buffer(rows, profile, margin)
     print(table(rows, margin, buffer))
-    output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir()
     name = base_deployment(str(deployment))
     record = provenance(profile, device, name, records)
     path = write_override(name, rows, record, output_dir, margin, buffer)
-    print(f"wrote {path}: use it with deployment={path.stem}")
+    print(f"wrote {path}: {how_to_compose(path)}")
 
 
 if __name__ == "__main__":

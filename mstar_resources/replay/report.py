@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .._table import format_table
+from ..files import write_whole
 from ..units import MIB
 from .engine import SetupResult
 from .workload import Workload
@@ -155,7 +157,7 @@ def table(report: dict[str, Any]) -> str:
 def write(report: dict[str, Any], folder: Path, step_times: dict[str, list[float]]) -> list[Path]:
     """``report.json`` and ``replay.png`` in ``folder`` (which exists); the paths written."""
     json_path = folder / "report.json"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_whole(json_path, json.dumps(report, indent=2) + "\n")
     png = folder / "replay.png"
     _plot(report, step_times, png)
     return [json_path, png]
@@ -194,5 +196,8 @@ def _plot(report: dict[str, Any], step_times: dict[str, list[float]], png: Path)
     times.set_title("Decode step time")
     fig.suptitle(f"replay: {report['deployment']}, {report['ranks']} rank(s), {report['gpu']}")
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    # Drawn beside it, then renamed over it: a crash never leaves half a PNG.
+    drawing = png.with_name(f".{png.name}.{os.getpid()}.tmp.png")
+    fig.savefig(drawing, dpi=120)
+    os.replace(drawing, png)
     plt.close(fig)

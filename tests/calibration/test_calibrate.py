@@ -4,6 +4,8 @@ in test_measure.py and test_calibrate_gpu.py, the override's composing in test_o
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -15,6 +17,7 @@ from mstar_resources.calibration.calibrate import (
     check_backends,
     check_labels,
     default_output_dir,
+    how_to_compose,
     one_buffer,
     per_resource,
     table,
@@ -165,8 +168,26 @@ def test_recalibrating_a_calibrated_deployment_rewrites_its_base_s_override(tmp_
     assert written.calibrated.gpu == "NVIDIA A100"
 
 
-def test_overrides_are_written_beside_the_shipped_deployments_by_default():
-    assert (default_output_dir() / "llama3-8b-h200.yaml").is_file()
+def test_overrides_go_under_the_working_directory_by_default_never_the_package():
+    assert default_output_dir() == Path("calibrated", "deployment")
+    path = Path("calibrated", "deployment", "x_calibrated.yaml")
+    assert how_to_compose(path) == (
+        f"use it with --config-dir calibrated deployment=x_calibrated (or list "
+        f"file://{Path('calibrated').absolute()} under hydra.searchpath)"
+    )
+
+
+def test_an_override_outside_a_deployment_folder_says_where_it_must_go(tmp_path):
+    assert how_to_compose(tmp_path / "x_calibrated.yaml") == (
+        "move it into the deployment/ folder of a config dir, then use deployment=x_calibrated"
+    )
+
+
+def test_the_output_folder_is_made_when_the_override_is_written(tmp_path):
+    folder = tmp_path / "conf" / "deployment"
+    path = write_override("x", measured_rows(), {"gpu": "NVIDIA H200"}, folder)
+    assert path.parent == folder and path.is_file()
+    assert [p.name for p in folder.iterdir()] == ["x_calibrated.yaml"]  # no temporary left
 
 
 # --- the one buffer engines keep -----------------------------------------------------------------

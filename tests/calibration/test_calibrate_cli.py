@@ -64,3 +64,19 @@ def test_help_is_the_app_s_own(tmp_path):
         assert needed in done.stdout
     assert len(re.findall(r"^  mstar-resources-calibrate \S", done.stdout, re.M)) >= 3
     assert "powered by Hydra" not in done.stdout and "mstar_resources" not in done.stdout
+
+
+def test_an_output_dir_that_cannot_be_made_is_refused_before_the_gpu(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["deployment=llama3-8b-h200", f"output_dir={blocker}/deployment"]
+    done = run_cli(*args, cwd=work, python=[sys.executable, *CALIBRATE])
+    assert done.returncode == 2, done.stderr
+    assert re.search(
+        rf"output_dir='{re.escape(str(blocker))}/deployment' can't take the calibrated "
+        rf"deployment \({re.escape(str(blocker))} is a file, not a folder\)",
+        done.stderr,
+    ), done.stderr
+    assert list(work.iterdir()) == []
