@@ -41,6 +41,11 @@ def mb_problem(setting: str, value: object) -> str | None:
     """What is wrong with ``value`` as a floor in MB for ``setting``, or None if it is usable."""
     if is_int(value) and 0 < value <= MAX_MB:
         return None
+    if is_int(value) and value > MAX_MB:
+        return (
+            f"{setting}={_shown(value)} MB is more than {MAX_MB:,} (1 TiB, more than any GPU "
+            f"holds); declare the workspace's floor in MB, e.g. {setting}=256"
+        )
     return (
         f"{setting}={value!r} is not a positive whole number of MB; declare the workspace's floor "
         f"in MB, at most {MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {setting}=256), or "
@@ -75,3 +80,14 @@ def resolve_floor(
             f"the default of {DEFAULT_MB}"
         )
     return Floor(value, "env", ENV_VAR)
+
+
+def _shown(value: int) -> str:
+    """``value`` with thousands separators, or its length where it is too long to read (or for
+    Python to print: ints of more than 4,300 digits refuse ``str``)."""
+    if value.bit_length() <= 200:  # up to 60 digits
+        return f"{value:,}"
+    digits = max(1, int(value.bit_length() * 0.30103) - 1)  # log10(2): at most the count
+    while 10**digits <= value:
+        digits += 1
+    return f"<a number of {digits:,} digits>"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from omegaconf import DictConfig, OmegaConf
 
 from .profile import CalibrationProfile, load_profile
+from .units import mb_to_hold
 
 if TYPE_CHECKING:
     from torch import device as Device  # a field below is named torch
@@ -33,10 +35,14 @@ if TYPE_CHECKING:
 __all__ = [
     "NOT_INPUTS",
     "RECORD_KEY",
+    "CalibratedFloor",
     "Difference",
     "Machine",
     "StaleCalibration",
+    "calibrated_floors",
     "calibration_inputs",
+    "declared_mb_for",
+    "record_differences",
     "stale_calibration",
     "warn_if_stale",
 ]
@@ -59,6 +65,61 @@ class Declared(Protocol):
 
     @property
     def cg_slots(self) -> tuple[int, ...]: ...
+
+
+def declared_mb_for(need_bytes: int, margin: float = 0.0) -> int:
+    """The ``declared_mb`` that holds ``need_bytes`` plus ``margin``: at least 1. What
+    calibration declares for a measured need."""
+    return max(1, mb_to_hold(math.ceil(need_bytes * (1 + margin))))
+
+
+@dataclass(frozen=True)
+class CalibratedFloor:
+    """A floor a calibrated deployment declares as calibration wrote it."""
+
+    need_bytes: int
+    """What calibration measured the resource's plans to need."""
+    margin: float
+    """What it added, as a fraction."""
+
+
+def calibrated_floors(record: Any, resources: Sequence[Any]) -> dict[str, CalibratedFloor]:
+    """The resources of ``resources`` (resolved, with ``path`` and ``declared_mb``) whose floor is
+    the one the calibrated ``record`` wrote (its need plus its margin), by path; a floor set
+    otherwise since (on the command line, say) is not calibrated."""
+    if record is None:
+        return {}
+    plain = cast(
+        Mapping[str, Any],
+        OmegaConf.to_container(record) if isinstance(record, DictConfig) else record,
+    )
+    margin = float(plain.get("margin", 0.0))
+    needs = {n["path"]: int(n["need_bytes"]) for n in plain.get("needs", [])}
+    return {
+        r.path: CalibratedFloor(needs[r.path], margin)
+        for r in resources
+        if r.path in needs and r.declared_mb == declared_mb_for(needs[r.path], margin)
+    }
+
+
+def record_differences(
+    record: Any, profile: Any, resources: Sequence[Declared]
+) -> tuple[Difference, ...]:
+    """What differs between the calibrated ``record`` and the ``profile`` (the ``calibration``
+    node) and ``resources`` composed now, the machine aside: a check any CPU can make (the dry
+    run's). Empty when they match, or when either node is missing."""
+    if record is None or profile is None:
+        return ()
+    plain = cast(
+        Mapping[str, Any],
+        OmegaConf.to_container(record) if isinstance(record, DictConfig) else record,
+    )
+    recorded_machine = Machine(
+        **{f.name: plain.get(f.name, "?") for f in dataclasses.fields(Machine)}
+    )
+    running = calibration_inputs(recorded_machine, load_profile(profile), resources)
+    stale = stale_calibration(plain, running)
+    return () if stale is None else stale.differences
 
 
 NOT_INPUTS = frozenset({"deployment", "date", "margin", "needs", "one_buffer"})

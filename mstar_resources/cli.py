@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 from omegaconf import DictConfig
@@ -20,7 +21,9 @@ from omegaconf import DictConfig
 from ._devices import cuda_device, is_cuda_device
 from ._table import format_table
 from .app import hydra_app, package_version
+from .calibrated import RECORD_KEY, CalibratedFloor, calibrated_floors, record_differences
 from .errors import ResourceConfigError
+from .profile import PROFILE_KEY, load_profile
 from .resolver import ResolvedResource, build_pools, resolve
 from .settings import DryRunSettings, OutputFormat
 from .units import MIB
@@ -47,17 +50,42 @@ def main(cfg: DictConfig) -> None:
             "device=cuda (or cuda:N) to allocate"
         )
     records = resolve(cfg.resources)
+    calibrated = _check_calibration_inputs(cfg, records)
     report: dict[str, Any] = {
         "resources": [dataclasses.asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
     }
+    if calibrated:
+        report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}
     if device != "cpu":
         report["device"] = device
         report["allocated_bytes"] = _allocate(cfg.resources, device)
     if cfg.format is OutputFormat.json:
         print(json.dumps(report))
     else:
-        print(_table(records, report))
+        print(_table(records, report, calibrated))
+
+
+def _check_calibration_inputs(
+    cfg: DictConfig, records: list[ResolvedResource]
+) -> dict[str, CalibratedFloor]:
+    """On any machine: the deployment's calibration profile is valid (else the error), and a
+    calibrated deployment still composes the profile and resources it was measured with (else
+    a warning on stderr naming each field that differs; the GPU's identity is compared where
+    pools are built on one). Returns the floors that are calibration's, by path."""
+    profile, record = cfg.get(PROFILE_KEY), cfg.get(RECORD_KEY)
+    if profile is not None:
+        load_profile(profile)
+    differences = record_differences(record, profile, records)
+    if differences:
+        deployment = str(record.get("deployment", "<deployment>"))
+        print(
+            f"{PROG}: warning: deployment {deployment}_calibrated was calibrated with other "
+            f"inputs than it composes now: {'; '.join(map(str, differences))}. Its floors may "
+            f"not hold: recalibrate with `mstar-resources-calibrate deployment={deployment}`",
+            file=sys.stderr,
+        )
+    return calibrated_floors(record, records)
 
 
 def _allocate(resources_node: DictConfig, device: str) -> int:
@@ -74,15 +102,20 @@ def _allocate(resources_node: DictConfig, device: str) -> int:
     return allocated
 
 
-def _table(records: list[ResolvedResource], report: dict[str, Any]) -> str:
+def _table(
+    records: list[ResolvedResource],
+    report: dict[str, Any],
+    calibrated: dict[str, CalibratedFloor] | None = None,
+) -> str:
+    calibrated = calibrated or {}
     rows = [
         (
             record.path,
             record.owner,
             ",".join(record.labels),
             ",".join(map(str, record.cg_slots)) or "eager",
-            str(record.floor_mb),
-            record.floor_source,
+            f"{record.floor_mb:,}",
+            "calibrated" if record.path in calibrated else record.floor_source,
             str(record.workspaces),
             _mb(record.reserved_bytes),
         )
@@ -92,6 +125,11 @@ def _table(records: list[ResolvedResource], report: dict[str, Any]) -> str:
     workspaces = sum(record.workspaces for record in records)
     footer = ["total", "", "", "", "", "", str(workspaces), _mb(total)]
     lines = [format_table([_COLUMNS, None, *rows, None, footer], right={4, 6, 7})]
+    lines += [
+        f"{path}: calibrated, need {c.need_bytes:,} bytes + {c.margin:.0%} "
+        f"(resources.{path}.declared_mb)"
+        for path, c in calibrated.items()
+    ]
     if "allocated_bytes" in report:
         lines.append(
             f"allocated on {report['device']}: {report['allocated_bytes']:,} bytes "

@@ -43,6 +43,10 @@ def _rebuild(cls: type[ResourceError], args: tuple[Any, ...], fields: dict[str, 
     return error
 
 
+MAX_PROBLEMS_SHOWN = 20
+"""How many problems a ``ResourceConfigError``'s text lists; its ``problems`` field holds all."""
+
+
 class ResourceConfigError(ResourceError, ValueError):
     """A setting (config key, argument or environment variable) holds an unusable value.
 
@@ -62,8 +66,12 @@ class ResourceConfigError(ResourceError, ValueError):
         if len(problems) == 1:
             text = problems[0]
         else:
-            lines = "\n".join(f"  - {problem}" for problem in problems)
-            text = f"{len(problems)} problems in {where}:\n{lines}"
+            shown = problems[:MAX_PROBLEMS_SHOWN]
+            lines = "\n".join(f"  - {problem}" for problem in shown)
+            more = len(problems) - len(shown)
+            if more:  # all of them stay in ``problems``
+                lines += f"\n  - ... and {more:,} more, each like those above"
+            text = f"{len(problems):,} problems in {where}:\n{lines}"
         super().__init__(text)
 
 

@@ -99,17 +99,15 @@ def resolve(
     env = os.environ if env is None else env
     problems: list[str] = []
     declared: list[tuple[str, Resource]] = []
-    reads_env = False
     for path, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
-        reads_env = reads_env or _reads_env(node)
         resource = _validate(node, f"{RESOURCES_KEY}.{path}", problems)
         if resource is not None:
             declared.append((path, resource))
-    if reads_env:  # checked once: a bad variable is one problem, however many resources read it
-        try:
-            resolve_floor(None, env)
-        except ResourceConfigError as error:
-            problems.extend(error.problems)
+    # Checked once, and even where every floor is declared: a bad value is a mistake either way.
+    try:
+        resolve_floor(None, env)
+    except ResourceConfigError as error:
+        problems.extend(error.problems)
     if problems:
         raise ResourceConfigError(*problems, where="the resources config")
     records = []
@@ -175,6 +173,12 @@ def check_calibration(cfg: DictConfig, device: torch.device | str) -> StaleCalib
     those running on ``device``; None when it holds, or when ``cfg`` is not calibrated."""
     import torch
 
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ResourceConfigError(
+            f"check_calibration needs a CUDA device, the GPU the deployment runs on, and got "
+            f"{device}; on a CPU, calibrated.record_differences compares the profile alone"
+        )
     return warn_if_stale(
         cfg.get(RECORD_KEY),
         cfg.get(PROFILE_KEY),
@@ -281,14 +285,6 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
     if len(problems) > before:
         return None
     return _checked(lambda: cast(Resource, OmegaConf.to_object(typed)), key, problems)
-
-
-def _reads_env(node: DictConfig) -> bool:
-    """Whether the resource leaves its floor to the environment (even if it is bad otherwise)."""
-    try:
-        return node.get("declared_mb") is None
-    except OmegaConfBaseException:  # a broken interpolation: _validate reports it
-        return False
 
 
 def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:

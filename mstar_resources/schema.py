@@ -5,6 +5,8 @@ listing ``- /mstar_resources/resource@attn.decode`` in its defaults list: a wron
 key then fails when the config is composed.
 """
 
+from collections import Counter
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -16,7 +18,12 @@ from .errors import ResourceConfigError
 
 __all__ = ["Resource"]
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Hashable)
+
+MAX_ITEMS = 256
+"""The most labels, and the most CUDA-graph slots, one resource may list: each label and slot is
+a workspace of its own, and an engine has a handful; a longer list is a mistake (and one of a
+million entries would take minutes to check)."""
 
 
 @dataclass
@@ -70,14 +77,27 @@ def _label_problems(labels: list[str]) -> list[str]:
         problems.append(
             "labels=[] is empty; list the plan labels the resource serves (e.g. labels=[decode])"
         )
-    elif any(not isinstance(label, str) or not label.strip() for label in labels):
+        return problems
+    if len(labels) > MAX_ITEMS:
+        return [f"labels has {len(labels):,} labels; at most {MAX_ITEMS} (each is a workspace)"]
+    if nested := [label for label in labels if not isinstance(label, str)]:
+        problems.append(
+            f"labels={labels!r} holds {nested[0]!r}, which is not a label; labels is a flat list "
+            "of names, e.g. labels=[prefill,decode]"
+        )
+    elif any(not label.strip() for label in labels):
         problems.append(f"labels={labels!r} has an empty label; give every label a name")
-    if repeated := _repeated(labels):
+    if repeated := _repeated([label for label in labels if isinstance(label, Hashable)]):
         problems.append(f"labels={labels!r} repeats {repeated}; list each label once")
     return problems
 
 
 def _slot_problems(slots: list[int]) -> list[str]:
+    if len(slots) > MAX_ITEMS:
+        return [
+            f"cg_slots has {len(slots):,} slots; at most {MAX_ITEMS} (each is a workspace of "
+            "every label, for a graph context of its own)"
+        ]
     problems = []
     if negative := list(dict.fromkeys(slot for slot in slots if slot < 0)):
         problems.append(
@@ -90,7 +110,8 @@ def _slot_problems(slots: list[int]) -> list[str]:
 
 
 def _repeated(items: list[T]) -> list[T]:
-    return sorted({item for item in items if items.count(item) > 1}, key=items.index)
+    """The items listed more than once, in the order they first appear (linear time)."""
+    return [item for item, count in Counter(items).items() if count > 1]
 
 
 ConfigStore.instance().store(

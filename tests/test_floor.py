@@ -57,3 +57,23 @@ def test_bad_declared_mb_names_it_and_the_value(declared):
 
 def test_a_bad_variable_does_not_matter_when_the_size_is_declared():
     assert resolve_floor(8, {VAR: "junk"}).mb == 8
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (1 << 21, "2,097,152"),
+        (10**59, f"{10**59:,}"),
+        (10**61, "<a number of 62 digits>"),
+        (10**320 - 1, "<a number of 320 digits>"),
+        (10**5000, "<a number of 5,001 digits>"),  # past Python's 4,300-digit str() limit
+    ],
+    ids=["2M", "60-digits", "62-digits", "320-digits", "5001-digits"],
+)
+def test_a_floor_too_large_is_named_as_such_and_shown_readably(value, shown):
+    from mstar_resources._floor import mb_problem
+
+    assert mb_problem("declared_mb", value) == (
+        f"declared_mb={shown} MB is more than 1,048,576 (1 TiB, more than any GPU holds); "
+        "declare the workspace's floor in MB, e.g. declared_mb=256"
+    )

@@ -67,8 +67,7 @@ def test_every_problem_is_a_field_of_the_error_in_the_order_found():
         Resource(labels=[], cg_slots=[3, 3], declared_mb=1 << 21)
     problems = raised.value.problems
     assert [problem.split("=")[0] for problem in problems] == ["declared_mb", "labels", "cg_slots"]
-    assert problems[0].startswith(f"declared_mb={1 << 21} is not a positive whole number of MB")
-    assert "at most 1,048,576" in problems[0]
+    assert problems[0].startswith(f"declared_mb={1 << 21:,} MB is more than 1,048,576 (1 TiB")
 
 
 def test_schema_is_in_the_config_store():

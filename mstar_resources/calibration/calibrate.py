@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._table import format_table
-from ..calibrated import Machine, calibration_inputs
+from ..calibrated import Machine, calibration_inputs, declared_mb_for
 from ..errors import ResourceConfigError
 from ..files import write_whole
 from ..profile import GRAPH_KINDS, CalibrationProfile, PlanKind
@@ -20,7 +20,7 @@ from ..resolver import ResolvedResource
 from ..units import MIB
 from .engines import vllm_formula_bytes
 from .measure import Need, Planner
-from .override import DEFAULT_MARGIN, Measured, OneBuffer, calibrated_yaml, declared_mb_for
+from .override import DEFAULT_MARGIN, Measured, OneBuffer, calibrated_yaml
 from .shapes import shapes_for
 from .versions import check_flashinfer
 

@@ -8,15 +8,13 @@ them back.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..calibrated import RECORD_KEY
-from ..units import mb_to_hold
+from ..calibrated import RECORD_KEY, declared_mb_for
 
 DEFAULT_MARGIN = 0.0
 """Added to a measured need before it is declared. None by default: the need calibration measures
@@ -71,11 +69,6 @@ class OneBuffer:
                 "buffer, not lower it)",
             ]
         return lines
-
-
-def declared_mb_for(need_bytes: int, margin: float = DEFAULT_MARGIN) -> int:
-    """The ``declared_mb`` that holds ``need_bytes`` plus ``margin``: at least 1."""
-    return max(1, mb_to_hold(math.ceil(need_bytes * (1 + margin))))
 
 
 def calibrated_yaml(

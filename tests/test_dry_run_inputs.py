@@ -1,0 +1,119 @@
+"""The dry run on odd inputs a new user tried: each a paragraph naming the setting and the value,
+exit status 2, and a calibrated deployment checked against what it composes now."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mstar_resources import ResourceConfigError, check_calibration, resolve
+from mstar_resources.schema import MAX_ITEMS, Resource
+
+from .conftest import compose_shipped
+from .test_cli import run_cli
+
+CAL = "deployment=llama3-8b-h200_calibrated"
+
+
+def test_a_calibrated_floor_shows_as_calibrated_with_its_need_and_margin(tmp_path):
+    done = run_cli(CAL, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert lines[2].split()[5] == lines[3].split()[5] == "calibrated"
+    assert (
+        "attn.decode: calibrated, need 2,179,584 bytes + 0% (resources.attn.decode.declared_mb)"
+        in lines
+    )
+
+
+def test_a_floor_set_over_the_calibrated_one_is_declared(tmp_path):
+    done = run_cli(CAL, "resources.attn.decode.declared_mb=96", "format=json", cwd=tmp_path)
+    report = json.loads(done.stdout)
+    sources = {r["path"]: r["floor_source"] for r in report["resources"]}
+    assert sources == {"attn.prefill": "declared", "attn.decode": "declared"}
+    assert set(report["calibrated"]) == {"attn.prefill"}
+    assert report["calibrated"]["attn.prefill"] == {"need_bytes": 17_436_672, "margin": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        pytest.param("calibration.model.head_dim=256",
+                     "profile.model.head_dim (128 recorded, 256 here)", id="profile"),
+        pytest.param("resources.attn.decode.cg_slots=[0]",
+                     "resources.attn.decode.cg_slots ([0, 1] recorded, [0] here)", id="resources"),
+    ],
+)  # fmt: skip
+def test_a_calibration_that_no_longer_matches_its_record_is_flagged_naming_the_field(
+    tmp_path, override, named
+):
+    done = run_cli(CAL, override, cwd=tmp_path)
+    assert done.returncode == 0
+    (warning,) = done.stderr.splitlines()
+    assert warning.startswith(
+        "mstar-resources: warning: deployment llama3-8b-h200_calibrated was calibrated with "
+        "other inputs than it composes now: "
+    )
+    assert named in warning
+    assert warning.endswith(
+        "recalibrate with `mstar-resources-calibrate deployment=llama3-8b-h200`"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        pytest.param([CAL, "calibration.model.head_dim=-1"], {},
+                     "calibration.model.head_dim=-1 must be a positive whole number",
+                     id="profile-checked-on-the-cpu"),
+        pytest.param(["deployment=llama3-8b-h200"], {"MSTAR_WORKSPACE_BUFFER_MB": "abc"},
+                     "MSTAR_WORKSPACE_BUFFER_MB='abc' is not a positive whole number of MB",
+                     id="bad-variable-with-every-floor-declared"),
+        pytest.param(["resources.attn.decode.labels=[[a,b]]"], {},
+                     "holds ['a', 'b'], which is not a label; labels is a flat list",
+                     id="nested-labels"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_paragraph_naming_it(tmp_path, args, env, named):
+    done = run_cli(*args, cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("mstar-resources: error: ") and named in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_slots_past_the_cap_are_refused_at_once():
+    started = time.perf_counter()
+    with pytest.raises(ResourceConfigError) as raised:
+        Resource(labels=["decode"], cg_slots=list(range(1_000_000)))
+    assert raised.value.problems == (
+        f"cg_slots has 1,000,000 slots; at most {MAX_ITEMS} (each is a workspace of every label, "
+        "for a graph context of its own)",
+    )
+    assert time.perf_counter() - started < 10  # was quadratic: minutes
+
+
+def test_repeated_slots_are_found_in_order_in_linear_time():
+    with pytest.raises(ResourceConfigError, match=r"repeats \[7, 3\]; list each slot once"):
+        Resource(labels=["decode"], cg_slots=[7, 3, 7, 1, 3, 7])
+
+
+def test_thousands_of_problems_list_twenty_and_count_the_rest():
+    tree = {f"r{i}": {"labels": []} for i in range(1000)}
+    with pytest.raises(ResourceConfigError) as raised:
+        resolve(OmegaConf.create(tree), env={})
+    assert len(raised.value.problems) == 1000  # every one kept as a field
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "1,000 problems in the resources config:"
+    assert len(lines) == 22 and lines[-1] == "  - ... and 980 more, each like those above"
+
+
+def test_check_calibration_on_a_cpu_says_it_needs_a_cuda_device():
+    cfg = compose_shipped([CAL])
+    with pytest.raises(
+        ResourceConfigError, match=r"check_calibration needs a CUDA device.* got cpu"
+    ):
+        check_calibration(cfg, torch.device("cpu"))
