@@ -85,7 +85,8 @@ class ReplaySettings(_Tree):
     after the header)."""
     requests: int = field(default=64, metadata=bounded("a whole number", ge=1))
     """Requests in the synthetic trace; with a trace file, the rows read from ``trace_offset``
-    on (those whose prompt does not fit ``max_model_len`` are refused, not served)."""
+    on (those whose prompt does not fit ``max_model_len`` are refused, not served), or every
+    row from there where the file holds fewer, which the report says."""
     step_ms: float = field(default=10.0, metadata=bounded("a number of milliseconds", gt=0))
     """Milliseconds one engine step stands for: a trace file's arrival times become arrival
     steps by it (the synthetic trace draws its arrivals in steps and ignores it). The replay's
@@ -113,6 +114,10 @@ class ReplaySettings(_Tree):
     device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
     """The GPU of a one-rank run (under torchrun each rank takes cuda:<local rank>)."""
     report_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
-    """Where report.json and replay.png go (a folder that exists); null: nowhere."""
+    """Where report.json and replay.png go (made when they are written); null: nowhere."""
     progress: bool = field(default=True, metadata={"expects": "true or false"})
     """A progress bar over the trace on stderr (rank 0)."""
+    dry_run: bool = field(default=False, metadata={"expects": "true or false"})
+    """Read and schedule the trace on this machine, with no GPU, and print what it asks of the
+    engine (requests served, refused and clipped, steps, the most requests and tokens in a step,
+    KV pages): a trace checked before a GPU is rented."""

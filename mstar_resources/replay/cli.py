@@ -3,8 +3,10 @@
     python scripts/replay.py deployment=llama3-8b-h200_calibrated
     torchrun --nproc-per-node 2 scripts/replay.py deployment=llama3-8b-h200_calibrated
 
-Composes the deployment, checks the settings and reads the trace before any GPU work (a seeded
-synthetic one, or a slice of a production trace file: ``workload.py``, ``trace.py``), makes its
+Composes the deployment and checks the settings before any GPU work, then, once the GPU and
+FlashInfer are known to be there, reads the trace (a seeded synthetic one, or a slice of a
+production trace file: ``workload.py``, ``trace.py``; ``dry_run=true`` reads and schedules it on
+any machine and prints what it asks of the engine instead), makes its
 schedule (``scheduler.py``), builds the model (``model.py``), then runs the schedule twice
 (``engine.py``): on the deployment's pools, built, reserved, warmed up and sealed with the group,
 and on one fixed buffer shared by every wrapper. Both setups serve the same schedule, so their
@@ -33,6 +35,7 @@ from ..app import hydra_app, package_version
 from ..calibration.engines import SGLANG_MB, vllm_buffer_mb
 from ..calibration.versions import check_flashinfer
 from ..errors import ResourceConfigError, WorkspaceSealedError
+from ..files import folder_problem
 from ..profile import PROFILE_KEY, CalibrationProfile, load_profile
 from ..resolver import ResolvedResource, build_pools, resolve
 from ..settings import ReplaySettings
@@ -46,32 +49,33 @@ if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
     from .scheduler import Step
     from .trace import Request
 
-__all__ = ["check", "main"]
+__all__ = ["check", "dry_run", "load", "main"]
 
 PROG = "replay"
 
 T = TypeVar("T")
 
 
-def check(
-    cfg: DictConfig, ranks: int
-) -> tuple[CalibrationProfile, list[ResolvedResource], Roles, Workload]:
+def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[ResolvedResource], Roles]:
     """Everything the settings can get wrong, on any machine, before a GPU is touched. The trace
-    is read here too, so that a bad file is refused on any machine and the GPU part reads none."""
+    file is read afterwards (:func:`load`): on the GPU, once it is known to be there, or on any
+    machine with ``dry_run=true``."""
     problems = limits.problems(cfg, ReplaySettings)
     if cfg.trace is None and cfg.trace_offset > 0:
         problems.append(
             f"trace_offset={cfg.trace_offset} skips rows of a trace file, and trace=null replays "
             "the synthetic trace; set trace=PATH, or trace_offset=0"
         )
-    if cfg.report_dir is not None:
-        try:
-            Path(cfg.report_dir).mkdir(parents=True, exist_ok=True)
-        except OSError as error:  # a file in the way, no permission, ...
-            problems.append(
-                f"report_dir={cfg.report_dir!r} can't be made a folder ({error.strerror}); "
-                "point it at a folder that exists or can be made"
-            )
+    if cfg.trace is not None and not str(cfg.trace).strip():
+        problems.append(
+            "trace='' names no file; set trace=PATH to a trace file, or trace=null for the "
+            "synthetic trace"
+        )
+    if cfg.report_dir is not None and (problem := folder_problem(Path(cfg.report_dir))):
+        problems.append(
+            f"report_dir={cfg.report_dir!r} can't be made a folder ({problem}); point it at a "
+            "folder that exists or can be made"
+        )
     if problems:
         raise ResourceConfigError(*problems, where="the replay's settings")
     if cfg.get(PROFILE_KEY) is None:
@@ -94,7 +98,13 @@ def check(
             f"{ranks} ranks can't split calibration.model.num_qo_heads={model.num_qo_heads} and "
             f"num_kv_heads={model.num_kv_heads} evenly; run on a number of ranks that divides both"
         )
-    workload = load_workload(
+    return profile, records, roles
+
+
+def load(cfg: DictConfig, profile: CalibrationProfile) -> Workload:
+    """The requests the settings name: the synthetic trace, or a slice of a trace file (a bad
+    file refused naming the file, the line and the replay's settings)."""
+    return load_workload(
         cfg.trace,
         requests=cfg.requests,
         trace_offset=cfg.trace_offset,
@@ -103,7 +113,41 @@ def check(
         vocab_size=cfg.vocab_size,
         max_model_len=profile.limits.max_model_len,
     )
-    return profile, records, roles, workload
+
+
+def dry_run(workload: Workload, profile: CalibrationProfile) -> str:
+    """What serving ``workload`` asks of an engine with ``profile``'s limits, scheduled on this
+    machine with as many KV pages as every request could hold at once."""
+    from . import report as reporting
+    from .scheduler import schedule
+
+    page = profile.model.page_size
+    lifetimes = [-(-(r.prompt_len + r.output_len) // page) for r in workload.requests]
+    steps = schedule(
+        workload.requests,
+        max_num_seqs=profile.limits.max_num_seqs,
+        max_num_batched_tokens=profile.limits.max_num_batched_tokens,
+        cuda_graph_batch_sizes=profile.cuda_graph_batch_sizes,
+        num_pages=sum(lifetimes) + 1,
+        page_size=page,
+    )
+    pages = 1 + max(
+        (max(chunk.pages) for step in steps for chunk in (*step.prefill, *step.decode)
+         if chunk.pages),
+        default=0,
+    )  # fmt: skip
+    busiest = max((len(step.prefill) + len(step.decode) for step in steps), default=0)
+    tokens = max((step.num_tokens for step in steps), default=0)
+    return "\n".join(
+        [
+            reporting.trace_line(reporting.trace_summary(workload, len(steps))),
+            f"most requests in a step: {busiest:,} (max_num_seqs {profile.limits.max_num_seqs:,});"
+            f" most tokens in a step: {tokens:,} (max_num_batched_tokens "
+            f"{profile.limits.max_num_batched_tokens:,}); KV pages of {page} tokens the "
+            f"schedule reached: {pages:,} ({pages * page:,} tokens)",
+            "dry run: nothing ran on a GPU",
+        ]
+    )
 
 
 def kv_pages_for(free: int, workspace_bytes: int, shape: ModelSizes, utilization: float) -> int:
@@ -187,6 +231,7 @@ def print_report(
 
     print(reporting.table(report))
     if report_dir is not None:
+        Path(report_dir).mkdir(parents=True, exist_ok=True)  # checked by :func:`check`
         for path in reporting.write(report, Path(report_dir), step_times):
             print(f"wrote {path}")
 
@@ -202,10 +247,14 @@ def print_report(
 def main(cfg: DictConfig) -> None:
     """Replay the trace on both setups and report; see the module's docstring."""
     ranks, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    profile, records, roles, workload = check(cfg, ranks)
+    profile, records, roles = check(cfg, ranks)
+    if cfg.dry_run:
+        print(dry_run(load(cfg, profile), profile))
+        return
     device_setting = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if ranks > 1 else cfg.device
     device = cuda_device(device_setting, "the replay runs on a GPU")
     check_flashinfer(profile)  # what this FlashInfer can plan, before any GPU work
+    workload = load(cfg, profile)  # a trace of any size is read only where it can be served
     import torch
     import torch.distributed as dist
 

@@ -98,10 +98,13 @@ def trace_line(trace: dict[str, Any]) -> str:
     served of it."""
     if trace["source"] == "file":
         first = trace["offset"]
+        whole = trace.get("requested", trace["rows"]) > trace["rows"]
         source = (
             f"{trace['path']} rows {first:,}..{first + trace['rows'] - 1:,} of "
-            f"{trace['rows_in_file']:,} ({trace['span_s']:,.1f} s at {trace['step_ms']:g} ms a "
-            f"step, seed {trace['seed']})"
+            f"{trace['rows_in_file']:,}"
+            + (f", to its end (requests={trace['requested']:,} asked for more)" if whole else "")
+            + f" ({trace['span_s']:,.1f} s at {trace['step_ms']:g} ms a step, seed "
+            f"{trace['seed']})"
         )
     else:
         source = f"synthetic (seed {trace['seed']})"

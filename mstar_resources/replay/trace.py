@@ -152,6 +152,9 @@ _TIMESTAMP = re.compile(
 ``datetime.fromisoformat`` does not read before Python 3.11, so the fraction is read apart."""
 
 _WHOLE = re.compile(r"[+-]?\d+", re.ASCII)
+_MAX_DIGITS = 18
+"""The most digits a length may have: more is no model's context, and past 4,300 Python's int()
+refuses the text."""
 """A length as a CSV writes it; ``int()`` alone would also take ``1_000`` and non-ASCII digits."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -199,7 +202,8 @@ def read_trace(
     The suffix picks the format: ``.csv`` with the columns of :data:`CSV_COLUMNS` (the Azure LLM
     inference trace 2023; ``TIMESTAMP`` a date and time such as ``2023-11-16 18:17:03.9799600``,
     or a number of seconds), or ``.jsonl``/``.json`` with one object a line holding
-    :data:`JSONL_KEYS`. Rows are counted from 0 after the header; ``limit=None`` reads to the end.
+    :data:`JSONL_KEYS`. Rows are counted from 0 after the header; ``limit=None`` reads to the end,
+    as does a ``limit`` past the file's last row (the slice is then the rest of the file).
 
     Arrivals are sorted by time, and ``step_ms`` (milliseconds one engine step stands for) maps
     each to the step ``floor((t - t_first) / step_ms)``, where ``t_first`` is the slice's first
@@ -229,21 +233,12 @@ def read_trace(
         )
     form = _FORMATS[suffix]
     rows = _csv_rows(path) if form == "csv" else _jsonl_rows(path)
-    end = len(rows) if limit is None else offset + limit
-    if offset >= len(rows) or end > len(rows):
-        has = (
-            f"it has {len(rows)} rows (counted from 0 after any header), the last at line "
-            f"{rows[-1][0]}"
-        )
-        if offset >= len(rows):
-            raise ResourceConfigError(
-                f"trace file {path}: offset={offset} starts past its last row: {has}; set offset "
-                f"below {len(rows)}"
-            )
+    end = len(rows) if limit is None else min(offset + limit, len(rows))
+    if offset >= len(rows):
         raise ResourceConfigError(
-            f"trace file {path}: offset={offset} limit={limit} select rows {offset}..{end - 1}, "
-            f"past its last row: {has}; set limit={len(rows) - offset} or less, or limit=None to "
-            "read to the end"
+            f"trace file {path}: offset={offset} starts past its last row: it has {len(rows)} rows "
+            f"(counted from 0 after any header), the last at line {rows[-1][0]}; set offset "
+            f"below {len(rows)}"
         )
     names = CSV_COLUMNS if form == "csv" else JSONL_KEYS
     parsed = [_parse_row(path, line, fields, names) for line, fields in rows[offset:end]]
@@ -328,6 +323,11 @@ def _text(path: Path) -> str:
         raise ResourceConfigError(f"trace file {path} does not exist; check the path") from None
     except IsADirectoryError:
         raise ResourceConfigError(f"trace file {path} is a folder; pass a trace file") from None
+    except PermissionError:
+        raise ResourceConfigError(
+            f"trace file {path} can't be read (permission denied); make it readable, or copy it "
+            "somewhere that is"
+        ) from None
     try:
         # -sig: a CSV saved by a spreadsheet may start with a byte-order mark.
         return data.decode("utf-8-sig")
@@ -469,6 +469,11 @@ def _seconds_of_text(text: str) -> Decimal | None:
 def _length(where: str, name: str, value: object, why: str) -> int:
     """A length of at least one token; anything else is refused, saying ``why`` for zero."""
     if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+        if len(value.strip().lstrip("+-")) > _MAX_DIGITS:  # int() refuses 4,300 digits or more
+            raise ResourceConfigError(
+                f"{where}: {name} has {len(value.strip()):,} digits, more tokens than any model "
+                f"holds; {_FIX}"
+            )
         length = int(value)
     elif is_int(value):
         length = value

@@ -60,12 +60,12 @@ def load_workload(
             limit=requests,
         )
     except ResourceConfigError as error:
-        # read_trace names its own arguments (a slice past the end: offset, limit); say which
-        # settings they are.
+        # read_trace names its own arguments (an offset past the end); say which setting it is.
         raise ResourceConfigError(
             *(
-                f"{problem} (the replay's trace_offset={trace_offset} is its offset, "
-                f"requests={requests} its limit)"
+                problem.replace("offset=", "trace_offset=").replace(
+                    "set offset", "set trace_offset"
+                )
                 for problem in error.problems
             ),
             where=error.where,
@@ -86,6 +86,7 @@ def load_workload(
             "offset": read.offset,
             "rows": read.rows_read,
             "rows_in_file": read.rows_in_file,
+            "requested": requests,
             "span_s": read.span_s,
             "step_ms": read.step_ms,
             **common,

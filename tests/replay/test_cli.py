@@ -30,6 +30,7 @@ TRACES = {
     "2023-11-16 18:15:50.9951690,396,109\n2023-11-16 18:15:51.2224670,879,55\n",
     "columns.csv": "time,prompt,output\n0,374,44\n",
     "negative.csv": HEADER + "2023-11-16 18:15:46.6805900,-374,44\n",
+    "huge.csv": HEADER + "2023-11-16 18:15:46.6805900," + "9" * 5000 + ",44\n",
 }
 """Trace files the refusals read, written once into a folder of their own (``{traces}`` in an
 argument), so that each run's working folder stays empty."""
@@ -57,8 +58,10 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      r"layers='two' is not valid; layers takes a whole number of layers",
                      id="wrong-type"),
         pytest.param([DEPLOYMENT, "report_dir=/dev/null/replay"], {},
-                     r"report_dir='/dev/null/replay' can't be made a folder \(Not a directory\)",
-                     id="report-dir"),
+                     r"report_dir='/dev/null/replay' can't be made a folder \(/dev/null is a file, "
+                     r"not a folder\)", id="report-dir"),
+        pytest.param([DEPLOYMENT, "trace="], {}, r"trace='' names no file; set trace=PATH",
+                     id="empty-trace"),
         pytest.param([DEPLOYMENT, "calibration.plans.decode.kind=paged_prefill"], {},
                      r"calibration\.plans\.decode\.kind=paged_prefill: the replay's model runs",
                      id="plan-kind"),
@@ -71,23 +74,26 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      r"number of ranks that divides it", id="ranks-mla"),
         pytest.param([DEPLOYMENT, "step_ms=0"], {},
                      r"step_ms=0\.0 must be above 0 \(a number of milliseconds\)", id="step-ms"),
-        pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=-1"], {},
+        pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=-1", "dry_run=true"], {},
                      r"trace_offset=-1 must be at least 0", id="trace-offset"),
         pytest.param([DEPLOYMENT, "trace_offset=2"], {},
                      r"trace_offset=2 skips rows of a trace file, and trace=null replays the "
                      r"synthetic trace", id="offset-without-trace"),
-        pytest.param([DEPLOYMENT, "trace={traces}/missing.csv"], {},
+        pytest.param([DEPLOYMENT, "trace={traces}/missing.csv", "dry_run=true"], {},
                      r"trace file \S+/missing\.csv does not exist", id="trace-missing"),
-        pytest.param([DEPLOYMENT, "trace={traces}/columns.csv"], {},
+        pytest.param([DEPLOYMENT, "trace={traces}/columns.csv", "dry_run=true"], {},
                      r"columns\.csv, line 1: the header has the columns 'time,prompt,output'.* "
                      r"it lacks TIMESTAMP, ContextTokens, GeneratedTokens", id="trace-columns"),
-        pytest.param([DEPLOYMENT, "trace={traces}/negative.csv", "requests=1"], {},
+        pytest.param([DEPLOYMENT, "trace={traces}/negative.csv", "requests=1", "dry_run=true"],
+                     {},
                      r"negative\.csv, line 2: ContextTokens='-374' is negative",
                      id="trace-negative"),
-        pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=1"], {},
-                     r"offset=1 limit=64 select rows 1\.\.64, past its last row: it has 3 rows.* "
-                     r"\(the replay's trace_offset=1 is its offset, requests=64 its limit\)",
-                     id="trace-slice"),
+        pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=3", "dry_run=true"],
+                     {}, r"trace_offset=3 starts past its last row: it has 3 rows .*; set "
+                     r"trace_offset below 3", id="trace-offset-past-the-end"),
+        pytest.param([DEPLOYMENT, "trace={traces}/huge.csv", "dry_run=true"], {},
+                     r"huge\.csv, line 2: ContextTokens has 5,000 digits, more tokens than any "
+                     r"model holds", id="trace-5000-digits"),
     ],
 )  # fmt: skip
 def test_bad_settings_are_one_paragraph_and_exit_2(tmp_path, traces, args, env, message):
@@ -110,17 +116,29 @@ def test_without_a_gpu_it_says_so(tmp_path):
     assert "torch sees no CUDA device" in done.stderr and "the replay runs on a GPU" in done.stderr
 
 
-def test_a_good_trace_file_is_read_before_the_gpu_is_looked_for(tmp_path, traces):
+def test_the_gpu_is_looked_for_before_a_trace_file_is_read(tmp_path, traces):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible; test_replay_gpu runs the replay")
-    # The same run refuses a bad file without a GPU (the table above): the file is read first.
-    good = traces / "good.csv"
-    done = run_cli(DEPLOYMENT, f"trace={good}", "trace_offset=1", "requests=2", cwd=tmp_path,
-                   python=[sys.executable, SCRIPT])  # fmt: skip
+    # A file the dry run refuses (the table above) is not even read without a GPU.
+    bad = traces / "negative.csv"
+    done = run_cli(DEPLOYMENT, f"trace={bad}", cwd=tmp_path, python=[sys.executable, SCRIPT])
     assert done.returncode == 2, done.stderr
     assert "torch sees no CUDA device" in done.stderr and "trace file" not in done.stderr
+
+
+def test_a_dry_run_reads_and_schedules_a_trace_without_a_gpu(tmp_path, traces):
+    done = run_cli(DEPLOYMENT, f"trace={traces / 'good.csv'}", "dry_run=true", cwd=tmp_path,
+                   python=[sys.executable, SCRIPT])  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    trace, busiest, last = done.stdout.splitlines()
+    assert "good.csv rows 0..2 of 3, to its end (requests=64 asked for more)" in trace
+    assert "3 requests served, 0 refused" in trace
+    assert busiest.startswith("most requests in a step: ")
+    assert "KV pages of 16 tokens the schedule reached: " in busiest
+    assert last == "dry run: nothing ran on a GPU"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_help_is_the_app_s_own(tmp_path):
@@ -130,12 +148,16 @@ def test_help_is_the_app_s_own(tmp_path):
         assert needed in done.stdout
 
 
-def test_the_report_dir_is_made_before_anything_runs(tmp_path):
+def test_the_report_dir_is_checked_before_anything_runs_and_made_only_to_write(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible; test_replay_gpu runs the replay")
     report_dir = tmp_path / "new" / "replay"
     done = run_cli(DEPLOYMENT, f"report_dir={report_dir}", cwd=tmp_path,
                    python=[sys.executable, SCRIPT])  # fmt: skip
-    assert report_dir.is_dir()  # made, even where there is no GPU to fill it
-    assert done.returncode in (0, 2), done.stderr
+    assert done.returncode == 2 and "torch sees no CUDA device" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing left behind by a run that could not start
 
 
 def profile_of(deployment: str):

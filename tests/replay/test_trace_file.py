@@ -383,13 +383,6 @@ def jsonl_row_2(row: str) -> str:
             "t.csv", AZURE_HEAD, {"offset": 20}, ["offset=20", "line 21"], id="offset-past-end"
         ),
         pytest.param(
-            "t.csv",
-            AZURE_HEAD,
-            {"offset": 10, "limit": 11},
-            ["offset=10", "limit=11", "rows 10..20", "line 21", "limit=10"],
-            id="limit-past-end",
-        ),
-        pytest.param(
             "t.jsonl",
             jsonl((0, 1, 1), (1, 1, 1)),
             {"offset": 2},
@@ -414,6 +407,29 @@ def test_bytes_that_are_not_text_are_refused_at_their_line(tmp_path):
     path = tmp_path / "t.csv"
     path.write_bytes(AZURE_HEAD.encode() + b"2023-11-16 18:16:00.0,5,\xff\n")
     with pytest.raises(ResourceConfigError, match=r"t\.csv, line 22: byte 0xff is not UTF-8"):
+        read(path)
+
+
+def test_a_limit_past_the_last_row_reads_to_the_end(tmp_path):
+    trace = read(write(tmp_path, "t.csv", AZURE_HEAD), offset=10, limit=11)
+    assert (trace.offset, trace.rows_read, trace.rows_in_file) == (10, 10, 20)
+
+
+def test_a_length_of_thousands_of_digits_is_refused_naming_it(tmp_path):
+    row = "2023-11-16 18:15:46.6805900," + "7" * 5000 + ",9\n"
+    path = write(tmp_path, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + row)
+    with pytest.raises(ResourceConfigError, match=r"line 2: ContextTokens has 5,000 digits"):
+        read(path)
+
+
+def test_an_unreadable_file_is_refused_naming_it(tmp_path, monkeypatch):
+    path = write(tmp_path, "t.csv", AZURE_HEAD)
+
+    def denied(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(ResourceConfigError, match=r"t\.csv can't be read \(permission denied\)"):
         read(path)
 
 

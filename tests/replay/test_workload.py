@@ -36,6 +36,7 @@ def test_a_file_s_slice_is_trace_offset_and_requests(tmp_path):
     assert [(r.prompt_len, r.output_len) for r in workload.requests] == [(396, 104)]
     assert workload.source == {
         "source": "file", "path": str(path), "offset": 1, "rows": 2, "rows_in_file": 4,
+        "requested": 2,
         "span_s": pytest.approx(0.2272980), "step_ms": 10.0, "seed": 0, "max_model_len": 500,
         "refused": 1, "clipped": 1,
     }  # fmt: skip
