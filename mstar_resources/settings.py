@@ -117,6 +117,11 @@ class ReplaySettings(_Tree):
     """Where report.json and replay.png go (made when they are written); null: nowhere."""
     progress: bool = field(default=True, metadata={"expects": "true or false"})
     """A progress bar over the trace on stderr (rank 0)."""
+    timing_rounds: int = field(default=2, metadata=bounded("a whole number of rounds", ge=1))
+    """Rounds in which each setup serves the schedule once, the order turned each round (library
+    then fixed, fixed then library, ...: ABBA for 2), so that neither setup is always measured
+    first; the report gives each round's decode p50 ratio beside the pooled one. 1: one round,
+    library first (half the time)."""
     dry_run: bool = field(default=False, metadata={"expects": "true or false"})
     """Read and schedule the trace on this machine, with no GPU, and print what it asks of the
     engine (requests served, refused and clipped, steps, the most requests and tokens in a step,

@@ -19,12 +19,14 @@ and rank 0 reports.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig
@@ -355,9 +357,10 @@ def _replay(
         num_pages=schedule_pages(gpu.gather(pages)),
         page_size=shape.page_size,
     )
-    results = _serve_setups(
+    runs = _serve_setups(
         cfg, model, profile, roles, workspace_bytes["fixed"], pages, steps, workload.requests, gpu
     )
+    results = [pooled(runs["library"]), pooled(runs["fixed"])]
     report = reporting.rank_report(
         results,
         deployment=_deployment(),
@@ -365,12 +368,13 @@ def _replay(
         ranks=gpu.ranks,
         model=describe(shape),
         trace=reporting.trace_summary(workload, len(steps)),
+        round_ratios=round_ratios(runs["library"], runs["fixed"]),
     )
     if gpu.ranks > 1:  # rank 0 reports every rank's figures
         report["per_rank"] = gpu.gather(report)
     if gpu.rank == 0:
         print_report(report, {r.name: r.decode_step_s for r in results}, cfg.report_dir)
-    return failures(results)
+    return failures(results) + round_failures(runs)
 
 
 def _serve_setups(
@@ -383,23 +387,66 @@ def _serve_setups(
     steps: list[Step],
     trace: list[Request],
     gpu: _Gpu,
-) -> list[SetupResult]:
-    """The library's pools, then the engines' fixed buffer, each with a KV cache of its
-    ``pages`` serving ``steps``; each setup's memory given back before the next is made."""
-    from .engine import FixedBuffer, LibraryBuffers, Setup
+) -> dict[str, list[SetupResult]]:
+    """Each setup's runs, by kind (``library``: the deployment's pools; ``fixed``: the engines'
+    buffer), one a round in :func:`round_order`, each with a KV cache of its ``pages`` serving
+    ``steps``; a run's memory given back before the next is made."""
+    from .engine import Buffers, FixedBuffer, LibraryBuffers, Setup
 
-    results = []
-    for kind, make in (
-        ("library", lambda: LibraryBuffers(build_pools(cfg.resources, gpu.device), roles)),
-        ("fixed", lambda: FixedBuffer(fixed_bytes, gpu.device)),
-    ):
-        buffers = make()
+    makers: dict[str, Callable[[], Buffers]] = {
+        "library": lambda: LibraryBuffers(build_pools(cfg.resources, gpu.device), roles),
+        "fixed": lambda: FixedBuffer(fixed_bytes, gpu.device),
+    }
+    runs: dict[str, list[SetupResult]] = {kind: [] for kind in makers}
+    for kind in round_order(cfg.timing_rounds):
+        buffers = makers[kind]()
         setup = Setup(model, profile, buffers, pages[kind], gpu.group, cfg.cuda_graphs, roles)
         progress = _progress(cfg.progress and gpu.rank == 0, len(steps), buffers.name)
-        results.append(run_setup(setup, steps, trace, warm_up=cfg.warmup, progress=progress))
+        runs[kind].append(run_setup(setup, steps, trace, warm_up=cfg.warmup, progress=progress))
         del setup, buffers
         gpu.release()
-    return results
+    return runs
+
+
+def round_order(rounds: int) -> list[str]:
+    """The setups' runs in order: library then fixed, the order turned each round (ABBA for two
+    rounds), so that what runs first (a cold cache, clocks) favours neither."""
+    pair = ["library", "fixed"]
+    return [kind for r in range(rounds) for kind in (pair if r % 2 == 0 else pair[::-1])]
+
+
+def pooled(runs: Sequence[SetupResult]) -> SetupResult:
+    """One setup's runs as one result: the first run's figures, every run's decode steps, and
+    any run's growth after sealing or sealed overflow."""
+    first = runs[0]
+    return dataclasses.replace(
+        first,
+        decode_step_s=[s for run in runs for s in run.decode_step_s],
+        growths_after_seal=sum(run.growths_after_seal for run in runs),
+        sealed_overflow=next((r.sealed_overflow for r in runs if r.sealed_overflow), None),
+        steps_served=min(run.steps_served for run in runs),
+    )
+
+
+def round_ratios(library: Sequence[SetupResult], fixed: Sequence[SetupResult]) -> list[float]:
+    """Each round's decode p50 ratio, library over fixed (0 where a run has no decode step)."""
+    ratios = []
+    for ours, theirs in zip(library, fixed, strict=True):
+        if ours.decode_step_s and theirs.decode_step_s:
+            ratios.append(median(ours.decode_step_s) / median(theirs.decode_step_s))
+        else:
+            ratios.append(0.0)
+    return ratios
+
+
+def round_failures(runs: Mapping[str, Sequence[SetupResult]]) -> list[str]:
+    """A line for a setup whose later rounds generated other tokens than its first."""
+    return [
+        f"{rounds[0].name}: round {i + 1} generated other tokens than round 1"
+        for rounds in runs.values()
+        for i, run in enumerate(rounds[1:], start=1)
+        if run.sealed_overflow is None and run.tokens != rounds[0].tokens
+    ]
 
 
 def _deployment() -> str:

@@ -78,6 +78,7 @@ def rank_report(
     ranks: int,
     model: dict[str, Any],
     trace: dict[str, Any],
+    round_ratios: Sequence[float] = (),
 ) -> dict[str, Any]:
     """One rank's report.json (under ``torchrun``, rank 0 adds ``per_rank``: every rank's): where
     it ran, the ``model`` and ``trace`` as described, each setup's figures, and whether they
@@ -90,6 +91,7 @@ def rank_report(
         "trace": trace,
         "setups": [setup_summary(result) for result in results],
         "tokens_identical": tokens_identical(results),
+        "decode_p50_ratio_rounds": list(round_ratios),
     }
 
 
@@ -145,7 +147,7 @@ def table(report: dict[str, Any]) -> str:
         trace_line(report["trace"]),
         f"KV-cache tokens: {gained:+,} a rank with {ours['setup']} "
         f"({gained / max(1, theirs['kv_tokens']):+.2%}); decode p50 ratio "
-        f"{ours['setup']}/{theirs['setup']}: {ratio:.3f}",
+        f"{ours['setup']}/{theirs['setup']}: {ratio:.3f}{_rounds(report)}",
         f"generated tokens identical between the setups: "
         f"{'yes' if report['tokens_identical'] else 'NO'}",
     ]
@@ -155,6 +157,15 @@ def table(report: dict[str, Any]) -> str:
                 f"{s['setup']} stopped at a sealed overflow: {s['sealed_overflow']['message']}"
             )
     return "\n".join(lines)
+
+
+def _rounds(report: dict[str, Any]) -> str:
+    """Each round's ratio and their spread, where there were several rounds."""
+    rounds = report.get("decode_p50_ratio_rounds", [])
+    if len(rounds) < 2:
+        return ""
+    each = ", ".join(f"{r:.3f}" for r in rounds)
+    return f" (rounds, the order turned each: {each}; spread {max(rounds) - min(rounds):.3f})"
 
 
 def write(report: dict[str, Any], folder: Path, step_times: dict[str, list[float]]) -> list[Path]:

@@ -330,3 +330,51 @@ def test_rank_0_names_each_file_it_writes_into_the_report_dir(tmp_path, capsys, 
     assert capsys.readouterr().out.splitlines()[-2:] == [
         f"wrote {tmp_path / 'report.json'}", f"wrote {tmp_path / 'replay.png'}",
     ]  # fmt: skip
+
+
+# --- fair timing: rounds in turned order ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rounds", "order"),
+    [
+        (1, ["library", "fixed"]),
+        (2, ["library", "fixed", "fixed", "library"]),
+        (3, ["library", "fixed", "fixed", "library", "library", "fixed"]),
+    ],
+)
+def test_the_setups_run_in_turned_order_each_round(rounds, order):
+    assert cli.round_order(rounds) == order
+
+
+def test_a_setup_s_rounds_pool_their_steps_and_any_failure():
+    first = setup_result(decode_step_s=[1.0, 3.0], tokens={0: [5]}, steps_served=9)
+    second = setup_result(decode_step_s=[2.0], tokens={0: [5]}, steps_served=7,
+                          growths_after_seal=1, sealed_overflow=OVERFLOW)  # fmt: skip
+    both = cli.pooled([first, second])
+    assert both.decode_step_s == [1.0, 3.0, 2.0]
+    assert (both.growths_after_seal, both.sealed_overflow, both.steps_served) == (1, OVERFLOW, 7)
+    assert (both.workspace_bytes, both.tokens) == (first.workspace_bytes, first.tokens)
+
+
+def test_each_round_s_ratio_is_its_own_p50s():
+    library = [setup_result(decode_step_s=[1.0, 2.0, 3.0]), setup_result(decode_step_s=[4.0])]
+    fixed = [setup_result("fixed", decode_step_s=[2.0]), setup_result("fixed", decode_step_s=[2.0])]
+    assert cli.round_ratios(library, fixed) == [1.0, 2.0]
+
+
+def test_a_round_that_generated_other_tokens_fails():
+    runs = {
+        "library": [setup_result(tokens={0: [1, 2]}), setup_result(tokens={0: [1, 3]})],
+        "fixed": [setup_result("fixed", tokens={0: [1, 2]})] * 2,
+    }
+    assert cli.round_failures(runs) == [
+        "mstar-resources: round 2 generated other tokens than round 1"
+    ]
+
+
+def test_the_table_gives_each_round_s_ratio_and_the_spread():
+    report = readme_run()
+    report["decode_p50_ratio_rounds"] = [1.02, 1.1]
+    (line,) = [line for line in reporting.table(report).splitlines() if "decode p50 ratio" in line]
+    assert line.endswith("(rounds, the order turned each: 1.020, 1.100; spread 0.080)")

@@ -176,6 +176,7 @@ def test_one_rank_s_report_holds_the_keys_the_gpu_tests_read():
     report = readme_run()
     assert list(report) == [
         "deployment", "gpu", "ranks", "model", "trace", "setups", "tokens_identical",
+        "decode_p50_ratio_rounds",
     ]  # fmt: skip
     assert (report["model"], report["trace"], report["tokens_identical"]) == (
         {"attention": "gqa", "layers": 2}, TRACE, True,
