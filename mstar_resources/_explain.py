@@ -13,6 +13,7 @@ import posixpath
 import re
 from enum import Enum
 
+import yaml
 from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import (
@@ -26,7 +27,7 @@ from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, Strin
 from . import _limits as limits
 from .errors import did_you_mean
 
-__all__ = ["explain", "not_a_choice"]
+__all__ = ["explain", "not_a_choice", "not_a_primary_config", "not_utf8", "not_yaml"]
 
 _NODE_EXPECTS: list[tuple[type, str]] = [
     (BooleanNode, "true or false"),
@@ -44,7 +45,11 @@ def explain(error: BaseException) -> str:
         return _missing_option(error.missing_cfg_file or "", list(error.options))
     if isinstance(error, OverrideParseException):
         return f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
-    cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
+    # Hydra raises its own error from inside the handler of OmegaConf's (a value of a config file
+    # the schema refuses), or ``from`` it (one on the command line): the context or the cause.
+    cause = (
+        error if isinstance(error, OmegaConfBaseException) else error.__cause__ or error.__context__
+    )
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
         return _unknown_key(cause)
     if isinstance(cause, ValidationError) and cause.full_key:
@@ -57,11 +62,60 @@ def _missing_option(missing: str, options: list[str]) -> str:
     return not_a_choice(group, name, options)
 
 
-def not_a_choice(group: str, name: str, options: list[str]) -> str:
-    """``group=name`` picks no option of config group ``group``: the closest, and all of them."""
+def not_a_choice(
+    group: str, name: str, options: list[str], why: str = "", *, closest: bool = True
+) -> str:
+    """``group=name`` picks no option of config group ``group``: the closest (where ``closest``),
+    and all of them; ``why``, where given, says what is wrong with ``name``."""
+    if not options:
+        return (
+            f"{group}={name} is not a {group}: the search path holds no {group} options to pick "
+            f"from; leave {group} out, or add --config-dir DIR with a {group}/ folder"
+        )
     return (
-        f"{group}={name} is not a {group}{did_you_mean(name, options)}; "
+        f"{group}={name} is not a {group}{why}{did_you_mean(name, options) if closest else ''}; "
         f"pick one of {', '.join(options)}"
+    )
+
+
+def not_a_primary_config(name: str, configs: list[str]) -> str:
+    """``--config-name=name`` is no primary config of the search path, which holds ``configs``."""
+    folder, _, stem = name.rstrip("/").rpartition("/")
+    own = (
+        f" (for the file itself: --config-dir {folder or '/'} --config-name "
+        f"{stem.removesuffix('.yaml')})"
+        if folder or name.startswith("/")
+        else ""
+    )
+    there = f"pick one of {', '.join(configs)}" if configs else "it holds none"
+    return (
+        f"--config-name={name} is not a config in the search path{did_you_mean(name, configs)}; "
+        f"{there}, or add --config-dir DIR for one of your own{own}"
+    )
+
+
+def not_yaml(error: yaml.YAMLError) -> str:
+    """A config file PyYAML can't read: the file, the line and column, and what it found."""
+    mark = (
+        error.problem_mark or error.context_mark
+        if isinstance(error, yaml.MarkedYAMLError)
+        else None
+    )
+    if not isinstance(error, yaml.MarkedYAMLError) or mark is None:
+        return f"a config file is not valid YAML: {_paragraph(str(error))}; fix the file"
+    context = f"{error.context}, " if error.context else ""
+    return (
+        f"{mark.name} is not valid YAML at line {mark.line + 1}, column {mark.column + 1}: "
+        f"{context}{error.problem or 'not valid YAML'}; fix the file there"
+    )
+
+
+def not_utf8(path: str, data: bytes, error: UnicodeDecodeError) -> str:
+    """Config file ``path``, whose bytes ``data`` fail to decode as ``error`` says."""
+    line = data.count(b"\n", 0, error.start) + 1
+    return (
+        f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} "
+        f"({error.reason}); save the file as UTF-8"
     )
 
 
@@ -71,6 +125,13 @@ def _unknown_key(error: OmegaConfBaseException) -> str:
         return _paragraph(str(error))
     prefix = _prefix(str(error.full_key))
     settings = [str(key) for key in parent if key != "hydra"]
+    if not settings:
+        holder = prefix.rstrip(".") or "the config"
+        return (
+            f"{error.full_key} is not a setting: {holder} is empty as composed, so there is "
+            f"nothing under it to set; compose an option that fills {holder} first "
+            "(e.g. deployment=NAME)"
+        )
     return (
         f"{error.full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
         f"{prefix.rstrip('.') or 'the config'} takes {', '.join(settings)}"

@@ -20,6 +20,18 @@ and calls the function; anything with a flag (``--help``, ``--cfg job``, ``--inf
 to ``@hydra.main``. ``-m`` is refused: Hydra's sweeper writes ``multirun.yaml``, and these apps
 write nothing to disk. ``--version`` names the app and this package's version.
 
+What the apps refuse before composing, each in one paragraph and exit status 2: a sweep
+(``key=1,2``: they run once), Hydra's own config groups (``hydra/job_logging=...``) in an app
+made with ``compose_once``, ``--shell-completion`` without ``install=SHELL`` or
+``uninstall=SHELL``, and a config group's value that is not one plain option name
+(``deployment=../x``, ``deployment=[a,b]``, ``deployment=null``). A config file that is not
+YAML, or not UTF-8, is named with its line.
+
+Ctrl-C ends an app with one line (``PROG: interrupted``) and exit status 130. A reader that goes
+away (``| head -1``) ends it quietly with status 0, whether or not it went before the output was
+all written: what was printed was all it wanted. Any other failure to write stdout (a full disk,
+``> /dev/full``, a closed stdout) is one line and exit status 2.
+
 Help templates may list a config group's options with ``${mstar_resources.options:GROUP}`` (every
 option, the engine's own included) and ``${mstar_resources.options:GROUP,KEY}`` (those whose
 composed config sets ``KEY``); the resolver is registered while the app runs, never at import.
@@ -27,28 +39,36 @@ composed config sets ``KEY``); the resolver is registered while the app runs, ne
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import errno
 import functools
 import importlib.metadata
 import inspect
+import io
 import os
+import posixpath
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TextIO, cast
 
 import hydra
+import yaml
 from hydra import compose, initialize_config_dir, initialize_config_module
+from hydra._internal.utils import get_args_parser
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.core.utils import configure_log
-from hydra.errors import HydraException
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ._explain import explain, not_a_choice
+from ._explain import explain, not_a_choice, not_a_primary_config, not_utf8, not_yaml
 from .errors import ResourceConfigError
 
 __all__ = ["fail", "hydra_app", "package_version", "register_settings"]
@@ -59,6 +79,10 @@ SHIPPED_CONF = "pkg://mstar_resources.conf"
 MULTIRUN_FLAGS = frozenset({"-m", "--multirun"})
 VERSION_FLAG = "--version"
 OPTIONS_RESOLVER = "mstar_resources.options"
+INTERRUPTED = 130
+"""The exit status of a run ended by Ctrl-C: 128 + SIGINT, as a shell reports it."""
+SHELL_COMPLETION = ("install", "uninstall", "query")
+"""What Hydra's ``--shell-completion`` does, one at a run (``install=bash`` prints the script)."""
 
 
 def fail(prog: str, message: str) -> NoReturn:
@@ -79,6 +103,69 @@ def register_settings(config_name: str, settings: type) -> None:
 def package_version() -> str:
     """This package's installed version."""
     return importlib.metadata.version("mstar-resources")
+
+
+class _StdoutFailed(BaseException):
+    """stdout refused what was written (``error``): a BaseException, so that it passes the app's
+    own handlers and Hydra's, which catch ``Exception``."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__()
+        self.error = error
+
+
+class _Stdout:
+    """``sys.stdout`` while an app runs: a write or flush that fails raises :class:`_StdoutFailed`,
+    so that the entry point tells stdout's failures from the app's other ``OSError``\\ s."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream  # None where Python started with file descriptor 1 closed
+
+    def write(self, text: str) -> int:
+        with self._failures():
+            if self._stream is None:
+                raise OSError(errno.EBADF, "stdout is closed")
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            with self._failures():
+                self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _failures() -> Iterator[None]:
+        try:
+            yield
+        except OSError as error:
+            raise _StdoutFailed(error) from error
+
+
+@contextlib.contextmanager
+def _stdout_watched() -> Iterator[None]:
+    """``sys.stdout`` as :class:`_Stdout` inside, flushed on the way out (a closed pipe shows
+    here, not at interpreter exit), and as it was after."""
+    stream = sys.stdout
+    sys.stdout = cast(TextIO, _Stdout(stream))
+    try:
+        try:
+            yield
+        except SystemExit:  # an error told on stderr, or Hydra's help printed
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+    finally:
+        sys.stdout = stream
+
+
+def _stdout_to_devnull() -> None:
+    """What is left in stdout's buffer goes nowhere at interpreter exit, rather than failing
+    again there."""
+    if sys.stdout is not None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class _RaisedByTheApp(BaseException):
@@ -127,7 +214,7 @@ def hydra_app(
                     run(cfg)
                 except ResourceConfigError as error:
                     fail(prog, str(error))
-                except (SystemExit, KeyboardInterrupt):
+                except (SystemExit, KeyboardInterrupt, _StdoutFailed):
                     raise
                 except BaseException as error:
                     raise _RaisedByTheApp(error) from None
@@ -149,12 +236,41 @@ def hydra_app(
                     "-m (--multirun) is not supported: Hydra's sweeper writes multirun.yaml, and "
                     f"{prog} writes nothing to disk; run it once per value instead",
                 )
+            refused = _refused(prog, invoked, args, compose_once=compose_once)
+            if refused is not None:
+                fail(prog, refused)
+            line = _command_line(args)
+            config_dir = line.config_dir if line is not None else None
+
+            def listed(group: str) -> list[str]:
+                """The options of config group ``group`` ("": the primary configs) where the
+                app finds its configs, and in the user's ``--config-dir``."""
+                composing = GlobalHydra.instance().is_initialized()  # no --config-dir then
+                with _hydra_initialized(config_path, run):
+                    names = set(_group_options(group, config_name))
+                if config_dir is not None and os.path.isdir(config_dir) and not composing:
+                    folder = os.path.abspath(config_dir)
+                    with initialize_config_dir(folder, version_base="1.3"):
+                        names |= set(_group_options(group, None))
+                if not group:  # the app's settings schemas are no primary configs
+                    stored = ConfigStore.instance().list("")
+                    names -= {
+                        name.removesuffix(".yaml") for name in stored if name.endswith(".yaml")
+                    }
+                return sorted(name for name in names if not name.startswith("_"))
+
+            # Before composing, which would merge `deployment=[a,b]` without a word and compose
+            # `deployment=../resources/default` forever.
+            overrides = _parsed(line.overrides) if line is not None else []
+            refused = _group_value_problem(overrides, listed)
+            if refused is not None:
+                fail(prog, f"{refused}; `{invoked} --help` lists the settings")
             if not compose_once or any(arg.startswith("-") for arg in args):
-                with _compose_errors_reported(prog, invoked, args, config_name, full_error):
+                with _compose_errors_reported(prog, invoked, line, listed, full_error):
                     hydra_main()
                 return
             with _config_source(config_path, run):
-                with _compose_errors_reported(prog, invoked, args, config_name, full_error):
+                with _compose_errors_reported(prog, invoked, line, listed, full_error):
                     cfg = compose(config_name, overrides=args, return_hydra_config=True)
                 HydraConfig.instance().set_config(cfg)  # as @hydra.main would
                 configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
@@ -166,21 +282,25 @@ def hydra_app(
             if settings is not None:
                 register_settings(config_name, settings)
             try:
-                with _options_resolver(config_name):
-                    try:
-                        start(sys.argv[1:])
-                    finally:
-                        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+                with _options_resolver(config_name), _stdout_watched():
+                    start(sys.argv[1:])
             except _RaisedByTheApp as carried:
                 error = carried.error
-            except BrokenPipeError:
-                error = None
+            except _StdoutFailed as failed:
+                _stdout_to_devnull()
+                if isinstance(failed.error, BrokenPipeError):
+                    # The reader went away (`| head`): what it read was all it wanted.
+                    raise SystemExit(0) from None
+                fail(
+                    prog,
+                    f"stdout can't take the output ({failed.error.strerror}); send it to a file "
+                    "or pipe that can, e.g. > output.txt",
+                )
+            except KeyboardInterrupt:
+                print(f"{prog}: interrupted", file=sys.stderr)
+                raise SystemExit(INTERRUPTED) from None
             else:
                 return
-            if error is None or isinstance(error, BrokenPipeError):
-                # The reader went away (`| head`): nothing left to tell, and nowhere to.
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-                raise SystemExit(1)
             raise error  # out of the except clause: the error keeps its own context
 
         main.__doc__ = f"The entry point of {prog}."
@@ -229,37 +349,54 @@ class _FullError:
 
 @contextlib.contextmanager
 def _compose_errors_reported(
-    prog: str, invoked: str, args: list[str], config_name: str, full_error: _FullError
+    prog: str,
+    invoked: str,
+    line: argparse.Namespace | None,
+    listed: Callable[[str], list[str]],
+    full_error: _FullError,
 ) -> Iterator[None]:
     """Hydra's and OmegaConf's compose errors raised inside as :func:`fail`."""
     try:
         with full_error.while_composing():
             yield
-    except (HydraException, OmegaConfBaseException, ValueError, OSError) as error:
+    except (
+        HydraException,
+        OmegaConfBaseException,
+        yaml.YAMLError,
+        ValueError,
+        OSError,
+    ) as error:
         if full_error.user_asked:
             raise
-        told = _told(error, args, config_name)
+        told = _told(error, line, listed)
         if told is None:
             raise
         fail(prog, f"{told}; `{invoked} --help` lists the settings")
 
 
-def _told(error: BaseException, args: list[str], config_name: str) -> str | None:
-    """``error``, raised while composing ``args``, as one paragraph; None where it is not a
-    mistake in ``args`` (a ``ValueError`` or ``OSError`` of Hydra's that no override explains)."""
+def _told(
+    error: BaseException, line: argparse.Namespace | None, listed: Callable[[str], list[str]]
+) -> str | None:
+    """``error``, raised while composing the command ``line``, as one paragraph; None where it is
+    not a mistake in ``line`` or in a config file (a ``ValueError`` or ``OSError`` of Hydra's that
+    no override explains). ``listed(group)`` names a config group's options."""
+    overrides = _parsed(line.overrides) if line is not None else []
+    if isinstance(error, yaml.YAMLError):
+        return not_yaml(error)
+    if isinstance(error, UnicodeDecodeError):
+        return _undecodable(error)
+    if (
+        isinstance(error, MissingConfigException)
+        and error.options is None
+        and line is not None
+        and line.config_name
+        and _names_config(line.config_name, error.missing_cfg_file)
+    ):
+        return not_a_primary_config(line.config_name, listed(""))
     if isinstance(error, HydraException | OmegaConfBaseException):
         return explain(error)
-    try:
-        overrides = OverridesParser.create().parse_overrides(args)
-    except HydraException:
-        return None
     for override in overrides:
-        key, value = override.key_or_group, override.value()
-        if isinstance(error, ValueError) and not isinstance(value, str | list):
-            # Hydra picks a config group's option by name only: `deployment=null` is no name.
-            options = _group_options(key, config_name)
-            if options:
-                return not_a_choice(key, (override.input_line or "").partition("=")[2], options)
+        key = override.key_or_group
         if isinstance(error, OSError) and error.filename and key in str(error.filename):
             # Hydra looks a key up as a config group on disk first; no setting is that long.
             shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key)} characters)"
@@ -267,12 +404,126 @@ def _told(error: BaseException, args: list[str], config_name: str) -> str | None
     return None
 
 
-def _group_options(group: str, config_name: str) -> list[str]:
+def _command_line(args: list[str]) -> argparse.Namespace | None:
+    """``args`` as Hydra's own argument parser reads them (flags, and the overrides); None where
+    it can't."""
+    parser = get_args_parser()
+    parser.exit_on_error = False
+    try:
+        return parser.parse_known_args(args)[0]
+    except argparse.ArgumentError:
+        return None
+
+
+def _parsed(overrides: list[str]) -> list[Override]:
+    """``overrides`` parsed; [] where one is no override Hydra can read (composing says so)."""
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return []
+
+
+def _refused(prog: str, invoked: str, args: list[str], *, compose_once: bool) -> str | None:
+    """What in ``args`` the app does not run, told before anything is composed, or None."""
+    line = _command_line(args)
+    if line is None:
+        return None
+    overrides = _parsed(line.overrides)
+    if line.shell_completion:
+        asked = [o.key_or_group for o in overrides if o.key_or_group in SHELL_COMPLETION]
+        if len(asked) == 1:
+            return None
+        given = " ".join(line.overrides) if line.overrides else "alone"
+        return (
+            f"--shell-completion {given} is not supported: it takes one of "
+            "install=SHELL or uninstall=SHELL (SHELL: bash, zsh or fish), e.g. "
+            f'eval "$({invoked} --shell-completion install=bash)"'
+        )
+    for override in overrides:
+        key = override.key_or_group
+        if override.is_sweep_override():
+            return (
+                f"{override.input_line} is a sweep (one run per value), and {prog} runs once; "
+                f"give {key} one value and run {prog} once per value, or write a list as "
+                f"{key}=[a,b] and a string with commas quoted, {key}='a,b'"
+            )
+        if compose_once and key.startswith("hydra/"):
+            return (
+                f"{override.input_line} is not supported: {prog} runs without Hydra's job "
+                "set-up (no log files, no output folders), so Hydra's own config groups stay "
+                f"as its config sets them; leave {key} out"
+            )
+    return None
+
+
+def _group_value_problem(
+    overrides: list[Override], listed: Callable[[str], list[str]]
+) -> str | None:
+    """An override of a config group whose value is not one plain option name (a list, a path,
+    null, a number), or None. Hydra would merge a list's options, read a path as a file beside
+    the group's, and refuse the rest in words of its own."""
+    for override in overrides:
+        if override.is_delete() or override.is_sweep_override():
+            continue
+        group, value = override.key_or_group, override.value()
+        options = listed(group)
+        if not options or (isinstance(value, str) and value in options):
+            continue
+        text = (override.input_line or "").partition("=")[2]
+        if isinstance(value, list):
+            why = f": {group}= takes one name, and a list would merge several"
+            return not_a_choice(group, text, options, why, closest=False)
+        if not isinstance(value, str):
+            return not_a_choice(group, text, options)
+        if value in (".", "..") or posixpath.basename(value) != value:
+            return not_a_choice(group, text, options, f": {group}= takes a name, not a path")
+    return None
+
+
+def _undecodable(error: UnicodeDecodeError) -> str | None:
+    """``error``, met reading a config file, as a sentence naming the file and the line; None
+    where the traceback holds no file being read."""
+    path = _file_being_read(error)
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+        data.decode(error.encoding)
+    except UnicodeDecodeError as found:
+        return not_utf8(path, data, found)
+    except OSError:
+        return None
+    return None
+
+
+def _file_being_read(error: BaseException) -> str | None:
+    """The name of the text file that the innermost frame of ``error``'s traceback holding one
+    was reading, or None."""
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            name = getattr(value, "name", None) if isinstance(value, io.TextIOBase) else None
+            if isinstance(name, str):
+                return name
+    return None
+
+
+def _names_config(given: str, missing: str | None) -> bool:
+    """Whether ``--config-name=given`` is the config Hydra reports ``missing``."""
+    return missing is not None and given.strip("/").removesuffix(".yaml") == missing.removesuffix(
+        ".yaml"
+    )
+
+
+def _group_options(group: str, config_name: str | None) -> list[str]:
     """The options of config group ``group`` (with the primary config's search path), or []."""
     if not GlobalHydra.instance().is_initialized():
         return []
     loader = GlobalHydra.instance().config_loader()
-    return loader.get_group_options(group, config_name=config_name)
+    try:
+        return loader.get_group_options(group, config_name=config_name)
+    except (HydraException, OSError):  # a key too long for a folder's name, ...
+        return []
 
 
 @contextlib.contextmanager
@@ -299,6 +550,15 @@ def _composes_with(config_name: str, group: str, option: str, key: str) -> bool:
     except (HydraException, OmegaConfBaseException):
         return False
     return cfg.get(key) is not None
+
+
+def _hydra_initialized(
+    config_path: str, run: Callable[..., object]
+) -> contextlib.AbstractContextManager[object]:
+    """Hydra as it is where it is initialized (composing), else on ``config_path``."""
+    if GlobalHydra.instance().is_initialized():
+        return contextlib.nullcontext()
+    return _config_source(config_path, run)
 
 
 def _config_source(

@@ -27,7 +27,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import resolve
 from mstar_resources.app import register_settings
-from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, default_output_dir
+from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, shipped_deployments
 from mstar_resources.calibration.engines import engine_buffers_mb
 from mstar_resources.profile import load_profile
 from mstar_resources.settings import DryRunSettings
@@ -40,7 +40,7 @@ ENGINES = ["vLLM", "SGLang", "TensorRT-LLM", "MLC-LLM"]
 
 
 def calibrated_deployments() -> list[str]:
-    folder = default_output_dir()
+    folder = shipped_deployments()
     return sorted(p.stem for p in folder.glob(f"*{CALIBRATED_SUFFIX}.yaml"))
 
 

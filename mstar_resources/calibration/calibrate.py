@@ -47,6 +47,12 @@ never the installed package. Hydra finds ``calibrated/deployment/<name>_calibrat
 ``--config-dir calibrated`` or ``hydra.searchpath: [file://calibrated]``."""
 
 
+def shipped_deployments() -> Path:
+    """The ``deployment`` group of the installed ``conf`` (the source tree's, when editable):
+    where the shipped deployments, calibrated ones included, are."""
+    return Path(str(importlib.resources.files("mstar_resources.conf"))) / "deployment"
+
+
 def default_output_dir() -> Path:
     """The ``deployment`` group of :data:`DEFAULT_CONFIG_DIR`, under the working directory."""
     return DEFAULT_CONFIG_DIR / "deployment"
@@ -57,9 +63,9 @@ def how_to_compose(path: Path) -> str:
     name = path.stem
     if path.parent.name != "deployment":
         return f"move it into the deployment/ folder of a config dir, then use deployment={name}"
-    config_dir = path.parent.parent
-    if config_dir.absolute() == Path(str(importlib.resources.files("mstar_resources.conf"))):
+    if path.parent.absolute() == shipped_deployments().absolute():
         return f"use it with deployment={name}"
+    config_dir = path.parent.parent
     return (
         f"use it with --config-dir {config_dir} deployment={name} (or list "
         f"file://{config_dir.absolute()} under hydra.searchpath)"
