@@ -103,9 +103,10 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
     return profile, records, roles
 
 
-def load(cfg: DictConfig, profile: CalibrationProfile) -> Workload:
+def load(cfg: DictConfig, profile: CalibrationProfile, rank: int = 0) -> Workload:
     """The requests the settings name: the synthetic trace, or a slice of a trace file (a bad
-    file refused naming the file, the line and the replay's settings)."""
+    file refused naming the file, the line and the replay's settings; a large one read under a
+    progress bar on rank 0)."""
     return load_workload(
         cfg.trace,
         requests=cfg.requests,
@@ -114,35 +115,35 @@ def load(cfg: DictConfig, profile: CalibrationProfile) -> Workload:
         seed=cfg.seed,
         vocab_size=cfg.vocab_size,
         max_model_len=profile.limits.max_model_len,
+        progress=cfg.progress and rank == 0,
     )
 
 
 def dry_run(workload: Workload, profile: CalibrationProfile) -> str:
     """What serving ``workload`` asks of an engine with ``profile``'s limits, scheduled on this
-    machine with as many KV pages as every request could hold at once."""
+    machine with a KV cache no request waits for. The requests stream through the scheduler, so
+    memory holds the requests in flight, whatever the trace's length."""
     from . import report as reporting
-    from .scheduler import schedule
+    from .scheduler import scheduled_steps
 
     page = profile.model.page_size
-    lifetimes = [-(-(r.prompt_len + r.output_len) // page) for r in workload.requests]
-    steps = schedule(
-        workload.requests,
+    steps = busiest = tokens = pages = 0
+    for step in scheduled_steps(
+        workload.requests(),
         max_num_seqs=profile.limits.max_num_seqs,
         max_num_batched_tokens=profile.limits.max_num_batched_tokens,
         cuda_graph_batch_sizes=profile.cuda_graph_batch_sizes,
-        num_pages=sum(lifetimes) + 1,
+        num_pages=sys.maxsize,
         page_size=page,
-    )
-    pages = 1 + max(
-        (max(chunk.pages) for step in steps for chunk in (*step.prefill, *step.decode)
-         if chunk.pages),
-        default=0,
-    )  # fmt: skip
-    busiest = max((len(step.prefill) + len(step.decode) for step in steps), default=0)
-    tokens = max((step.num_tokens for step in steps), default=0)
+    ):
+        steps += 1
+        busiest = max(busiest, len(step.prefill) + len(step.decode))
+        tokens = max(tokens, step.num_tokens)
+        for chunk in (*step.prefill, *step.decode):
+            pages = max(pages, chunk.pages[-1] + 1)  # a request's pages ascend
     return "\n".join(
         [
-            reporting.trace_line(reporting.trace_summary(workload, len(steps))),
+            reporting.trace_line(reporting.trace_summary(workload, steps)),
             f"most requests in a step: {busiest:,} (max_num_seqs {profile.limits.max_num_seqs:,});"
             f" most tokens in a step: {tokens:,} (max_num_batched_tokens "
             f"{profile.limits.max_num_batched_tokens:,}); KV pages of {page} tokens the "
@@ -256,7 +257,7 @@ def main(cfg: DictConfig) -> None:
     device_setting = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if ranks > 1 else cfg.device
     device = cuda_device(device_setting, "the replay runs on a GPU")
     check_flashinfer(profile)  # what this FlashInfer can plan, before any GPU work
-    workload = load(cfg, profile)  # a trace of any size is read only where it can be served
+    workload = load(cfg, profile, rank)  # a trace of any size is read only where it can be served
     import torch
     import torch.distributed as dist
 
@@ -349,8 +350,9 @@ def _replay(
     # Free memory is measured once, now, before either setup's workspaces are made: each setup's
     # own are then taken from it (the library's as its records reserve them).
     pages = kv_pages(gpu.free_bytes(), workspace_bytes, shape, cfg.memory_utilization)
+    requests = list(workload.requests())
     steps = schedule(
-        workload.requests,
+        requests,
         max_num_seqs=profile.limits.max_num_seqs,
         max_num_batched_tokens=profile.limits.max_num_batched_tokens,
         cuda_graph_batch_sizes=profile.cuda_graph_batch_sizes,
@@ -358,7 +360,7 @@ def _replay(
         page_size=shape.page_size,
     )
     runs = _serve_setups(
-        cfg, model, profile, roles, workspace_bytes["fixed"], pages, steps, workload.requests, gpu
+        cfg, model, profile, roles, workspace_bytes["fixed"], pages, steps, requests, gpu
     )
     results = [pooled(runs["library"]), pooled(runs["fixed"])]
     report = reporting.rank_report(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -401,16 +401,22 @@ class Setup:
     # --- serving ------------------------------------------------------------------------------
 
     def serve(
-        self, steps: Sequence[Step], trace: Sequence[Request], progress: Any = None
+        self, steps: Iterable[Step], trace: Iterable[Request], progress: Any = None
     ) -> SetupResult:
-        prompts = {request.id: request.prompt for request in trace}
+        requests = {request.id: request for request in trace}
+        prompts: dict[int, tuple[int, ...]] = {}  # drawn when a request starts, dropped at its end
         tokens = self.result.tokens
         try:
             for step in steps:
+                for chunk in step.prefill:
+                    if chunk.start == 0:
+                        prompts[chunk.request] = requests[chunk.request].prompt()
                 if step.prefill:
                     self._prefill_step(step.prefill, prompts, tokens)
                 if step.decode:
                     self._decode_step(step, tokens)
+                for request in step.finished:
+                    del prompts[request]
                 self.result.steps_served += 1
                 if progress is not None:
                     progress.update()

@@ -55,10 +55,10 @@ def trace_summary(workload: Workload, steps: int) -> dict[str, Any]:
     (the generated tokens are the trace's outputs, what each setup yields when it completes)."""
     return {
         **workload.source,
-        "requests": len(workload.requests),
+        "requests": workload.served,
         "steps": steps,
-        "prompt_tokens": sum(request.prompt_len for request in workload.requests),
-        "generated_tokens": sum(request.output_len for request in workload.requests),
+        "prompt_tokens": workload.prompt_tokens,
+        "generated_tokens": workload.generated_tokens,
     }
 
 

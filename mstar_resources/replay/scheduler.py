@@ -8,9 +8,10 @@ runs the same steps: same inputs, same batches, same pages, same generated token
 from __future__ import annotations
 
 import bisect
+import collections
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .._limits import argument_problem
@@ -18,10 +19,10 @@ from ..errors import ResourceConfigError
 from ..units import is_positive_int
 from .trace import Request
 
-__all__ = ["Chunk", "Step", "pages_for", "schedule", "summary"]
+__all__ = ["Chunk", "Step", "pages_for", "schedule", "scheduled_steps", "summary"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Chunk:
     """The tokens of one request that run in one step."""
 
@@ -31,16 +32,35 @@ class Chunk:
     """Position of its first token in the request's sequence (prompt, then output)."""
     length: int
     """Tokens it runs this step; 1 for a decode."""
-    pages: tuple[int, ...]
-    """The request's KV-cache page ids, in order, that cover positions [0, start + length)."""
+    page_table: tuple[int, ...]
+    """KV-cache page ids, in order: the request's pages for its whole life, one tuple shared by
+    all its chunks (a schedule holds no copies), or with ``page_size`` 0 exactly :attr:`pages`."""
     samples: bool
     """Whether it yields an output token: a decode always does, a prefill chunk when it ends the
     prompt (that token is the request's first)."""
+    page_size: int = 0
+    """Tokens a page holds, which picks :attr:`pages` out of ``page_table``; 0: all of it."""
 
     @property
     def end(self) -> int:
         """Position one past its last token."""
         return self.start + self.length
+
+    @property
+    def pages(self) -> tuple[int, ...]:
+        """The request's page ids, in order, that cover positions [0, end)."""
+        if not self.page_size:
+            return self.page_table
+        return self.page_table[: -(-self.end // self.page_size)]
+
+    def _key(self) -> tuple[int, int, int, tuple[int, ...], bool]:
+        return self.request, self.start, self.length, self.pages, self.samples
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Chunk) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
 
 @dataclass(frozen=True)
@@ -83,29 +103,38 @@ class _Running:
 
     def chunk(self, start: int, length: int, page_size: int, samples: bool) -> Chunk:
         """The chunk of ``length`` tokens from ``start``, with the pages that cover it."""
-        covered = math.ceil((start + length) / page_size)
-        return Chunk(self.request.id, start, length, self.pages[:covered], samples)
+        return Chunk(self.request.id, start, length, self.pages, samples, page_size)
 
 
 class _PagePool:
     """Free KV-cache pages, handed out lowest id first so that a schedule never depends on the
-    order in which pages were freed. A heap: taking or giving a page costs ``log n`` whatever the
-    cache's size (a sorted list cost ``n``, which hundreds of thousands of pages made slow)."""
+    order in which pages were freed. Pages from ``never_taken`` up have never been handed out and
+    are not stored; those given back wait in a heap, so the pool holds at most the pages in use
+    at once, and taking or giving one costs ``log n`` whatever the cache's size."""
 
     def __init__(self, num_pages: int) -> None:
-        self._free = list(range(num_pages))  # sorted: already a heap
+        self._num_pages = num_pages
+        self.never_taken = 0
+        """The lowest page id never handed out: the pages a schedule reached."""
+        self._given_back: list[int] = []
 
     def __len__(self) -> int:
-        return len(self._free)
+        return self._num_pages - self.never_taken + len(self._given_back)
 
     def take(self, count: int) -> tuple[int, ...]:
         """The ``count`` lowest free pages, now taken, in ascending order."""
-        return tuple(heapq.heappop(self._free) for _ in range(count))
+        return tuple(self._take_one() for _ in range(count))
+
+    def _take_one(self) -> int:
+        if self._given_back:  # each is below never_taken
+            return heapq.heappop(self._given_back)
+        self.never_taken += 1
+        return self.never_taken - 1
 
     def give(self, pages: Sequence[int]) -> None:
         """Return ``pages`` to the pool."""
         for page in pages:
-            heapq.heappush(self._free, page)
+            heapq.heappush(self._given_back, page)
 
 
 def pages_for(request: Request, page_size: int) -> int:
@@ -114,7 +143,7 @@ def pages_for(request: Request, page_size: int) -> int:
 
 
 def schedule(
-    trace: Sequence[Request],
+    trace: Iterable[Request],
     *,
     max_num_seqs: int,
     max_num_batched_tokens: int,
@@ -122,7 +151,33 @@ def schedule(
     num_pages: int,
     page_size: int,
 ) -> list[Step]:
-    """Every step that runs ``trace`` to its end.
+    """Every step that runs ``trace`` to its end: :func:`scheduled_steps`, as a list."""
+    return list(
+        scheduled_steps(
+            trace,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            cuda_graph_batch_sizes=cuda_graph_batch_sizes,
+            num_pages=num_pages,
+            page_size=page_size,
+        )
+    )
+
+
+def scheduled_steps(
+    trace: Iterable[Request],
+    *,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    cuda_graph_batch_sizes: Sequence[int],
+    num_pages: int,
+    page_size: int,
+) -> Iterator[Step]:
+    """The steps that run ``trace`` to its end, made as they are asked for.
+
+    ``trace`` is read as the clock reaches each arrival, so a trace streamed from a file costs
+    memory for the requests waiting and running only. Its requests come in arrival order with
+    increasing ids, as :func:`~.trace.read_trace` and :func:`~.trace.synthetic_trace` make them.
 
     Each step spends a budget of ``max_num_batched_tokens`` tokens: first one decode for each
     running request past its prompt, then the next prefill chunk of each running request still in
@@ -131,25 +186,47 @@ def schedule(
     head request's whole life are free; a head that does not fit blocks those behind it. Pages are
     freed after the step that produces a request's last token. When nothing runs and nothing has
     arrived, the clock jumps to the next arrival.
+
+    Raises :class:`ResourceConfigError` for a bad argument at once, and for a request out of
+    order, or one that could never fit ``num_pages``, when it is read.
     """
     sizes = _check_schedule_args(
-        trace,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         cuda_graph_batch_sizes=cuda_graph_batch_sizes,
         num_pages=num_pages,
         page_size=page_size,
     )
-    # Stable, so requests arriving at the same step keep their order in the trace.
-    queue = sorted(trace, key=lambda request: request.arrival_step)
-    head = 0
-    pool = _PagePool(num_pages)
+    return _steps(
+        _checked(trace, num_pages, page_size),
+        max_num_seqs,
+        max_num_batched_tokens,
+        sizes,
+        _PagePool(num_pages),
+        page_size,
+    )
+
+
+def _steps(
+    arrivals: Iterator[Request],
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    sizes: Sequence[int],
+    pool: _PagePool,
+    page_size: int,
+) -> Iterator[Step]:
+    """The steps of :func:`scheduled_steps`, its arguments checked."""
+    waiting: collections.deque[Request] = collections.deque()
+    upcoming = next(arrivals, None)  # the next request not yet arrived
     running: list[_Running] = []
-    steps: list[Step] = []
-    clock = 0
-    while head < len(queue) or running:
-        if not running:
-            clock = max(clock, queue[head].arrival_step)
+    index = clock = 0
+    while upcoming is not None or waiting or running:
+        if not running and not waiting:
+            assert upcoming is not None
+            clock = max(clock, upcoming.arrival_step)
+        while upcoming is not None and upcoming.arrival_step <= clock:
+            waiting.append(upcoming)
+            upcoming = next(arrivals, None)
         budget = max_num_batched_tokens
         decode: list[Chunk] = []
         prefill: list[Chunk] = []
@@ -175,34 +252,60 @@ def schedule(
                 budget -= _prefill(seq, budget, page_size, prefill, finished)
 
         while (
-            head < len(queue)
-            and queue[head].arrival_step <= clock
+            waiting
             and len(running) < max_num_seqs
             and budget > 0
-            and len(pool) >= pages_for(queue[head], page_size)
+            and len(pool) >= pages_for(waiting[0], page_size)
         ):
-            request = queue[head]
-            head += 1
+            request = waiting.popleft()
             seq = _Running(request, pool.take(pages_for(request, page_size)))
             running.append(seq)
             budget -= _prefill(seq, budget, page_size, prefill, finished)
 
-        steps.append(
-            Step(
-                index=len(steps),
-                prefill=tuple(prefill),
-                decode=tuple(decode),
-                graph_batch=_graph_batch(len(decode), sizes),
-                finished=tuple(seq.request.id for seq in finished),
-                clock=clock,
-            )
+        yield Step(
+            index=index,
+            prefill=tuple(prefill),
+            decode=tuple(decode),
+            graph_batch=_graph_batch(len(decode), sizes),
+            finished=tuple(seq.request.id for seq in finished),
+            clock=clock,
         )
         # Pages come back after the step: the finished requests' KV is still read during it.
         for seq in finished:
             running.remove(seq)
             pool.give(seq.pages)
+        index += 1
         clock += 1
-    return steps
+
+
+def _checked(trace: Iterable[Request], num_pages: int, page_size: int) -> Iterator[Request]:
+    """``trace``'s requests as they are read, each refused, naming it, if it is not a request,
+    comes out of order, or could never be admitted."""
+    last: Request | None = None
+    for request in trace:
+        if not isinstance(request, Request):
+            raise ResourceConfigError(f"trace holds {request!r}, which is not a Request")
+        if last is not None and request.id == last.id:
+            raise ResourceConfigError(f"trace holds request id {request.id!r} more than once")
+        if last is not None and request.id < last.id:
+            raise ResourceConfigError(
+                f"trace holds request id {request.id!r} after id {last.id!r}; ids increase in "
+                "arrival order"
+            )
+        if last is not None and request.arrival_step < last.arrival_step:
+            raise ResourceConfigError(
+                f"request {request.id} arrives at step {request.arrival_step}, before request "
+                f"{last.id} above it (step {last.arrival_step}); a trace comes in arrival order"
+            )
+        need = pages_for(request, page_size)
+        if need > num_pages:
+            raise ResourceConfigError(
+                f"request {request.id} needs {need} pages of page_size={page_size} for its "
+                f"prompt_len={request.prompt_len} + output_len={request.output_len} tokens, more "
+                f"than num_pages={num_pages}; it could never be admitted"
+            )
+        yield request
+        last = request
 
 
 def _prefill(
@@ -231,15 +334,10 @@ def _graph_batch(batch: int, sizes: Sequence[int]) -> int | None:
 
 
 def _check_schedule_args(
-    trace: Sequence[Request],
-    *,
-    cuda_graph_batch_sizes: Sequence[int],
-    num_pages: int,
-    page_size: int,
-    **limits: int,
+    *, cuda_graph_batch_sizes: Sequence[int], num_pages: int, page_size: int, **limits: int
 ) -> list[int]:
-    """Raise for the first unusable argument of :func:`schedule`, naming it; the graph batch
-    sizes, sorted."""
+    """Raise for the first unusable argument of :func:`scheduled_steps`, naming it; the graph
+    batch sizes, sorted."""
     for name, value in {**limits, "num_pages": num_pages, "page_size": page_size}.items():
         if (problem := argument_problem(name, value, whole=True, ge=1)) is not None:
             raise ResourceConfigError(problem)
@@ -250,20 +348,6 @@ def _check_schedule_args(
         )
     if len(set(sizes)) != len(sizes):
         raise ResourceConfigError(f"cuda_graph_batch_sizes={sizes!r} must be distinct")
-    ids = set()
-    for request in trace:
-        if not isinstance(request, Request):
-            raise ResourceConfigError(f"trace holds {request!r}, which is not a Request")
-        if request.id in ids:
-            raise ResourceConfigError(f"trace holds request id {request.id!r} more than once")
-        ids.add(request.id)
-        need = pages_for(request, page_size)
-        if need > num_pages:
-            raise ResourceConfigError(
-                f"request {request.id} needs {need} pages of page_size={page_size} for its "
-                f"prompt_len={request.prompt_len} + output_len={request.output_len} tokens, more "
-                f"than num_pages={num_pages}; it could never be admitted"
-            )
     return sorted(sizes)
 
 

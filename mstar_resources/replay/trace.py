@@ -4,17 +4,18 @@ same arguments always give the same trace."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import io
 import json
 import math
 import random
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
+from typing import Any
 
 from .._limits import argument_problem
 from ..errors import ResourceConfigError
@@ -25,33 +26,40 @@ __all__ = ["CSV_COLUMNS", "JSONL_KEYS", "Request", "TraceFile", "read_trace", "s
 
 @dataclass(frozen=True)
 class Request:
-    """One request of a trace: its prompt, how many tokens it generates, and when it arrives."""
+    """One request of a trace: its prompt's length, how many tokens it generates, and when it
+    arrives. Its prompt's token ids are drawn only when asked for (:meth:`prompt`), so a trace of
+    any length holds no tokens."""
 
     id: int
-    """Unique within a trace; a synthetic trace numbers its requests 0..n-1 in arrival order."""
+    """Unique within a trace; traces number their requests 0..n-1 in arrival order."""
     arrival_step: int
     """The engine step at which it arrives (it can be admitted from that step on)."""
-    prompt: tuple[int, ...]
-    """Its token ids, each in [0, vocab_size)."""
+    prompt_len: int
+    """Tokens in its prompt."""
     output_len: int
     """Tokens it generates; it ends after exactly that many (there is no EOS)."""
+    vocab_size: int = 1
+    """Its prompt's token ids are in [0, vocab_size)."""
+    prompt_seed: int = 0
+    """Seeds the draw of its prompt's token ids."""
 
     def __post_init__(self) -> None:
         if not is_int(self.arrival_step) or self.arrival_step < 0:
             raise ResourceConfigError(
                 f"request {self.id}: arrival_step={self.arrival_step!r} must be a whole number >= 0"
             )
-        if not self.prompt:
-            raise ResourceConfigError(f"request {self.id}: prompt is empty; it needs a token")
-        if not is_positive_int(self.output_len):
-            raise ResourceConfigError(
-                f"request {self.id}: output_len={self.output_len!r} must be a positive whole number"
-            )
+        for name in ("prompt_len", "output_len", "vocab_size"):
+            value = getattr(self, name)
+            if not is_positive_int(value):
+                raise ResourceConfigError(
+                    f"request {self.id}: {name}={value!r} must be a positive whole number"
+                )
 
-    @property
-    def prompt_len(self) -> int:
-        """Tokens in its prompt."""
-        return len(self.prompt)
+    def prompt(self) -> tuple[int, ...]:
+        """Its prompt's ``prompt_len`` token ids, drawn from ``random.Random(prompt_seed)``: the
+        same ids at every call."""
+        draw = random.Random(self.prompt_seed)
+        return tuple(draw.choices(range(self.vocab_size), k=self.prompt_len))
 
 
 def synthetic_trace(
@@ -70,7 +78,8 @@ def synthetic_trace(
     Prompt and output lengths are log-normal around their medians (``sigma`` is the spread of their
     logarithm), clipped so each is at least 1 and together they fit ``max_model_len``. Gaps between
     arrivals are exponential with mean ``1 / arrivals_per_step`` steps; the first request arrives at
-    step 0 and arrival steps are the running sum rounded down.
+    step 0 and arrival steps are the running sum rounded down. Each prompt's seed is the next
+    64 bits of the same generator.
     """
     _check_trace_args(
         num_requests=num_requests,
@@ -83,7 +92,6 @@ def synthetic_trace(
         arrivals_per_step=arrivals_per_step,
     )
     rng = random.Random(seed)
-    tokens = range(vocab_size)
     requests = []
     clock = 0.0
     for index in range(num_requests):
@@ -99,8 +107,10 @@ def synthetic_trace(
             Request(
                 id=index,
                 arrival_step=math.floor(clock),
-                prompt=tuple(rng.choices(tokens, k=prompt_len)),
+                prompt_len=prompt_len,
                 output_len=output_len,
+                vocab_size=vocab_size,
+                prompt_seed=rng.getrandbits(64),
             )
         )
     return requests
@@ -165,10 +175,10 @@ _FIX = "fix the row, or read a slice without it (offset, limit)"
 
 @dataclass(frozen=True)
 class TraceFile:
-    """The requests read from a slice of a trace file, and what became of its rows."""
+    """A slice of a trace file, checked whole, and what became of its rows. Its requests are read
+    again from the file each time they are asked for (:meth:`requests`), so holding one costs
+    no memory for its rows."""
 
-    requests: list[Request]
-    """The requests kept, in arrival order, with ids 0..n-1; prompts are seeded random tokens."""
     path: Path
     """The file, as given."""
     offset: int
@@ -177,14 +187,50 @@ class TraceFile:
     """Rows in the slice: the requests kept plus those refused."""
     rows_in_file: int
     """Rows in the whole file; those outside the slice are counted, not checked."""
+    served: int
+    """Requests kept: the rows read less those refused."""
     refused: int
     """Rows whose prompt has ``max_model_len`` tokens or more: an engine rejects them unserved."""
     clipped: int
     """Requests whose output was cut to end at ``max_model_len`` tokens, as an engine stops them."""
+    prompt_tokens: int
+    """Prompt tokens of the requests kept."""
+    output_tokens: int
+    """Tokens the requests kept generate (after clipping)."""
     span_s: float
     """Seconds from the slice's first arrival to its last (refused rows included)."""
     step_ms: float
     """Milliseconds one engine step stood for when arrival times became arrival steps."""
+    in_order: bool
+    """Whether the slice's rows are in arrival order, as production traces are: its requests
+    then stream from the file; a slice that is not is sorted in memory each time it is read."""
+    _read: _SliceReader = field(compare=False, repr=False)
+
+    def requests(self) -> Iterator[Request]:
+        """The requests kept, in arrival order, with ids 0..n-1, read from the file again. Each
+        prompt's seed is the next 64 bits of ``random.Random(seed)``, in arrival order."""
+        rows = self._read.rows()
+        if not self.in_order:
+            # Stable, so rows that arrive at the same time keep their order in the file.
+            rows = iter(sorted(rows, key=lambda row: row[0]))
+        first = self._read.first_arrival
+        step = Decimal(str(self.step_ms))  # str: 0.1 is 0.1 ms, not the float nearest it
+        rng = random.Random(self._read.seed)
+        served = 0
+        for arrival, prompt_len, output_len in rows:
+            fitted = _fit(prompt_len, output_len, self._read.max_model_len)
+            if fitted is None:
+                continue
+            steps = ((arrival - first) * 1000 / step).to_integral_value(rounding=ROUND_FLOOR)
+            yield Request(
+                id=served,
+                arrival_step=int(steps),
+                prompt_len=prompt_len,
+                output_len=fitted,
+                vocab_size=self._read.vocab_size,
+                prompt_seed=rng.getrandbits(64),
+            )
+            served += 1
 
 
 def read_trace(
@@ -196,8 +242,9 @@ def read_trace(
     step_ms: float,
     offset: int = 0,
     limit: int | None = None,
+    progress: bool = False,
 ) -> TraceFile:
-    """The requests of rows ``offset`` .. ``offset + limit - 1`` of a production trace file.
+    """Rows ``offset`` .. ``offset + limit - 1`` of a production trace file, checked.
 
     The suffix picks the format: ``.csv`` with the columns of :data:`CSV_COLUMNS` (the Azure LLM
     inference trace 2023; ``TIMESTAMP`` a date and time such as ``2023-11-16 18:17:03.9799600``,
@@ -205,12 +252,17 @@ def read_trace(
     :data:`JSONL_KEYS`. Rows are counted from 0 after the header; ``limit=None`` reads to the end,
     as does a ``limit`` past the file's last row (the slice is then the rest of the file).
 
+    The file is streamed: rows before the slice are skipped unparsed, rows after it are counted,
+    and memory does not grow with the file. ``progress`` shows a bar while a file of more than
+    :data:`PROGRESS_BYTES` is read. The requests come from :meth:`TraceFile.requests`.
+
     Arrivals are sorted by time, and ``step_ms`` (milliseconds one engine step stands for) maps
     each to the step ``floor((t - t_first) / step_ms)``, where ``t_first`` is the slice's first
-    arrival. The trace holds lengths only, so each prompt is ``prompt_len`` token ids drawn from
-    ``random.Random(seed)`` over ``range(vocab_size)``, in arrival order. As an engine does, a
-    prompt of ``max_model_len`` tokens or more is refused (not served; counted in ``refused``), and
-    an output that would run past ``max_model_len`` is cut to fit (counted in ``clipped``).
+    arrival. The trace holds lengths only, so each prompt is ``prompt_len`` token ids over
+    ``range(vocab_size)``, seeded from ``random.Random(seed)`` in arrival order. As an engine
+    does, a prompt of ``max_model_len`` tokens or more is refused (not served; counted in
+    ``refused``), and an output that would run past ``max_model_len`` is cut to fit (counted in
+    ``clipped``).
 
     Raises :class:`ResourceConfigError` for a bad argument, or a file that can't be read as a
     trace, naming the file, the line (from 1) and the value, before anything is served.
@@ -231,61 +283,147 @@ def read_trace(
             f"with the columns {','.join(CSV_COLUMNS)} '.csv', or JSON lines (one object a line "
             f"with {', '.join(JSONL_KEYS)}) '.jsonl' or '.json'"
         )
-    form = _FORMATS[suffix]
-    rows = _csv_rows(path) if form == "csv" else _jsonl_rows(path)
-    end = len(rows) if limit is None else min(offset + limit, len(rows))
-    if offset >= len(rows):
+    reader = _SliceReader(path, _FORMATS[suffix], offset, limit, seed, vocab_size, max_model_len)
+    rows_in_file = last_line = rows_read = refused = clipped = prompt_tokens = output_tokens = 0
+    earliest: Decimal | None = None
+    latest: Decimal | None = None
+    with _progress_bar(path, progress) as bar:
+        for index, line, fields in reader.every_row(bar):
+            rows_in_file, last_line = index + 1, line
+            if not reader.holds(index):
+                continue
+            arrival, prompt_len, output_len = reader.parse(line, fields)
+            rows_read += 1
+            earliest = arrival if earliest is None else min(earliest, arrival)
+            latest = arrival if latest is None else max(latest, arrival)
+            fitted = _fit(prompt_len, output_len, max_model_len)
+            if fitted is None:
+                refused += 1
+                continue
+            clipped += fitted < output_len
+            prompt_tokens += prompt_len
+            output_tokens += fitted
+    if rows_read == 0:
         raise ResourceConfigError(
-            f"trace file {path}: offset={offset} starts past its last row: it has {len(rows)} rows "
-            f"(counted from 0 after any header), the last at line {rows[-1][0]}; set offset "
-            f"below {len(rows)}"
+            f"trace file {path}: offset={offset} starts past its last row: it has "
+            f"{rows_in_file} rows (counted from 0 after any header), the last at line "
+            f"{last_line}; set offset below {rows_in_file}"
         )
-    names = CSV_COLUMNS if form == "csv" else JSONL_KEYS
-    parsed = [_parse_row(path, line, fields, names) for line, fields in rows[offset:end]]
-    # Stable, so rows that arrive at the same time keep their order in the file.
-    parsed.sort(key=lambda row: row[0])
-    first = parsed[0][0]
-    step = Decimal(str(step_ms))  # str: 0.1 is 0.1 ms, not the float nearest it
-    rng = random.Random(seed)
-    tokens = range(vocab_size)
-    requests: list[Request] = []
-    refused = clipped = 0
-    for arrival, prompt_len, output_len in parsed:
-        if prompt_len >= max_model_len:
-            refused += 1
-            continue
-        if prompt_len + output_len > max_model_len:
-            clipped += 1
-            output_len = max_model_len - prompt_len
-        steps = ((arrival - first) * 1000 / step).to_integral_value(rounding=ROUND_FLOOR)
-        requests.append(
-            Request(
-                id=len(requests),
-                arrival_step=int(steps),
-                prompt=tuple(rng.choices(tokens, k=prompt_len)),
-                output_len=output_len,
-            )
-        )
+    assert earliest is not None and latest is not None
+    reader.first_arrival = earliest
     return TraceFile(
-        requests=requests,
         path=path,
         offset=offset,
-        rows_read=len(parsed),
-        rows_in_file=len(rows),
+        rows_read=rows_read,
+        rows_in_file=rows_in_file,
+        served=rows_read - refused,
         refused=refused,
         clipped=clipped,
-        span_s=float(parsed[-1][0] - first),
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        span_s=float(latest - earliest),
         step_ms=step_ms,
+        in_order=reader.in_order,
+        _read=reader,
     )
 
 
-_Row = tuple[int, list[str] | str]
-"""A row of a trace file before its values are checked: its line (from 1), and the fields of
-:data:`CSV_COLUMNS` (CSV) or its text (JSON lines)."""
+PROGRESS_BYTES = 64 * 1024 * 1024
+"""Files larger than this show a progress bar while they are read, where one is asked for."""
+
+
+def _fit(prompt_len: int, output_len: int, max_model_len: int) -> int | None:
+    """The output length an engine serves a request with: cut to end at ``max_model_len``
+    tokens; None if the prompt alone reaches it (the engine refuses the request)."""
+    if prompt_len >= max_model_len:
+        return None
+    return min(output_len, max_model_len - prompt_len)
+
+
+_Row = tuple[int, int, list[str] | str]
+"""A row of a trace file before its values are checked: its index (from 0, after any header),
+its line (from 1), and the fields of :data:`CSV_COLUMNS` (CSV) or its text (JSON lines)."""
 
 _MAX_SECONDS = Decimal(10**12)
 """Arrival times at or beyond this many seconds (about 31,700 years) are refused: no trace means
 them, and they would run past the precision the steps are computed with."""
+
+
+class _SliceReader:
+    """Reads one slice of a trace file, as often as it is asked to."""
+
+    def __init__(
+        self,
+        path: Path,
+        form: str,
+        offset: int,
+        limit: int | None,
+        seed: int,
+        vocab_size: int,
+        max_model_len: int,
+    ) -> None:
+        self.path, self.form, self.offset = path, form, offset
+        self.end = None if limit is None else offset + limit
+        self.seed, self.vocab_size, self.max_model_len = seed, vocab_size, max_model_len
+        self.names = CSV_COLUMNS if form == "csv" else JSONL_KEYS
+        self.first_arrival = Decimal(0)
+        """The slice's earliest arrival, set once the slice has been read."""
+        self.in_order = True
+        """Whether no row of the slice arrives before the row above it."""
+        self._last: Decimal | None = None
+
+    def holds(self, index: int) -> bool:
+        """Whether row ``index`` is in the slice."""
+        return self.offset <= index and (self.end is None or index < self.end)
+
+    def parse(self, line: int, fields: list[str] | str) -> tuple[Decimal, int, int]:
+        """A row's arrival and lengths, checked; notes whether the slice stays in order."""
+        row = _parse_row(self.path, line, fields, self.names)
+        if self._last is not None and row[0] < self._last:
+            self.in_order = False
+        self._last = row[0] if self._last is None else max(self._last, row[0])
+        return row
+
+    def every_row(self, bar: _Bar) -> Iterator[_Row]:
+        """Every row of the file, unparsed."""
+        lines = _lines(self.path, bar)
+        return _csv_rows(self.path, lines) if self.form == "csv" else _jsonl_rows(self.path, lines)
+
+    def rows(self) -> Iterator[tuple[Decimal, int, int]]:
+        """The slice's rows, parsed, read from the file again; the rows after it are not read."""
+        for index, line, fields in self.every_row(_Bar(None)):
+            if self.end is not None and index >= self.end:
+                return
+            if index >= self.offset:
+                yield _parse_row(self.path, line, fields, self.names)
+
+
+class _Bar:
+    """A progress bar over a file's bytes, or none."""
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+
+    def update(self, count: int) -> None:
+        if self._bar is not None:
+            self._bar.update(count)
+
+
+@contextlib.contextmanager
+def _progress_bar(path: Path, show: bool) -> Iterator[_Bar]:
+    """A bar over ``path``'s bytes where ``show`` and the file is large, else one that shows
+    nothing."""
+    try:
+        size = path.stat().st_size
+    except OSError:  # read_trace's reading says what is wrong with the path
+        size = 0
+    if not show or size <= PROGRESS_BYTES:
+        yield _Bar(None)
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}") as bar:
+        yield _Bar(bar)
 
 
 def _check_read_args(
@@ -315,10 +453,11 @@ def _check_read_args(
         raise ResourceConfigError(*problems, where="read_trace's arguments")
 
 
-def _text(path: Path) -> str:
-    """The file's text; a missing file, a folder or bytes that are not UTF-8 are refused."""
+def _lines(path: Path, bar: _Bar) -> Iterator[str]:
+    """The file's lines as text, read as they are needed; a missing file, a folder or bytes
+    that are not UTF-8 are refused."""
     try:
-        data = path.read_bytes()
+        file = path.open("rb")
     except FileNotFoundError:
         raise ResourceConfigError(f"trace file {path} does not exist; check the path") from None
     except IsADirectoryError:
@@ -328,21 +467,24 @@ def _text(path: Path) -> str:
             f"trace file {path} can't be read (permission denied); make it readable, or copy it "
             "somewhere that is"
         ) from None
-    try:
-        # -sig: a CSV saved by a spreadsheet may start with a byte-order mark.
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise ResourceConfigError(
-            f"trace file {path}, line {line}: byte {data[error.start]:#04x} is not UTF-8 text; "
-            "a trace file is text"
-        ) from None
+    with file:
+        # A line ends at b"\n", which is never part of another UTF-8 character.
+        for number, data in enumerate(file, start=1):
+            bar.update(len(data))
+            try:
+                # -sig: a CSV saved by a spreadsheet may start with a byte-order mark.
+                yield data.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise ResourceConfigError(
+                    f"trace file {path}, line {number}: byte {data[error.start]:#04x} is not "
+                    "UTF-8 text; a trace file is text"
+                ) from None
 
 
-def _csv_rows(path: Path) -> list[_Row]:
-    """Every row of a CSV trace after its header, with the line each ends on."""
-    # newline="": the csv module reads the line ends itself (a quoted field may hold one).
-    reader = csv.reader(io.StringIO(_text(path), newline=""))
+def _csv_rows(path: Path, lines: Iterator[str]) -> Iterator[_Row]:
+    """Every row of a CSV trace after its header, with its index and the line it ends on."""
+    # The lines keep their ends: the csv module reads them itself (a quoted field may hold one).
+    reader = csv.reader(lines)
     header = next((row for row in reader if row), None)
     if header is None:
         raise ResourceConfigError(
@@ -359,7 +501,7 @@ def _csv_rows(path: Path) -> list[_Row]:
         )
     positions = [columns.index(name) for name in CSV_COLUMNS]
     header_line = reader.line_num
-    rows: list[_Row] = []
+    index = 0
     for row in reader:
         if not row:  # a blank line, e.g. at the end
             continue
@@ -368,26 +510,27 @@ def _csv_rows(path: Path) -> list[_Row]:
                 f"trace file {path}, line {reader.line_num}: {','.join(row)!r} has {len(row)} "
                 f"fields, and the header has {len(header)}; each row needs one value a column"
             )
-        rows.append((reader.line_num, [row[index] for index in positions]))
-    if not rows:
+        yield index, reader.line_num, [row[position] for position in positions]
+        index += 1
+    if not index:
         raise ResourceConfigError(
             f"trace file {path} has a header (line {header_line}) and no rows after it; a trace "
             "needs at least one request"
         )
-    return rows
 
 
-def _jsonl_rows(path: Path) -> list[_Row]:
+def _jsonl_rows(path: Path, lines: Iterator[str]) -> Iterator[_Row]:
     """Every non-blank line of a JSON-lines trace, unparsed: only the slice is parsed."""
-    rows: list[_Row] = [
-        (line, text) for line, text in enumerate(_text(path).splitlines(), start=1) if text.strip()
-    ]
-    if not rows:
+    index = 0
+    for line, text in enumerate(lines, start=1):
+        if text.strip():
+            yield index, line, text.rstrip("\r\n")
+            index += 1
+    if not index:
         raise ResourceConfigError(
             f"trace file {path} is empty; a JSON-lines trace holds one object a line with "
             f"{', '.join(JSONL_KEYS)}"
         )
-    return rows
 
 
 def _parse_row(

@@ -3,6 +3,7 @@ made (and a bad file refused) while the settings are checked, before any GPU wor
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,14 +15,24 @@ __all__ = ["Workload", "load_workload"]
 
 @dataclass(frozen=True)
 class Workload:
-    """The requests to replay, and where they came from."""
+    """The requests to replay, where they came from, and what they add up to."""
 
-    requests: list[Request]
-    """In arrival order, with ids 0..n-1."""
     source: dict[str, Any]
     """What report.json's ``trace`` entry says of their origin: ``source`` (``synthetic`` or
     ``file``), ``seed``, ``max_model_len``, ``refused`` and ``clipped``; for a file also ``path``,
-    ``offset``, ``rows`` (read), ``rows_in_file``, ``span_s`` and ``step_ms``."""
+    ``offset``, ``rows`` (read), ``rows_in_file``, ``requested``, ``span_s`` and ``step_ms``."""
+    served: int
+    """Requests to serve."""
+    prompt_tokens: int
+    """Their prompts' tokens."""
+    generated_tokens: int
+    """The tokens they generate."""
+    _requests: Callable[[], Iterable[Request]]
+
+    def requests(self) -> Iterator[Request]:
+        """The requests, in arrival order, with ids 0..n-1; a file is read again at each call, so
+        a workload holds none of them."""
+        return iter(self._requests())
 
 
 def load_workload(
@@ -33,6 +44,7 @@ def load_workload(
     seed: int,
     vocab_size: int,
     max_model_len: int,
+    progress: bool = False,
 ) -> Workload:
     """The replay's requests, named by its settings of the same names.
 
@@ -40,14 +52,19 @@ def load_workload(
     drawn to fit ``max_model_len``, so none is refused or clipped. A path: rows ``trace_offset`` ..
     ``trace_offset + requests - 1`` of that file (:func:`read_trace`), arrivals mapped to steps of
     ``step_ms``; prompts of ``max_model_len`` tokens or more are refused, and outputs cut to fit.
-    Raises :class:`ResourceConfigError` for a file that can't be read as a trace, or a slice that
-    leaves nothing to serve.
+    The file is checked whole now and streamed again whenever its requests are asked for;
+    ``progress`` shows a bar while a large one is read. Raises :class:`ResourceConfigError` for
+    a file that can't be read as a trace, or a slice that leaves nothing to serve.
     """
     common = {"seed": seed, "max_model_len": max_model_len}
     if trace is None:
+        synthetic = synthetic_trace(requests, seed, max_model_len, vocab_size)
         return Workload(
-            synthetic_trace(requests, seed, max_model_len, vocab_size),
             {"source": "synthetic", **common, "refused": 0, "clipped": 0},
+            served=len(synthetic),
+            prompt_tokens=sum(request.prompt_len for request in synthetic),
+            generated_tokens=sum(request.output_len for request in synthetic),
+            _requests=lambda: synthetic,
         )
     try:
         read = read_trace(
@@ -58,6 +75,7 @@ def load_workload(
             step_ms=step_ms,
             offset=trace_offset,
             limit=requests,
+            progress=progress,
         )
     except ResourceConfigError as error:
         # read_trace names its own arguments (an offset past the end); say which setting it is.
@@ -70,7 +88,7 @@ def load_workload(
             ),
             where=error.where,
         ) from None
-    if not read.requests:
+    if not read.served:
         raise ResourceConfigError(
             f"trace file {read.path}: none of the {read.rows_read} rows read (trace_offset="
             f"{trace_offset}, requests={requests}) has a prompt shorter than "
@@ -79,7 +97,6 @@ def load_workload(
             "longer max_model_len"
         )
     return Workload(
-        read.requests,
         {
             "source": "file",
             "path": str(read.path),
@@ -93,4 +110,8 @@ def load_workload(
             "refused": read.refused,
             "clipped": read.clipped,
         },
+        served=read.served,
+        prompt_tokens=read.prompt_tokens,
+        generated_tokens=read.output_tokens,
+        _requests=read.requests,
     )

@@ -318,7 +318,7 @@ def deployment(name: str, *overrides: str) -> Deployment:
         limits, page = profile.limits, model.shape.page_size
         # Five short requests (see test_the_schedule_chunks_a_prompt_and_fills_a_decode_batch).
         trace = synthetic_trace(
-            5, 1, limits.max_model_len, model.shape.vocab_size, prompt_median=40,
+            5, 3, limits.max_model_len, model.shape.vocab_size, prompt_median=40,
             output_median=5, sigma=0.6, arrivals_per_step=1.0,
         )  # fmt: skip
         pages = limits.max_num_seqs * math.ceil(limits.max_model_len / page)

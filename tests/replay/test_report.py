@@ -21,8 +21,7 @@ from mstar_resources.replay.report import (
     trace_line,
     trace_summary,
 )
-from mstar_resources.replay.trace import Request
-from mstar_resources.replay.workload import Workload
+from mstar_resources.replay.workload import load_workload
 from mstar_resources.units import MIB
 
 SERVED = {"requests": 1998, "steps": 42013, "prompt_tokens": 2209565, "generated_tokens": 529807}
@@ -56,12 +55,17 @@ def test_the_trace_line_names_the_source_and_what_was_served(source, line):
 
 
 def test_the_summary_counts_the_requests_and_their_tokens():
-    requests = [Request(0, 0, (1, 2, 3), 4), Request(1, 7, (5,), 2)]
-    workload = Workload(requests, {"source": "synthetic", "seed": 3})
+    workload = load_workload(
+        None, requests=5, trace_offset=0, step_ms=10, seed=3, vocab_size=100, max_model_len=4096
+    )
+    requests = list(workload.requests())
     assert trace_summary(workload, steps=9) == {
-        "source": "synthetic", "seed": 3, "requests": 2, "steps": 9, "prompt_tokens": 4,
-        "generated_tokens": 6,
-    }  # fmt: skip
+        **workload.source,
+        "requests": 5,
+        "steps": 9,
+        "prompt_tokens": sum(r.prompt_len for r in requests),
+        "generated_tokens": sum(r.output_len for r in requests),
+    }
 
 
 def setup_result(name: str = "mstar-resources", **fields: Any) -> SetupResult:
@@ -82,7 +86,7 @@ OVERFLOW = SealedOverflow(
     message="workspace 'attention:prefill' is sealed at 1,048,576 bytes; set "
     "resources.attn.prefill.declared_mb=14 or more",
 )
-"""A sealed refusal, as a setup keeps it (the README's floor too small for the trace)."""
+"""A sealed refusal, as a setup keeps it (docs/replay.md's floor too small for the trace)."""
 
 
 @pytest.mark.parametrize(
@@ -147,17 +151,17 @@ def test_tokens_are_identical_only_where_both_setups_ran_to_the_end(ours, theirs
 
 
 TRACE = {
-    "source": "file", "path": ".gpu/traces/azure-conv-2023.csv", "offset": 0, "rows": 2000,
+    "source": "file", "path": "azure-conv-2023.csv", "offset": 0, "rows": 2000,
     "rows_in_file": 19366, "span_s": 424.3, "step_ms": 10.0, "seed": 0, "max_model_len": 131072,
     "refused": 0, "clipped": 0, "requests": 2000, "steps": 42013, "prompt_tokens": 2209565,
     "generated_tokens": 529807,
 }  # fmt: skip
-"""report.json's ``trace`` entry for the README's one-GPU run on the Azure conversation trace."""
+"""report.json's ``trace`` entry for docs/replay.md's one-GPU run on Azure's conversation trace."""
 
 
 def readme_run(**ours: Any) -> dict[str, Any]:
-    """The README's one-GPU run as one rank's report, rebuilt from setups' results with its
-    figures: decode steps whose median and p99 are the README's (1.495 and 1.975 ms, 1.344 and
+    """The one-GPU run in docs/replay.md as one rank's report, rebuilt from setups' results with its
+    figures: decode steps whose median and p99 are the doc's (1.495 and 1.975 ms, 1.344 and
     1.736 ms), and its tokens out. ``ours`` changes the library's setup."""
     tokens = {0: [0] * 529_807}
     results = [
@@ -196,7 +200,7 @@ def test_the_table_is_the_readme_s():
         "fixed 512 MiB           512.00        7,212,576          1.344   1.736     1.29     "
         "529,807                   0                 0",
         "ranks: 1; llama3-8b-h200_calibrated on NVIDIA H200",
-        "trace: .gpu/traces/azure-conv-2023.csv rows 0..1,999 of 19,366 (424.3 s at 10 ms a step, "
+        "trace: azure-conv-2023.csv rows 0..1,999 of 19,366 (424.3 s at 10 ms a step, "
         "seed 0): 2,000 requests served, 0 refused (prompt >= max_model_len 131,072), 0 clipped "
         "(output cut to fit); 42,013 steps; 2,209,565 prompt tokens, 529,807 generated",
         "KV-cache tokens: +25,040 a rank with mstar-resources (+0.35%); decode p50 ratio "

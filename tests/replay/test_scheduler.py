@@ -24,9 +24,7 @@ LIMITS = {
 
 def req(id: int, prompt_len: int, output_len: int, arrival: int = 0) -> Request:
     """A request whose tokens don't matter, only its lengths."""
-    return Request(
-        id=id, arrival_step=arrival, prompt=tuple(range(prompt_len)), output_len=output_len
-    )
+    return Request(id=id, arrival_step=arrival, prompt_len=prompt_len, output_len=output_len)
 
 
 def run(trace: list[Request], **overrides: object) -> list[Step]:
@@ -296,9 +294,9 @@ def test_freed_pages_are_reused_lowest_first():
             id="pages-too-few",
         ),
         pytest.param(
-            req(0, 100, 100),
+            req(2, 100, 100),
             {"num_pages": 10, "page_size": 16},
-            r"request 0 needs 13 pages of page_size=16",
+            r"request 2 needs 13 pages of page_size=16",
             id="pages-too-small",
         ),
     ],
@@ -329,6 +327,12 @@ def test_bad_argument_is_named(overrides, match):
     [
         pytest.param([req(0, 1, 1), req(0, 2, 1)], r"request id 0 more than once", id="dup-id"),
         pytest.param([req(0, 1, 1), "req"], r"trace holds 'req', which is not a Request", id="str"),
+        pytest.param([req(1, 1, 1), req(0, 1, 1)], r"id 0 after id 1; ids increase", id="id-down"),
+        pytest.param(
+            [req(0, 1, 1, arrival=5), req(1, 1, 1, arrival=4)],
+            r"request 1 arrives at step 4, before request 0 above it \(step 5\)",
+            id="out-of-order",
+        ),
     ],
 )
 def test_bad_trace_is_named(trace, match):

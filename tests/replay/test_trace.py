@@ -61,7 +61,7 @@ def test_lengths_and_tokens_within_limits(max_model_len, medians):
         assert request.prompt_len >= 1
         assert request.output_len >= 1
         assert request.prompt_len + request.output_len <= max_model_len
-        assert all(0 <= token < VOCAB for token in request.prompt)
+        assert all(0 <= token < VOCAB for token in request.prompt())
 
 
 @pytest.mark.parametrize(
@@ -118,15 +118,28 @@ def test_bad_argument_is_named(override, match):
 @pytest.mark.parametrize(
     ("fields", "match"),
     [
-        pytest.param({"prompt": ()}, r"request 3: prompt is empty", id="empty-prompt"),
+        pytest.param({"prompt_len": 0}, r"request 3: prompt_len=0 must be", id="empty-prompt"),
+        pytest.param({"vocab_size": 0}, r"request 3: vocab_size=0 must be", id="no-vocab"),
         pytest.param({"output_len": 0}, r"request 3: output_len=0 must be", id="no-output"),
         pytest.param({"arrival_step": -1}, r"request 3: arrival_step=-1 must be", id="negative"),
     ],
 )
 def test_bad_request_is_named(fields, match):
     with pytest.raises(ResourceConfigError, match=match):
-        Request(**{"id": 3, "arrival_step": 0, "prompt": (1, 2), "output_len": 1, **fields})
+        Request(**{"id": 3, "arrival_step": 0, "prompt_len": 2, "output_len": 1, **fields})
 
 
-def test_prompt_len_is_the_prompt_length():
-    assert Request(id=0, arrival_step=0, prompt=(5, 6, 7), output_len=2).prompt_len == 3
+def test_prompt_is_drawn_when_asked_the_same_each_time():
+    request = Request(id=0, arrival_step=0, prompt_len=300, output_len=2, vocab_size=7,
+                      prompt_seed=11)  # fmt: skip
+    prompt = request.prompt()
+    assert len(prompt) == 300 and set(prompt) <= set(range(7)) and len(set(prompt)) > 1
+    assert request.prompt() == prompt
+    other = Request(id=0, arrival_step=0, prompt_len=300, output_len=2, vocab_size=7,
+                    prompt_seed=12)  # fmt: skip
+    assert other.prompt() != prompt
+
+
+def test_synthetic_prompts_have_distinct_seeds():
+    requests = trace(num_requests=50)
+    assert len({r.prompt_seed for r in requests}) == 50

@@ -5,11 +5,13 @@ clipped as an engine does, seeded prompts, and each bad file refused naming file
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from mstar_resources.errors import ResourceConfigError
+from mstar_resources.replay import trace as trace_module
 from mstar_resources.replay.trace import TraceFile, read_trace
 
 VOCAB = 1000
@@ -66,16 +68,16 @@ def read(path: Path, **overrides: object) -> TraceFile:
 
 
 def lengths(trace: TraceFile) -> list[tuple[int, int]]:
-    return [(r.prompt_len, r.output_len) for r in trace.requests]
+    return [(r.prompt_len, r.output_len) for r in list(trace.requests())]
 
 
 def test_azure_rows_become_requests(tmp_path):
     trace = read(write(tmp_path, "azure.csv", AZURE_HEAD))
-    assert [r.id for r in trace.requests] == list(range(20))
+    assert [r.id for r in list(trace.requests())] == list(range(20))
     assert lengths(trace) == AZURE_LENGTHS
     # 18:15:50.9951690 - 18:15:46.6805900 = 4.314579 s, at 10 ms a step.
-    assert [r.arrival_step for r in trace.requests[:3]] == [0, 431, 454]
-    assert trace.requests[-1].arrival_step == 1302
+    assert [r.arrival_step for r in list(trace.requests())[:3]] == [0, 431, 454]
+    assert list(trace.requests())[-1].arrival_step == 1302
     assert (trace.rows_read, trace.rows_in_file, trace.offset) == (20, 20, 0)
     assert (trace.refused, trace.clipped) == (0, 0)
     assert trace.span_s == pytest.approx(13.025088)
@@ -90,7 +92,7 @@ def test_json_lines_read_like_the_csv(tmp_path, name):
     rows = [(46.68059 + i, prompt, output) for i, (prompt, output) in enumerate(AZURE_LENGTHS)]
     trace = read(write(tmp_path, name, jsonl(*rows)), step_ms=1000)
     assert lengths(trace) == AZURE_LENGTHS
-    assert [r.arrival_step for r in trace.requests] == list(range(20))
+    assert [r.arrival_step for r in list(trace.requests())] == list(range(20))
 
 
 @pytest.mark.parametrize(
@@ -105,7 +107,7 @@ def test_json_lines_read_like_the_csv(tmp_path, name):
 )
 def test_arrival_steps_count_step_ms_from_the_first(tmp_path, arrivals, step_ms, steps):
     path = write(tmp_path, "t.jsonl", jsonl(*((t, 3, 2) for t in arrivals)))
-    assert [r.arrival_step for r in read(path, step_ms=step_ms).requests] == steps
+    assert [r.arrival_step for r in list(read(path, step_ms=step_ms).requests())] == steps
 
 
 @pytest.mark.parametrize(
@@ -124,15 +126,15 @@ def test_arrival_steps_count_step_ms_from_the_first(tmp_path, arrivals, step_ms,
 def test_timestamps_are_read_to_the_digit(tmp_path, first, second, steps):
     text = f"TIMESTAMP,ContextTokens,GeneratedTokens\n{first},5,5\n{second},6,6\n"
     trace = read(write(tmp_path, "t.csv", text), step_ms=1)
-    assert [r.arrival_step for r in trace.requests] == [0, steps]
+    assert [r.arrival_step for r in list(trace.requests())] == [0, steps]
 
 
 def test_arrivals_are_sorted_and_ties_keep_file_order(tmp_path):
     path = write(tmp_path, "t.jsonl", jsonl((3, 30, 1), (1, 10, 1), (3, 31, 1), (2, 20, 1)))
     trace = read(path, step_ms=1000)
-    assert [r.prompt_len for r in trace.requests] == [10, 20, 30, 31]
-    assert [r.arrival_step for r in trace.requests] == [0, 1, 2, 2]
-    assert [r.id for r in trace.requests] == [0, 1, 2, 3]
+    assert [r.prompt_len for r in list(trace.requests())] == [10, 20, 30, 31]
+    assert [r.arrival_step for r in list(trace.requests())] == [0, 1, 2, 2]
+    assert [r.id for r in list(trace.requests())] == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize(
@@ -148,7 +150,7 @@ def test_arrivals_are_sorted_and_ties_keep_file_order(tmp_path):
 def test_a_slice_reads_those_rows(tmp_path, offset, limit, rows):
     trace = read(write(tmp_path, "azure.csv", AZURE_HEAD), offset=offset, limit=limit)
     assert lengths(trace) == [AZURE_LENGTHS[row] for row in rows]
-    assert trace.requests[0].arrival_step == 0
+    assert next(trace.requests()).arrival_step == 0
     assert (trace.offset, trace.rows_read, trace.rows_in_file) == (offset, len(rows), 20)
 
 
@@ -162,8 +164,8 @@ def test_prompts_past_the_context_are_refused_and_outputs_clipped(tmp_path):
     trace = read(write(tmp_path, "t.jsonl", jsonl(*rows)), max_model_len=100, step_ms=1000)
     assert lengths(trace) == [(99, 1), (99, 1), (50, 50), (50, 50), (1, 1)]
     # The refused first row still starts the clock: the slice arrived from its time on.
-    assert [r.arrival_step for r in trace.requests] == [1, 2, 4, 5, 6]
-    assert [r.id for r in trace.requests] == list(range(5))
+    assert [r.arrival_step for r in list(trace.requests())] == [1, 2, 4, 5, 6]
+    assert [r.id for r in list(trace.requests())] == list(range(5))
     assert (trace.rows_read, trace.refused, trace.clipped) == (7, 2, 2)
 
 
@@ -171,9 +173,11 @@ def test_same_seed_same_prompts_other_seed_other_prompts(tmp_path):
     path = write(tmp_path, "azure.csv", AZURE_HEAD)
     first, again, other = read(path, seed=3), read(path, seed=3), read(path, seed=4)
     assert first == again
-    assert [r.prompt for r in first.requests] != [r.prompt for r in other.requests]
+    assert [r.prompt() for r in list(first.requests())] != [
+        r.prompt() for r in list(other.requests())
+    ]
     assert lengths(first) == lengths(other)
-    assert all(0 <= token < VOCAB for r in first.requests for token in r.prompt)
+    assert all(0 <= token < VOCAB for r in list(first.requests()) for token in r.prompt())
 
 
 @pytest.mark.parametrize(
@@ -206,7 +210,7 @@ def test_json_lines_skip_blank_lines_and_ignore_other_keys(tmp_path):
     text += '{"output_len": 1, "arrival_s": 0.5, "prompt_len": 4}\n'
     trace = read(write(tmp_path, "t.jsonl", text), step_ms=100)
     assert lengths(trace) == [(3, 2), (4, 1)]
-    assert [r.arrival_step for r in trace.requests] == [0, 5]
+    assert [r.arrival_step for r in list(trace.requests())] == [0, 5]
     assert trace.rows_in_file == 2
 
 
@@ -425,10 +429,10 @@ def test_a_length_of_thousands_of_digits_is_refused_naming_it(tmp_path):
 def test_an_unreadable_file_is_refused_naming_it(tmp_path, monkeypatch):
     path = write(tmp_path, "t.csv", AZURE_HEAD)
 
-    def denied(self: Path) -> bytes:
+    def denied(self: Path, *args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr(Path, "open", denied)
     with pytest.raises(ResourceConfigError, match=r"t\.csv can't be read \(permission denied\)"):
         read(path)
 
@@ -478,11 +482,62 @@ def test_the_azure_conversation_trace(tmp_path):
     )
     assert (trace.rows_read, trace.rows_in_file) == (2000, 19366)
     # Of the first 2,000 rows, 26 prompts hold 4,096 tokens or more, and 117 others would run past.
-    assert (trace.refused, trace.clipped, len(trace.requests)) == (26, 117, 1974)
-    assert all(r.prompt_len + r.output_len <= 4096 for r in trace.requests)
-    arrivals = [r.arrival_step for r in trace.requests]
+    assert (trace.refused, trace.clipped, len(list(trace.requests()))) == (26, 117, 1974)
+    assert all(r.prompt_len + r.output_len <= 4096 for r in list(trace.requests()))
+    arrivals = [r.arrival_step for r in list(trace.requests())]
     assert arrivals[0] == 0
     assert arrivals == sorted(arrivals)
     # 18:15:46.6805900 to 18:22:50.9400470.
     assert trace.span_s == pytest.approx(424.259457)
     assert arrivals[-1] == 42425
+
+
+def azure_like(rows: int) -> str:
+    """``rows`` rows in the Azure trace's format, 10 ms apart, cycling through AZURE_LENGTHS."""
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for row in range(rows):
+        prompt, output = AZURE_LENGTHS[row % len(AZURE_LENGTHS)]
+        lines.append(f"{row / 100:.2f},{prompt},{output}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_file_in_arrival_order_streams_in_memory_that_does_not_grow_with_it(tmp_path):
+    """Reading and serving every row of a 40,000-row file holds a few rows at a time: its peak
+    is a small part of the file's size (the rows as Python objects would be many times it)."""
+    path = write(tmp_path, "big.csv", azure_like(40_000))
+    tracemalloc.start()
+    try:
+        trace = read(path, limit=None)
+        served = sum(1 for _ in trace.requests())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert trace.in_order and served == trace.served == 40_000
+    assert peak < path.stat().st_size / 8, f"peak {peak:,} B for a {path.stat().st_size:,} B file"
+
+
+def test_a_file_out_of_order_is_read_sorted_and_says_so(tmp_path):
+    rows = [(5, 10, 1), (1, 20, 1), (3, 30, 1)]
+    trace = read(write(tmp_path, "t.jsonl", jsonl(*rows)), step_ms=1000)
+    assert not trace.in_order
+    assert [(r.arrival_step, r.prompt_len) for r in trace.requests()] == [(0, 20), (2, 30), (4, 10)]
+
+
+def test_rows_before_the_slice_are_skipped_unparsed(tmp_path):
+    """A bad value before the offset is not read; the same value inside the slice is refused."""
+    text = azure_like(5).replace("0.01,396", "0.01,abc")
+    path = write(tmp_path, "t.csv", text)
+    assert lengths(read(path, offset=2)) == AZURE_LENGTHS[2:5]
+    with pytest.raises(ResourceConfigError, match=r"line 3: ContextTokens='abc'"):
+        read(path, offset=1)
+
+
+def test_a_large_file_is_read_under_a_progress_bar(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, "azure.csv", AZURE_HEAD)
+    read(path, progress=True)
+    assert "reading azure.csv" not in capsys.readouterr().err  # small: no bar
+    monkeypatch.setattr(trace_module, "PROGRESS_BYTES", 100)
+    read(path, progress=True)
+    assert "reading azure.csv" in capsys.readouterr().err
+    read(path, progress=False)
+    assert "reading azure.csv" not in capsys.readouterr().err

@@ -21,7 +21,7 @@ TIMESTAMP,ContextTokens,GeneratedTokens
 
 def test_no_file_is_the_synthetic_trace():
     workload = load_workload(None, **SETTINGS, max_model_len=4096)
-    assert workload.requests == synthetic_trace(3, 0, 4096, 100)
+    assert list(workload.requests()) == synthetic_trace(3, 0, 4096, 100)
     assert workload.source == {
         "source": "synthetic", "seed": 0, "max_model_len": 4096, "refused": 0, "clipped": 0,
     }  # fmt: skip
@@ -33,7 +33,7 @@ def test_a_file_s_slice_is_trace_offset_and_requests(tmp_path):
     settings = {**SETTINGS, "requests": 2, "trace_offset": 1}
     workload = load_workload(str(path), **settings, max_model_len=500)
     # Rows 1 and 2: 396 + 109 tokens are clipped to 500; 879 prompt tokens are refused.
-    assert [(r.prompt_len, r.output_len) for r in workload.requests] == [(396, 104)]
+    assert [(r.prompt_len, r.output_len) for r in workload.requests()] == [(396, 104)]
     assert workload.source == {
         "source": "file", "path": str(path), "offset": 1, "rows": 2, "rows_in_file": 4,
         "requested": 2,
