@@ -3,7 +3,7 @@
     python scripts/bench_cost_curve.py                 # llama3-8b-h200 on this GPU (needs CUDA)
     python scripts/bench_cost_curve.py llama3-70b-tp8-h200 --tokens 8192 65536 --seqs 256
     python scripts/bench_cost_curve.py --json /tmp/cost_curve.json --png /tmp/cost_curve.png
-    python scripts/bench_cost_curve.py --png docs/bench_cost_curve.png    # the README's figure
+    python scripts/bench_cost_curve.py --png docs/bench_cost_curve.png    # docs' figure
     python scripts/bench_cost_curve.py qwen3.5-122b-a10b-h200 --engine none   # plain decode
 
 For every point of ``--tokens`` (``max_num_batched_tokens``; default 8,192 to 65,536) by
@@ -28,8 +28,8 @@ each point are checked before any GPU work, with the rules the benchmarks share
 value on stderr and exit status 2, as does a machine without CUDA or FlashInfer. A progress bar
 over the points goes to stderr. It writes the rows only with ``--json PATH`` and draws a figure
 (x: max_num_batched_tokens, log2; y: MiB, log) only with ``--png PATH`` (matplotlib: the
-``bench`` extra), each into a folder that exists. It names the machine it measured on. The README
-quotes its output.
+``bench`` extra), each into a folder that exists. It names the machine it measured on.
+docs/benchmarks.md quotes its output.
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def heavy_imports(cwd: str) -> list[str]:
     """The torch and FlashInfer modules one dry run imports."""
     stderr = run([sys.executable, "-c", RUNNER], cwd).stderr
     lines = [line for line in stderr.splitlines() if line.startswith(MARKER)]
-    return json.loads(lines[-1].removeprefix(MARKER))
+    modules: list[str] = json.loads(lines[-1].removeprefix(MARKER))  # RUNNER's sorted names
+    return modules
 
 
 def seconds(command: list[str], cwd: str) -> float:

@@ -2,7 +2,7 @@
 
     python scripts/bench_memory.py                  # every deployment with a calibrated override
     python scripts/bench_memory.py llama3-8b-h200_calibrated
-    python scripts/bench_memory.py --png docs/bench_memory.png      # the README's figure
+    python scripts/bench_memory.py --png docs/bench_memory.png      # docs/benchmarks.md's figure
 
 For each deployment ``<name>`` shipped with a ``<name>_calibrated`` override (written on a GPU by
 ``mstar-resources-calibrate``), composes that override and reports, over all its workspaces (one
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra import compose, initialize_config_module
@@ -44,21 +45,34 @@ def calibrated_deployments() -> list[str]:
     return sorted(p.stem for p in folder.glob(f"*{CALIBRATED_SUFFIX}.yaml"))
 
 
-def measure(deployment: str) -> dict[str, float | None]:
+@dataclass(frozen=True)
+class Row:
+    """One deployment's figures, memory in MiB."""
+
+    workspaces: int
+    need: float
+    reserved: float
+    engines: dict[str, int | None]  # by engine; None: it plans no FlashInfer workspace for it
+
+    def series(self) -> dict[str, float | None]:
+        """The figure's bars: the need, the reserved memory and each engine's buffer."""
+        return {"need": self.need, "reserved": self.reserved, **self.engines}
+
+
+def measure(deployment: str) -> Row:
     GlobalHydra.instance().clear()
     register_settings("mstar_resources", DryRunSettings)  # as the dry run does
     with initialize_config_module("mstar_resources.conf", version_base="1.3"):
         cfg = compose("mstar_resources", overrides=[f"deployment={deployment}"])
     records = {r.path: r for r in resolve(cfg.resources, env={})}
     workspaces = sum(r.workspaces for r in records.values())
-    need = sum(n.need_bytes * records[n.path].workspaces for n in cfg.calibrated.needs)
-    row: dict[str, float | None] = {
-        "workspaces": workspaces,
-        "reserved": sum(r.reserved_bytes for r in records.values()) / MIB,
-        "need": need / MIB,
-    }
-    row.update(engine_buffers_mb(load_profile(cfg.calibration)))
-    return row
+    need: int = sum(n.need_bytes * records[n.path].workspaces for n in cfg.calibrated.needs)
+    return Row(
+        workspaces=workspaces,
+        need=need / MIB,
+        reserved=sum(r.reserved_bytes for r in records.values()) / MIB,
+        engines=engine_buffers_mb(load_profile(cfg.calibration)),
+    )
 
 
 def _mb(value: float | None) -> str:
@@ -66,7 +80,12 @@ def _mb(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def plot(results: dict[str, dict[str, float]], png: Path) -> None:
+def _per_need(row: Row) -> str:
+    """Reserved over need; ``-`` where calibration measured no need (nothing to divide by)."""
+    return "-" if row.need == 0 else f"{row.reserved / row.need:.2f}"
+
+
+def plot(results: dict[str, Row], png: Path) -> None:
     plt = pyplot()
     series = ["need", "reserved", *ENGINES]
     labels = ["measured need", "calibrated floors", *(f"{e} (one shared buffer)" for e in ENGINES)]
@@ -75,7 +94,7 @@ def plot(results: dict[str, dict[str, float]], png: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for i, (key, label) in enumerate(zip(series, labels, strict=True)):
         xs = [n + (i - (len(series) - 1) / 2) * width for n in range(len(names))]
-        values = [results[d][key] for d in names]
+        values = [results[d].series()[key] for d in names]
         ax.bar(xs, [v or 0 for v in values], width, label=label)
         for x, v in zip(xs, values, strict=True):
             if v is None:  # this engine plans no FlashInfer workspace for the deployment
@@ -116,11 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(head + "".join(f" {e + ' MiB':>16}" for e in ENGINES))
     for d, r in results.items():
-        line = (
-            f"{d:<32} {r['workspaces']:>10} {r['need']:>9.2f} {r['reserved']:>12.0f} "
-            f"{r['reserved'] / r['need']:>6.2f}"
-        )
-        print(line + "".join(f" {_mb(r[e]):>16}" for e in ENGINES))
+        line = f"{d:<32} {r.workspaces:>10} {r.need:>9.2f} {r.reserved:>12.0f} {_per_need(r):>6}"
+        print(line + "".join(f" {_mb(r.engines[e]):>16}" for e in ENGINES))
     if options.png:
         plot(results, options.png)
     return 0

@@ -2,7 +2,7 @@
 
     python scripts/bench_plan_overhead.py                 # CPU rows; the GPU row where it can run
     python scripts/bench_plan_overhead.py --device cpu --rounds 3 --min-run-time 0.05
-    python scripts/bench_plan_overhead.py --png docs/bench_plan_overhead.png  # README's, on a GPU
+    python scripts/bench_plan_overhead.py --png docs/bench_plan_overhead.png  # docs', on a GPU
 
 Three planners: a real FlashInfer decode plan (batch 64, 4096 tokens each; only where there are a
 CUDA GPU and FlashInfer, else the row is left out and stderr says why, or, asked for alone with

@@ -3,7 +3,7 @@
     python scripts/bench_resolver_scale.py                       # 10 ... 1,000 resources
     python scripts/bench_resolver_scale.py --full                # ... and 10,000 (minutes)
     python scripts/bench_resolver_scale.py --sizes 10 100 --repeats 1 --png /tmp/scale.png
-    python scripts/bench_resolver_scale.py --full --png docs/bench_resolver_scale.png  # README's
+    python scripts/bench_resolver_scale.py --full --png docs/bench_resolver_scale.png  # docs'
 
 For each size, one tree of that many resources (nested two levels deep, as an engine's would be)
 is written as YAML, composed with Hydra's Compose API, then resolved and turned into pools (on the
@@ -36,12 +36,12 @@ SIZES = [10, 100, 1_000]
 FULL_SIZE = 10_000  # composing it alone takes seconds a repeat: only in the full sweep
 
 
-def tree(size: int) -> dict:
+def tree(size: int) -> dict[str, object]:
     """``size`` resources under ``resources.group_<i // 100>.res_<i>``, alternately eager and
     graph-captured, half of them declaring a floor."""
-    resources: dict = {}
+    resources: dict[str, dict[str, dict[str, object]]] = {}
     for i in range(size):
-        node = {
+        node: dict[str, object] = {
             "owner": f"layer{i}",
             "labels": ["prefill"] if i % 2 else ["decode", "verify"],
             "cg_slots": [] if i % 2 else [0, 1],

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -178,7 +178,7 @@ def rank_main(rank: int, world: int, backend: str, rounds: int, store: str, resu
     results.put((rank, error, payload))
 
 
-def collect(ranks: list[BaseProcess], results: Any, backend: str) -> dict[int, Any]:
+def collect(ranks: Sequence[BaseProcess], results: Any, backend: str) -> dict[int, Any]:
     """What each rank sent, by rank; fails as soon as one reports an error or dies silently,
     or once the deadline passes."""
     world = len(ranks)
@@ -210,7 +210,8 @@ def collect(ranks: list[BaseProcess], results: Any, backend: str) -> dict[int, A
 def slowest_median(by_rank: list[list[float]]) -> float:
     """The median over rounds of the slowest rank's seconds (``by_rank[rank][round]``)."""
     # A round takes as long as its slowest rank: the others wait for it at the next collective.
-    return statistics.median(max(times) for times in zip(*by_rank, strict=True))
+    slowest: list[float] = [max(times) for times in zip(*by_rank, strict=True)]
+    return statistics.median(slowest)
 
 
 def run_world(world: int, backend: str, rounds: int) -> Row:

@@ -217,6 +217,23 @@ def test_bad_input_is_a_usage_error(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_memory_without_a_need_prints_a_dash_for_its_ratio(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A calibrated deployment whose calibration measured no need (0 bytes) gets ``-`` in the
+    reserved/need column, as an engine without a buffer does in its own, and the run goes on."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_memory = importlib.import_module("bench_memory")
+    row = bench_memory.Row(
+        workspaces=3, need=0.0, reserved=23.0, engines=dict.fromkeys(bench_memory.ENGINES, 384)
+    )
+    monkeypatch.setattr(bench_memory, "measure", lambda deployment: row)
+    assert bench_memory.main(["llama3-8b-h200_calibrated"]) == 0
+    header, line = capsys.readouterr().out.splitlines()
+    assert "/need" in header
+    assert line.split() == ["llama3-8b-h200_calibrated", "3", "0.00", "23", "-", *["384"] * 4]
+
+
 @pytest.fixture
 def rules(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """scripts/_args.py, imported as the benchmarks import it (from beside them)."""
