@@ -26,6 +26,7 @@ from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, Strin
 
 from . import _limits as limits
 from .errors import did_you_mean
+from .schema import Resource
 
 __all__ = ["explain", "not_a_choice", "not_a_primary_config", "not_utf8", "not_yaml"]
 
@@ -131,6 +132,13 @@ def _unknown_key(error: OmegaConfBaseException) -> str:
             f"{error.full_key} is not a setting: {holder} is empty as composed, so there is "
             f"nothing under it to set; compose an option that fills {holder} first "
             "(e.g. deployment=NAME)"
+        )
+    resource_fields = {item.name for item in dataclasses.fields(Resource)}
+    if str(error.key) in resource_fields and resource_fields & set(settings):
+        # A resource declared in a user's YAML without the schema has only the keys it wrote.
+        return (
+            f"{error.full_key} is a resource's setting, and {prefix.rstrip('.')} is declared "
+            f"without it; add it with a plus: +{error.full_key}=VALUE"
         )
     return (
         f"{error.full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "

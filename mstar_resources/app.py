@@ -404,6 +404,10 @@ def _told(
     return None
 
 
+_MAX_DIGITS = 4000
+"""The most digits a number on the command line may have: Python reads no more than 4,300."""
+
+
 def _command_line(args: list[str]) -> argparse.Namespace | None:
     """``args`` as Hydra's own argument parser reads them (flags, and the overrides); None where
     it can't."""
@@ -428,6 +432,15 @@ def _refused(prog: str, invoked: str, args: list[str], *, compose_once: bool) ->
     line = _command_line(args)
     if line is None:
         return None
+    for override in line.overrides:
+        key, _, value = override.partition("=")
+        digits = value.strip().lstrip("+-")
+        if len(digits) > _MAX_DIGITS and digits.isdecimal():
+            # Python's int() refuses so many digits; Hydra's parser would end in its traceback.
+            return (
+                f"{key}={value.strip()[:12]}... has {len(digits):,} digits, a number larger than "
+                "any setting takes; give a smaller one"
+            )
     overrides = _parsed(line.overrides)
     if line.shell_completion:
         asked = [o.key_or_group for o in overrides if o.key_or_group in SHELL_COMPLETION]

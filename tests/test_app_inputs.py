@@ -78,6 +78,8 @@ NOT_A_NAME = [
                  f"deployment=[deepseek-v3-tp8-h200,{A_DEPLOYMENT}]", id="list"),
     pytest.param([f"deployment=[deepseek-v3-tp8-h200,{A_DEPLOYMENT}]", "--help"],
                  f"deployment=[deepseek-v3-tp8-h200,{A_DEPLOYMENT}]", id="list-with-help"),
+    pytest.param([f"deployment=[deepseek-v3-tp8-h200,{A_DEPLOYMENT}]", "--cfg", "job"],
+                 f"deployment=[deepseek-v3-tp8-h200,{A_DEPLOYMENT}]", id="list-with-cfg"),
     pytest.param(["--config-dir", ".", f"deployment=[{A_DEPLOYMENT}]"],
                  f"deployment=[{A_DEPLOYMENT}]", id="list-through-hydra-main"),
     pytest.param(["--config-dir", ".", "deployment=../resources/default"],
@@ -93,6 +95,22 @@ def test_a_deployment_is_one_plain_name(tmp_path, python, prog, args, value):
     done = run_cli(*args, cwd=tmp_path, python=python)
     assert_one_paragraph(done, prog, f"{value} is not a deployment", A_DEPLOYMENT)
     assert done.stdout == ""
+
+
+def test_a_setting_missing_from_the_user_s_resource_is_offered_with_a_plus(tmp_path):
+    deployment_file(tmp_path, b"resources:\n  layers:\n    l49:\n      labels: [decode]\n")
+    key = "resources.layers.l49.declared_mb"
+    done = run_cli("--config-dir", "conf", "deployment=mine", f"{key}=7", cwd=tmp_path)
+    assert_one_paragraph(done, "mstar-resources", f"add it with a plus: +{key}=VALUE")
+    done = run_cli("--config-dir", "conf", "deployment=mine", f"+{key}=7", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "layers.l49" in done.stdout and " 7 " in done.stdout
+
+
+@pytest.mark.parametrize(("python", "prog"), APPS)
+def test_a_number_of_thousands_of_digits_is_one_paragraph(tmp_path, python, prog):
+    done = run_cli(f"deployment={A_DEPLOYMENT}", f"{D}={'9' * 5000}", cwd=tmp_path, python=python)
+    assert_one_paragraph(done, prog, f"{D}=999999999999... has 5,000 digits")
 
 
 def test_the_user_s_own_deployments_are_listed_too(tmp_path):
