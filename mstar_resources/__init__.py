@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         WorkspaceStats,
         workspace_bytes,
     )
+    from .calibration.record import check_calibration
     from .errors import (
         ResourceConfigError,
         ResourceError,
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
         WorkspaceSealedError,
         WorkspaceShortError,
     )
-    from .resolver import ResolvedResource, build_pools, check_calibration, resolve
+    from .resolver import ResolvedResource, build_pools, pools_of, resolve
 
 __all__ = [
     "ResolvedResource",
@@ -41,6 +42,7 @@ __all__ = [
     "WorkspaceStats",
     "build_pools",
     "check_calibration",
+    "pools_of",
     "resolve",
     "workspace_bytes",
 ]
@@ -58,7 +60,8 @@ _HOMES = {
     "WorkspaceShortError": ".errors",
     "WorkspaceStats": ".attn.workspace",
     "build_pools": ".resolver",
-    "check_calibration": ".resolver",
+    "check_calibration": ".calibration.record",
+    "pools_of": ".resolver",
     "resolve": ".resolver",
     "workspace_bytes": ".attn.workspace",
 }

@@ -18,13 +18,19 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ._devices import cuda_device, is_cuda_device
-from ._table import format_table
-from .app import hydra_app, package_version
-from .calibrated import RECORD_KEY, CalibratedFloor, calibrated_floors, record_differences
+from ._internal.devices import cuda_device, is_cuda_device
+from ._internal.table import format_table
+from .calibration.profile import PROFILE_KEY, load_profile
+from .calibration.record import (
+    RECORD_KEY,
+    CalibratedFloor,
+    calibrated_floors,
+    check_calibration,
+    record_differences,
+)
 from .errors import ResourceConfigError
-from .profile import PROFILE_KEY, load_profile
-from .resolver import ResolvedResource, build_pools, resolve
+from .hydra_apps import hydra_app, package_version
+from .resolver import ResolvedResource, pools_of, resolve
 from .settings import DryRunSettings, OutputFormat
 from .units import MIB
 
@@ -59,7 +65,7 @@ def main(cfg: DictConfig) -> None:
         report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}
     if device != "cpu":
         report["device"] = device
-        report["allocated_bytes"] = _allocate(cfg.resources, device)
+        report["allocated_bytes"] = _allocate(cfg, records, device)
     if cfg.format is OutputFormat.json:
         print(json.dumps(report))
     else:
@@ -88,14 +94,16 @@ def _check_calibration_inputs(
     return calibrated_floors(record, records)
 
 
-def _allocate(resources_node: DictConfig, device: str) -> int:
-    """Make every declared workspace on ``device``; returns how many more bytes the GPU holds."""
+def _allocate(cfg: DictConfig, records: list[ResolvedResource], device: str) -> int:
+    """Make every declared workspace on ``device``, after warning where a calibrated deployment
+    was measured with other inputs than this GPU's; returns how many more bytes the GPU holds."""
     import torch
 
     target = cuda_device(device, "set device=cpu for a dry run")
+    check_calibration(cfg, target)
     torch.cuda.synchronize(target)
     before = torch.cuda.memory_allocated(target)
-    pools = build_pools(resources_node, target, reserve=True)  # held until measured
+    pools = pools_of(records, target, reserve=True)  # held until measured
     torch.cuda.synchronize(target)
     allocated = torch.cuda.memory_allocated(target) - before
     del pools

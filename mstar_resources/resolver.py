@@ -18,11 +18,9 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import _limits as limits
-from ._floor import FloorSource, resolve_floor
-from .calibrated import RECORD_KEY, StaleCalibration, warn_if_stale
+from ._internal import limits
+from ._internal.floor import FloorSource, resolve_floor
 from .errors import ResourceConfigError, did_you_mean
-from .profile import PROFILE_KEY
 from .schema import Resource
 from .units import MIB, is_int
 
@@ -31,7 +29,7 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 
     from .attn.workspace import WorkspacePool
 
-__all__ = ["ResolvedResource", "build_pools", "check_calibration", "resolve"]
+__all__ = ["ResolvedResource", "build_pools", "pools_of", "resolve"]
 
 RESOURCES_KEY = "resources"
 """The config key the tree lives under; a resource's full key is ``resources.<path>``."""
@@ -135,20 +133,30 @@ def build_pools(
     *,
     reserve: bool = False,
 ) -> dict[str, WorkspacePool]:
-    """A workspace pool on ``device`` for every resource of the tree, by path. Each serves its
-    resource's (label, slot) pairs only and names its ``declared_mb`` (or the variable) as the
-    setting that sized it. With ``reserve``, every declared workspace is made now
-    (:meth:`WorkspacePool.reserve`); without it, each is made when first asked for.
+    """A workspace pool on ``device`` for every resource of the tree, by path: :func:`resolve`,
+    then :func:`pools_of`. It reads the node it is given and nothing around it. Whether a
+    calibrated deployment still holds where it runs is asked of the composed root by
+    ``mstar_resources.check_calibration``: the apps ask it on a GPU, an engine once, beside
+    this call."""
+    env = dict(os.environ) if env is None else env  # the one environment resolve() checks
+    return pools_of(resolve(resources_node, env), device, env, reserve=reserve)
 
-    On a GPU, a tree composed from a calibrated deployment that was measured elsewhere (another
-    GPU, other FlashInfer or torch versions, another profile) logs one WARNING that says so
-    (:func:`mstar_resources.check_calibration`)."""
-    import torch
 
+def pools_of(
+    records: list[ResolvedResource],
+    device: torch.device | str,
+    env: Mapping[str, str] | None = None,
+    *,
+    reserve: bool = False,
+) -> dict[str, WorkspacePool]:
+    """A workspace pool on ``device`` for each of the ``records`` :func:`resolve` gave, by path,
+    so that a tree resolved once is not resolved again. Each serves its resource's (label, slot)
+    pairs only and names its ``declared_mb`` (or the variable, read from ``env``) as the setting
+    that sized it. With ``reserve``, every declared workspace is made now
+    (:meth:`WorkspacePool.reserve`); without it, each is made when first asked for."""
     from .attn.workspace import WorkspacePool
 
-    env = dict(os.environ) if env is None else env  # the one environment resolve() checked
-    records = resolve(resources_node, env)
+    env = dict(os.environ) if env is None else env
     pools = {
         record.path: WorkspacePool(
             device,
@@ -160,53 +168,10 @@ def build_pools(
         )
         for record in records
     }
-    _warn_if_calibrated_elsewhere(resources_node, records, torch.device(device))
     if reserve:
         for pool in pools.values():
             pool.reserve()
     return pools
-
-
-def check_calibration(cfg: DictConfig, device: torch.device | str) -> StaleCalibration | None:
-    """Log one WARNING, and return what differs, when the composed config ``cfg`` (holding
-    ``resources``, ``calibration`` and ``calibrated``) was calibrated with other inputs than
-    those running on ``device``; None when it holds, or when ``cfg`` is not calibrated."""
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ResourceConfigError(
-            f"check_calibration needs a CUDA device, the GPU the deployment runs on, and got "
-            f"{device}; on a CPU, calibrated.record_differences compares the profile alone"
-        )
-    return warn_if_stale(
-        cfg.get(RECORD_KEY),
-        cfg.get(PROFILE_KEY),
-        resolve(cfg.get(RESOURCES_KEY) or {}),
-        torch.device(device),
-    )
-
-
-def _warn_if_calibrated_elsewhere(
-    resources_node: DictConfig | Mapping[str, Any],
-    records: list[ResolvedResource],
-    device: torch.device,
-) -> None:
-    """On a GPU, the check of :func:`check_calibration` for a tree handed out of a composed
-    config: its ``calibrated`` record and ``calibration`` profile sit beside it."""
-    if device.type != "cuda" or not isinstance(resources_node, DictConfig):
-        return
-    warn_if_stale(
-        _beside(resources_node, RECORD_KEY), _beside(resources_node, PROFILE_KEY), records, device
-    )
-
-
-def _beside(node: DictConfig, key: str) -> Any:
-    """The value of ``key`` beside ``node`` in the config it was handed out of, or None."""
-    try:
-        return OmegaConf.select(node, f"..{key}")  # relative to node's parent
-    except OmegaConfBaseException:  # node is a config of its own: nothing beside it
-        return None
 
 
 def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:

@@ -13,7 +13,7 @@ from typing import TypeVar
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from ._floor import MAX_MB, mb_problem
+from ._internal.floor import MAX_MB, mb_problem
 from .errors import ResourceConfigError
 
 __all__ = ["Resource"]

@@ -50,8 +50,6 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from mstar_resources import resolve
-from mstar_resources.app import register_settings
-from mstar_resources.calibrated import Machine
 from mstar_resources.calibration.calibrate import (
     LabelNeed,
     check_backends,
@@ -59,9 +57,11 @@ from mstar_resources.calibration.calibrate import (
     measure_all,
     per_resource,
 )
-from mstar_resources.calibration.engines import engine_buffers_mb
+from mstar_resources.calibration.engine_buffers import engine_buffers_mb
+from mstar_resources.calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
+from mstar_resources.calibration.record import Machine
 from mstar_resources.errors import ResourceConfigError
-from mstar_resources.profile import PROFILE_KEY, CalibrationProfile, load_profile
+from mstar_resources.hydra_apps import register_settings
 from mstar_resources.resolver import ResolvedResource
 from mstar_resources.settings import DryRunSettings
 from mstar_resources.units import MIB

@@ -27,10 +27,10 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import resolve
-from mstar_resources.app import register_settings
 from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, shipped_deployments
-from mstar_resources.calibration.engines import engine_buffers_mb
-from mstar_resources.profile import load_profile
+from mstar_resources.calibration.engine_buffers import engine_buffers_mb
+from mstar_resources.calibration.profile import load_profile
+from mstar_resources.hydra_apps import register_settings
 from mstar_resources.settings import DryRunSettings
 from mstar_resources.units import MIB
 

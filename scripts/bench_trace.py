@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from _args import positive_int
@@ -59,12 +60,15 @@ class Run:
 
 
 def write_trace(path: Path, rows: int) -> None:
-    """``rows`` rows of the Azure trace's format in ``path``."""
+    """``rows`` rows of the Azure trace's format in ``path``, timestamps written as it writes
+    them (``2023-11-16 18:15:46.6805900``)."""
+    start = datetime(2023, 11, 16, 18, 15, 46)
     with path.open("w", encoding="utf-8") as file:
         file.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
         for row in range(rows):
             prompt, output = AZURE_LENGTHS[row % len(AZURE_LENGTHS)]
-            file.write(f"{row / 100:.2f},{prompt},{output}\n")
+            moment = start + timedelta(milliseconds=10 * row)
+            file.write(f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond:06d}0,{prompt},{output}\n")
 
 
 def measure(command: list[str]) -> Run:

@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
-from mstar_resources.app import register_settings
+from mstar_resources.hydra_apps import register_settings
 from mstar_resources.settings import DryRunSettings
 
 VAR = "MSTAR_WORKSPACE_BUFFER_MB"

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mstar_resources.settings import CalibrateSettings, DryRunSettings, ReplaySettings
+from mstar_resources.calibration.settings import CalibrateSettings
+from mstar_resources.replay.settings import ReplaySettings
+from mstar_resources.settings import DryRunSettings
 
 from .test_cli import run_cli
 
@@ -98,7 +100,7 @@ def test_errors_point_at_a_command_that_exists(tmp_path, python):
 BUGGY_APP = """
 import os, subprocess, sys
 from omegaconf import DictConfig
-from mstar_resources.app import hydra_app
+from mstar_resources.hydra_apps import hydra_app
 from mstar_resources.settings import DryRunSettings
 
 @hydra_app(

@@ -193,13 +193,13 @@ def test_what_there_is_to_pick_reads_well(tmp_path, python, prog, args, named):
 
 INTERRUPTED_COMPOSE = """
 import os, signal, sys
-from mstar_resources import app, cli
+from mstar_resources import cli, hydra_apps
 
 def compose(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while composing
     raise AssertionError("not interrupted")
 
-app.compose = compose
+hydra_apps.compose = compose
 sys.argv = ["mstar-resources"]
 cli.main()
 """
@@ -207,7 +207,7 @@ cli.main()
 INTERRUPTED_RUN = """
 import os, signal
 from omegaconf import DictConfig
-from mstar_resources.app import hydra_app
+from mstar_resources.hydra_apps import hydra_app
 from mstar_resources.settings import DryRunSettings
 
 @hydra_app("slow", config_name="mstar_resources", compose_once={compose_once},

@@ -18,7 +18,7 @@ import pytest
 
 from mstar_resources.calibration.calibrate import LabelNeed
 from mstar_resources.calibration.measure import Need
-from mstar_resources.profile import CalibrationProfile
+from mstar_resources.calibration.profile import CalibrationProfile
 from mstar_resources.resolver import ResolvedResource
 from mstar_resources.units import MIB
 

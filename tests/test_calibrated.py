@@ -11,14 +11,14 @@ import pytest
 from omegaconf import OmegaConf
 
 from mstar_resources import check_calibration
-from mstar_resources.calibrated import (
+from mstar_resources.calibration.profile import CalibrationProfile, PlanProfile, load_profile
+from mstar_resources.calibration.record import (
     NOT_INPUTS,
     Difference,
     Machine,
     calibration_inputs,
     stale_calibration,
 )
-from mstar_resources.profile import CalibrationProfile, PlanProfile, load_profile
 from mstar_resources.resolver import resolve
 
 from .conftest import compose_shipped
@@ -189,13 +189,21 @@ def test_check_calibration_logs_one_warning_and_returns_what_differs(monkeypatch
     assert check_calibration(compose_shipped(["deployment=llama3-8b-h200"]), "cuda:0") is None
 
 
-def test_build_pools_for_a_gpu_checks_the_deployment_it_came_from(monkeypatch, caplog):
+def test_build_pools_reads_only_the_node_it_is_given(monkeypatch, caplog):
+    """The same node gives the same pools whatever its parent: the calibration check is asked
+    of the root, apart (the apps ask it on a GPU)."""
     from mstar_resources import build_pools
 
     cfg = running_elsewhere(monkeypatch, gpu="NVIDIA H100 80GB HBM3")
+    alone = OmegaConf.create(OmegaConf.to_container(cfg.resources))
     with caplog.at_level(logging.WARNING, logger="mstar_resources"):
-        build_pools(cfg.resources, "cpu", {})  # planning on the CPU: nothing to check
-        assert caplog.records == []
-        build_pools(cfg.resources, "cuda:0", {})  # allocates nothing until asked
+        beside = build_pools(cfg.resources, "cuda:0", {})  # allocates nothing until asked
+        apart = build_pools(alone, "cuda:0", {})
+    assert caplog.records == []
+    assert {path: (pool.floor_bytes, pool.serves) for path, pool in beside.items()} == {
+        path: (pool.floor_bytes, pool.serves) for path, pool in apart.items()
+    }
+    with caplog.at_level(logging.WARNING, logger="mstar_resources"):
+        check_calibration(cfg, "cuda:0")
     (record,) = caplog.records
     assert "this is NVIDIA H100 80GB HBM3 (132 SMs)" in record.getMessage()

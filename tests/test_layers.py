@@ -14,18 +14,24 @@ PACKAGE = Path(__file__).parents[1] / "mstar_resources"
 CONF = Path(__file__).parents[1] / "conf"
 
 LAYERS = [
-    ("errors and units", ["errors", "units", "files", "_limits", "_floor", "_table", "_devices"]),
+    ("errors and units", ["errors", "units", "files", "_internal", "_internal.limits",
+                          "_internal.floor", "_internal.devices", "_internal.table"]),
     ("the core", ["attn", "attn.workspace", "attn._overflow", "attn._agree"]),
-    ("config", ["schema", "engine_presets", "profile", "calibrated", "resolver", "conf"]),
-    ("calibration", ["calibration", "calibration.bounds", "calibration.shapes",
-                     "calibration.measure", "calibration.calibrate", "calibration.override",
-                     "calibration.engines", "calibration.versions"]),
+    ("config", ["schema", "resolver"]),
+    ("calibration's terms", ["calibration", "calibration.engine_plans",
+                             "calibration.engine_buffers", "calibration.profile",
+                             "calibration.record", "calibration.versions", "conf"]),
+    ("calibration's measuring", ["calibration.bounds", "calibration.shapes",
+                                 "calibration.measure", "calibration.calibrate",
+                                 "calibration.override"]),
     ("the replay", ["replay", "replay.trace", "replay.scheduler", "replay.workload",
                     "replay.roles", "replay.model", "replay.engine", "replay.report"]),
-    ("the apps", ["", "app", "_explain", "settings", "cli", "calibration.cli", "replay.cli"]),
+    ("the apps", ["", "hydra_apps", "hydra_errors", "settings", "cli", "calibration.settings",
+                  "calibration.cli", "replay.settings", "replay.cli"]),
 ]  # fmt: skip
 """Bottom to top; a module may import its own layer's and those below. "" is the package's
-``__init__``, the facade that names the public API."""
+``__init__``, the facade that names the public API. Calibration's terms (the profile, the record,
+the engines' plans and buffers) are torch-free: the dry run reads them."""
 
 LAYER_OF = {module: index for index, (_, modules) in enumerate(LAYERS) for module in modules}
 
@@ -123,7 +129,7 @@ def test_the_walk_sees_imports_inside_functions_and_under_type_checking():
         ),
         pytest.param(
             "from mstar_resources import resolve, build_pools",
-            ("mstar_resources.replay", "mstar_resources.app", "mstar_resources.settings",
+            ("mstar_resources.replay", "mstar_resources.hydra_apps", "mstar_resources.settings",
              "mstar_resources.calibration"),
             id="resolver",
         ),
@@ -136,3 +142,55 @@ def test_what_an_engine_imports_loads_nothing_above_it(code, forbidden):
     )
     loaded = eval(done.stdout)  # a list of module names
     assert [m for m in loaded if m.startswith(forbidden)] == []
+
+
+def _room(module: str) -> str:
+    """The room of the house a module is in: its folder, an app in a folder apart from the
+    folder's other modules (it is the top layer), or the module itself at the top."""
+    if module in LAYERS[-1][1] and "." in module:
+        return f"{module.split('.')[0]} (app)"
+    return module.split(".")[0] if "." in module or module in FOLDERS else module
+
+
+FOLDERS = {"attn", "calibration", "replay", "_internal"}
+ROOMS: dict[str, set[str]] = {}
+for _module, _targets in GRAPH.items():
+    ROOMS.setdefault(_room(_module), set()).update(
+        _room(target) for target in _targets if _room(target) != _room(_module)
+    )
+FLOORS = {room: [LAYER_OF[module] for module in GRAPH if _room(module) == room] for room in ROOMS}
+
+
+def test_no_room_imports_a_room_wholly_above_it():
+    """A folder may span floors; an import from it may not reach a room whose every module is
+    above all of the folder's."""
+    upward = [
+        f"{room} imports {target}"
+        for room, targets in ROOMS.items()
+        for target in sorted(targets)
+        if min(FLOORS[target]) > max(FLOORS[room])
+    ]
+    assert upward == []
+
+
+def test_no_rooms_import_each_other_in_a_circle():
+    """Folders and top-level modules: no circle, so no folder's lower modules import anything
+    that imports the folder's app back."""
+    circles = []
+
+    def visit(room: str, trail: list[str]) -> None:
+        if room in trail:
+            circles.append(" -> ".join([*trail[trail.index(room) :], room]))
+            return
+        for target in sorted(ROOMS[room]):
+            visit(target, [*trail, room])
+
+    for room in ROOMS:
+        visit(room, [])
+    assert sorted(set(circles)) == []
+
+
+def test_the_apps_in_folders_are_rooms_of_their_own():
+    assert _room("calibration.cli") == "calibration (app)"
+    assert _room("calibration.measure") == "calibration"
+    assert "calibration (app)" not in {t for targets in ROOMS.values() for t in targets}

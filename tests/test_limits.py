@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from mstar_resources import _limits as limits
-from mstar_resources.settings import CalibrateSettings, ReplaySettings
+from mstar_resources._internal import limits
+from mstar_resources.calibration.settings import CalibrateSettings
+from mstar_resources.replay.settings import ReplaySettings
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from .._floor import ENV_VAR, Floor, resolve_floor
+from .._internal.floor import ENV_VAR, Floor, resolve_floor
 from ..errors import (
     ResourceConfigError,
     WorkspacePlanError,

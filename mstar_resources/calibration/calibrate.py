@@ -11,16 +11,16 @@ from typing import Any
 
 import torch
 
-from .._table import format_table
-from ..calibrated import Machine, calibration_inputs, declared_mb_for
+from .._internal.table import format_table
 from ..errors import ResourceConfigError
 from ..files import write_whole
-from ..profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from ..resolver import ResolvedResource
 from ..units import MIB
-from .engines import vllm_formula_bytes
+from .engine_buffers import vllm_formula_bytes
 from .measure import Need, Planner
 from .override import DEFAULT_MARGIN, Measured, OneBuffer, calibrated_yaml
+from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
+from .record import Machine, calibration_inputs, declared_mb_for
 from .shapes import shapes_for
 from .versions import check_flashinfer
 

@@ -15,14 +15,12 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .. import _limits as limits
-from .._devices import cuda_device
-from ..app import hydra_app, package_version
+from .._internal import limits
+from .._internal.devices import cuda_device
 from ..errors import ResourceConfigError
 from ..files import folder_problem
-from ..profile import PROFILE_KEY, load_profile
+from ..hydra_apps import hydra_app, package_version
 from ..resolver import resolve
-from ..settings import CalibrateSettings
 from .calibrate import (
     base_deployment,
     check_labels,
@@ -34,6 +32,8 @@ from .calibrate import (
     table,
     write_override,
 )
+from .profile import PROFILE_KEY, load_profile
+from .settings import CalibrateSettings
 
 PROG = "mstar-resources-calibrate"
 

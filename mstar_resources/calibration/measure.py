@@ -16,7 +16,7 @@ import torch
 
 from ..attn.workspace import Workspace
 from ..errors import ResourceConfigError
-from ..profile import CalibrationProfile, PlanKind, PlanProfile
+from .profile import CalibrationProfile, PlanKind, PlanProfile
 from .shapes import DECODE_LIKE, Shape, is_bounding
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ..calibrated import RECORD_KEY, declared_mb_for
+from .record import RECORD_KEY, declared_mb_for
 
 DEFAULT_MARGIN = 0.0
 """Added to a measured need before it is declared. None by default: the need calibration measures

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..profile import CalibrationProfile, PlanKind, PlanProfile
 from .bounds import MAX_CTA_TILE_Q
+from .profile import CalibrationProfile, PlanKind, PlanProfile
 
 SHORT_CONTEXT = 1024
 """Tokens of context in the short-context shapes (or the model's limit, if lower)."""

@@ -13,7 +13,7 @@ import importlib.metadata
 import re
 
 from ..errors import ResourceConfigError
-from ..profile import CalibrationProfile, PlanKind
+from .profile import CalibrationProfile, PlanKind
 
 __all__ = ["OLDEST", "check_flashinfer", "installed_flashinfer", "version_problems"]
 

@@ -31,18 +31,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig
 
-from .. import _limits as limits
-from .._devices import cuda_device
-from ..app import hydra_app, package_version
-from ..calibration.engines import SGLANG_MB, vllm_buffer_mb
+from .._internal import limits
+from .._internal.devices import cuda_device
+from ..calibration.engine_buffers import SGLANG_MB, vllm_buffer_mb
+from ..calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
+from ..calibration.record import check_calibration
 from ..calibration.versions import check_flashinfer
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..files import folder_problem
-from ..profile import PROFILE_KEY, CalibrationProfile, load_profile
-from ..resolver import ResolvedResource, build_pools, resolve
-from ..settings import ReplaySettings
+from ..hydra_apps import hydra_app, package_version
+from ..resolver import ResolvedResource, pools_of, resolve
 from ..units import MIB
 from .roles import Roles, is_mla, roles_of
+from .settings import ReplaySettings
 from .workload import Workload, load_workload
 
 if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
@@ -264,6 +265,7 @@ def main(cfg: DictConfig) -> None:
     if device.index is None:  # plain "cuda": the current device
         device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
+    check_calibration(cfg, device)  # a deployment calibrated elsewhere: one warning
     if ranks > 1:
         dist.init_process_group("nccl", device_id=device)
     try:
@@ -360,7 +362,7 @@ def _replay(
         page_size=shape.page_size,
     )
     runs = _serve_setups(
-        cfg, model, profile, roles, workspace_bytes["fixed"], pages, steps, requests, gpu
+        cfg, model, profile, records, roles, workspace_bytes["fixed"], pages, steps, requests, gpu
     )
     results = [pooled(runs["library"]), pooled(runs["fixed"])]
     report = reporting.rank_report(
@@ -383,6 +385,7 @@ def _serve_setups(
     cfg: DictConfig,
     model: Model,
     profile: CalibrationProfile,
+    records: list[ResolvedResource],
     roles: Roles,
     fixed_bytes: int,
     pages: dict[str, int],
@@ -396,7 +399,7 @@ def _serve_setups(
     from .engine import Buffers, FixedBuffer, LibraryBuffers, Setup
 
     makers: dict[str, Callable[[], Buffers]] = {
-        "library": lambda: LibraryBuffers(build_pools(cfg.resources, gpu.device), roles),
+        "library": lambda: LibraryBuffers(pools_of(records, gpu.device), roles),
         "fixed": lambda: FixedBuffer(fixed_bytes, gpu.device),
     }
     runs: dict[str, list[SetupResult]] = {kind: [] for kind in makers}

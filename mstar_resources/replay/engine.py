@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 
 from ..attn.workspace import Workspace, WorkspacePool
+from ..calibration.profile import CalibrationProfile
 from ..calibration.shapes import shapes_for
 from ..errors import ResourceConfigError, WorkspaceSealedError
-from ..profile import CalibrationProfile
 from ..units import MIB
 from .model import KVCache, Model, Query
 from .roles import Roles

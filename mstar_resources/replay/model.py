@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..profile import CalibrationProfile
+from ..calibration.profile import CalibrationProfile
 from .roles import is_mla
 
 ROPE_THETA = 500_000.0

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._table import format_table
+from .._internal.table import format_table
 from ..files import write_whole
 from ..units import MIB
 from .engine import SetupResult

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..calibration.profile import CalibrationProfile, PlanKind
 from ..errors import ResourceConfigError
-from ..profile import CalibrationProfile, PlanKind
 from ..resolver import ResolvedResource
 
 REPLAYED_KINDS = {

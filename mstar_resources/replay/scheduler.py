@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .._limits import argument_problem
+from .._internal.limits import argument_problem
 from ..errors import ResourceConfigError
 from ..units import is_positive_int
 from .trace import Request

@@ -17,7 +17,7 @@ from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from .._limits import argument_problem
+from .._internal.limits import argument_problem
 from ..errors import ResourceConfigError
 from ..units import is_int, is_positive_int
 

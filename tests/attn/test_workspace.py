@@ -22,7 +22,7 @@ from mstar_resources import (
     WorkspaceSealedError,
     WorkspaceStats,
 )
-from mstar_resources._floor import MAX_MB
+from mstar_resources._internal.floor import MAX_MB
 from mstar_resources.attn._overflow import MLA_PARTIALS
 from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
 from mstar_resources.units import MIB

@@ -24,8 +24,8 @@ from mstar_resources.calibration.calibrate import (
     write_override,
 )
 from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.shapes import Shape
-from mstar_resources.profile import load_profile
 from mstar_resources.resolver import ResolvedResource
 
 from ..test_profile import GOOD, dense, with_

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from mstar_resources import Workspace, resolve
-from mstar_resources.calibrated import declared_mb_for
 from mstar_resources.calibration.bounds import tensor_core_graph_bytes
 from mstar_resources.calibration.calibrate import measure_all
-from mstar_resources.calibration.engines import vllm_buffer_mb
+from mstar_resources.calibration.engine_buffers import vllm_buffer_mb
 from mstar_resources.calibration.measure import Planner
+from mstar_resources.calibration.profile import load_profile
+from mstar_resources.calibration.record import declared_mb_for
 from mstar_resources.calibration.shapes import Shape
 from mstar_resources.calibration.versions import installed_flashinfer, release
-from mstar_resources.profile import load_profile
 from mstar_resources.units import MIB
 
 from ..conftest import compose_shipped

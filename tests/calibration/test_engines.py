@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mstar_resources.calibration.engines import engine_buffers_mb, vllm_buffer_mb
-from mstar_resources.profile import load_profile
+from mstar_resources.calibration.engine_buffers import engine_buffers_mb, vllm_buffer_mb
+from mstar_resources.calibration.profile import load_profile
 
 from ..conftest import compose_shipped
 

@@ -22,8 +22,8 @@ from mstar_resources.calibration.measure import (
     Planner,
     flashinfer_refusals,
 )
+from mstar_resources.calibration.profile import PlanKind, PlanProfile, load_profile
 from mstar_resources.calibration.shapes import Shape, is_bounding, shapes_for
-from mstar_resources.profile import PlanKind, PlanProfile, load_profile
 
 from ..attn.fake_allocator import flashinfer_overflow_message
 from ..conftest import compose_shipped

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from mstar_resources import ResourceConfigError
+from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.versions import check_flashinfer, release, version_problems
-from mstar_resources.profile import load_profile
 
 from ..test_profile import GOOD, dense
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mstar_resources.calibration.profile import load_profile
 from mstar_resources.errors import WorkspaceSealedError
-from mstar_resources.profile import load_profile
 from mstar_resources.replay import cli
 from mstar_resources.replay import report as reporting
 from mstar_resources.replay.engine import SealedOverflow

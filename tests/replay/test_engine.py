@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mstar_resources.calibration.profile import CalibrationProfile, load_profile
 from mstar_resources.errors import ResourceConfigError, WorkspaceSealedError
-from mstar_resources.profile import CalibrationProfile, load_profile
 from mstar_resources.replay.engine import (
     DUMMY_PAGE,
     Attention,

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from mstar_resources.profile import CalibrationProfile, load_profile
+from mstar_resources.calibration.profile import CalibrationProfile, load_profile
 from mstar_resources.replay.model import Model, ModelSizes, Query, describe
 
 from ..conftest import compose_shipped

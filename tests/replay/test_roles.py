@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mstar_resources import ResourceConfigError, resolve
-from mstar_resources.profile import load_profile
+from mstar_resources.calibration.profile import load_profile
 from mstar_resources.replay.roles import Roles, is_mla, roles_of
 
 from ..conftest import compose_shipped

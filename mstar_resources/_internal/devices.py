@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from .errors import ResourceConfigError
+from ..errors import ResourceConfigError
 
 if TYPE_CHECKING:
     import torch

@@ -19,10 +19,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from .engine_presets import VERSIONS, Engine, decode_graph_batch_sizes, split_settings
-from .engine_presets import uses_tensor_cores as engine_uses_tensor_cores
-from .errors import ResourceConfigError
-from .units import is_positive_int
+from ..errors import ResourceConfigError
+from ..units import is_positive_int
+from .engine_plans import VERSIONS, Engine, decode_graph_batch_sizes, split_settings
+from .engine_plans import uses_tensor_cores as engine_uses_tensor_cores
 
 PROFILE_KEY = "calibration"
 """The config key the profile lives under."""

@@ -19,8 +19,8 @@ graph sizes (they run one after another on a stream):
 
 from __future__ import annotations
 
-from ..profile import CalibrationProfile, PlanKind
 from ..units import mb_to_hold
+from .profile import CalibrationProfile, PlanKind
 
 VLLM_MIN_MB = 394
 VLLM_BYTES_PER_TOKEN_HEAD_DIM = 16

@@ -9,8 +9,8 @@ batch sizes, each plan's kind and backend), and the labels and CUDA-graph slots 
 it measured. ``mstar-resources-calibrate`` records each of them as a field under the key
 ``calibrated`` (:func:`calibration_inputs`); :func:`stale_calibration` compares a record with what
 runs field by field, every field but those in :data:`NOT_INPUTS`, and names each that differs.
-When pools are built on a GPU from a deployment whose record differs, :func:`warn_if_stale` logs
-one WARNING naming them and the command that recalibrates.
+Where a deployment whose record differs runs on a GPU, :func:`check_calibration` logs one
+WARNING naming them and the command that recalibrates.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from .profile import CalibrationProfile, load_profile
-from .units import mb_to_hold
+from ..errors import ResourceConfigError
+from ..resolver import RESOURCES_KEY, resolve
+from ..units import mb_to_hold
+from .profile import PROFILE_KEY, CalibrationProfile, load_profile
 
 if TYPE_CHECKING:
     from torch import device as Device  # a field below is named torch
@@ -41,6 +43,7 @@ __all__ = [
     "StaleCalibration",
     "calibrated_floors",
     "calibration_inputs",
+    "check_calibration",
     "declared_mb_for",
     "record_differences",
     "stale_calibration",
@@ -243,6 +246,24 @@ def stale_calibration(
         differences=differences,
         recorded_on=_machine_in_words(record),
         running_on=_machine_in_words(running),
+    )
+
+
+def check_calibration(cfg: DictConfig, device: Device | str) -> StaleCalibration | None:
+    """Log one WARNING, and return what differs, when the composed config ``cfg`` (holding
+    ``resources``, ``calibration`` and ``calibrated``) was calibrated with other inputs than
+    those running on ``device``; None when it holds, or when ``cfg`` is not calibrated. The apps
+    ask it wherever they build pools on a GPU; an engine asks it once, beside ``build_pools``."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ResourceConfigError(
+            f"check_calibration needs a CUDA device, the GPU the deployment runs on, and got "
+            f"{device}; on a CPU, record_differences compares the profile alone"
+        )
+    return warn_if_stale(
+        cfg.get(RECORD_KEY), cfg.get(PROFILE_KEY), resolve(cfg.get(RESOURCES_KEY) or {}), device
     )
 
 

@@ -24,7 +24,7 @@ from omegaconf.errors import (
 )
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
-from . import _limits as limits
+from ._internal import limits
 from .errors import did_you_mean
 from .schema import Resource
 

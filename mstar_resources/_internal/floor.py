@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import ResourceConfigError
-from .units import MIB, is_int
+from ..errors import ResourceConfigError
+from ..units import MIB, is_int
 
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 """The variable that sets the floor of every workspace whose resource declares none."""

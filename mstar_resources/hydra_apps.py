@@ -68,8 +68,8 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ._explain import explain, not_a_choice, not_a_primary_config, not_utf8, not_yaml
 from .errors import ResourceConfigError
+from .hydra_errors import explain, not_a_choice, not_a_primary_config, not_utf8, not_yaml
 
 __all__ = ["fail", "hydra_app", "package_version", "register_settings"]
 

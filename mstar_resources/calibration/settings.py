@@ -1,0 +1,28 @@
+"""``mstar-resources-calibrate``'s settings, the schema of its primary config
+(``mstar_resources_calibrate.yaml``); see :mod:`mstar_resources.settings`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .._internal.limits import bounded
+from ..settings import ComposedTree
+from .override import DEFAULT_MARGIN
+
+__all__ = ["CalibrateSettings"]
+
+
+@dataclass
+class CalibrateSettings(ComposedTree):
+    """``mstar-resources-calibrate``: measure a deployment's workspaces on this GPU."""
+
+    margin: float = field(default=DEFAULT_MARGIN, metadata=bounded("a fraction", ge=0))
+    """Added to each measured need before it is declared, as a fraction of it."""
+    device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
+    """The GPU to plan on."""
+    output_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
+    """Where ``<deployment>_calibrated.yaml`` goes (made if missing); null:
+    ``calibrated/deployment`` under the working directory, found with ``--config-dir
+    calibrated``."""
+    progress: bool = field(default=True, metadata={"expects": "true or false"})
+    """Show a progress bar on stderr."""
