@@ -130,13 +130,15 @@ class WorkspaceAgreementError(ResourceError):
     or another rank could not grow); raised on every rank, and no rank sealed the pool.
 
     Fields: ``ranks`` (the ranks concerned: every rank when the pools differ, else those that
-    failed), ``reasons`` (by each of those ranks: the pool it seals, or how it failed) and
-    ``held`` (by every rank of the group: the bytes of each workspace it held, by key).
+    failed), ``reasons`` (by each of those ranks: the pool it seals, or how it failed),
+    ``held`` (by every rank of the group: the bytes of each workspace it held, by key) and
+    ``errors`` (by each rank that failed: the error it raised, whole, with its fields).
     """
 
     ranks: tuple[int, ...]
     reasons: dict[int, str]
     held: dict[int, dict[WorkspaceKey, int]]
+    errors: dict[int, Exception]
 
     def __init__(
         self,
@@ -144,11 +146,13 @@ class WorkspaceAgreementError(ResourceError):
         *,
         reasons: Mapping[int, str],
         held: Mapping[int, Mapping[WorkspaceKey, int]],
+        errors: Mapping[int, Exception] | None = None,
     ) -> None:
         super().__init__(message)
         self.ranks = tuple(sorted(reasons))
         self.reasons = dict(reasons)
         self.held = {rank: dict(sizes) for rank, sizes in held.items()}
+        self.errors = dict(errors or {})
 
 
 class WorkspacePlanError(ResourceError):

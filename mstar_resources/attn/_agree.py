@@ -18,11 +18,10 @@ each rank must have set its CUDA device), at seal time only:
 
 from __future__ import annotations
 
-import logging
+import pickle
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 
 from ..errors import WorkspaceAgreementError
@@ -30,64 +29,25 @@ from ..errors import WorkspaceAgreementError
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-logger = logging.getLogger(__name__)
-
 Key = tuple[str, int | None]
 Identity = tuple[str, str | None, tuple[Key, ...] | None]
 """A pool's owner, config key and served keys: what must match across ranks."""
 
 
-class Agreeing(Protocol):
-    """A workspace, as far as agreeing on it goes (``workspace.Workspace``)."""
-
-    @property
-    def tensor(self) -> torch.Tensor: ...
-
-    def _grow_to_agree(self, nbytes: int, ranks: str) -> int: ...
-
-
-class Pool(Protocol):
-    """A pool, as far as agreeing on it goes (``workspace.WorkspacePool``, which calls in here:
-    this module names what it needs rather than importing it back)."""
-
-    @property
-    def identity(self) -> Identity: ...
-
-    def workspaces(self) -> Mapping[Key, Agreeing]: ...
-
-    def get(self, label: str, cg_slot: int | None = None) -> Agreeing: ...
-
-
-def agree(pool: Pool, group: ProcessGroup) -> None:
-    """Make ``pool`` on this rank hold what the largest of the group's ranks holds, key by key."""
-    rank, ranks = dist.get_rank(), dist.get_world_size(group)
-    every_held = _gather_pools(pool, group, rank, ranks)
-    agreed = _largest(every_held.values())
-    added = _grow_and_tell(pool, agreed, every_held, group, rank, ranks)
-    logger.info(
-        "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
-        rank,
-        _describe(pool.identity),
-        sum(agreed.values()),
-        len(agreed),
-        ranks,
-        added,
-    )
-
-
-def _gather_pools(
-    pool: Pool, group: ProcessGroup, rank: int, ranks: int
+def gather_held(
+    identity: Identity, held: Mapping[Key, int], group: ProcessGroup
 ) -> dict[int, dict[Key, int]]:
-    """Step 1: every rank's bytes of each workspace, by rank; raises on every rank alike when
-    the ranks are sealing different pools."""
-    held = {key: workspace.tensor.numel() for key, workspace in pool.workspaces().items()}
+    """Step 1: every rank's bytes of each workspace, by rank, from this rank's pool ``identity``
+    and the bytes it ``held``; raises on every rank alike when the ranks are sealing different
+    pools."""
+    rank, ranks = dist.get_rank(), dist.get_world_size(group)
     gathered: list[tuple[int, Identity, dict[Key, int]] | None] = [None] * ranks
-    dist.all_gather_object(gathered, (rank, pool.identity, held), group=group)
+    dist.all_gather_object(gathered, (rank, identity, dict(held)), group=group)
     everyone = [entry for entry in gathered if entry is not None]
     every_held = {r: sizes for r, _, sizes in everyone}
     if len({identity for _, identity, _ in everyone}) > 1:
         pools = {
-            r: f"{_describe(identity)} serving {_served(identity)}" for r, identity, _ in everyone
+            r: f"{describe(identity)} serving {_served(identity)}" for r, identity, _ in everyone
         }
         listed = "; ".join(f"rank {r}: {described}" for r, described in pools.items())
         raise WorkspaceAgreementError(
@@ -99,7 +59,7 @@ def _gather_pools(
     return every_held
 
 
-def _largest(every_held: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
+def largest(every_held: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
     """Each key any rank made, at the most bytes any rank holds of it."""
     agreed: dict[Key, int] = {}
     for sizes in every_held:
@@ -108,42 +68,46 @@ def _largest(every_held: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
     return agreed
 
 
-def _grow_and_tell(
-    pool: Pool,
-    agreed: Mapping[Key, int],
+def share_outcome(
+    failure: Exception | None,
+    identity: Identity,
     every_held: Mapping[int, Mapping[Key, int]],
     group: ProcessGroup,
-    rank: int,
-    ranks: int,
-) -> int:
-    """Step 2: make and grow what this rank lacks, then tell every rank whether it could. A rank
-    that could not raises its own error; the others raise one naming it. Returns the bytes
-    added here."""
-    others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
-    failure: BaseException | None = None
-    added = 0
-    try:
-        for (label, cg_slot), nbytes in agreed.items():
-            added += pool.get(label, cg_slot)._grow_to_agree(nbytes, others)
-    except Exception as error:  # told to every rank below, then raised here as it was
-        failure = error
-    outcomes: list[tuple[int, str | None] | None] = [None] * ranks
-    report = None if failure is None else f"{type(failure).__name__}: {failure}"
-    dist.all_gather_object(outcomes, (rank, report), group=group)
+) -> None:
+    """Step 2, once this rank made and grew what it lacked: tell every rank whether it could. A
+    rank that could not raises its own ``failure``; the others raise one naming it, holding the
+    error it raised (pickled whole, with its fields) in ``errors``."""
+    rank, ranks = dist.get_rank(), dist.get_world_size(group)
+    outcomes: list[tuple[int, Exception | None] | None] = [None] * ranks
+    dist.all_gather_object(outcomes, (rank, _picklable(failure)), group=group)
     if failure is not None:
         raise failure
-    failed = {r: message for r, message in filter(None, outcomes) if message is not None}
+    failed = {r: error for r, error in filter(None, outcomes) if error is not None}
     if failed:
-        told = "; ".join(f"rank {r} failed: {message}" for r, message in failed.items())
+        reasons = {r: f"{type(error).__name__}: {error}" for r, error in failed.items()}
+        told = "; ".join(f"rank {r} failed: {reason}" for r, reason in reasons.items())
         raise WorkspaceAgreementError(
-            f"{_describe(pool.identity)} was not sealed on any rank of the group: {told}",
-            reasons=failed,
+            f"{describe(identity)} was not sealed on any rank of the group: {told}",
+            reasons=reasons,
             held=every_held,
+            errors=failed,
         )
-    return added
 
 
-def _describe(identity: Identity) -> str:
+def _picklable(error: Exception | None) -> Exception | None:
+    """``error`` as it is where it pickles (this library's errors do, with their fields); else a
+    ``RuntimeError`` with its type and text."""
+    if error is None:
+        return None
+    try:
+        pickle.dumps(error)
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
+def describe(identity: Identity) -> str:
+    """A pool in words, by its identity."""
     owner, config_key, _ = identity
     return f"pool {owner!r}" + (f" ({config_key})" if config_key else "")
 

@@ -524,15 +524,13 @@ class WorkspacePool:
         """Agree with ``group`` while no plan can grow a workspace here: from the moment the
         sizes are gathered to the seal, a growth would leave this rank at a size the others
         never saw. If the agreement fails, nothing is sealed and plans may grow again."""
-        from ._agree import agree
-
         with self._lock:
             self._sealing = True
             workspaces = list(self._workspaces.values())
         for workspace in workspaces:
             workspace._begin_sealing()
         try:
-            agree(self, group)
+            self._agree(group)
         except BaseException:
             with self._lock:
                 self._sealing = False
@@ -540,6 +538,30 @@ class WorkspacePool:
             for workspace in workspaces:
                 workspace._begin_sealing(False)
             raise
+
+    def _agree(self, group: ProcessGroup) -> None:
+        """Hold what the largest of the group's ranks holds, key by key (see ``_agree.py``)."""
+        import torch.distributed as dist
+
+        from . import _agree
+
+        rank, ranks = dist.get_rank(), dist.get_world_size(group)
+        held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
+        every_held = _agree.gather_held(self.identity, held, group)
+        agreed = _agree.largest(every_held.values())
+        others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
+        failure: Exception | None = None
+        added = 0
+        try:
+            for (label, cg_slot), nbytes in agreed.items():
+                added += self.get(label, cg_slot)._grow_to_agree(nbytes, others)
+        except Exception as error:  # told to every rank, then raised here as it was
+            failure = error
+        _agree.share_outcome(failure, self.identity, every_held, group)
+        logger.info(
+            "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
+            rank, _agree.describe(self.identity), sum(agreed.values()), len(agreed), ranks, added,
+        )  # fmt: skip
 
     @property
     def identity(self) -> tuple[str, str | None, tuple[tuple[str, int | None], ...] | None]:

@@ -135,7 +135,15 @@ def one_rank_cannot_grow(rank: int, world: int) -> Any:
             workspace.tensor.numel() == MIB and bool((workspace.tensor == 7).all())
         )
         figures = (
-            (error.ranks, sorted(error.reasons), error.held)
+            (
+                error.ranks,
+                sorted(error.reasons),
+                error.held,
+                {
+                    r: (type(e).__name__, e.workspace, e.needed_bytes)
+                    for r, e in error.errors.items()
+                },
+            )
             if isinstance(error, WorkspaceAgreementError)
             else (error.workspace, error.held_bytes, error.needed_bytes)
         )
@@ -150,9 +158,11 @@ def test_a_rank_that_cannot_grow_fails_every_rank_clearly_and_keeps_its_buffer(t
     assert f"to {HUGE:,} bytes" in message and "keeps its 1,048,576-byte buffer" in message
     assert figures == ("attention:decode:cg0", MIB, HUGE)
     for rank in (0, 1):
-        kind, message, sealed, _, (ranks, reasons, held) = results[rank]
+        kind, message, sealed, _, (ranks, reasons, held, errors) = results[rank]
         assert (kind, sealed) == ("WorkspaceAgreementError", False)
         assert (ranks, reasons) == ((FAILING_RANK,), [FAILING_RANK])
+        # The failing rank's own error, whole: its type and fields, not its text.
+        assert errors == {FAILING_RANK: ("WorkspaceGrowthError", "attention:decode:cg0", HUGE)}
         assert held == {0: {("decode", 0): HUGE}, 1: {("decode", 0): HUGE},
                         FAILING_RANK: {("decode", 0): MIB}}  # fmt: skip
         assert f"rank {FAILING_RANK} failed: WorkspaceGrowthError" in message
@@ -212,7 +222,7 @@ def plan_races_the_seal(rank: int, world: int) -> dict[str, Any]:
 
     pool = _pool(serves=SERVES)
     pool.get("decode", 0)
-    gathered_then = _agree._largest
+    gathered_then = _agree.largest
     refused: list[str] = []
 
     def gather_then_plan(every_held):  # the window a growth could slip into
@@ -224,7 +234,7 @@ def plan_races_the_seal(rank: int, world: int) -> dict[str, Any]:
                 refused.append(error.workspace)
         return agreed
 
-    _agree._largest = gather_then_plan
+    _agree.largest = gather_then_plan
     pool.seal(group=dist.group.WORLD)
     return {**_holding(pool), "refused": refused}
 
