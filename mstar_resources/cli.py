@@ -5,7 +5,7 @@ CPU it is a dry run that allocates nothing and imports no FlashInfer; ``device=c
 ``cuda:N``) also makes every declared workspace and reports what the GPU then holds.
 
 Its settings are typed by ``settings.DryRunSettings``. Bad input, Hydra's own compose errors
-included, ends in one paragraph on stderr and exit status 2 (see ``app.py``);
+included, ends in one paragraph on stderr and exit status 2 (see ``hydra_apps.py``);
 ``HYDRA_FULL_ERROR=1`` gives the full traceback instead. The dry run imports no torch.
 """
 

@@ -243,7 +243,7 @@ def provenance(
     records: Sequence[ResolvedResource],
 ) -> dict[str, Any]:
     """What the calibration of ``deployment`` depends on, as its override records it (and
-    ``stale.check_calibration`` compares with what runs)."""
+    ``record.check_calibration`` compares with what runs)."""
     return {
         "deployment": deployment,
         **calibration_inputs(Machine.here(device), profile, records),

@@ -150,7 +150,7 @@ class CalibrationProfile:
 
     engine: Engine | None = None
     """Plan as this engine does (``vllm``: vLLM 0.33.0, ``sglang``: SGLang 0.5.23; see
-    ``engine_presets.py``): its decode plans' ``tensor_cores``, ``backend`` and KV split, and its
+    ``engine_plans.py``): its decode plans' ``tensor_cores``, ``backend`` and KV split, and its
     decode graph batch sizes, are derived from the limits and the model, replacing what the
     profile declares for them. None: the plans and graph sizes as declared."""
     deterministic: bool = False

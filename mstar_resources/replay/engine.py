@@ -27,7 +27,7 @@ from ..calibration.shapes import shapes_for
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..units import MIB
 from .model import KVCache, Model, Query
-from .roles import Roles
+from .roles import Role, Roles
 from .scheduler import Chunk, Step
 from .trace import Request
 
@@ -191,8 +191,8 @@ class Buffers(abc.ABC):
         """The buffer the decode wrappers (every graph batch size) are built on."""
 
     @abc.abstractmethod
-    def plan(self, label: str, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """``plan(*args, **kwargs)`` for a wrapper of plan label ``label``."""
+    def plan(self, role: Role, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """``plan(*args, **kwargs)`` for the wrapper playing ``role``."""
 
     def seal(self, group: Any) -> None:  # noqa: B027 (a fixed buffer has nothing to seal)
         """Before graphs are captured over the buffers."""
@@ -225,8 +225,8 @@ class LibraryBuffers(Buffers):
     def decode(self) -> torch.Tensor:
         return self._decode.tensor
 
-    def plan(self, label: str, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        (self._prefill if label == "prefill" else self._decode).plan(plan, *args, **kwargs)
+    def plan(self, role: Role, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        (self._prefill if role == "prefill" else self._decode).plan(plan, *args, **kwargs)
 
     def seal(self, group: Any) -> None:
         for pool in self.pools.values():
@@ -266,7 +266,7 @@ class FixedBuffer(Buffers):
     def decode(self) -> torch.Tensor:
         return self.tensor
 
-    def plan(self, label: str, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def plan(self, role: Role, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         plan(*args, **kwargs)
 
     @property

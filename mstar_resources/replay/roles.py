@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from ..calibration.profile import CalibrationProfile, PlanKind
 from ..errors import ResourceConfigError
@@ -15,6 +16,11 @@ REPLAYED_KINDS = {
     (PlanKind.mla, PlanKind.mla): "MLA",
 }
 """The (prefill, decode) plan kinds the replay's model runs, and the attention each stands for."""
+
+
+Role = Literal["prefill", "decode"]
+"""A wrapper's part in the replay's engine: its prefill wrapper, or its decode wrappers (every
+graph batch size). :class:`Roles` names the plan label each plays."""
 
 
 @dataclass(frozen=True)
