@@ -9,9 +9,10 @@ entry point with it too (``tests/engine/app.py`` does)::
 
 What the user got wrong (an override Hydra cannot compose, a :class:`ResourceConfigError` from the
 app) ends in one paragraph on stderr and exit status 2, told from the exceptions' fields
-(``hydra_errors.py``). Anything else the app raises keeps its traceback, as Hydra's ``run_and_report``
-keeps it: from the app's entry point down to where it was raised, without Hydra's frames, exit
-status 1. Set ``HYDRA_FULL_ERROR=1`` for Hydra's full traceback of a compose error instead.
+(``hydra_errors.py``). Anything else the app raises keeps its traceback, as Hydra's
+``run_and_report`` keeps it: from the app's entry point down to where it was raised, without
+Hydra's frames, exit status 1. Set ``HYDRA_FULL_ERROR=1`` for Hydra's full traceback of a
+compose error instead.
 
 ``@hydra.main`` composes the config twice (once to read ``hydra.mode``), which doubles a dry run's
 time. An app made with ``compose_once=True`` (the library's own, whose configs set no log files

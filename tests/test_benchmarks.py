@@ -217,6 +217,24 @@ def test_bad_input_is_a_usage_error(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_trace_benchmark_measures_each_length_in_a_fresh_process(tmp_path: Path) -> None:
+    """A short run of scripts/bench_trace.py: a line per measurement and length, the first
+    length's ratios 1.00, and a reading whose peak memory is a process's, not nothing."""
+    done = run("bench_trace.py", "--rows", "200", "400", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:3] == ["what", "rows", "x"]
+    rows = [line.split() for line in lines[1:]]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("read", "200"),
+        ("read", "400"),
+        ("dry", "run"),
+        ("dry", "run"),
+    ]
+    assert rows[0][2:][::2] == ["1.0", "1.00", "1.00"]
+    assert float(rows[1][5]) > 1  # peak RSS MiB of a Python process
+
+
 def test_memory_without_a_need_prints_a_dash_for_its_ratio(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
