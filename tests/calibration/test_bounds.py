@@ -44,14 +44,26 @@ def test_prefill_bytes_are_what_flashinfer_measured(qo, kv, work_items, cta, mea
 
 @pytest.mark.parametrize(("qo", "kv"), [(32, 8), (8, 1), (64, 8), (16, 2), (4, 4)])
 def test_the_prefill_bound_does_not_depend_on_the_heads_when_they_divide_the_grid(qo, kv):
-    # 2 blocks x 132 SMs = 264 work items of 128 rows, whatever the heads: 17,436,672 bytes.
+    # Measured on the H200 for 32/8 and 8/1 (PREFILL above) and 96/8 (the README's GLM-4.5-Air
+    # row). By hand for 4/4: 2 blocks x 132 SMs // 4 = 66 work items of 128 rows, group 1, so
+    # 8,448 rows; 4 heads x 8,448 rows x (128 x 4 + 4) B = 33,792 x 516 = 17,436,672.
     assert prefill_bound_bytes(qo, kv, 128, H200_SMS) == 17_436_672
 
 
-def test_the_prefill_bound_scales_with_the_sms_and_the_head_dim():
-    # An H100 PCIe's 114 SMs: 228 blocks, 28 work items of 8 KV heads (8 does not divide 228).
-    assert prefill_bound_bytes(32, 8, 128, 114) == 516 * 8 * (228 // 8) * 128
-    assert prefill_bound_bytes(32, 8, 64, H200_SMS) == 260 * 264 * 128
+@pytest.mark.parametrize(
+    ("head_dim", "sms", "expected"),
+    [
+        # An H100 PCIe's 114 SMs: 2 x 114 = 228 blocks, 228 // 8 = 28 work items (8 does not
+        # divide 228) of 128 rows for a group of 32 / 8 = 4 heads: 28 x 128 / 4 = 896 rows.
+        # tmp_v 32 x 896 x 128 x 4 = 14,680,064 + tmp_s 32 x 896 x 4 = 114,688 = 14,794,752.
+        pytest.param(128, 114, 14_794_752, id="h100-pcie-114-sms"),
+        # The H200's 264 // 8 = 33 work items: 33 x 128 / 4 = 1,056 rows. tmp_v 32 x 1,056 x
+        # 64 x 4 = 8,650,752 + tmp_s 32 x 1,056 x 4 = 135,168 = 8,785,920.
+        pytest.param(64, H200_SMS, 8_785_920, id="h200-head-dim-64"),
+    ],
+)
+def test_the_prefill_bound_scales_with_the_sms_and_the_head_dim(head_dim, sms, expected):
+    assert prefill_bound_bytes(32, 8, head_dim, sms) == expected
 
 
 def test_mla_bytes_are_what_flashinfer_measured():
@@ -60,9 +72,10 @@ def test_mla_bytes_are_what_flashinfer_measured():
 
 
 def test_an_odd_sm_count_needs_the_one_block_clusters_rows():
-    # Clusters of two leave an SM idle: the one-block cluster's 2 x 133 x 64 rows are the most.
-    rows = 2 * 133 * 64
-    assert mla_bytes(512, 133) == rows * 2 * 512 + rows * 4
+    # Clusters of two leave an SM idle: 133 // 2 = 66 clusters x 128 rows x 2 = 16,896 rows, the
+    # H200's 17,369,088 bytes. One-block clusters: 133 x 64 x 2 = 17,024 rows, of 2 x 512
+    # bytes of output (17,432,576) and 4 of log-sum-exp (68,096): 17,500,672, the most.
+    assert mla_bytes(512, 133) == 17_500_672
 
 
 # A CUDA-graph tensor-core decode plan (vLLM's), 32 query and 2 KV heads, head dim 256, grown
@@ -78,15 +91,50 @@ def test_tensor_core_graph_bytes_are_what_flashinfer_0_6_6_grew_to(batch, measur
 
 @pytest.mark.parametrize("batch", [392, 400, 512])
 def test_tensor_core_graph_plans_past_the_grid_need_nothing_on_flashinfer_0_7_4(batch):
-    assert tensor_core_graph_bytes(32, 2, 256, batch, H200_SMS, (0, 7, 4)) < 1 << 20
+    # Measured: under 1 MiB. By hand: a group of 16 heads is one 16-row tile a request, and
+    # 392, 400 or 512 tiles are more than the grid's 264 // 2 = 132: no split, 0 bytes.
+    assert tensor_core_graph_bytes(32, 2, 256, batch, H200_SMS, (0, 7, 4)) == 0
 
 
-def test_the_tensor_core_graph_need_grows_with_the_batch_before_0_7_4_only():
-    def needs(version: tuple[int, ...]) -> list[int]:
-        return [tensor_core_graph_bytes(32, 8, 128, b, H200_SMS, version) for b in (1, 32, 256)]
+# The shipped deployments' decode needs at their worst graph batch, measured on an H200 with
+# the engine's tensor-core plans (the README's table): (q heads, kv heads, head dim, batch).
+@pytest.mark.parametrize(
+    ("qo", "kv", "head_dim", "batch", "version", "measured"),
+    [
+        pytest.param(32, 2, 256, 128, (0, 7, 4), 4_342_272, id="qwen3.5-0.7.4"),
+        pytest.param(96, 8, 128, 32, (0, 7, 4), 2_179_584, id="glm-4.5-air-0.7.4"),
+        pytest.param(32, 8, 128, 32, (0, 7, 4), 2_179_584, id="llama3-8b-0.7.4"),
+        pytest.param(8, 1, 128, 256, (0, 7, 4), 2_179_584, id="llama3-70b-tp8-0.7.4"),
+        pytest.param(96, 8, 128, 256, (0, 6, 6), 354_281_472, id="glm-4.5-air-0.6.6"),
+        pytest.param(32, 8, 128, 256, (0, 6, 6), 84_277_248, id="llama3-8b-0.6.6"),
+        pytest.param(8, 1, 128, 512, (0, 6, 6), 50_658_816, id="llama3-70b-tp8-0.6.6"),
+    ],
+)
+def test_tensor_core_graph_bytes_are_the_shipped_deployments_measured_needs(
+    qo, kv, head_dim, batch, version, measured
+):
+    assert tensor_core_graph_bytes(qo, kv, head_dim, batch, H200_SMS, version) == measured
 
-    old, rows, uniform = needs((0, 6, 6)), needs((0, 7, 2)), needs((0, 7, 4))
-    assert old == sorted(old) and old[0] < old[-1]
-    assert all(r < o for r, o in zip(rows, old, strict=True))  # partials by rows, not tiles
-    # Up to the grid (2 x 132 // 8 = 33 requests) a split of the grid, past it none.
-    assert uniform[-1] == 0 and uniform[0] == uniform[1] > 0
+
+# 32/8 heads of 128 on the H200: a group of 4, one 16-row tile (4 rows is <= 16), a grid of
+# 264 // 8 = 33 work items, 32 x (128 x 4 + 4) = 16,512 bytes a partial row.
+# 0.6.6 pads the tiles for ragged rows, ceil(B x 4 / 16) + B - 1, takes the most of that and 33,
+# and sizes the partials by tiles (x 16 rows):
+#   B=1:   max(33, 1 + 0)     = 33  -> 528 rows   -> 8,718,336
+#   B=32:  max(33, 8 + 31)    = 39  -> 624 rows   -> 10,303,488
+#   B=256: max(33, 64 + 255)  = 319 -> 5,104 rows -> 84,277,248 (measured, above)
+# 0.7.2 has the same work items but sizes the partials by query rows, ceil(P x 16 / 4):
+#   33 -> 132 rows -> 2,179,584; 39 -> 156 rows -> 2,575,872; 319 -> 1,276 rows -> 21,069,312
+# 0.7.4 counts B x 1 tiles: up to 33 requests a split of the grid (132 rows, 2,179,584,
+# measured at B=32), past it none.
+@pytest.mark.parametrize(
+    ("version", "needs"),
+    [
+        pytest.param((0, 6, 6), [8_718_336, 10_303_488, 84_277_248], id="0.6.6-tiles"),
+        pytest.param((0, 7, 2), [2_179_584, 2_575_872, 21_069_312], id="0.7.2-rows"),
+        pytest.param((0, 7, 4), [2_179_584, 2_179_584, 0], id="0.7.4-uniform"),
+    ],
+)
+def test_the_tensor_core_graph_need_grows_with_the_batch_before_0_7_4_only(version, needs):
+    batches = (1, 32, 256)
+    assert [tensor_core_graph_bytes(32, 8, 128, b, H200_SMS, version) for b in batches] == needs
