@@ -236,8 +236,11 @@ def print_report(
     print(reporting.table(report))
     if report_dir is not None:
         Path(report_dir).mkdir(parents=True, exist_ok=True)  # checked by :func:`check`
-        for path in reporting.write(report, Path(report_dir), step_times):
+        written = reporting.write(report, Path(report_dir), step_times)
+        for path in written:
             print(f"wrote {path}")
+        if len(written) == 1:
+            print(f"{PROG}: {reporting.NO_FIGURE}", file=sys.stderr)
 
 
 @hydra_app(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -168,12 +169,22 @@ def _rounds(report: dict[str, Any]) -> str:
     return f" (rounds, the order turned each: {each}; spread {max(rounds) - min(rounds):.3f})"
 
 
+NO_FIGURE = "no replay.png: it needs matplotlib (pip install 'mstar-resources[bench]')"
+"""What the replay says where it writes its report without the figure."""
+
+
 def write(report: dict[str, Any], folder: Path, step_times: dict[str, list[float]]) -> list[Path]:
-    """``report.json`` and ``replay.png`` in ``folder`` (which exists); the paths written."""
+    """``report.json`` in ``folder`` (which exists), and ``replay.png`` where matplotlib is
+    installed (the ``bench`` extra); the paths written."""
     json_path = folder / "report.json"
     write_whole(json_path, json.dumps(report, indent=2) + "\n")
     png = folder / "replay.png"
-    _plot(report, step_times, png)
+    try:
+        _plot(report, step_times, png)
+    except ModuleNotFoundError as error:
+        if error.name != "matplotlib":
+            raise
+        return [json_path]
     return [json_path, png]
 
 
@@ -212,6 +223,12 @@ def _plot(report: dict[str, Any], step_times: dict[str, list[float]], png: Path)
     fig.tight_layout()
     # Drawn beside it, then renamed over it: a crash never leaves half a PNG.
     drawing = png.with_name(f".{png.name}.{os.getpid()}.tmp.png")
-    fig.savefig(drawing, dpi=120)
-    os.replace(drawing, png)
-    plt.close(fig)
+    try:
+        fig.savefig(drawing, dpi=120)
+        os.replace(drawing, png)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            drawing.unlink()
+        raise
+    finally:
+        plt.close(fig)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
+import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -245,3 +248,148 @@ def test_the_figure_is_a_png_even_for_a_setup_without_decode_steps(tmp_path):
     json_path, png = reporting.write(report, tmp_path, times)
     assert json.loads(json_path.read_text()) == report
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+# --- the figure, as the report asks matplotlib to draw it (a recording stand-in) ---------------
+
+
+class FakeAxes:
+    """Stands in for one of matplotlib's axes: every call is recorded, by method, in ``calls``;
+    ``bar`` returns its arguments as the bars that ``bar_label`` is handed back."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {}
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("__"):
+            raise AttributeError(method)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.setdefault(method, []).append((args, kwargs))
+            return ("bars", args) if method == "bar" else None
+
+        return call
+
+    def one(self, method: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The one call of ``method``."""
+        (only,) = self.calls[method]
+        return only
+
+
+class FakeFigure:
+    """Stands in for a matplotlib figure: its title, and ``savefig`` writing ``content`` (or
+    raising ``error``) at the path it is given."""
+
+    content = b"\x89PNG\r\n\x1a\nfake"
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error, self.title, self.saved = error, "", []
+
+    def suptitle(self, title: str) -> None:
+        self.title = title
+
+    def tight_layout(self) -> None:
+        pass
+
+    def savefig(self, path: Path, dpi: int) -> None:
+        self.saved.append(path)
+        path.write_bytes(self.content[:4])  # half a PNG, as a crash mid-write leaves it
+        if self.error is not None:
+            raise self.error
+        path.write_bytes(self.content)
+
+
+class FakePyplot:
+    """Stands in for ``matplotlib.pyplot``: the figures made and closed, with three axes each."""
+
+    def __init__(self) -> None:
+        self.figures: list[tuple[FakeFigure, tuple[FakeAxes, ...]]] = []
+        self.closed: list[FakeFigure] = []
+        self.backends: list[str] = []
+        self.error: Exception | None = None
+        """What the next figure's ``savefig`` raises, if anything."""
+
+    def subplots(self, rows: int, cols: int, figsize: tuple[float, float]) -> Any:
+        figure, axes = FakeFigure(self.error), tuple(FakeAxes() for _ in range(rows * cols))
+        self.figures.append((figure, axes))
+        return figure, axes
+
+    def close(self, figure: FakeFigure) -> None:
+        self.closed.append(figure)
+
+
+def install_fake_matplotlib(monkeypatch: pytest.MonkeyPatch) -> FakePyplot:
+    """``matplotlib`` and ``matplotlib.pyplot`` as recording stand-ins, in ``sys.modules`` until
+    the test ends: the report's figure code runs where matplotlib is not installed (CI), and what
+    it asks to be drawn can be checked. That a real PNG comes out is checked where matplotlib is
+    installed (test_the_figure_is_a_png_even_for_a_setup_without_decode_steps)."""
+    pyplot = FakePyplot()
+    matplotlib = types.ModuleType("matplotlib")
+    matplotlib.use = pyplot.backends.append  # type: ignore[attr-defined]
+    module = types.ModuleType("matplotlib.pyplot")
+    module.subplots = pyplot.subplots  # type: ignore[attr-defined]
+    module.close = pyplot.close  # type: ignore[attr-defined]
+    matplotlib.pyplot = module  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", module)
+    return pyplot
+
+
+@pytest.fixture
+def fake_matplotlib(monkeypatch: pytest.MonkeyPatch) -> FakePyplot:
+    return install_fake_matplotlib(monkeypatch)
+
+
+def test_the_figure_draws_the_workspaces_the_tokens_they_leave_and_the_step_times(
+    tmp_path, fake_matplotlib
+):
+    """On matplotlib's stand-in: what each panel is asked to draw, from docs/replay.md's run."""
+    report = readme_run()
+    times = {"mstar-resources": [0.001, 0.002], "fixed 512 MiB": [0.003]}
+    json_path, png = reporting.write(report, tmp_path, times)
+    assert json.loads(json_path.read_text()) == report
+    assert fake_matplotlib.backends == ["Agg"]  # no display needed
+    ((figure, (memory, tokens, steps)),) = fake_matplotlib.figures
+    names = ["mstar-resources", "fixed 512 MiB"]
+    assert memory.one("bar")[0] == (names, [23.0, 512.0])
+    assert memory.one("bar_label")[1] == {"labels": ["23 MiB", "512 MiB"]}
+    assert (memory.one("set_title")[0], memory.one("set_ylabel")[0]) == (
+        ("Float workspaces",), ("MiB on one GPU",),
+    )  # fmt: skip
+    # The tokens the library's workspaces leave over the fixed buffer's, as the table's line.
+    assert tokens.one("bar")[0] == (names, [25_040, 0])
+    assert tokens.one("bar_label")[1] == {"labels": ["+25,040 (+0.35%)", "0"]}
+    assert tokens.one("set_ylabel")[0] == ("KV-cache tokens over 7,212,576",)
+    (data,), options = steps.one("boxplot")
+    assert data == [[1.0, 2.0], [3.0]] and options["whis"] == (1, 99)  # in ms, p1 to p99
+    ticks, labels = steps.one("set_xticks")[0]
+    assert (list(ticks), labels) == ([1, 2], names)
+    assert figure.title == "replay: llama3-8b-h200_calibrated, 1 rank(s), NVIDIA H200"
+    assert png.read_bytes() == FakeFigure.content
+    assert set(tmp_path.iterdir()) == {json_path, png}  # drawn beside it, renamed over it
+    assert fake_matplotlib.closed == [figure]
+
+
+def test_a_setup_without_decode_steps_is_drawn_at_zero(tmp_path, fake_matplotlib):
+    report = readme_run(sealed_overflow=OVERFLOW)
+    reporting.write(report, tmp_path, {"mstar-resources": [], "fixed 512 MiB": [0.001]})
+    ((_, (_, _, steps)),) = fake_matplotlib.figures
+    assert steps.one("boxplot")[0] == ([[0.0], [1.0]],)
+
+
+def test_a_figure_that_fails_to_draw_leaves_the_png_written_before(tmp_path, fake_matplotlib):
+    png = tmp_path / "replay.png"
+    png.write_bytes(b"the last run's figure")
+    fake_matplotlib.error = OSError(28, "No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        reporting.write(readme_run(), tmp_path, {"mstar-resources": [], "fixed 512 MiB": []})
+    assert png.read_bytes() == b"the last run's figure"  # never half a PNG
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["replay.png", "report.json"]
+
+
+def test_without_matplotlib_the_report_is_written_and_the_figure_skipped(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ModuleNotFoundError
+    written = reporting.write(readme_run(), tmp_path, {"mstar-resources": [], "fixed 512 MiB": []})
+    assert written == [tmp_path / "report.json"]
+    assert json.loads((tmp_path / "report.json").read_text())["tokens_identical"] is True
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["report.json"]
