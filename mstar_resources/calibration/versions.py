@@ -5,17 +5,31 @@ Calibration and the replay run on FlashInfer 0.6.6 and newer: every kind but ``m
 (measured by growth, as 0.6.x wrappers have no ``workspace_size()`` query). FlashInfer 0.7.2 brought
 the MLA planning API this project uses (``MLAPlanMetadata``) and ``q_len_per_req`` on the decode
 wrapper's ``plan()``.
+
+FlashInfer's plain (CUDA-core) decode kernels are compiled for a fixed set of GQA group sizes
+(query heads per KV head), listed in ``DISPATCH_GQA_GROUP_SIZE`` of its ``utils.cuh``: 1, 2, 3, 4
+and 8 in 0.6.6; 0.7.4 adds 6 and 16. A plain decode plan of another group fails in FlashInfer
+("Unsupported group_size"), which is one reason engines plan such models with tensor cores; the
+group sizes are read from the installed headers and the plan refused before any GPU work.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
+from pathlib import Path
 
 from ..errors import ResourceConfigError
 from .profile import CalibrationProfile, PlanKind
 
-__all__ = ["OLDEST", "check_flashinfer", "installed_flashinfer", "version_problems"]
+__all__ = [
+    "OLDEST",
+    "check_flashinfer",
+    "installed_flashinfer",
+    "plain_decode_groups",
+    "version_problems",
+]
 
 OLDEST = (0, 6, 6)
 """The oldest FlashInfer calibration and the replay are checked on."""
@@ -35,6 +49,28 @@ def installed_flashinfer() -> str | None:
         return None
 
 
+_GROUP_DISPATCH = re.compile(r"#define DISPATCH_GQA_GROUP_SIZE\b(?P<body>.*?)\n\s*\n", re.S)
+_GROUP_CASE = re.compile(r"group_size == (\d+)")
+
+
+def plain_decode_groups(headers: Path | None = None) -> frozenset[int] | None:
+    """The GQA group sizes FlashInfer's plain decode kernels are compiled for, read from
+    ``DISPATCH_GQA_GROUP_SIZE`` in ``utils.cuh`` of ``headers`` (default: the installed
+    FlashInfer's, found without importing it); None where that can't be read."""
+    if headers is None:
+        spec = importlib.util.find_spec("flashinfer")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        headers = Path(next(iter(spec.submodule_search_locations))) / "data" / "include"
+    try:
+        text = (headers / "flashinfer" / "utils.cuh").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    macro = _GROUP_DISPATCH.search(text)
+    groups = frozenset(int(n) for n in _GROUP_CASE.findall(macro["body"])) if macro else None
+    return groups or None
+
+
 def release(version: str) -> tuple[int, ...]:
     """The release numbers at the start of ``version`` (``0.7.2.post1`` -> ``(0, 7, 2)``)."""
     match = re.match(r"\d+(\.\d+)*", version)
@@ -45,8 +81,11 @@ def _dotted(numbers: tuple[int, ...]) -> str:
     return ".".join(map(str, numbers))
 
 
-def version_problems(profile: CalibrationProfile, version: str) -> list[str]:
-    """What FlashInfer ``version`` cannot plan of ``profile``, one line a feature."""
+def version_problems(
+    profile: CalibrationProfile, version: str, *, plain_groups: frozenset[int] | None = None
+) -> list[str]:
+    """What FlashInfer ``version`` cannot plan of ``profile``, one line a feature;
+    ``plain_groups``: the GQA group sizes its plain decode kernels take (unchecked if None)."""
     have = release(version)
     problems = []
     if have < OLDEST:
@@ -68,6 +107,22 @@ def version_problems(profile: CalibrationProfile, version: str) -> list[str]:
             f"{', '.join(multi)} needs FlashInfer {_dotted(MULTI_TOKEN_DECODE_SINCE)} or newer "
             f"(installed: {version})"
         )
+    model = profile.model
+    group = model.num_qo_heads // model.num_kv_heads if model.num_kv_heads else 0
+    plain = [
+        label
+        for label, plan in profile.plans.items()
+        if plan.kind is PlanKind.decode and not plan.tensor_cores
+    ]
+    if plain and plain_groups is not None and group not in plain_groups:
+        keys = " and ".join(f"calibration.plans.{label}.tensor_cores=true" for label in plain)
+        problems.append(
+            f"plain decode ({', '.join(f'calibration.plans.{x}' for x in plain)}) with "
+            f"{model.num_qo_heads} query heads on {model.num_kv_heads} KV heads, a group of "
+            f"{group}: FlashInfer {version}'s plain decode kernels take groups of "
+            f"{', '.join(map(str, sorted(plain_groups)))}; set {keys} (as vLLM and SGLang "
+            "plan such models), or install a FlashInfer whose kernels take it"
+        )
     return problems
 
 
@@ -79,6 +134,6 @@ def check_flashinfer(profile: CalibrationProfile, version: str | None = None) ->
         raise ResourceConfigError(
             "FlashInfer is not installed: pip install 'mstar-resources[calibrate]'"
         )
-    problems = version_problems(profile, version)
+    problems = version_problems(profile, version, plain_groups=plain_decode_groups())
     if problems:
         raise ResourceConfigError(*problems, where=f"what FlashInfer {version} can plan")

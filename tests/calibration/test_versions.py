@@ -3,11 +3,18 @@ checked before any GPU work, naming the setting, the version it needs and the on
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from mstar_resources import ResourceConfigError
 from mstar_resources.calibration.profile import load_profile
-from mstar_resources.calibration.versions import check_flashinfer, release, version_problems
+from mstar_resources.calibration.versions import (
+    check_flashinfer,
+    plain_decode_groups,
+    release,
+    version_problems,
+)
 
 from ..test_profile import GOOD, dense
 
@@ -58,3 +65,70 @@ def test_no_flashinfer_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr("mstar_resources.calibration.versions.installed_flashinfer", lambda: None)
     with pytest.raises(ResourceConfigError, match=r"pip install 'mstar-resources\[calibrate\]'"):
         check_flashinfer(load_profile(GOOD))
+
+
+def heads(qo: int, kv: int, **top: object) -> dict:
+    """The dense profile (plain decode as declared) with ``qo`` query and ``kv`` KV heads."""
+    node = dense(**top)
+    node["model"] = {**node["model"], "num_qo_heads": qo, "num_kv_heads": kv}
+    return node
+
+
+GROUPS_0_6_6 = frozenset({1, 2, 3, 4, 8})
+"""The plain decode kernels' GQA group sizes in FlashInfer 0.6.6's utils.cuh, as read there."""
+
+
+def test_plain_decode_of_a_group_the_kernels_lack_is_refused_naming_the_fix():
+    problems = version_problems(load_profile(heads(32, 2)), "0.6.6", plain_groups=GROUPS_0_6_6)
+    assert problems == [
+        "plain decode (calibration.plans.decode) with 32 query heads on 2 KV heads, a group of "
+        "16: FlashInfer 0.6.6's plain decode kernels take groups of 1, 2, 3, 4, 8; set "
+        "calibration.plans.decode.tensor_cores=true (as vLLM and SGLang plan such models), or "
+        "install a FlashInfer whose kernels take it"
+    ]
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        pytest.param(heads(32, 8), id="group-4"),
+        pytest.param(heads(32, 2, engine="vllm"), id="tensor-cores-as-vllm-plans"),
+        pytest.param(heads(32, 2, engine="sglang"), id="tensor-cores-as-sglang-plans"),
+    ],
+)
+def test_plain_decode_of_a_compiled_group_or_tensor_core_decode_passes(node):
+    assert version_problems(load_profile(node), "0.6.6", plain_groups=GROUPS_0_6_6) == []
+
+
+DISPATCH = """\
+#define DISPATCH_GQA_GROUP_SIZE(group_size, GROUP_SIZE, ...) \\
+  if (group_size == 1) {                                     \\
+    constexpr size_t GROUP_SIZE = 1;                         \\
+  } else if (group_size == 8) {                              \\
+    constexpr size_t GROUP_SIZE = 8;                         \\
+  } else {                                                   \\
+    FLASHINFER_ERROR("Unsupported group_size");              \\
+  }
+
+#define DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, ...) \\
+  if (head_dim == 64) {                           \\
+  }
+"""
+
+
+def test_the_group_sizes_are_read_from_the_dispatch_macro_alone(tmp_path):
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "utils.cuh").write_text(DISPATCH)
+    assert plain_decode_groups(tmp_path) == {1, 8}
+    (tmp_path / "flashinfer" / "utils.cuh").write_text("// no dispatch here\n")
+    assert plain_decode_groups(tmp_path) is None
+    assert plain_decode_groups(tmp_path / "missing") is None
+
+
+@pytest.mark.flashinfer
+@pytest.mark.skipif(
+    importlib.util.find_spec("flashinfer") is None, reason="needs FlashInfer's headers installed"
+)
+def test_the_installed_flashinfers_headers_give_its_group_sizes():
+    groups = plain_decode_groups()
+    assert groups is not None and {1, 2, 4, 8} <= groups
