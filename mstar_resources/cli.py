@@ -100,7 +100,7 @@ def _allocate(cfg: DictConfig, records: list[ResolvedResource], device: str) -> 
     import torch
 
     target = cuda_device(device, "set device=cpu for a dry run")
-    check_calibration(cfg, target)
+    check_calibration(cfg, target, resolved=records)
     torch.cuda.synchronize(target)
     before = torch.cuda.memory_allocated(target)
     pools = pools_of(records, target, reserve=True)  # held until measured

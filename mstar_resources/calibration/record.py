@@ -249,11 +249,15 @@ def stale_calibration(
     )
 
 
-def check_calibration(cfg: DictConfig, device: Device | str) -> StaleCalibration | None:
+def check_calibration(
+    cfg: DictConfig, device: Device | str, *, resolved: Sequence[Declared] | None = None
+) -> StaleCalibration | None:
     """Log one WARNING, and return what differs, when the composed config ``cfg`` (holding
     ``resources``, ``calibration`` and ``calibrated``) was calibrated with other inputs than
     those running on ``device``; None when it holds, or when ``cfg`` is not calibrated. The apps
-    ask it wherever they build pools on a GPU; an engine asks it once, beside ``build_pools``."""
+    ask it wherever they build pools on a GPU; an engine asks it once, beside ``build_pools``.
+    ``resolved``: what :func:`~mstar_resources.resolve` gave for ``cfg.resources``, where the
+    caller has it (else it is resolved here)."""
     import torch
 
     device = torch.device(device)
@@ -262,9 +266,9 @@ def check_calibration(cfg: DictConfig, device: Device | str) -> StaleCalibration
             f"check_calibration needs a CUDA device, the GPU the deployment runs on, and got "
             f"{device}; on a CPU, record_differences compares the profile alone"
         )
-    return warn_if_stale(
-        cfg.get(RECORD_KEY), cfg.get(PROFILE_KEY), resolve(cfg.get(RESOURCES_KEY) or {}), device
-    )
+    if resolved is None:
+        resolved = resolve(cfg.get(RESOURCES_KEY) or {})
+    return warn_if_stale(cfg.get(RECORD_KEY), cfg.get(PROFILE_KEY), resolved, device)
 
 
 def warn_if_stale(

@@ -268,7 +268,7 @@ def main(cfg: DictConfig) -> None:
     if device.index is None:  # plain "cuda": the current device
         device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
-    check_calibration(cfg, device)  # a deployment calibrated elsewhere: one warning
+    check_calibration(cfg, device, resolved=records)  # calibrated elsewhere: one warning
     if ranks > 1:
         dist.init_process_group("nccl", device_id=device)
     try:

@@ -28,8 +28,10 @@ import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
 
+from mstar_resources import resolver
 from mstar_resources.replay import cli, engine
 from mstar_resources.replay import report as reporting
+from mstar_resources.resolver import resolve
 from mstar_resources.units import MIB
 
 from .test_engine import GQA, MLA, PER_TOKEN, SMALL, ReferenceAttention, context_need
@@ -131,7 +133,7 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> CpuMachine:
     cpu = CpuMachine()
     monkeypatch.setattr(cli, "cuda_device", lambda setting, without_gpu: torch.device(setting))
     monkeypatch.setattr(cli, "check_flashinfer", lambda profile: None)
-    monkeypatch.setattr(cli, "check_calibration", lambda cfg, device: None)
+    monkeypatch.setattr(cli, "check_calibration", lambda cfg, device, resolved: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(cli, "_Gpu", cpu.gpu)
@@ -366,3 +368,19 @@ def test_without_matplotlib_the_report_is_written_and_the_missing_figure_named(
     assert done.out.splitlines()[-1] == f"wrote {out / 'report.json'}"
     assert done.err == f"replay: {reporting.NO_FIGURE}\n"
     assert sorted(path.name for path in out.iterdir()) == ["report.json"]
+
+
+def test_the_replay_resolves_the_tree_once(replay, trace_file, monkeypatch):
+    """The records checked before any GPU work build each round's pools and are what the
+    calibration check compares: the tree is resolved once however many rounds run."""
+    resolved: list[object] = []
+
+    def counted(*args: Any) -> Any:
+        resolved.append(resolve(*args))
+        return resolved[-1]
+
+    monkeypatch.setattr(cli, "resolve", counted)
+    monkeypatch.setattr(resolver, "resolve", counted)  # what build_pools would call
+    done = replay(*GQA_ARGS, f"fixed_buffer_mb={GQA_FIXED_MB}", f"trace={trace_file}",
+                  "requests=6", "timing_rounds=3")  # fmt: skip
+    assert done.status == 0 and len(resolved) == 1
