@@ -125,11 +125,11 @@ def dry_run(workload: Workload, profile: CalibrationProfile) -> str:
     machine with a KV cache no request waits for. The requests stream through the scheduler, so
     memory holds the requests in flight, whatever the trace's length."""
     from . import report as reporting
-    from .scheduler import scheduled_steps
+    from .scheduler import schedule
 
     page = profile.model.page_size
     steps = busiest = tokens = pages = 0
-    for step in scheduled_steps(
+    for step in schedule(
         workload.requests(),
         max_num_seqs=profile.limits.max_num_seqs,
         max_num_batched_tokens=profile.limits.max_num_batched_tokens,
@@ -140,8 +140,8 @@ def dry_run(workload: Workload, profile: CalibrationProfile) -> str:
         steps += 1
         busiest = max(busiest, len(step.prefill) + len(step.decode))
         tokens = max(tokens, step.num_tokens)
-        for chunk in (*step.prefill, *step.decode):
-            pages = max(pages, chunk.pages[-1] + 1)  # a request's pages ascend
+        for chunk in (*step.prefill, *step.decode):  # a request's pages ascend
+            pages = max(pages, chunk.page_table[chunk.num_pages - 1] + 1)
     return "\n".join(
         [
             reporting.trace_line(reporting.trace_summary(workload, steps)),
@@ -356,13 +356,15 @@ def _replay(
     # own are then taken from it (the library's as its records reserve them).
     pages = kv_pages(gpu.free_bytes(), workspace_bytes, shape, cfg.memory_utilization)
     requests = list(workload.requests())
-    steps = schedule(
-        requests,
-        max_num_seqs=profile.limits.max_num_seqs,
-        max_num_batched_tokens=profile.limits.max_num_batched_tokens,
-        cuda_graph_batch_sizes=profile.cuda_graph_batch_sizes,
-        num_pages=schedule_pages(gpu.gather(pages)),
-        page_size=shape.page_size,
+    steps = list(
+        schedule(
+            requests,
+            max_num_seqs=profile.limits.max_num_seqs,
+            max_num_batched_tokens=profile.limits.max_num_batched_tokens,
+            cuda_graph_batch_sizes=profile.cuda_graph_batch_sizes,
+            num_pages=schedule_pages(gpu.gather(pages)),
+            page_size=shape.page_size,
+        )
     )
     runs = _serve_setups(
         cfg, model, profile, records, roles, workspace_bytes["fixed"], pages, steps, requests, gpu

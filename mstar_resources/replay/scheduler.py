@@ -19,7 +19,7 @@ from ..errors import ResourceConfigError
 from ..units import is_positive_int
 from .trace import Request
 
-__all__ = ["Chunk", "Step", "pages_for", "schedule", "scheduled_steps", "summary"]
+__all__ = ["Chunk", "Step", "pages_for", "schedule", "summary"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,11 +47,14 @@ class Chunk:
         return self.start + self.length
 
     @property
+    def num_pages(self) -> int:
+        """How many pages cover positions [0, end)."""
+        return -(-self.end // self.page_size) if self.page_size else len(self.page_table)
+
+    @property
     def pages(self) -> tuple[int, ...]:
         """The request's page ids, in order, that cover positions [0, end)."""
-        if not self.page_size:
-            return self.page_table
-        return self.page_table[: -(-self.end // self.page_size)]
+        return self.page_table[: self.num_pages]
 
     def _key(self) -> tuple[int, int, int, tuple[int, ...], bool]:
         return self.request, self.start, self.length, self.pages, self.samples
@@ -150,30 +153,9 @@ def schedule(
     cuda_graph_batch_sizes: Sequence[int],
     num_pages: int,
     page_size: int,
-) -> list[Step]:
-    """Every step that runs ``trace`` to its end: :func:`scheduled_steps`, as a list."""
-    return list(
-        scheduled_steps(
-            trace,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            cuda_graph_batch_sizes=cuda_graph_batch_sizes,
-            num_pages=num_pages,
-            page_size=page_size,
-        )
-    )
-
-
-def scheduled_steps(
-    trace: Iterable[Request],
-    *,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    cuda_graph_batch_sizes: Sequence[int],
-    num_pages: int,
-    page_size: int,
 ) -> Iterator[Step]:
-    """The steps that run ``trace`` to its end, made as they are asked for.
+    """The steps that run ``trace`` to its end, made as they are asked for (``list()`` them
+    to keep them).
 
     ``trace`` is read as the clock reaches each arrival, so a trace streamed from a file costs
     memory for the requests waiting and running only. Its requests come in arrival order with
@@ -215,7 +197,7 @@ def _steps(
     pool: _PagePool,
     page_size: int,
 ) -> Iterator[Step]:
-    """The steps of :func:`scheduled_steps`, its arguments checked."""
+    """The steps of :func:`schedule`, its arguments checked."""
     waiting: collections.deque[Request] = collections.deque()
     upcoming = next(arrivals, None)  # the next request not yet arrived
     running: list[_Running] = []
@@ -336,7 +318,7 @@ def _graph_batch(batch: int, sizes: Sequence[int]) -> int | None:
 def _check_schedule_args(
     *, cuda_graph_batch_sizes: Sequence[int], num_pages: int, page_size: int, **limits: int
 ) -> list[int]:
-    """Raise for the first unusable argument of :func:`scheduled_steps`, naming it; the graph
+    """Raise for the first unusable argument of :func:`schedule`, naming it; the graph
     batch sizes, sorted."""
     for name, value in {**limits, "num_pages": num_pages, "page_size": page_size}.items():
         if (problem := argument_problem(name, value, whole=True, ge=1)) is not None:

@@ -4,18 +4,16 @@ same arguments always give the same trace."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import math
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
 
 from .._internal.limits import argument_problem
 from ..errors import ResourceConfigError
@@ -162,10 +160,11 @@ _TIMESTAMP = re.compile(
 ``datetime.fromisoformat`` does not read before Python 3.11, so the fraction is read apart."""
 
 _WHOLE = re.compile(r"[+-]?\d+", re.ASCII)
+"""A length as a CSV writes it; ``int()`` alone would also take ``1_000`` and non-ASCII digits."""
+
 _MAX_DIGITS = 18
 """The most digits a length may have: more is no model's context, and past 4,300 Python's int()
 refuses the text."""
-"""A length as a CSV writes it; ``int()`` alone would also take ``1_000`` and non-ASCII digits."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -204,30 +203,33 @@ class TraceFile:
     in_order: bool
     """Whether the slice's rows are in arrival order, as production traces are: its requests
     then stream from the file; a slice that is not is sorted in memory each time it is read."""
-    _read: _SliceReader = field(compare=False, repr=False)
+    _slice: _Slice = field(compare=False, repr=False)
+    _first_arrival: Decimal = field(compare=False, repr=False)
 
     def requests(self) -> Iterator[Request]:
         """The requests kept, in arrival order, with ids 0..n-1, read from the file again. Each
         prompt's seed is the next 64 bits of ``random.Random(seed)``, in arrival order."""
-        rows = self._read.rows()
+        read = self._slice
+        rows = read.rows()
         if not self.in_order:
             # Stable, so rows that arrive at the same time keep their order in the file.
             rows = iter(sorted(rows, key=lambda row: row[0]))
-        first = self._read.first_arrival
         step = Decimal(str(self.step_ms))  # str: 0.1 is 0.1 ms, not the float nearest it
-        rng = random.Random(self._read.seed)
+        rng = random.Random(read.seed)
         served = 0
         for arrival, prompt_len, output_len in rows:
-            fitted = _fit(prompt_len, output_len, self._read.max_model_len)
+            fitted = _fit(prompt_len, output_len, read.max_model_len)
             if fitted is None:
                 continue
-            steps = ((arrival - first) * 1000 / step).to_integral_value(rounding=ROUND_FLOOR)
+            steps = ((arrival - self._first_arrival) * 1000 / step).to_integral_value(
+                rounding=ROUND_FLOOR
+            )
             yield Request(
                 id=served,
                 arrival_step=int(steps),
                 prompt_len=prompt_len,
                 output_len=fitted,
-                vocab_size=self._read.vocab_size,
+                vocab_size=read.vocab_size,
                 prompt_seed=rng.getrandbits(64),
             )
             served += 1
@@ -283,17 +285,25 @@ def read_trace(
             f"with the columns {','.join(CSV_COLUMNS)} '.csv', or JSON lines (one object a line "
             f"with {', '.join(JSONL_KEYS)}) '.jsonl' or '.json'"
         )
-    reader = _SliceReader(path, _FORMATS[suffix], offset, limit, seed, vocab_size, max_model_len)
+    read = _Slice(path, _FORMATS[suffix], offset, limit, seed, vocab_size, max_model_len)
     rows_in_file = last_line = rows_read = refused = clipped = prompt_tokens = output_tokens = 0
     earliest: Decimal | None = None
     latest: Decimal | None = None
-    with _progress_bar(path, progress) as bar:
-        for index, line, fields in reader.every_row(bar):
+    in_order = True
+    from tqdm import tqdm
+
+    size = _size(path)
+    shown = progress and size > PROGRESS_BYTES
+    with tqdm(
+        total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", disable=not shown
+    ) as bar:
+        for index, line, fields in read.every_row(bar.update):
             rows_in_file, last_line = index + 1, line
-            if not reader.holds(index):
+            if not read.holds(index):
                 continue
-            arrival, prompt_len, output_len = reader.parse(line, fields)
+            arrival, prompt_len, output_len = _parse_row(path, line, fields, read.names)
             rows_read += 1
+            in_order = in_order and (latest is None or arrival >= latest)
             earliest = arrival if earliest is None else min(earliest, arrival)
             latest = arrival if latest is None else max(latest, arrival)
             fitted = _fit(prompt_len, output_len, max_model_len)
@@ -310,7 +320,6 @@ def read_trace(
             f"{last_line}; set offset below {rows_in_file}"
         )
     assert earliest is not None and latest is not None
-    reader.first_arrival = earliest
     return TraceFile(
         path=path,
         offset=offset,
@@ -323,8 +332,9 @@ def read_trace(
         output_tokens=output_tokens,
         span_s=float(latest - earliest),
         step_ms=step_ms,
-        in_order=reader.in_order,
-        _read=reader,
+        in_order=in_order,
+        _slice=read,
+        _first_arrival=earliest,
     )
 
 
@@ -349,81 +359,49 @@ _MAX_SECONDS = Decimal(10**12)
 them, and they would run past the precision the steps are computed with."""
 
 
-class _SliceReader:
-    """Reads one slice of a trace file, as often as it is asked to."""
+@dataclass(frozen=True)
+class _Slice:
+    """One slice of a trace file, read as often as it is asked for, and how its rows become
+    requests."""
 
-    def __init__(
-        self,
-        path: Path,
-        form: str,
-        offset: int,
-        limit: int | None,
-        seed: int,
-        vocab_size: int,
-        max_model_len: int,
-    ) -> None:
-        self.path, self.form, self.offset = path, form, offset
-        self.end = None if limit is None else offset + limit
-        self.seed, self.vocab_size, self.max_model_len = seed, vocab_size, max_model_len
-        self.names = CSV_COLUMNS if form == "csv" else JSONL_KEYS
-        self.first_arrival = Decimal(0)
-        """The slice's earliest arrival, set once the slice has been read."""
-        self.in_order = True
-        """Whether no row of the slice arrives before the row above it."""
-        self._last: Decimal | None = None
+    path: Path
+    form: str
+    """``csv`` or ``jsonl``."""
+    offset: int
+    limit: int | None
+    seed: int
+    vocab_size: int
+    max_model_len: int
+
+    @property
+    def names(self) -> tuple[str, str, str]:
+        """The columns (CSV) or keys (JSON lines) of arrival, prompt and output."""
+        return CSV_COLUMNS if self.form == "csv" else JSONL_KEYS
 
     def holds(self, index: int) -> bool:
         """Whether row ``index`` is in the slice."""
-        return self.offset <= index and (self.end is None or index < self.end)
+        return self.offset <= index and (self.limit is None or index < self.offset + self.limit)
 
-    def parse(self, line: int, fields: list[str] | str) -> tuple[Decimal, int, int]:
-        """A row's arrival and lengths, checked; notes whether the slice stays in order."""
-        row = _parse_row(self.path, line, fields, self.names)
-        if self._last is not None and row[0] < self._last:
-            self.in_order = False
-        self._last = row[0] if self._last is None else max(self._last, row[0])
-        return row
-
-    def every_row(self, bar: _Bar) -> Iterator[_Row]:
-        """Every row of the file, unparsed."""
-        lines = _lines(self.path, bar)
+    def every_row(self, progress: Callable[[int], object] | None = None) -> Iterator[_Row]:
+        """Every row of the file, unparsed; ``progress`` is told the bytes of each line read."""
+        lines = _lines(self.path, progress)
         return _csv_rows(self.path, lines) if self.form == "csv" else _jsonl_rows(self.path, lines)
 
     def rows(self) -> Iterator[tuple[Decimal, int, int]]:
         """The slice's rows, parsed, read from the file again; the rows after it are not read."""
-        for index, line, fields in self.every_row(_Bar(None)):
-            if self.end is not None and index >= self.end:
+        for index, line, fields in self.every_row():
+            if self.limit is not None and index >= self.offset + self.limit:
                 return
             if index >= self.offset:
                 yield _parse_row(self.path, line, fields, self.names)
 
 
-class _Bar:
-    """A progress bar over a file's bytes, or none."""
-
-    def __init__(self, bar: Any) -> None:
-        self._bar = bar
-
-    def update(self, count: int) -> None:
-        if self._bar is not None:
-            self._bar.update(count)
-
-
-@contextlib.contextmanager
-def _progress_bar(path: Path, show: bool) -> Iterator[_Bar]:
-    """A bar over ``path``'s bytes where ``show`` and the file is large, else one that shows
-    nothing."""
+def _size(path: Path) -> int:
+    """The file's bytes; 0 where it can't be seen (reading it says what is wrong)."""
     try:
-        size = path.stat().st_size
-    except OSError:  # read_trace's reading says what is wrong with the path
-        size = 0
-    if not show or size <= PROGRESS_BYTES:
-        yield _Bar(None)
-        return
-    from tqdm import tqdm
-
-    with tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}") as bar:
-        yield _Bar(bar)
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _check_read_args(
@@ -453,7 +431,7 @@ def _check_read_args(
         raise ResourceConfigError(*problems, where="read_trace's arguments")
 
 
-def _lines(path: Path, bar: _Bar) -> Iterator[str]:
+def _lines(path: Path, progress: Callable[[int], object] | None = None) -> Iterator[str]:
     """The file's lines as text, read as they are needed; a missing file, a folder or bytes
     that are not UTF-8 are refused."""
     try:
@@ -470,7 +448,8 @@ def _lines(path: Path, bar: _Bar) -> Iterator[str]:
     with file:
         # A line ends at b"\n", which is never part of another UTF-8 character.
         for number, data in enumerate(file, start=1):
-            bar.update(len(data))
+            if progress is not None:
+                progress(len(data))
             try:
                 # -sig: a CSV saved by a spreadsheet may start with a byte-order mark.
                 yield data.decode("utf-8-sig" if number == 1 else "utf-8")

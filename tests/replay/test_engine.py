@@ -322,12 +322,12 @@ def deployment(name: str, *overrides: str) -> Deployment:
             output_median=5, sigma=0.6, arrivals_per_step=1.0,
         )  # fmt: skip
         pages = limits.max_num_seqs * math.ceil(limits.max_model_len / page)
-        steps = schedule(
+        steps = list(schedule(
             trace, max_num_seqs=limits.max_num_seqs,
             max_num_batched_tokens=limits.max_num_batched_tokens,
             cuda_graph_batch_sizes=profile.cuda_graph_batch_sizes, num_pages=pages,
             page_size=page,
-        )  # fmt: skip
+        ))  # fmt: skip
         _DEPLOYMENTS[key] = Deployment(name, cfg, profile, roles, model, trace, steps, pages + 1)
     return _DEPLOYMENTS[key]
 

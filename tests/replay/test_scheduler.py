@@ -29,7 +29,7 @@ def req(id: int, prompt_len: int, output_len: int, arrival: int = 0) -> Request:
 
 def run(trace: list[Request], **overrides: object) -> list[Step]:
     """The schedule of ``trace`` under LIMITS with ``overrides``."""
-    return schedule(trace, **{**LIMITS, **overrides})
+    return list(schedule(trace, **{**LIMITS, **overrides}))
 
 
 def P(
@@ -175,7 +175,7 @@ CONFIGS = [
 def simulate(trace_args: dict, limits: dict) -> tuple[list[Request], list[Step]]:
     """A synthetic trace and its schedule."""
     trace = synthetic_trace(seed=1, max_model_len=1024, vocab_size=100, **trace_args)
-    return trace, schedule(trace, cuda_graph_batch_sizes=(1, 2, 4, 8, 16), **limits)
+    return trace, list(schedule(trace, cuda_graph_batch_sizes=(1, 2, 4, 8, 16), **limits))
 
 
 def lifetimes(steps: list[Step]) -> dict[int, range]:
