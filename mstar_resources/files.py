@@ -5,23 +5,31 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["folder_problem", "write_whole"]
+__all__ = ["folder_problem", "replacing", "write_whole"]
 
 
 def write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader, or a crash at any moment, sees the old file or
-    the new one, never a part: a temporary file beside it, flushed to disk, then renamed over it
-    (``os.replace`` is atomic on POSIX and Windows), and the folder synced so the rename lasts.
+    """Write ``text`` to ``path`` whole or not at all (see :func:`replacing`)."""
+    with replacing(path) as temporary, open(temporary, "x", encoding="utf-8") as file:
+        file.write(text)  # mode as umask allows, like open()
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write the new file to; when the block ends, the file
+    is flushed to disk and renamed over ``path`` (``os.replace`` is atomic on POSIX and Windows),
+    and the folder synced so the rename lasts. So a reader, or a crash at any moment, sees the old
+    file or the new one, never a part; a block that raises leaves the old file and no temporary.
     A temporary file a crash leaves behind starts with a dot and ends in ``.tmp``."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(temporary, "x", encoding="utf-8") as file:  # mode as umask allows, like open()
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
+        yield temporary
+        with open(temporary, "rb") as written:
+            os.fsync(written.fileno())
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .._internal.table import format_table
-from ..files import write_whole
+from ..files import replacing, write_whole
 from ..units import MIB
 from .engine import SetupResult
 from .workload import Workload
@@ -221,14 +219,8 @@ def _plot(report: dict[str, Any], step_times: dict[str, list[float]], png: Path)
     times.set_title("Decode step time")
     fig.suptitle(f"replay: {report['deployment']}, {report['ranks']} rank(s), {report['gpu']}")
     fig.tight_layout()
-    # Drawn beside it, then renamed over it: a crash never leaves half a PNG.
-    drawing = png.with_name(f".{png.name}.{os.getpid()}.tmp.png")
     try:
-        fig.savefig(drawing, dpi=120)
-        os.replace(drawing, png)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            drawing.unlink()
-        raise
+        with replacing(png) as drawing:  # a crash never leaves half a PNG
+            fig.savefig(drawing, dpi=120, format="png")
     finally:
         plt.close(fig)

@@ -291,7 +291,7 @@ class FakeFigure:
     def tight_layout(self) -> None:
         pass
 
-    def savefig(self, path: Path, dpi: int) -> None:
+    def savefig(self, path: Path, dpi: int, format: str) -> None:
         self.saved.append(path)
         path.write_bytes(self.content[:4])  # half a PNG, as a crash mid-write leaves it
         if self.error is not None:
