@@ -95,12 +95,13 @@ def share_outcome(
 
 
 def _picklable(error: Exception | None) -> Exception | None:
-    """``error`` as it is where it pickles (this library's errors do, with their fields); else a
-    ``RuntimeError`` with its type and text."""
+    """``error`` as it is where it comes back whole from a pickle (this library's errors do,
+    with their fields); else a ``RuntimeError`` with its type and text, so that no rank fails to
+    read what another sent."""
     if error is None:
         return None
     try:
-        pickle.dumps(error)
+        pickle.loads(pickle.dumps(error))
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
     return error

@@ -262,3 +262,22 @@ def test_a_group_seal_that_fails_leaves_the_workspaces_growable(tmp_path):
     for holding in run_ranks(failed_seal_then_grows, 2, tmp_path / "store"):
         assert holding["refused"] == "WorkspaceAgreementError"
         assert holding["sizes"] == {"decode/0": 2 * MIB} and not holding["sealed"]
+
+
+class _KeywordOnly(Exception):
+    """An error that pickles but can't be rebuilt from its args (a keyword-only field)."""
+
+    def __init__(self, message: str, *, held: int) -> None:
+        super().__init__(message)
+        self.held = held
+
+
+def test_a_peer_gets_the_error_whole_or_its_type_and_text():
+    from mstar_resources.attn._agree import _picklable
+
+    whole = _picklable(WorkspaceSealedError(
+        "sealed", workspace="w", held_bytes=1, needed_bytes=2, setting="s", suggested_mb=1
+    ))  # fmt: skip
+    assert isinstance(whole, WorkspaceSealedError) and whole.needed_bytes == 2
+    told = _picklable(_KeywordOnly("boom", held=3))
+    assert (type(told), str(told)) == (RuntimeError, "_KeywordOnly: boom")
