@@ -1,0 +1,363 @@
+"""The vLLM plugin in real vLLM: the same generation with and without it, side by side.
+
+    python scripts/vllm_proof.py                      # both shapes, then the crash case
+    python scripts/vllm_proof.py --cases llama3-8b    # one shape
+    python scripts/vllm_proof.py --dry-run            # what it would run, without vLLM
+
+For each attention shape (2 layers of Llama-3-8B's 32 query / 8 KV heads of dim 128, and of the
+Qwen3.5-class 32 / 2 of dim 256; random weights, saved locally, loaded with ``load_format=dummy``),
+vLLM runs offline with the FlashInfer backend and CUDA graphs (full decode graphs) on prompts of
+token ids whose prompt and output lengths are a slice of a public trace, greedy, once as it is and
+once with ``MSTAR_RESOURCES_VLLM=auto``. The crash case is the Qwen3.5-class shape with
+``max_num_seqs=512`` and few batched tokens, so vLLM's buffer stays at its 394 MiB floor: as it is,
+with the plugin, and with ``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE`` raised to the plugin's measured
+need. Each run is a process of its own (``--run``), with vLLM's engine in it
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the plugin's report and vLLM's buffers can be read.
+
+It prints one table and writes ``vllm_proof.json`` (``--out``): per run the generated tokens'
+digest, vLLM's KV-cache line, the workspace bytes, the growths and sealed refusals, the time to
+start, and the error that ended a run that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mstar_resources.replay.trace import read_trace  # noqa: E402
+from mstar_resources.units import mb_to_hold  # noqa: E402
+
+TRACE = ROOT / "tests" / "replay" / "data" / "azure-conv-2023-first-2000.csv"
+VOCAB = 1024
+MAX_OUTPUT = 256
+"""Output lengths of the trace are capped here, so a run takes seconds."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+SHAPES = {
+    "llama3-8b": Shape("llama3-8b", 32, 8, 128),
+    "qwen3.5": Shape("qwen3.5", 32, 2, 256),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One vLLM run."""
+
+    name: str
+    shape: str
+    plugin: str | None
+    """``MSTAR_RESOURCES_VLLM``'s value, or None: vLLM as it is."""
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 4096
+    max_model_len: int = 4096
+    requests: int = 128
+    buffer_bytes: int | None = None
+    """``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE``, where set."""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+V1_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+"""vLLM 0.26 runs a dense model on its V2 model runner by default; this selects V1."""
+
+
+def shape_cases(shape: str, requests: int) -> list[Case]:
+    """``shape`` as vLLM runs it and with the plugin; ``<shape>-v1``: on vLLM's V1 model runner."""
+    group, env = shape, {}
+    if shape.endswith("-v1"):
+        shape, env = shape.removesuffix("-v1"), V1_RUNNER
+    return [
+        Case(f"{group}/vllm", shape, None, requests=requests, env=env),
+        Case(f"{group}/plugin", shape, "auto", requests=requests, env=env),
+    ]
+
+
+CRASH = {"shape": "qwen3.5", "max_num_seqs": 512, "max_num_batched_tokens": 1024, "requests": 512}
+"""vLLM's formula stays under its 394 MiB floor: 1,024 tokens x 32 heads x 256 x 16 = 128 MiB."""
+
+
+def crash_cases() -> list[Case]:
+    return [
+        Case("crash/vllm", plugin=None, **CRASH),  # type: ignore[arg-type]
+        Case("crash/plugin", plugin="auto", **CRASH),  # type: ignore[arg-type]
+    ]
+
+
+# -- one run, in a process of its own ------------------------------------------------------------
+
+
+def build_model(shape: Shape, folder: Path) -> Path:
+    """A 2-layer Llama-architecture model of ``shape``'s attention, random weights, saved."""
+    path = folder / f"tiny-{shape.name}"
+    if (path / "config.json").exists():
+        return path
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim, max_position_embeddings=8192, tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )  # fmt: skip
+    path.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(path)  # load_format=dummy: vLLM draws the weights, none are saved
+    return path
+
+
+def prompts(case: Case) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) for each request: lengths from the trace's first rows."""
+    trace = read_trace(
+        TRACE, max_model_len=min(case.max_model_len, 2 * MAX_OUTPUT + 1536), vocab_size=VOCAB,
+        seed=0, step_ms=1.0, limit=case.requests,
+    )  # fmt: skip
+    return [(list(r.prompt()), min(r.output_len, MAX_OUTPUT)) for r in trace.requests()]
+
+
+class _KVLine(logging.Handler):
+    """Keeps vLLM's own line on its KV cache's size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "KV cache size" in message or "Maximum concurrency" in message:
+            self.lines.append(message)
+
+
+def _vllm_buffers() -> dict[int, int]:
+    """vLLM's own FlashInfer buffers as its builders make them: by address, bytes."""
+    import vllm.v1.attention.backends.flashinfer as backend
+
+    made: dict[int, int] = {}
+    own = backend.FlashInferMetadataBuilder._get_workspace_buffer
+
+    def recorded(self: Any) -> Any:
+        buffer = own(self)
+        made[buffer.data_ptr()] = buffer.numel()
+        return buffer
+
+    backend.FlashInferMetadataBuilder._get_workspace_buffer = recorded
+    return made
+
+
+def run(case: Case, models: Path) -> dict[str, Any]:
+    """One vLLM engine: start it, generate, and say what it held."""
+    handler = _KVLine()
+    logging.getLogger("vllm").addHandler(handler)
+    made = _vllm_buffers() if case.plugin is None else {}
+    from vllm import LLM, SamplingParams
+    from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
+
+    requests = prompts(case)
+    start = time.perf_counter()
+    llm = LLM(
+        model=str(build_model(SHAPES[case.shape], models)),
+        load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+        attention_backend="FLASHINFER", max_model_len=case.max_model_len,
+        max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
+        gpu_memory_utilization=0.3, enable_flashinfer_autotune=False,
+        # Full CUDA graphs of the decode batches, where FlashInfer's workspace is captured;
+        # no torch.compile (it costs minutes a shape and does not touch the workspace).
+        compilation_config=CompilationConfig(
+            mode=CompilationMode.NONE, cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY
+        ),
+    )  # fmt: skip
+    started = time.perf_counter() - start
+    params = [
+        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+        for _, n in requests
+    ]
+    outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    config = llm.llm_engine.vllm_config
+    result: dict[str, Any] = {
+        "start_s": round(started, 1),
+        "kv_cache_lines": handler.lines,
+        "num_gpu_blocks": config.cache_config.num_gpu_blocks,
+        "graph_sizes": config.compilation_config.cudagraph_capture_sizes,
+        "tokens": tokens,
+        "tokens_out": sum(len(t) for t in tokens),
+    }
+    from mstar_resources.integrations import vllm as plugin
+
+    workspaces = plugin.active()
+    if workspaces is not None:
+        result["plugin"] = workspaces.report()
+        result["workspace_bytes"] = workspaces.held_bytes
+    else:
+        result["workspace_bytes"] = sum(made.values())
+        result["vllm_buffers"] = sorted(made.values())
+    return result
+
+
+def _run_here(args: argparse.Namespace) -> None:
+    case = Case(**json.loads(args.run))
+    out = Path(args.result)
+    try:
+        result = {"ok": True, **run(case, Path(args.models))}
+    except BaseException as error:  # the run's outcome, a crash included, is the measurement
+        result = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    out.write_text(json.dumps(result))
+
+
+# -- the side-by-side ----------------------------------------------------------------------------
+
+
+def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any]:
+    """``case`` in a process of its own; its result, with the tail of its log."""
+    result_path = out / f"{case.name.replace('/', '-')}.json"
+    log_path = result_path.with_suffix(".log")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **case.env}
+    env.pop("MSTAR_RESOURCES_VLLM", None)
+    env.pop("VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE", None)
+    if case.plugin is not None:
+        env["MSTAR_RESOURCES_VLLM"] = case.plugin
+    if case.buffer_bytes is not None:
+        env["VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE"] = str(case.buffer_bytes)
+    command = [sys.executable, __file__, "--run", json.dumps(asdict(case)),
+               "--result", str(result_path), "--models", str(models)]  # fmt: skip
+    begin = time.perf_counter()
+    with log_path.open("w") as log, contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    result: dict[str, Any] = {"ok": False, "error": f"no result within {timeout:.0f} s"}
+    if result_path.exists():
+        result = json.loads(result_path.read_text())
+    lines = log_path.read_text(errors="replace").splitlines()
+    result["log_tail"] = lines[-40:]
+    result["mstar_lines"] = [line for line in lines if "mstar-resources" in line][:12]
+    result["errors"] = [line for line in lines if "Error" in line or "error" in line][-8:]
+    result["wall_s"] = round(time.perf_counter() - begin, 1)
+    print(f"{case.name}: {'ok' if result['ok'] else result['error'][:300]} ({result['wall_s']} s)",
+          flush=True)  # fmt: skip
+    return result
+
+
+def digest(tokens: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:12]
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    head = ("run", "ok", "tokens", "digest", "same tokens", "KV cache (vLLM's line)",
+            "workspace bytes", "growths", "sealed refusals", "start s")  # fmt: skip
+    rows = [head]
+    for name, r in results.items():
+        group = name.split("/")[0]
+        base = next((b for n, b in results.items() if n.startswith(f"{group}/") and n != name
+                     and b.get("tokens")), {})  # fmt: skip
+        same = "-"
+        if r.get("tokens") and base.get("tokens"):
+            same = "yes" if r["tokens"] == base["tokens"] else "NO"
+        plugin = r.get("plugin") or {}
+        kv = next((line for line in r.get("kv_cache_lines", []) if "KV cache size" in line), "-")
+        rows.append((
+            name, "yes" if r.get("ok") else "no", str(r.get("tokens_out", "-")),
+            digest(r["tokens"]) if r.get("tokens") else "-", same, kv,
+            f"{r['workspace_bytes']:,}" if "workspace_bytes" in r else "-",
+            str(plugin.get("growths", "-")), str(plugin.get("sealed_overflows", "-")),
+            str(r.get("start_s", "-")),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash"]
+    parser.add_argument("--cases", nargs="*", default=[*SHAPES, "crash", "llama3-8b-v1"],
+                        choices=choices, help="shapes to run (-v1: on vLLM's V1 model runner), "
+                        "and the crash case")  # fmt: skip
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=math.inf,
+        help="seconds for all runs: a run that would start later is left out",
+    )
+    parser.add_argument("--requests", type=int, default=128, help="trace rows a shape serves")
+    parser.add_argument("--out", type=Path, default=Path("vllm-proof"), help="folder of results")
+    parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))
+    parser.add_argument("--timeout", type=float, default=400.0, help="seconds a run may take")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs, start none")
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        _run_here(args)
+        return
+    shape_runs = [c for s in args.cases if s != "crash" for c in shape_cases(s, args.requests)]
+    crash = "crash" in args.cases
+    if args.dry_run:
+        for case in [*shape_runs, *(crash_cases() if crash else [])]:
+            lengths = prompts(case)
+            print(f"{case.name}: MSTAR_RESOURCES_VLLM={case.plugin or '(unset)'}, "
+                  f"{len(lengths)} requests, {sum(len(p) for p, _ in lengths):,} prompt tokens, "
+                  f"{sum(n for _, n in lengths):,} output tokens")  # fmt: skip
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.perf_counter() + args.budget
+    results: dict[str, dict[str, Any]] = {}
+    # The shapes' first pair, then the crash case, then the rest (the V1 runner's pair).
+    order = [*shape_runs[:4], *(crash_cases() if crash else []), *shape_runs[4:]]
+    for case in order:
+        if case.name == "crash/vllm-raised":
+            continue
+        left = deadline - time.perf_counter()
+        if left < 60:
+            print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
+            continue
+        results[case.name] = launch(case, args.out, args.models, min(args.timeout, left))
+        if case.name == "crash/plugin":
+            _crash_raised(results, args, deadline)
+        _write(results, args.out)
+    print(table(results))
+    print(f"wrote {args.out / 'vllm_proof.json'}")
+
+
+def _crash_raised(results: dict[str, dict[str, Any]], args: argparse.Namespace,
+                  deadline: float) -> None:  # fmt: skip
+    """vLLM as it is, its buffer raised to what the plugin measured: vLLM's one buffer must hold
+    the largest plan, i.e. the largest of the plugin's workspaces."""
+    need = (results["crash/plugin"].get("plugin") or {}).get("workspaces") or []
+    left = deadline - time.perf_counter()
+    if not need or left < 60:
+        return
+    one_buffer = mb_to_hold(max(w["bytes"] for w in need)) * (1 << 20)
+    raised = replace(crash_cases()[0], name="crash/vllm-raised", buffer_bytes=one_buffer)
+    results[raised.name] = launch(raised, args.out, args.models, min(args.timeout, left))
+    results[raised.name]["buffer_bytes"] = one_buffer
+
+
+def _write(results: dict[str, dict[str, Any]], out: Path) -> None:
+    summary = {
+        name: {k: v for k, v in r.items() if k != "tokens"}
+        | {"digest": digest(r["tokens"]) if r.get("tokens") else None}
+        for name, r in results.items()
+    }
+    (out / "vllm_proof.json").write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The names the vLLM plugin relies on, read in vLLM's wheels without importing vLLM.
+
+    pip download --no-deps vllm==0.26.0 vllm==0.33.0 -d wheels
+    python scripts/vllm_seams.py wheels/vllm-0.26.0-*.whl wheels/vllm-0.33.0-*.whl \
+        > tests/integrations/data/vllm_seams.json
+
+For each wheel: its version, its sha256, and for each module that holds a seam
+(``mstar_resources.integrations.vllm.SEAMS``) the names it defines at its top level, with each
+class's methods (``Class.method``), as an ``ast`` walk of its source finds them. The CPU tests
+check every seam against this file, and against the wheels themselves where ``MSTAR_VLLM_WHEELS``
+names a folder holding them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mstar_resources.integrations.vllm import SEAMS  # noqa: E402
+
+
+def defined_names(source: str) -> list[str]:
+    """A module's top-level names: functions, classes, ``Class.method``s, assigned names."""
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names.add(node.name)
+            names.update(
+                f"{node.name}.{item.name}"
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+            )
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.If):  # vllm.envs declares its variables under TYPE_CHECKING
+            for inner in node.body:
+                if isinstance(inner, ast.AnnAssign) and isinstance(inner.target, ast.Name):
+                    names.add(inner.target.id)
+    return sorted(names)
+
+
+def module_path(module: str, wheel: zipfile.ZipFile) -> str:
+    plain = module.replace(".", "/") + ".py"
+    package = module.replace(".", "/") + "/__init__.py"
+    listed = set(wheel.namelist())
+    return plain if plain in listed else package
+
+
+def read_wheel(path: Path) -> dict[str, object]:
+    match = re.match(r"vllm-([^-]+)-", path.name)
+    if match is None:
+        raise SystemExit(f"{path}: not a vLLM wheel (vllm-<version>-...whl)")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    modules: dict[str, list[str]] = {}
+    with zipfile.ZipFile(path) as wheel:
+        for module in sorted({seam.module for seam in SEAMS}):
+            name = module_path(module, wheel)
+            source = wheel.read(name).decode() if name in wheel.namelist() else ""
+            modules[module] = defined_names(source)
+    return {"version": match.group(1), "wheel": path.name, "sha256": digest, "modules": modules}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("wheels", nargs="+", type=Path, help="vLLM wheels")
+    args = parser.parse_args()
+    print(json.dumps([read_wheel(path) for path in args.wheels], indent=1))
+
+
+if __name__ == "__main__":
+    main()
