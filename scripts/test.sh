@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's checks, from scratch: a virtual environment in .venv, lint, format, types, tests.
 # Usage: bash scripts/test.sh [pytest args]
+# .venv is the one the README's set-up makes: a torch already in it is kept, whichever build it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -9,7 +10,9 @@ py=.venv/bin/python
 # unpinned torch would make pip fetch a multi-GB CUDA build. Elsewhere, choose the build with
 # MSTAR_TORCH (e.g. MSTAR_TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
 read -ra torch_spec <<< "${MSTAR_TORCH:-torch==2.13.0}"
-"$py" -m pip install -q --disable-pip-version-check "${torch_spec[@]}"
+if [ -n "${MSTAR_TORCH:-}" ] || ! "$py" -c "import torch" 2>/dev/null; then
+  "$py" -m pip install -q --disable-pip-version-check "${torch_spec[@]}"
+fi
 "$py" -m pip install -q --disable-pip-version-check -e '.[test]'
 # FlashInfer's wheel alone, without its dependencies: tests/attn/test_overflow.py checks the
 # overflow-text fixture (tests/attn/flashinfer_overflow.json) against the C++ headers the wheel

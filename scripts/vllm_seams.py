@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mstar_resources.integrations.vllm import SEAMS  # noqa: E402
+from mstar_resources.integrations.vllm import SEAMS
 
 
 def defined_names(source: str) -> list[str]:

@@ -191,7 +191,11 @@ def test_what_there_is_to_pick_reads_well(tmp_path, python, prog, args, named):
     assert " ;" not in done.stderr and ", ;" not in done.stderr and "one of ;" not in done.stderr
 
 
-INTERRUPTED_COMPOSE = """
+# Each child restores Python's own SIGINT handler first: a child of a job started in the background
+# (`cmd &`, nohup) inherits SIGINT ignored, and its os.kill would then do nothing.
+RESTORE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+INTERRUPTED_COMPOSE = RESTORE_SIGINT + """
 import os, signal, sys
 from mstar_resources import cli, hydra_apps
 
@@ -204,7 +208,7 @@ sys.argv = ["mstar-resources"]
 cli.main()
 """
 
-INTERRUPTED_RUN = """
+INTERRUPTED_RUN = RESTORE_SIGINT + """
 import os, signal
 from omegaconf import DictConfig
 from mstar_resources.hydra_apps import hydra_app

@@ -34,6 +34,14 @@ class Measured:
     method: str
 
 
+SGLANG_OVERWRITES = (
+    "SGLang 0.5.23 replaces this setting with 512 MiB for Qwen2, Qwen3, MiMo and Qwen3-VL models "
+    "and with 2 GiB in deterministic mode, whatever it is set to"
+)
+"""What SGLang does to its setting (``layers/attention/flashinfer_backend.py``; its PR 30244, open,
+would stop it): for those models and modes the setting printed has no effect."""
+
+
 @dataclass(frozen=True)
 class OneBuffer:
     """What an engine that shares one float workspace among all its wrappers and graph sizes
@@ -60,13 +68,15 @@ class OneBuffer:
             f"One buffer for every plan and graph size (vLLM, SGLang): {self.bytes:,} bytes "
             f"(the need of {self.worst}, {self.need_bytes:,} bytes, in whole MB). Set:",
             f"  SGLANG_FLASHINFER_WORKSPACE_SIZE={self.bytes}",
+            f"  ({SGLANG_OVERWRITES})",
         ]
         if self.vllm_formula_bytes is not None:
             lines += [
                 f"  VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE={self.bytes}",
                 "  (vLLM 0.33 reserves the larger of this and max_num_batched_tokens x query heads "
                 f"x head dim x 16 = {self.vllm_formula_bytes:,} bytes: the setting can raise its "
-                "buffer, not lower it)",
+                "buffer, not lower it; the vLLM plugin, MSTAR_RESOURCES_VLLM=<this deployment>, "
+                "gives vLLM these floors instead: docs/vllm.md)",
             ]
         return lines
 

@@ -206,6 +206,9 @@ def test_one_buffer_is_the_largest_single_plan_and_names_both_engines_settings()
     assert f"VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE={3 * 2**20}" in lines
     # vLLM reserves the larger of the setting and its own formula: the report says the figure.
     assert f"{8192 * 32 * 128 * 16:,} bytes" in report
+    # SGLang overwrites its setting for some models and modes, and the report says which.
+    assert "512 MiB for Qwen2, Qwen3, MiMo and Qwen3-VL models" in report
+    assert "MSTAR_RESOURCES_VLLM=" in report
 
 
 def test_one_buffer_with_a_margin_is_rounded_up_to_whole_mb():

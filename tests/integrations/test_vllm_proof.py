@@ -1,0 +1,69 @@
+"""scripts/vllm_proof.py where there is no vLLM: its dry run says what it would run, bad input ends
+as argparse ends it, and its table compares each run's tokens with the other runs of its group."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_proof.py"
+
+
+def _proof():
+    spec = importlib.util.spec_from_file_location("vllm_proof", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("vllm_proof", module)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules["vllm_proof"])
+    return sys.modules["vllm_proof"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_dry_run_lists_every_run_with_its_trace_slice_and_starts_none(tmp_path):
+    done = _run("--dry-run", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    runs = {line.split(":")[0]: line for line in done.stdout.splitlines()}
+    assert list(runs) == [
+        "llama3-8b/vllm", "llama3-8b/plugin", "llama3-8b/plugin-stale", "qwen3.5/vllm",
+        "qwen3.5/plugin", "llama3-8b-v1/vllm", "llama3-8b-v1/plugin", "crash/vllm",
+        "crash/plugin",
+    ]  # fmt: skip
+    assert "MSTAR_RESOURCES_VLLM=(unset)" in runs["llama3-8b/vllm"]
+    assert "MSTAR_RESOURCES_VLLM=auto" in runs["qwen3.5/plugin"]
+    assert "MSTAR_RESOURCES_VLLM=llama3-8b-h200_calibrated" in runs["llama3-8b/plugin-stale"]
+    # 128 trace rows asked for; rows that do not fit the model's length are left out.
+    assert "115 requests, 67,444 prompt tokens, 18,943 output tokens" in runs["llama3-8b/vllm"]
+    assert "480 requests" in runs["crash/vllm"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_case_ends_with_argparses_status_2():
+    done = _run("--cases", "llama3-70b", "--dry-run")
+    assert done.returncode == 2
+    assert "llama3-70b" in done.stderr
+
+
+def test_the_table_compares_tokens_within_a_group_and_says_what_failed():
+    proof = _proof()
+    same, other = [[1, 2], [3]], [[1, 2], [4]]
+    results = {
+        "a/vllm": {"ok": True, "tokens": same, "tokens_out": 3, "workspace_bytes": 10},
+        "a/plugin": {"ok": True, "tokens": same, "tokens_out": 3, "workspace_bytes": 4,
+                     "plugin": {"growths": 0, "sealed_overflows": 0},
+                     "kv_cache_lines": ["GPU KV cache size: 1,234 tokens"]},
+        "b/vllm": {"ok": True, "tokens": same, "tokens_out": 3, "workspace_bytes": 10},
+        "b/plugin": {"ok": True, "tokens": other, "tokens_out": 3, "workspace_bytes": 4},
+        "c/vllm": {"ok": False, "error": "RuntimeError: Buffer overflow"},
+    }  # fmt: skip
+    rows = {line.split()[0]: line.split() for line in proof.table(results).splitlines()[1:]}
+    assert rows["a/plugin"][1:5] == ["yes", "3", proof.digest(same), "yes"]
+    assert rows["b/plugin"][4] == "NO"
+    assert rows["c/vllm"][1] == "no"
+    assert "1,234" in proof.table(results)
