@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,9 +24,10 @@ def replacing(path: Path) -> Iterator[Path]:
     is flushed to disk and renamed over ``path`` (``os.replace`` is atomic on POSIX and Windows),
     and the folder synced so the rename lasts. So a reader, or a crash at any moment, sees the old
     file or the new one, never a part; a block that raises leaves the old file and no temporary.
-    A temporary file a crash leaves behind starts with a dot and ends in ``.tmp``."""
+    A temporary file a crash leaves behind starts with a dot and ends in ``.tmp``; it names the
+    process and the thread, so writers of one file in several threads each have their own."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         yield temporary
         with open(temporary, "rb") as written:

@@ -234,8 +234,8 @@ def hydra_app(
             if MULTIRUN_FLAGS & set(args):
                 fail(
                     prog,
-                    "-m (--multirun) is not supported: Hydra's sweeper writes multirun.yaml, and "
-                    f"{prog} writes nothing to disk; run it once per value instead",
+                    "-m (--multirun) is not supported: Hydra's sweeper would run a job per value "
+                    f"and write multirun.yaml beside them; run {prog} once per value instead",
                 )
             refused = _refused(prog, invoked, args, compose_once=compose_once)
             if refused is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
-__all__ = ["ALIGNMENT", "MIB", "is_int", "is_positive_int", "mb_to_hold", "round_up"]
+__all__ = ["ALIGNMENT", "MIB", "counted", "is_int", "is_positive_int", "mb_to_hold", "round_up"]
 
 MIB = 1 << 20
 """One MB as engines size workspaces, and as every setting here counts it: a mebibyte."""
@@ -31,3 +31,8 @@ def is_int(value: object) -> TypeGuard[int]:
 def is_positive_int(value: object) -> TypeGuard[int]:
     """True for an int above zero."""
     return is_int(value) and value > 0
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``1 workspace``, ``1,024 requests``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

@@ -42,9 +42,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
@@ -68,6 +67,9 @@ from mstar_resources.units import MIB
 
 from _args import one_of, positive_int, refuse
 from _plot import add_png_option, check_png, pyplot, save
+
+if TYPE_CHECKING:  # imported where the curve is measured: its arguments are checked without it
+    import torch
 
 DEPLOYMENT = "llama3-8b-h200"
 TOKENS = [8192, 16384, 32768, 65536]
@@ -318,6 +320,8 @@ def plot(deployment: str, points: Sequence[Point], png: Path) -> None:
 
 def gpu_problem(device: str) -> str | None:
     """Why the curve cannot be measured on ``device`` here, or None when it can."""
+    import torch
+
     if not torch.cuda.is_available():
         return (
             "torch sees no CUDA device (torch.cuda.is_available() is False); the cost curve "
@@ -422,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = gpu_problem(options.device)
     if problem:
         refuse(parser, "--device", options.device, problem)
+    import torch
+
     device = torch.device(options.device)
     try:
         for setting in points:

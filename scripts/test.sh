@@ -24,4 +24,5 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-"$py" -m pytest "$@"
+# One worker a core (pytest-xdist); `bash scripts/test.sh -n 0` runs in this process alone.
+"$py" -m pytest -n auto "$@"

@@ -193,10 +193,9 @@ def test_what_there_is_to_pick_reads_well(tmp_path, python, prog, args, named):
 
 # Each child restores Python's own SIGINT handler first: a child of a job started in the background
 # (`cmd &`, nohup) inherits SIGINT ignored, and its os.kill would then do nothing.
-RESTORE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-
-INTERRUPTED_COMPOSE = RESTORE_SIGINT + """
+INTERRUPTED_COMPOSE = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from mstar_resources import cli, hydra_apps
 
 def compose(*args, **kwargs):
@@ -208,8 +207,9 @@ sys.argv = ["mstar-resources"]
 cli.main()
 """
 
-INTERRUPTED_RUN = RESTORE_SIGINT + """
+INTERRUPTED_RUN = """
 import os, signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from omegaconf import DictConfig
 from mstar_resources.hydra_apps import hydra_app
 from mstar_resources.settings import DryRunSettings

@@ -135,8 +135,10 @@ def test_without_flashinfer_it_refuses_the_device(
     curve: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A GPU that torch sees, and no FlashInfer: refused before anything is measured.
-    monkeypatch.setattr(curve.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(curve.torch.cuda, "device_count", lambda: 1)
+    import torch  # the script imports it where it checks the device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         curve.importlib.util,

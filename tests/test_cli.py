@@ -168,7 +168,7 @@ BAD_INPUT = [
     pytest.param(["device=tpu"], {},
                  r"device='tpu' is not a device to reserve on; set device=cpu", id="bad-device"),
     pytest.param(["-m", "deployment=none,llama3-8b-h200"], {},
-                 r"-m \(--multirun\) is not supported: .* writes nothing to disk", id="multirun"),
+                 r"-m \(--multirun\) is not supported: .* once per value", id="multirun"),
     pytest.param([f"{P}=0", "resources.attn.decode.labels=[]"], {VAR: "x"},
                  r"3 problems in the resources config: - resources\.attn\.prefill\.declared_mb=0 "
                  r".* - resources\.attn\.decode\.labels=\[\] .* - MSTAR_WORKSPACE_BUFFER_MB='x'",

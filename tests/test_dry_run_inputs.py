@@ -117,3 +117,7 @@ def test_check_calibration_on_a_cpu_says_it_needs_a_cuda_device():
         ResourceConfigError, match=r"check_calibration needs a CUDA device.* got cpu"
     ):
         check_calibration(cfg, torch.device("cpu"))
+
+
+def test_check_calibration_of_a_deployment_not_calibrated_is_none_on_any_device():
+    assert check_calibration(compose_shipped(["deployment=llama3-8b-h200"]), "cpu") is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -68,3 +69,25 @@ def test_a_folder_is_checked_without_being_made(tmp_path, make, problem):
     found = folder_problem(target)
     assert (found is None) if problem is None else (problem in found)
     assert not target.exists()
+
+
+def test_threads_writing_one_file_each_write_it_whole(tmp_path):
+    path = tmp_path / "x.yaml"
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        for _ in range(20):
+            try:
+                write_whole(path, f"writer: {n}\n" * 1000)
+            except BaseException as error:  # every failure is the finding
+                errors.append(error)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    lines = set(path.read_text().splitlines())
+    assert len(lines) == 1 and lines.pop().startswith("writer: ")  # one writer's file, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["x.yaml"]

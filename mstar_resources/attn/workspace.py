@@ -17,7 +17,7 @@ from ..errors import (
     WorkspaceSealedError,
     WorkspaceShortError,
 )
-from ..units import ALIGNMENT, is_int, mb_to_hold
+from ..units import ALIGNMENT, counted, is_int, mb_to_hold
 from ._overflow import Overflow, parse_float_overflow
 
 if TYPE_CHECKING:
@@ -584,7 +584,7 @@ class WorkspacePool:
         total = sum(s.bytes for s in stats)
         floors = sum(s.floor_bytes for s in stats)
         head = (
-            f"{self.owner}: {len(stats)} workspaces, {total:,} bytes "
+            f"{self.owner}: {counted(len(stats), 'workspace')}, {total:,} bytes "
             f"({total - floors:+,} over their floors), {'sealed' if self._sealed else 'growable'}"
         )
         return "\n".join([head, *(f"  {s}" for s in stats)])

@@ -7,9 +7,7 @@ import importlib.resources
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .._internal.table import format_table
 from ..errors import ResourceConfigError
@@ -17,12 +15,16 @@ from ..files import write_whole
 from ..resolver import ResolvedResource
 from ..units import MIB
 from .engine_buffers import vllm_formula_bytes
-from .measure import Need, Planner
 from .override import DEFAULT_MARGIN, Measured, OneBuffer, calibrated_yaml
 from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from .record import Machine, calibration_inputs, declared_mb_for
 from .shapes import shapes_for
 from .versions import check_flashinfer
+
+if TYPE_CHECKING:  # torch and the measuring load when a GPU measures, not for the checks above it
+    import torch
+
+    from .measure import Need
 
 CALIBRATED_SUFFIX = "_calibrated"
 
@@ -171,6 +173,8 @@ def _labels_of_several_owners(records: Sequence[ResolvedResource]) -> list[str]:
 
 def check_backends(profile: CalibrationProfile, device: torch.device) -> None:
     """Every plan's backend runs on ``device``: ``fa3`` needs an SM90 GPU (Hopper)."""
+    import torch
+
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) == (9, 0):
         return
@@ -192,6 +196,8 @@ def measure_all(
 ) -> list[LabelNeed]:
     """Plan every label's bounding shapes through FlashInfer; one row per (resource, label)."""
     from tqdm import tqdm
+
+    from .measure import Planner
 
     check_labels(records, profile)  # before any kernel is built
     check_flashinfer(profile)

@@ -260,11 +260,14 @@ def check_calibration(
     caller has it (else it is resolved here)."""
     import torch
 
+    if cfg.get(RECORD_KEY) is None or cfg.get(PROFILE_KEY) is None:
+        return None  # not calibrated: nothing to hold, on any device
     device = torch.device(device)
     if device.type != "cuda":
         raise ResourceConfigError(
             f"check_calibration needs a CUDA device, the GPU the deployment runs on, and got "
-            f"{device}; on a CPU, record_differences compares the profile alone"
+            f"{device}; on a CPU, the dry run (mstar-resources deployment=<name>) compares the "
+            "profile alone"
         )
     if resolved is None:
         resolved = resolve(cfg.get(RESOURCES_KEY) or {})

@@ -11,7 +11,7 @@ from typing import Any
 
 from .._internal.table import format_table
 from ..files import replacing, write_whole
-from ..units import MIB
+from ..units import MIB, counted
 from .engine import SetupResult
 from .workload import Workload
 
@@ -110,7 +110,8 @@ def trace_line(trace: dict[str, Any]) -> str:
     else:
         source = f"synthetic (seed {trace['seed']})"
     return (
-        f"trace: {source}: {trace['requests']:,} requests served, {trace['refused']:,} refused "
+        f"trace: {source}: {counted(trace['requests'], 'request')} served, "
+        f"{trace['refused']:,} refused "
         f"(prompt >= max_model_len {trace['max_model_len']:,}), {trace['clipped']:,} clipped "
         f"(output cut to fit); {trace['steps']:,} steps; {trace['prompt_tokens']:,} prompt "
         f"tokens, {trace['generated_tokens']:,} generated"

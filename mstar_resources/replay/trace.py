@@ -168,7 +168,7 @@ refuses the text."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
-_FIX = "fix the row, or read a slice without it (offset, limit)"
+_FIX = "fix the row, or read a slice without it (the replay's trace_offset and requests)"
 """What to do about a bad value in a row, which every such message ends with."""
 
 

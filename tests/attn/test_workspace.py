@@ -504,6 +504,12 @@ def test_pool_summary_is_logged_at_seal(caplog):
     ]
 
 
+def test_a_pool_of_one_workspace_says_so_in_the_singular():
+    pool = WorkspacePool("cpu", size_mb=1, owner="llama")
+    pool.get("decode")
+    assert pool.summary().splitlines()[0].startswith("llama: 1 workspace, 1,048,576 bytes")
+
+
 # --- what an engine reads: fields, not text; state it cannot write -------------------------------
 
 
