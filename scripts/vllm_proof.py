@@ -210,7 +210,9 @@ def run(case: Case, models: Path) -> dict[str, Any]:
         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
         for _, n in requests
     ]
+    begin = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params)
+    generated = time.perf_counter() - begin
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     config = llm.llm_engine.vllm_config
     result: dict[str, Any] = {
@@ -220,6 +222,7 @@ def run(case: Case, models: Path) -> dict[str, Any]:
         "graph_sizes": config.compilation_config.cudagraph_capture_sizes,
         "tokens": tokens,
         "tokens_out": sum(len(t) for t in tokens),
+        "generate_s": round(generated, 2),
     }
     from mstar_resources.integrations import vllm as plugin
 
@@ -281,7 +284,7 @@ def digest(tokens: list[list[int]]) -> str:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     head = ("run", "ok", "tokens", "digest", "same tokens", "KV cache (vLLM's line)",
-            "workspace bytes", "growths", "sealed refusals", "start s")  # fmt: skip
+            "workspace bytes", "growths", "sealed refusals", "start s", "generate s")  # fmt: skip
     rows = [head]
     for name, r in results.items():
         group = name.split("/")[0]
@@ -297,7 +300,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             digest(r["tokens"]) if r.get("tokens") else "-", same, kv,
             f"{r['workspace_bytes']:,}" if "workspace_bytes" in r else "-",
             str(plugin.get("growths", "-")), str(plugin.get("sealed_overflows", "-")),
-            str(r.get("start_s", "-")),
+            str(r.get("start_s", "-")), str(r.get("generate_s", "-")),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)

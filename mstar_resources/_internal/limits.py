@@ -69,7 +69,13 @@ def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
         value = values[field.name] if isinstance(values, Mapping) else getattr(values, field.name)
         if value is None or isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        if not _within(value, field.metadata):
+        if not math.isfinite(value):
+            bounds = _bounds_text(field.metadata)
+            found.append(
+                f"{prefix}{field.name}={value!r} is not a finite number; it must be {bounds} "
+                f"({field.metadata['expects']})"
+            )
+        elif not _within(value, field.metadata):
             found.append(
                 f"{prefix}{field.name}={value!r} must be {_bounds_text(field.metadata)} "
                 f"({field.metadata['expects']})"
