@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -101,6 +102,7 @@ def resolve(
         resource = _validate(node, f"{RESOURCES_KEY}.{path}", problems)
         if resource is not None:
             declared.append((path, resource))
+    problems += _paths_declared_twice([path for path, _ in declared])
     # Checked once, and even where every floor is declared: a bad value is a mistake either way.
     try:
         resolve_floor(None, env)
@@ -124,6 +126,17 @@ def resolve(
             )
         )
     return records
+
+
+def _paths_declared_twice(paths: list[str]) -> list[str]:
+    """A problem for each path two resources resolve to: a dotted key (``a.b``) and the nested
+    path it spells (``a: {b: ...}``) name one resource, whose pool would keep only one of them."""
+    twice = [path for path, count in Counter(paths).items() if count > 1]
+    return [
+        f"{RESOURCES_KEY}.{path} is declared twice (a dotted key and a nested path both spell "
+        "it), and one pool would serve only one of them; declare it once"
+        for path in twice
+    ]
 
 
 def build_pools(

@@ -324,3 +324,13 @@ def test_build_pools_reads_the_env_it_is_given_not_the_process(monkeypatch):
 def test_typed_and_converted_values_resolve_alike(node):
     (record,) = resolve({"attn": {"decode": node}}, env={})
     assert (record.declared_mb, record.cg_slots, record.floor_source) == (64, (0,), "declared")
+
+
+def test_a_dotted_key_and_the_nested_path_it_spells_are_refused_by_name():
+    tree = {"a.b": {"labels": ["x"]}, "a": {"b": {"labels": ["y"]}}}
+    with pytest.raises(ResourceConfigError) as raised:
+        resolve(tree, env={})
+    assert raised.value.problems == (
+        "resources.a.b is declared twice (a dotted key and a nested path both spell it), and one "
+        "pool would serve only one of them; declare it once",
+    )

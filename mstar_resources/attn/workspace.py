@@ -130,6 +130,10 @@ class Workspace:
         sealed: bool = False,
         floor: str = ENV_VAR,
     ) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ResourceConfigError(
+                f"name={name!r} must be a non-empty string: errors and logs name the workspace"
+            )
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
             described = (
                 f"{tensor.dim()}-D {tensor.dtype}"
@@ -439,8 +443,10 @@ class WorkspacePool:
         serves: Iterable[tuple[str, int | None]] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        if not isinstance(owner, str) or not owner:
-            raise ResourceConfigError(f"owner={owner!r} must be a non-empty string")
+        if not isinstance(owner, str) or not owner.strip():
+            raise ResourceConfigError(
+                f"owner={owner!r} must name who the pool belongs to (e.g. owner='attention')"
+            )
         self.device = torch.device(device)
         self.size_mb = size_mb
         self.owner = owner
@@ -590,7 +596,7 @@ class WorkspacePool:
         return "\n".join([head, *(f"  {s}" for s in stats)])
 
     def _check_key(self, label: str, cg_slot: int | None) -> None:
-        if not isinstance(label, str) or not label:
+        if not isinstance(label, str) or not label.strip():
             raise ResourceConfigError(
                 f"{self.owner}: label={label!r} must be a non-empty string naming a plan"
             )

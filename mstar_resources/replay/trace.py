@@ -14,10 +14,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._internal.limits import argument_problem
 from ..errors import ResourceConfigError
 from ..units import is_int, is_positive_int
+
+if TYPE_CHECKING:
+    import _csv  # the type of csv.reader()'s reader, for its line_num
 
 __all__ = ["CSV_COLUMNS", "JSONL_KEYS", "Request", "TraceFile", "read_trace", "synthetic_trace"]
 
@@ -445,6 +449,11 @@ def _lines(path: Path, progress: Callable[[int], object] | None = None) -> Itera
             f"trace file {path} can't be read (permission denied); make it readable, or copy it "
             "somewhere that is"
         ) from None
+    except OSError as error:  # a loop of symbolic links, a name too long, ...
+        raise ResourceConfigError(
+            f"trace file {path} can't be opened ({error.strerror or error}); pass the path of a "
+            "trace file"
+        ) from None
     with file:
         # A line ends at b"\n", which is never part of another UTF-8 character.
         for number, data in enumerate(file, start=1):
@@ -464,7 +473,7 @@ def _csv_rows(path: Path, lines: Iterator[str]) -> Iterator[_Row]:
     """Every row of a CSV trace after its header, with its index and the line it ends on."""
     # The lines keep their ends: the csv module reads them itself (a quoted field may hold one).
     reader = csv.reader(lines)
-    header = next((row for row in reader if row), None)
+    header = next((row for row in _checked(path, reader) if row), None)
     if header is None:
         raise ResourceConfigError(
             f"trace file {path} is empty; a CSV trace starts with the header line "
@@ -481,7 +490,7 @@ def _csv_rows(path: Path, lines: Iterator[str]) -> Iterator[_Row]:
     positions = [columns.index(name) for name in CSV_COLUMNS]
     header_line = reader.line_num
     index = 0
-    for row in reader:
+    for row in _checked(path, reader):
         if not row:  # a blank line, e.g. at the end
             continue
         if len(row) != len(header):
@@ -496,6 +505,22 @@ def _csv_rows(path: Path, lines: Iterator[str]) -> Iterator[_Row]:
             f"trace file {path} has a header (line {header_line}) and no rows after it; a trace "
             "needs at least one request"
         )
+
+
+def _checked(path: Path, reader: _csv.Reader) -> Iterator[list[str]]:
+    """The rows of a ``csv.reader``, its refusal of one told as the line it is on."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            raise ResourceConfigError(
+                f"trace file {path}, line {reader.line_num}: not a CSV row the trace can read "
+                f"({error}); lines end in LF or CRLF (not CR alone), and no field is longer "
+                f"than {csv.field_size_limit():,} characters; {_FIX}"
+            ) from None
+        yield row
 
 
 def _jsonl_rows(path: Path, lines: Iterator[str]) -> Iterator[_Row]:
@@ -539,6 +564,15 @@ def _json_fields(where: str, text: str) -> list[object]:
         row = json.loads(text, parse_float=Decimal)
     except json.JSONDecodeError:
         row = None
+    except (ValueError, RecursionError) as error:  # a number of thousands of digits, deep nesting
+        reason = (
+            "it is nested too deeply"
+            if isinstance(error, RecursionError)
+            else "a number has thousands of digits, more than any time or length"
+        )
+        raise ResourceConfigError(
+            f"{where}: the line can't be read as JSON ({reason}); {_FIX}"
+        ) from None
     if not isinstance(row, dict):
         shown = text if len(text) <= 80 else text[:77] + "..."
         raise ResourceConfigError(

@@ -384,7 +384,8 @@ def test_pool_get_from_many_threads_makes_one_workspace_per_key():
     [
         ({"size_mb": 0}, r"size_mb=0 is not a positive whole number"),
         ({"size_mb": 1.5}, r"size_mb=1.5 is not a positive whole number"),
-        ({"owner": ""}, r"owner='' must be a non-empty string"),
+        ({"owner": ""}, r"owner='' must name who the pool belongs to"),
+        ({"owner": "  "}, r"owner='  ' must name who the pool belongs to"),
     ],
 )
 def test_pool_rejects_bad_arguments(kwargs, match):
@@ -431,10 +432,16 @@ def test_pool_rejects_a_bad_variable_at_construction(monkeypatch):
         WorkspacePool("cpu")
 
 
+def test_a_workspace_needs_a_name():
+    with pytest.raises(ResourceConfigError, match="name=None must be a non-empty string"):
+        Workspace(torch.zeros(16, dtype=torch.uint8), None)
+
+
 @pytest.mark.parametrize(
     ("label", "slot", "match"),
     [
         ("", None, "label='' must be a non-empty string"),
+        ("  ", None, "label='  ' must be a non-empty string"),
         (3, None, "label=3 must be a non-empty string"),
         ("decode", -1, "cg_slot=-1 must be None"),
         ("decode", "0", "cg_slot='0' must be None"),

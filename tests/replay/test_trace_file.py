@@ -544,3 +544,41 @@ def test_a_large_file_is_read_under_a_progress_bar(tmp_path, monkeypatch, capsys
     assert "reading azure.csv" in capsys.readouterr().err
     read(path, progress=False)
     assert "reading azure.csv" not in capsys.readouterr().err
+
+
+ODD_FILES = [
+    pytest.param("cr.csv", AZURE_HEAD.replace("\n", "\r"), "line 1", "not CR alone", id="cr-only"),
+    pytest.param(
+        "wide.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens,Note\n2023-11-16 18:15:46.68,374,44,"
+        + "x" * 140_000 + "\n",
+        "line 2", "longer than 131,072 characters", id="field-over-the-csv-limit",
+    ),
+    pytest.param(
+        "digits.jsonl", '{"arrival_s": 1, "prompt_len": ' + "9" * 5000 + ', "output_len": 4}\n',
+        "line 1", "a number has thousands of digits", id="json-number-of-5000-digits",
+    ),
+    pytest.param(
+        "deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n", "line 1", "nested too deeply",
+        id="json-nested-100000-deep",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "text", "line", "why"), ODD_FILES)
+def test_a_file_the_parsers_refuse_is_one_paragraph_naming_the_line(
+    tmp_path, name, text, line, why
+):
+    with pytest.raises(ResourceConfigError) as raised:
+        lengths(read(write(tmp_path, name, text)))
+    message = str(raised.value)
+    assert f"{name}, {line}:" in message and why in message
+    assert "\n" not in message
+    assert "trace_offset and requests" in message
+
+
+def test_a_loop_of_symbolic_links_is_one_paragraph(tmp_path):
+    (tmp_path / "a.csv").symlink_to(tmp_path / "b.csv")
+    (tmp_path / "b.csv").symlink_to(tmp_path / "a.csv")
+    with pytest.raises(ResourceConfigError, match=r"a\.csv can't be opened \(.*\); pass the path"):
+        read(tmp_path / "a.csv")
