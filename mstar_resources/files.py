@@ -51,6 +51,8 @@ def folder_problem(folder: Path) -> str | None:
     folder = Path(folder).absolute()
     existing = folder
     while not existing.exists():
+        if existing.is_symlink():  # dangling: making the folder would fail on it
+            return f"{existing} is a symbolic link to {os.readlink(existing)}, which does not exist"
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is a file, not a folder"

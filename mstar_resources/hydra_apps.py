@@ -433,6 +433,12 @@ def _refused(prog: str, invoked: str, args: list[str], *, compose_once: bool) ->
     line = _command_line(args)
     if line is None:
         return None
+    if line.config_dir is not None and not os.path.isdir(line.config_dir):
+        what = "a file" if os.path.exists(line.config_dir) else "not there"
+        return (
+            f"--config-dir {line.config_dir} is {what}; it takes a folder of configs (one with "
+            "a deployment/ folder, as mstar-resources-calibrate writes it)"
+        )
     for override in line.overrides:
         key, _, value = override.partition("=")
         digits = value.strip().lstrip("+-")

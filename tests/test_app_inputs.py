@@ -176,6 +176,10 @@ NOTHING_LISTED = [
                  ["--config-name=mne", "(did you mean mine?)"], id="config-name-misspelled"),
     pytest.param(["calibration.model.head_dim=128", "deployment=none"],
                  ["calibration.model", "calibration is empty"], id="key-under-an-empty-node"),
+    pytest.param(["--config-dir", "{own}"], ["--config-dir {own} is a file", "a folder of configs"],
+                 id="config-dir-a-file"),
+    pytest.param(["--config-dir", "{folder}/nope"], ["--config-dir {folder}/nope is not there"],
+                 id="config-dir-missing"),
 ]  # fmt: skip
 
 

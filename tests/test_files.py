@@ -61,6 +61,11 @@ def test_a_process_killed_mid_write_leaves_the_old_file_whole(tmp_path):
     [
         pytest.param(lambda d: None, None, id="missing-folder-can-be-made"),
         pytest.param(lambda d: (d / "f").write_text(""), "is a file, not a folder", id="file"),
+        pytest.param(
+            lambda d: (d / "f").symlink_to(d / "gone"),
+            "is a symbolic link to",
+            id="dangling-symlink",
+        ),
     ],
 )
 def test_a_folder_is_checked_without_being_made(tmp_path, make, problem):
