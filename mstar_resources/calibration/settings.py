@@ -16,8 +16,9 @@ __all__ = ["CalibrateSettings"]
 class CalibrateSettings(ComposedTree):
     """``mstar-resources-calibrate``: measure a deployment's workspaces on this GPU."""
 
-    margin: float = field(default=DEFAULT_MARGIN, metadata=bounded("a fraction", ge=0))
-    """Added to each measured need before it is declared, as a fraction of it."""
+    margin: float = field(default=DEFAULT_MARGIN, metadata=bounded("a fraction", ge=0, le=10))
+    """Added to each measured need before it is declared, as a fraction of it. At most 10 (eleven
+    times the need): more is a typo, and would declare floors past the 1 TiB a floor may be."""
     device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
     """The GPU to plan on."""
     output_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
