@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from ._internal.floor import MAX_MB, mb_problem
+from ._internal.limits import name_problem
 from .errors import ResourceConfigError
 
 __all__ = ["Resource"]
@@ -67,7 +68,8 @@ class Resource:
 
 def _owner_problems(owner: object) -> list[str]:
     if isinstance(owner, str) and owner.strip():
-        return []
+        problem = name_problem("owner", owner)
+        return [] if problem is None else [problem]
     return [f"owner={owner!r} is empty; name who the resource belongs to (e.g. owner=attention)"]
 
 
@@ -87,6 +89,9 @@ def _label_problems(labels: list[str]) -> list[str]:
         )
     elif any(not label.strip() for label in labels):
         problems.append(f"labels={labels!r} has an empty label; give every label a name")
+    else:
+        named = (name_problem(f"labels[{i}]", label) for i, label in enumerate(labels))
+        problems += [problem for problem in named if problem is not None]
     if repeated := _repeated([label for label in labels if isinstance(label, Hashable)]):
         problems.append(f"labels={labels!r} repeats {repeated}; list each label once")
     return problems

@@ -55,6 +55,13 @@ def test_every_field_has_a_docstring_and_says_what_it_expects():
         pytest.param({"labels": ["a"], "cg_slots": [-2]}, r"^cg_slots=\[-2\] has negative",
                      id="slot-negative"),
         pytest.param({"labels": ["a"], "owner": " "}, r"^owner=' ' is empty", id="owner-blank"),
+        pytest.param({"labels": ["a"], "owner": "x" * 5000},
+                     r"^owner has 5,000 characters .*at most 128", id="owner-too-long"),
+        pytest.param({"labels": ["a"], "owner": "a\x1b[31m"},
+                     r"^owner='a\\x1b\[31m' holds the control character", id="owner-escape"),
+        pytest.param({"labels": ["ok", "a\nb"]},
+                     r"^labels\[1\]='a\\nb' holds the control character '\\n'",
+                     id="label-newline"),
     ],
 )  # fmt: skip
 def test_post_init_names_the_field_and_value(kwargs, match):

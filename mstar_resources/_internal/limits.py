@@ -13,7 +13,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["argument_problem", "bounded", "expects", "problems"]
+__all__ = ["MAX_NAME", "argument_problem", "bounded", "expects", "name_problem", "problems"]
+
+MAX_NAME = 128
+"""The most characters an owner or a label may have: each is printed in every table row, log line
+and error that names a workspace; a longer one is a mistake (seen: a 5 MB owner made a 5 MB-wide
+table)."""
 
 _BOUNDS = ("gt", "ge", "lt", "le")
 
@@ -102,3 +107,23 @@ def argument_problem(
         limits = "".join(f" {_SYMBOLS[bound]} {limit}" for bound, limit in bounds.items())
         takes = f"a {kind}{f' of {of}' if of else ''}{limits}"
     return f"{name}={value!r} must be {takes}{note}"
+
+
+def name_problem(setting: str, value: object) -> str | None:
+    """What is wrong with ``value`` as a name (an owner, a label) that tables and logs print: it
+    must be a string of printable characters, not blank, at most :data:`MAX_NAME` long; None if it
+    is fine. ``setting`` is how the message names it (``owner``, ``labels[1]``)."""
+    if not isinstance(value, str) or not value.strip():
+        return None  # blank or not a string: the callers' own checks say how to fill it in
+    if len(value) > MAX_NAME:
+        return (
+            f"{setting} has {len(value):,} characters ({value[:20]!r}...); a name has at most "
+            f"{MAX_NAME}"
+        )
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        return (
+            f"{setting}={value!r} holds the control character {bad!r}, which would break the "
+            "tables and logs that print it; use letters, digits and punctuation"
+        )
+    return None

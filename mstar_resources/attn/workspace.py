@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from .._internal.floor import ENV_VAR, Floor, resolve_floor
+from .._internal.limits import name_problem
 from ..errors import (
     ResourceConfigError,
     WorkspacePlanError,
@@ -447,6 +448,8 @@ class WorkspacePool:
             raise ResourceConfigError(
                 f"owner={owner!r} must name who the pool belongs to (e.g. owner='attention')"
             )
+        if (problem := name_problem("owner", owner)) is not None:
+            raise ResourceConfigError(problem)
         self.device = torch.device(device)
         self.size_mb = size_mb
         self.owner = owner
@@ -600,6 +603,8 @@ class WorkspacePool:
             raise ResourceConfigError(
                 f"{self.owner}: label={label!r} must be a non-empty string naming a plan"
             )
+        if (problem := name_problem("label", label)) is not None:
+            raise ResourceConfigError(f"{self.owner}: {problem}")
         if cg_slot is not None and not (is_int(cg_slot) and cg_slot >= 0):
             raise ResourceConfigError(
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"

@@ -442,6 +442,7 @@ def test_a_workspace_needs_a_name():
     [
         ("", None, "label='' must be a non-empty string"),
         ("  ", None, "label='  ' must be a non-empty string"),
+        ("a\tb", None, r"label='a\\tb' holds the control character"),
         (3, None, "label=3 must be a non-empty string"),
         ("decode", -1, "cg_slot=-1 must be None"),
         ("decode", "0", "cg_slot='0' must be None"),
