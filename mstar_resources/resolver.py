@@ -128,6 +128,11 @@ def resolve(
     return records
 
 
+def _described(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else f"a {type(value).__name__} ({shown[:57]}...)"
+
+
 def _paths_declared_twice(paths: list[str]) -> list[str]:
     """A problem for each path two resources resolve to: a dotted key (``a.b``) and the nested
     path it spells (``a: {b: ...}``) name one resource, whose pool would keep only one of them."""
@@ -169,6 +174,13 @@ def pools_of(
     (:meth:`WorkspacePool.reserve`); without it, each is made when first asked for."""
     from .attn.workspace import WorkspacePool
 
+    if isinstance(records, ResolvedResource) or not all(
+        isinstance(record, ResolvedResource) for record in records
+    ):
+        raise ResourceConfigError(
+            f"pools_of takes the list resolve() returns, and got {_described(records)}; build "
+            "pools from a config tree with build_pools(tree, device)"
+        )
     env = dict(os.environ) if env is None else env
     pools = {
         record.path: WorkspacePool(

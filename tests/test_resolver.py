@@ -14,6 +14,7 @@ from mstar_resources import (
     WorkspacePool,
     WorkspaceSealedError,
     build_pools,
+    pools_of,
     resolve,
 )
 from mstar_resources.units import MIB
@@ -334,3 +335,30 @@ def test_a_dotted_key_and_the_nested_path_it_spells_are_refused_by_name():
         "resources.a.b is declared twice (a dotted key and a nested path both spell it), and one "
         "pool would serve only one of them; declare it once",
     )
+
+
+API_MISUSE = [
+    pytest.param(lambda: build_pools({"a": {"labels": ["x"]}}, "cpu",
+                                     env={"MSTAR_WORKSPACE_BUFFER_MB": 8}),
+                 r"MSTAR_WORKSPACE_BUFFER_MB=8 is not a string", id="env-value-an-int"),
+    pytest.param(lambda: build_pools({"a": {"labels": ["x"]}}, "gpu", env={}),
+                 r"device='gpu' is not a torch device", id="device-misspelled"),
+    pytest.param(lambda: build_pools({"a": {"labels": ["x"]}}, None, env={}),
+                 r"device=None is not a torch device", id="device-none"),
+    pytest.param(lambda: pools_of(["x"], "cpu"), r"pools_of takes the list resolve\(\) returns",
+                 id="pools-of-strings"),
+    pytest.param(lambda: WorkspacePool("cpu", 1, serves="decode"),
+                 r"serves='decode' must be \(label, cg slot\) pairs", id="serves-a-string"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "match"), API_MISUSE)
+def test_the_python_api_refuses_wrong_types_with_its_own_error(call, match):
+    with pytest.raises(ResourceConfigError, match=match):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_pools_on_cuda_without_a_gpu_say_so_before_allocating():
+    with pytest.raises(ResourceConfigError, match=r"device='cuda', but torch sees no CUDA"):
+        build_pools({"a": {"labels": ["x"]}}, "cuda", env={})

@@ -68,6 +68,11 @@ def resolve_floor(
             raise ResourceConfigError(problem)
         return Floor(declared_mb, "declared", declared_setting)
     raw = (os.environ if env is None else env).get(ENV_VAR, "")
+    if not isinstance(raw, str):
+        raise ResourceConfigError(
+            f"{ENV_VAR}={raw!r} is not a string; the environment holds strings, so give it as "
+            f"one (e.g. {{{ENV_VAR!r}: '{raw}'}})"
+        )
     if raw.strip() == "":
         return Floor(DEFAULT_MB, "default", ENV_VAR)
     text = raw.strip()

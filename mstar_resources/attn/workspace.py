@@ -364,6 +364,35 @@ class Workspace:
         return need - have
 
 
+def _device(device: object) -> torch.device:
+    """``device`` as a torch device a pool can allocate on, or the library's error saying why
+    not."""
+    try:
+        found: torch.device = torch.device(device)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError):
+        raise ResourceConfigError(
+            f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
+        ) from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        raise ResourceConfigError(
+            f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is "
+            "False); make the pools on 'cpu' to plan without a GPU"
+        )
+    return found
+
+
+def _pairs(serves: object) -> list[tuple[str, int | None]]:
+    """``serves`` as (label, cg slot) pairs, or the library's error saying what it got."""
+    good = not isinstance(serves, str | bytes) and isinstance(serves, Iterable)
+    pairs = list(serves) if good else []  # type: ignore[call-overload]
+    if not good or not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
+        raise ResourceConfigError(
+            f"serves={serves!r} must be (label, cg slot) pairs, e.g. [('decode', 0), "
+            "('prefill', None)], or None to serve any"
+        )
+    return pairs
+
+
 def _wait_for_every_stream(tensor: torch.Tensor) -> None:
     """Wait until no CUDA stream can still use ``tensor``'s storage, before it is copied and
     handed back to the caching allocator.
@@ -450,13 +479,13 @@ class WorkspacePool:
             )
         if (problem := name_problem("owner", owner)) is not None:
             raise ResourceConfigError(problem)
-        self.device = torch.device(device)
+        self.device = _device(device)
         self.size_mb = size_mb
         self.owner = owner
         self.config_key = config_key
         setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
         self._floor: Floor = resolve_floor(size_mb, env, setting)
-        self._serves = None if serves is None else tuple(dict.fromkeys(serves))
+        self._serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
         for label, cg_slot in self._serves or ():
             self._check_key(label, cg_slot)
         self._workspaces: dict[tuple[str, int | None], Workspace] = {}
