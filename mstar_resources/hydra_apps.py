@@ -70,7 +70,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ResourceConfigError
-from .hydra_errors import explain, not_a_choice, not_a_primary_config, not_utf8, not_yaml
+from .hydra_errors import (
+    DEPLOYMENT_GROUP,
+    explain,
+    not_a_choice,
+    not_a_primary_config,
+    not_utf8,
+    not_yaml,
+)
 
 __all__ = ["fail", "hydra_app", "package_version", "register_settings"]
 
@@ -395,7 +402,15 @@ def _told(
     ):
         return not_a_primary_config(line.config_name, listed(""))
     if isinstance(error, HydraException | OmegaConfBaseException):
-        return explain(error)
+        told = explain(error)
+        chosen = next((o.value() for o in overrides if o.key_or_group == DEPLOYMENT_GROUP), None)
+        if told.startswith(f"{DEPLOYMENT_GROUP} is not a setting: a deployment file") and (
+            line is not None and line.config_dir and isinstance(chosen, str)
+        ):
+            path = Path(line.config_dir) / DEPLOYMENT_GROUP / f"{chosen}.yaml"
+            if path.is_file():
+                told = told.replace("a deployment file was", f"the deployment file {path} was")
+        return told
     for override in overrides:
         key = override.key_or_group
         if isinstance(error, OSError) and error.filename and key in str(error.filename):

@@ -28,7 +28,18 @@ from ._internal import limits
 from .errors import did_you_mean
 from .schema import Resource
 
-__all__ = ["explain", "not_a_choice", "not_a_primary_config", "not_utf8", "not_yaml"]
+DEPLOYMENT_GROUP = "deployment"
+"""The config group whose options are global (``# @package _global_``): a deployment sets keys of
+the whole tree."""
+
+__all__ = [
+    "DEPLOYMENT_GROUP",
+    "explain",
+    "not_a_choice",
+    "not_a_primary_config",
+    "not_utf8",
+    "not_yaml",
+]
 
 _NODE_EXPECTS: list[tuple[type, str]] = [
     (BooleanNode, "true or false"),
@@ -126,6 +137,13 @@ def _unknown_key(error: OmegaConfBaseException) -> str:
         return _paragraph(str(error))
     prefix = _prefix(str(error.full_key))
     settings = [str(key) for key in parent if key != "hydra"]
+    if str(error.full_key) == DEPLOYMENT_GROUP:
+        return (
+            f"{DEPLOYMENT_GROUP} is not a setting: a deployment file was composed under the key "
+            f"{DEPLOYMENT_GROUP} instead of at the top of the config; its first line must be "
+            "`# @package _global_`, with no byte-order mark before it, as in the shipped "
+            "deployments (an empty file has no such line)"
+        )
     if not settings:
         holder = prefix.rstrip(".") or "the config"
         return (

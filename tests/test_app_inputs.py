@@ -68,6 +68,24 @@ def test_a_bad_file_of_the_user_s_own_is_named_with_its_line(tmp_path, python, p
     assert_one_paragraph(done, prog, str(path.resolve()), f"line {line}")
 
 
+# Deployment files that compose under the key `deployment`, not at the top: (the file's bytes)
+NOT_GLOBAL = [
+    pytest.param(b"\xef\xbb\xbf# @package _global_\nresources: {}\n", id="byte-order-mark"),
+    pytest.param(b"", id="empty"),
+    pytest.param(b"resources:\n  attn:\n    decode:\n      declared_mb: 7\n", id="no-header"),
+]
+
+
+@pytest.mark.parametrize("body", NOT_GLOBAL)
+@pytest.mark.parametrize(("python", "prog"), APPS)
+def test_a_deployment_file_without_its_header_is_named_with_the_fix(tmp_path, python, prog, body):
+    path = tmp_path / "conf" / "deployment" / "mine.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(body)
+    done = run_cli("--config-dir", "conf", "deployment=mine", cwd=tmp_path, python=python)
+    assert_one_paragraph(done, prog, "conf/deployment/mine.yaml", "`# @package _global_`")
+
+
 # A config group's value that is no plain option name: (arguments, the value named)
 NOT_A_NAME = [
     pytest.param(["deployment=../resources/default"], "deployment=../resources/default",
