@@ -359,6 +359,7 @@ def test_the_python_api_refuses_wrong_types_with_its_own_error(call, match):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
-def test_pools_on_cuda_without_a_gpu_say_so_before_allocating():
-    with pytest.raises(ResourceConfigError, match=r"device='cuda', but torch sees no CUDA"):
-        build_pools({"a": {"labels": ["x"]}}, "cuda", env={})
+def test_pools_on_cuda_without_a_gpu_say_so_when_they_allocate():
+    pools = build_pools({"a": {"labels": ["x"]}}, "cuda", env={})  # nothing allocated yet
+    with pytest.raises(ResourceConfigError, match=r"made on cuda, and torch sees no CUDA device"):
+        pools["a"].reserve()

@@ -365,19 +365,13 @@ class Workspace:
 
 
 def _device(device: object) -> torch.device:
-    """``device`` as a torch device a pool can allocate on, or the library's error saying why
-    not."""
+    """``device`` as a torch device, or the library's error saying why not."""
     try:
         found: torch.device = torch.device(device)  # type: ignore[call-overload]
     except (RuntimeError, TypeError):
         raise ResourceConfigError(
             f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
         ) from None
-    if found.type == "cuda" and not torch.cuda.is_available():
-        raise ResourceConfigError(
-            f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is "
-            "False); make the pools on 'cpu' to plan without a GPU"
-        )
     return found
 
 
@@ -661,6 +655,12 @@ class WorkspacePool:
     def _make(self, label: str, cg_slot: int | None) -> Workspace:
         name = self._name(label, cg_slot)
         size = self._floor.bytes
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ResourceConfigError(
+                f"workspace {name!r} is made on {self.device}, and torch sees no CUDA device "
+                "(torch.cuda.is_available() is False); make the pools on 'cpu' to plan without "
+                "a GPU"
+            )
         try:
             # Zeroed: FlashInfer asks for a zeroed workspace (some backends keep semaphores in it).
             tensor = torch.zeros(size, dtype=torch.uint8, device=self.device)
