@@ -51,14 +51,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import ResourceConfigError, did_you_mean
+from ..errors import ResourceConfigError, WorkspaceSealedError, did_you_mean
 from ..resolver import ResolvedResource, pools_of, resolve
 from ._post_import import when_imported
 
 if TYPE_CHECKING:
     import torch
 
-    from ..attn.workspace import Workspace, WorkspacePool
+    from ..attn.workspace import Workspace, WorkspacePool, WorkspaceStats
     from ..calibration.profile import CalibrationProfile
 
 __all__ = [
@@ -167,7 +167,7 @@ def read_setting(env: Mapping[str, str] | None = None) -> Setting | None:
             f"{ENV_VAR}={value}: {'; '.join(error.problems)}", where=error.where
         ) from None
     setting = Setting(value, records, root)
-    _serving_key_of_each_role(setting)  # both roles served, or a paragraph saying which is not
+    _serving_key_of_each_role(records, setting.describe())  # both served, or which is not
     return setting
 
 
@@ -214,15 +214,17 @@ def _compose(value: str) -> Any:
         raise ResourceConfigError(f"{ENV_VAR}={value!r} does not compose: {reason}") from None
 
 
-def _serving_key_of_each_role(setting: Setting) -> dict[Role, tuple[ResolvedResource, int | None]]:
+def _serving_key_of_each_role(
+    records: Sequence[ResolvedResource], setting: str
+) -> dict[Role, tuple[ResolvedResource, int | None]]:
     """For each role, the resource that serves its label and the slot vLLM's wrappers take
     there: the first CUDA-graph slot it declares (vLLM captures one graph context), else eager."""
     found: dict[Role, tuple[ResolvedResource, int | None]] = {}
     for role in ROLES:
-        record = next((r for r in setting.records if role in r.labels), None)
+        record = next((r for r in records if role in r.labels), None)
         if record is None:
             raise ResourceConfigError(
-                f"{setting.describe()}: no resource under resources serves the label {role!r}, "
+                f"{setting}: no resource under resources serves the label {role!r}, "
                 f"and vLLM plans its FlashInfer wrappers as prefill and decode; declare both "
                 "(the shipped tree's resources.attn.prefill and resources.attn.decode do)"
             )
@@ -375,7 +377,6 @@ class VllmWorkspaces:
         """Why vLLM runs as it is (None: the plugin serves it)."""
         self.vllm_bytes: int | None = None
         """What vLLM would have made for each FlashInfer metadata builder."""
-        self.sealed = False
         self.sealed_overflows = 0
         """Plans refused by a sealed workspace (each raised its error to vLLM)."""
         self._builders: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -386,6 +387,14 @@ class VllmWorkspaces:
     @property
     def serving(self) -> bool:
         return bool(self._workspaces)
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the workspaces keep their addresses from now on (vLLM captured over them)."""
+        return bool(self.pools) and all(pool.sealed for pool in self.pools.values())
+
+    def _stats(self) -> list[WorkspaceStats]:
+        return [s for pool in self.pools.values() for s in pool.stats()]
 
     def leave_untouched(self, reason: str) -> None:
         if self.untouched is None and not self.serving:
@@ -418,7 +427,7 @@ class VllmWorkspaces:
         except Exception as error:  # the plugin's own failure must not stop vLLM
             self.leave_untouched(f"it failed ({type(error).__name__}: {error})")
             return
-        keys = _serving_key_of_each_role(dataclasses.replace(self.setting, records=records))
+        keys = _serving_key_of_each_role(records, self.setting.describe())
         self.pools = pools_of(list(records), device)
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
@@ -512,8 +521,6 @@ class VllmWorkspaces:
 
     def _plan(self, workspace: Workspace, plan: Callable[..., Any], *args: Any,
               **kwargs: Any) -> Any:  # fmt: skip
-        from ..errors import WorkspaceSealedError
-
         try:
             return workspace.plan(plan, *args, **kwargs)
         except WorkspaceSealedError:
@@ -526,8 +533,7 @@ class VllmWorkspaces:
             return
         for pool in self.pools.values():
             pool.seal()
-        self.sealed = True
-        stats = [s for pool in self.pools.values() for s in pool.stats()]
+        stats = self._stats()
         logger.info(
             "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before vLLM captures "
             "CUDA graphs (%d growths before the seal): %s",
@@ -541,7 +547,7 @@ class VllmWorkspaces:
 
     def report(self) -> dict[str, Any]:
         """What the plugin did in this process, as plain data."""
-        stats = [s for pool in self.pools.values() for s in pool.stats()]
+        stats = self._stats()
         return {
             "setting": self.setting.describe(),
             "untouched": self.untouched,
