@@ -37,7 +37,12 @@ from .units import MIB
 __all__ = ["main"]
 
 PROG = "mstar-resources"
-_COLUMNS = ("path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB")
+_COLUMNS = (
+    "path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB",
+    "int MB", "int source", "int reserved MB", "pinned MB",
+)  # fmt: skip
+"""The float workspaces' columns, then the int workspaces' (one per float one) and their pinned
+host mirrors' (as many bytes as the int workspaces, on the host)."""
 
 
 @hydra_app(
@@ -60,6 +65,8 @@ def main(cfg: DictConfig) -> None:
     report: dict[str, Any] = {
         "resources": [dataclasses.asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
+        "total_int_reserved_bytes": sum(record.int_reserved_bytes for record in records),
+        "total_pinned_bytes": sum(record.int_reserved_bytes for record in records),
     }
     if calibrated:
         report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}
@@ -126,13 +133,20 @@ def _table(
             "calibrated" if record.path in calibrated else record.floor_source,
             str(record.workspaces),
             _mb(record.reserved_bytes),
+            f"{record.int_floor_mb:,}",
+            record.int_floor_source,
+            _mb(record.int_reserved_bytes),
+            _mb(record.int_reserved_bytes),
         )
         for record in records
     ]
     total = report["total_reserved_bytes"]
+    int_total = report["total_int_reserved_bytes"]
     workspaces = sum(record.workspaces for record in records)
-    footer = ["total", "", "", "", "", "", str(workspaces), _mb(total)]
-    lines = [format_table([_COLUMNS, None, *rows, None, footer], right={4, 6, 7})]
+    footer = ["total", "", "", "", "", "", str(workspaces), _mb(total), "", "", _mb(int_total),
+              _mb(report["total_pinned_bytes"])]  # fmt: skip
+    table = [_COLUMNS, None, *rows, None, footer]
+    lines = [format_table(table, right={4, 6, 7, 8, 10, 11})]
     lines += [
         f"{path}: calibrated, need {c.need_bytes:,} bytes + {c.margin:.0%} "
         f"(resources.{path}.declared_mb)"
@@ -141,7 +155,8 @@ def _table(
     if "allocated_bytes" in report:
         lines.append(
             f"allocated on {report['device']}: {report['allocated_bytes']:,} bytes "
-            f"(torch.cuda.memory_allocated), reserved: {total:,} bytes"
+            f"(torch.cuda.memory_allocated), reserved: {total + int_total:,} bytes (float "
+            f"{total:,}, int {int_total:,})"
         )
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ._internal import limits
-from ._internal.floor import FloorSource, resolve_floor
+from ._internal.floor import FLOAT, INT, FloorSource, resolve_floor
 from .errors import ResourceConfigError, did_you_mean
 from .schema import Resource
 from .units import MIB, is_int
@@ -64,14 +64,29 @@ class ResolvedResource:
     workspaces: int = field(init=False)
     """One per label and slot: ``len(labels) * max(1, len(cg_slots))``."""
     reserved_bytes: int = field(init=False)
-    """What the pool holds once every workspace is made: ``workspaces * floor_bytes``."""
+    """What the pool's float workspaces hold once every one is made: ``workspaces *
+    floor_bytes``."""
+    int_declared_mb: int | None = None
+    int_floor_mb: int = INT.default_mb
+    """The floor of each int workspace (and of its pinned mirror), in MB: declared, else from
+    ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8."""
+    int_floor_bytes: int = field(init=False)
+    int_floor_source: FloorSource = "default"
+    int_floor_setting: str = INT.env_var
+    """What to change to move the int floor: ``resources.<path>.int_declared_mb`` or the
+    variable."""
+    int_reserved_bytes: int = field(init=False)
+    """What the pool's int workspaces hold on the GPU once every one is made, and their pinned
+    mirrors on the host (one mirror each): ``workspaces * int_floor_bytes``."""
 
     def __post_init__(self) -> None:
         derived = {
             "floor_bytes": self.floor_mb * MIB,
+            "int_floor_bytes": self.int_floor_mb * MIB,
             "workspaces": len(self.labels) * max(1, len(self.cg_slots)),
         }
         derived["reserved_bytes"] = derived["workspaces"] * derived["floor_bytes"]
+        derived["int_reserved_bytes"] = derived["workspaces"] * derived["int_floor_bytes"]
         for name, value in derived.items():
             object.__setattr__(self, name, value)
 
@@ -104,15 +119,18 @@ def resolve(
             declared.append((path, resource))
     problems += _paths_declared_twice([path for path, _ in declared])
     # Checked once, and even where every floor is declared: a bad value is a mistake either way.
-    try:
-        resolve_floor(None, env)
-    except ResourceConfigError as error:
-        problems.extend(error.problems)
+    for buffer in (FLOAT, INT):
+        try:
+            resolve_floor(None, env, buffer=buffer)
+        except ResourceConfigError as error:
+            problems.extend(error.problems)
     if problems:
         raise ResourceConfigError(*problems, where="the resources config")
     records = []
     for path, resource in declared:
-        floor = resolve_floor(resource.declared_mb, env, f"{RESOURCES_KEY}.{path}.declared_mb")
+        key = f"{RESOURCES_KEY}.{path}"
+        floor = resolve_floor(resource.declared_mb, env, f"{key}.declared_mb")
+        int_floor = resolve_floor(resource.int_declared_mb, env, f"{key}.int_declared_mb", INT)
         records.append(
             ResolvedResource(
                 path=path,
@@ -123,6 +141,10 @@ def resolve(
                 floor_mb=floor.mb,
                 floor_source=floor.source,
                 floor_setting=floor.setting,
+                int_declared_mb=resource.int_declared_mb,
+                int_floor_mb=int_floor.mb,
+                int_floor_source=int_floor.source,
+                int_floor_setting=int_floor.setting,
             )
         )
     return records
@@ -187,6 +209,7 @@ def pools_of(
             device,
             record.declared_mb,
             record.owner,
+            int_size_mb=record.int_declared_mb,
             config_key=record.key,
             serves=record.served(),
             env=env,

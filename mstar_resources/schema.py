@@ -13,7 +13,7 @@ from typing import TypeVar
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from ._internal.floor import MAX_MB, mb_problem
+from ._internal.floor import INT, MAX_MB, mb_problem
 from ._internal.limits import name_problem
 from .errors import ResourceConfigError
 
@@ -29,7 +29,10 @@ million entries would take minutes to check)."""
 
 @dataclass
 class Resource:
-    """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot)."""
+    """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot).
+
+    Each key holds the two buffers its wrappers plan on: a float workspace (``declared_mb``) and
+    an int workspace with its pinned host mirror (``int_declared_mb``)."""
 
     owner: str = field(default="attention", metadata={"expects": "a non-empty string"})
     """Who the resource belongs to, as workspaces name it in logs and errors (``owner:label:cgN``).
@@ -40,6 +43,14 @@ class Resource:
     )
     """The floor of each workspace, in MB (2**20 bytes). Default null: ``MSTAR_WORKSPACE_BUFFER_MB``
     if set, else 512. Higher reserves more memory up front; lower lets plans grow it at run time."""
+
+    int_declared_mb: int | None = field(
+        default=None, metadata={"expects": f"a whole number of MB from 1 to {MAX_MB:,}, or null"}
+    )
+    """The floor of each int workspace, and of its pinned host mirror, in MB. Default null:
+    ``MSTAR_INT_WORKSPACE_BUFFER_MB`` if set, else 8 (what each FlashInfer wrapper makes for
+    itself). The int workspace holds a plan's indices (kilobytes); a plan that overflows it grows
+    it, as the float one."""
 
     labels: list[str] = field(
         default=MISSING, metadata={"expects": "a list of plan labels, e.g. [decode]"}
@@ -58,6 +69,11 @@ class Resource:
         problems = [
             *_owner_problems(self.owner),
             *([] if self.declared_mb is None else [mb_problem("declared_mb", self.declared_mb)]),
+            *(
+                []
+                if self.int_declared_mb is None
+                else [mb_problem("int_declared_mb", self.int_declared_mb, INT)]
+            ),
             *_label_problems(list(self.labels)),
             *_slot_problems(list(self.cg_slots)),
         ]

@@ -14,6 +14,7 @@ from mstar_resources.hydra_apps import register_settings
 from mstar_resources.settings import DryRunSettings
 
 VAR = "MSTAR_WORKSPACE_BUFFER_MB"
+INT_VAR = "MSTAR_INT_WORKSPACE_BUFFER_MB"
 
 
 def _why_no_gpu() -> str | None:
@@ -45,3 +46,4 @@ def compose_shipped(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 def _no_floor_variable(monkeypatch):
     """The process environment sets no floor unless a test says so."""
     monkeypatch.delenv(VAR, raising=False)
+    monkeypatch.delenv(INT_VAR, raising=False)

@@ -13,24 +13,26 @@ import pytest
 
 from mstar_resources.units import MIB
 
-from .conftest import VAR
+from .conftest import INT_VAR, VAR
 
 SCRIPT = Path(sys.executable).parent / "mstar-resources"
 
 DEFAULT_TABLE = """\
-path          owner      labels   slots  floor MB  source   workspaces  reserved MB
-------------  ---------  -------  -----  --------  -------  ----------  -----------
-attn.prefill  attention  prefill  eager       512  default           1          512
-attn.decode   attention  decode   0,1         512  default           2        1,024
-------------  ---------  -------  -----  --------  -------  ----------  -----------
-total                                                                3        1,536
-"""
+path          owner      labels   slots  floor MB  source   workspaces  reserved MB  int MB  int source  int reserved MB  pinned MB
+------------  ---------  -------  -----  --------  -------  ----------  -----------  ------  ----------  ---------------  ---------
+attn.prefill  attention  prefill  eager       512  default           1          512       8  default                   8          8
+attn.decode   attention  decode   0,1         512  default           2        1,024       8  default                  16         16
+------------  ---------  -------  -----  --------  -------  ----------  -----------  ------  ----------  ---------------  ---------
+total                                                                3        1,536                                   24         24
+"""  # noqa: E501
 
 
 def run_cli(
     *args: str, cwd: Path, env: dict[str, str] | None = None, python: list[str] | None = None
 ) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in (VAR, "HYDRA_FULL_ERROR")}
+    environ = {
+        k: v for k, v in os.environ.items() if k not in (VAR, INT_VAR, "HYDRA_FULL_ERROR")
+    }
     return subprocess.run(
         [*(python or [sys.executable, "-m", "mstar_resources.cli"]), *args],
         cwd=cwd,
@@ -58,7 +60,9 @@ def test_json_is_one_document_on_stdout_and_nothing_else(tmp_path):
     done = run_cli("format=json", "deployment=llama3-8b-h200", cwd=tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
     report = json.loads(done.stdout)  # fails on anything besides the one document
-    assert list(report) == ["resources", "total_reserved_bytes"]
+    assert list(report) == [
+        "resources", "total_reserved_bytes", "total_int_reserved_bytes", "total_pinned_bytes"
+    ]  # fmt: skip
     assert report["resources"][1] == {
         "path": "attn.decode",
         "owner": "attention",
@@ -71,8 +75,16 @@ def test_json_is_one_document_on_stdout_and_nothing_else(tmp_path):
         "floor_setting": "resources.attn.decode.declared_mb",
         "workspaces": 2,
         "reserved_bytes": 256 * MIB,
+        "int_declared_mb": None,
+        "int_floor_mb": 8,
+        "int_floor_bytes": 8 * MIB,
+        "int_floor_source": "default",
+        "int_floor_setting": "MSTAR_INT_WORKSPACE_BUFFER_MB",
+        "int_reserved_bytes": 16 * MIB,
     }
     assert report["total_reserved_bytes"] == (256 + 256) * MIB
+    # One int workspace a float one, each with its pinned mirror: 3 x 8 MiB on the GPU and host.
+    assert report["total_int_reserved_bytes"] == report["total_pinned_bytes"] == 3 * 8 * MIB
     assert list(tmp_path.iterdir()) == []
 
 
@@ -143,7 +155,7 @@ BAD_INPUT = [
                  r"resources\.attn\.verify\.labels is not set", id="resource-missing-labels"),
     pytest.param(["+resources.attn.decode.size_mb=8"], {},
                  r"resources\.attn\.decode\.size_mb is not a resource setting; a resource takes "
-                 r"owner, declared_mb, labels, cg_slots",
+                 r"owner, declared_mb, int_declared_mb, labels, cg_slots",
                  id="unknown-key-appended"),
     pytest.param(["+resources.attn.decode._target_=os.getcwd"], {},
                  r"resources\.attn\.decode\._target_='os\.getcwd' is not allowed", id="target"),
@@ -243,7 +255,9 @@ def test_device_cuda_without_a_gpu_says_so(tmp_path):
 
 
 def test_a_reader_that_goes_away_ends_it_quietly(tmp_path):
-    environ = {k: v for k, v in os.environ.items() if k not in (VAR, "HYDRA_FULL_ERROR")}
+    environ = {
+        k: v for k, v in os.environ.items() if k not in (VAR, INT_VAR, "HYDRA_FULL_ERROR")
+    }
     process = subprocess.Popen(
         [sys.executable, "-m", "mstar_resources.cli", "format=json"],
         cwd=tmp_path,

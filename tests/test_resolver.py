@@ -26,7 +26,9 @@ PREFILL = "resources.attn.prefill.declared_mb"
 DECODE = "resources.attn.decode.declared_mb"
 JSON_KEYS = [
     "path", "owner", "labels", "cg_slots", "declared_mb", "floor_mb", "floor_bytes",
-    "floor_source", "floor_setting", "workspaces", "reserved_bytes",
+    "floor_source", "floor_setting", "workspaces", "reserved_bytes", "int_declared_mb",
+    "int_floor_mb", "int_floor_bytes", "int_floor_source", "int_floor_setting",
+    "int_reserved_bytes",
 ]  # fmt: skip
 
 
@@ -60,6 +62,12 @@ def test_record_fields_are_the_json_keys_and_derive_their_sizes():
         "floor_setting": DECODE,
         "workspaces": 2,
         "reserved_bytes": 256 * MIB,
+        "int_declared_mb": None,
+        "int_floor_mb": 8,
+        "int_floor_bytes": 8 * MIB,
+        "int_floor_source": "default",
+        "int_floor_setting": "MSTAR_INT_WORKSPACE_BUFFER_MB",
+        "int_reserved_bytes": 16 * MIB,
     }
     assert (prefill.workspaces, prefill.reserved_bytes) == (1, 256 * MIB)  # eager: one per label
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -148,7 +156,7 @@ BAD_TREES = [
     pytest.param(
         {"d": {"labels": ["x"], "size_mb": 8}}, {},
         [r"resources\.d\.size_mb is not a resource setting; a resource takes owner, declared_mb, "
-         r"labels, cg_slots"],
+         r"int_declared_mb, labels, cg_slots"],
         id="unknown-key",
     ),
     pytest.param(

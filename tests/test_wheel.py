@@ -110,12 +110,14 @@ def test_a_fresh_venv_with_the_wheel_composes_the_tree(wheel, tmp_path):
         "prefill": {
             "owner": "attention",
             "declared_mb": 128,
+            "int_declared_mb": None,
             "labels": ["prefill"],
             "cg_slots": [],
         },
         "decode": {
             "owner": "attention",
             "declared_mb": 96,
+            "int_declared_mb": None,
             "labels": ["decode"],
             "cg_slots": [0, 1],
         },

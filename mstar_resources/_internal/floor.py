@@ -1,4 +1,10 @@
-"""Where a workspace's floor comes from: its declared size, else the environment, else 512 MB."""
+"""Where a workspace's floor comes from: its declared size, else the environment, else a default.
+
+Two buffers of a FlashInfer wrapper have floors: the float workspace (``declared_mb``, else
+``MSTAR_WORKSPACE_BUFFER_MB``, else 512 MB) and the int workspace with its pinned host mirror
+(``int_declared_mb``, else ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8 MB, FlashInfer's own size).
+Each :class:`Buffer` says which variable and default are its own.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +17,38 @@ from ..errors import ResourceConfigError
 from ..units import MIB, is_int
 
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
-"""The variable that sets the floor of every workspace whose resource declares none."""
+"""The variable that sets the floor of every float workspace whose resource declares none."""
 
 DEFAULT_MB = 512
-"""The floor when neither a resource nor the environment sets one."""
+"""The float floor when neither a resource nor the environment sets one."""
+
+INT_ENV_VAR = "MSTAR_INT_WORKSPACE_BUFFER_MB"
+"""The variable that sets the floor of every int workspace whose resource declares none."""
+
+INT_DEFAULT_MB = 8
+"""The int floor when neither a resource nor the environment sets one: what each FlashInfer
+wrapper allocates for itself (``torch.empty(8 * 1024 * 1024)`` in its ``__init__``)."""
 
 MAX_MB = 1 << 20
 """The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a
 typo (and would overflow the float that a report divides it by)."""
 
 FloorSource = Literal["declared", "env", "default"]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One kind of workspace buffer: where its floor is read when its resource declares none."""
+
+    kind: Literal["float", "int"]
+    env_var: str
+    default_mb: int
+    declared_key: str
+    """The resource field that declares it."""
+
+
+FLOAT = Buffer("float", ENV_VAR, DEFAULT_MB, "declared_mb")
+INT = Buffer("int", INT_ENV_VAR, INT_DEFAULT_MB, "int_declared_mb")
 
 
 @dataclass(frozen=True)
@@ -37,7 +65,7 @@ class Floor:
         return self.mb * MIB
 
 
-def mb_problem(setting: str, value: object) -> str | None:
+def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> str | None:
     """What is wrong with ``value`` as a floor in MB for ``setting``, or None if it is usable."""
     if is_int(value) and 0 < value <= MAX_MB:
         return None
@@ -49,42 +77,47 @@ def mb_problem(setting: str, value: object) -> str | None:
     return (
         f"{setting}={value!r} is not a positive whole number of MB; declare the workspace's floor "
         f"in MB, at most {MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {setting}=256), or "
-        f"leave it unset for {ENV_VAR} or the default of {DEFAULT_MB}"
+        f"leave it unset for {buffer.env_var} or the default of {buffer.default_mb}"
     )
 
 
 def resolve_floor(
     declared_mb: int | None = None,
     env: Mapping[str, str] | None = None,
-    declared_setting: str = "declared_mb",
+    declared_setting: str | None = None,
+    buffer: Buffer = FLOAT,
 ) -> Floor:
-    """The floor for ``declared_mb`` under ``env`` (``os.environ`` by default).
+    """The floor of a ``buffer`` (the float workspace by default) for ``declared_mb`` under
+    ``env`` (``os.environ`` by default).
 
-    ``declared_setting`` names the setting that declared it, for messages and provenance.
+    ``declared_setting`` names the setting that declared it (by default the resource field,
+    ``declared_mb`` or ``int_declared_mb``), for messages and provenance.
     """
+    declared_setting = declared_setting or buffer.declared_key
+    var = buffer.env_var
     if declared_mb is not None:
-        problem = mb_problem(declared_setting, declared_mb)
+        problem = mb_problem(declared_setting, declared_mb, buffer)
         if problem is not None:
             raise ResourceConfigError(problem)
         return Floor(declared_mb, "declared", declared_setting)
-    raw = (os.environ if env is None else env).get(ENV_VAR, "")
+    raw = (os.environ if env is None else env).get(var, "")
     if not isinstance(raw, str):
         raise ResourceConfigError(
-            f"{ENV_VAR}={raw!r} is not a string; the environment holds strings, so give it as "
-            f"one (e.g. {{{ENV_VAR!r}: '{raw}'}})"
+            f"{var}={raw!r} is not a string; the environment holds strings, so give it as "
+            f"one (e.g. {{{var!r}: '{raw}'}})"
         )
     if raw.strip() == "":
-        return Floor(DEFAULT_MB, "default", ENV_VAR)
+        return Floor(buffer.default_mb, "default", var)
     text = raw.strip()
     # Digits only, and few enough that int() stays cheap: a longer number is out of range anyway.
     value = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
     if value is None or not 0 < value <= MAX_MB:
         raise ResourceConfigError(
-            f"{ENV_VAR}={raw!r} is not a positive whole number of MB; set it to one, at most "
-            f"{MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {ENV_VAR}=256), or unset it for "
-            f"the default of {DEFAULT_MB}"
+            f"{var}={raw!r} is not a positive whole number of MB; set it to one, at most "
+            f"{MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {var}=256), or unset it for "
+            f"the default of {buffer.default_mb}"
         )
-    return Floor(value, "env", ENV_VAR)
+    return Floor(value, "env", var)
 
 
 def _shown(value: int) -> str:

@@ -1,4 +1,4 @@
-"""Reading FlashInfer's report that a plan ran out of float workspace.
+"""Reading FlashInfer's report that a plan ran out of a workspace: the float one or the int one.
 
 FlashInfer's ``AlignedAllocator`` (``include/flashinfer/allocator.h``) throws when a plan's scratch
 does not fit, and the error reaches Python as a plain ``RuntimeError`` whose text is all there is
@@ -9,9 +9,11 @@ to go on. Two forms exist:
 - before 0.2.9: ``Failed to allocate memory for NAME with size N and alignment A in
   AlignedAllocator``
 
-The same allocator serves the int workspace, which growing the float one cannot help. Float
-allocations hold split-KV partial results and are named for them (``batch_decode_tmp_v``,
-``batch_prefill_tmp_s``, ``mla_partial_o``, ``holistic_partial_lse``, ...); int ones hold indices.
+The same allocator serves the int workspace. Float allocations hold split-KV partial results and
+are named for them (``batch_decode_tmp_v``, ``batch_prefill_tmp_s``, ``mla_partial_o``,
+``holistic_partial_lse``, ...); every other name is an int allocation, holding a plan's indices
+(``batch_decode_request_indices``, ``batch_prefill_o_indptr``, ...). :attr:`Overflow.kind` says
+which buffer ran short.
 
 In 0.7.4 (not yet in 0.7.2.post1) the MLA wrapper's ``fa2`` and ``fa3`` backends check the whole
 float workspace before they plan (``flashinfer/mla/_batch_mla/_backends/_fa_common.py``), so an
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from ..units import round_up
 
@@ -47,7 +50,7 @@ _FLOAT_ALLOCATION = re.compile(r"(?:^|_)(?:tmp_[vs]|partial_(?:o|lse))$")
 
 @dataclass(frozen=True)
 class Overflow:
-    """One failed float-workspace allocation, as FlashInfer reported it."""
+    """One failed workspace allocation, as FlashInfer reported it."""
 
     allocation: str
     size: int
@@ -57,6 +60,8 @@ class Overflow:
     whole_buffer: bool = False
     """``size`` is what the whole buffer must hold (MLA's check before it plans), not one
     allocation after those already taken."""
+    kind: Literal["float", "int"] = "float"
+    """Which workspace ran short: ``float`` (split-KV partials) or ``int`` (a plan's indices)."""
 
     def bytes_needed(self, buffer_bytes: int) -> int:
         """The buffer size at which this allocation fits, in a buffer of ``buffer_bytes``.
@@ -70,8 +75,9 @@ class Overflow:
         return round_up(taken, self.alignment) + self.size
 
 
-def parse_float_overflow(error: BaseException) -> Overflow | None:
-    """The float-workspace overflow ``error`` reports, or None if it reports anything else."""
+def parse_overflow(error: BaseException) -> Overflow | None:
+    """The workspace overflow ``error`` reports (float or int), or None if it reports anything
+    else."""
     text = str(error)
     asked = [int(m["size"]) for m in _MLA_PREFLIGHT.finditer(text)]
     if asked:
@@ -85,6 +91,12 @@ def parse_float_overflow(error: BaseException) -> Overflow | None:
     else:
         allocation, size, alignment = match["old_name"], match["old_size"], match["old_alignment"]
         available = None
-    if not _FLOAT_ALLOCATION.search(allocation):
-        return None
-    return Overflow(allocation, int(size), int(alignment), available)
+    kind: Literal["float", "int"] = "float" if _FLOAT_ALLOCATION.search(allocation) else "int"
+    return Overflow(allocation, int(size), int(alignment), available, kind=kind)
+
+
+def parse_float_overflow(error: BaseException) -> Overflow | None:
+    """The float-workspace overflow ``error`` reports, or None if it reports anything else (an
+    int-workspace overflow included)."""
+    overflow = parse_overflow(error)
+    return overflow if overflow is not None and overflow.kind == "float" else None

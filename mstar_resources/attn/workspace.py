@@ -1,4 +1,24 @@
-"""FlashInfer's workspaces: the scratch a plan reserves its split-KV partials in."""
+"""FlashInfer's workspaces: the scratch a plan reserves its split-KV partials in, and the int
+workspace (with its pinned host mirror) it writes its indices to.
+
+What is shared, and on what condition (``docs/workspaces-and-ranks.md`` says it at length):
+
+- A **float workspace** is shared by every wrapper of its (label, cg slot). It holds a plan's
+  split-KV partials, written and read within one run, so wrappers that run one after another on
+  one stream can share it.
+- An **int workspace** is shared by the same wrappers, on one condition: each wrapper is planned
+  right before it runs, and no other plan on that int workspace comes between its plan and its
+  run (or its graph's replay). It holds the plan's indices from the plan to the run, and a graph
+  replays over its fixed addresses. vLLM and SGLang plan their decode wrapper of a graph size
+  right before each replay, one wrapper a step; a wrapper that plans several levels before it
+  runs them (FlashInfer's cascade) cannot share, and :meth:`WorkspacePool.install` refuses it.
+- Its **pinned mirror** is shared with it: a plan writes its indices there, then queues an
+  asynchronous copy to the int workspace. A second plan that wrote the mirror before that copy
+  ran would hand the first wrapper the second's indices, so :meth:`Workspace.plan` waits for the
+  previous plan's copy from the mirror before it plans (a CUDA event, recorded after each plan).
+  That is enforced for every plan made through :meth:`Workspace.plan`; a plan called on the
+  wrapper directly skips it.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from .._internal.floor import ENV_VAR, Floor, resolve_floor
+from .._internal.floor import ENV_VAR, INT, Floor, resolve_floor
 from .._internal.limits import name_problem
 from ..errors import (
     ResourceConfigError,
@@ -19,12 +39,13 @@ from ..errors import (
     WorkspaceShortError,
 )
 from ..units import ALIGNMENT, counted, is_int, mb_to_hold
-from ._overflow import Overflow, parse_float_overflow
+from ._overflow import Overflow, parse_overflow
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = [
+    "IntWorkspace",
     "Workspace",
     "WorkspaceGrowthError",
     "WorkspacePool",
@@ -52,6 +73,14 @@ class WorkspaceGrowthError(WorkspaceShortError, torch.OutOfMemoryError):
     asked for; ``setting``: reserving it up front, or lowering it, is the fix).
     """
 
+
+_FLOAT_BUFFER, _INT_BUFFER, _PINNED_MIRROR = (
+    "_float_workspace_buffer",
+    "_int_workspace_buffer",
+    "_pin_memory_int_workspace_buffer",
+)
+"""Where every FlashInfer attention wrapper keeps its buffers (0.6 and 0.7: decode, paged and
+ragged prefill, POD, MLA); each plan reads the three as they are then."""
 
 _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """How torch's CPU allocator says it ran out (``c10/core/impl/alloc_cpu.cpp``): a plain
@@ -84,6 +113,8 @@ class WorkspaceStats:
     sealed: bool
     grown_to_agree_bytes: int = 0
     """Bytes added at a group seal to match what other ranks hold (0 without a group)."""
+    kind: str = "float"
+    """``float`` or ``int`` (an :class:`IntWorkspace`, whose pinned mirror holds as many)."""
 
     def __str__(self) -> str:
         grown = (
@@ -122,7 +153,15 @@ class Workspace:
         sealed: start sealed.
         floor: the setting (config key or environment variable) that sizes this workspace's
             floor; errors and logs name it as the one to raise.
+        int_workspace: the int workspace the same wrappers plan their indices into (keyword
+            only). Given, a plan through :meth:`plan` that overflows it grows it too, and waits
+            for the previous plan's copy from its pinned mirror; :meth:`seal` seals it. None:
+            each wrapper keeps the int buffer it made, and an int overflow reaches the caller.
     """
+
+    kind = "float"
+    _answer_index = 0
+    """Where this kind's bytes are in ``workspace_size()``'s answer (float bytes, int bytes)."""
 
     def __init__(
         self,
@@ -130,6 +169,8 @@ class Workspace:
         name: str,
         sealed: bool = False,
         floor: str = ENV_VAR,
+        *,
+        int_workspace: IntWorkspace | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ResourceConfigError(
@@ -162,6 +203,17 @@ class Workspace:
         self._times_grown = 0
         self._largest_growth: tuple[int, str | None] = (0, None)  # (bytes added, allocation)
         self._grown_to_agree = 0  # bytes added to match other ranks at a group seal
+        if int_workspace is not None and not isinstance(int_workspace, IntWorkspace):
+            raise ResourceConfigError(
+                f"workspace {name!r}: int_workspace={int_workspace!r} must be an IntWorkspace "
+                "(or None: each wrapper keeps its own)"
+            )
+        self._int = int_workspace
+
+    @property
+    def int_workspace(self) -> IntWorkspace | None:
+        """The int workspace the wrappers on this one plan into (None: each keeps its own)."""
+        return self._int
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -189,54 +241,86 @@ class Workspace:
 
     def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``plan(*args, **kwargs)``. One that runs short of room grows this workspace to the bytes
-        it had taken plus the allocation that failed, and runs again.
+        it had taken plus the allocation that failed, and runs again; so does one that runs short
+        of the :attr:`int_workspace`, which grows it (and its pinned mirror) the same way.
 
         MLA's check of the whole buffer before it plans (FlashInfer 0.7.4) counts as running
-        short too, and grows the workspace to what it asked for. Any other error, an
-        int-workspace overflow included, reaches the caller unchanged.
+        short too, and grows the workspace to what it asked for. Any other error (an int overflow
+        without an int workspace included) reaches the caller unchanged.
+
+        With an int workspace, the plan first waits until the copy queued by the previous plan
+        from its pinned mirror has run (see the module's notes on sharing).
         """
         growths, last = 0, None
+        mirrored = self._mirrored()
         while True:
-            have = self._tensor.numel()  # what the plan sees, whatever another thread does
+            # What the plan sees, whatever another thread does.
+            have = {kind: workspace._tensor.numel() for kind, workspace in self._by_kind()}
+            if mirrored is not None:
+                mirrored._wait_for_last_copy()
             try:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-                overflow = parse_float_overflow(error)
-                # An allocator with more room than this buffer holds was not allocating from it.
-                if overflow is None or (overflow.available or 0) > have:
+                overflow = parse_overflow(error)
+                short = self._short_of(overflow, have)
+                if short is None or overflow is None:
                     raise
-                if self._sealed:
-                    whole = _whole_plan_need(plan, args, kwargs)
-                    raise self._sealed_error(overflow, whole) from error
+                planned_on = have[short.kind]
+                if short._sealed:
+                    whole = _whole_plan_need(plan, args, kwargs, short._answer_index)
+                    raise short._sealed_error(overflow, whole) from error
                 if overflow == last:
                     raise WorkspacePlanError(
-                        f"workspace {self._name!r} grew to {have:,} bytes, yet the plan reports "
-                        f"the same overflow again ({overflow.allocation}, {overflow.size:,} "
-                        "bytes): it does not plan on this workspace's tensor; build the wrapper "
-                        "on workspace.tensor",
-                        workspace=self._name,
-                        held_bytes=have,
+                        f"workspace {short._name!r} grew to {planned_on:,} bytes, yet the plan "
+                        f"reports the same overflow again ({overflow.allocation}, "
+                        f"{overflow.size:,} bytes): it does not plan on this workspace's tensor; "
+                        f"{short._build_advice}",
+                        workspace=short._name,
+                        held_bytes=planned_on,
                     ) from error
                 if growths == MAX_GROWTHS_PER_PLAN:
                     raise WorkspacePlanError(
-                        f"workspace {self._name!r}: the plan still overflows after "
-                        f"{MAX_GROWTHS_PER_PLAN} growths (now {have:,} bytes, "
+                        f"workspace {short._name!r}: the plan still overflows after "
+                        f"{MAX_GROWTHS_PER_PLAN} growths (now {planned_on:,} bytes, "
                         f"{overflow.allocation} asked for {overflow.size:,} more); "
                         "the planner does not converge",
-                        workspace=self._name,
-                        held_bytes=have,
+                        workspace=short._name,
+                        held_bytes=planned_on,
                     ) from error
-                self._grow(overflow, have, error)
+                short._grow(overflow, planned_on, error)
                 growths, last = growths + 1, overflow
             else:
+                if mirrored is not None:
+                    mirrored._copy_queued()
                 if self._tensor.numel() != self._floor_bytes:  # grown, here or by another plan
                     _refresh_recorded_size(plan, self._tensor)
                 return planned
 
+    _build_advice = "build the wrapper on workspace.tensor (or with WorkspacePool.build)"
+
+    def _short_of(self, overflow: Overflow | None, have: dict[str, int]) -> Workspace | None:
+        """The workspace here that ``overflow`` ran short of, or None (not one of ours)."""
+        short = None if overflow is None else dict(self._by_kind()).get(overflow.kind)
+        # An allocator with more room than this buffer holds was not allocating from it.
+        if short is None or overflow is None or (overflow.available or 0) > have[short.kind]:
+            return None
+        return short
+
+    def _by_kind(self) -> list[tuple[str, Workspace]]:
+        """The workspaces a plan through this one may grow, by the kind of overflow."""
+        return [(self.kind, self)] + ([] if self._int is None else [(self._int.kind, self._int)])
+
+    def _mirrored(self) -> IntWorkspace | None:
+        """The int workspace whose pinned mirror a plan through this one writes."""
+        return self._int
+
     def seal(self) -> None:
-        """Keep this buffer's address from now on: graphs are about to be captured over it."""
+        """Keep this buffer's address from now on, and its int workspace's: graphs are about to
+        be captured over them."""
         with self._lock:
             self._sealed = True
+        if self._int is not None:
+            self._int.seal()
 
     def stats(self) -> WorkspaceStats:
         """A snapshot of this workspace: bytes now, floor, growth history, sealed or not."""
@@ -252,6 +336,7 @@ class Workspace:
                 allocation,
                 self._sealed,
                 self._grown_to_agree,
+                self.kind,
             )
 
     def _sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceSealedError:
@@ -318,6 +403,8 @@ class Workspace:
         ``False`` lifts it again, when the agreement failed and nothing was sealed."""
         with self._lock:
             self._sealing = sealing
+        if self._int is not None:
+            self._int._begin_sealing(sealing)
 
     def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
         """Grow to ``nbytes``, what ``ranks`` hold of this workspace; returns the bytes added."""
@@ -362,6 +449,113 @@ class Workspace:
         grown[have:].zero_()
         self._tensor.set_(grown.untyped_storage())
         return need - have
+
+
+class IntWorkspace(Workspace):
+    """One FlashInfer int workspace and its pinned host mirror: where a plan writes its indices
+    (on the host, then copied to the GPU), and where the wrapper's run and its graph read them.
+
+    It grows and seals as a float workspace does, on an int allocation that does not fit, and its
+    mirror always holds as many bytes as it does: FlashInfer sizes the plan's int allocator by the
+    GPU buffer and writes the mirror at the same offsets. Usually made by a pool with its float
+    workspace (:attr:`Workspace.int_workspace`) and handed to wrappers by
+    :meth:`WorkspacePool.build` or :meth:`WorkspacePool.install`.
+
+    Args:
+        tensor: the GPU buffer, 1-D ``torch.uint8``.
+        name: how errors and logs refer to it, e.g. ``attention:decode:cg0:int``.
+        sealed: start sealed.
+        floor: the setting that sizes its floor (``MSTAR_INT_WORKSPACE_BUFFER_MB`` by default).
+        mirror: its host mirror (keyword only): a 1-D ``torch.uint8`` CPU tensor of the same
+            bytes, pinned where ``tensor`` is on a GPU. Default: a fresh one.
+    """
+
+    kind = "int"
+    _answer_index = 1
+    _build_advice = "give the wrapper this int workspace with WorkspacePool.install"
+
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        name: str,
+        sealed: bool = False,
+        floor: str = INT.env_var,
+        *,
+        mirror: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(tensor, name, sealed, floor)
+        if mirror is None:
+            mirror = _host_mirror(tensor.numel(), tensor)
+        elif not (
+            isinstance(mirror, torch.Tensor)
+            and mirror.device.type == "cpu"
+            and mirror.dtype == torch.uint8
+            and mirror.dim() == 1
+            and mirror.numel() == tensor.numel()
+            and (mirror.is_pinned() or not tensor.is_cuda)
+        ):
+            raise ResourceConfigError(
+                f"int workspace {name!r}: mirror must be a 1-D torch.uint8 CPU tensor of "
+                f"{tensor.numel():,} bytes, pinned where the workspace is on a GPU (or None: one "
+                "is made)"
+            )
+        self._mirror = mirror
+        self._last_copy: torch.cuda.Event | None = None
+        """Recorded after each plan: the copy it queued from the mirror has run once it has."""
+
+    @property
+    def mirror(self) -> torch.Tensor:
+        """The pinned host buffer a plan writes its indices to before they are copied to
+        :attr:`tensor`: the same object, and as many bytes, for the workspace's whole life."""
+        return self._mirror
+
+    def _by_kind(self) -> list[tuple[str, Workspace]]:
+        return [(self.kind, self)]
+
+    def _mirrored(self) -> IntWorkspace | None:
+        return self
+
+    def _wait_for_last_copy(self) -> None:
+        """Wait for the copy the previous plan queued from the mirror, before a plan rewrites it."""
+        if self._last_copy is not None:
+            self._last_copy.synchronize()
+
+    def _copy_queued(self) -> None:
+        """Mark where the plan just made queued its copy from the mirror (the current stream)."""
+        if self._tensor.is_cuda:
+            if self._last_copy is None:
+                self._last_copy = torch.cuda.Event()
+            self._last_copy.record(torch.cuda.current_stream(self._tensor.device))
+
+    def _resize(self, need: int, cause: str) -> int:
+        """Grow the GPU buffer and the mirror together; if either cannot be had, both keep their
+        buffers. The caller holds the lock."""
+        have = self._tensor.numel()
+        if have >= need:
+            return 0
+        try:
+            grown_mirror = _host_mirror(need, self._tensor)
+        except RuntimeError as error:
+            if not _is_out_of_memory(error) and "out of memory" not in str(error):
+                raise
+            raise WorkspaceGrowthError(
+                f"int workspace {self._name!r}: could not grow its pinned host mirror from "
+                f"{have:,} to {need:,} bytes for {cause}; both keep their {have:,}-byte buffers. "
+                f"Set {self._floor} so the workspace is reserved up front. ({error})",
+                workspace=self._name,
+                held_bytes=have,
+                needed_bytes=need,
+                setting=self._floor,
+            ) from error
+        added = super()._resize(need, cause)  # waits for every stream: no copy still reads it
+        self._mirror.set_(grown_mirror.untyped_storage())
+        return added
+
+
+def _host_mirror(nbytes: int, like: torch.Tensor) -> torch.Tensor:
+    """A host buffer of ``nbytes`` for an int workspace like ``like``: pinned where ``like`` is on
+    a GPU (an asynchronous copy needs it), plain memory on a CPU (where nothing is pinned)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=like.is_cuda)
 
 
 def _device(device: object) -> torch.device:
@@ -421,19 +615,22 @@ def _refresh_recorded_size(plan: Callable[..., Any], tensor: torch.Tensor) -> No
             attributes["_workspace_size"] = now
 
 
-def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any) -> int | None:
-    """What the whole plan needs, where its FlashInfer wrapper can say without planning.
+def _whole_plan_need(
+    plan: Callable[..., Any], args: Any, kwargs: Any, index: int = 0
+) -> int | None:
+    """What the whole plan needs of one buffer (``index`` 0: float, 1: int), where its FlashInfer
+    wrapper can say without planning.
 
-    Decode and paged-prefill wrappers answer ``workspace_size()`` (float bytes first) with the
-    arguments of ``plan()``; anything else, or any failure, gives None. Asked only on the way to a
-    sealed error, never on a plan that fits.
+    Decode and paged-prefill wrappers answer ``workspace_size()`` (float bytes, int bytes) with
+    the arguments of ``plan()``; anything else, or any failure, gives None. Asked only on the way
+    to a sealed error, never on a plan that fits.
     """
     query = getattr(getattr(plan, "__self__", None), "workspace_size", None)
     if not callable(query):
         return None
     try:
         answer = query(*args, **kwargs)
-        need = answer[0] if isinstance(answer, tuple) else answer
+        need = answer[index] if isinstance(answer, tuple) else (answer if index == 0 else None)
     except Exception:  # not this wrapper's arguments, or no query for its backend
         return None
     return need if is_int(need) else None
@@ -447,14 +644,23 @@ class WorkspacePool:
     ``MSTAR_WORKSPACE_BUFFER_MB``, else 512) on ``device``. ``owner`` names the resource in what a
     workspace reports.
 
+    Each key also holds an int workspace and its pinned host mirror (:class:`IntWorkspace`, at the
+    floor ``int_size_mb`` resolves to: else ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8), which the
+    wrappers of the key share in place of the 8 MiB pair each FlashInfer wrapper makes for
+    itself. :meth:`build` makes a wrapper on both; :meth:`install` gives them to one an engine
+    made. See the module's notes for when sharing them is safe.
+
     A pool built from a declared resource (see :func:`mstar_resources.build_pools`) says so with
     the keyword-only arguments:
 
     Args:
+        int_size_mb: the floor of each int workspace, in MB (None: the variable, else 8).
         config_key: the resource's key in the config, e.g. ``resources.attn.decode``. Its
-            ``declared_mb`` is then the setting that ``size_mb`` came from, and errors point there.
+            ``declared_mb`` and ``int_declared_mb`` are then the settings that ``size_mb`` and
+            ``int_size_mb`` came from, and errors point there.
         serves: the (label, cg slot) pairs the pool hands out; None (the default) serves any.
-        env: where ``MSTAR_WORKSPACE_BUFFER_MB`` is read (``os.environ`` by default).
+        env: where ``MSTAR_WORKSPACE_BUFFER_MB`` and ``MSTAR_INT_WORKSPACE_BUFFER_MB`` are read
+            (``os.environ`` by default).
     """
 
     def __init__(
@@ -463,6 +669,7 @@ class WorkspacePool:
         size_mb: int | None = None,
         owner: str = "attention",
         *,
+        int_size_mb: int | None = None,
         config_key: str | None = None,
         serves: Iterable[tuple[str, int | None]] | None = None,
         env: Mapping[str, str] | None = None,
@@ -479,6 +686,9 @@ class WorkspacePool:
         self.config_key = config_key
         setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
         self._floor: Floor = resolve_floor(size_mb, env, setting)
+        self.int_size_mb = int_size_mb
+        int_setting = "int_size_mb" if config_key is None else f"{config_key}.int_declared_mb"
+        self._int_floor: Floor = resolve_floor(int_size_mb, env, int_setting, INT)
         self._serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
         for label, cg_slot in self._serves or ():
             self._check_key(label, cg_slot)
@@ -507,6 +717,11 @@ class WorkspacePool:
         """The bytes each workspace starts with."""
         return self._floor.bytes
 
+    @property
+    def int_floor_bytes(self) -> int:
+        """The bytes each int workspace, and its pinned mirror, starts with."""
+        return self._int_floor.bytes
+
     def get(self, label: str, cg_slot: int | None = None) -> Workspace:
         """The workspace of plans labelled ``label`` in CUDA-graph slot ``cg_slot`` (None: eager),
         made on first use. Safe to call from several threads: one key never gets two."""
@@ -532,8 +747,64 @@ class WorkspacePool:
 
     @property
     def held_bytes(self) -> int:
-        """The bytes of every workspace made so far."""
+        """The bytes of every float workspace made so far."""
         return sum(workspace.tensor.numel() for workspace in self.workspaces().values())
+
+    @property
+    def int_held_bytes(self) -> int:
+        """The GPU bytes of every int workspace made so far; their pinned mirrors on the host hold
+        as many."""
+        return sum(w.tensor.numel() for w in self.int_workspaces().values())
+
+    def int_workspaces(self) -> dict[tuple[str, int | None], IntWorkspace]:
+        """The int workspaces made so far, by (label, cg slot)."""
+        return {key: w.int_workspace for key, w in self.workspaces().items() if w.int_workspace}
+
+    def build(
+        self,
+        wrapper_class: Callable[..., T],
+        *args: Any,
+        label: str,
+        cg_slot: int | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """``wrapper_class(float workspace, *args, **kwargs)``: a FlashInfer wrapper built on the
+        float workspace of (``label``, ``cg_slot``) and given its int workspace and pinned mirror
+        (:meth:`install`). Plan it through ``pool.get(label, cg_slot).plan``::
+
+            decode = pool.build(flashinfer.BatchDecodeWithPagedKVCacheWrapper, "NHD",
+                                label="decode", cg_slot=0, use_cuda_graph=True, ...)
+            pool.get("decode", 0).plan(decode.plan, indptr, indices, last_page_len, ...)
+        """
+        workspace = self.get(label, cg_slot)
+        wrapper = wrapper_class(workspace.tensor, *args, **kwargs)
+        self.install(wrapper, label, cg_slot)
+        return wrapper
+
+    def install(self, wrapper: Any, label: str, cg_slot: int | None = None) -> None:
+        """Give ``wrapper``, a FlashInfer wrapper built on the float workspace of (``label``,
+        ``cg_slot``), that key's int workspace and pinned mirror in place of its own (which it
+        then drops). Its plans must go through that float workspace's :meth:`Workspace.plan`,
+        each right before the wrapper runs (the module's notes say why)."""
+        workspace = self.get(label, cg_slot)
+        int_workspace = workspace.int_workspace
+        assert int_workspace is not None  # every workspace of a pool has one
+        name = type(wrapper).__name__
+        own = getattr(wrapper, "__dict__", {})
+        if not all(isinstance(own.get(a), torch.Tensor) for a in (_INT_BUFFER, _PINNED_MIRROR)):
+            raise ResourceConfigError(
+                f"{self._name(label, cg_slot)}: a {name} keeps no int workspace of its own to "
+                "replace; build the wrappers it holds with WorkspacePool.build (a cascade "
+                "wrapper plans all its levels before it runs them, so they cannot share one)"
+            )
+        if own.get(_FLOAT_BUFFER) is not workspace.tensor:
+            raise ResourceConfigError(
+                f"{self._name(label, cg_slot)}: the {name} was built on another float buffer; "
+                f"build it on pool.get({label!r}, {cg_slot}).tensor, or with WorkspacePool.build"
+            )
+        # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
+        own[_INT_BUFFER] = int_workspace.tensor
+        own[_PINNED_MIRROR] = int_workspace.mirror
 
     def seal(self, *, group: ProcessGroup | None = None) -> None:
         """The workspaces here keep their addresses from now on, for the graphs about to be
@@ -607,19 +878,27 @@ class WorkspacePool:
             return dict(self._workspaces)
 
     def stats(self) -> list[WorkspaceStats]:
-        """One snapshot per workspace made so far, in the order they were made."""
+        """One snapshot per float workspace made so far, in the order they were made."""
         return [workspace.stats() for workspace in self.workspaces().values()]
 
+    def int_stats(self) -> list[WorkspaceStats]:
+        """One snapshot per int workspace made so far, in the order they were made."""
+        return [workspace.stats() for workspace in self.int_workspaces().values()]
+
     def summary(self) -> str:
-        """A few lines an engine can log at seal time: the total, then one line per workspace."""
-        stats = self.stats()
+        """A few lines an engine can log at seal time: the totals, then one line per workspace."""
+        stats, int_stats = self.stats(), self.int_stats()
         total = sum(s.bytes for s in stats)
         floors = sum(s.floor_bytes for s in stats)
+        int_total = sum(s.bytes for s in int_stats)
+        int_floors = sum(s.floor_bytes for s in int_stats)
         head = (
             f"{self.owner}: {counted(len(stats), 'workspace')}, {total:,} bytes "
-            f"({total - floors:+,} over their floors), {'sealed' if self._sealed else 'growable'}"
+            f"({total - floors:+,} over their floors), {'sealed' if self._sealed else 'growable'}; "
+            f"their int workspaces {int_total:,} bytes ({int_total - int_floors:+,}), and as "
+            "many pinned on the host"
         )
-        return "\n".join([head, *(f"  {s}" for s in stats)])
+        return "\n".join([head, *(f"  {s}" for s in [*stats, *int_stats])])
 
     def _check_key(self, label: str, cg_slot: int | None) -> None:
         if not isinstance(label, str) or not label.strip():
@@ -654,28 +933,46 @@ class WorkspacePool:
 
     def _make(self, label: str, cg_slot: int | None) -> Workspace:
         name = self._name(label, cg_slot)
-        size = self._floor.bytes
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ResourceConfigError(
                 f"workspace {name!r} is made on {self.device}, and torch sees no CUDA device "
                 "(torch.cuda.is_available() is False); make the pools on 'cpu' to plan without "
                 "a GPU"
             )
+        int_name = f"{name}:int"
+        int_tensor = self._allocate(int_name, self._int_floor)
         try:
-            # Zeroed: FlashInfer asks for a zeroed workspace (some backends keep semaphores in it).
-            tensor = torch.zeros(size, dtype=torch.uint8, device=self.device)
+            mirror = _host_mirror(int_tensor.numel(), int_tensor)
         except RuntimeError as error:
-            if not _is_out_of_memory(error):
+            if not _is_out_of_memory(error) and "out of memory" not in str(error):
                 raise
-            raise WorkspaceGrowthError(
-                f"workspace {name!r}: could not allocate its floor of {size:,} bytes on "
-                f"{self.device}; lower {self._floor.setting} (now {self._floor.mb} MB). ({error})",
-                workspace=name,
-                held_bytes=0,
-                needed_bytes=size,
-                setting=self._floor.setting,
-            ) from error
-        workspace = Workspace(tensor, name, sealed=self._sealed, floor=self._floor.setting)
+            raise self._short(int_name, self._int_floor, error, "pinned host memory") from error
+        int_workspace = IntWorkspace(
+            int_tensor, int_name, self._sealed, self._int_floor.setting, mirror=mirror
+        )
+        tensor = self._allocate(name, self._floor)
+        workspace = Workspace(
+            tensor, name, self._sealed, self._floor.setting, int_workspace=int_workspace
+        )
         if self._sealing:
             workspace._begin_sealing()
         return workspace
+
+    def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
+        try:
+            # Zeroed: FlashInfer asks for a zeroed workspace (some backends keep semaphores in it).
+            return torch.zeros(floor.bytes, dtype=torch.uint8, device=self.device)
+        except RuntimeError as error:
+            if not _is_out_of_memory(error):
+                raise
+            raise self._short(name, floor, error, str(self.device)) from error
+
+    def _short(self, name: str, floor: Floor, error: Exception, where: str) -> WorkspaceGrowthError:
+        return WorkspaceGrowthError(
+            f"workspace {name!r}: could not allocate its floor of {floor.bytes:,} bytes on "
+            f"{where}; lower {floor.setting} (now {floor.mb} MB). ({error})",
+            workspace=name,
+            held_bytes=0,
+            needed_bytes=floor.bytes,
+            setting=floor.setting,
+        )

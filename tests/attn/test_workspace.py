@@ -505,10 +505,15 @@ def test_pool_summary_is_logged_at_seal(caplog):
         pool.seal()
     assert caplog.messages == [pool.summary()]
     assert pool.summary().splitlines() == [
-        "llama: 2 workspaces, 4,194,304 bytes (+2,097,152 over their floors), sealed",
+        "llama: 2 workspaces, 4,194,304 bytes (+2,097,152 over their floors), sealed; their "
+        "int workspaces 16,777,216 bytes (+0), and as many pinned on the host",
         "  llama:decode:cg0: 3,145,728 bytes (floor 1,048,576 from size_mb), grew 1x, "
         "largest +2,097,152 for batch_decode_tmp_v, sealed",
         "  llama:prefill: 1,048,576 bytes (floor 1,048,576 from size_mb), never grew, sealed",
+        "  llama:decode:cg0:int: 8,388,608 bytes (floor 8,388,608 from "
+        "MSTAR_INT_WORKSPACE_BUFFER_MB), never grew, sealed",
+        "  llama:prefill:int: 8,388,608 bytes (floor 8,388,608 from "
+        "MSTAR_INT_WORKSPACE_BUFFER_MB), never grew, sealed",
     ]
 
 
