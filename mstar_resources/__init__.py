@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .attn.workspace import (
+        IntWorkspace,
         Workspace,
         WorkspaceGrowthError,
         WorkspacePool,
@@ -32,6 +33,7 @@ __all__ = [
     "ResolvedResource",
     "ResourceConfigError",
     "ResourceError",
+    "IntWorkspace",
     "Workspace",
     "WorkspaceAgreementError",
     "WorkspaceGrowthError",
@@ -51,6 +53,7 @@ _HOMES = {
     "ResolvedResource": ".resolver",
     "ResourceConfigError": ".errors",
     "ResourceError": ".errors",
+    "IntWorkspace": ".attn.workspace",
     "Workspace": ".attn.workspace",
     "WorkspaceAgreementError": ".errors",
     "WorkspaceGrowthError": ".attn.workspace",

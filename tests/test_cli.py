@@ -30,9 +30,7 @@ total                                                                3        1,
 def run_cli(
     *args: str, cwd: Path, env: dict[str, str] | None = None, python: list[str] | None = None
 ) -> subprocess.CompletedProcess:
-    environ = {
-        k: v for k, v in os.environ.items() if k not in (VAR, INT_VAR, "HYDRA_FULL_ERROR")
-    }
+    environ = {k: v for k, v in os.environ.items() if k not in (VAR, INT_VAR, "HYDRA_FULL_ERROR")}
     return subprocess.run(
         [*(python or [sys.executable, "-m", "mstar_resources.cli"]), *args],
         cwd=cwd,
@@ -167,6 +165,17 @@ BAD_INPUT = [
     pytest.param([], {VAR: str(10**20)},
                  rf"MSTAR_WORKSPACE_BUFFER_MB='{10**20}' is not a positive whole number of MB",
                  id="variable-beyond-any-gpu"),
+    pytest.param(["resources.attn.decode.int_declared_mb=0"], {},
+                 r"resources\.attn\.decode\.int_declared_mb=0 is not a positive whole number of "
+                 r"MB; .* or leave it unset for MSTAR_INT_WORKSPACE_BUFFER_MB or the default of 8",
+                 id="int-declared-zero"),
+    pytest.param(["resources.attn.decode.int_declared_mb=half"], {},
+                 r"resources\.attn\.decode\.int_declared_mb='half' is not valid",
+                 id="int-declared-wrong-type"),
+    pytest.param([], {INT_VAR: "-1"},
+                 r"MSTAR_INT_WORKSPACE_BUFFER_MB='-1' is not a positive whole number of MB; .* "
+                 r"or unset it for the default of 8",
+                 id="bad-int-variable"),
     pytest.param(["deployment=llama3-8b-h100"], {},
                  r"deployment=llama3-8b-h100 is not a deployment \(did you mean "
                  rf"llama3-8b-h200\?\); pick one of {DEPLOYMENTS}, llama3-8b-h200_calibrated, none",
@@ -255,9 +264,7 @@ def test_device_cuda_without_a_gpu_says_so(tmp_path):
 
 
 def test_a_reader_that_goes_away_ends_it_quietly(tmp_path):
-    environ = {
-        k: v for k, v in os.environ.items() if k not in (VAR, INT_VAR, "HYDRA_FULL_ERROR")
-    }
+    environ = {k: v for k, v in os.environ.items() if k not in (VAR, INT_VAR, "HYDRA_FULL_ERROR")}
     process = subprocess.Popen(
         [sys.executable, "-m", "mstar_resources.cli", "format=json"],
         cwd=tmp_path,

@@ -245,3 +245,41 @@ class FakePrefillWrapper:
 
     def plan(self, *args: object, **kwargs: object) -> tuple[tuple[object, ...], dict]:
         return self._planner(*args, **kwargs)
+
+
+class FakeWrapper:
+    """Keeps its buffers as FlashInfer's attention wrappers do: the float workspace it is built
+    on, and an int workspace with a host mirror of its own (``_int_workspace_buffer``,
+    ``_pin_memory_int_workspace_buffer``). Its plan allocates ``int_allocations`` from the int
+    buffer (the allocator sized by it, as FlashInfer's), writes each to the mirror at the same
+    offset, then allocates ``float_allocations`` from the float buffer."""
+
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        int_allocations: list[tuple[str, int, int]] = (),  # type: ignore[assignment]
+        float_allocations: list[tuple[str, int, int]] = (),  # type: ignore[assignment]
+        int_bytes: int = 1 << 16,
+    ) -> None:
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = torch.empty(int_bytes, dtype=torch.uint8)
+        self._pin_memory_int_workspace_buffer = torch.empty(int_bytes, dtype=torch.uint8)
+        self.int_allocations = list(int_allocations)
+        self.float_allocations = list(float_allocations)
+        self.plans = 0
+
+    def plan(self, *args: object, **kwargs: object) -> None:
+        self.plans += 1
+        FakePlanner(self._int_workspace_buffer, self.int_allocations)()
+        mirror = self._pin_memory_int_workspace_buffer
+        end = FakePlanner(self._int_workspace_buffer, self.int_allocations).bytes_needed()
+        # FlashInfer never checks the mirror's size: a short one would be overrun on the host.
+        assert mirror.numel() >= end, "the plan wrote past its host mirror"
+        mirror[:end] = self.plans % 251
+        FakePlanner(self._float_workspace_buffer, self.float_allocations)()
+
+    def workspace_size(self, *args: object, **kwargs: object) -> tuple[int, int]:
+        return (
+            FakePlanner(self._float_workspace_buffer, self.float_allocations).bytes_needed(),
+            FakePlanner(self._int_workspace_buffer, self.int_allocations).bytes_needed(),
+        )
