@@ -30,10 +30,10 @@ if TYPE_CHECKING:
     from .resolver import ResolvedResource, build_pools, pools_of, resolve
 
 __all__ = [
+    "IntWorkspace",
     "ResolvedResource",
     "ResourceConfigError",
     "ResourceError",
-    "IntWorkspace",
     "Workspace",
     "WorkspaceAgreementError",
     "WorkspaceGrowthError",

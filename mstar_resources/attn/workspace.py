@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -79,8 +79,10 @@ _FLOAT_BUFFER, _INT_BUFFER, _PINNED_MIRROR = (
     "_int_workspace_buffer",
     "_pin_memory_int_workspace_buffer",
 )
-"""Where every FlashInfer attention wrapper keeps its buffers (0.6 and 0.7: decode, paged and
-ragged prefill, POD, MLA); each plan reads the three as they are then."""
+"""Where FlashInfer's attention wrappers keep their buffers (0.6 and 0.7: decode, paged and ragged
+prefill, POD; MLA in 0.6, and in 0.7 only after a plan made its own); each plan reads the three as
+they are then."""
+_OWN_INT = (_INT_BUFFER, _PINNED_MIRROR)
 
 _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """How torch's CPU allocator says it ran out (``c10/core/impl/alloc_cpu.cpp``): a plain
@@ -558,6 +560,32 @@ def _host_mirror(nbytes: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=like.is_cuda)
 
 
+def own_buffers(wrapper: Any) -> dict[str, Any] | None:
+    """``wrapper``'s attributes, where it keeps an int workspace and a host mirror of its own as
+    FlashInfer's wrappers do; None where it keeps none (a cascade wrapper, FlashInfer 0.7's MLA
+    wrapper before its first plan)."""
+    own = getattr(wrapper, "__dict__", None)
+    if own is None or not all(isinstance(own.get(a), torch.Tensor) for a in _OWN_INT):
+        return None
+    return cast(dict[str, Any], own)
+
+
+def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> bool:
+    """Give ``wrapper`` the int workspace of ``workspace`` and its mirror, in place of its own;
+    False (and ``wrapper`` left as it is) where it keeps none to replace (:func:`own_buffers`).
+    ``where`` names the key in errors."""
+    own = own_buffers(wrapper)
+    int_workspace = workspace.int_workspace
+    if int_workspace is None:
+        raise ResourceConfigError(f"{where}: workspace {workspace.name!r} has no int workspace")
+    if own is None:
+        return False
+    # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
+    own[_INT_BUFFER] = int_workspace.tensor
+    own[_PINNED_MIRROR] = int_workspace.mirror
+    return True
+
+
 def _device(device: object) -> torch.device:
     """``device`` as a torch device, or the library's error saying why not."""
     try:
@@ -786,25 +814,20 @@ class WorkspacePool:
         ``cg_slot``), that key's int workspace and pinned mirror in place of its own (which it
         then drops). Its plans must go through that float workspace's :meth:`Workspace.plan`,
         each right before the wrapper runs (the module's notes say why)."""
+        where = self._name(label, cg_slot)
         workspace = self.get(label, cg_slot)
-        int_workspace = workspace.int_workspace
-        assert int_workspace is not None  # every workspace of a pool has one
-        name = type(wrapper).__name__
-        own = getattr(wrapper, "__dict__", {})
-        if not all(isinstance(own.get(a), torch.Tensor) for a in (_INT_BUFFER, _PINNED_MIRROR)):
+        if own_buffers(wrapper) is None:
             raise ResourceConfigError(
-                f"{self._name(label, cg_slot)}: a {name} keeps no int workspace of its own to "
+                f"{where}: a {type(wrapper).__name__} keeps no int workspace of its own to "
                 "replace; build the wrappers it holds with WorkspacePool.build (a cascade "
                 "wrapper plans all its levels before it runs them, so they cannot share one)"
             )
-        if own.get(_FLOAT_BUFFER) is not workspace.tensor:
+        if getattr(wrapper, _FLOAT_BUFFER, None) is not workspace.tensor:
             raise ResourceConfigError(
-                f"{self._name(label, cg_slot)}: the {name} was built on another float buffer; "
+                f"{where}: the {type(wrapper).__name__} was built on another float buffer; "
                 f"build it on pool.get({label!r}, {cg_slot}).tensor, or with WorkspacePool.build"
             )
-        # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
-        own[_INT_BUFFER] = int_workspace.tensor
-        own[_PINNED_MIRROR] = int_workspace.mirror
+        install_int_workspace(wrapper, workspace, where)
 
     def seal(self, *, group: ProcessGroup | None = None) -> None:
         """The workspaces here keep their addresses from now on, for the graphs about to be

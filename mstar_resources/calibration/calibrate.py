@@ -218,16 +218,30 @@ def measure_all(
 
 
 def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
-    """A resource's need is the most any of its labels needs: all share one floor."""
+    """A resource's need is the most any of its labels needs: all share one floor. So is its int
+    need (None where no label's was measured)."""
     worst: dict[str, LabelNeed] = {}
+    int_needs: dict[str, int | None] = {}
     for row in rows:
         path = row.resource.path
         if path not in worst or row.need.bytes > worst[path].need.bytes:
             worst[path] = row
+        int_needs[path] = _most(int_needs.get(path), row.need.int_bytes)
     return [
-        Measured(path, row.need.bytes, f"{row.label}: {row.need.worst or '-'}", row.need.method)
+        Measured(
+            path,
+            row.need.bytes,
+            f"{row.label}: {row.need.worst or '-'}",
+            row.need.method,
+            int_needs[path],
+        )
         for path, row in worst.items()
     ]
+
+
+def _most(a: int | None, b: int | None) -> int | None:
+    """The larger of two needs, either of which may be unmeasured (None)."""
+    return b if a is None else a if b is None else max(a, b)
 
 
 def one_buffer(
@@ -239,7 +253,12 @@ def one_buffer(
     worst = max(rows, key=lambda row: row.need.bytes, default=None)
     need = worst.need.bytes if worst else 0
     where = f"{worst.label}: {worst.need.worst}" if worst and worst.need.worst else "-"
-    return OneBuffer(need, declared_mb_for(need, margin) * MIB, where, vllm_formula_bytes(profile))
+    int_need = None
+    for row in rows:
+        int_need = _most(int_need, row.need.int_bytes)
+    return OneBuffer(
+        need, declared_mb_for(need, margin) * MIB, where, vllm_formula_bytes(profile), int_need
+    )
 
 
 def provenance(
@@ -262,10 +281,12 @@ def table(
 ) -> str:
     """The calibration table, the floors to declare and, given ``buffer``, the one-buffer
     engines' settings."""
-    head = ("resource", "label", "worst shape", "need bytes", "declared today", "waste(+)/short(-)")
+    head = ("resource", "label", "worst shape", "need bytes", "declared today", "waste(+)/short(-)",
+            "int need bytes", "int declared today")  # fmt: skip
     body = []
     for row in rows:
         r = row.resource
+        int_need = row.need.int_bytes
         body.append(
             (
                 r.path,
@@ -274,6 +295,8 @@ def table(
                 f"{row.need.bytes:,}",
                 f"{r.floor_bytes:,} ({r.floor_source})",
                 f"{row.surplus_bytes:+,}",
+                "-" if int_need is None else f"{int_need:,}",
+                f"{r.int_floor_bytes:,} ({r.int_floor_source})",
             )
         )
     lines = [format_table([head, None, *body]), ""]
@@ -284,11 +307,17 @@ def table(
                 f"its shapes (an engine cannot plan them either), e.g. {row.need.refused[0]}"
             )
     measured = per_resource(rows)
-    lines += [
-        f"resources.{m.path}.declared_mb = {declared_mb_for(m.need_bytes, margin)}"
-        f"  (need {m.need_bytes:,} bytes + {margin:.0%})"
-        for m in measured
-    ]
+    for m in measured:
+        lines.append(
+            f"resources.{m.path}.declared_mb = {declared_mb_for(m.need_bytes, margin)}"
+            f"  (need {m.need_bytes:,} bytes + {margin:.0%})"
+        )
+        if m.int_need_bytes is not None:
+            lines.append(
+                f"resources.{m.path}.int_declared_mb = "
+                f"{declared_mb_for(m.int_need_bytes, margin)}  (int need {m.int_need_bytes:,} "
+                f"bytes + {margin:.0%})"
+            )
     if buffer is not None:
         lines += ["", *buffer.advice()]
     return "\n".join(lines)

@@ -1,8 +1,11 @@
-"""Measuring on the GPU what a label's plans need of the float workspace, through FlashInfer.
+"""Measuring on the GPU what a label's plans need of the float and int workspaces, through
+FlashInfer.
 
-Where a wrapper can say (``workspace_size()``: decode and paged prefill), it is asked; where it
-cannot (ragged prefill, MLA, POD, or a backend without the query), the shapes are planned on a
-workspace that starts empty and grows, which ends at exactly the largest need.
+Where a wrapper can say (``workspace_size()``: decode and paged prefill, FlashInfer 0.7), it is
+asked, and answers both; where it cannot (ragged prefill, MLA, POD, a backend without the query,
+FlashInfer 0.6), the shapes are planned on a float and an int workspace that start empty and
+grow, which end at exactly the largest needs. FlashInfer 0.7's MLA wrapper makes a fresh int
+workspace at each plan, which cannot be replaced, so its int need is not measured (None).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..attn.workspace import Workspace
+from ..attn.workspace import IntWorkspace, Workspace, install_int_workspace
 from ..errors import ResourceConfigError
 from .profile import CalibrationProfile, PlanKind, PlanProfile
 from .shapes import DECODE_LIKE, Shape, is_bounding
@@ -33,6 +36,9 @@ class Need:
     """Shapes FlashInfer refused to plan for a reason of its own, not the workspace (MLA's
     work-item capacity, say), each with its reason: an engine cannot plan them either. None of
     them bounds the need (a bounding shape refused stops calibration instead)."""
+    int_bytes: int | None = None
+    """The most int workspace any of the shapes needs (the plan's indices); None where the
+    wrapper keeps no int workspace that could be measured (FlashInfer 0.7's MLA)."""
 
 
 ASKS_WORKSPACE_SIZE = frozenset({PlanKind.decode, PlanKind.paged_prefill})
@@ -208,24 +214,34 @@ class Planner:
         where a wrapper has no such query (FlashInfer before 0.7.2, some backends)."""
         selector = torch.empty(0, dtype=torch.uint8, device=self.device)  # device selector only
         wrapper_for = self.wrappers(plan, selector)
-        best, worst = 0, None
+        best, worst, most_int = 0, None, 0
         for shape in shapes:
             args, kwargs = self.plan_args(plan, shape)
             ask = getattr(wrapper_for(shape), "workspace_size", None)
             if ask is None:
                 raise NotImplementedError("this FlashInfer's wrappers have no workspace_size()")
-            need = ask(*args, **kwargs)[0]
+            need, int_need = ask(*args, **kwargs)
             if need >= best:  # of shapes that tie (graph sizes often do), name the largest
                 best, worst = need, shape
+            most_int = max(most_int, int_need)
             if progress is not None:
                 progress.update()
-        return Need(best, worst if best else None, "workspace_size")
+        return Need(best, worst if best else None, "workspace_size", int_bytes=most_int)
 
     def need_by_growth(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
-        workspace = Workspace(
-            torch.zeros(0, dtype=torch.uint8, device=self.device), "calibration", floor="none"
-        )
-        wrapper_for = self.wrappers(plan, workspace.tensor)
+        empty = torch.zeros(0, dtype=torch.uint8, device=self.device)
+        int_workspace = IntWorkspace(empty.clone(), "calibration:int", floor="none")
+        workspace = Workspace(empty, "calibration", floor="none", int_workspace=int_workspace)
+        wrappers = self.wrappers(plan, workspace.tensor)
+        int_measured = True  # until a wrapper keeps no int workspace to replace
+
+        def wrapper_for(shape: Shape) -> Any:
+            nonlocal int_measured
+            wrapper = wrappers(shape)
+            if int_measured and not install_int_workspace(wrapper, workspace, "calibration"):
+                int_measured = False
+            return wrapper
+
         worst, refused = None, []
         for shape in shapes:
             before = workspace.tensor.numel()
@@ -251,4 +267,5 @@ class Planner:
                 f"FlashInfer refused every shape of a {plan.kind.value} plan on backend "
                 f"{plan.backend}, so nothing was measured; the first: {refused[0]}"
             )
-        return Need(workspace.tensor.numel(), worst, "growth", tuple(refused))
+        int_bytes = int_workspace.tensor.numel() if int_measured else None
+        return Need(workspace.tensor.numel(), worst, "growth", tuple(refused), int_bytes)

@@ -2,8 +2,8 @@
 
 ``<name>_calibrated.yaml`` in the ``deployment`` group pulls in ``<name>`` and sets each measured
 resource's ``declared_mb`` to its need (plus a margin, none by default), rounded up to a whole
-MB. The measurements themselves go under the root key ``calibrated``, so a program can read
-them back.
+MB, and its ``int_declared_mb`` to its int need the same way (where that was measured). The
+measurements themselves go under the root key ``calibrated``, so a program can read them back.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from .._internal.floor import INT_DEFAULT_MB
+from ..units import MIB
 from .record import RECORD_KEY, declared_mb_for
 
 DEFAULT_MARGIN = 0.0
@@ -32,6 +34,8 @@ class Measured:
     worst: str
     """Which label and shape needs it, e.g. ``decode: bs=64 q=1 kv=131072 graph``."""
     method: str
+    int_need_bytes: int | None = None
+    """The most int workspace its plans need; None where it was not measured."""
 
 
 SGLANG_OVERWRITES = (
@@ -57,10 +61,18 @@ class OneBuffer:
     vllm_formula_bytes: int | None
     """vLLM 0.33's own floor under its setting (``max_num_batched_tokens x query heads x head
     dim x 16``), or None where vLLM plans no FlashInfer for the deployment."""
+    int_need_bytes: int | None = None
+    """The most int workspace any one plan needs (None: not measured). One-buffer engines give
+    every wrapper an int workspace of FlashInfer's own 8 MiB, and no setting changes it."""
 
     def record(self) -> dict[str, Any]:
         """The fields the calibrated record keeps."""
-        return {"need_bytes": self.need_bytes, "bytes": self.bytes, "worst": self.worst}
+        return {
+            "need_bytes": self.need_bytes,
+            "bytes": self.bytes,
+            "worst": self.worst,
+            **({} if self.int_need_bytes is None else {"int_need_bytes": self.int_need_bytes}),
+        }
 
     def advice(self) -> list[str]:
         """The engines' settings, for people."""
@@ -78,6 +90,13 @@ class OneBuffer:
                 "buffer, not lower it; the vLLM plugin, MSTAR_RESOURCES_VLLM=<this deployment>, "
                 "gives vLLM these floors instead: docs/vllm.md)",
             ]
+        if self.int_need_bytes is not None:
+            lines.append(
+                f"Int workspaces: a plan needs at most {self.int_need_bytes:,} bytes, and each "
+                f"wrapper makes {INT_DEFAULT_MB * MIB:,} (and as many pinned on the host); no "
+                "setting of vLLM's or SGLang's changes that, and the vLLM plugin shares one per "
+                "label among the decode wrappers of its graph sizes"
+            )
         return lines
 
 
@@ -95,6 +114,8 @@ def calibrated_yaml(
         for part in m.path.split("."):
             node = node.setdefault(part, {})
         node["declared_mb"] = declared_mb_for(m.need_bytes, margin)
+        if m.int_need_bytes is not None:
+            node["int_declared_mb"] = declared_mb_for(m.int_need_bytes, margin)
     body = {
         "defaults": [deployment, "_self_"],
         "resources": resources,
@@ -102,7 +123,13 @@ def calibrated_yaml(
             "margin": margin,
             **dict(provenance),
             "needs": [
-                {"path": m.path, "need_bytes": m.need_bytes, "worst": m.worst, "method": m.method}
+                {
+                    "path": m.path,
+                    "need_bytes": m.need_bytes,
+                    "worst": m.worst,
+                    "method": m.method,
+                    **({} if m.int_need_bytes is None else {"int_need_bytes": m.int_need_bytes}),
+                }
                 for m in measured
             ],
             **({"one_buffer": buffer.record()} if buffer is not None else {}),
@@ -113,8 +140,8 @@ def calibrated_yaml(
         f"# Calibrated {deployment}: written by",
         f"#   mstar-resources-calibrate deployment={deployment}",
         *(f"# {key}: {value}" for key, value in provenance.items() if _is_scalar(value)),
-        f"# declared_mb = need{f' x {1 + margin:g}' if margin else ''}, rounded up to a whole MB. "
-        "Use it with",
+        f"# declared_mb = need{f' x {1 + margin:g}' if margin else ''}, rounded up to a whole MB "
+        "(int_declared_mb: the int need, the same way). Use it with",
         f"#   mstar-resources deployment={deployment}_calibrated",
     ]
     return "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(body))

@@ -24,6 +24,7 @@ from mstar_resources.calibration.measure import (
 )
 from mstar_resources.calibration.profile import PlanKind, PlanProfile, load_profile
 from mstar_resources.calibration.shapes import Shape, is_bounding, shapes_for
+from mstar_resources.units import MIB
 
 from ..attn.fake_allocator import flashinfer_overflow_message
 from ..conftest import compose_shipped
@@ -304,7 +305,8 @@ class FakeSizedWrapper:
         self.asked += 1
         if not self.answers:
             raise NotImplementedError("workspace_size() is not implemented for this backend")
-        return self._need(indptr), 64  # the float workspace's bytes, then the int workspace's
+        # The float workspace's bytes, then the int workspace's: 16 bytes of indices a request.
+        return self._need(indptr), 16 * (indptr.numel() - 1)
 
     def plan(self, indptr: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         need = self._need(indptr)
@@ -345,16 +347,16 @@ def test_a_wrapper_that_answers_workspace_size_is_asked(label):
     most = max(shape.batch for shape in shapes)
     # Of the shapes that tie, the last (the largest) is named.
     last = [shape for shape in shapes if shape.batch == most][-1]
-    assert need == Need(1024 * most, last, "workspace_size")
+    assert need == Need(1024 * most, last, "workspace_size", int_bytes=16 * most)
     assert progress.n == len(shapes)
 
 
 def test_no_need_names_no_shape():
     plan = SMALL.plans["decode"]
-    need = SizedPlanner(answers=True, per_request=0).need_by_query(
-        plan, shapes_for(plan, SMALL, cuda_graph=True), None
-    )
-    assert need == Need(0, None, "workspace_size")
+    shapes = shapes_for(plan, SMALL, cuda_graph=True)
+    need = SizedPlanner(answers=True, per_request=0).need_by_query(plan, shapes, None)
+    most = max(shape.batch for shape in shapes)
+    assert need == Need(0, None, "workspace_size", int_bytes=16 * most)
 
 
 def test_a_backend_without_workspace_size_is_measured_by_growth():
@@ -365,7 +367,8 @@ def test_a_backend_without_workspace_size_is_measured_by_growth():
     need = planner.need(plan, shapes, progress)
     most = max(shape.batch for shape in shapes)
     first = next(shape for shape in shapes if shape.batch == most)  # the one that grew it
-    assert need == Need(1024 * most, first, "growth")
+    # It keeps no int workspace of its own to replace, so its int need is not measured.
+    assert need == Need(1024 * most, first, "growth", int_bytes=None)
     assert planner.built[0].asked == 1  # asked once, then planned
     assert progress.n == len(shapes)
 
@@ -379,3 +382,40 @@ def test_kinds_that_cannot_say_are_never_asked(label):
     assert need.method == "growth"
     assert need.bytes == 1024 * max(shape.batch for shape in shapes)
     assert all(wrapper.asked == 0 for wrapper in planner.built)
+
+
+class FakeIndexedWrapper(FakeSizedWrapper):
+    """A :class:`FakeSizedWrapper` that also keeps an int workspace and host mirror of its own, as
+    FlashInfer's wrappers do, and whose plan takes 16 bytes of indices a request from it."""
+
+    def __init__(self, buffer: torch.Tensor, answers: bool, per_request: int = 1024) -> None:
+        super().__init__(buffer, answers, per_request)
+        self._float_workspace_buffer = buffer
+        self._int_workspace_buffer = torch.empty(8 * MIB, dtype=torch.uint8)
+        self._pin_memory_int_workspace_buffer = torch.empty(8 * MIB, dtype=torch.uint8)
+
+    def plan(self, indptr: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        indices, have = 16 * (indptr.numel() - 1), self._int_workspace_buffer.numel()
+        if have < indices:
+            raise RuntimeError(
+                flashinfer_overflow_message("batch_decode_request_indices", indices, 16, have)
+            )
+        super().plan(indptr, *args, **kwargs)
+
+
+def test_growth_measures_the_int_need_of_wrappers_that_keep_an_int_workspace():
+    plan = SMALL.plans["decode"]
+    shapes = shapes_for(plan, SMALL, cuda_graph=False)
+    planner = SizedPlanner(answers=False)
+    built: list[FakeIndexedWrapper] = []
+
+    def wrapper(plan: Any, buffer: torch.Tensor, shape: Shape) -> FakeIndexedWrapper:
+        built.append(FakeIndexedWrapper(buffer, answers=False))
+        return built[-1]
+
+    planner.wrapper = wrapper  # type: ignore[method-assign]
+    need = planner.need(plan, shapes)
+    most = max(shape.batch for shape in shapes)
+    assert (need.method, need.bytes, need.int_bytes) == ("growth", 1024 * most, 16 * most)
+    # Planned on the measuring int workspace, not the 8 MiB it made for itself.
+    assert built[-1]._int_workspace_buffer.numel() == 16 * most

@@ -39,12 +39,12 @@ def rows_for(records) -> list[LabelNeed]:
         LabelNeed(
             by_path["attn.decode"],
             "decode",
-            Need(2_443_776, Shape(64, 1, 8192, True), "workspace_size"),
+            Need(2_443_776, Shape(64, 1, 8192, True), "workspace_size", int_bytes=21_264),
         ),
         LabelNeed(
             by_path["attn.prefill"],
             "prefill",
-            Need(3 * MIB + 5, Shape(1, 16, 8192), "workspace_size"),
+            Need(3 * MIB + 5, Shape(1, 16, 8192), "workspace_size", int_bytes=MIB + 1),
         ),
     ]
 
@@ -82,6 +82,10 @@ def test_calibrated_override_composes_and_round_trips_its_numbers(tmp_path):
     assert records["attn.decode"].declared_mb == 3
     assert records["attn.prefill"].declared_mb == 4  # 3 MiB + 5 bytes, + 10%
     assert records["attn.decode"].floor_setting == "resources.attn.decode.declared_mb"
+    # The int needs, with the margin, in whole MB: 1 and 2 (1 MiB + 1 byte, + 10%).
+    assert records["attn.decode"].int_declared_mb == 1
+    assert records["attn.prefill"].int_declared_mb == 2
+    assert records["attn.prefill"].int_floor_setting == "resources.attn.prefill.int_declared_mb"
     needs = OmegaConf.to_container(cfg.calibrated.needs)
     assert needs == [
         {
@@ -89,12 +93,14 @@ def test_calibrated_override_composes_and_round_trips_its_numbers(tmp_path):
             "need_bytes": 2_443_776,
             "worst": "decode: bs=64 q=1 kv=8192 graph",
             "method": "workspace_size",
+            "int_need_bytes": 21_264,
         },
         {
             "path": "attn.prefill",
             "need_bytes": 3 * MIB + 5,
             "worst": "prefill: bs=1 q=16 kv=8192",
             "method": "workspace_size",
+            "int_need_bytes": MIB + 1,
         },
     ]
     # The base deployment's other settings (its calibration profile) come along.
@@ -108,12 +114,22 @@ def test_a_resource_needs_what_its_hungriest_label_needs():
         "owner": "attention", "labels": ["prefill", "verify"], "cg_slots": [],
     }}}), env={})  # fmt: skip
     rows = [
-        LabelNeed(records[0], "prefill", Need(1000, Shape(1, 16, 8192), "workspace_size")),
-        LabelNeed(records[0], "verify", Need(5000, Shape(8, 4, 8192), "growth")),
+        LabelNeed(records[0], "prefill", Need(1000, Shape(1, 16, 8192), "workspace_size", (), 900)),
+        LabelNeed(records[0], "verify", Need(5000, Shape(8, 4, 8192), "growth", (), 300)),
     ]
     (measured,) = per_resource(rows)
     assert (measured.path, measured.need_bytes, measured.method) == ("attn.mixed", 5000, "growth")
+    assert measured.int_need_bytes == 900  # the most of any label's, whichever needs the most float
     assert measured.worst == "verify: bs=8 q=4 kv=8192"
     report = table(rows, 0.1)
     assert "resources.attn.mixed.declared_mb = 1  (need 5,000 bytes + 10%)" in report
     assert f"{512 * MIB - 5000:+,}" in report  # the default floor wastes all but 5,000 bytes
+    assert "resources.attn.mixed.int_declared_mb = 1  (int need 900 bytes + 10%)" in report
+
+
+def test_an_unmeasured_int_need_declares_no_int_floor():
+    records = resolve(OmegaConf.create({"mla": {"labels": ["decode"]}}), env={})
+    rows = [LabelNeed(records[0], "decode", Need(5000, Shape(8, 1, 8192), "growth"))]
+    (measured,) = per_resource(rows)
+    assert measured.int_need_bytes is None
+    assert "int_declared_mb" not in table(rows)
