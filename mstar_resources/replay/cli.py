@@ -33,6 +33,7 @@ from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
+from .._internal.floor import INT_DEFAULT_MB
 from ..calibration.engine_buffers import SGLANG_MB, vllm_buffer_mb
 from ..calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from ..calibration.record import check_calibration
@@ -159,6 +160,13 @@ def kv_pages_for(free: int, workspace_bytes: int, shape: ModelSizes, utilization
     leave."""
     page_bytes = shape.kv_bytes_per_token * shape.page_size
     return int((free - workspace_bytes) * utilization) // page_bytes
+
+
+def own_int_bytes(profile: CalibrationProfile, cuda_graphs: bool) -> int:
+    """The int workspaces of the fixed setup's wrappers, each FlashInfer's own 8 MiB: the prefill
+    wrapper, the eager decode wrapper and one decode wrapper per graph batch size."""
+    wrappers = 2 + (len(profile.cuda_graph_batch_sizes) if cuda_graphs else 0)
+    return wrappers * INT_DEFAULT_MB * MIB
 
 
 def fixed_buffer_mb(setting: int | None, profile: CalibrationProfile, ranks: int) -> int:
@@ -348,9 +356,12 @@ def _replay(
 
     shape = ModelSizes.of(profile, cfg.layers, cfg.vocab_size, gpu.ranks)
     model = Model(shape, gpu.device, cfg.seed, gpu.rank, gpu.ranks)
+    fixed_bytes = fixed_buffer_mb(cfg.fixed_buffer_mb, profile, gpu.ranks) * MIB
+    # Each setup's GPU scratch: its float buffers, and its int workspaces (the pools' one a key;
+    # the fixed setup's one of FlashInfer's own a wrapper).
     workspace_bytes = {
-        "library": sum(record.reserved_bytes for record in records),
-        "fixed": fixed_buffer_mb(cfg.fixed_buffer_mb, profile, gpu.ranks) * MIB,
+        "library": sum(record.reserved_bytes + record.int_reserved_bytes for record in records),
+        "fixed": fixed_bytes + own_int_bytes(profile, cfg.cuda_graphs),
     }
     # Free memory is measured once, now, before either setup's workspaces are made: each setup's
     # own are then taken from it (the library's as its records reserve them).
@@ -367,7 +378,7 @@ def _replay(
         )
     )
     runs = _serve_setups(
-        cfg, model, profile, records, roles, workspace_bytes["fixed"], pages, steps, requests, gpu
+        cfg, model, profile, records, roles, fixed_bytes, pages, steps, requests, gpu
     )
     results = [pooled(runs["library"]), pooled(runs["fixed"])]
     report = reporting.rank_report(

@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from ..attn.workspace import Workspace, WorkspacePool
+from ..attn.workspace import Workspace, WorkspacePool, own_buffers
 from ..calibration.profile import CalibrationProfile
 from ..calibration.shapes import shapes_for
 from ..errors import ResourceConfigError, WorkspaceSealedError
@@ -194,6 +194,15 @@ class Buffers(abc.ABC):
     def plan(self, role: Role, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """``plan(*args, **kwargs)`` for the wrapper playing ``role``."""
 
+    def adopt(self, wrapper: Any, role: Role) -> Any:
+        """``wrapper``, just built on this role's buffer, given whatever else the buffers hold
+        for it (the library's: the role's int workspace); a fixed buffer leaves it its own."""
+        return wrapper
+
+    def int_tensors(self) -> list[torch.Tensor]:
+        """The int workspaces and host mirrors the buffers hold themselves, used or not."""
+        return []
+
     def seal(self, group: Any) -> None:  # noqa: B027 (a fixed buffer has nothing to seal)
         """Before graphs are captured over the buffers."""
 
@@ -218,6 +227,23 @@ class LibraryBuffers(Buffers):
         self.reserved = sum(pool.reserve() for pool in pools.values())
         self._prefill = _served(pools, roles.prefill, None)
         self._decode = _served(pools, roles.decode, 0)
+        self._keys = {"prefill": (roles.prefill, None), "decode": (roles.decode, 0)}
+
+    def adopt(self, wrapper: Any, role: Role) -> Any:
+        """Every wrapper of a role shares its int workspace: each is planned right before it
+        runs (or its graph replays), one a step. FlashInfer 0.7's MLA wrapper, which makes its
+        own at each plan, keeps its own."""
+        if own_buffers(wrapper) is not None:
+            label, cg_slot = self._keys[role]
+            pool = next(p for p in self.pools.values() if p.serves and (label, cg_slot) in p.serves)
+            pool.install(wrapper, label, cg_slot)
+        return wrapper
+
+    def int_tensors(self) -> list[torch.Tensor]:
+        return [
+            t for pool in self.pools.values() for w in pool.int_workspaces().values()
+            for t in (w.tensor, w.mirror)
+        ]  # fmt: skip
 
     def prefill(self) -> torch.Tensor:
         return self._prefill.tensor
@@ -237,7 +263,12 @@ class LibraryBuffers(Buffers):
         return sum(pool.held_bytes for pool in self.pools.values())
 
     def growths(self) -> int:
-        return sum(s.times_grown for pool in self.pools.values() for s in pool.stats())
+        """Times a float or int workspace grew."""
+        return sum(
+            s.times_grown
+            for pool in self.pools.values()
+            for s in [*pool.stats(), *pool.int_stats()]
+        )
 
 
 def _served(pools: dict[str, WorkspacePool], label: str, cg_slot: int | None) -> Workspace:
@@ -311,6 +342,10 @@ class SetupResult:
     sealed_overflow: SealedOverflow | None = None
     """The sealed error a plan raised while serving, if any (the run stops there)."""
     steps_served: int = 0
+    int_workspace_bytes: int = 0
+    """GPU bytes of the distinct int workspaces the wrappers plan on (and the pools hold)."""
+    pinned_bytes: int = 0
+    """Host bytes of their distinct pinned mirrors."""
 
     @property
     def tokens_out(self) -> int:
@@ -355,8 +390,12 @@ class Setup:
         if attention is None:
             attention = (MLAAttention if shape.mla else PagedAttention)(model, profile, roles)
         self.attention = attention
-        self.prefill_wrapper = self.attention.prefill_wrapper(buffers.prefill())
-        self.eager_decode = self.attention.decode_wrapper(buffers.decode(), None, 0)
+        self.prefill_wrapper = buffers.adopt(
+            self.attention.prefill_wrapper(buffers.prefill()), "prefill"
+        )
+        self.eager_decode = buffers.adopt(
+            self.attention.decode_wrapper(buffers.decode(), None, 0), "decode"
+        )
         max_pages = -(-profile.limits.max_model_len // shape.page_size)
         self.graphs: dict[int, _DecodeGraph] = {}
         if cuda_graphs:
@@ -423,7 +462,26 @@ class Setup:
         except WorkspaceSealedError as error:
             self.result.sealed_overflow = SealedOverflow.of(error)
         self.result.growths_after_seal = self.buffers.growths() - self.result.growths_before_seal
+        self.result.int_workspace_bytes, self.result.pinned_bytes = self.int_bytes()
         return self.result
+
+    def int_bytes(self) -> tuple[int, int]:
+        """GPU bytes of the distinct int workspaces the wrappers plan on and the buffers hold,
+        and host bytes of their distinct mirrors (after a plan: FlashInfer 0.7's MLA wrapper makes
+        its own at each)."""
+        wrappers = [
+            self.prefill_wrapper,
+            self.eager_decode,
+            *(g.wrapper for g in self.graphs.values()),
+        ]
+        tensors = [*self.buffers.int_tensors()]
+        for wrapper in wrappers:
+            own = own_buffers(wrapper)
+            if own is not None:
+                tensors += [own["_int_workspace_buffer"], own["_pin_memory_int_workspace_buffer"]]
+        distinct = {t.untyped_storage().data_ptr(): t for t in tensors}.values()
+        gpu = sum(t.numel() for t in distinct if t.is_cuda)
+        return gpu, sum(t.numel() for t in distinct if not t.is_cuda)
 
     def _prefill_step(
         self,
@@ -492,7 +550,9 @@ class _DecodeGraph:
     def __init__(self, setup: Setup, batch: int, max_pages: int) -> None:
         self.setup, self.batch = setup, batch
         device = setup.model.device
-        self.wrapper = setup.attention.decode_wrapper(setup.buffers.decode(), batch, max_pages)
+        self.wrapper = setup.buffers.adopt(
+            setup.attention.decode_wrapper(setup.buffers.decode(), batch, max_pages), "decode"
+        )
         self.tokens, self.positions, self.slot_pages, self.slot_offsets = (
             torch.zeros(batch, dtype=torch.int32, device=device) for _ in range(4)
         )

@@ -32,6 +32,8 @@ def setup_summary(result: SetupResult) -> dict[str, Any]:
     return {
         "setup": result.name,
         "workspace_bytes": result.workspace_bytes,
+        "int_workspace_bytes": result.int_workspace_bytes,
+        "pinned_bytes": result.pinned_bytes,
         "kv_tokens": result.kv_tokens,
         "kv_bytes": result.kv_bytes,
         "weights_bytes": result.weights_bytes,
@@ -121,13 +123,16 @@ def trace_line(trace: dict[str, Any]) -> str:
 def table(report: dict[str, Any]) -> str:
     """The report's setups side by side, and what they prove."""
     head = (
-        "setup", "workspace MiB", "KV-cache tokens", "decode p50 ms", "p99 ms", "p99/p50",
+        "setup", "workspace MiB", "int MiB", "pinned MiB", "KV-cache tokens", "decode p50 ms",
+        "p99 ms", "p99/p50",
         "tokens out", "growths after seal", "sealed overflows",
     )  # fmt: skip
     rows = [
         (
             s["setup"],
             f"{s['workspace_bytes'] / MIB:,.2f}",
+            f"{s['int_workspace_bytes'] / MIB:,.2f}",
+            f"{s['pinned_bytes'] / MIB:,.2f}",
             f"{s['kv_tokens']:,}",
             f"{s['decode_p50_ms']:.3f}",
             f"{s['decode_p99_ms']:.3f}",
@@ -148,6 +153,12 @@ def table(report: dict[str, Any]) -> str:
         f"KV-cache tokens: {gained:+,} a rank with {ours['setup']} "
         f"({gained / max(1, theirs['kv_tokens']):+.2%}); decode p50 ratio "
         f"{ours['setup']}/{theirs['setup']}: {ratio:.3f}{_rounds(report)}",
+        f"int workspaces: {ours['int_workspace_bytes']:,} bytes on the GPU and "
+        f"{ours['pinned_bytes']:,} pinned on the host with {ours['setup']}, against "
+        f"{theirs['int_workspace_bytes']:,} and {theirs['pinned_bytes']:,} with "
+        f"{theirs['setup']} (each wrapper its own): "
+        f"{theirs['int_workspace_bytes'] - ours['int_workspace_bytes']:+,} and "
+        f"{theirs['pinned_bytes'] - ours['pinned_bytes']:+,} bytes saved",
         f"generated tokens identical between the setups: "
         f"{'yes' if report['tokens_identical'] else 'NO'}",
     ]

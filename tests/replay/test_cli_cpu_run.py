@@ -29,11 +29,13 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 
 from mstar_resources import resolver
+from mstar_resources.calibration.profile import load_profile
 from mstar_resources.replay import cli, engine
 from mstar_resources.replay import report as reporting
 from mstar_resources.resolver import resolve
 from mstar_resources.units import MIB
 
+from ..conftest import compose_shipped
 from .test_engine import GQA, MLA, PER_TOKEN, SMALL, ReferenceAttention, context_need
 from .test_report import FakePyplot, install_fake_matplotlib
 
@@ -54,7 +56,16 @@ attention's largest plan (32 KiB x 4 requests x 256 tokens = 32 MiB)."""
 TOKEN_BYTES = 2 * 128 * 2
 """KV-cache bytes a token of GQA_ARGS's model: K and V of one head of 128, bf16, one layer."""
 ROOM = 2 * MIB
-"""Free memory the stand-in reports beyond the fixed buffer: KV cache for 4 whole requests."""
+"""Free memory the stand-in reports beyond the fixed setup's buffers: KV cache for 4 whole
+requests."""
+FIXED_INT = cli.own_int_bytes(load_profile(compose_shipped([f"deployment={GQA}"]).calibration),
+                              cuda_graphs=False)  # fmt: skip
+"""What the replay counts for the int workspaces of the fixed setup's wrappers, eager (a prefill
+and a decode wrapper, FlashInfer's own 8 MiB each)."""
+LIBRARY_INT = sum(
+    r.int_reserved_bytes for r in resolve(compose_shipped([f"deployment={GQA}"]).resources, {})
+)
+"""What the library's pools hold in int workspaces for the GQA deployment."""
 TRACE = [(0.0, 40, 6), (0.0, 90, 4), (0.01, 12, 8), (0.02, 300, 5), (0.03, 250, 20),
          (0.05, 7, 3)]  # fmt: skip
 """JSON lines of (arrival_s, prompt_len, output_len): a prompt chunked (90 > 64 tokens a step),
@@ -112,7 +123,7 @@ class Done:
 class CpuMachine:
     """What ``main`` finds on a CPU in place of a GPU, and what it did with it."""
 
-    free: int = GQA_FIXED_MB * MIB + ROOM
+    free: int = GQA_FIXED_MB * MIB + FIXED_INT + ROOM
     need: Callable[..., int] = field(default_factory=lambda: context_need(PER_TOKEN))
     gpus: list[CpuGpu] = field(default_factory=list)
     devices: list[torch.device] = field(default_factory=list)
@@ -218,12 +229,13 @@ def test_a_replay_serves_both_setups_and_reports_them_side_by_side(
     assert done.line("generated tokens identical") == (
         "generated tokens identical between the setups: yes"
     )
-    # 80% of the 41 MiB the fixed buffer holds back over the floors, in whole pages of 16 tokens
-    # (each cache less its dummy page).
+    # 80% of what the fixed setup holds back over the library's floors (41 MiB of float buffer,
+    # and the int workspaces), in whole pages of 16 tokens (each cache less its dummy page).
     kv_line = done.line("KV-cache tokens: ")
     gained = re.match(r"KV-cache tokens: \+([\d,]+) a rank", kv_line)
     assert gained is not None
-    assert abs(int(gained[1].replace(",", "")) - 41 * MIB * 0.8 / TOKEN_BYTES) < 16
+    held_back = 41 * MIB + FIXED_INT - LIBRARY_INT
+    assert abs(int(gained[1].replace(",", "")) - held_back * 0.8 / TOKEN_BYTES) < 16
     assert re.search(r"mstar-resources/fixed 64 MiB: [\d.]+ \(rounds, the order turned each: "
                      r"[\d.]+, [\d.]+; spread [\d.]+\)$", kv_line)  # fmt: skip
 
@@ -234,7 +246,7 @@ def test_a_replay_serves_both_setups_and_reports_them_side_by_side(
     assert library["steps_served"] == fixed["steps_served"] == report["trace"]["steps"]
     assert library["decode_steps"] == fixed["decode_steps"] > 0
     assert (library["kv_tokens"], fixed["kv_tokens"]) == (
-        pytest.approx((machine.free - 23 * MIB) * 0.8 / TOKEN_BYTES, abs=32),
+        pytest.approx((machine.free - 23 * MIB - LIBRARY_INT) * 0.8 / TOKEN_BYTES, abs=32),
         pytest.approx(ROOM * 0.8 / TOKEN_BYTES, abs=32),
     )  # fmt: skip
     assert report["tokens_identical"] and len(report["decode_p50_ratio_rounds"]) == 2
@@ -329,7 +341,7 @@ def test_each_round_serves_the_schedule_again_and_the_report_pools_the_rounds(
 def test_the_mla_deployment_replays_against_sglang_s_buffer_by_default(replay, machine, trace_file):
     """DeepSeek-V3's MLA deployment (the reference attention's MLA form) on the calibrated pools
     and, fixed_buffer_mb unset, on SGLang's 384 MiB: vLLM plans no FlashInfer MLA on SM90."""
-    machine.free = 384 * MIB + ROOM
+    machine.free = 384 * MIB + FIXED_INT + ROOM
     done = replay(f"deployment={MLA}", *SMALL, *TINY, "calibration.model.num_qo_heads=2",
                   f"trace={trace_file}", "requests=6")  # fmt: skip
     assert (done.status, done.err) == (0, "")

@@ -111,15 +111,15 @@ def test_a_percentile_is_the_nearest_rank(values, fraction, expected):
 def test_a_setup_s_summary_holds_its_figures_and_decode_step_percentiles():
     result = setup_result(
         decode_step_s=[0.003, 0.001, 0.002], tokens={0: [5, 6], 1: [7]}, growths_before_seal=2,
-        steps_served=9,
+        steps_served=9, int_workspace_bytes=3 * MIB, pinned_bytes=3 * MIB,
     )  # fmt: skip
     summary = setup_summary(result)
     assert summary.pop("decode_p50_ms") == pytest.approx(2.0)
     assert summary.pop("decode_p99_ms") == pytest.approx(3.0)
     assert summary.pop("decode_p99_over_p50") == pytest.approx(1.5)
     assert summary == {
-        "setup": "mstar-resources", "workspace_bytes": MIB, "kv_tokens": 64, "kv_bytes": 64 << 14,
-        "weights_bytes": 1 << 20, "decode_steps": 3, "tokens_out": 3, "steps_served": 9,
+        "setup": "mstar-resources", "workspace_bytes": MIB, "int_workspace_bytes": 3 * MIB,
+        "pinned_bytes": 3 * MIB, "kv_tokens": 64, "kv_bytes": 64 << 14, "weights_bytes": 1 << 20, "decode_steps": 3, "tokens_out": 3, "steps_served": 9,
         "growths_before_seal": 2, "growths_after_seal": 0, "sealed_overflow": None,
     }  # fmt: skip
 
@@ -169,9 +169,11 @@ def readme_run(**ours: Any) -> dict[str, Any]:
     tokens = {0: [0] * 529_807}
     results = [
         setup_result(workspace_bytes=23 * MIB, kv_tokens=7_237_616, tokens=tokens,
-                     decode_step_s=[0.001, 0.001495, 0.001975], **ours),
+                     decode_step_s=[0.001, 0.001495, 0.001975], int_workspace_bytes=3 * MIB,
+                     pinned_bytes=3 * MIB, **ours),
         setup_result("fixed 512 MiB", workspace_bytes=512 * MIB, kv_tokens=7_212_576,
-                     tokens=tokens, decode_step_s=[0.001, 0.001344, 0.001736]),
+                     tokens=tokens, decode_step_s=[0.001, 0.001344, 0.001736],
+                     int_workspace_bytes=296 * MIB, pinned_bytes=296 * MIB),
     ]  # fmt: skip
     return rank_report(
         results, deployment="llama3-8b-h200_calibrated", gpu="NVIDIA H200", ranks=1,
@@ -194,20 +196,23 @@ def test_one_rank_s_report_holds_the_keys_the_gpu_tests_read():
 
 def test_the_table_is_the_readme_s():
     assert table(readme_run()).splitlines() == [
-        "setup            workspace MiB  KV-cache tokens  decode p50 ms  p99 ms  p99/p50  "
-        "tokens out  growths after seal  sealed overflows",
-        "---------------  -------------  ---------------  -------------  ------  -------  "
-        "----------  ------------------  ----------------",
-        "mstar-resources          23.00        7,237,616          1.495   1.975     1.32     "
-        "529,807                   0                 0",
-        "fixed 512 MiB           512.00        7,212,576          1.344   1.736     1.29     "
-        "529,807                   0                 0",
+        "setup            workspace MiB  int MiB  pinned MiB  KV-cache tokens  decode p50 ms  "
+        "p99 ms  p99/p50  tokens out  growths after seal  sealed overflows",
+        "---------------  -------------  -------  ----------  ---------------  -------------  "
+        "------  -------  ----------  ------------------  ----------------",
+        "mstar-resources          23.00     3.00        3.00        7,237,616          1.495  "
+        " 1.975     1.32     529,807                   0                 0",
+        "fixed 512 MiB           512.00   296.00      296.00        7,212,576          1.344  "
+        " 1.736     1.29     529,807                   0                 0",
         "ranks: 1; llama3-8b-h200_calibrated on NVIDIA H200",
         "trace: azure-conv-2023.csv rows 0..1,999 of 19,366 (424.3 s at 10 ms a step, "
         "seed 0): 2,000 requests served, 0 refused (prompt >= max_model_len 131,072), 0 clipped "
         "(output cut to fit); 42,013 steps; 2,209,565 prompt tokens, 529,807 generated",
         "KV-cache tokens: +25,040 a rank with mstar-resources (+0.35%); decode p50 ratio "
         "mstar-resources/fixed 512 MiB: 1.112",
+        "int workspaces: 3,145,728 bytes on the GPU and 3,145,728 pinned on the host with "
+        "mstar-resources, against 310,378,496 and 310,378,496 with fixed 512 MiB (each wrapper "
+        "its own): +307,232,768 and +307,232,768 bytes saved",
         "generated tokens identical between the setups: yes",
     ]
 
