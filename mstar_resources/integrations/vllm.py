@@ -27,8 +27,14 @@ Enabled, in each worker:
 
 Why one workspace serves many wrappers: vLLM runs its wrappers one after another on one stream, and
 a float workspace holds only a plan's split-KV partials, used within that wrapper's run, so the
-wrappers of one role share it as they share vLLM's one buffer. The int workspaces and their pinned
-mirrors stay each wrapper's own.
+wrappers of one role share it as they share vLLM's one buffer. The decode wrappers (one per
+CUDA-graph batch size, and the eager one) also share the decode key's int workspace and pinned
+mirror, in place of FlashInfer's 8 MiB pair each: vLLM plans one of them a step, right before the
+forward that runs it (or its graph's replay), and :meth:`Workspace.plan` waits for the previous
+plan's copy from the mirror before it writes the mirror again. Only the first FlashInfer metadata
+builder's decode wrappers share it: a model with several KV-cache groups has a builder each, and
+vLLM plans every group's wrapper before the forward runs any. Prefill wrappers (causal,
+non-causal, DCP, cascade) keep their own: several may be planned in one step.
 
 On a vLLM this module was not read in (:data:`SUPPORTED_VLLM`), a model whose attention is not
 FlashInfer's, or FlashInfer's MLA backend, the plugin logs one WARNING saying what and why and
@@ -373,6 +379,12 @@ class VllmWorkspaces:
         # By the wrapper's id (a wrapper need not be hashable), with a weak reference to it, so a
         # wrapper vLLM drops is not kept alive here.
         self._routed: dict[int, tuple[weakref.ref[Any], Workspace]] = {}
+        self._keys: dict[Role, tuple[str, int | None]] = {}
+        """Each role's pool (by resource path) and cg slot."""
+        self._int_builder: weakref.ref[Any] | None = None
+        """The metadata builder whose decode wrappers share the decode int workspace."""
+        self.shared_int_wrappers = 0
+        """Decode wrappers given the shared int workspace in place of their own."""
         self.untouched: str | None = None
         """Why vLLM runs as it is (None: the plugin serves it)."""
         self.vllm_bytes: int | None = None
@@ -394,7 +406,8 @@ class VllmWorkspaces:
         return bool(self.pools) and all(pool.sealed for pool in self.pools.values())
 
     def _stats(self) -> list[WorkspaceStats]:
-        return [s for pool in self.pools.values() for s in pool.stats()]
+        """The float workspaces' stats, then the int workspaces'."""
+        return [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
 
     def leave_untouched(self, reason: str) -> None:
         if self.untouched is None and not self.serving:
@@ -431,6 +444,7 @@ class VllmWorkspaces:
         self.pools = pools_of(list(records), device)
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
+            self._keys[role] = (record.path, cg_slot)
         self._log_reserved(keys, vllm_how)
 
     def _measure(self, vllm_config: Any, device: torch.device) -> tuple[ResolvedResource, ...]:
@@ -495,18 +509,33 @@ class VllmWorkspaces:
         self._builders.add(builder)
         return self._workspaces[role or "prefill"]
 
-    def route(self, wrapper: Any, role: Role) -> None:
+    def route(self, wrapper: Any, role: Role, builder: Any = None) -> None:
         """Send ``wrapper``'s plans through its workspace: a decode wrapper's through vLLM's
         ``fast_plan_decode`` (:meth:`plan_decode`), a prefill wrapper's through its own ``plan``,
         rebound on the wrapper itself (FlashInfer's wrappers have no hook, and vLLM checks their
-        type, so the object stays FlashInfer's)."""
+        type, so the object stays FlashInfer's). A decode wrapper of the first ``builder`` is
+        given the decode int workspace in place of its own."""
         if wrapper is None or self._routed_to(wrapper) is not None:
             return
+        from ..attn.workspace import own_buffers
+
         workspace = self._workspaces[role]
+        if role == "decode" and self._shares_int(builder) and own_buffers(wrapper) is not None:
+            path, cg_slot = self._keys[role]
+            self.pools[path].install(wrapper, role, cg_slot)
+            self.shared_int_wrappers += 1
         key = id(wrapper)
         self._routed[key] = (weakref.ref(wrapper, lambda _: self._routed.pop(key, None)), workspace)
         if role == "prefill":
             wrapper.plan = functools.partial(self._plan, workspace, wrapper.plan)
+
+    def _shares_int(self, builder: Any) -> bool:
+        """Whether ``builder``'s decode wrappers share the int workspace: the first builder's."""
+        if builder is None:
+            return False
+        if self._int_builder is None or self._int_builder() is None:
+            self._int_builder = weakref.ref(builder)
+        return self._int_builder() is builder
 
     def _routed_to(self, wrapper: Any) -> Workspace | None:
         found = self._routed.get(id(wrapper))
@@ -558,6 +587,8 @@ class VllmWorkspaces:
             "growths": sum(s.times_grown for s in stats),
             "sealed_overflows": self.sealed_overflows,
             "workspaces": [dataclasses.asdict(s) for s in stats],
+            "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
+            "shared_int_wrappers": self.shared_int_wrappers,
             "provenance": dict(self.provenance),
         }
 
@@ -587,7 +618,7 @@ def _patch_backend(workspaces: VllmWorkspaces, module: ModuleType) -> None:
             finally:
                 _ROLE.reset(token)
             if workspaces.serving:
-                workspaces.route(wrapper, role)
+                workspaces.route(wrapper, role, self)
             return wrapper
 
         return get

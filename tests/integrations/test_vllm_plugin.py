@@ -24,7 +24,7 @@ import torch
 from mstar_resources.errors import ResourceConfigError, WorkspaceSealedError
 from mstar_resources.integrations import vllm as plugin
 from mstar_resources.units import MIB
-from tests.attn.fake_allocator import FakePlanner, FakePrefillWrapper
+from tests.attn.fake_allocator import FakePlanner, FakePrefillWrapper, FakeWrapper
 
 ROOT = Path(__file__).parents[2]
 SEAMS_FILE = Path(__file__).with_name("data") / "vllm_seams.json"
@@ -169,6 +169,7 @@ def test_a_module_that_lacks_a_seam_is_left_unpatched(caplog):
 VLLM_BYTES = 8 * MIB
 DECODE_CHAIN = [("batch_decode_tmp_v", 5 * MIB, 16), ("batch_decode_tmp_s", MIB, 16)]
 PREFILL_CHAIN = [("batch_prefill_tmp_v", 3 * MIB, 16)]
+INDICES = [("batch_decode_request_indices", 2 * MIB, 16)]
 
 
 class StandInBuilder:
@@ -176,6 +177,8 @@ class StandInBuilder:
     ``self._get_workspace_buffer()``, which makes vLLM's own buffer on first use."""
 
     decode_chain = DECODE_CHAIN
+    indexed = False
+    """Decode wrappers that keep an int workspace of their own, as FlashInfer's do."""
 
     def __init__(self) -> None:
         self.vllm_config, self.device = object(), torch.device("cpu")
@@ -195,8 +198,12 @@ class StandInBuilder:
 
     def _get_decode_wrapper(self, batch_size, use_cudagraph=False):
         if batch_size not in self._decode_wrappers:
-            chain = self.decode_chain
-            self._decode_wrappers[batch_size] = FakePlanner(self._get_workspace_buffer(), chain)
+            chain, buffer = self.decode_chain, self._get_workspace_buffer()
+            self._decode_wrappers[batch_size] = (
+                FakeWrapper(buffer, INDICES, chain, int_bytes=8 * MIB)
+                if self.indexed
+                else FakePlanner(buffer, chain)
+            )
         return self._decode_wrappers[batch_size]
 
     def build(self, batch_size):
@@ -345,3 +352,25 @@ def test_a_callback_waits_for_the_import_and_the_module_keeps_its_loader(tmp_pat
     when_imported("late_module_for_the_hook", lambda m: seen.append(m.VALUE + 1))
     assert seen == [41, 42]  # already imported: at once
     monkeypatch.delitem(sys.modules, "late_module_for_the_hook")
+
+
+def test_the_first_builders_decode_wrappers_share_the_decode_int_workspace(vllm_stand_in):
+    workspaces, Builder, runner = vllm_stand_in
+    runner.profile_run()
+    first, second = Builder(), Builder()
+    first.indexed = second.indexed = True
+    shared = workspaces.pools["attn.decode"].get("decode", 0).int_workspace
+    decodes = [first._get_decode_wrapper(b, True) for b in (1, 8, 64)]
+    assert all(d._int_workspace_buffer is shared.tensor for d in decodes)
+    assert all(d._pin_memory_int_workspace_buffer is shared.mirror for d in decodes)
+    # Another KV-cache group's builder plans its wrapper before either runs: it keeps its own.
+    other = second._get_decode_wrapper(8, True)
+    assert other._int_workspace_buffer is not shared.tensor
+    assert other._int_workspace_buffer.numel() == 8 * MIB
+    # The prefill wrappers keep their own (several may be planned in one step).
+    assert first._get_prefill_wrapper()._float_workspace_buffer is not None
+    report = workspaces.report()
+    assert report["shared_int_wrappers"] == 3
+    first.build(8)
+    assert shared.tensor.numel() == 8 * MIB  # FlashInfer's 8 MiB, the default floor, holds it
+    assert decodes[1].plans == 3  # planned, and planned again after each float growth
