@@ -119,7 +119,8 @@ def test_a_setup_s_summary_holds_its_figures_and_decode_step_percentiles():
     assert summary.pop("decode_p99_over_p50") == pytest.approx(1.5)
     assert summary == {
         "setup": "mstar-resources", "workspace_bytes": MIB, "int_workspace_bytes": 3 * MIB,
-        "pinned_bytes": 3 * MIB, "kv_tokens": 64, "kv_bytes": 64 << 14, "weights_bytes": 1 << 20, "decode_steps": 3, "tokens_out": 3, "steps_served": 9,
+        "pinned_bytes": 3 * MIB, "kv_tokens": 64, "kv_bytes": 64 << 14, "weights_bytes": 1 << 20,
+        "decode_steps": 3, "tokens_out": 3, "steps_served": 9,
         "growths_before_seal": 2, "growths_after_seal": 0, "sealed_overflow": None,
     }  # fmt: skip
 
