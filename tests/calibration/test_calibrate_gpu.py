@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from mstar_resources import build_pools, resolve
+from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.calibration.bounds import mla_bytes, prefill_bound_bytes
 from mstar_resources.calibration.calibrate import measure_all, per_resource, table
 from mstar_resources.calibration.measure import Planner
@@ -92,8 +93,11 @@ def test_measured_bytes_equal_flashinfers_workspace_size_and_planned_growth(cali
         plan = profile.plans[label]
         graph = label == "decode"
         grown = planner.need_by_growth(plan, shapes_for(plan, profile, graph), None)
-        # Growth from an empty buffer through real plans lands on FlashInfer's own figure.
+        # Growth from an empty buffer through real plans lands on FlashInfer's own figure, for
+        # the float workspace and the int one.
         assert grown.bytes == by_label[label].need.bytes, label
+        assert grown.int_bytes == by_label[label].need.int_bytes, label
+        assert 0 < grown.int_bytes < 8 << 20, label  # far below each wrapper's own 8 MiB
 
 
 # Shapes calibration did not plan: between its batch sizes, contexts and query lengths. The
@@ -120,6 +124,8 @@ def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
     for measured in per_resource(rows):
         group, name = measured.path.split(".")
         node[group][name].declared_mb = declared_mb_for(measured.need_bytes)
+        if measured.int_need_bytes is not None:
+            node[group][name].int_declared_mb = declared_mb_for(measured.int_need_bytes)
     pools = build_pools(node, "cuda", env={})
     for pool in pools.values():
         pool.seal()  # any growth would now raise
@@ -132,5 +138,8 @@ def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
             wrapper_for = planner.wrappers(plan, workspace.tensor)
             for shape in shapes_for(plan, profile, bool(record.cg_slots)) + BETWEEN[label]:
                 args, kwargs = planner.plan_args(plan, shape)
-                workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
+                wrapper = wrapper_for(shape)
+                install_int_workspace(wrapper, workspace, record.path)  # where it keeps one
+                workspace.plan(wrapper.plan, *args, **kwargs)
             assert workspace.stats().times_grown == 0
+            assert workspace.int_workspace.stats().times_grown == 0
