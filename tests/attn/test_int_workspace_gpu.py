@@ -190,3 +190,28 @@ def test_a_shared_pinned_mirror_races_without_the_fence_and_holds_with_it():
     fenced = what_the_first_run_reads(workspace.plan)
     assert not torch.equal(unfenced, its_own), "the race was not reproduced"
     assert torch.equal(fenced, its_own)
+
+
+def test_calibration_measures_the_int_need_the_plans_take():
+    """The int need calibration writes: FlashInfer's workspace_size() where it answers (0.7),
+    growth from an empty int workspace where it does not (0.6), and the two agree."""
+    from mstar_resources.calibration.measure import Planner
+    from mstar_resources.calibration.profile import load_profile
+    from mstar_resources.calibration.shapes import shapes_for
+
+    profile = load_profile({
+        "model": {"num_qo_heads": QO_HEADS, "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                  "page_size": PAGE},
+        "limits": {"max_num_seqs": 64, "max_num_batched_tokens": 512, "max_model_len": 8192},
+        "cuda_graph_batch_sizes": [1, 8, 64],
+        "plans": {"decode": {"kind": "decode"}, "prefill": {"kind": "paged_prefill"}},
+    })  # fmt: skip
+    planner = Planner(profile, torch.device("cuda"))
+    for label, graph in (("decode", True), ("decode", False), ("prefill", False)):
+        plan = profile.plans[label]
+        shapes = shapes_for(plan, profile, graph)
+        need = planner.need(plan, shapes)
+        grown = planner.need_by_growth(plan, shapes, None)
+        assert need.int_bytes == grown.int_bytes, (label, graph, need.method)
+        assert 0 < grown.int_bytes < 8 * MIB
+        print(f"\n{label} (graph {graph}): int need {grown.int_bytes:,} bytes by {need.method}")
