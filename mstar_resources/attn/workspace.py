@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -293,7 +294,7 @@ class Workspace:
                 growths, last = growths + 1, overflow
             else:
                 if mirrored is not None:
-                    mirrored._copy_queued()
+                    mirrored._copy_queued(_wrapper_of(plan, args))
                 if self._tensor.numel() != self._floor_bytes:  # grown, here or by another plan
                     _refresh_recorded_size(plan, self._tensor)
                 return planned
@@ -504,6 +505,8 @@ class IntWorkspace(Workspace):
         self._mirror = mirror
         self._last_copy: torch.cuda.Event | None = None
         """Recorded after each plan: the copy it queued from the mirror has run once it has."""
+        self._last_planner: weakref.ref[Any] | None = None
+        """The wrapper whose plan the workspace holds now (its last plan through Workspace.plan)."""
 
     @property
     def mirror(self) -> torch.Tensor:
@@ -522,12 +525,32 @@ class IntWorkspace(Workspace):
         if self._last_copy is not None:
             self._last_copy.synchronize()
 
-    def _copy_queued(self) -> None:
-        """Mark where the plan just made queued its copy from the mirror (the current stream)."""
+    def _copy_queued(self, planner: Any = None) -> None:
+        """Mark where the plan just made (by wrapper ``planner``, where known) queued its copy from
+        the mirror (the current stream), and whose plan the workspace now holds."""
+        self._last_planner = None if planner is None else weakref.ref(planner)
         if self._tensor.is_cuda:
             if self._last_copy is None:
                 self._last_copy = torch.cuda.Event()
             self._last_copy.record(torch.cuda.current_stream(self._tensor.device))
+
+    def check_planned_by(self, wrapper: Any) -> None:
+        """Raise :class:`WorkspacePlanError` unless the last plan this workspace holds is
+        ``wrapper``'s (or no plan through :meth:`Workspace.plan` named a wrapper yet): a wrapper
+        that ran now would read another wrapper's indices. Called by the ``run`` of every wrapper
+        :func:`install_int_workspace` gave this workspace, eagerly and at graph capture; a graph
+        replay runs no Python, and relies on the rule alone."""
+        last = self._last_planner
+        planner = None if last is None else last()
+        if planner is not None and planner is not wrapper:
+            raise WorkspacePlanError(
+                f"int workspace {self._name!r} holds the plan of another {type(planner).__name__} "
+                f"({id(planner):#x}), made after this {type(wrapper).__name__}'s "
+                f"({id(wrapper):#x}); wrappers that share an int workspace must each be planned "
+                "right before they run (or before their graph is captured or replayed)",
+                workspace=self._name,
+                held_bytes=self._tensor.numel(),
+            )
 
     def _resize(self, need: int, cause: str) -> int:
         """Grow the GPU buffer and the mirror together; if either cannot be had, both keep their
@@ -583,7 +606,36 @@ def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> boo
     # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
     own[_INT_BUFFER] = int_workspace.tensor
     own[_PINNED_MIRROR] = int_workspace.mirror
+    run = own.get("run") or getattr(wrapper, "run", None)
+    if callable(run) and getattr(run, "_checks", None) is not int_workspace:
+        own["run"] = _checked_run(run, wrapper, int_workspace)
     return True
+
+
+def _checked_run(
+    run: Callable[..., T], wrapper: Any, int_workspace: IntWorkspace
+) -> Callable[..., T]:
+    """``run``, which first checks that ``int_workspace`` holds ``wrapper``'s own plan (held
+    weakly: the wrapper keeps this in its ``__dict__``)."""
+    reference = weakref.ref(wrapper)
+
+    def checked(*args: Any, **kwargs: Any) -> T:
+        int_workspace.check_planned_by(reference())
+        return run(*args, **kwargs)
+
+    checked._checks = int_workspace  # type: ignore[attr-defined]
+    return checked
+
+
+def _wrapper_of(plan: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """The wrapper a plan plans: its bound ``plan``'s object, or the first argument of a module
+    function that takes it (vLLM's ``fast_plan_decode(wrapper, ...)``); None if neither."""
+    bound = getattr(plan, "__self__", None)
+    if bound is not None and own_buffers(bound) is not None:
+        return bound
+    if args and own_buffers(args[0]) is not None:
+        return args[0]
+    return None
 
 
 def _device(device: object) -> torch.device:

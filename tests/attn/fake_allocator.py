@@ -278,6 +278,9 @@ class FakeWrapper:
         mirror[:end] = self.plans % 251
         FakePlanner(self._float_workspace_buffer, self.float_allocations)()
 
+    def run(self, *args: object, **kwargs: object) -> str:
+        return "ran"
+
     def workspace_size(self, *args: object, **kwargs: object) -> tuple[int, int]:
         return (
             FakePlanner(self._float_workspace_buffer, self.float_allocations).bytes_needed(),

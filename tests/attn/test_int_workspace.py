@@ -13,6 +13,7 @@ from mstar_resources import (
     ResourceConfigError,
     Workspace,
     WorkspaceGrowthError,
+    WorkspacePlanError,
     WorkspacePool,
     WorkspaceSealedError,
     build_pools,
@@ -239,3 +240,19 @@ def test_a_mirror_unlike_its_workspace_is_refused(mirror):
 def test_int_workspace_must_be_an_int_workspace():
     with pytest.raises(ResourceConfigError, match=r"int_workspace=.* must be an IntWorkspace"):
         Workspace(torch.zeros(8, dtype=torch.uint8), "w", int_workspace=torch.zeros(8))
+
+
+def test_a_wrapper_whose_plan_another_overwrote_refuses_to_run():
+    pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
+    workspace = pool.get("decode", 0)
+    first, second = (pool.build(FakeWrapper, label="decode", cg_slot=0) for _ in range(2))
+    workspace.plan(first.plan)
+    assert first.run("q") == "ran"  # its own plan: it runs
+    workspace.plan(second.plan)
+    with pytest.raises(WorkspacePlanError) as raised:
+        first.run("q")
+    assert raised.value.workspace == "attention:decode:cg0:int"
+    assert "must each be planned right before they run" in str(raised.value)
+    assert second.run("q") == "ran"
+    workspace.plan(first.plan)  # planned again, right before it runs
+    assert first.run("q") == "ran"
