@@ -265,7 +265,7 @@ class Workspace:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
                 overflow = parse_overflow(error)
-                short = self._short_of(overflow, have)
+                short = self._short_of(overflow, have, _wrapper_of(plan, args))
                 if short is None or overflow is None:
                     raise
                 planned_on = have[short.kind]
@@ -301,13 +301,17 @@ class Workspace:
 
     _build_advice = "build the wrapper on workspace.tensor (or with WorkspacePool.build)"
 
-    def _short_of(self, overflow: Overflow | None, have: dict[str, int]) -> Workspace | None:
+    def _short_of(
+        self, overflow: Overflow | None, have: dict[str, int], wrapper: Any
+    ) -> Workspace | None:
         """The workspace here that ``overflow`` ran short of, or None (not one of ours)."""
         short = None if overflow is None else dict(self._by_kind()).get(overflow.kind)
         # An allocator with more room than this buffer holds was not allocating from it.
         if short is None or overflow is None or (overflow.available or 0) > have[short.kind]:
             return None
-        return short
+        # A wrapper that keeps its own int workspace overflowed that one, not this.
+        theirs = wrapper is not None and getattr(wrapper, _INT_BUFFER, None) is not short._tensor
+        return None if short.kind == "int" and theirs else short
 
     def _by_kind(self) -> list[tuple[str, Workspace]]:
         """The workspaces a plan through this one may grow, by the kind of overflow."""
@@ -521,9 +525,11 @@ class IntWorkspace(Workspace):
         return self
 
     def _wait_for_last_copy(self) -> None:
-        """Wait for the copy the previous plan queued from the mirror, before a plan rewrites it."""
-        if self._last_copy is not None:
-            self._last_copy.synchronize()
+        """Wait for the copy the previous plan queued from the mirror, before a plan rewrites it
+        (asked first: it has almost always run, and asking costs less than waiting)."""
+        copy = self._last_copy
+        if copy is not None and not copy.query():
+            copy.synchronize()
 
     def _copy_queued(self, planner: Any = None) -> None:
         """Mark where the plan just made (by wrapper ``planner``, where known) queued its copy from
