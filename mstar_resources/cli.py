@@ -134,7 +134,7 @@ def _table(
             str(record.workspaces),
             _mb(record.reserved_bytes),
             f"{record.int_floor_mb:,}",
-            record.int_floor_source,
+            "calibrated" if _int_calibrated(calibrated, record.path) else record.int_floor_source,
             _mb(record.int_reserved_bytes),
             _mb(record.int_reserved_bytes),
         )
@@ -147,11 +147,16 @@ def _table(
               _mb(report["total_pinned_bytes"])]  # fmt: skip
     table = [_COLUMNS, None, *rows, None, footer]
     lines = [format_table(table, right={4, 6, 7, 8, 10, 11})]
-    lines += [
-        f"{path}: calibrated, need {c.need_bytes:,} bytes + {c.margin:.0%} "
-        f"(resources.{path}.declared_mb)"
-        for path, c in calibrated.items()
-    ]
+    for path, c in calibrated.items():
+        lines.append(
+            f"{path}: calibrated, need {c.need_bytes:,} bytes + {c.margin:.0%} "
+            f"(resources.{path}.declared_mb)"
+            + (
+                ""
+                if c.int_need_bytes is None
+                else f"; int need {c.int_need_bytes:,} bytes (resources.{path}.int_declared_mb)"
+            )
+        )
     if "allocated_bytes" in report:
         lines.append(
             f"allocated on {report['device']}: {report['allocated_bytes']:,} bytes "
@@ -159,6 +164,11 @@ def _table(
             f"{total:,}, int {int_total:,})"
         )
     return "\n".join(lines)
+
+
+def _int_calibrated(calibrated: dict[str, CalibratedFloor], path: str) -> bool:
+    floor = calibrated.get(path)
+    return floor is not None and floor.int_need_bytes is not None
 
 
 def _mb(nbytes: int) -> str:

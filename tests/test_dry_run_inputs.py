@@ -24,9 +24,10 @@ def test_a_calibrated_floor_shows_as_calibrated_with_its_need_and_margin(tmp_pat
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
     assert lines[2].split()[5] == lines[3].split()[5] == "calibrated"
+    assert lines[2].split()[9] == lines[3].split()[9] == "calibrated"  # the int floors too
     assert (
-        "attn.decode: calibrated, need 2,179,584 bytes + 0% (resources.attn.decode.declared_mb)"
-        in lines
+        "attn.decode: calibrated, need 2,179,584 bytes + 0% (resources.attn.decode.declared_mb); "
+        "int need 4,384 bytes (resources.attn.decode.int_declared_mb)" in lines
     )
 
 
@@ -36,7 +37,18 @@ def test_a_floor_set_over_the_calibrated_one_is_declared(tmp_path):
     sources = {r["path"]: r["floor_source"] for r in report["resources"]}
     assert sources == {"attn.prefill": "declared", "attn.decode": "declared"}
     assert set(report["calibrated"]) == {"attn.prefill"}
-    assert report["calibrated"]["attn.prefill"] == {"need_bytes": 17_436_672, "margin": 0.0}
+    assert report["calibrated"]["attn.prefill"] == {
+        "need_bytes": 17_436_672, "margin": 0.0, "int_need_bytes": 4_104,
+    }  # fmt: skip
+
+
+def test_an_int_floor_set_over_the_calibrated_one_is_declared(tmp_path):
+    done = run_cli(CAL, "resources.attn.decode.int_declared_mb=4", "format=json", cwd=tmp_path)
+    report = json.loads(done.stdout)
+    decode = next(r for r in report["resources"] if r["path"] == "attn.decode")
+    assert (decode["int_floor_mb"], decode["int_floor_source"]) == (4, "declared")
+    # Its float floor is still calibration's; its int need is no longer what the floor says.
+    assert report["calibrated"]["attn.decode"]["int_need_bytes"] is None
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,10 @@ class CalibratedFloor:
     """What calibration measured the resource's plans to need."""
     margin: float
     """What it added, as a fraction."""
+    int_need_bytes: int | None = None
+    """What it measured the plans to need of the int workspace, where the resource's
+    ``int_declared_mb`` is still the one it wrote from that (None: not measured, or set
+    otherwise since)."""
 
 
 def calibrated_floors(record: Any, resources: Sequence[Any]) -> dict[str, CalibratedFloor]:
@@ -97,12 +101,19 @@ def calibrated_floors(record: Any, resources: Sequence[Any]) -> dict[str, Calibr
         OmegaConf.to_container(record) if isinstance(record, DictConfig) else record,
     )
     margin = float(plain.get("margin", 0.0))
-    needs = {n["path"]: int(n["need_bytes"]) for n in plain.get("needs", [])}
-    return {
-        r.path: CalibratedFloor(needs[r.path], margin)
-        for r in resources
-        if r.path in needs and r.declared_mb == declared_mb_for(needs[r.path], margin)
-    }
+    needs = {n["path"]: n for n in plain.get("needs", [])}
+    floors = {}
+    for r in resources:
+        need = needs.get(r.path)
+        if need is None or r.declared_mb != declared_mb_for(int(need["need_bytes"]), margin):
+            continue
+        int_need = need.get("int_need_bytes")
+        if int_need is not None and r.int_declared_mb != declared_mb_for(int(int_need), margin):
+            int_need = None
+        floors[r.path] = CalibratedFloor(
+            int(need["need_bytes"]), margin, None if int_need is None else int(int_need)
+        )
+    return floors
 
 
 def record_differences(
