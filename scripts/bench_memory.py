@@ -1,4 +1,4 @@
-"""Float-workspace memory per shipped deployment: calibrated floors against engines' fixed sizes.
+"""Workspace memory per shipped deployment: calibrated floors against engines' fixed sizes.
 
     python scripts/bench_memory.py                  # every deployment with a calibrated override
     python scripts/bench_memory.py llama3-8b-h200_calibrated
@@ -10,8 +10,13 @@ per label and CUDA-graph slot, none aliased):
 - need: what calibration measured (the floor no one can beat without aliasing);
 - reserved: what its pools hold with the calibrated floors, and its ratio to the need;
 - what each engine really reserves for that deployment: one buffer, shared by all its wrappers,
-  of the size its current release gives it (``mstar_resources/calibration/engines.py`` says
-  where each figure comes from).
+  of the size its current release gives it (``mstar_resources/calibration/engine_buffers.py``
+  says where each figure comes from);
+- int workspaces: what calibration measured the plans to need of them (``int need KiB``, over
+  all workspaces), what the pools hold on the GPU with the calibrated ``int_declared_mb`` (and as
+  many pinned on the host), and what the wrappers of an engine that builds them as vLLM and
+  SGLang do make for themselves (8 MiB each, and as many pinned: a decode wrapper per graph
+  batch size of the profile, an eager decode and a prefill wrapper).
 
 It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a folder that exists.
 """
@@ -28,7 +33,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import resolve
 from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, shipped_deployments
-from mstar_resources.calibration.engine_buffers import engine_buffers_mb
+from mstar_resources.calibration.engine_buffers import engine_buffers_mb, own_int_mb
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.hydra_apps import register_settings
 from mstar_resources.settings import DryRunSettings
@@ -53,6 +58,9 @@ class Row:
     need: float
     reserved: float
     engines: dict[str, int | None]  # by engine; None: it plans no FlashInfer workspace for it
+    int_need_kib: float | None  # None: not measured (FlashInfer 0.7's MLA)
+    int_reserved: float
+    engines_int: int
 
     def series(self) -> dict[str, float | None]:
         """The figure's bars: the need, the reserved memory and each engine's buffer."""
@@ -67,11 +75,21 @@ def measure(deployment: str) -> Row:
     records = {r.path: r for r in resolve(cfg.resources, env={})}
     workspaces = sum(r.workspaces for r in records.values())
     need: int = sum(n.need_bytes * records[n.path].workspaces for n in cfg.calibrated.needs)
+    int_needs = [n.get("int_need_bytes") for n in cfg.calibrated.needs]
+    int_need = (
+        None
+        if None in int_needs
+        else sum(int(n.int_need_bytes) * records[n.path].workspaces for n in cfg.calibrated.needs)
+    )
+    profile = load_profile(cfg.calibration)
     return Row(
         workspaces=workspaces,
         need=need / MIB,
         reserved=sum(r.reserved_bytes for r in records.values()) / MIB,
-        engines=engine_buffers_mb(load_profile(cfg.calibration)),
+        engines=engine_buffers_mb(profile),
+        int_need_kib=None if int_need is None else int_need / 1024,
+        int_reserved=sum(r.int_reserved_bytes for r in records.values()) / MIB,
+        engines_int=own_int_mb(profile),
     )
 
 
@@ -133,10 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     head = (
         f"{'deployment':<32} {'workspaces':>10} {'need MiB':>9} {'reserved MiB':>12} {'/need':>6}"
     )
-    print(head + "".join(f" {e + ' MiB':>16}" for e in ENGINES))
+    int_head = f" {'int need KiB':>12} {'int reserved MiB':>16} {'engines int MiB':>15}"
+    print(head + "".join(f" {e + ' MiB':>16}" for e in ENGINES) + int_head)
     for d, r in results.items():
         line = f"{d:<32} {r.workspaces:>10} {r.need:>9.2f} {r.reserved:>12.0f} {_per_need(r):>6}"
-        print(line + "".join(f" {_mb(r.engines[e]):>16}" for e in ENGINES))
+        int_need = "-" if r.int_need_kib is None else f"{r.int_need_kib:,.1f}"
+        ints = f" {int_need:>12} {r.int_reserved:>16.0f} {r.engines_int:>15,}"
+        print(line + "".join(f" {_mb(r.engines[e]):>16}" for e in ENGINES) + ints)
     if options.png:
         plot(results, options.png)
     return 0

@@ -256,19 +256,22 @@ class Workspace:
         """
         growths, last = 0, None
         mirrored = self._mirrored()
+        mirrored = mirrored if mirrored is not None and mirrored._wrappers_given else None
         while True:
             # What the plan sees, whatever another thread does.
-            have = {kind: workspace._tensor.numel() for kind, workspace in self._by_kind()}
+            have = self._tensor.numel()
+            have_int = None if self._int is None else self._int._tensor.numel()
             if mirrored is not None:
                 mirrored._wait_for_last_copy()
             try:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+                seen = {self.kind: have, **({} if have_int is None else {"int": have_int})}
                 overflow = parse_overflow(error)
-                short = self._short_of(overflow, have, _wrapper_of(plan, args))
+                short = self._short_of(overflow, seen, _wrapper_of(plan, args))
                 if short is None or overflow is None:
                     raise
-                planned_on = have[short.kind]
+                planned_on = seen[short.kind]
                 if short._sealed:
                     whole = _whole_plan_need(plan, args, kwargs, short._answer_index)
                     raise short._sealed_error(overflow, whole) from error
@@ -318,7 +321,8 @@ class Workspace:
         return [(self.kind, self)] + ([] if self._int is None else [(self._int.kind, self._int)])
 
     def _mirrored(self) -> IntWorkspace | None:
-        """The int workspace whose pinned mirror a plan through this one writes."""
+        """The int workspace whose pinned mirror a plan through this one may write (fenced where
+        a wrapper was given it)."""
         return self._int
 
     def seal(self) -> None:
@@ -511,6 +515,9 @@ class IntWorkspace(Workspace):
         """Recorded after each plan: the copy it queued from the mirror has run once it has."""
         self._last_planner: weakref.ref[Any] | None = None
         """The wrapper whose plan the workspace holds now (its last plan through Workspace.plan)."""
+        self._wrappers_given = False
+        """Whether a wrapper plans on it (install_int_workspace): until then a plan writes a
+        mirror of the wrapper's own, and nothing here needs fencing or tracking."""
 
     @property
     def mirror(self) -> torch.Tensor:
@@ -612,6 +619,7 @@ def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> boo
     # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
     own[_INT_BUFFER] = int_workspace.tensor
     own[_PINNED_MIRROR] = int_workspace.mirror
+    int_workspace._wrappers_given = True
     run = own.get("run") or getattr(wrapper, "run", None)
     if callable(run) and getattr(run, "_checks", None) is not int_workspace:
         own["run"] = _checked_run(run, wrapper, int_workspace)

@@ -19,6 +19,7 @@ graph sizes (they run one after another on a stream):
 
 from __future__ import annotations
 
+from .._internal.floor import INT_DEFAULT_MB
 from ..units import mb_to_hold
 from .profile import CalibrationProfile, PlanKind
 
@@ -57,4 +58,13 @@ def engine_buffers_mb(profile: CalibrationProfile) -> dict[str, int | None]:
     }
 
 
-__all__ = ["engine_buffers_mb", "vllm_buffer_mb", "vllm_formula_bytes"]
+def own_int_mb(profile: CalibrationProfile, cuda_graphs: bool = True) -> int:
+    """What the wrappers of an engine that builds them as vLLM and SGLang do make for themselves
+    in int workspaces, in MB (and as many pinned on the host): FlashInfer's 8 MiB each, for a
+    prefill wrapper, an eager decode wrapper and (``cuda_graphs``) a decode wrapper per graph
+    batch size of the profile. No setting of theirs changes it."""
+    wrappers = 2 + (len(profile.cuda_graph_batch_sizes) if cuda_graphs else 0)
+    return wrappers * INT_DEFAULT_MB
+
+
+__all__ = ["engine_buffers_mb", "own_int_mb", "vllm_buffer_mb", "vllm_formula_bytes"]

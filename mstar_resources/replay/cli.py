@@ -33,8 +33,7 @@ from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
-from .._internal.floor import INT_DEFAULT_MB
-from ..calibration.engine_buffers import SGLANG_MB, vllm_buffer_mb
+from ..calibration.engine_buffers import SGLANG_MB, own_int_mb, vllm_buffer_mb
 from ..calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from ..calibration.record import check_calibration
 from ..calibration.versions import check_flashinfer
@@ -160,13 +159,6 @@ def kv_pages_for(free: int, workspace_bytes: int, shape: ModelSizes, utilization
     leave."""
     page_bytes = shape.kv_bytes_per_token * shape.page_size
     return int((free - workspace_bytes) * utilization) // page_bytes
-
-
-def own_int_bytes(profile: CalibrationProfile, cuda_graphs: bool) -> int:
-    """The int workspaces of the fixed setup's wrappers, each FlashInfer's own 8 MiB: the prefill
-    wrapper, the eager decode wrapper and one decode wrapper per graph batch size."""
-    wrappers = 2 + (len(profile.cuda_graph_batch_sizes) if cuda_graphs else 0)
-    return wrappers * INT_DEFAULT_MB * MIB
 
 
 def fixed_buffer_mb(setting: int | None, profile: CalibrationProfile, ranks: int) -> int:
@@ -361,7 +353,7 @@ def _replay(
     # the fixed setup's one of FlashInfer's own a wrapper).
     workspace_bytes = {
         "library": sum(record.reserved_bytes + record.int_reserved_bytes for record in records),
-        "fixed": fixed_bytes + own_int_bytes(profile, cfg.cuda_graphs),
+        "fixed": fixed_bytes + own_int_mb(profile, cfg.cuda_graphs) * MIB,
     }
     # Free memory is measured once, now, before either setup's workspaces are made: each setup's
     # own are then taken from it (the library's as its records reserve them).

@@ -29,6 +29,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 
 from mstar_resources import resolver
+from mstar_resources.calibration.engine_buffers import own_int_mb
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.replay import cli, engine
 from mstar_resources.replay import report as reporting
@@ -58,8 +59,9 @@ TOKEN_BYTES = 2 * 128 * 2
 ROOM = 2 * MIB
 """Free memory the stand-in reports beyond the fixed setup's buffers: KV cache for 4 whole
 requests."""
-FIXED_INT = cli.own_int_bytes(load_profile(compose_shipped([f"deployment={GQA}"]).calibration),
-                              cuda_graphs=False)  # fmt: skip
+FIXED_INT = MIB * own_int_mb(
+    load_profile(compose_shipped([f"deployment={GQA}"]).calibration), cuda_graphs=False
+)
 """What the replay counts for the int workspaces of the fixed setup's wrappers, eager (a prefill
 and a decode wrapper, FlashInfer's own 8 MiB each)."""
 LIBRARY_INT = sum(
