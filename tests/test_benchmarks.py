@@ -243,13 +243,29 @@ def test_memory_without_a_need_prints_a_dash_for_its_ratio(
     monkeypatch.syspath_prepend(str(SCRIPTS))
     bench_memory = importlib.import_module("bench_memory")
     row = bench_memory.Row(
-        workspaces=3, need=0.0, reserved=23.0, engines=dict.fromkeys(bench_memory.ENGINES, 384)
-    )
+        workspaces=3, need=0.0, reserved=23.0, engines=dict.fromkeys(bench_memory.ENGINES, 384),
+        int_need_kib=None, int_reserved=3.0, engines_int=296,
+    )  # fmt: skip
     monkeypatch.setattr(bench_memory, "measure", lambda deployment: row)
     assert bench_memory.main(["llama3-8b-h200_calibrated"]) == 0
     header, line = capsys.readouterr().out.splitlines()
-    assert "/need" in header
-    assert line.split() == ["llama3-8b-h200_calibrated", "3", "0.00", "23", "-", *["384"] * 4]
+    assert "/need" in header and "int need KiB" in header
+    # An int need not measured is a dash too.
+    assert line.split() == [
+        "llama3-8b-h200_calibrated", "3", "0.00", "23", "-", *["384"] * 4, "-", "3", "296",
+    ]  # fmt: skip
+
+
+def test_memory_reports_the_shipped_int_needs_and_the_engines_own_int_workspaces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    bench_memory = importlib.import_module("bench_memory")
+    row = bench_memory.measure("llama3-8b-h200_calibrated")
+    # Three workspaces' int needs (4,104 prefill; 4,384 each decode slot), 1 MiB each reserved,
+    # and 37 wrappers' own 8 MiB (35 graph sizes, an eager decode, a prefill).
+    assert row.int_need_kib == pytest.approx((4_104 + 2 * 4_384) / 1024)
+    assert (row.int_reserved, row.engines_int) == (3.0, 37 * 8)
 
 
 @pytest.fixture
