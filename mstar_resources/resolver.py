@@ -32,6 +32,10 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 
 __all__ = ["ResolvedResource", "build_pools", "pools_of", "resolve"]
 
+MAX_DEPTH = 32
+"""The most levels of groups a resource may sit under (``resources.a.b...``): an engine's tree has
+two or three; a deeper one is a mistake (and would exhaust Python's recursion in OmegaConf)."""
+
 RESOURCES_KEY = "resources"
 """The config key the tree lives under; a resource's full key is ``resources.<path>``."""
 
@@ -230,6 +234,9 @@ def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
             f"{RESOURCES_KEY}={resources_node!r} is not a mapping; give it resources by name "
             f"(e.g. {RESOURCES_KEY}.attn.decode.labels=[decode])"
         )
+    too_deep = _deeper_than(resources_node, MAX_DEPTH)
+    if too_deep is not None:
+        raise ResourceConfigError(_too_deep(too_deep))
     try:
         return OmegaConf.create(dict(resources_node))
     except OmegaConfBaseException as error:
@@ -238,9 +245,34 @@ def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
         ) from None
 
 
-def _walk(node: DictConfig, key: str, problems: list[str]) -> Iterator[tuple[str, DictConfig]]:
+def _deeper_than(tree: Mapping[str, Any], depth: int) -> str | None:
+    """The key of a mapping nested more than ``depth`` levels below ``tree`` (found without
+    recursion), or None."""
+    stack = [(RESOURCES_KEY, tree, 0)]
+    while stack:
+        key, node, level = stack.pop()
+        if level > depth:
+            return key
+        stack += [(f"{key}.{k}", v, level + 1) for k, v in node.items() if isinstance(v, Mapping)]
+    return None
+
+
+def _too_deep(key: str) -> str:
+    shown = key if len(key) <= 80 else f"{key[:77]}..."
+    return (
+        f"{shown} is nested more than {MAX_DEPTH} levels below {RESOURCES_KEY}; a resource sits "
+        f"under a group or two (e.g. {RESOURCES_KEY}.attn.decode)"
+    )
+
+
+def _walk(
+    node: DictConfig, key: str, problems: list[str], level: int = 0
+) -> Iterator[tuple[str, DictConfig]]:
     """The resources below ``node`` as (path, node): a mapping with a schema field is a resource,
     any other mapping a group of them."""
+    if level > MAX_DEPTH:
+        problems.append(_too_deep(key))
+        return
     for name in node:
         child_key = key + "." + str(name)
         path = child_key.removeprefix(f"{RESOURCES_KEY}.")
@@ -254,7 +286,7 @@ def _walk(node: DictConfig, key: str, problems: list[str]) -> Iterator[tuple[str
         elif isinstance(child, DictConfig) and any(str(k) in _FIELDS for k in child):
             yield path, child
         elif isinstance(child, DictConfig):
-            yield from _walk(child, child_key, problems)
+            yield from _walk(child, child_key, problems, level + 1)
         else:
             problems.append(
                 f"{child_key}={_plain(child)!r} is neither a resource nor a group of them; a "

@@ -371,3 +371,32 @@ def test_pools_on_cuda_without_a_gpu_say_so_when_they_allocate():
     pools = build_pools({"a": {"labels": ["x"]}}, "cuda", env={})  # nothing allocated yet
     with pytest.raises(ResourceConfigError, match=r"made on cuda, and torch sees no CUDA device"):
         pools["a"].reserve()
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["mapping", "config"])
+def test_a_tree_nested_beyond_32_levels_is_one_problem_naming_where(plain):
+    tree: dict = {}
+    node = tree
+    for _ in range(500):
+        node["g"] = {}
+        node = node["g"]
+    node["r"] = {"labels": ["x"]}
+    with pytest.raises(ResourceConfigError) as raised:
+        resolve(tree if plain else _deep_config(40), {})
+    (problem,) = raised.value.problems
+    assert problem.startswith("resources.g.g.g") and "nested more than 32 levels" in problem
+
+
+def _deep_config(levels: int):
+    node: dict = {"r": {"labels": ["x"]}}
+    for _ in range(levels):
+        node = {"g": node}
+    return OmegaConf.create(node)
+
+
+def test_a_tree_32_levels_deep_resolves():
+    node: dict = {"r": {"labels": ["x"]}}
+    for _ in range(31):
+        node = {"g": node}
+    (record,) = resolve(node, {})
+    assert record.path == ".".join(["g"] * 31 + ["r"])

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
-from .._internal.floor import ENV_VAR, INT, Floor, resolve_floor
+from .._internal.floor import ENV_VAR, INT, MAX_MB, Floor, resolve_floor
 from .._internal.limits import name_problem
 from ..errors import (
     ResourceConfigError,
@@ -39,7 +39,7 @@ from ..errors import (
     WorkspaceSealedError,
     WorkspaceShortError,
 )
-from ..units import ALIGNMENT, counted, is_int, mb_to_hold
+from ..units import ALIGNMENT, MIB, counted, is_int, mb_to_hold
 from ._overflow import Overflow, parse_overflow
 
 if TYPE_CHECKING:
@@ -431,12 +431,28 @@ class Workspace:
             self._grown_to_agree += added
             return added
 
+    def _refuse_beyond_any_gpu(self, need: int, cause: str) -> None:
+        """A growth to more than 1 TiB is refused (the plan's arguments are wrong), the buffer
+        kept."""
+        if need > MAX_MB * MIB:
+            have = self._tensor.numel()
+            raise WorkspaceGrowthError(
+                f"workspace {self._name!r}: {cause} asks to grow it from {have:,} to {need:,} "
+                f"bytes, more than {MAX_MB:,} MB (1 TiB, more than any GPU holds); it keeps its "
+                f"{have:,}-byte buffer. The plan's arguments are likely wrong",
+                workspace=self._name,
+                held_bytes=have,
+                needed_bytes=need,
+                setting=self._floor,
+            )
+
     def _resize(self, need: int, cause: str) -> int:
         """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed; returns the
         bytes added (0 if it holds that many already). The caller holds the lock."""
         have = self._tensor.numel()
         if have >= need:
             return 0
+        self._refuse_beyond_any_gpu(need, cause)
         try:
             # A failed resize_() leaves the tensor claiming storage it does not have, so the
             # new buffer is made whole before the tensor moves onto it.
@@ -571,6 +587,7 @@ class IntWorkspace(Workspace):
         have = self._tensor.numel()
         if have >= need:
             return 0
+        self._refuse_beyond_any_gpu(need, cause)
         try:
             grown_mirror = _host_mirror(need, self._tensor)
         except RuntimeError as error:

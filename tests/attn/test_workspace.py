@@ -673,3 +673,14 @@ def test_a_workspace_sealed_while_a_plan_runs_never_moves():
     assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, MIB)
     assert (raised.value.held_bytes, raised.value.needed_bytes) == (MIB, 2 * MIB)
     assert workspace.stats().times_grown == 0
+
+
+def test_a_growth_beyond_any_gpu_is_refused_and_the_buffer_kept():
+    workspace = make_workspace()
+    with pytest.raises(WorkspaceGrowthError) as raised:
+        workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 10**30, 16)]))
+    error = raised.value
+    assert (error.workspace, error.held_bytes, error.setting) == ("attention:decode", MIB, VAR)
+    assert error.needed_bytes == 10**30  # nothing taken before it
+    assert "more than 1,048,576 MB (1 TiB" in str(error)
+    assert workspace.tensor.numel() == MIB and workspace.stats().times_grown == 0
