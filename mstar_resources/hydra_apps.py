@@ -256,6 +256,8 @@ def hydra_app(
                 composing = GlobalHydra.instance().is_initialized()  # no --config-dir then
                 with _hydra_initialized(config_path, run):
                     names = set(_group_options(group, config_name))
+                if not group:  # the other primary configs there are other apps'
+                    names &= {config_name}
                 if config_dir is not None and os.path.isdir(config_dir) and not composing:
                     folder = os.path.abspath(config_dir)
                     with initialize_config_dir(folder, version_base="1.3"):
@@ -393,14 +395,13 @@ def _told(
         return not_yaml(error)
     if isinstance(error, UnicodeDecodeError):
         return _undecodable(error)
-    if (
-        isinstance(error, MissingConfigException)
-        and error.options is None
-        and line is not None
-        and line.config_name
-        and _names_config(line.config_name, error.missing_cfg_file)
-    ):
-        return not_a_primary_config(line.config_name, listed(""))
+    if line is not None and line.config_name:
+        configs = listed("")
+        missing = isinstance(error, MissingConfigException) and error.options is None
+        if (missing and _names_config(line.config_name, error.missing_cfg_file)) or (
+            line.config_name.removesuffix(".yaml") not in configs  # another app's, say
+        ):
+            return not_a_primary_config(line.config_name, configs)
     if isinstance(error, HydraException | OmegaConfBaseException):
         told = explain(error)
         chosen = next((o.value() for o in overrides if o.key_or_group == DEPLOYMENT_GROUP), None)

@@ -66,6 +66,12 @@ def explain(error: BaseException) -> str:
         return _unknown_key(cause)
     if isinstance(cause, ValidationError) and cause.full_key:
         return _bad_value(cause)
+    if isinstance(cause, OmegaConfBaseException) and cause is not error:
+        # Hydra's own sentence ("Error merging override ~calibration.model") says what it was
+        # doing; OmegaConf's, the first line of its cause, says why it could not.
+        reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        if reason not in str(error):
+            return _paragraph(f"{error}: {reason}")
     return _paragraph(str(error))
 
 
@@ -101,7 +107,7 @@ def not_a_primary_config(name: str, configs: list[str]) -> str:
     )
     there = f"pick one of {', '.join(configs)}" if configs else "it holds none"
     return (
-        f"--config-name={name} is not a config in the search path{did_you_mean(name, configs)}; "
+        f"--config-name={name} is not a config of this app{did_you_mean(name, configs)}; "
         f"{there}, or add --config-dir DIR for one of your own{own}"
     )
 

@@ -27,6 +27,11 @@ APPS = [
     pytest.param(CALIBRATE, "mstar-resources-calibrate", id="calibrate"),
     pytest.param(REPLAY, "replay", id="replay"),
 ]
+PRIMARY_CONFIG = {
+    "mstar-resources": "mstar_resources",
+    "mstar-resources-calibrate": "mstar_resources_calibrate",
+    "replay": "replay",
+}
 D = "resources.attn.decode.declared_mb"
 A_DEPLOYMENT = "llama3-8b-h200"  # listed in every app's choices
 
@@ -186,8 +191,10 @@ def test_a_wrong_type_in_a_file_is_told_as_on_the_command_line(tmp_path, python,
 
 # What was told with nothing after "pick one of" or "takes": (arguments, what it names)
 NOTHING_LISTED = [
-    pytest.param(["--config-name", "nope"], ["--config-name=nope", "mstar_resources"],
+    pytest.param(["--config-name", "nope"], ["--config-name=nope", "pick one of {config},"],
                  id="config-name-missing"),
+    pytest.param(["--config-name", "{other}"], ["--config-name={other}", "pick one of {config},"],
+                 id="config-name-of-another-app"),
     pytest.param(["--config-name", "{own}"], ["--config-name={own}", "--config-dir {folder}"],
                  id="config-name-of-a-file"),
     pytest.param(["--config-dir", "conf", "--config-name", "mne"],
@@ -207,7 +214,10 @@ def test_what_there_is_to_pick_reads_well(tmp_path, python, prog, args, named):
     own = tmp_path / "conf" / "mine.yaml"
     own.parent.mkdir()
     own.write_text("defaults:\n  - mstar_resources\n  - _self_\n")
-    fill = {"own": str(own), "folder": str(own.parent)}
+    # Each app names its own primary config, not the others' beside it in the package.
+    config = PRIMARY_CONFIG[prog]
+    other = next(c for c in PRIMARY_CONFIG.values() if c != config)
+    fill = {"own": str(own), "folder": str(own.parent), "config": config, "other": other}
     done = run_cli(*(arg.format(**fill) for arg in args), cwd=tmp_path, python=python)
     assert_one_paragraph(done, prog, *(text.format(**fill) for text in named))
     assert " ;" not in done.stderr and ", ;" not in done.stderr and "one of ;" not in done.stderr

@@ -176,6 +176,15 @@ BAD_INPUT = [
                  r"MSTAR_INT_WORKSPACE_BUFFER_MB='-1' is not a positive whole number of MB; .* "
                  r"or unset it for the default of 8",
                  id="bad-int-variable"),
+    pytest.param(["deployment=llama3-8b-h200", "~calibration.model"], {},
+                 r"Error merging override ~calibration\.model: CalibrationProfile \(DictConfig\) "
+                 r"does not support deletion", id="delete-a-schema-field"),
+    pytest.param(["--config-name=nope"], {},
+                 r"--config-name=nope is not a config of this app; pick one of mstar_resources, "
+                 r"or add --config-dir DIR for one of your own", id="config-name-unknown"),
+    pytest.param(["--config-name=replay"], {},  # the replay's, in the same search path
+                 r"--config-name=replay is not a config of this app; pick one of mstar_resources,",
+                 id="config-name-another-apps"),
     pytest.param(["deployment=llama3-8b-h100"], {},
                  r"deployment=llama3-8b-h100 is not a deployment \(did you mean "
                  rf"llama3-8b-h200\?\); pick one of {DEPLOYMENTS}, llama3-8b-h200_calibrated, none",
