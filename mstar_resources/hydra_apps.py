@@ -413,7 +413,19 @@ def _told(
                 told = told.replace("a deployment file was", f"the deployment file {path} was")
         return told
     for override in overrides:
-        key = override.key_or_group
+        key, value = override.key_or_group, override.value()
+        if (
+            isinstance(error, OSError)
+            and error.filename
+            and isinstance(value, str)
+            and len(value) > 80
+            and value in str(error.filename)
+        ):
+            # Hydra looked the value up as a file of the config group: it is the value that is
+            # too long for one.
+            shown = f"{value[:80]}... ({len(value):,} characters)"
+            return not_a_choice(key, shown, listed(key), ": no option has so long a name",
+                                closest=False)  # fmt: skip
         if isinstance(error, OSError) and error.filename and key in str(error.filename):
             # Hydra looks a key up as a config group on disk first; no setting is that long.
             shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key)} characters)"

@@ -179,6 +179,9 @@ BAD_INPUT = [
     pytest.param(["deployment=llama3-8b-h200", "~calibration.model"], {},
                  r"Error merging override ~calibration\.model: CalibrationProfile \(DictConfig\) "
                  r"does not support deletion", id="delete-a-schema-field"),
+    pytest.param([f"deployment={'x' * 5000}"], {},
+                 r"deployment=x{80}\.\.\. \(5,000 characters\) is not a deployment: no option has "
+                 r"so long a name; pick one of deepseek-v3-tp8-h200,", id="deployment-5000-chars"),
     pytest.param(["--config-name=nope"], {},
                  r"--config-name=nope is not a config of this app; pick one of mstar_resources, "
                  r"or add --config-dir DIR for one of your own", id="config-name-unknown"),
