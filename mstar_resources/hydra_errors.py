@@ -56,7 +56,8 @@ def explain(error: BaseException) -> str:
     if isinstance(error, MissingConfigException) and error.options is not None:
         return _missing_option(error.missing_cfg_file or "", list(error.options))
     if isinstance(error, OverrideParseException):
-        return f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
+        told = f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
+        return told + _quoting_hint(error.override)
     # Hydra raises its own error from inside the handler of OmegaConf's (a value of a config file
     # the schema refuses), or ``from`` it (one on the command line): the context or the cause.
     cause = (
@@ -73,6 +74,26 @@ def explain(error: BaseException) -> str:
         if reason not in str(error):
             return _paragraph(f"{error}: {reason}")
     return _paragraph(str(error))
+
+
+def _quoting_hint(override: str) -> str:
+    """How to quote the value of ``key=value`` where it holds what Hydra reads unquoted as
+    grammar (``=``, non-ASCII characters, spaces, quotes); "" where it does not."""
+    key, sep, value = override.partition("=")
+    if not sep or not value or value[0] in "'\"":
+        return ""
+    odd = [c for c in value if not c.isascii() or c in "= '\"\\"]
+    if not odd:
+        return ""
+    if value.startswith("[") and value.endswith("]"):
+        items = ",".join(f"'{item.strip()}'" for item in value[1:-1].split(","))
+        quoted = f"{key}=[{items}]"
+    else:
+        quoted = f"{key}='{value}'"
+    return (
+        f"; the value holds {odd[0]!r}, which Hydra reads only in quotes: give it as "
+        f'"{quoted}" (the double quotes for the shell)'
+    )
 
 
 def _missing_option(missing: str, options: list[str]) -> str:

@@ -182,6 +182,12 @@ BAD_INPUT = [
     pytest.param([f"deployment={'x' * 5000}"], {},
                  r"deployment=x{80}\.\.\. \(5,000 characters\) is not a deployment: no option has "
                  r"so long a name; pick one of deepseek-v3-tp8-h200,", id="deployment-5000-chars"),
+    pytest.param(["resources.attn.decode.labels=[déc]"], {},
+                 r"the value holds 'é', which Hydra reads only in quotes: give it as "
+                 r"\"resources\.attn\.decode\.labels=\['déc'\]\"", id="non-ascii-unquoted"),
+    pytest.param(["resources.attn.decode.owner=a=b"], {},
+                 r"the value holds '=', which Hydra reads only in quotes: give it as "
+                 r"\"resources\.attn\.decode\.owner='a=b'\"", id="equals-unquoted"),
     pytest.param(["--config-name=nope"], {},
                  r"--config-name=nope is not a config of this app; pick one of mstar_resources, "
                  r"or add --config-dir DIR for one of your own", id="config-name-unknown"),
