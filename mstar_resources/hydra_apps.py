@@ -397,10 +397,12 @@ def _told(
         return _undecodable(error)
     if line is not None and line.config_name:
         configs = listed("")
-        missing = isinstance(error, MissingConfigException) and error.options is None
-        if (missing and _names_config(line.config_name, error.missing_cfg_file)) or (
-            line.config_name.removesuffix(".yaml") not in configs  # another app's, say
-        ):
+        missing = (
+            isinstance(error, MissingConfigException)
+            and error.options is None
+            and _names_config(line.config_name, error.missing_cfg_file)
+        )
+        if missing or line.config_name.removesuffix(".yaml") not in configs:  # another app's
             return not_a_primary_config(line.config_name, configs)
     if isinstance(error, HydraException | OmegaConfBaseException):
         told = explain(error)

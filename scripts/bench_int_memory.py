@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ VLLM_GRAPH_SIZES = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
 """vLLM 0.33's decode graph sizes at max_num_seqs 256 (``config/vllm.py``): 51 of them."""
 
 
-def build(batch: int, float_buffer: torch.Tensor, pool: WorkspacePool | None):
+def build(batch: int, float_buffer: torch.Tensor, pool: WorkspacePool | None) -> Any:
     import flashinfer
 
     pages = -(-CONTEXT // PAGE)
@@ -47,7 +48,7 @@ def build(batch: int, float_buffer: torch.Tensor, pool: WorkspacePool | None):
     return pool.build(cls, "NHD", label="decode", cg_slot=0, **graph)
 
 
-def plan_args(batch: int) -> tuple[tuple, dict]:
+def plan_args(batch: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     pages = -(-CONTEXT // PAGE)
     indptr = (torch.arange(batch + 1, dtype=torch.int32) * pages).pin_memory()
     indices = torch.arange(batch * pages, dtype=torch.int32).pin_memory()
