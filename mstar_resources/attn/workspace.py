@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
-from .._internal.floor import ENV_VAR, INT, MAX_MB, Floor, resolve_floor
+from .._internal.floor import ENV_VAR, INT, Floor, resolve_floor
 from .._internal.limits import name_problem
 from ..errors import (
     ResourceConfigError,
@@ -39,7 +39,7 @@ from ..errors import (
     WorkspaceSealedError,
     WorkspaceShortError,
 )
-from ..units import ALIGNMENT, MIB, counted, is_int, mb_to_hold
+from ..units import ALIGNMENT, counted, is_int, mb_to_hold
 from ._overflow import Overflow, parse_overflow
 
 if TYPE_CHECKING:
@@ -432,13 +432,14 @@ class Workspace:
             return added
 
     def _refuse_beyond_any_gpu(self, need: int, cause: str) -> None:
-        """A growth to more than 1 TiB is refused (the plan's arguments are wrong), the buffer
-        kept."""
-        if need > MAX_MB * MIB:
+        """A growth to more bytes than a tensor's size can count (2**63) is refused, the buffer
+        kept: torch would raise a ``TypeError`` of its own. Anything less is asked of the
+        allocator, whose refusal is a :class:`WorkspaceGrowthError` too."""
+        if need >= 1 << 63:
             have = self._tensor.numel()
             raise WorkspaceGrowthError(
                 f"workspace {self._name!r}: {cause} asks to grow it from {have:,} to {need:,} "
-                f"bytes, more than {MAX_MB:,} MB (1 TiB, more than any GPU holds); it keeps its "
+                f"bytes, more than any GPU holds (or a tensor can count); it keeps its "
                 f"{have:,}-byte buffer. The plan's arguments are likely wrong",
                 workspace=self._name,
                 held_bytes=have,
