@@ -75,13 +75,36 @@ def synthetic_trace(
     sigma: float = 1.5,
     arrivals_per_step: float = 0.5,
 ) -> list[Request]:
-    """``num_requests`` requests drawn from ``random.Random(seed)``.
+    """``num_requests`` requests drawn from ``random.Random(seed)``: :func:`synthetic_requests`,
+    as a list."""
+    return list(
+        synthetic_requests(
+            num_requests, seed, max_model_len, vocab_size, prompt_median=prompt_median,
+            output_median=output_median, sigma=sigma, arrivals_per_step=arrivals_per_step,
+        )
+    )  # fmt: skip
+
+
+def synthetic_requests(
+    num_requests: int,
+    seed: int,
+    max_model_len: int,
+    vocab_size: int,
+    *,
+    prompt_median: int = 512,
+    output_median: int = 64,
+    sigma: float = 1.5,
+    arrivals_per_step: float = 0.5,
+) -> Iterator[Request]:
+    """``num_requests`` requests drawn from ``random.Random(seed)``, one at a time (the same ones
+    at every call), so a long synthetic trace is streamed as a trace file is.
 
     Prompt and output lengths are log-normal around their medians (``sigma`` is the spread of their
     logarithm), clipped so each is at least 1 and together they fit ``max_model_len``. Gaps between
     arrivals are exponential with mean ``1 / arrivals_per_step`` steps; the first request arrives at
     step 0 and arrival steps are the running sum rounded down. Each prompt's seed is the next
-    64 bits of the same generator.
+    64 bits of the same generator. The arguments are checked when it is called, not when the first
+    request is asked for.
     """
     _check_trace_args(
         num_requests=num_requests,
@@ -93,8 +116,23 @@ def synthetic_trace(
         sigma=sigma,
         arrivals_per_step=arrivals_per_step,
     )
+    return _drawn(
+        num_requests, seed, max_model_len, vocab_size, prompt_median, output_median, sigma,
+        arrivals_per_step,
+    )  # fmt: skip
+
+
+def _drawn(
+    num_requests: int,
+    seed: int,
+    max_model_len: int,
+    vocab_size: int,
+    prompt_median: int,
+    output_median: int,
+    sigma: float,
+    arrivals_per_step: float,
+) -> Iterator[Request]:
     rng = random.Random(seed)
-    requests = []
     clock = 0.0
     for index in range(num_requests):
         if index:
@@ -105,17 +143,14 @@ def synthetic_trace(
         # gives way to it.
         prompt_len = min(prompt_len, max_model_len - 1)
         output_len = min(output_len, max_model_len - prompt_len)
-        requests.append(
-            Request(
-                id=index,
-                arrival_step=math.floor(clock),
-                prompt_len=prompt_len,
-                output_len=output_len,
-                vocab_size=vocab_size,
-                prompt_seed=rng.getrandbits(64),
-            )
+        yield Request(
+            id=index,
+            arrival_step=math.floor(clock),
+            prompt_len=prompt_len,
+            output_len=output_len,
+            vocab_size=vocab_size,
+            prompt_seed=rng.getrandbits(64),
         )
-    return requests
 
 
 def _lognormal_len(rng: random.Random, median: int, sigma: float) -> int:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ResourceConfigError
-from .trace import Request, read_trace, synthetic_trace
+from .trace import Request, read_trace, synthetic_requests
 
 __all__ = ["Workload", "load_workload"]
 
@@ -58,13 +58,21 @@ def load_workload(
     """
     common = {"seed": seed, "max_model_len": max_model_len}
     if trace is None:
-        synthetic = synthetic_trace(requests, seed, max_model_len, vocab_size)
+
+        def synthetic() -> Iterator[Request]:
+            return synthetic_requests(requests, seed, max_model_len, vocab_size)
+
+        served = prompt_tokens = generated_tokens = 0
+        for request in synthetic():  # streamed, as a file is: none is held
+            served += 1
+            prompt_tokens += request.prompt_len
+            generated_tokens += request.output_len
         return Workload(
             {"source": "synthetic", **common, "refused": 0, "clipped": 0},
-            served=len(synthetic),
-            prompt_tokens=sum(request.prompt_len for request in synthetic),
-            generated_tokens=sum(request.output_len for request in synthetic),
-            _requests=lambda: synthetic,
+            served=served,
+            prompt_tokens=prompt_tokens,
+            generated_tokens=generated_tokens,
+            _requests=synthetic,
         )
     try:
         read = read_trace(

@@ -51,8 +51,9 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.param([DEPLOYMENT, "layers=0"], {},
                      r"layers=0 must be at least 1 \(a whole number of layers\)", id="layers"),
         pytest.param([DEPLOYMENT, "memory_utilization=1.5", "requests=0"], {},
-                     r"2 problems in the replay's settings: - requests=0 must be at least 1 "
-                     r"\(a whole number\) - memory_utilization=1\.5 must be between 0 and 1",
+                     r"2 problems in the replay's settings: - requests=0 must be at least 1 and at "
+                     r"most 100000 \(a whole number\) - memory_utilization=1\.5 must be between 0 "
+                     r"and 1",
                      id="every-problem"),
         pytest.param([DEPLOYMENT, "layers=two"], {},
                      r"layers='two' is not valid; layers takes a whole number of layers",
@@ -72,6 +73,9 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      {"WORLD_SIZE": "3", "RANK": "0"},
                      r"3 ranks can't split calibration\.model\.num_qo_heads=16 evenly; run on a "
                      r"number of ranks that divides it", id="ranks-mla"),
+        pytest.param([DEPLOYMENT, "requests=99999999999999999999", "dry_run=true"], {},
+                     r"requests=99999999999999999999 must be at least 1 and at most 100000",
+                     id="requests-beyond-the-bound"),
         pytest.param([DEPLOYMENT, "step_ms=0"], {},
                      r"step_ms=0\.0 must be above 0 \(a number of milliseconds\)", id="step-ms"),
         pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=-1", "dry_run=true"], {},

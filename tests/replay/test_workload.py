@@ -52,3 +52,16 @@ def test_a_slice_with_nothing_to_serve_is_refused(tmp_path):
     )
     with pytest.raises(ResourceConfigError, match=refused):
         load_workload(str(path), **settings, max_model_len=500)
+
+
+def test_a_synthetic_workload_is_streamed_and_the_same_at_every_call():
+    from collections.abc import Generator
+
+    workload = load_workload(
+        None, requests=5, trace_offset=0, step_ms=10.0, seed=3, vocab_size=100,
+        max_model_len=4096,
+    )  # fmt: skip
+    first, again = workload.requests(), workload.requests()
+    assert isinstance(first, Generator)  # drawn one at a time, not a list held by the workload
+    assert list(first) == list(again) == synthetic_trace(5, 3, 4096, 100)
+    assert workload.served == 5
