@@ -22,6 +22,7 @@ What is shared, and on what condition (``docs/workspaces-and-ranks.md`` says it 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -90,11 +91,18 @@ _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
 ``RuntimeError``, where a GPU raises ``torch.OutOfMemoryError``."""
 
 
+_PINNED_ALLOCATOR_FAILED = "CUDA error: out of memory"
+"""How torch's pinned host allocator says it ran out (``cudaHostAlloc`` failing, raised through
+``C10_CUDA_CHECK``): a ``RuntimeError`` (``torch.AcceleratorError`` in newer torch)."""
+
+
 def _is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is an allocator running out of memory, and nothing else."""
     if isinstance(error, torch.OutOfMemoryError):
         return True
-    return type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error)
+    if type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error):
+        return True
+    return isinstance(error, RuntimeError) and _PINNED_ALLOCATOR_FAILED in str(error)
 
 
 @dataclass(frozen=True)
@@ -437,15 +445,22 @@ class Workspace:
         allocator, whose refusal is a :class:`WorkspaceGrowthError` too."""
         if need >= 1 << 63:
             have = self._tensor.numel()
-            raise WorkspaceGrowthError(
+            raise self._growth_refusal(
                 f"workspace {self._name!r}: {cause} asks to grow it from {have:,} to {need:,} "
                 f"bytes, more than any GPU holds (or a tensor can count); it keeps its "
                 f"{have:,}-byte buffer. The plan's arguments are likely wrong",
-                workspace=self._name,
-                held_bytes=have,
-                needed_bytes=need,
-                setting=self._floor,
+                needed=need,
             )
+
+    def _growth_refusal(self, message: str, needed: int) -> WorkspaceGrowthError:
+        """This workspace's refusal to grow to ``needed`` bytes, with its figures."""
+        return WorkspaceGrowthError(
+            message,
+            workspace=self._name,
+            held_bytes=self._tensor.numel(),
+            needed_bytes=needed,
+            setting=self._floor,
+        )
 
     def _resize(self, need: int, cause: str) -> int:
         """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed; returns the
@@ -461,14 +476,11 @@ class Workspace:
         except RuntimeError as error:
             if not _is_out_of_memory(error):
                 raise
-            raise WorkspaceGrowthError(
+            raise self._growth_refusal(
                 f"workspace {self._name!r}: could not grow from {have:,} to {need:,} bytes for "
                 f"{cause}; it keeps its {have:,}-byte buffer. Free device memory, or set "
                 f"{self._floor} so the workspace is reserved up front. ({error})",
-                workspace=self._name,
-                held_bytes=have,
-                needed_bytes=need,
-                setting=self._floor,
+                needed=need,
             ) from error
         # Any error from here on (a broken CUDA context, say) is not a shortage: it reaches the
         # caller as it was raised, and the tensor has not moved.
@@ -592,16 +604,13 @@ class IntWorkspace(Workspace):
         try:
             grown_mirror = _host_mirror(need, self._tensor)
         except RuntimeError as error:
-            if not _is_out_of_memory(error) and "out of memory" not in str(error):
+            if not _is_out_of_memory(error):
                 raise
-            raise WorkspaceGrowthError(
+            raise self._growth_refusal(
                 f"int workspace {self._name!r}: could not grow its pinned host mirror from "
                 f"{have:,} to {need:,} bytes for {cause}; both keep their {have:,}-byte buffers. "
                 f"Set {self._floor} so the workspace is reserved up front. ({error})",
-                workspace=self._name,
-                held_bytes=have,
-                needed_bytes=need,
-                setting=self._floor,
+                needed=need,
             ) from error
         added = super()._resize(need, cause)  # waits for every stream: no copy still reads it
         self._mirror.set_(grown_mirror.untyped_storage())
@@ -639,7 +648,8 @@ def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> boo
     own[_PINNED_MIRROR] = int_workspace.mirror
     int_workspace._wrappers_given = True
     run = own.get("run") or getattr(wrapper, "run", None)
-    if callable(run) and getattr(run, "_checks", None) is not int_workspace:
+    run = getattr(run, "__wrapped__", run)  # given another int workspace before: not that check
+    if callable(run):
         own["run"] = _checked_run(run, wrapper, int_workspace)
     return True
 
@@ -647,15 +657,13 @@ def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> boo
 def _checked_run(
     run: Callable[..., T], wrapper: Any, int_workspace: IntWorkspace
 ) -> Callable[..., T]:
-    """``run``, which first checks that ``int_workspace`` holds ``wrapper``'s own plan (held
-    weakly: the wrapper keeps this in its ``__dict__``)."""
-    reference = weakref.ref(wrapper)
+    """``run``, which first checks that ``int_workspace`` holds ``wrapper``'s own plan."""
 
+    @functools.wraps(run)
     def checked(*args: Any, **kwargs: Any) -> T:
-        int_workspace.check_planned_by(reference())
+        int_workspace.check_planned_by(wrapper)
         return run(*args, **kwargs)
 
-    checked._checks = int_workspace  # type: ignore[attr-defined]
     return checked
 
 
@@ -1051,7 +1059,7 @@ class WorkspacePool:
         try:
             mirror = _host_mirror(int_tensor.numel(), int_tensor)
         except RuntimeError as error:
-            if not _is_out_of_memory(error) and "out of memory" not in str(error):
+            if not _is_out_of_memory(error):
                 raise
             raise self._short(int_name, self._int_floor, error, "pinned host memory") from error
         int_workspace = IntWorkspace(

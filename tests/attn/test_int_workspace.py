@@ -256,3 +256,14 @@ def test_a_wrapper_whose_plan_another_overwrote_refuses_to_run():
     assert second.run("q") == "ran"
     workspace.plan(first.plan)  # planned again, right before it runs
     assert first.run("q") == "ran"
+
+
+def test_a_wrapper_given_another_keys_int_workspace_checks_only_that_one():
+    pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
+    wrapper = FakeWrapper(pool.get("decode", 0).tensor)
+    pool.install(wrapper, "decode", 0)
+    pool.get("decode", 0).plan(pool.build(FakeWrapper, label="decode", cg_slot=0).plan)
+    wrapper._float_workspace_buffer = pool.get("decode", 1).tensor
+    pool.install(wrapper, "decode", 1)  # slot 0 holds another wrapper's plan: no longer its own
+    pool.get("decode", 1).plan(wrapper.plan)
+    assert wrapper.run("q") == "ran"
