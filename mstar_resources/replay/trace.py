@@ -23,7 +23,7 @@ from ..units import is_int, is_positive_int
 if TYPE_CHECKING:
     import _csv  # the type of csv.reader()'s reader, for its line_num
 
-__all__ = ["CSV_COLUMNS", "JSONL_KEYS", "Request", "TraceFile", "read_trace", "synthetic_trace"]
+__all__ = ["CSV_COLUMNS", "JSONL_KEYS", "Request", "TraceFile", "read_trace", "synthetic_requests"]
 
 
 @dataclass(frozen=True)
@@ -64,27 +64,6 @@ class Request:
         return tuple(draw.choices(range(self.vocab_size), k=self.prompt_len))
 
 
-def synthetic_trace(
-    num_requests: int,
-    seed: int,
-    max_model_len: int,
-    vocab_size: int,
-    *,
-    prompt_median: int = 512,
-    output_median: int = 64,
-    sigma: float = 1.5,
-    arrivals_per_step: float = 0.5,
-) -> list[Request]:
-    """``num_requests`` requests drawn from ``random.Random(seed)``: :func:`synthetic_requests`,
-    as a list."""
-    return list(
-        synthetic_requests(
-            num_requests, seed, max_model_len, vocab_size, prompt_median=prompt_median,
-            output_median=output_median, sigma=sigma, arrivals_per_step=arrivals_per_step,
-        )
-    )  # fmt: skip
-
-
 def synthetic_requests(
     num_requests: int,
     seed: int,
@@ -116,41 +95,29 @@ def synthetic_requests(
         sigma=sigma,
         arrivals_per_step=arrivals_per_step,
     )
-    return _drawn(
-        num_requests, seed, max_model_len, vocab_size, prompt_median, output_median, sigma,
-        arrivals_per_step,
-    )  # fmt: skip
 
+    def drawn() -> Iterator[Request]:  # a generator of its own, so the checks above run now
+        rng = random.Random(seed)
+        clock = 0.0
+        for index in range(num_requests):
+            if index:
+                clock += rng.expovariate(arrivals_per_step)
+            prompt_len = _lognormal_len(rng, prompt_median, sigma)
+            output_len = _lognormal_len(rng, output_median, sigma)
+            # The prompt keeps its tail (long prompts are what chunked prefill is for); the
+            # output gives way to it.
+            prompt_len = min(prompt_len, max_model_len - 1)
+            output_len = min(output_len, max_model_len - prompt_len)
+            yield Request(
+                id=index,
+                arrival_step=math.floor(clock),
+                prompt_len=prompt_len,
+                output_len=output_len,
+                vocab_size=vocab_size,
+                prompt_seed=rng.getrandbits(64),
+            )
 
-def _drawn(
-    num_requests: int,
-    seed: int,
-    max_model_len: int,
-    vocab_size: int,
-    prompt_median: int,
-    output_median: int,
-    sigma: float,
-    arrivals_per_step: float,
-) -> Iterator[Request]:
-    rng = random.Random(seed)
-    clock = 0.0
-    for index in range(num_requests):
-        if index:
-            clock += rng.expovariate(arrivals_per_step)
-        prompt_len = _lognormal_len(rng, prompt_median, sigma)
-        output_len = _lognormal_len(rng, output_median, sigma)
-        # The prompt keeps its tail (long prompts are what chunked prefill is for); the output
-        # gives way to it.
-        prompt_len = min(prompt_len, max_model_len - 1)
-        output_len = min(output_len, max_model_len - prompt_len)
-        yield Request(
-            id=index,
-            arrival_step=math.floor(clock),
-            prompt_len=prompt_len,
-            output_len=output_len,
-            vocab_size=vocab_size,
-            prompt_seed=rng.getrandbits(64),
-        )
+    return drawn()
 
 
 def _lognormal_len(rng: random.Random, median: int, sigma: float) -> int:
@@ -159,7 +126,7 @@ def _lognormal_len(rng: random.Random, median: int, sigma: float) -> int:
 
 
 def _check_trace_args(**args: object) -> None:
-    """Raise for the first unusable argument of :func:`synthetic_trace`, naming it."""
+    """Raise for the first unusable argument of :func:`synthetic_requests`, naming it."""
     checks = [
         *(
             argument_problem(name, args[name], whole=True, ge=1)

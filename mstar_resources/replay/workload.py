@@ -48,7 +48,7 @@ def load_workload(
 ) -> Workload:
     """The replay's requests, named by its settings of the same names.
 
-    ``trace=None``: ``requests`` synthetic requests (:func:`synthetic_trace`), whose lengths are
+    ``trace=None``: ``requests`` synthetic requests (:func:`synthetic_requests`), whose lengths are
     drawn to fit ``max_model_len``, so none is refused or clipped. A path: rows ``trace_offset`` ..
     ``trace_offset + requests - 1`` of that file (:func:`read_trace`), arrivals mapped to steps of
     ``step_ms``; prompts of ``max_model_len`` tokens or more are refused, and outputs cut to fit.

@@ -42,7 +42,7 @@ from mstar_resources.replay.engine import (
 from mstar_resources.replay.model import KVCache, Model, ModelSizes, Query
 from mstar_resources.replay.roles import Roles, roles_of
 from mstar_resources.replay.scheduler import Chunk, Step, schedule
-from mstar_resources.replay.trace import Request, synthetic_trace
+from mstar_resources.replay.trace import Request, synthetic_requests
 from mstar_resources.resolver import build_pools, resolve
 from mstar_resources.units import MIB, mb_to_hold
 
@@ -317,10 +317,10 @@ def deployment(name: str, *overrides: str) -> Deployment:
         model = small_model(profile)
         limits, page = profile.limits, model.shape.page_size
         # Five short requests (see test_the_schedule_chunks_a_prompt_and_fills_a_decode_batch).
-        trace = synthetic_trace(
+        trace = list(synthetic_requests(
             5, 3, limits.max_model_len, model.shape.vocab_size, prompt_median=40,
             output_median=5, sigma=0.6, arrivals_per_step=1.0,
-        )  # fmt: skip
+        ))  # fmt: skip
         pages = limits.max_num_seqs * math.ceil(limits.max_model_len / page)
         steps = list(schedule(
             trace, max_num_seqs=limits.max_num_seqs,

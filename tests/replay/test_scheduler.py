@@ -11,7 +11,7 @@ import pytest
 
 from mstar_resources.errors import ResourceConfigError
 from mstar_resources.replay.scheduler import Chunk, Step, schedule, summary
-from mstar_resources.replay.trace import Request, synthetic_trace
+from mstar_resources.replay.trace import Request, synthetic_requests
 
 LIMITS = {
     "max_num_seqs": 8,
@@ -174,7 +174,7 @@ CONFIGS = [
 
 def simulate(trace_args: dict, limits: dict) -> tuple[list[Request], list[Step]]:
     """A synthetic trace and its schedule."""
-    trace = synthetic_trace(seed=1, max_model_len=1024, vocab_size=100, **trace_args)
+    trace = list(synthetic_requests(seed=1, max_model_len=1024, vocab_size=100, **trace_args))
     return trace, list(schedule(trace, cuda_graph_batch_sizes=(1, 2, 4, 8, 16), **limits))
 
 

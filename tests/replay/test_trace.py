@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from mstar_resources.errors import ResourceConfigError
-from mstar_resources.replay.trace import Request, synthetic_trace
+from mstar_resources.replay.trace import Request, synthetic_requests
 
 VOCAB = 1000
 
@@ -15,7 +15,7 @@ VOCAB = 1000
 def trace(**overrides: object) -> list[Request]:
     """A small trace, with ``overrides`` of its arguments."""
     args: dict = {"num_requests": 50, "seed": 0, "max_model_len": 2048, "vocab_size": VOCAB}
-    return synthetic_trace(**{**args, **overrides})
+    return list(synthetic_requests(**{**args, **overrides}))
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mstar_resources.errors import ResourceConfigError
-from mstar_resources.replay.trace import synthetic_trace
+from mstar_resources.replay.trace import synthetic_requests
 from mstar_resources.replay.workload import load_workload
 
 SETTINGS = {"requests": 3, "trace_offset": 0, "step_ms": 10.0, "seed": 0, "vocab_size": 100}
@@ -21,7 +21,7 @@ TIMESTAMP,ContextTokens,GeneratedTokens
 
 def test_no_file_is_the_synthetic_trace():
     workload = load_workload(None, **SETTINGS, max_model_len=4096)
-    assert list(workload.requests()) == synthetic_trace(3, 0, 4096, 100)
+    assert list(workload.requests()) == list(synthetic_requests(3, 0, 4096, 100))
     assert workload.source == {
         "source": "synthetic", "seed": 0, "max_model_len": 4096, "refused": 0, "clipped": 0,
     }  # fmt: skip
@@ -63,5 +63,5 @@ def test_a_synthetic_workload_is_streamed_and_the_same_at_every_call():
     )  # fmt: skip
     first, again = workload.requests(), workload.requests()
     assert isinstance(first, Generator)  # drawn one at a time, not a list held by the workload
-    assert list(first) == list(again) == synthetic_trace(5, 3, 4096, 100)
+    assert list(first) == list(again) == list(synthetic_requests(5, 3, 4096, 100))
     assert workload.served == 5
