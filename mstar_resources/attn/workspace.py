@@ -633,6 +633,13 @@ def own_buffers(wrapper: Any) -> dict[str, Any] | None:
     return cast(dict[str, Any], own)
 
 
+def int_buffers(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The int workspace and host mirror ``wrapper`` plans on now (its own, or one it was given);
+    None where it keeps none (:func:`own_buffers`)."""
+    own = own_buffers(wrapper)
+    return None if own is None else (own[_INT_BUFFER], own[_PINNED_MIRROR])
+
+
 def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> bool:
     """Give ``wrapper`` the int workspace of ``workspace`` and its mirror, in place of its own;
     False (and ``wrapper`` left as it is) where it keeps none to replace (:func:`own_buffers`).

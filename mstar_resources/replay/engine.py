@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from ..attn.workspace import Workspace, WorkspacePool, own_buffers
+from ..attn.workspace import Workspace, WorkspacePool, install_int_workspace, int_buffers
 from ..calibration.profile import CalibrationProfile
 from ..calibration.shapes import shapes_for
 from ..errors import ResourceConfigError, WorkspaceSealedError
@@ -227,16 +227,13 @@ class LibraryBuffers(Buffers):
         self.reserved = sum(pool.reserve() for pool in pools.values())
         self._prefill = _served(pools, roles.prefill, None)
         self._decode = _served(pools, roles.decode, 0)
-        self._keys = {"prefill": (roles.prefill, None), "decode": (roles.decode, 0)}
 
     def adopt(self, wrapper: Any, role: Role) -> Any:
         """Every wrapper of a role shares its int workspace: each is planned right before it
         runs (or its graph replays), one a step. FlashInfer 0.7's MLA wrapper, which makes its
         own at each plan, keeps its own."""
-        if own_buffers(wrapper) is not None:
-            label, cg_slot = self._keys[role]
-            pool = next(p for p in self.pools.values() if p.serves and (label, cg_slot) in p.serves)
-            pool.install(wrapper, label, cg_slot)
+        workspace = self._prefill if role == "prefill" else self._decode
+        install_int_workspace(wrapper, workspace, workspace.name)
         return wrapper
 
     def int_tensors(self) -> list[torch.Tensor]:
@@ -476,9 +473,7 @@ class Setup:
         ]
         tensors = [*self.buffers.int_tensors()]
         for wrapper in wrappers:
-            own = own_buffers(wrapper)
-            if own is not None:
-                tensors += [own["_int_workspace_buffer"], own["_pin_memory_int_workspace_buffer"]]
+            tensors += int_buffers(wrapper) or ()
         distinct = {t.untyped_storage().data_ptr(): t for t in tensors}.values()
         gpu = sum(t.numel() for t in distinct if t.is_cuda)
         return gpu, sum(t.numel() for t in distinct if not t.is_cuda)
