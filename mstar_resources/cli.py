@@ -62,11 +62,12 @@ def main(cfg: DictConfig) -> None:
         )
     records = resolve(cfg.resources)
     calibrated = _check_calibration_inputs(cfg, records)
+    int_reserved = sum(record.int_reserved_bytes for record in records)
     report: dict[str, Any] = {
         "resources": [dataclasses.asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
-        "total_int_reserved_bytes": sum(record.int_reserved_bytes for record in records),
-        "total_pinned_bytes": sum(record.int_reserved_bytes for record in records),
+        "total_int_reserved_bytes": int_reserved,
+        "total_pinned_bytes": int_reserved,  # one mirror of each int workspace's bytes
     }
     if calibrated:
         report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}

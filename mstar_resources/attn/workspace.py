@@ -264,7 +264,6 @@ class Workspace:
         """
         growths, last = 0, None
         mirrored = self._mirrored()
-        mirrored = mirrored if mirrored is not None and mirrored._wrappers_given else None
         while True:
             # What the plan sees, whatever another thread does.
             have = self._tensor.numel()
@@ -329,9 +328,10 @@ class Workspace:
         return [(self.kind, self)] + ([] if self._int is None else [(self._int.kind, self._int)])
 
     def _mirrored(self) -> IntWorkspace | None:
-        """The int workspace whose pinned mirror a plan through this one may write (fenced where
-        a wrapper was given it)."""
-        return self._int
+        """The int workspace whose pinned mirror a plan through this one writes, to fence and
+        track: none until a wrapper was given it (until then each writes a mirror of its own)."""
+        given = self._int
+        return given if given is not None and given._wrappers_given else None
 
     def seal(self) -> None:
         """Keep this buffer's address from now on, and its int workspace's: graphs are about to
@@ -558,7 +558,7 @@ class IntWorkspace(Workspace):
         return [(self.kind, self)]
 
     def _mirrored(self) -> IntWorkspace | None:
-        return self
+        return self if self._wrappers_given else None
 
     def _wait_for_last_copy(self) -> None:
         """Wait for the copy the previous plan queued from the mirror, before a plan rewrites it
