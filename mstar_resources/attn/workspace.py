@@ -655,7 +655,7 @@ def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> boo
     own[_PINNED_MIRROR] = int_workspace.mirror
     int_workspace._wrappers_given = True
     run = own.get("run") or getattr(wrapper, "run", None)
-    run = getattr(run, "__wrapped__", run)  # given another int workspace before: not that check
+    run = getattr(run, "_unchecked", run)  # given another int workspace before: not that check
     if callable(run):
         own["run"] = _checked_run(run, wrapper, int_workspace)
     return True
@@ -671,6 +671,9 @@ def _checked_run(
         int_workspace.check_planned_by(wrapper)
         return run(*args, **kwargs)
 
+    # Not functools' __wrapped__: FlashInfer 0.7 decorates run() itself, and its __wrapped__ is
+    # the undecorated, unbound function.
+    checked._unchecked = run  # type: ignore[attr-defined]
     return checked
 
 
