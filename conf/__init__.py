@@ -1,7 +1,20 @@
 """mstar-resources' config tree, served to Hydra as ``pkg://mstar_resources.conf``.
 
-Importing it registers the schemas that its YAML types its nodes with.
+Importing it (as Hydra does when the tree is on a search path) registers, in Hydra's ConfigStore,
+the schemas its YAML types its nodes with: ``mstar_resources/resource`` and
+``mstar_resources/calibration``. Nothing else registers them: the core and the resolver import no
+Hydra.
 """
 
-from mstar_resources import schema as _schema  # noqa: F401  (registers mstar_resources/resource)
-from mstar_resources.calibration import profile as _profile  # noqa: F401  (registers ./calibration)
+from hydra.core.config_store import ConfigStore
+
+from mstar_resources.calibration.profile import PROFILE_KEY, CalibrationProfile
+from mstar_resources.schema import Resource
+
+SCHEMAS = {"resource": Resource, PROFILE_KEY: CalibrationProfile}
+"""The schemas of the tree's nodes, by their names in the ConfigStore group ``mstar_resources``."""
+
+for _name, _node in SCHEMAS.items():
+    ConfigStore.instance().store(
+        group="mstar_resources", name=_name, node=_node, provider="mstar-resources"
+    )

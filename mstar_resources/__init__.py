@@ -1,12 +1,15 @@
 """Declarative, growable, sealable GPU scratch memory for LLM inference engines.
 
-The names below load on first use, so composing ``pkg://mstar_resources.conf`` (which imports this
-package) costs neither torch nor the resolver.
+The public names are the imports below, the one list of them: type checkers read it, and the
+package reads it to load each name on first use, so that composing ``pkg://mstar_resources.conf``
+(which imports this package) costs neither torch nor the resolver.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     )
     from .calibration.record import check_calibration
     from .errors import (
+        Problem,
         ResourceConfigError,
         ResourceError,
         WorkspaceAgreementError,
@@ -27,47 +31,26 @@ if TYPE_CHECKING:
         WorkspaceSealedError,
         WorkspaceShortError,
     )
-    from .resolver import ResolvedResource, build_pools, pools_of, resolve
+    from .resolver import ResolvedResource, build_pools, resolve
 
-__all__ = [
-    "IntWorkspace",
-    "ResolvedResource",
-    "ResourceConfigError",
-    "ResourceError",
-    "Workspace",
-    "WorkspaceAgreementError",
-    "WorkspaceGrowthError",
-    "WorkspacePlanError",
-    "WorkspacePool",
-    "WorkspaceSealedError",
-    "WorkspaceShortError",
-    "WorkspaceStats",
-    "build_pools",
-    "check_calibration",
-    "pools_of",
-    "resolve",
-    "workspace_bytes",
-]
 
-_HOMES = {
-    "ResolvedResource": ".resolver",
-    "ResourceConfigError": ".errors",
-    "ResourceError": ".errors",
-    "IntWorkspace": ".attn.workspace",
-    "Workspace": ".attn.workspace",
-    "WorkspaceAgreementError": ".errors",
-    "WorkspaceGrowthError": ".attn.workspace",
-    "WorkspacePool": ".attn.workspace",
-    "WorkspacePlanError": ".errors",
-    "WorkspaceSealedError": ".errors",
-    "WorkspaceShortError": ".errors",
-    "WorkspaceStats": ".attn.workspace",
-    "build_pools": ".resolver",
-    "check_calibration": ".calibration.record",
-    "pools_of": ".resolver",
-    "resolve": ".resolver",
-    "workspace_bytes": ".attn.workspace",
-}
+def _homes() -> dict[str, str]:
+    """Each public name and the module it lives in, read from the imports above."""
+    (block,) = (
+        node
+        for node in ast.parse(Path(__file__).read_text(encoding="utf-8")).body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    )
+    return {
+        alias.name: "." * node.level + (node.module or "")
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+_HOMES = _homes()
+__all__ = sorted(_HOMES)  # noqa: PLE0605 (read from the imports above)
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "Problem",
     "ResourceConfigError",
     "ResourceError",
     "WorkspaceAgreementError",
@@ -43,6 +44,50 @@ def _rebuild(cls: type[ResourceError], args: tuple[Any, ...], fields: dict[str, 
     return error
 
 
+class Problem(str):
+    """One problem of a setting: the sentence a person reads, and its parts as fields.
+
+    ``setting``: the key, argument or variable that holds the bad value (``resources.attn.decode.
+    declared_mb``), or None where the problem is not one setting's; ``value``: what it holds;
+    ``expects``: what it takes, in words; ``fix``: what to do, where the sentence says more than
+    "give it what it takes". A ``str``, so it prints, joins and compares as the sentence.
+    """
+
+    setting: str | None
+    value: object
+    expects: str | None
+    fix: str | None
+
+    def __new__(
+        cls,
+        text: str,
+        *,
+        setting: str | None = None,
+        value: object = None,
+        expects: str | None = None,
+        fix: str | None = None,
+    ) -> Problem:
+        problem = super().__new__(cls, text)
+        problem.setting, problem.value, problem.expects, problem.fix = setting, value, expects, fix
+        return problem
+
+    def under(self, prefix: str) -> Problem:
+        """This problem of a setting below ``prefix`` (``resources.attn.decode.``): the sentence
+        and the setting both start with it."""
+        setting = None if self.setting is None else prefix + self.setting
+        return Problem(
+            prefix + self, setting=setting, value=self.value, expects=self.expects, fix=self.fix
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = {"setting": self.setting, "value": self.value, "expects": self.expects}
+        return _problem, (str(self), fields, self.fix)
+
+
+def _problem(text: str, fields: dict[str, Any], fix: str | None) -> Problem:
+    return Problem(text, fix=fix, **fields)
+
+
 MAX_PROBLEMS_SHOWN = 20
 """How many problems a ``ResourceConfigError``'s text lists; its ``problems`` field holds all."""
 
@@ -50,18 +95,20 @@ MAX_PROBLEMS_SHOWN = 20
 class ResourceConfigError(ResourceError, ValueError):
     """A setting (config key, argument or environment variable) holds an unusable value.
 
-    ``problems`` holds one sentence per problem found, in the order found, each naming its
-    setting and value; ``where`` is what was checked (e.g. ``the resources config``). The text is
-    the problem itself when there is one, else a count and one line each.
+    ``problems`` holds one :class:`Problem` per problem found, in the order found: a sentence
+    naming its setting and value, with ``setting``, ``value``, ``expects`` and ``fix`` as fields
+    where the check knew them (a plain sentence given here becomes a Problem of no one setting).
+    ``where`` is what was checked (e.g. ``the resources config``). The text is the problem itself
+    when there is one, else a count and one line each.
     """
 
-    problems: tuple[str, ...]
+    problems: tuple[Problem, ...]
     where: str
 
     def __init__(self, *problems: str, where: str = "the config") -> None:
         if not problems:
             raise TypeError("ResourceConfigError needs at least one problem")
-        self.problems = problems
+        self.problems = tuple(p if isinstance(p, Problem) else Problem(p) for p in problems)
         self.where = where
         if len(problems) == 1:
             text = problems[0]

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import typing
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ._internal import limits
 from ._internal.floor import FLOAT, INT, FloorSource, resolve_floor
-from .errors import ResourceConfigError, did_you_mean
+from .errors import Problem, ResourceConfigError, did_you_mean
 from .schema import Resource
 from .units import MIB, is_int
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 
     from .attn.workspace import WorkspacePool
 
-__all__ = ["ResolvedResource", "build_pools", "pools_of", "resolve"]
+__all__ = ["ResolvedResource", "build_pools", "resolve"]
 
 MAX_DEPTH = 32
 """The most levels of groups a resource may sit under (``resources.a.b...``): an engine's tree has
@@ -171,43 +171,27 @@ def _paths_declared_twice(paths: list[str]) -> list[str]:
 
 
 def build_pools(
-    resources_node: DictConfig | Mapping[str, Any],
+    resources: DictConfig | Mapping[str, Any] | Sequence[ResolvedResource],
     device: torch.device | str,
     env: Mapping[str, str] | None = None,
     *,
     reserve: bool = False,
 ) -> dict[str, WorkspacePool]:
-    """A workspace pool on ``device`` for every resource of the tree, by path: :func:`resolve`,
-    then :func:`pools_of`. It reads the node it is given and nothing around it. Whether a
-    calibrated deployment still holds where it runs is asked of the composed root by
-    ``mstar_resources.check_calibration``: the apps ask it on a GPU, an engine once, beside
-    this call."""
-    env = dict(os.environ) if env is None else env  # the one environment resolve() checks
-    return pools_of(resolve(resources_node, env), device, env, reserve=reserve)
+    """A workspace pool on ``device`` for every resource, by path.
 
-
-def pools_of(
-    records: list[ResolvedResource],
-    device: torch.device | str,
-    env: Mapping[str, str] | None = None,
-    *,
-    reserve: bool = False,
-) -> dict[str, WorkspacePool]:
-    """A workspace pool on ``device`` for each of the ``records`` :func:`resolve` gave, by path,
-    so that a tree resolved once is not resolved again. Each serves its resource's (label, slot)
-    pairs only and names its ``declared_mb`` (or the variable, read from ``env``) as the setting
-    that sized it. With ``reserve``, every declared workspace is made now
-    (:meth:`WorkspacePool.reserve`); without it, each is made when first asked for."""
+    ``resources`` is the composed ``resources`` tree, resolved first (:func:`resolve`), or the
+    records that ``resolve()`` gave (an app that prints them before it builds resolves once).
+    Each pool serves its resource's (label, slot) pairs only and names its ``declared_mb`` (or the
+    variable, read from ``env``, ``os.environ`` by default) as the setting that sized it. With
+    ``reserve``, every declared workspace is made now (:meth:`WorkspacePool.reserve`); without
+    it, each is made when first asked for. It reads what it is given and nothing around it:
+    whether a calibrated deployment still holds where it runs is asked of the composed root by
+    ``mstar_resources.check_calibration``, the apps on a GPU, an engine once beside this call.
+    """
     from .attn.workspace import WorkspacePool
 
-    if isinstance(records, ResolvedResource) or not all(
-        isinstance(record, ResolvedResource) for record in records
-    ):
-        raise ResourceConfigError(
-            f"pools_of takes the list resolve() returns, and got {_described(records)}; build "
-            "pools from a config tree with build_pools(tree, device)"
-        )
-    env = dict(os.environ) if env is None else env
+    env = dict(os.environ) if env is None else env  # the one environment resolve() checks
+    records = _records(resources, env)
     pools = {
         record.path: WorkspacePool(
             device,
@@ -224,6 +208,26 @@ def pools_of(
         for pool in pools.values():
             pool.reserve()
     return pools
+
+
+def _records(
+    resources: DictConfig | Mapping[str, Any] | Sequence[ResolvedResource],
+    env: Mapping[str, str],
+) -> list[ResolvedResource]:
+    """``resources`` resolved: a tree through :func:`resolve`, resolve()'s records as they are."""
+    if isinstance(resources, DictConfig | Mapping):
+        return resolve(resources, env)
+    listed = list(resources) if isinstance(resources, Sequence | Iterator) else None
+    if (
+        isinstance(resources, str | bytes)
+        or listed is None
+        or not all(isinstance(record, ResolvedResource) for record in listed)
+    ):
+        raise ResourceConfigError(
+            f"build_pools takes the resources tree or the list resolve() returns, and got "
+            f"{_described(resources)}; e.g. build_pools(cfg.resources, device)"
+        )
+    return listed
 
 
 def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
@@ -268,8 +272,8 @@ def _too_deep(key: str) -> str:
 def _walk(
     node: DictConfig, key: str, problems: list[str], level: int = 0
 ) -> Iterator[tuple[str, DictConfig]]:
-    """The resources below ``node`` as (path, node): a mapping with a schema field is a resource,
-    any other mapping a group of them."""
+    """The resources below ``node`` as (path, node); any other mapping is a group of them
+    (:func:`_is_resource`)."""
     if level > MAX_DEPTH:
         problems.append(_too_deep(key))
         return
@@ -283,7 +287,7 @@ def _walk(
             continue
         if name == "_target_":
             problems.append(_no_target(child_key, child))
-        elif isinstance(child, DictConfig) and any(str(k) in _FIELDS for k in child):
+        elif isinstance(child, DictConfig) and _is_resource(child):
             yield path, child
         elif isinstance(child, DictConfig):
             yield from _walk(child, child_key, problems, level + 1)
@@ -292,6 +296,24 @@ def _walk(
                 f"{child_key}={_plain(child)!r} is neither a resource nor a group of them; a "
                 f"resource is a mapping of {', '.join(_FIELDS)} (e.g. {child_key}.labels=[decode])"
             )
+
+
+def _is_resource(node: DictConfig) -> bool:
+    """Whether ``node`` is one resource, by the schema: typed as :class:`Resource` (composed
+    through ``/mstar_resources/resource``), or setting its required ``labels``, or a schema field
+    to a value that is no mapping (``declared_mb: 64``, whose missing labels are then reported).
+    A child that is a mapping makes a group of it, whatever its name: ``layers: {owner: {labels:
+    [x]}}`` is the resource ``layers.owner``."""
+    if OmegaConf.get_type(node) is Resource or "labels" in node:
+        return True
+    return any(str(key) in _FIELDS and not _is_mapping(node, key) for key in node)
+
+
+def _is_mapping(node: DictConfig, key: object) -> bool:
+    try:
+        return OmegaConf.is_dict(node[key])
+    except OmegaConfBaseException:  # unreadable: the resource's check says why
+        return False
 
 
 def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | None:
@@ -313,20 +335,37 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
             problems.append(_no_target(field_key, value))
         elif name not in _FIELDS:
             problems.append(
-                f"{field_key} is not a resource setting{did_you_mean(str(name), _FIELDS)}; a "
-                f"resource takes {', '.join(_FIELDS)}"
+                Problem(
+                    f"{field_key} is not a resource setting{did_you_mean(str(name), _FIELDS)}; "
+                    f"a resource takes {', '.join(_FIELDS)}",
+                    setting=field_key,
+                    value=value,
+                    expects=f"one of {', '.join(_FIELDS)}",
+                )
             )
         else:
             try:
                 typed[name] = value
             except OmegaConfBaseException:
                 problems.append(
-                    f"{field_key}={value!r} has the wrong type; set it to {_expects(name)}"
+                    Problem(
+                        f"{field_key}={value!r} has the wrong type; set it to {_expects(name)}",
+                        setting=field_key,
+                        value=value,
+                        expects=_expects(name),
+                    )
                 )
     for name in _FIELDS:
         # A value of the wrong type left the field unset too, and is reported already.
         if OmegaConf.is_missing(typed, name) and values.get(name, MISSING) == MISSING:
-            problems.append(f"{key}.{name} is not set; set it to {_expects(name)}")
+            problems.append(
+                Problem(
+                    f"{key}.{name} is not set; set it to {_expects(name)}",
+                    setting=f"{key}.{name}",
+                    value=MISSING,
+                    expects=_expects(name),
+                )
+            )
     if len(problems) > before:
         return None
     return _checked(lambda: cast(Resource, OmegaConf.to_object(typed)), key, problems)
@@ -359,7 +398,7 @@ def _checked(make: Callable[[], Resource], key: str, problems: list[str]) -> Res
     try:
         return make()
     except ResourceConfigError as error:
-        problems.extend(f"{key}.{problem}" for problem in error.problems)
+        problems.extend(problem.under(f"{key}.") for problem in error.problems)
         return None
 
 

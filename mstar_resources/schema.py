@@ -1,21 +1,21 @@
 """The schema of one declared resource, as engines write it under ``resources`` in their config.
 
-Registered in Hydra's ConfigStore as ``mstar_resources/resource``, so a config types a node by
-listing ``- /mstar_resources/resource@attn.decode`` in its defaults list: a wrong type or an unknown
-key then fails when the config is composed.
+The config tree (``mstar_resources.conf``, what ``pkg://mstar_resources.conf`` imports) registers
+it in Hydra's ConfigStore as ``mstar_resources/resource``, so a config types a node by listing
+``- /mstar_resources/resource@attn.decode`` in its defaults list: a wrong type or an unknown key then
+fails when the config is composed. This module imports no Hydra.
 """
 
 from collections import Counter
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from ._internal.floor import INT, MAX_MB, mb_problem
-from ._internal.limits import name_problem
-from .errors import ResourceConfigError
+from ._internal.limits import expects, name_problem
+from .errors import Problem, ResourceConfigError
 
 __all__ = ["Resource"]
 
@@ -66,20 +66,29 @@ class Resource:
     only, one workspace per label."""
 
     def __post_init__(self) -> None:
-        problems = [
-            *_owner_problems(self.owner),
-            *([] if self.declared_mb is None else [mb_problem("declared_mb", self.declared_mb)]),
-            *(
-                []
-                if self.int_declared_mb is None
-                else [mb_problem("int_declared_mb", self.int_declared_mb, INT)]
-            ),
-            *_label_problems(list(self.labels)),
-            *_slot_problems(list(self.cg_slots)),
+        checks = {
+            "owner": _owner_problems(self.owner),
+            "declared_mb": []
+            if self.declared_mb is None
+            else [mb_problem("declared_mb", self.declared_mb)],
+            "int_declared_mb": []
+            if self.int_declared_mb is None
+            else [mb_problem("int_declared_mb", self.int_declared_mb, INT)],
+            "labels": _label_problems(list(self.labels)),
+            "cg_slots": _slot_problems(list(self.cg_slots)),
+        }
+        found = [
+            Problem(problem, setting=name, value=getattr(self, name), expects=_expects(name))
+            for name, problems in checks.items()
+            for problem in problems
+            if problem is not None
         ]
-        found = [problem for problem in problems if problem is not None]
         if found:
             raise ResourceConfigError(*found, where="the resource")
+
+
+def _expects(name: str) -> str | None:
+    return expects(next(f for f in fields(Resource) if f.name == name))
 
 
 def _owner_problems(owner: object) -> list[str]:
@@ -133,8 +142,3 @@ def _slot_problems(slots: list[int]) -> list[str]:
 def _repeated(items: list[T]) -> list[T]:
     """The items listed more than once, in the order they first appear (linear time)."""
     return [item for item, count in Counter(items).items() if count > 1]
-
-
-ConfigStore.instance().store(
-    group="mstar_resources", name="resource", node=Resource, provider="mstar-resources"
-)

@@ -3,7 +3,7 @@
     python scripts/bench_dry_run.py                  # 7 rounds
     python scripts/bench_dry_run.py --rounds 21 --png /tmp/dry_run.png
 
-Times, as fresh processes of this Python, the dry run ``python -m mstar_resources.cli`` (its
+Times, as fresh processes of this Python, the dry run ``python -m mstar_resources.apps.dry_run`` (its
 output discarded) and ``python -c "import hydra"``, interleaved (baseline, dry run, baseline, ...,
 so a drift in the machine's speed touches both alike), each in an empty temporary folder as its
 working directory. The table gives each command's median wall time and its ratio to the
@@ -33,10 +33,10 @@ from _plot import add_png_option, check_png, pyplot, save
 
 GOAL_RATIO = 2.0
 BASELINE = "import hydra"
-DRY_RUN = "mstar_resources.cli"
+DRY_RUN = "mstar_resources.apps.dry_run"
 COMMANDS = {
     BASELINE: [sys.executable, "-c", "import hydra"],
-    DRY_RUN: [sys.executable, "-m", "mstar_resources.cli"],
+    DRY_RUN: [sys.executable, "-m", "mstar_resources.apps.dry_run"],
 }
 HEAVY = ("torch", "flashinfer")
 MARKER = "bench_dry_run imported:"
@@ -46,7 +46,7 @@ MARKER = "bench_dry_run imported:"
 RUNNER = f"""import json, sys
 sys.argv = ["mstar-resources"]
 try:
-    from mstar_resources.cli import main
+    from mstar_resources.apps.dry_run import main
     main()
 finally:
     heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})

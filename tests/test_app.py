@@ -16,12 +16,12 @@ import pytest
 
 from mstar_resources.calibration.settings import CalibrateSettings
 from mstar_resources.replay.settings import ReplaySettings
-from mstar_resources.settings import DryRunSettings
+from mstar_resources.apps.settings import DryRunSettings
 
 from .test_cli import run_cli
 
 ROOT = Path(__file__).parents[1]
-DRY_RUN = [sys.executable, "-m", "mstar_resources.cli"]
+DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]
 CALIBRATE = [sys.executable, "-m", "mstar_resources.calibration.cli"]
 REPLAY = [sys.executable, str(ROOT / "scripts" / "replay.py")]
 ENGINE = [sys.executable, "-m", "tests.engine.app"]
@@ -100,8 +100,8 @@ def test_errors_point_at_a_command_that_exists(tmp_path, python):
 BUGGY_APP = """
 import os, subprocess, sys
 from omegaconf import DictConfig
-from mstar_resources.hydra_apps import hydra_app
-from mstar_resources.settings import DryRunSettings
+from mstar_resources.apps.hydra_app import hydra_app
+from mstar_resources.apps.settings import DryRunSettings
 
 @hydra_app(
     "buggy", config_name="mstar_resources", compose_once={compose_once}, settings=DryRunSettings

@@ -19,7 +19,7 @@ from .conftest import VAR
 from .test_cli import run_cli
 
 ROOT = Path(__file__).parents[1]
-DRY_RUN = [sys.executable, "-m", "mstar_resources.cli"]
+DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]
 CALIBRATE = [sys.executable, "-m", "mstar_resources.calibration.cli"]
 REPLAY = [sys.executable, str(ROOT / "scripts" / "replay.py")]
 APPS = [
@@ -228,7 +228,7 @@ def test_what_there_is_to_pick_reads_well(tmp_path, python, prog, args, named):
 INTERRUPTED_COMPOSE = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from mstar_resources import cli, hydra_apps
+from mstar_resources.apps import dry_run as cli, hydra_app as hydra_apps
 
 def compose(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while composing
@@ -243,8 +243,8 @@ INTERRUPTED_RUN = """
 import os, signal
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from omegaconf import DictConfig
-from mstar_resources.hydra_apps import hydra_app
-from mstar_resources.settings import DryRunSettings
+from mstar_resources.apps.hydra_app import hydra_app
+from mstar_resources.apps.settings import DryRunSettings
 
 @hydra_app("slow", config_name="mstar_resources", compose_once={compose_once},
            settings=DryRunSettings)

@@ -32,7 +32,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in (VAR, INT_VAR, "HYDRA_FULL_ERROR")}
     return subprocess.run(
-        [*(python or [sys.executable, "-m", "mstar_resources.cli"]), *args],
+        [*(python or [sys.executable, "-m", "mstar_resources.apps.dry_run"]), *args],
         cwd=cwd,
         env={**environ, **(env or {})},
         capture_output=True,
@@ -89,7 +89,7 @@ def test_json_is_one_document_on_stdout_and_nothing_else(tmp_path):
 def test_the_dry_run_imports_neither_torch_nor_flashinfer(tmp_path):
     runner = (
         "import sys\n"
-        "from mstar_resources import cli\n"
+        "from mstar_resources.apps import dry_run as cli\n"
         "sys.argv = ['mstar-resources', 'format=json']\n"
         "cli.main()\n"
         "heavy = ('torch', 'flashinfer')\n"
@@ -284,7 +284,7 @@ def test_device_cuda_without_a_gpu_says_so(tmp_path):
 def test_a_reader_that_goes_away_ends_it_quietly(tmp_path):
     environ = {k: v for k, v in os.environ.items() if k not in (VAR, INT_VAR, "HYDRA_FULL_ERROR")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "mstar_resources.cli", "format=json"],
+        [sys.executable, "-m", "mstar_resources.apps.dry_run", "format=json"],
         cwd=tmp_path,
         env=environ,
         stdout=subprocess.PIPE,

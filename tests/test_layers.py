@@ -27,8 +27,9 @@ LAYERS = [
                                  "calibration.override"]),
     ("the replay", ["replay", "replay.trace", "replay.scheduler", "replay.workload",
                     "replay.roles", "replay.model", "replay.engine", "replay.report"]),
-    ("the apps", ["", "hydra_apps", "hydra_errors", "settings", "cli", "calibration.settings",
-                  "calibration.cli", "replay.settings", "replay.cli"]),
+    ("the apps", ["", "apps", "apps.hydra_app", "apps.hydra_errors", "apps.settings",
+                  "apps.dry_run", "calibration.settings", "calibration.cli", "replay.settings",
+                  "replay.cli"]),
     ("the engine integrations", ["integrations", "integrations._post_import", "integrations.vllm"]),
 ]  # fmt: skip
 """Bottom to top; a module may import its own layer's and those below. "" is the package's
@@ -133,18 +134,18 @@ def test_the_walk_sees_imports_inside_functions_and_under_type_checking():
     ("code", "forbidden"),
     [
         pytest.param(
-            "import mstar_resources.conf", ("mstar_resources.settings",), id="conf"
+            "import mstar_resources.conf", ("mstar_resources.apps",), id="conf"
         ),
         pytest.param(
             "from mstar_resources import resolve, build_pools",
-            ("mstar_resources.replay", "mstar_resources.hydra_apps", "mstar_resources.settings",
+            ("mstar_resources.replay", "mstar_resources.apps",
              "mstar_resources.calibration", "mstar_resources.integrations"),
             id="resolver",
         ),
         pytest.param(
             "import mstar_resources.integrations.vllm",
             ("vllm", "mstar_resources.calibration", "mstar_resources.replay",
-             "mstar_resources.hydra_apps", "torch"),
+             "mstar_resources.apps", "torch"),
             id="vllm-plugin",
         ),
     ],
@@ -158,15 +159,56 @@ def test_what_an_engine_imports_loads_nothing_above_it(code, forbidden):
     assert [m for m in loaded if m.startswith(forbidden)] == []
 
 
+CORE = {"mstar_resources", "mstar_resources.errors", "mstar_resources.units",
+        "mstar_resources._internal", "mstar_resources._internal.floor",
+        "mstar_resources._internal.limits", "mstar_resources.attn",
+        "mstar_resources.attn.workspace", "mstar_resources.attn._overflow",
+        "mstar_resources.attn._flashinfer"}  # fmt: skip
+"""The modules an engine adopts for its workspaces."""
+
+
+@pytest.mark.parametrize(
+    ("code", "allowed"),
+    [
+        pytest.param("import mstar_resources.attn.workspace", CORE, id="workspace"),
+        pytest.param(
+            "from mstar_resources.resolver import resolve, build_pools\n"
+            "pools = build_pools(resolve({'attn': {'decode': {'labels': ['decode']}}}), 'cpu')\n"
+            "pools['attn.decode'].get('decode').tensor",
+            CORE | {"mstar_resources.resolver", "mstar_resources.schema"},
+            id="resolve",
+        ),
+    ],
+)  # fmt: skip
+def test_the_core_loads_only_the_core(code, allowed):
+    """What the core loads beyond torch and OmegaConf (which it is built on): its own modules,
+    no Hydra, no tqdm beyond what torch loads itself, nothing of the apps, calibration or the
+    replay."""
+    probe = (
+        "import sys, torch, omegaconf\n"
+        "before = set(sys.modules)\n"
+        f"{code}\n"
+        "print(sorted(set(sys.modules) - before))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    loaded = eval(done.stdout)  # a list of module names
+    ours = {m for m in loaded if m.split(".")[0] == "mstar_resources"}
+    assert sorted(ours - allowed) == []
+    assert [m for m in loaded if m.split(".")[0] in ("hydra", "tqdm")] == []
+    assert "mstar_resources.attn.workspace" in ours
+
+
 def _room(module: str) -> str:
     """The room of the house a module is in: its folder, an app in a folder apart from the
     folder's other modules (the apps' layer is above them), or the module itself at the top."""
-    if module in APPS and "." in module:
+    if module in APPS and "." in module and not module.startswith("apps."):
         return f"{module.split('.')[0]} (app)"
     return module.split(".")[0] if "." in module or module in FOLDERS else module
 
 
-FOLDERS = {"attn", "calibration", "replay", "_internal", "integrations"}
+FOLDERS = {"apps", "attn", "calibration", "replay", "_internal", "integrations"}
 ROOMS: dict[str, set[str]] = {}
 for _module, _targets in GRAPH.items():
     ROOMS.setdefault(_room(_module), set()).update(

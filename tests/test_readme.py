@@ -60,7 +60,7 @@ ENGINE_APP = """
 import dataclasses, json
 from omegaconf import DictConfig
 from mstar_resources import resolve
-from mstar_resources.hydra_apps import hydra_app
+from mstar_resources.apps.hydra_app import hydra_app
 
 @hydra_app("my-engine", config_name="engine", config_path="conf")
 def main(cfg: DictConfig) -> None:

@@ -14,7 +14,6 @@ from mstar_resources import (
     WorkspacePool,
     WorkspaceSealedError,
     build_pools,
-    pools_of,
     resolve,
 )
 from mstar_resources.units import MIB
@@ -353,7 +352,8 @@ API_MISUSE = [
                  r"device='gpu' is not a torch device", id="device-misspelled"),
     pytest.param(lambda: build_pools({"a": {"labels": ["x"]}}, None, env={}),
                  r"device=None is not a torch device", id="device-none"),
-    pytest.param(lambda: pools_of(["x"], "cpu"), r"pools_of takes the list resolve\(\) returns",
+    pytest.param(lambda: build_pools(["x"], "cpu"),
+                 r"build_pools takes the resources tree or the list resolve\(\) returns",
                  id="pools-of-strings"),
     pytest.param(lambda: WorkspacePool("cpu", 1, serves="decode"),
                  r"serves='decode' must be \(label, cg slot\) pairs", id="serves-a-string"),
@@ -400,3 +400,45 @@ def test_a_tree_32_levels_deep_resolves():
         node = {"g": node}
     (record,) = resolve(node, {})
     assert record.path == ".".join(["g"] * 31 + ["r"])
+
+
+def test_a_resource_is_known_by_its_schema_not_by_a_child_s_name():
+    """A group may hold a resource named like a schema field: ``owner`` below is a resource."""
+    (record,) = resolve({"layers": {"owner": {"labels": ["x"]}}}, env={})
+    assert (record.path, record.labels) == ("layers.owner", ("x",))
+
+
+def test_a_mapping_setting_a_field_but_no_labels_is_a_resource_missing_its_labels():
+    with pytest.raises(ResourceConfigError) as caught:
+        resolve({"a": {"declared_mb": 64}}, env={})
+    (problem,) = caught.value.problems
+    assert (problem.setting, problem.expects) == ("resources.a.labels", "a list of plan labels, e.g. [decode]")
+
+
+def test_problems_carry_their_setting_value_and_what_it_expects():
+    tree = {"a": {"labels": ["x"], "declared_mb": "big", "owner": " "}, "b": {"labelz": [1]}}
+    with pytest.raises(ResourceConfigError) as caught:
+        resolve(tree, env={"MSTAR_WORKSPACE_BUFFER_MB": "lots"})
+    found = {problem.setting: problem for problem in caught.value.problems}
+    assert found["resources.a.declared_mb"].value == "big"
+    assert "whole number of MB" in found["resources.a.declared_mb"].expects
+    assert found["MSTAR_WORKSPACE_BUFFER_MB"].value == "lots"
+    assert found["MSTAR_WORKSPACE_BUFFER_MB"].fix.startswith("unset MSTAR_WORKSPACE_BUFFER_MB")
+    # What a person reads is unchanged: each problem is its sentence.
+    assert all(str(p) in str(caught.value) for p in caught.value.problems)
+
+
+def test_a_resource_s_own_check_names_the_full_key():
+    with pytest.raises(ResourceConfigError) as caught:
+        resolve({"a": {"labels": ["x"], "owner": "bad\nname"}}, env={})
+    (problem,) = caught.value.problems
+    assert (problem.setting, problem.value) == ("resources.a.owner", "bad\nname")
+    assert problem.startswith("resources.a.owner=")
+
+
+def test_build_pools_takes_the_tree_or_the_records_resolve_gave():
+    tree = {"a": {"labels": ["x"], "declared_mb": 1}}
+    from_tree = build_pools(tree, "cpu", env={})
+    from_records = build_pools(resolve(tree, env={}), "cpu", env={})
+    assert from_tree.keys() == from_records.keys() == {"a"}
+    assert from_tree["a"].get("x").tensor.numel() == from_records["a"].get("x").tensor.numel()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import ResourceConfigError
+from ..errors import Problem, ResourceConfigError
 from ..units import MIB, is_int
 
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
@@ -65,19 +65,27 @@ class Floor:
         return self.mb * MIB
 
 
-def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> str | None:
+def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> Problem | None:
     """What is wrong with ``value`` as a floor in MB for ``setting``, or None if it is usable."""
     if is_int(value) and 0 < value <= MAX_MB:
         return None
+    expects = f"a whole number of MB from 1 to {MAX_MB:,}"
     if is_int(value) and value > MAX_MB:
-        return (
+        return Problem(
             f"{setting}={_shown(value)} MB is more than {MAX_MB:,} (1 TiB, more than any GPU "
-            f"holds); declare the workspace's floor in MB, e.g. {setting}=256"
+            f"holds); declare the workspace's floor in MB, e.g. {setting}=256",
+            setting=setting,
+            value=value,
+            expects=expects,
         )
-    return (
+    return Problem(
         f"{setting}={value!r} is not a positive whole number of MB; declare the workspace's floor "
         f"in MB, at most {MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {setting}=256), or "
-        f"leave it unset for {buffer.env_var} or the default of {buffer.default_mb}"
+        f"leave it unset for {buffer.env_var} or the default of {buffer.default_mb}",
+        setting=setting,
+        value=value,
+        expects=expects,
+        fix=f"unset {setting} for {buffer.env_var} or the default of {buffer.default_mb}",
     )
 
 
@@ -103,8 +111,13 @@ def resolve_floor(
     raw = (os.environ if env is None else env).get(var, "")
     if not isinstance(raw, str):
         raise ResourceConfigError(
-            f"{var}={raw!r} is not a string; the environment holds strings, so give it as "
-            f"one (e.g. {{{var!r}: '{raw}'}})"
+            Problem(
+                f"{var}={raw!r} is not a string; the environment holds strings, so give it as "
+                f"one (e.g. {{{var!r}: '{raw}'}})",
+                setting=var,
+                value=raw,
+                expects="a string",
+            )
         )
     if raw.strip() == "":
         return Floor(buffer.default_mb, "default", var)
@@ -113,9 +126,15 @@ def resolve_floor(
     value = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
     if value is None or not 0 < value <= MAX_MB:
         raise ResourceConfigError(
-            f"{var}={raw!r} is not a positive whole number of MB; set it to one, at most "
-            f"{MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {var}=256), or unset it for "
-            f"the default of {buffer.default_mb}"
+            Problem(
+                f"{var}={raw!r} is not a positive whole number of MB; set it to one, at most "
+                f"{MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {var}=256), or unset it for "
+                f"the default of {buffer.default_mb}",
+                setting=var,
+                value=raw,
+                expects=f"a whole number of MB from 1 to {MAX_MB:,}",
+                fix=f"unset {var} for the default of {buffer.default_mb}",
+            )
         )
     return Floor(value, "env", var)
 

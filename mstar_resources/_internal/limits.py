@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import Problem
+
 __all__ = ["MAX_NAME", "argument_problem", "bounded", "expects", "name_problem", "problems"]
 
 MAX_NAME = 128
@@ -63,7 +65,7 @@ def _within(value: float, metadata: Mapping[str, Any]) -> bool:
     )
 
 
-def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
+def problems(values: Any, schema: type, prefix: str = "") -> list[Problem]:
     """One sentence for each bounded field of the dataclass ``schema`` whose value in ``values``
     (an instance, or a mapping such as a DictConfig) is out of its bounds, in field order. A
     null value is not checked: the field's type says whether null is allowed."""
@@ -74,17 +76,21 @@ def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
         value = values[field.name] if isinstance(values, Mapping) else getattr(values, field.name)
         if value is None or isinstance(value, bool) or not isinstance(value, int | float):
             continue
+        setting, bounds = f"{prefix}{field.name}", _bounds_text(field.metadata)
         if not math.isfinite(value):
-            bounds = _bounds_text(field.metadata)
-            found.append(
-                f"{prefix}{field.name}={value!r} is not a finite number; it must be {bounds} "
-                f"({field.metadata['expects']})"
-            )
+            text = f"{setting}={value!r} is not a finite number; it must be {bounds}"
         elif not _within(value, field.metadata):
-            found.append(
-                f"{prefix}{field.name}={value!r} must be {_bounds_text(field.metadata)} "
-                f"({field.metadata['expects']})"
+            text = f"{setting}={value!r} must be {bounds}"
+        else:
+            continue
+        found.append(
+            Problem(
+                f"{text} ({field.metadata['expects']})",
+                setting=setting,
+                value=value,
+                expects=expects(field),
             )
+        )
     return found
 
 

@@ -40,7 +40,7 @@ def gather_held(
     """Step 1: every rank's bytes of each workspace, by rank, from this rank's pool ``identity``
     and the bytes it ``held``; raises on every rank alike when the ranks are sealing different
     pools."""
-    rank, ranks = dist.get_rank(), dist.get_world_size(group)
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     gathered: list[tuple[int, Identity, dict[Key, int]] | None] = [None] * ranks
     dist.all_gather_object(gathered, (rank, identity, dict(held)), group=group)
     everyone = [entry for entry in gathered if entry is not None]
@@ -77,7 +77,7 @@ def share_outcome(
     """Step 2, once this rank made and grew what it lacked: tell every rank whether it could. A
     rank that could not raises its own ``failure``; the others raise one naming it, holding the
     error it raised (pickled whole, with its fields) in ``errors``."""
-    rank, ranks = dist.get_rank(), dist.get_world_size(group)
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     outcomes: list[tuple[int, Exception | None] | None] = [None] * ranks
     dist.all_gather_object(outcomes, (rank, _picklable(failure)), group=group)
     if failure is not None:

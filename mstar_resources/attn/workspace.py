@@ -810,13 +810,13 @@ class WorkspacePool:
             )
         if (problem := name_problem("owner", owner)) is not None:
             raise ResourceConfigError(problem)
-        self.device = _device(device)
-        self.size_mb = size_mb
-        self.owner = owner
-        self.config_key = config_key
+        self._device = _device(device)
+        self._size_mb = size_mb
+        self._owner = owner
+        self._config_key = config_key
         setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
         self._floor: Floor = resolve_floor(size_mb, env, setting)
-        self.int_size_mb = int_size_mb
+        self._int_size_mb = int_size_mb
         int_setting = "int_size_mb" if config_key is None else f"{config_key}.int_declared_mb"
         self._int_floor: Floor = resolve_floor(int_size_mb, env, int_setting, INT)
         self._serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
@@ -832,6 +832,31 @@ class WorkspacePool:
             f"WorkspacePool(owner={self.owner!r}, device={str(self.device)!r}, "
             f"floor={self._floor.mb} MB, workspaces={len(self._workspaces)})"
         )
+
+    @property
+    def device(self) -> torch.device:
+        """Where the workspaces are made."""
+        return self._device
+
+    @property
+    def owner(self) -> str:
+        """Who the pool belongs to: the first part of each workspace's name."""
+        return self._owner
+
+    @property
+    def size_mb(self) -> int | None:
+        """The floor asked for, in MB; None: the variable's, else the default."""
+        return self._size_mb
+
+    @property
+    def int_size_mb(self) -> int | None:
+        """The int floor asked for, in MB; None: the variable's, else the default."""
+        return self._int_size_mb
+
+    @property
+    def config_key(self) -> str | None:
+        """The resource's key in the config (``resources.attn.decode``), or None."""
+        return self._config_key
 
     @property
     def sealed(self) -> bool:
@@ -973,9 +998,9 @@ class WorkspacePool:
 
         from . import _agree
 
-        rank, ranks = dist.get_rank(), dist.get_world_size(group)
+        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
         held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
-        every_held = _agree.gather_held(self.identity, held, group)
+        every_held = _agree.gather_held(self._identity, held, group)
         agreed = _agree.largest(every_held.values())
         others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
         failure: Exception | None = None
@@ -985,14 +1010,14 @@ class WorkspacePool:
                 added += self.get(label, cg_slot)._grow_to_agree(nbytes, others)
         except Exception as error:  # told to every rank, then raised here as it was
             failure = error
-        _agree.share_outcome(failure, self.identity, every_held, group)
+        _agree.share_outcome(failure, self._identity, every_held, group)
         logger.info(
             "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
-            rank, _agree.describe(self.identity), sum(agreed.values()), len(agreed), ranks, added,
+            rank, _agree.describe(self._identity), sum(agreed.values()), len(agreed), ranks, added,
         )  # fmt: skip
 
     @property
-    def identity(self) -> tuple[str, str | None, tuple[tuple[str, int | None], ...] | None]:
+    def _identity(self) -> tuple[str, str | None, tuple[tuple[str, int | None], ...] | None]:
         """What must match across ranks for their pools to be one: (owner, config key, the keys
         it serves)."""
         return self.owner, self.config_key, self._serves

@@ -19,7 +19,7 @@ from .._internal import limits
 from .._internal.devices import cuda_device
 from ..errors import ResourceConfigError
 from ..files import folder_problem
-from ..hydra_apps import hydra_app, package_version
+from ..apps.hydra_app import hydra_app, package_version
 from ..resolver import resolve
 from .calibrate import (
     base_deployment,

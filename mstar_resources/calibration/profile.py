@@ -1,7 +1,7 @@
 """The calibration profile: what a deployment plans, so its workspaces can be measured on a GPU.
 
 It lives under the config's root key ``calibration`` (each shipped deployment carries one) and is
-read by ``mstar-resources-calibrate``. Registered in Hydra's ConfigStore as
+read by ``mstar-resources-calibrate``. The config tree registers it in Hydra's ConfigStore as
 ``mstar_resources/calibration``, so a deployment types it by listing
 ``- /mstar_resources/calibration@calibration`` in its defaults. :func:`load_profile` turns a
 composed node into a checked :class:`CalibrationProfile`, reporting every problem at once.
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, cast
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
@@ -387,8 +386,3 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
     if problems:
         raise ResourceConfigError(*problems, where=_WHERE)
     return profile
-
-
-ConfigStore.instance().store(
-    group="mstar_resources", name=PROFILE_KEY, node=CalibrationProfile, provider="mstar-resources"
-)

@@ -1,12 +1,12 @@
 """``mstar-resources-calibrate``'s settings, the schema of its primary config
-(``mstar_resources_calibrate.yaml``); see :mod:`mstar_resources.settings`."""
+(``mstar_resources_calibrate.yaml``); see :mod:`mstar_resources.apps.settings`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .._internal.limits import bounded
-from ..settings import ComposedTree
+from ..apps.settings import ComposedTree
 from .override import DEFAULT_MARGIN
 
 __all__ = ["CalibrateSettings"]

@@ -58,7 +58,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ResourceConfigError, WorkspaceSealedError, did_you_mean
-from ..resolver import ResolvedResource, pools_of, resolve
+from ..resolver import ResolvedResource, build_pools, resolve
 from ._post_import import when_imported
 
 if TYPE_CHECKING:
@@ -441,7 +441,7 @@ class VllmWorkspaces:
             self.leave_untouched(f"it failed ({type(error).__name__}: {error})")
             return
         keys = _serving_key_of_each_role(records, self.setting.describe())
-        self.pools = pools_of(list(records), device)
+        self.pools = build_pools(list(records), device)
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
             self._keys[role] = (record.path, cg_slot)

@@ -39,8 +39,8 @@ from ..calibration.record import check_calibration
 from ..calibration.versions import check_flashinfer
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..files import folder_problem
-from ..hydra_apps import hydra_app, package_version
-from ..resolver import ResolvedResource, pools_of, resolve
+from ..apps.hydra_app import hydra_app, package_version
+from ..resolver import ResolvedResource, build_pools, resolve
 from ..units import MIB
 from .roles import Roles, is_mla, roles_of
 from .settings import ReplaySettings
@@ -407,7 +407,7 @@ def _serve_setups(
     from .engine import Buffers, FixedBuffer, LibraryBuffers, Setup
 
     makers: dict[str, Callable[[], Buffers]] = {
-        "library": lambda: LibraryBuffers(pools_of(records, gpu.device), roles),
+        "library": lambda: LibraryBuffers(build_pools(records, gpu.device), roles),
         "fixed": lambda: FixedBuffer(fixed_bytes, gpu.device),
     }
     runs: dict[str, list[SetupResult]] = {kind: [] for kind in makers}

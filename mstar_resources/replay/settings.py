@@ -1,12 +1,12 @@
 """The replay's settings (``scripts/replay.py``), the schema of its primary config
-(``replay.yaml``); see :mod:`mstar_resources.settings`."""
+(``replay.yaml``); see :mod:`mstar_resources.apps.settings`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .._internal.limits import bounded
-from ..settings import ComposedTree
+from ..apps.settings import ComposedTree
 
 MAX_REQUESTS = 100_000
 """The most requests a replay serves (see ``ReplaySettings.requests``)."""

@@ -169,6 +169,37 @@ def test_a_rank_that_cannot_grow_fails_every_rank_clearly_and_keeps_its_buffer(t
         assert "'attention' (resources.attn.decode) was not sealed on any rank" in message
 
 
+def subgroup_member_cannot_grow(rank: int, world: int) -> Any:
+    """Ranks 1 and 2 of the world seal in a group of their own; world rank 2, the group's rank 1,
+    cannot grow."""
+    group = dist.new_group([1, 2])  # every rank of the world takes part in making it
+    if rank == 0:
+        return "not in the group"
+    failing = rank == 2
+    pool = WorkspacePool("cpu" if failing else "meta", 1, serves=SERVES)
+    if not failing:
+        _grow(pool, "decode", 0, HUGE)
+    else:
+        pool.get("decode", 0)
+    try:
+        pool.seal(group=group)
+    except (WorkspaceGrowthError, WorkspaceAgreementError) as error:
+        if isinstance(error, WorkspaceAgreementError):
+            return (type(error).__name__, error.ranks, sorted(error.held), str(error))
+        return (type(error).__name__,)
+    return "sealed"
+
+
+def test_ranks_are_named_within_their_group(tmp_path):
+    results = run_ranks(subgroup_member_cannot_grow, 3, tmp_path / "store")
+    assert results[0] == "not in the group"
+    assert results[2] == ("WorkspaceGrowthError",)
+    kind, ranks, held_by, message = results[1]
+    # The group's ranks are 0 and 1, whatever their ranks in the world.
+    assert (kind, ranks, held_by) == ("WorkspaceAgreementError", (1,), [0, 1])
+    assert "rank 1 failed: WorkspaceGrowthError" in message
+
+
 def test_reserve_makes_exactly_the_served_keys_and_reports_the_bytes():
     pool = _pool(serves=SERVES)
     assert pool.reserve() == 3 * MIB

@@ -15,7 +15,7 @@ import json
 from omegaconf import DictConfig
 
 from mstar_resources import resolve
-from mstar_resources.hydra_apps import hydra_app
+from mstar_resources.apps.hydra_app import hydra_app
 
 
 @hydra_app("engine", config_name="engine", config_path="conf", command="python -m tests.engine.app")

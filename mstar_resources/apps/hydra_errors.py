@@ -24,9 +24,9 @@ from omegaconf.errors import (
 )
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
-from ._internal import limits
-from .errors import did_you_mean
-from .schema import Resource
+from .._internal import limits
+from ..errors import did_you_mean
+from ..schema import Resource
 
 DEPLOYMENT_GROUP = "deployment"
 """The config group whose options are global (``# @package _global_``): a deployment sets keys of

@@ -69,7 +69,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .errors import ResourceConfigError
+from ..errors import ResourceConfigError
 from .hydra_errors import (
     DEPLOYMENT_GROUP,
     explain,

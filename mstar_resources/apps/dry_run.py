@@ -5,7 +5,7 @@ CPU it is a dry run that allocates nothing and imports no FlashInfer; ``device=c
 ``cuda:N``) also makes every declared workspace and reports what the GPU then holds.
 
 Its settings are typed by ``settings.DryRunSettings``. Bad input, Hydra's own compose errors
-included, ends in one paragraph on stderr and exit status 2 (see ``hydra_apps.py``);
+included, ends in one paragraph on stderr and exit status 2 (see ``hydra_app.py``);
 ``HYDRA_FULL_ERROR=1`` gives the full traceback instead. The dry run imports no torch.
 """
 
@@ -18,21 +18,21 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ._internal.devices import cuda_device, is_cuda_device
-from ._internal.table import format_table
-from .calibration.profile import PROFILE_KEY, load_profile
-from .calibration.record import (
+from .._internal.devices import cuda_device, is_cuda_device
+from .._internal.table import format_table
+from ..calibration.profile import PROFILE_KEY, load_profile
+from ..calibration.record import (
     RECORD_KEY,
     CalibratedFloor,
     calibrated_floors,
     check_calibration,
     record_differences,
 )
-from .errors import ResourceConfigError
-from .hydra_apps import hydra_app, package_version
-from .resolver import ResolvedResource, pools_of, resolve
+from ..errors import ResourceConfigError
+from .hydra_app import hydra_app, package_version
+from ..resolver import ResolvedResource, build_pools, resolve
 from .settings import DryRunSettings, OutputFormat
-from .units import MIB
+from ..units import MIB
 
 __all__ = ["main"]
 
@@ -111,7 +111,7 @@ def _allocate(cfg: DictConfig, records: list[ResolvedResource], device: str) -> 
     check_calibration(cfg, target, resolved=records)
     torch.cuda.synchronize(target)
     before = torch.cuda.memory_allocated(target)
-    pools = pools_of(records, target, reserve=True)  # held until measured
+    pools = build_pools(records, target, reserve=True)  # held until measured
     torch.cuda.synchronize(target)
     allocated = torch.cuda.memory_allocated(target) - before
     del pools
