@@ -1,7 +1,7 @@
 """Declarative, growable, sealable GPU scratch memory for LLM inference engines.
 
-The public names are the imports below, the one list of them: type checkers read it, and the
-package reads it to load each name on first use, so that composing ``pkg://mstar_resources.conf``
+The public names are the imports below (each ``as`` itself: re-exported), the one list of them:
+type checkers read it, and the package reads it to load each name on first use, so that composing ``pkg://mstar_resources.conf``
 (which imports this package) costs neither torch nor the resolver.
 """
 
@@ -14,24 +14,54 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .attn.workspace import (
-        IntWorkspace,
-        Workspace,
-        WorkspaceGrowthError,
-        WorkspacePool,
-        WorkspaceStats,
-        workspace_bytes,
+        IntWorkspace as IntWorkspace,
     )
-    from .calibration.record import check_calibration
+    from .attn.workspace import (
+        Workspace as Workspace,
+    )
+    from .attn.workspace import (
+        WorkspaceGrowthError as WorkspaceGrowthError,
+    )
+    from .attn.workspace import (
+        WorkspacePool as WorkspacePool,
+    )
+    from .attn.workspace import (
+        WorkspaceStats as WorkspaceStats,
+    )
+    from .attn.workspace import (
+        workspace_bytes as workspace_bytes,
+    )
+    from .calibration.record import check_calibration as check_calibration
     from .errors import (
-        Problem,
-        ResourceConfigError,
-        ResourceError,
-        WorkspaceAgreementError,
-        WorkspacePlanError,
-        WorkspaceSealedError,
-        WorkspaceShortError,
+        Problem as Problem,
     )
-    from .resolver import ResolvedResource, build_pools, resolve
+    from .errors import (
+        ResourceConfigError as ResourceConfigError,
+    )
+    from .errors import (
+        ResourceError as ResourceError,
+    )
+    from .errors import (
+        WorkspaceAgreementError as WorkspaceAgreementError,
+    )
+    from .errors import (
+        WorkspacePlanError as WorkspacePlanError,
+    )
+    from .errors import (
+        WorkspaceSealedError as WorkspaceSealedError,
+    )
+    from .errors import (
+        WorkspaceShortError as WorkspaceShortError,
+    )
+    from .resolver import (
+        ResolvedResource as ResolvedResource,
+    )
+    from .resolver import (
+        build_pools as build_pools,
+    )
+    from .resolver import (
+        resolve as resolve,
+    )
 
 
 def _homes() -> dict[str, str]:
@@ -50,7 +80,7 @@ def _homes() -> dict[str, str]:
 
 
 _HOMES = _homes()
-__all__ = sorted(_HOMES)  # noqa: PLE0605 (read from the imports above)
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:

@@ -309,7 +309,7 @@ def _is_resource(node: DictConfig) -> bool:
     return any(str(key) in _FIELDS and not _is_mapping(node, key) for key in node)
 
 
-def _is_mapping(node: DictConfig, key: object) -> bool:
+def _is_mapping(node: DictConfig, key: Any) -> bool:
     try:
         return OmegaConf.is_dict(node[key])
     except OmegaConfBaseException:  # unreadable: the resource's check says why

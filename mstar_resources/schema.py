@@ -2,12 +2,12 @@
 
 The config tree (``mstar_resources.conf``, what ``pkg://mstar_resources.conf`` imports) registers
 it in Hydra's ConfigStore as ``mstar_resources/resource``, so a config types a node by listing
-``- /mstar_resources/resource@attn.decode`` in its defaults list: a wrong type or an unknown key then
-fails when the config is composed. This module imports no Hydra.
+``- /mstar_resources/resource@attn.decode`` in its defaults list: a wrong type or an unknown key
+then fails when the config is composed. This module imports no Hydra.
 """
 
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
@@ -66,7 +66,7 @@ class Resource:
     only, one workspace per label."""
 
     def __post_init__(self) -> None:
-        checks = {
+        checks: dict[str, Sequence[str | None]] = {
             "owner": _owner_problems(self.owner),
             "declared_mb": []
             if self.declared_mb is None
@@ -78,7 +78,13 @@ class Resource:
             "cg_slots": _slot_problems(list(self.cg_slots)),
         }
         found = [
-            Problem(problem, setting=name, value=getattr(self, name), expects=_expects(name))
+            Problem(
+                problem,
+                setting=name,
+                value=getattr(self, name),
+                expects=_expects(name),
+                fix=getattr(problem, "fix", None),
+            )
             for name, problems in checks.items()
             for problem in problems
             if problem is not None

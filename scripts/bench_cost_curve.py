@@ -49,6 +49,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from mstar_resources import resolve
+from mstar_resources.apps.hydra_app import register_settings
+from mstar_resources.apps.settings import DryRunSettings
 from mstar_resources.calibration.calibrate import (
     LabelNeed,
     check_backends,
@@ -60,9 +62,7 @@ from mstar_resources.calibration.engine_buffers import engine_buffers_mb
 from mstar_resources.calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from mstar_resources.calibration.record import Machine
 from mstar_resources.errors import ResourceConfigError
-from mstar_resources.apps.hydra_app import register_settings
 from mstar_resources.resolver import ResolvedResource
-from mstar_resources.apps.settings import DryRunSettings
 from mstar_resources.units import MIB
 
 from _args import one_of, positive_int, refuse

@@ -3,12 +3,13 @@
     python scripts/bench_dry_run.py                  # 7 rounds
     python scripts/bench_dry_run.py --rounds 21 --png /tmp/dry_run.png
 
-Times, as fresh processes of this Python, the dry run ``python -m mstar_resources.apps.dry_run`` (its
-output discarded) and ``python -c "import hydra"``, interleaved (baseline, dry run, baseline, ...,
-so a drift in the machine's speed touches both alike), each in an empty temporary folder as its
-working directory. The table gives each command's median wall time and its ratio to the
-baseline's; a last line says whether the goal, dry run / import hydra <= 2.0, holds. A
-measurement, not a check: the exit status is 0 either way (1 only if a command fails).
+Times, as fresh processes of this Python, the dry run
+``python -m mstar_resources.apps.dry_run`` (its output discarded) and ``python -c "import hydra"``,
+interleaved (baseline, dry run, baseline, ..., so a drift in the machine's speed touches both
+alike), each in an empty temporary folder as its working directory. The table gives each
+command's median wall time and its ratio to the baseline's; a last line says whether the goal, dry
+run / import hydra <= 2.0, holds. A measurement, not a check: the exit status is 0 either way (1
+only if a command fails).
 
 One untimed dry run before the rounds (which also warms the file cache for them) reports whether
 torch or FlashInfer got imported: on the CPU, the dry run should need neither.

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from mstar_resources.apps.settings import DryRunSettings
 from mstar_resources.calibration.settings import CalibrateSettings
 from mstar_resources.replay.settings import ReplaySettings
-from mstar_resources.apps.settings import DryRunSettings
 
 from .test_cli import run_cli
 

@@ -412,7 +412,8 @@ def test_a_mapping_setting_a_field_but_no_labels_is_a_resource_missing_its_label
     with pytest.raises(ResourceConfigError) as caught:
         resolve({"a": {"declared_mb": 64}}, env={})
     (problem,) = caught.value.problems
-    assert (problem.setting, problem.expects) == ("resources.a.labels", "a list of plan labels, e.g. [decode]")
+    assert problem.setting == "resources.a.labels"
+    assert problem.expects == "a list of plan labels, e.g. [decode]"
 
 
 def test_problems_carry_their_setting_value_and_what_it_expects():

@@ -65,11 +65,11 @@ def _within(value: float, metadata: Mapping[str, Any]) -> bool:
     )
 
 
-def problems(values: Any, schema: type, prefix: str = "") -> list[Problem]:
+def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
     """One sentence for each bounded field of the dataclass ``schema`` whose value in ``values``
     (an instance, or a mapping such as a DictConfig) is out of its bounds, in field order. A
     null value is not checked: the field's type says whether null is allowed."""
-    found = []
+    found: list[str] = []
     for field in dataclasses.fields(schema):
         if not any(bound in field.metadata for bound in _BOUNDS):
             continue

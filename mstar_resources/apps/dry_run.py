@@ -29,10 +29,10 @@ from ..calibration.record import (
     record_differences,
 )
 from ..errors import ResourceConfigError
-from .hydra_app import hydra_app, package_version
 from ..resolver import ResolvedResource, build_pools, resolve
-from .settings import DryRunSettings, OutputFormat
 from ..units import MIB
+from .hydra_app import hydra_app, package_version
+from .settings import DryRunSettings, OutputFormat
 
 __all__ = ["main"]
 

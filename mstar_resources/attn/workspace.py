@@ -28,7 +28,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -41,6 +41,14 @@ from ..errors import (
     WorkspaceShortError,
 )
 from ..units import ALIGNMENT, counted, is_int, mb_to_hold
+from ._flashinfer import (
+    FLOAT_BUFFER,
+    INT_BUFFER,
+    PINNED_MIRROR,
+    buffer_views,
+    own_buffers,
+    refresh_recorded_size,
+)
 from ._overflow import Overflow, parse_overflow
 
 if TYPE_CHECKING:
@@ -75,16 +83,6 @@ class WorkspaceGrowthError(WorkspaceShortError, torch.OutOfMemoryError):
     asked for; ``setting``: reserving it up front, or lowering it, is the fix).
     """
 
-
-_FLOAT_BUFFER, _INT_BUFFER, _PINNED_MIRROR = (
-    "_float_workspace_buffer",
-    "_int_workspace_buffer",
-    "_pin_memory_int_workspace_buffer",
-)
-"""Where FlashInfer's attention wrappers keep their buffers (0.6 and 0.7: decode, paged and ragged
-prefill, POD; MLA in 0.6, and in 0.7 only after a plan made its own); each plan reads the three as
-they are then."""
-_OWN_INT = (_INT_BUFFER, _PINNED_MIRROR)
 
 _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """How torch's CPU allocator says it ran out (``c10/core/impl/alloc_cpu.cpp``): a plain
@@ -220,6 +218,8 @@ class Workspace:
                 "(or None: each wrapper keeps its own)"
             )
         self._int = int_workspace
+        # The wrappers whose attributes were checked for views of this buffer (_refuse_views).
+        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -264,6 +264,7 @@ class Workspace:
         """
         growths, last = 0, None
         mirrored = self._mirrored()
+        self._refuse_views(plan)
         while True:
             # What the plan sees, whatever another thread does.
             have = self._tensor.numel()
@@ -306,10 +307,36 @@ class Workspace:
                 if mirrored is not None:
                     mirrored._copy_queued(_wrapper_of(plan, args))
                 if self._tensor.numel() != self._floor_bytes:  # grown, here or by another plan
-                    _refresh_recorded_size(plan, self._tensor)
+                    refresh_recorded_size(plan, self._tensor)
                 return planned
 
     _build_advice = "build the wrapper on workspace.tensor (or with WorkspacePool.build)"
+
+    def _refuse_views(self, plan: Callable[..., Any]) -> None:
+        """Refuse, before it plans on this growable workspace, a wrapper that holds a view of its
+        buffer (:func:`_flashinfer.buffer_views`): growth would move the buffer and leave the view
+        on the old memory. Each wrapper is checked once; a sealed workspace never moves, so
+        views of it are safe."""
+        wrapper = getattr(plan, "__self__", None)
+        if wrapper is None or self._sealed:
+            return
+        try:
+            if wrapper in self._checked:
+                return
+            self._checked.add(wrapper)
+        except TypeError:  # no weak references to it: checked at every plan
+            pass
+        views = buffer_views(wrapper, self._tensor)
+        if views:
+            self._checked.discard(wrapper)
+            raise WorkspacePlanError(
+                f"workspace {self._name!r} can grow, and the {type(wrapper).__name__} planning "
+                f"on it holds views of its buffer ({', '.join(views)}), which growing would "
+                "leave on the old memory; give the workspace room for every plan up front "
+                f"({self._floor}) and seal it before this wrapper plans",
+                workspace=self._name,
+                held_bytes=self._tensor.numel(),
+            )
 
     def _short_of(
         self, overflow: Overflow | None, have: dict[str, int], wrapper: Any
@@ -320,7 +347,7 @@ class Workspace:
         if short is None or overflow is None or (overflow.available or 0) > have[short.kind]:
             return None
         # A wrapper that keeps its own int workspace overflowed that one, not this.
-        theirs = wrapper is not None and getattr(wrapper, _INT_BUFFER, None) is not short._tensor
+        theirs = wrapper is not None and getattr(wrapper, INT_BUFFER, None) is not short._tensor
         return None if short.kind == "int" and theirs else short
 
     def _by_kind(self) -> list[tuple[str, Workspace]]:
@@ -487,6 +514,10 @@ class Workspace:
         _wait_for_every_stream(self._tensor)
         grown[:have].copy_(self._tensor)
         grown[have:].zero_()
+        # The copy is queued on the current stream, and the old block goes back to the stream it
+        # was made on as soon as the tensor lets go of it: waited for first, or another tensor of
+        # that stream could take the block while the copy still reads it.
+        _wait_for_every_stream(self._tensor)
         self._tensor.set_(grown.untyped_storage())
         return need - have
 
@@ -623,21 +654,11 @@ def _host_mirror(nbytes: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=like.is_cuda)
 
 
-def own_buffers(wrapper: Any) -> dict[str, Any] | None:
-    """``wrapper``'s attributes, where it keeps an int workspace and a host mirror of its own as
-    FlashInfer's wrappers do; None where it keeps none (a cascade wrapper, FlashInfer 0.7's MLA
-    wrapper before its first plan)."""
-    own = getattr(wrapper, "__dict__", None)
-    if own is None or not all(isinstance(own.get(a), torch.Tensor) for a in _OWN_INT):
-        return None
-    return cast(dict[str, Any], own)
-
-
 def int_buffers(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The int workspace and host mirror ``wrapper`` plans on now (its own, or one it was given);
     None where it keeps none (:func:`own_buffers`)."""
     own = own_buffers(wrapper)
-    return None if own is None else (own[_INT_BUFFER], own[_PINNED_MIRROR])
+    return None if own is None else (own[INT_BUFFER], own[PINNED_MIRROR])
 
 
 def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> bool:
@@ -651,8 +672,8 @@ def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> boo
     if own is None:
         return False
     # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
-    own[_INT_BUFFER] = int_workspace.tensor
-    own[_PINNED_MIRROR] = int_workspace.mirror
+    own[INT_BUFFER] = int_workspace.tensor
+    own[PINNED_MIRROR] = int_workspace.mirror
     int_workspace._wrappers_given = True
     run = own.get("run") or getattr(wrapper, "run", None)
     run = getattr(run, "_unchecked", run)  # given another int workspace before: not that check
@@ -723,26 +744,6 @@ def _wait_for_every_stream(tensor: torch.Tensor) -> None:
     whole device is synchronised rather than a ``record_stream`` per stream."""
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)
-
-
-def _refresh_recorded_size(plan: Callable[..., Any], tensor: torch.Tensor) -> None:
-    """Tell the wrapper whose ``plan`` ran how large its buffer is now.
-
-    FlashInfer's paged prefill wrapper records its float buffer's size once, when it is built
-    (``_workspace_size``; the decode wrapper reads it again at every plan), and hands that figure
-    to its run, where the ``trtllm-gen`` backend bounds its scratch by it (``fa2`` and ``fa3``
-    read the tensor itself). After this workspace grew, possibly through another wrapper, the
-    figure would understate the buffer, so once the workspace has grown it is brought up to date
-    after each plan on this workspace's tensor. Wrappers without the attribute are left alone.
-    """
-    # Looked up in the wrapper's __dict__: a getattr that misses raises inside, which costs more
-    # than the rest of Workspace.plan together.
-    attributes = getattr(getattr(plan, "__self__", None), "__dict__", None) or {}
-    recorded = attributes.get("_workspace_size")
-    if is_int(recorded) and attributes.get("_float_workspace_buffer") is tensor:
-        now = tensor.numel()
-        if recorded != now:
-            attributes["_workspace_size"] = now
 
 
 def _whole_plan_need(
@@ -949,7 +950,7 @@ class WorkspacePool:
                 "replace; build the wrappers it holds with WorkspacePool.build (a cascade "
                 "wrapper plans all its levels before it runs them, so they cannot share one)"
             )
-        if getattr(wrapper, _FLOAT_BUFFER, None) is not workspace.tensor:
+        if getattr(wrapper, FLOAT_BUFFER, None) is not workspace.tensor:
             raise ResourceConfigError(
                 f"{where}: the {type(wrapper).__name__} was built on another float buffer; "
                 f"build it on pool.get({label!r}, {cg_slot}).tensor, or with WorkspacePool.build"

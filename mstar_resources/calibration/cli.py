@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
+from ..apps.hydra_app import hydra_app, package_version
 from ..errors import ResourceConfigError
 from ..files import folder_problem
-from ..apps.hydra_app import hydra_app, package_version
 from ..resolver import resolve
 from .calibrate import (
     base_deployment,

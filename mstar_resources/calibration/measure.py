@@ -10,13 +10,13 @@ workspace at each plan, which cannot be replaced, so its int need is not measure
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..attn import _flashinfer
 from ..attn.workspace import IntWorkspace, Workspace, install_int_workspace
 from ..errors import ResourceConfigError
 from .profile import CalibrationProfile, PlanKind, PlanProfile
@@ -44,25 +44,6 @@ class Need:
 ASKS_WORKSPACE_SIZE = frozenset({PlanKind.decode, PlanKind.paged_prefill})
 """Kinds whose wrapper answers ``workspace_size()`` (on some backends)."""
 
-FLASHINFER_REFUSAL = (
-    "flashinfer.mla._batch_mla._backends._capabilities",
-    "_BackendPlanUnsupportedError",
-)
-"""Where FlashInfer (0.7.4) keeps the type of its refusal to plan a shape ("typed signal for
-backend preflight rejection before launch/compile", a ``ValueError``). Its MLA backends raise it
-for a shape they cannot run; a FlashInfer without it refuses nothing calibration would accept,
-and a test marked ``flashinfer`` checks that the installed one has it."""
-
-
-def flashinfer_refusals() -> tuple[type[BaseException], ...]:
-    """The exception types by which the installed FlashInfer refuses a shape (none if unknown)."""
-    module, name = FLASHINFER_REFUSAL
-    try:
-        refusal = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return ()
-    return (refusal,) if isinstance(refusal, type) and issubclass(refusal, ValueError) else ()
-
 
 class Planner:
     """Builds FlashInfer wrappers and plan arguments for one profile on one device.
@@ -80,7 +61,7 @@ class Planner:
     ) -> None:
         self.profile = profile
         self.device = device
-        self.refusals = flashinfer_refusals() if refusals is None else refusals
+        self.refusals = _flashinfer.refusals() if refusals is None else refusals
         """The errors by which FlashInfer refuses a shape; any other error propagates."""
         model = profile.model
         self.dtypes = {

@@ -18,8 +18,8 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import re
-from pathlib import Path
 
+from ..attn._flashinfer import plain_decode_groups
 from ..errors import ResourceConfigError
 from .profile import CalibrationProfile, PlanKind
 
@@ -27,7 +27,6 @@ __all__ = [
     "OLDEST",
     "check_flashinfer",
     "installed_flashinfer",
-    "plain_decode_groups",
     "version_problems",
 ]
 
@@ -47,28 +46,6 @@ def installed_flashinfer() -> str | None:
         return importlib.metadata.version("flashinfer-python")
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-_GROUP_DISPATCH = re.compile(r"#define DISPATCH_GQA_GROUP_SIZE\b(?P<body>.*?)\n\s*\n", re.S)
-_GROUP_CASE = re.compile(r"group_size == (\d+)")
-
-
-def plain_decode_groups(headers: Path | None = None) -> frozenset[int] | None:
-    """The GQA group sizes FlashInfer's plain decode kernels are compiled for, read from
-    ``DISPATCH_GQA_GROUP_SIZE`` in ``utils.cuh`` of ``headers`` (default: the installed
-    FlashInfer's, found without importing it); None where that can't be read."""
-    if headers is None:
-        spec = importlib.util.find_spec("flashinfer")
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        headers = Path(next(iter(spec.submodule_search_locations))) / "data" / "include"
-    try:
-        text = (headers / "flashinfer" / "utils.cuh").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    macro = _GROUP_DISPATCH.search(text)
-    groups = frozenset(int(n) for n in _GROUP_CASE.findall(macro["body"])) if macro else None
-    return groups or None
 
 
 def release(version: str) -> tuple[int, ...]:

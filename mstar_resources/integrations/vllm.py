@@ -517,7 +517,7 @@ class VllmWorkspaces:
         given the decode int workspace in place of its own."""
         if wrapper is None or self._routed_to(wrapper) is not None:
             return
-        from ..attn.workspace import own_buffers
+        from ..attn._flashinfer import own_buffers
 
         workspace = self._workspaces[role]
         if role == "decode" and self._shares_int(builder) and own_buffers(wrapper) is not None:

@@ -33,13 +33,13 @@ from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
+from ..apps.hydra_app import hydra_app, package_version
 from ..calibration.engine_buffers import SGLANG_MB, own_int_mb, vllm_buffer_mb
 from ..calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from ..calibration.record import check_calibration
 from ..calibration.versions import check_flashinfer
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..files import folder_problem
-from ..apps.hydra_app import hydra_app, package_version
 from ..resolver import ResolvedResource, build_pools, resolve
 from ..units import MIB
 from .roles import Roles, is_mla, roles_of

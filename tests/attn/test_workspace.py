@@ -8,6 +8,7 @@ import logging
 import pickle
 import re
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +28,12 @@ from mstar_resources.attn._overflow import MLA_PARTIALS
 from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
 from mstar_resources.units import MIB
 
-from .fake_allocator import FakePlanner, FakePrefillWrapper, flashinfer_overflow_message
+from .fake_allocator import (
+    FakePlanner,
+    FakePrefillWrapper,
+    FakeWrapper,
+    flashinfer_overflow_message,
+)
 
 VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 DECODE_CHAIN = [("batch_decode_tmp_v", 2 * MIB, 16), ("batch_decode_tmp_s", 16_400, 16)]
@@ -696,3 +702,34 @@ def test_a_pool_s_identity_is_read_only(attribute):
         setattr(pool, attribute, "other")
     assert getattr(pool, attribute) == before
     assert pool.get("decode").name == "attention:decode"
+
+
+class ViewTakingWrapper(FakeWrapper):
+    """Takes a view of its float buffer when it is built, as a wrapper that carves its buffer
+    into fixed regions would: growth in place would leave the view on the old memory."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, **kwargs: Any) -> None:
+        super().__init__(float_workspace_buffer, **kwargs)
+        self._partials = float_workspace_buffer[MIB // 2 :]
+
+
+def test_a_wrapper_holding_views_of_its_buffer_is_refused_on_a_growable_workspace():
+    pool = WorkspacePool("cpu", 1, config_key="resources.attn.decode")
+    workspace = pool.get("decode")
+    wrapper = ViewTakingWrapper(workspace.tensor, float_allocations=[("tmp_v", 2 * MIB, 16)])
+    with pytest.raises(WorkspacePlanError) as caught:
+        workspace.plan(wrapper.plan)
+    assert caught.value.workspace == "attention:decode"
+    assert "_partials" in str(caught.value)
+    assert "resources.attn.decode.declared_mb" in str(caught.value)
+    assert (wrapper.plans, workspace.tensor.numel()) == (0, MIB)  # not planned, not grown
+
+
+def test_a_wrapper_holding_views_plans_on_a_sealed_workspace():
+    """Sealed, the buffer never moves, so its views stay good."""
+    pool = WorkspacePool("cpu", 1)
+    workspace = pool.get("decode")
+    wrapper = ViewTakingWrapper(workspace.tensor, float_allocations=[("tmp_v", MIB // 4, 16)])
+    pool.seal()
+    workspace.plan(wrapper.plan)
+    assert wrapper.plans == 1

@@ -16,12 +16,9 @@ import pytest
 import torch
 
 from mstar_resources import ResourceConfigError
-from mstar_resources.calibration.measure import (
-    FLASHINFER_REFUSAL,
-    Need,
-    Planner,
-    flashinfer_refusals,
-)
+from mstar_resources.attn._flashinfer import REFUSAL as FLASHINFER_REFUSAL
+from mstar_resources.attn._flashinfer import refusals as flashinfer_refusals
+from mstar_resources.calibration.measure import Need, Planner
 from mstar_resources.calibration.profile import PlanKind, PlanProfile, load_profile
 from mstar_resources.calibration.shapes import Shape, is_bounding, shapes_for
 from mstar_resources.units import MIB

@@ -8,10 +8,10 @@ import importlib.util
 import pytest
 
 from mstar_resources import ResourceConfigError
+from mstar_resources.attn._flashinfer import plain_decode_groups
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.versions import (
     check_flashinfer,
-    plain_decode_groups,
     release,
     version_problems,
 )

@@ -1,0 +1,149 @@
+"""Every name of FlashInfer's private surface this library relies on, in one place.
+
+FlashInfer's wrappers keep their buffers in private attributes, and calibration reads a private
+exception type and the installed headers. Each name below says the FlashInfer versions it was read
+in; a FlashInfer bump means re-reading this module and nothing else. (The text of FlashInfer's
+overflow error, which growth parses, is in ``_overflow.py``, with the versions of its two forms.)
+Nothing here imports FlashInfer (the attributes are read off the wrappers an engine built), nor
+torch at import: calibration's torch-free checks read the headers through it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from ..units import is_int
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "FLOAT_BUFFER",
+    "INT_BUFFER",
+    "PINNED_MIRROR",
+    "RECORDED_SIZE",
+    "REFUSAL",
+    "buffer_views",
+    "own_buffers",
+    "plain_decode_groups",
+    "refresh_recorded_size",
+    "refusals",
+]
+
+FLOAT_BUFFER = "_float_workspace_buffer"
+"""Where a wrapper keeps the float workspace it was built on. Read in 0.6.6, 0.7.2.post1 and 0.7.4:
+decode, paged and ragged prefill, POD and MLA wrappers; each plan and run reads it as it is then,
+which is what lets a workspace grow in place."""
+
+INT_BUFFER = "_int_workspace_buffer"
+PINNED_MIRROR = "_pin_memory_int_workspace_buffer"
+"""Where a wrapper keeps its int workspace and that buffer's pinned host mirror (8 MiB each, made
+by the wrapper itself). Read in 0.6.6, 0.7.2.post1 and 0.7.4: decode, paged and ragged prefill, POD;
+MLA in 0.6, and in 0.7 only once a plan made a fresh pair (so 0.7's MLA keeps its own). A cascade
+wrapper keeps none (one per level, in wrappers of its own)."""
+
+RECORDED_SIZE = "_workspace_size"
+"""The float workspace's size in bytes, as FlashInfer's paged prefill wrapper records it once, at
+construction (0.6.6, 0.7.4); its run hands the figure to the ``trtllm-gen`` backend, which bounds
+its scratch by it. The decode wrapper reads the tensor's size at each plan instead."""
+
+REFUSAL = ("flashinfer.mla._batch_mla._backends._capabilities", "_BackendPlanUnsupportedError")
+"""The module and name of FlashInfer's refusal to plan a shape (0.7.4: "typed signal for backend
+preflight rejection before launch/compile", a ``ValueError``). Its MLA backends raise it for a
+shape they cannot run. 0.6.6 has none, and refuses nothing calibration would accept."""
+
+HEADERS = ("data", "include")
+"""Where the installed package keeps its CUDA headers, below its folder (0.6.6, 0.7.4)."""
+
+_GROUP_DISPATCH = re.compile(r"#define DISPATCH_GQA_GROUP_SIZE\b(?P<body>.*?)\n\s*\n", re.S)
+_GROUP_CASE = re.compile(r"group_size == (\d+)")
+"""``DISPATCH_GQA_GROUP_SIZE`` in ``flashinfer/utils.cuh``: the GQA group sizes the plain decode
+kernels are compiled for, one ``group_size == N`` case each (0.6.6, 0.7.4)."""
+
+
+def own_buffers(wrapper: Any) -> dict[str, Any] | None:
+    """``wrapper``'s attributes, where it keeps an int workspace and a host mirror of its own as
+    FlashInfer's wrappers do; None where it keeps none (a cascade wrapper, FlashInfer 0.7's MLA
+    wrapper before its first plan)."""
+    import torch
+
+    own = getattr(wrapper, "__dict__", None)
+    if own is None or not all(
+        isinstance(own.get(name), torch.Tensor) for name in (INT_BUFFER, PINNED_MIRROR)
+    ):
+        return None
+    return cast(dict[str, Any], own)
+
+
+def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:
+    """The attributes of ``wrapper`` holding a tensor that shares ``tensor``'s memory but is not
+    ``tensor`` itself: a view taken of the buffer, say at construction. Such a view keeps the old
+    memory when the workspace grows in place (``tensor`` moves onto a new block, the view does
+    not), so a wrapper holding one cannot plan on a growable workspace. [] where it holds none,
+    and on the meta device, where no tensor has memory to share."""
+    import torch
+
+    if tensor.device.type == "meta":
+        return []
+    start = tensor.untyped_storage().data_ptr()
+    end = start + tensor.untyped_storage().nbytes()
+    found = []
+    for name, value in (getattr(wrapper, "__dict__", None) or {}).items():
+        if (
+            isinstance(value, torch.Tensor)
+            and value is not tensor
+            and value.device == tensor.device
+            and start <= value.untyped_storage().data_ptr() < end
+        ):
+            found.append(name)
+    return found
+
+
+def refresh_recorded_size(plan: Callable[..., Any], tensor: torch.Tensor) -> None:
+    """Bring the wrapper whose ``plan`` ran up to date with its float buffer's size
+    (:data:`RECORDED_SIZE`), where it records one and plans on ``tensor``; others are left alone.
+
+    Called once a workspace has grown, possibly through another wrapper: the recorded figure
+    would otherwise understate the buffer."""
+    # Looked up in the wrapper's __dict__: a getattr that misses raises inside, which costs more
+    # than the rest of Workspace.plan together.
+    attributes = getattr(getattr(plan, "__self__", None), "__dict__", None) or {}
+    recorded = attributes.get(RECORDED_SIZE)
+    if is_int(recorded) and attributes.get(FLOAT_BUFFER) is tensor:
+        now = tensor.numel()
+        if recorded != now:
+            attributes[RECORDED_SIZE] = now
+
+
+def refusals() -> tuple[type[BaseException], ...]:
+    """The exception types by which the installed FlashInfer refuses a shape (:data:`REFUSAL`;
+    none where it has no such type)."""
+    module, name = REFUSAL
+    try:
+        refusal = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return ()
+    return (refusal,) if isinstance(refusal, type) and issubclass(refusal, ValueError) else ()
+
+
+def plain_decode_groups(headers: Path | None = None) -> frozenset[int] | None:
+    """The GQA group sizes FlashInfer's plain decode kernels are compiled for, read from
+    ``headers`` (default: the installed FlashInfer's, found without importing it); None where
+    they can't be read."""
+    if headers is None:
+        spec = importlib.util.find_spec("flashinfer")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        headers = Path(next(iter(spec.submodule_search_locations))).joinpath(*HEADERS)
+    try:
+        text = (headers / "flashinfer" / "utils.cuh").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    macro = _GROUP_DISPATCH.search(text)
+    groups = frozenset(int(n) for n in _GROUP_CASE.findall(macro["body"])) if macro else None
+    return groups or None
