@@ -231,8 +231,17 @@ def test_trace_benchmark_measures_each_length_in_a_fresh_process(tmp_path: Path)
         ("dry", "run"),
         ("dry", "run"),
     ]
-    assert rows[0][2:][::2] == ["1.0", "1.00", "1.00"]
-    assert float(rows[1][5]) > 1  # peak RSS MiB of a Python process
+    # Each ratio is its row's figure against the first length's, to the rounding shown.
+    for first, second in (rows[0:2], rows[2:4]):
+        _, seconds, _, rss, _ = (float(x) for x in first[-5:])
+        x_rows, seconds_2, x_time, rss_2, x_memory = (float(x) for x in second[-5:])
+        assert x_rows == 2.0
+        for ratio, shown, now, then, unit in (
+            (x_time, seconds_2 / seconds, seconds_2, seconds, 0.005),
+            (x_memory, rss_2 / rss, rss_2, rss, 0.05),
+        ):
+            assert abs(ratio - shown) <= shown * (unit / then + unit / now) + 0.005
+        assert rss_2 > 1  # peak RSS MiB of a Python process
 
 
 def test_memory_without_a_need_prints_a_dash_for_its_ratio(

@@ -21,6 +21,7 @@ from mstar_resources import (
 from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.units import MIB
 
+from ..sealing import assert_sealed
 from .test_workspace_gpu import DTYPE, HEAD_DIM, KV_HEADS, PAGE, QO_HEADS, capture
 
 pytestmark = pytest.mark.gpu
@@ -161,7 +162,7 @@ def test_graph_wrappers_of_several_batch_sizes_share_one_int_workspace_bit_for_b
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(shared_out, own_out), (b, kv_len)
-    assert workspace.int_workspace.stats().times_grown == 0
+    assert_sealed(workspace)
     # 4 wrappers' 8 MiB pairs against one pair of 1 MiB.
     print(f"\nint workspaces: shared {pool.int_held_bytes:,} bytes, own "
           f"{sum(w._int_workspace_buffer.numel() for w in own.values()):,} bytes")  # fmt: skip

@@ -8,6 +8,7 @@ import logging
 import pickle
 import re
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -365,11 +366,20 @@ def test_pool_seal_seals_what_exists_and_what_comes_later():
         after.plan(FakePlanner(after.tensor, [("batch_decode_tmp_v", 3 * MIB - 16, 16)]))
 
 
-def test_pool_get_from_many_threads_makes_one_workspace_per_key():
+def test_pool_get_from_many_threads_makes_one_workspace_per_key(monkeypatch):
     pool = WorkspacePool("cpu", size_mb=1)
     threads = 16
     start = threading.Barrier(threads)
     got: list[Workspace] = []
+    allocate = WorkspacePool._allocate
+
+    def slow_allocate(self, *args, **kwargs):
+        # A slow allocation holds the door open: every thread not kept out by the pool would
+        # come in meanwhile and make a workspace of its own.
+        time.sleep(0.05)
+        return allocate(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkspacePool, "_allocate", slow_allocate)
 
     def worker():
         start.wait()

@@ -21,6 +21,8 @@ from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import declared_mb_for
 from mstar_resources.calibration.shapes import Shape, shapes_for
 
+from ..sealing import assert_sealed
+
 pytestmark = pytest.mark.gpu
 
 PROFILE = {
@@ -141,5 +143,4 @@ def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
                 wrapper = wrapper_for(shape)
                 install_int_workspace(wrapper, workspace, record.path)  # where it keeps one
                 workspace.plan(wrapper.plan, *args, **kwargs)
-            assert workspace.stats().times_grown == 0
-            assert workspace.int_workspace.stats().times_grown == 0
+            assert_sealed(workspace)

@@ -214,9 +214,11 @@ FAKE_WRAPPERS = (
 
 
 @pytest.fixture
-def fake_flashinfer(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """A fake ``flashinfer`` module, imported in the real one's place: its wrapper classes only
-    record how they were built."""
+def recording_flashinfer(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """A stand-in ``flashinfer`` module, imported in the real one's place, whose wrapper classes
+    only record how they were built. Not FlashInfer: the tests using it check what the planner
+    asks for (which class, which arguments); that FlashInfer takes it is checked on a GPU
+    (``tests/attn/test_wrapper_kinds_gpu.py``, ``test_calibrate_gpu.py``)."""
     module = types.ModuleType("flashinfer")
     for name in FAKE_WRAPPERS:
         setattr(module, name, type(name, (FakeFlashInferWrapper,), {}))
@@ -236,8 +238,8 @@ def fake_flashinfer(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
         pytest.param("pod", "fa2", "PODWithPagedKVCacheWrapper", {}, id="pod-takes-no-backend"),
     ],
 )  # fmt: skip
-def test_an_eager_shape_is_planned_by_its_kind_s_wrapper_on_the_buffer(
-    fake_flashinfer, kind, backend, wrapper, kwargs
+def test_the_planner_names_its_kind_s_wrapper_class_and_arguments(
+    recording_flashinfer, kind, backend, wrapper, kwargs
 ):
     buffer = torch.zeros(0, dtype=torch.uint8)
     plan = PlanProfile(PlanKind(kind), backend)
@@ -248,7 +250,9 @@ def test_an_eager_shape_is_planned_by_its_kind_s_wrapper_on_the_buffer(
 
 
 @pytest.mark.parametrize(("kind", "backend"), [("decode", {"backend": "fa2"}), ("pod", {})])
-def test_a_graph_shape_s_wrapper_holds_buffers_for_its_batch(fake_flashinfer, kind, backend):
+def test_the_planner_hands_a_graph_wrapper_index_buffers_of_its_batch(
+    recording_flashinfer, kind, backend
+):
     planner = Planner(SMALL, torch.device("cpu"), refusals=())
     shape = Shape(4, 1, 40, cuda_graph=True)
     kwargs = dict(planner.wrapper(PlanProfile(PlanKind(kind)), torch.zeros(0), shape).kwargs)

@@ -690,8 +690,11 @@ FAKE_OUTPUT = torch.zeros(1)
 
 
 @pytest.fixture
-def fake_flashinfer(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """``flashinfer`` and ``flashinfer.mla`` as fakes whose wrappers record, in ``sys.modules``."""
+def recording_flashinfer(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """Stand-ins for ``flashinfer`` and ``flashinfer.mla`` in ``sys.modules``, whose wrapper
+    classes only record how they were built. Not FlashInfer: the tests using them check what the
+    replay asks for (which class, which arguments); that FlashInfer takes it is checked on a GPU
+    (``test_replay_gpu.py``)."""
     flashinfer, mla = types.ModuleType("flashinfer"), types.ModuleType("flashinfer.mla")
     for module, name in [
         (flashinfer, "BatchPrefillWithPagedKVCacheWrapper"),
@@ -720,7 +723,7 @@ def described(tensor: torch.Tensor) -> tuple[int, torch.dtype, bool]:
     return tensor.numel(), tensor.dtype, not tensor.any().item()
 
 
-def test_the_default_attention_is_flashinfer_s_paged_or_mla(fake_flashinfer):
+def test_the_setup_picks_paged_or_mla_attention_by_the_model(recording_flashinfer):
     for name, kind in ((GQA, PagedAttention), (MLA, MLAAttention)):
         dep = deployment(name)
         setup = Setup(dep.model, dep.profile, FixedBuffer(MIB, CPU), 3, None, False, dep.roles)
@@ -728,15 +731,17 @@ def test_the_default_attention_is_flashinfer_s_paged_or_mla(fake_flashinfer):
         assert setup.prefill_wrapper.args[0] is setup.buffers.prefill()
 
 
-def test_paged_wrappers_are_built_on_the_buffer_with_the_profile_s_backends(fake_flashinfer):
+def test_paged_attention_asks_for_wrappers_on_the_buffer_with_the_profile_s_backends(
+    recording_flashinfer,
+):
     dep = deployment(GQA)  # served with vLLM's plans: tensor-core decode, backend auto
     attention = PagedAttention(dep.model, dep.profile, dep.roles)
     buffer = torch.zeros(64, dtype=torch.uint8)
     prefill = attention.prefill_wrapper(buffer)
     eager = attention.decode_wrapper(buffer, None, 0)
     graph = attention.decode_wrapper(buffer, 4, 40)
-    assert type(prefill) is fake_flashinfer.BatchPrefillWithPagedKVCacheWrapper
-    assert type(eager) is type(graph) is fake_flashinfer.BatchDecodeWithPagedKVCacheWrapper
+    assert type(prefill) is recording_flashinfer.BatchPrefillWithPagedKVCacheWrapper
+    assert type(eager) is type(graph) is recording_flashinfer.BatchDecodeWithPagedKVCacheWrapper
     assert (prefill.args, prefill.kwargs) == ((buffer, "NHD"), {"backend": "fa2"})
     tensor_cores = {"backend": "auto", "use_tensor_cores": True}
     assert (eager.args, eager.kwargs) == ((buffer, "NHD"), tensor_cores)
@@ -750,21 +755,21 @@ def test_paged_wrappers_are_built_on_the_buffer_with_the_profile_s_backends(fake
     )
 
 
-def test_decode_as_declared_is_planned_without_tensor_cores(fake_flashinfer):
+def test_decode_as_declared_is_planned_without_tensor_cores(recording_flashinfer):
     dep = deployment(GQA, "calibration.engine=null")
     attention = PagedAttention(dep.model, dep.profile, dep.roles)
     eager = attention.decode_wrapper(torch.zeros(64, dtype=torch.uint8), None, 0)
     assert eager.kwargs == {"backend": "fa2"}
 
 
-def test_mla_wrappers_are_flashinfer_s_mla_wrapper_for_both_roles(fake_flashinfer):
+def test_mla_attention_asks_for_the_mla_wrapper_class_for_both_roles(recording_flashinfer):
     dep = deployment(MLA)
     attention = MLAAttention(dep.model, dep.profile, dep.roles)
     buffer = torch.zeros(64, dtype=torch.uint8)
     prefill = attention.prefill_wrapper(buffer)
     eager = attention.decode_wrapper(buffer, None, 0)
     graph = attention.decode_wrapper(buffer, 4, 40)
-    kind = fake_flashinfer.mla.BatchMLAPagedAttentionWrapper
+    kind = recording_flashinfer.mla.BatchMLAPagedAttentionWrapper
     assert type(prefill) is type(eager) is type(graph) is kind
     for wrapper in (prefill, eager):
         assert (wrapper.args, wrapper.kwargs) == ((buffer,), {"backend": "auto"})
@@ -776,7 +781,7 @@ def test_mla_wrappers_are_flashinfer_s_mla_wrapper_for_both_roles(fake_flashinfe
     )  # fmt: skip
 
 
-def test_paged_plans_take_the_page_table_then_the_heads_in_flashinfer_s_order():
+def test_paged_plans_pass_the_page_table_then_the_heads():
     dep = deployment(GQA)
     attention = PagedAttention(dep.model, dep.profile, dep.roles)
     pages = _page_tensors([Chunk(0, 0, 20, (3, 7), True)], PAGE, CPU)
@@ -810,7 +815,9 @@ def test_paged_plans_carry_the_plans_kv_split_options():
                      [0, 1, 2], [71, 14], id="decode"),
     ],
 )  # fmt: skip
-def test_mla_plans_take_the_page_table_as_csr_metadata(fake_flashinfer, role, chunks, qo, lengths):
+def test_mla_plans_take_the_page_table_as_csr_metadata(
+    recording_flashinfer, role, chunks, qo, lengths
+):
     dep = deployment(MLA)
     attention = MLAAttention(dep.model, dep.profile, dep.roles)
     pages = _page_tensors(chunks, 64, CPU)
