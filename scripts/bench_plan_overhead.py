@@ -4,13 +4,13 @@
     python scripts/bench_plan_overhead.py --device cpu --rounds 3 --min-run-time 0.05
     python scripts/bench_plan_overhead.py --png docs/bench_plan_overhead.png  # docs', on a GPU
 
-Three planners: a real FlashInfer decode plan (batch 64, 4096 tokens each; only where there are a
-CUDA GPU and FlashInfer, else the row is left out and stderr says why, or, asked for alone with
-``--device cuda``, the run is refused with status 2); on the CPU, a planner of
-similar cost (host work calibrated to the decode plan's ~220 us); and a no-op planner, which
-leaves only Workspace.plan's own cost. Each round times direct, wrapped, wrapped, direct (ABBA, so
-a drift in the machine's speed cancels out) and takes its ratio and difference within the round;
-the table gives the medians over rounds.
+Three planners: a real FlashInfer decode plan (batch 64, 4096 tokens each, its inputs in pinned
+host memory as an engine's are; only where there are a CUDA GPU and FlashInfer, else the row is
+left out and stderr says why, or, asked for alone with ``--device cuda``, the run is refused with
+status 2); on the CPU, a planner of similar cost (host work calibrated to the decode plan's
+~220 us); and a no-op planner, which leaves only Workspace.plan's own cost. Each round times
+direct, wrapped, wrapped, direct (ABBA, so a drift in the machine's speed cancels out) and takes
+its ratio and difference within the round; the table gives the medians over rounds.
 
 It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a folder that exists.
 """
@@ -102,9 +102,11 @@ def gpu_row(rounds: int, t: float) -> Row:
 
     batch, kv_len, page = 64, 4096, 16
     pages = kv_len // page
-    indptr = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * pages
-    indices = torch.arange(batch * pages, dtype=torch.int32, device="cuda")
-    last_page_len = torch.full((batch,), page, dtype=torch.int32, device="cuda")
+    # From pinned host tensors, as an engine plans (vLLM's and the replay's plan inputs): FlashInfer
+    # reads the indptrs there without a device-to-host sync, and queues the indices' copy.
+    indptr = (torch.arange(batch + 1, dtype=torch.int32) * pages).pin_memory()
+    indices = torch.arange(batch * pages, dtype=torch.int32).pin_memory()
+    last_page_len = torch.full((batch,), page, dtype=torch.int32).pin_memory()
     pool = WorkspacePool("cuda", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
     # On the pool's int workspace and pinned mirror: the plans through it wait for the previous

@@ -23,7 +23,7 @@ import dataclasses
 import gc
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -49,7 +49,7 @@ from .workload import Workload, load_workload
 if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
     from .engine import Setup, SetupResult
     from .model import Model, ModelSizes
-    from .scheduler import Step
+    from .scheduler import Arrivals, Step
     from .trace import Request
 
 __all__ = ["check", "dry_run", "load", "main"]
@@ -189,7 +189,12 @@ def schedule_pages(every_rank: Sequence[Mapping[str, int]]) -> int:
 
 
 def run_setup(
-    setup: Setup, steps: list[Step], trace: list[Request], *, warm_up: bool, progress: Any
+    setup: Setup,
+    steps: Iterable[Step],
+    requests: Mapping[int, Request],
+    *,
+    warm_up: bool,
+    progress: Any,
 ) -> SetupResult:
     """One setup in an engine's order: warm up (where ``warm_up``), seal and capture, serve
     ``steps``. A plan that does not fit a sealed workspace stops it, kept in its result; the
@@ -200,7 +205,7 @@ def run_setup(
         if warm_up:
             setup.warm_up()
         setup.seal_and_capture()
-        return setup.serve(steps, trace, progress)
+        return setup.serve(steps, requests, progress)
     except WorkspaceSealedError as error:  # a graph's plan at capture did not fit
         setup.result.sealed_overflow = SealedOverflow.of(error)
         return setup.result
@@ -344,7 +349,6 @@ def _replay(
     """Both setups over one schedule; rank 0 prints (and writes) the report. What failed."""
     from . import report as reporting
     from .model import Model, ModelSizes, describe
-    from .scheduler import schedule
 
     shape = ModelSizes.of(profile, cfg.layers, cfg.vocab_size, gpu.ranks)
     model = Model(shape, gpu.device, cfg.seed, gpu.rank, gpu.ranks)
@@ -358,20 +362,8 @@ def _replay(
     # Free memory is measured once, now, before either setup's workspaces are made: each setup's
     # own are then taken from it (the library's as its records reserve them).
     pages = kv_pages(gpu.free_bytes(), workspace_bytes, shape, cfg.memory_utilization)
-    requests = list(workload.requests())
-    steps = list(
-        schedule(
-            requests,
-            max_num_seqs=profile.limits.max_num_seqs,
-            max_num_batched_tokens=profile.limits.max_num_batched_tokens,
-            cuda_graph_batch_sizes=profile.cuda_graph_batch_sizes,
-            num_pages=schedule_pages(gpu.gather(pages)),
-            page_size=shape.page_size,
-        )
-    )
-    runs = _serve_setups(
-        cfg, model, profile, records, roles, fixed_bytes, pages, steps, requests, gpu
-    )
+    streamed = _StreamedSchedule(workload, profile, schedule_pages(gpu.gather(pages)), shape)
+    runs = _serve_setups(cfg, model, profile, records, roles, fixed_bytes, pages, streamed, gpu)
     results = [pooled(runs["library"]), pooled(runs["fixed"])]
     report = reporting.rank_report(
         results,
@@ -379,7 +371,7 @@ def _replay(
         gpu=gpu.name(),
         ranks=gpu.ranks,
         model=describe(shape),
-        trace=reporting.trace_summary(workload, len(steps)),
+        trace=reporting.trace_summary(workload, streamed.steps),
         round_ratios=round_ratios(runs["library"], runs["fixed"]),
     )
     if gpu.ranks > 1:  # rank 0 reports every rank's figures
@@ -397,13 +389,13 @@ def _serve_setups(
     roles: Roles,
     fixed_bytes: int,
     pages: dict[str, int],
-    steps: list[Step],
-    trace: list[Request],
+    streamed: _StreamedSchedule,
     gpu: _Gpu,
 ) -> dict[str, list[SetupResult]]:
     """Each setup's runs, by kind (``library``: the deployment's pools; ``fixed``: the engines'
     buffer), one a round in :func:`round_order`, each with a KV cache of its ``pages`` serving
-    ``steps``; a run's memory given back before the next is made."""
+    the one schedule, streamed afresh for each run; a run's memory given back before the next is
+    made."""
     from .engine import Buffers, FixedBuffer, LibraryBuffers, Setup
 
     makers: dict[str, Callable[[], Buffers]] = {
@@ -414,8 +406,9 @@ def _serve_setups(
     for kind in round_order(cfg.timing_rounds):
         buffers = makers[kind]()
         setup = Setup(model, profile, buffers, pages[kind], gpu.group, cfg.cuda_graphs, roles)
-        progress = _progress(cfg.progress and gpu.rank == 0, len(steps), buffers.name)
-        runs[kind].append(run_setup(setup, steps, trace, warm_up=cfg.warmup, progress=progress))
+        progress = _progress(cfg.progress and gpu.rank == 0, streamed.steps or None, buffers.name)
+        steps, requests = streamed()
+        runs[kind].append(run_setup(setup, steps, requests, warm_up=cfg.warmup, progress=progress))
         del setup, buffers
         gpu.release()
     return runs
@@ -468,7 +461,43 @@ def _deployment() -> str:
     return str(HydraConfig.get().runtime.choices.get("deployment"))
 
 
-def _progress(show: bool, total: int, name: str) -> Any:
+class _StreamedSchedule:
+    """The one schedule every run serves, streamed afresh from the workload for each: the same
+    steps each time (:func:`~.scheduler.schedule` is deterministic), and only the requests in
+    flight in memory. ``steps`` counts the steps a run drew to the end of the trace (0 until
+    one did)."""
+
+    def __init__(
+        self, workload: Workload, profile: CalibrationProfile, num_pages: int, shape: ModelSizes
+    ) -> None:
+        self._workload, self._profile = workload, profile
+        self._num_pages, self._page_size = num_pages, shape.page_size
+        self.steps = 0
+
+    def __call__(self) -> tuple[Iterator[Step], Arrivals]:
+        from .scheduler import Arrivals, schedule
+
+        arrivals = Arrivals(self._workload.requests())
+        limits = self._profile.limits
+        steps = schedule(
+            arrivals.stream(),
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+            cuda_graph_batch_sizes=self._profile.cuda_graph_batch_sizes,
+            num_pages=self._num_pages,
+            page_size=self._page_size,
+        )
+        return self._counted(steps), arrivals
+
+    def _counted(self, steps: Iterator[Step]) -> Iterator[Step]:
+        drawn = 0
+        for step in steps:
+            drawn += 1
+            yield step
+        self.steps = max(self.steps, drawn)
+
+
+def _progress(show: bool, total: int | None, name: str) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, unit="step", desc=name, disable=not show, leave=False)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -28,7 +28,7 @@ from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..units import MIB
 from .model import KVCache, Model, Query
 from .roles import Role, Roles
-from .scheduler import Chunk, Step
+from .scheduler import Arrivals, Chunk, Step
 from .trace import Request
 
 DUMMY_PAGE = 0
@@ -149,7 +149,7 @@ class MLAAttention(PagedAttention):
 
     def decode_plan(self, pages: PageTable) -> tuple[tuple[Any, ...], dict[str, Any]]:
         batch = pages[2].numel()
-        qo = torch.arange(batch + 1, dtype=torch.int32, device=self.device)
+        qo = _plan_input(range(batch + 1), self.device)  # one query token a request
         return (), self._plan(qo, pages, causal=False)
 
     def run(self, wrapper: Any, kv_cache: KVCache, layer: int, q: Query) -> torch.Tensor:
@@ -437,9 +437,11 @@ class Setup:
     # --- serving ------------------------------------------------------------------------------
 
     def serve(
-        self, steps: Iterable[Step], trace: Iterable[Request], progress: Any = None
+        self, steps: Iterable[Step], requests: Mapping[int, Request], progress: Any = None
     ) -> SetupResult:
-        requests = {request.id: request for request in trace}
+        """Run ``steps``, each request's prompt looked up in ``requests`` by id when its first
+        chunk runs (an :class:`~.scheduler.Arrivals` the steps stream from, whose finished
+        requests are dropped here, or any mapping)."""
         prompts: dict[int, tuple[int, ...]] = {}  # drawn when a request starts, dropped at its end
         tokens = self.result.tokens
         try:
@@ -453,6 +455,8 @@ class Setup:
                     self._decode_step(step, tokens)
                 for request in step.finished:
                     del prompts[request]
+                    if isinstance(requests, Arrivals):
+                        requests.pop(request)
                 self.result.steps_served += 1
                 if progress is not None:
                     progress.update()
@@ -495,7 +499,7 @@ class Setup:
             if chunk.samples:
                 samples.append(qo[-1] - 1)
         slot_pages, slot_offsets = _slots(chunks, page)
-        self._plan_prefill(_tensor(qo, device), _page_tensors(chunks, page, device))
+        self._plan_prefill(_plan_input(qo, device), _page_tensors(chunks, page, device))
         out = self.model.forward(
             _tensor(ids, device), _tensor(positions, device), _tensor(slot_pages, device),
             _tensor(slot_offsets, device), _tensor(samples, device, torch.int64), self.kv_cache,
@@ -563,8 +567,8 @@ class _DecodeGraph:
             kv_indptr.append(kv_indptr[-1] + 1)
             indices.append(DUMMY_PAGE)
             last.append(1)
-        pages = (_tensor(kv_indptr, device), _tensor(indices, device), _tensor(last, device))
-        args, kwargs = self.setup.attention.decode_plan(pages)
+        pages = tuple(_plan_input(values, device) for values in (kv_indptr, indices, last))
+        args, kwargs = self.setup.attention.decode_plan(cast(PageTable, pages))
         self.setup.buffers.plan("decode", self.wrapper.plan, *args, **kwargs)
 
     def plan_padding(self) -> None:
@@ -620,8 +624,17 @@ def _page_table(chunks: Sequence[Chunk], page: int) -> tuple[list[int], list[int
 
 
 def _page_tensors(chunks: Sequence[Chunk], page: int, device: torch.device) -> PageTable:
+    """``chunks``' page table as plan inputs (:func:`_plan_input`)."""
     kv_indptr, indices, last = _page_table(chunks, page)
-    return _tensor(kv_indptr, device), _tensor(indices, device), _tensor(last, device)
+    return _plan_input(kv_indptr, device), _plan_input(indices, device), _plan_input(last, device)
+
+
+def _plan_input(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """A plan's int32 input on the host, pinned where the model runs on a GPU, as vLLM plans:
+    FlashInfer's ``plan()`` reads its indptrs there without a device-to-host copy and sync, and
+    queues the copies of what the run reads (the page indices) without waiting."""
+    tensor = torch.tensor(values, dtype=torch.int32)
+    return tensor.pin_memory() if device.type == "cuda" else tensor
 
 
 def _slots(chunks: Sequence[Chunk], page: int) -> tuple[list[int], list[int]]:

@@ -1,8 +1,15 @@
-"""What runs at each engine step of a trace: continuous batching with chunked prefill, the way
-vLLM's v1 scheduler does it.
+"""What runs at each engine step of a trace: continuous batching with chunked prefill, decodes
+first and a token budget per step, as vLLM's v1 scheduler batches.
 
-:func:`schedule` decides every step up front and the engine only executes them, so a trace always
-runs the same steps: same inputs, same batches, same pages, same generated tokens.
+Where it differs from vLLM: a request takes the KV-cache pages for its whole life (prompt and
+every output token, which the trace gives) when it is admitted, and keeps them until it finishes;
+vLLM's ``allocate_slots`` takes pages as tokens are scheduled and preempts a request when none are
+left. So no request is preempted here, and the cache admits fewer requests at once than vLLM's
+would; the batches an engine plans (what the workspaces are sized by) have the same shapes.
+
+:func:`schedule` decides each step before the engine executes it, so a trace always runs the same
+steps: same inputs, same batches, same pages, same generated tokens. It yields them one by one:
+the dry run and the GPU path alike hold only the requests in flight.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import bisect
 import collections
 import heapq
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .._internal.limits import argument_problem
@@ -19,7 +26,7 @@ from ..errors import ResourceConfigError
 from ..units import is_positive_int
 from .trace import Request
 
-__all__ = ["Chunk", "Step", "pages_for", "schedule", "summary"]
+__all__ = ["Arrivals", "Chunk", "Step", "pages_for", "schedule", "summary"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -349,3 +356,33 @@ def summary(steps: Sequence[Step]) -> dict[str, int]:
             step.graph_batch - len(step.decode) for step in steps if step.graph_batch is not None
         ),
     }
+
+
+class Arrivals(Mapping[int, Request]):
+    """A trace's requests as the scheduler reads them, by id, until they finish: what an engine's
+    loop looks a request's prompt up in while the schedule streams.
+
+    Hand :meth:`stream` to :func:`schedule` as its trace; :meth:`pop` a request once its last step
+    ran. It holds the requests that arrived and have not finished, never the whole trace."""
+
+    def __init__(self, trace: Iterable[Request]) -> None:
+        self._trace = iter(trace)
+        self._arrived: dict[int, Request] = {}
+
+    def stream(self) -> Iterator[Request]:
+        """The trace's requests, each kept here as it is read."""
+        for request in self._trace:
+            self._arrived[request.id] = request
+            yield request
+
+    def pop(self, request_id: int) -> Request:
+        return self._arrived.pop(request_id)
+
+    def __getitem__(self, request_id: int) -> Request:
+        return self._arrived[request_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._arrived)
+
+    def __len__(self) -> int:
+        return len(self._arrived)
