@@ -238,3 +238,33 @@ def test_growth_waits_for_a_side_stream_before_its_old_buffer_goes_back():
     assert not fresh.any(), "a side stream's write landed in memory handed out after growth"
     assert bool((workspace.tensor[:MIB] == 7).all())  # it landed before the copy
     assert not workspace.tensor[MIB:].any()
+
+
+def test_growth_on_another_stream_keeps_every_byte_while_the_old_block_is_reused_at_once():
+    """A workspace made on one stream, grown while another is current: the copy runs on the
+    current stream, the old block goes back to the stream it was made on, and a tensor made there
+    right away gets it. Growth waits for its copy before it lets go, so the new buffer holds every
+    old byte; without that wait the overwrite below races the copy (a GiB takes about a
+    millisecond to copy)."""
+    from mstar_resources.units import ALIGNMENT
+
+    from .fake_allocator import FakePlanner
+
+    size = 1024 * MIB
+    pool = WorkspacePool("cuda", 1024)
+    workspace = pool.get("decode")  # made on the default stream
+    pattern = torch.arange(size // 4, dtype=torch.int32, device="cuda").view(torch.uint8)
+    workspace.tensor.copy_(pattern)
+    old_block = workspace.tensor.data_ptr()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # grown while another stream is current
+        workspace.plan(
+            FakePlanner(workspace.tensor, [("batch_decode_tmp_v", size + ALIGNMENT, 16)])
+        )
+    reuse = torch.empty(size, dtype=torch.uint8, device="cuda")  # the default stream's, at once
+    reuse.fill_(0xFF)
+    torch.cuda.synchronize()
+    assert reuse.data_ptr() == old_block  # the freed block was reused: the race was on
+    assert workspace.tensor.numel() > size
+    assert torch.equal(workspace.tensor[:size], pattern)
