@@ -90,6 +90,20 @@ GRAPH = {
 }
 
 
+def test_no_module_imports_hydra_s_private_api():
+    """``hydra._internal`` may change in any release; the apps use Hydra's public API only."""
+    private = [
+        f"{path.relative_to(PACKAGE.parent)}: {name}"
+        for path in [*PACKAGE.rglob("*.py"), CONF / "__init__.py"]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                     [alias.name for alias in node.names])
+        if name.startswith("hydra._internal")
+    ]  # fmt: skip
+    assert private == []
+
+
 def test_every_module_has_a_layer():
     assert sorted(set(GRAPH) - set(LAYER_OF)) == []
     assert sorted(set(LAYER_OF) - set(GRAPH)) == []

@@ -45,12 +45,11 @@ import contextlib
 import errno
 import functools
 import importlib.metadata
+import importlib.resources
 import inspect
-import io
 import os
 import posixpath
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, cast
@@ -58,7 +57,6 @@ from typing import Any, NoReturn, TextIO, cast
 import hydra
 import yaml
 from hydra import compose, initialize_config_dir, initialize_config_module
-from hydra._internal.utils import get_args_parser
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -171,9 +169,14 @@ def _stdout_watched() -> Iterator[None]:
 
 def _stdout_to_devnull() -> None:
     """What is left in stdout's buffer goes nowhere at interpreter exit, rather than failing
-    again there."""
+    again there: Python's own advice for a closed pipe (the ``signal`` module's notes on
+    SIGPIPE). Called only on the way out of a process whose stdout failed."""
     if sys.stdout is not None:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
 
 
 class _RaisedByTheApp(BaseException):
@@ -249,6 +252,9 @@ def hydra_app(
                 fail(prog, refused)
             line = _command_line(args)
             config_dir = line.config_dir if line is not None else None
+            folders = [_config_folder(config_path, run)]
+            if config_dir is not None:
+                folders.append(Path(config_dir).resolve())
 
             def listed(group: str) -> list[str]:
                 """The options of config group ``group`` ("": the primary configs) where the
@@ -276,13 +282,15 @@ def hydra_app(
             if refused is not None:
                 fail(prog, f"{refused}; `{invoked} --help` lists the settings")
             if not compose_once or any(arg.startswith("-") for arg in args):
-                with _compose_errors_reported(prog, invoked, line, listed, full_error):
+                with _compose_errors_reported(prog, invoked, line, listed, full_error, folders):
                     hydra_main()
                 return
             with _config_source(config_path, run):
-                with _compose_errors_reported(prog, invoked, line, listed, full_error):
+                with _compose_errors_reported(prog, invoked, line, listed, full_error, folders):
                     cfg = compose(config_name, overrides=args, return_hydra_config=True)
-                HydraConfig.instance().set_config(cfg)  # as @hydra.main would
+                # What @hydra.main does before it calls the task (HydraConfig.get() in the app,
+                # its logging config), which the compose API leaves undone; hydra.core's own calls.
+                HydraConfig.instance().set_config(cfg)
                 configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
                 with open_dict(cfg):
                     del cfg["hydra"]
@@ -321,7 +329,12 @@ def hydra_app(
 
 class _FullError:
     """``HYDRA_FULL_ERROR=1`` while Hydra composes, so that @hydra.main raises its errors rather
-    than printing them; as the user set it (or unset) while the app's own code runs, and after."""
+    than printing them; as the user set it (or unset) while the app's own code runs, and after.
+
+    Hydra's public API gives no other way: ``@hydra.main`` reports a compose error itself (its
+    text, exit status 1) unless that variable is set, and the one-paragraph error with exit
+    status 2 needs the exception. The variable is restored before the app's code runs and when
+    the call ends, so nothing of it outlives the call."""
 
     def __init__(self) -> None:
         self._user: str | None = None
@@ -364,6 +377,7 @@ def _compose_errors_reported(
     line: argparse.Namespace | None,
     listed: Callable[[str], list[str]],
     full_error: _FullError,
+    folders: list[Path],
 ) -> Iterator[None]:
     """Hydra's and OmegaConf's compose errors raised inside as :func:`fail`."""
     try:
@@ -378,23 +392,27 @@ def _compose_errors_reported(
     ) as error:
         if full_error.user_asked:
             raise
-        told = _told(error, line, listed)
+        told = _told(error, line, listed, folders)
         if told is None:
             raise
         fail(prog, f"{told}; `{invoked} --help` lists the settings")
 
 
 def _told(
-    error: BaseException, line: argparse.Namespace | None, listed: Callable[[str], list[str]]
+    error: BaseException,
+    line: argparse.Namespace | None,
+    listed: Callable[[str], list[str]],
+    folders: list[Path],
 ) -> str | None:
     """``error``, raised while composing the command ``line``, as one paragraph; None where it is
     not a mistake in ``line`` or in a config file (a ``ValueError`` or ``OSError`` of Hydra's that
-    no override explains). ``listed(group)`` names a config group's options."""
+    no override explains). ``listed(group)`` names a config group's options; ``folders`` are where
+    the app's config files are."""
     overrides = _parsed(line.overrides) if line is not None else []
     if isinstance(error, yaml.YAMLError):
         return not_yaml(error)
     if isinstance(error, UnicodeDecodeError):
-        return _undecodable(error)
+        return _undecodable(error, folders)
     if line is not None and line.config_name:
         configs = listed("")
         missing = (
@@ -440,14 +458,43 @@ _MAX_DIGITS = 4000
 
 
 def _command_line(args: list[str]) -> argparse.Namespace | None:
-    """``args`` as Hydra's own argument parser reads them (flags, and the overrides); None where
-    it can't."""
-    parser = get_args_parser()
-    parser.exit_on_error = False
+    """``args`` as Hydra reads them (its flags, and the overrides); None where it can't."""
     try:
-        return parser.parse_known_args(args)[0]
+        return _HYDRA_FLAGS.parse_known_args(args)[0]
     except argparse.ArgumentError:
         return None
+
+
+def _hydra_flags() -> argparse.ArgumentParser:
+    """The command line ``@hydra.main`` takes (Hydra 1.3's documented flags), to read the config
+    folder, the config name and the overrides the way Hydra will before it composes. Hydra's own
+    parser is private (``hydra._internal``); the flags are its public interface."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    for flags in (
+        ("--help", "-h"),
+        ("--hydra-help",),
+        ("--version",),
+        ("--resolve",),
+        ("--run", "-r"),
+        ("--multirun", "-m"),
+        ("--shell-completion", "-sc"),
+    ):
+        parser.add_argument(*flags, action="store_true")  # fmt: skip
+    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
+    for flags in (
+        ("--package", "-p"),
+        ("--config-path", "-cp"),
+        ("--config-name", "-cn"),
+        ("--config-dir", "-cd"),
+        ("--experimental-rerun",),
+    ):
+        parser.add_argument(*flags)  # fmt: skip
+    parser.add_argument("--info", "-i", nargs="?", const="all")
+    parser.add_argument("overrides", nargs="*")
+    return parser
+
+
+_HYDRA_FLAGS = _hydra_flags()
 
 
 def _parsed(overrides: list[str]) -> list[Override]:
@@ -530,31 +577,21 @@ def _group_value_problem(
     return None
 
 
-def _undecodable(error: UnicodeDecodeError) -> str | None:
+def _undecodable(error: UnicodeDecodeError, folders: list[Path]) -> str | None:
     """``error``, met reading a config file, as a sentence naming the file and the line; None
-    where the traceback holds no file being read."""
-    path = _file_being_read(error)
-    if path is None:
-        return None
-    try:
-        data = Path(path).read_bytes()
-        data.decode(error.encoding)
-    except UnicodeDecodeError as found:
-        return not_utf8(path, data, found)
-    except OSError:
-        return None
-    return None
-
-
-def _file_being_read(error: BaseException) -> str | None:
-    """The name of the text file that the innermost frame of ``error``'s traceback holding one
-    was reading, or None."""
-    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
-    for frame in reversed(frames):
-        for value in frame.f_locals.values():
-            name = getattr(value, "name", None) if isinstance(value, io.TextIOBase) else None
-            if isinstance(name, str):
-                return name
+    where no YAML file in ``folders`` (where the app's configs are) holds the bytes it could not
+    decode (``error.object``)."""
+    for folder in folders:
+        for path in sorted(folder.rglob("*.yaml")):
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if error.object and bytes(error.object) in data:
+                try:
+                    data.decode(error.encoding)
+                except UnicodeDecodeError as found:
+                    return not_utf8(str(path), data, found)
     return None
 
 
@@ -566,7 +603,11 @@ def _names_config(given: str, missing: str | None) -> bool:
 
 
 def _group_options(group: str, config_name: str | None) -> list[str]:
-    """The options of config group ``group`` (with the primary config's search path), or []."""
+    """The options of config group ``group`` (with the primary config's search path), or [].
+
+    Hydra's compose API composes but lists nothing; its config loader (``hydra.core``'s
+    interface, what Hydra's own ``--help`` lists groups with) is the one public way to list a
+    group over the whole search path, an engine's ``hydra.searchpath`` included."""
     if not GlobalHydra.instance().is_initialized():
         return []
     loader = GlobalHydra.instance().config_loader()
@@ -609,6 +650,13 @@ def _hydra_initialized(
     if GlobalHydra.instance().is_initialized():
         return contextlib.nullcontext()
     return _config_source(config_path, run)
+
+
+def _config_folder(config_path: str, run: Callable[..., object]) -> Path:
+    """The folder of the app's own configs, as @hydra.main would find it for ``run``."""
+    if config_path.startswith("pkg://"):
+        return Path(str(importlib.resources.files(config_path.removeprefix("pkg://"))))
+    return (Path(inspect.getfile(run)).parent / config_path).resolve()
 
 
 def _config_source(
