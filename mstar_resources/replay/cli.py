@@ -396,7 +396,8 @@ def _serve_setups(
     buffer), one a round in :func:`round_order`, each with a KV cache of its ``pages`` serving
     the one schedule, streamed afresh for each run; a run's memory given back before the next is
     made."""
-    from .engine import Buffers, FixedBuffer, LibraryBuffers, Setup
+    from .buffers import Buffers, FixedBuffer, LibraryBuffers
+    from .engine import Setup
 
     makers: dict[str, Callable[[], Buffers]] = {
         "library": lambda: LibraryBuffers(build_pools(records, gpu.device), roles),

@@ -23,22 +23,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mstar_resources.calibration.profile import CalibrationProfile, load_profile
 from mstar_resources.errors import ResourceConfigError, WorkspaceSealedError
-from mstar_resources.replay.engine import (
+from mstar_resources.replay.attention import (
     DUMMY_PAGE,
     Attention,
-    Buffers,
-    FixedBuffer,
-    LibraryBuffers,
     MLAAttention,
     PagedAttention,
     PageTable,
-    SealedOverflow,
-    Setup,
-    SetupResult,
-    _page_table,
-    _page_tensors,
-    _slots,
+    page_table,
+    page_tensors,
+    token_slots,
 )
+from mstar_resources.replay.buffers import Buffers, FixedBuffer, LibraryBuffers
+from mstar_resources.replay.engine import SealedOverflow, Setup, SetupResult
 from mstar_resources.replay.model import KVCache, Model, ModelSizes, Query
 from mstar_resources.replay.roles import Roles, roles_of
 from mstar_resources.replay.scheduler import Chunk, Step, schedule
@@ -650,8 +646,8 @@ PAGE = 16
     ],
 )  # fmt: skip
 def test_the_page_table_shifts_page_ids_past_the_dummy_page(chunks, table):
-    assert _page_table(chunks, PAGE) == table
-    tensors = _page_tensors(chunks, PAGE, CPU)
+    assert page_table(chunks, PAGE) == table
+    tensors = page_tensors(chunks, PAGE, CPU)
     assert [t.tolist() for t in tensors] == list(table)
     assert all(t.dtype == torch.int32 and t.device == CPU for t in tensors)
 
@@ -667,7 +663,7 @@ def test_the_page_table_shifts_page_ids_past_the_dummy_page(chunks, table):
     ],
 )  # fmt: skip
 def test_each_new_token_goes_to_its_page_and_offset(chunks, slots):
-    assert _slots(chunks, PAGE) == slots
+    assert token_slots(chunks, PAGE) == slots
 
 
 # --- FlashInfer's wrappers, as the setup builds, plans and runs them (a fake module) -----------
@@ -784,7 +780,7 @@ def test_mla_attention_asks_for_the_mla_wrapper_class_for_both_roles(recording_f
 def test_paged_plans_pass_the_page_table_then_the_heads():
     dep = deployment(GQA)
     attention = PagedAttention(dep.model, dep.profile, dep.roles)
-    pages = _page_tensors([Chunk(0, 0, 20, (3, 7), True)], PAGE, CPU)
+    pages = page_tensors([Chunk(0, 0, 20, (3, 7), True)], PAGE, CPU)
     qo = torch.tensor([0, 20], dtype=torch.int32)
     dtypes = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
     # Query heads, KV heads, head dim, page size: Llama 3 8B's.
@@ -798,7 +794,7 @@ def test_paged_plans_pass_the_page_table_then_the_heads():
 def test_paged_plans_carry_the_plans_kv_split_options():
     dep = deployment(GQA, "calibration.deterministic=true")  # vLLM's batch-invariant mode
     attention = PagedAttention(dep.model, dep.profile, dep.roles)
-    pages = _page_tensors([Chunk(0, 0, 20, (3, 7), True)], PAGE, CPU)
+    pages = page_tensors([Chunk(0, 0, 20, (3, 7), True)], PAGE, CPU)
     qo = torch.tensor([0, 20], dtype=torch.int32)
     prefill_split = {"fixed_split_size": 4096, "disable_split_kv": True}
     assert prefill_split.items() <= attention.prefill_plan(qo, pages)[1].items()
@@ -820,7 +816,7 @@ def test_mla_plans_take_the_page_table_as_csr_metadata(
 ):
     dep = deployment(MLA)
     attention = MLAAttention(dep.model, dep.profile, dep.roles)
-    pages = _page_tensors(chunks, 64, CPU)
+    pages = page_tensors(chunks, 64, CPU)
     if role == "prefill":
         args, kwargs = attention.prefill_plan(torch.tensor(qo, dtype=torch.int32), pages)
     else:
