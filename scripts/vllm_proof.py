@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mstar_resources.replay.trace import read_trace  # noqa: E402
+from mstar_resources.replay.trace_file import read_trace  # noqa: E402
 from mstar_resources.units import mb_to_hold  # noqa: E402
 
 TRACE = ROOT / "tests" / "replay" / "data" / "azure-conv-2023-first-2000.csv"

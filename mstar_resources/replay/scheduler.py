@@ -166,7 +166,8 @@ def schedule(
 
     ``trace`` is read as the clock reaches each arrival, so a trace streamed from a file costs
     memory for the requests waiting and running only. Its requests come in arrival order with
-    increasing ids, as :func:`~.trace.read_trace` and :func:`~.trace.synthetic_requests` make them.
+    increasing ids, as :func:`~.trace_file.read_trace` and :func:`~.trace.synthetic_requests`
+    make them.
 
     Each step spends a budget of ``max_num_batched_tokens`` tokens: first one decode for each
     running request past its prompt, then the next prefill chunk of each running request still in

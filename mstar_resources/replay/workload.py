@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ResourceConfigError
-from .trace import Request, read_trace, synthetic_requests
+from .trace import Request, synthetic_requests
+from .trace_file import read_trace
 
 __all__ = ["Workload", "load_workload"]
 

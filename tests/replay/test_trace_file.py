@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from mstar_resources.errors import ResourceConfigError
-from mstar_resources.replay import trace as trace_module
-from mstar_resources.replay.trace import TraceFile, read_trace
+from mstar_resources.replay import trace_file as trace_module
+from mstar_resources.replay.trace_file import TraceFile, read_trace
 
 VOCAB = 1000
 AZURE_CONV = Path(__file__).parent / "data" / "azure-conv-2023-first-2000.csv"
