@@ -51,13 +51,8 @@ from omegaconf import DictConfig
 from mstar_resources import resolve
 from mstar_resources.apps.hydra_app import register_settings
 from mstar_resources.apps.settings import DryRunSettings
-from mstar_resources.calibration.calibrate import (
-    LabelNeed,
-    check_backends,
-    check_labels,
-    measure_all,
-    per_resource,
-)
+from mstar_resources.calibration.calibrate import LabelNeed, measure_all, per_resource
+from mstar_resources.calibration.checks import check_backends, check_labels
 from mstar_resources.calibration.engine_buffers import engine_buffers_mb
 from mstar_resources.calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from mstar_resources.calibration.record import Machine

@@ -34,7 +34,7 @@ from hydra.core.global_hydra import GlobalHydra
 from mstar_resources import resolve
 from mstar_resources.apps.hydra_app import register_settings
 from mstar_resources.apps.settings import DryRunSettings
-from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX, shipped_deployments
+from mstar_resources.calibration.deployments import CALIBRATED_SUFFIX, shipped_deployments
 from mstar_resources.calibration.engine_buffers import engine_buffers_mb, own_int_mb
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.units import MIB

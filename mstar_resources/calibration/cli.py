@@ -21,18 +21,11 @@ from ..apps.hydra_app import hydra_app, package_version
 from ..errors import ResourceConfigError
 from ..files import folder_problem
 from ..resolver import resolve
-from .calibrate import (
-    base_deployment,
-    check_labels,
-    default_output_dir,
-    how_to_compose,
-    measure_all,
-    one_buffer,
-    provenance,
-    table,
-    write_override,
-)
+from .calibrate import measure_all
+from .checks import check_labels
+from .deployments import base_deployment, default_output_dir, how_to_compose, write_override
 from .profile import PROFILE_KEY, load_profile
+from .report import one_buffer, provenance, table
 from .settings import CalibrateSettings
 
 PROG = "mstar-resources-calibrate"

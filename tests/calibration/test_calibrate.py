@@ -11,20 +11,17 @@ import torch
 from omegaconf import OmegaConf
 
 from mstar_resources import ResourceConfigError, resolve
-from mstar_resources.calibration.calibrate import (
-    LabelNeed,
+from mstar_resources.calibration.calibrate import LabelNeed, per_resource
+from mstar_resources.calibration.checks import check_backends, check_labels
+from mstar_resources.calibration.deployments import (
     base_deployment,
-    check_backends,
-    check_labels,
     default_output_dir,
     how_to_compose,
-    one_buffer,
-    per_resource,
-    table,
     write_override,
 )
 from mstar_resources.calibration.measure import Need
 from mstar_resources.calibration.profile import load_profile
+from mstar_resources.calibration.report import one_buffer, table
 from mstar_resources.calibration.shapes import Shape
 from mstar_resources.resolver import ResolvedResource
 

@@ -9,9 +9,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mstar_resources import resolve
-from mstar_resources.calibration.calibrate import LabelNeed, per_resource, table, write_override
+from mstar_resources.calibration.calibrate import LabelNeed, per_resource
+from mstar_resources.calibration.deployments import write_override
 from mstar_resources.calibration.measure import Need
 from mstar_resources.calibration.record import declared_mb_for
+from mstar_resources.calibration.report import table
 from mstar_resources.calibration.shapes import Shape
 from mstar_resources.units import MIB
 

@@ -1,0 +1,67 @@
+"""The calibrated deployments: where they are written and found, how to compose one, and writing
+the override a calibration produces."""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..files import write_whole
+from .calibrate import LabelNeed, per_resource
+from .override import DEFAULT_MARGIN, OneBuffer, calibrated_yaml
+
+CALIBRATED_SUFFIX = "_calibrated"
+
+
+DEFAULT_CONFIG_DIR = Path("calibrated")
+"""Where calibrated deployments go by default: a config folder under the working directory,
+never the installed package. Hydra finds ``calibrated/deployment/<name>_calibrated.yaml`` through
+``--config-dir calibrated`` or ``hydra.searchpath: [file://calibrated]``."""
+
+
+def shipped_deployments() -> Path:
+    """The ``deployment`` group of the installed ``conf`` (the source tree's, when editable):
+    where the shipped deployments, calibrated ones included, are."""
+    return Path(str(importlib.resources.files("mstar_resources.conf"))) / "deployment"
+
+
+def default_output_dir() -> Path:
+    """The ``deployment`` group of :data:`DEFAULT_CONFIG_DIR`, under the working directory."""
+    return DEFAULT_CONFIG_DIR / "deployment"
+
+
+def how_to_compose(path: Path) -> str:
+    """How a config composes the calibrated deployment written at ``path``."""
+    name = path.stem
+    if path.parent.name != "deployment":
+        return f"move it into the deployment/ folder of a config dir, then use deployment={name}"
+    if path.parent.absolute() == shipped_deployments().absolute():
+        return f"use it with deployment={name}"
+    config_dir = path.parent.parent
+    return (
+        f"use it with --config-dir {config_dir} deployment={name} (or list "
+        f"file://{config_dir.absolute()} under hydra.searchpath)"
+    )
+
+
+def base_deployment(name: str) -> str:
+    """Calibrating ``x_calibrated`` again recalibrates ``x``."""
+    return name.removesuffix(CALIBRATED_SUFFIX)
+
+
+def write_override(
+    deployment: str,
+    rows: Sequence[LabelNeed],
+    provenance: dict[str, Any],
+    output_dir: Path,
+    margin: float = DEFAULT_MARGIN,
+    buffer: OneBuffer | None = None,
+) -> Path:
+    """Write ``<deployment>_calibrated.yaml`` into ``output_dir`` (made if missing), whole or not
+    at all; returns its path."""
+    path = output_dir / f"{deployment}{CALIBRATED_SUFFIX}.yaml"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_whole(path, calibrated_yaml(deployment, per_resource(rows), provenance, margin, buffer))
+    return path
