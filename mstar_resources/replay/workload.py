@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ResourceConfigError
 from .trace import Request, synthetic_requests
-from .trace_file import read_trace
+from .trace_file import TraceFile, read_trace
 
 __all__ = ["Workload", "load_workload"]
 
@@ -59,22 +59,64 @@ def load_workload(
     """
     common = {"seed": seed, "max_model_len": max_model_len}
     if trace is None:
+        return _synthetic_workload(requests, seed, vocab_size, max_model_len, common)
+    read = _read_file(trace, requests, trace_offset, step_ms, seed, vocab_size, max_model_len,
+                      progress)  # fmt: skip
+    return Workload(
+        {
+            "source": "file",
+            "path": str(read.path),
+            "offset": read.offset,
+            "rows": read.rows_read,
+            "rows_in_file": read.rows_in_file,
+            "requested": requests,
+            "span_s": read.span_s,
+            "step_ms": read.step_ms,
+            **common,
+            "refused": read.refused,
+            "clipped": read.clipped,
+        },
+        served=read.served,
+        prompt_tokens=read.prompt_tokens,
+        generated_tokens=read.output_tokens,
+        _requests=read.requests,
+    )
 
-        def synthetic() -> Iterator[Request]:
-            return synthetic_requests(requests, seed, max_model_len, vocab_size)
 
-        served = prompt_tokens = generated_tokens = 0
-        for request in synthetic():  # streamed, as a file is: none is held
-            served += 1
-            prompt_tokens += request.prompt_len
-            generated_tokens += request.output_len
-        return Workload(
-            {"source": "synthetic", **common, "refused": 0, "clipped": 0},
-            served=served,
-            prompt_tokens=prompt_tokens,
-            generated_tokens=generated_tokens,
-            _requests=synthetic,
-        )
+def _synthetic_workload(
+    requests: int, seed: int, vocab_size: int, max_model_len: int, common: dict[str, Any]
+) -> Workload:
+    """``requests`` synthetic requests, counted once by streaming them, as a file is: none held."""
+
+    def synthetic() -> Iterator[Request]:
+        return synthetic_requests(requests, seed, max_model_len, vocab_size)
+
+    served = prompt_tokens = generated_tokens = 0
+    for request in synthetic():
+        served += 1
+        prompt_tokens += request.prompt_len
+        generated_tokens += request.output_len
+    return Workload(
+        {"source": "synthetic", **common, "refused": 0, "clipped": 0},
+        served=served,
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        _requests=synthetic,
+    )
+
+
+def _read_file(
+    trace: str,
+    requests: int,
+    trace_offset: int,
+    step_ms: float,
+    seed: int,
+    vocab_size: int,
+    max_model_len: int,
+    progress: bool,
+) -> TraceFile:
+    """The trace file's slice, read and checked, with the replay's settings named in its errors;
+    refused where nothing in it can be served."""
     try:
         read = read_trace(
             trace,
@@ -105,22 +147,4 @@ def load_workload(
             "other), so nothing is left to serve; read other rows, or pick a deployment with a "
             "longer max_model_len"
         )
-    return Workload(
-        {
-            "source": "file",
-            "path": str(read.path),
-            "offset": read.offset,
-            "rows": read.rows_read,
-            "rows_in_file": read.rows_in_file,
-            "requested": requests,
-            "span_s": read.span_s,
-            "step_ms": read.step_ms,
-            **common,
-            "refused": read.refused,
-            "clipped": read.clipped,
-        },
-        served=read.served,
-        prompt_tokens=read.prompt_tokens,
-        generated_tokens=read.output_tokens,
-        _requests=read.requests,
-    )
+    return read
