@@ -42,6 +42,9 @@ if TYPE_CHECKING:
         ResourceError as ResourceError,
     )
     from .errors import (
+        ResourceUsageError as ResourceUsageError,
+    )
+    from .errors import (
         WorkspaceAgreementError as WorkspaceAgreementError,
     )
     from .errors import (

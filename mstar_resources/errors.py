@@ -18,6 +18,7 @@ __all__ = [
     "Problem",
     "ResourceConfigError",
     "ResourceError",
+    "ResourceUsageError",
     "WorkspaceAgreementError",
     "WorkspacePlanError",
     "WorkspaceSealedError",
@@ -120,6 +121,14 @@ class ResourceConfigError(ResourceError, ValueError):
                 lines += f"\n  - ... and {more:,} more, each like those above"
             text = f"{len(problems):,} problems in {where}:\n{lines}"
         super().__init__(text)
+
+
+class ResourceUsageError(ResourceConfigError):
+    """An argument of the library's API that the calling code got wrong, rather than a config:
+    a wrapper built on another buffer, a key its pool does not serve, a tensor of the wrong kind,
+    a device or ``serves`` of the wrong type. A :class:`ResourceConfigError` (code that catches
+    those catches it), named apart so that an app tells an engine's own bug from a user's
+    mistake: ``hydra_app`` keeps its traceback."""
 
 
 class WorkspaceShortError(ResourceError):

@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ._internal import limits
 from ._internal.floor import FLOAT, INT, FloorSource, resolve_floor
-from .errors import Problem, ResourceConfigError, did_you_mean
+from .errors import Problem, ResourceConfigError, ResourceUsageError, did_you_mean
 from .schema import Resource
 from .units import MIB, is_int
 
@@ -223,7 +223,7 @@ def _records(
         or listed is None
         or not all(isinstance(record, ResolvedResource) for record in listed)
     ):
-        raise ResourceConfigError(
+        raise ResourceUsageError(
             f"build_pools takes the resources tree or the list resolve() returns, and got "
             f"{_described(resources)}; e.g. build_pools(cfg.resources, device)"
         )

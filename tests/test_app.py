@@ -114,6 +114,10 @@ def main(cfg: DictConfig) -> None:
     print("inside:", os.environ.get("HYDRA_FULL_ERROR"), "child:", child.stdout.strip())
     if cfg.format.name == "json":
         print(cfg.typo)  # the app's own bug
+    if cfg.format.name == "table" and "--misuse" in os.environ.get("BUGGY", ""):
+        from mstar_resources import build_pools
+        pools = build_pools(cfg.resources, "cpu")
+        pools["attn.decode"].get("decode", cg_slot=3)  # misuse of the API: a slot not served
 
 main()
 print("after:", os.environ.get("HYDRA_FULL_ERROR"))
@@ -143,6 +147,16 @@ def test_the_app_s_own_bug_keeps_its_traceback(tmp_path, compose_once):
     assert "\nomegaconf.errors.ConfigAttributeError: " in done.stderr  # the type, unrenamed
     assert "is not a setting" not in done.stderr and "error:" not in done.stderr.split("\n")[0]
     assert "Error executing job" not in done.stderr
+
+
+@pytest.mark.parametrize("compose_once", [True, False], ids=["compose-once", "hydra-main"])
+def test_the_app_s_misuse_of_the_api_keeps_its_traceback(tmp_path, compose_once):
+    """A ResourceUsageError is the app's own bug, not the user's mistake: its traceback, status 1."""
+    done = run_buggy(tmp_path, compose_once, "format=table", env={"BUGGY": "--misuse"})
+    assert done.returncode == 1, done.stderr
+    assert "Traceback (most recent call last)" in done.stderr
+    assert 'pools["attn.decode"].get("decode", cg_slot=3)' in done.stderr
+    assert "\nmstar_resources.errors.ResourceUsageError: " in done.stderr
 
 
 @pytest.mark.parametrize("compose_once", [True, False], ids=["compose-once", "hydra-main"])

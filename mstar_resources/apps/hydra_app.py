@@ -67,7 +67,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ..errors import ResourceConfigError
+from ..errors import ResourceConfigError, ResourceUsageError
 from .hydra_errors import (
     DEPLOYMENT_GROUP,
     explain,
@@ -223,6 +223,8 @@ def hydra_app(
             with full_error.as_the_user_set_it():
                 try:
                     run(cfg)
+                except ResourceUsageError as error:  # the app's own bug: its traceback
+                    raise _RaisedByTheApp(error) from None
                 except ResourceConfigError as error:
                     fail(prog, str(error))
                 except (SystemExit, KeyboardInterrupt, _StdoutFailed):

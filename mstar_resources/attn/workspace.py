@@ -36,6 +36,7 @@ from .._internal.floor import ENV_VAR, INT, Floor, resolve_floor
 from .._internal.limits import name_problem
 from ..errors import (
     ResourceConfigError,
+    ResourceUsageError,
     WorkspacePlanError,
     WorkspaceSealedError,
     WorkspaceShortError,
@@ -182,7 +183,7 @@ class Workspace:
         int_workspace: IntWorkspace | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"name={name!r} must be a non-empty string: errors and logs name the workspace"
             )
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
@@ -191,13 +192,13 @@ class Workspace:
                 if isinstance(tensor, torch.Tensor)
                 else type(tensor).__name__
             )
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"workspace {name!r}: tensor must be a 1-D torch.uint8 tensor, got a {described}"
             )
         if not tensor.is_contiguous():
-            raise ResourceConfigError(f"workspace {name!r}: tensor must be contiguous")
+            raise ResourceUsageError(f"workspace {name!r}: tensor must be contiguous")
         if tensor.data_ptr() % ALIGNMENT:
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"workspace {name!r}: tensor starts at {tensor.data_ptr():#x}, which FlashInfer "
                 f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
             )
@@ -213,7 +214,7 @@ class Workspace:
         self._largest_growth: tuple[int, str | None] = (0, None)  # (bytes added, allocation)
         self._grown_to_agree = 0  # bytes added to match other ranks at a group seal
         if int_workspace is not None and not isinstance(int_workspace, IntWorkspace):
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"workspace {name!r}: int_workspace={int_workspace!r} must be an IntWorkspace "
                 "(or None: each wrapper keeps its own)"
             )
@@ -565,7 +566,7 @@ class IntWorkspace(Workspace):
             and mirror.numel() == tensor.numel()
             and (mirror.is_pinned() or not tensor.is_cuda)
         ):
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"int workspace {name!r}: mirror must be a 1-D torch.uint8 CPU tensor of "
                 f"{tensor.numel():,} bytes, pinned where the workspace is on a GPU (or None: one "
                 "is made)"
@@ -668,7 +669,7 @@ def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> boo
     own = own_buffers(wrapper)
     int_workspace = workspace.int_workspace
     if int_workspace is None:
-        raise ResourceConfigError(f"{where}: workspace {workspace.name!r} has no int workspace")
+        raise ResourceUsageError(f"{where}: workspace {workspace.name!r} has no int workspace")
     if own is None:
         return False
     # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
@@ -714,7 +715,7 @@ def _device(device: object) -> torch.device:
     try:
         found: torch.device = torch.device(device)  # type: ignore[call-overload]
     except (RuntimeError, TypeError):
-        raise ResourceConfigError(
+        raise ResourceUsageError(
             f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
         ) from None
     return found
@@ -725,7 +726,7 @@ def _pairs(serves: object) -> list[tuple[str, int | None]]:
     good = not isinstance(serves, str | bytes) and isinstance(serves, Iterable)
     pairs = list(serves) if good else []  # type: ignore[call-overload]
     if not good or not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
-        raise ResourceConfigError(
+        raise ResourceUsageError(
             f"serves={serves!r} must be (label, cg slot) pairs, e.g. [('decode', 0), "
             "('prefill', None)], or None to serve any"
         )
@@ -806,11 +807,11 @@ class WorkspacePool:
         env: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(owner, str) or not owner.strip():
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"owner={owner!r} must name who the pool belongs to (e.g. owner='attention')"
             )
         if (problem := name_problem("owner", owner)) is not None:
-            raise ResourceConfigError(problem)
+            raise ResourceUsageError(problem)
         self._device = _device(device)
         self._size_mb = size_mb
         self._owner = owner
@@ -945,13 +946,13 @@ class WorkspacePool:
         where = self._name(label, cg_slot)
         workspace = self.get(label, cg_slot)
         if own_buffers(wrapper) is None:
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"{where}: a {type(wrapper).__name__} keeps no int workspace of its own to "
                 "replace; build the wrappers it holds with WorkspacePool.build (a cascade "
                 "wrapper plans all its levels before it runs them, so they cannot share one)"
             )
         if getattr(wrapper, FLOAT_BUFFER, None) is not workspace.tensor:
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"{where}: the {type(wrapper).__name__} was built on another float buffer; "
                 f"build it on pool.get({label!r}, {cg_slot}).tensor, or with WorkspacePool.build"
             )
@@ -1053,17 +1054,17 @@ class WorkspacePool:
 
     def _check_key(self, label: str, cg_slot: int | None) -> None:
         if not isinstance(label, str) or not label.strip():
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"{self.owner}: label={label!r} must be a non-empty string naming a plan"
             )
         if (problem := name_problem("label", label)) is not None:
-            raise ResourceConfigError(f"{self.owner}: {problem}")
+            raise ResourceUsageError(f"{self.owner}: {problem}")
         if cg_slot is not None and not (is_int(cg_slot) and cg_slot >= 0):
-            raise ResourceConfigError(
+            raise ResourceUsageError(
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
             )
         if self._serves is not None and (label, cg_slot) not in self._serves:
-            raise ResourceConfigError(self._not_served(label, cg_slot))
+            raise ResourceUsageError(self._not_served(label, cg_slot))
 
     def _not_served(self, label: str, cg_slot: int | None) -> str:
         labels = list(dict.fromkeys(label for label, _ in self._serves or ()))
