@@ -151,7 +151,7 @@ def test_the_app_s_own_bug_keeps_its_traceback(tmp_path, compose_once):
 
 @pytest.mark.parametrize("compose_once", [True, False], ids=["compose-once", "hydra-main"])
 def test_the_app_s_misuse_of_the_api_keeps_its_traceback(tmp_path, compose_once):
-    """A ResourceUsageError is the app's own bug, not the user's mistake: its traceback, status 1."""
+    """A ResourceUsageError is the app's own bug, not the user's mistake: traceback, status 1."""
     done = run_buggy(tmp_path, compose_once, "format=table", env={"BUGGY": "--misuse"})
     assert done.returncode == 1, done.stderr
     assert "Traceback (most recent call last)" in done.stderr

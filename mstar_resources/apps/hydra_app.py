@@ -77,7 +77,13 @@ from .hydra_errors import (
     not_yaml,
 )
 
-__all__ = ["fail", "hydra_app", "package_version", "register_settings"]
+__all__ = [
+    "fail",
+    "hydra_app",
+    "package_version",
+    "register_options_resolver",
+    "register_settings",
+]
 
 SHIPPED_CONF = "pkg://mstar_resources.conf"
 """Where the library's config tree is, for Hydra."""
@@ -619,9 +625,12 @@ def _group_options(group: str, config_name: str | None) -> list[str]:
         return []
 
 
-@contextlib.contextmanager
-def _options_resolver(config_name: str) -> Iterator[None]:
-    """``${mstar_resources.options:GROUP[,KEY]}`` for help templates, while the app runs."""
+def register_options_resolver(config_name: str) -> None:
+    """Register ``${mstar_resources.options:GROUP[,KEY]}`` for the help template of the app whose
+    primary config is ``config_name``: a config group's options (the engine's own and the
+    library's), or those whose composed config sets ``KEY``. :func:`hydra_app` does it while its
+    app runs; an engine on plain ``@hydra.main`` calls it once before its ``main()`` (README,
+    "Plain @hydra.main")."""
 
     def options(group: str, key: str | None = None) -> str:
         names = _group_options(group, config_name)
@@ -630,6 +639,12 @@ def _options_resolver(config_name: str) -> Iterator[None]:
         return ", ".join(names)
 
     OmegaConf.register_new_resolver(OPTIONS_RESOLVER, options, replace=True)
+
+
+@contextlib.contextmanager
+def _options_resolver(config_name: str) -> Iterator[None]:
+    """:func:`register_options_resolver` while the app runs, and cleared after."""
+    register_options_resolver(config_name)
     try:
         yield
     finally:

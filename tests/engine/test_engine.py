@@ -135,3 +135,26 @@ def test_bad_input_to_the_engine_is_one_paragraph_exit_2_and_no_files(tmp_path, 
     assert re.match(rf"engine: error: {message}", done.stderr), done.stderr
     assert len(done.stderr.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def _plain_app(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.engine.plain_app", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_an_engine_on_plain_hydra_main_lists_its_deployments_in_help():
+    """The documented snippet: register_options_resolver before @hydra.main's main()."""
+    done = _plain_app("--help")
+    assert done.returncode == 0, done.stderr
+    listed = re.search(r"library's: (.*)", done.stdout)
+    assert listed is not None, done.stdout
+    names = listed[1].split(", ")
+    assert {"lab-a100", "llama3-8b-h200", "llama3-8b-h200_calibrated"} <= set(names)
+
+
+def test_an_engine_on_plain_hydra_main_resolves_its_deployment():
+    done = _plain_app("deployment=llama3-70b-tp8-h200")
+    assert done.returncode == 0, done.stderr
+    assert "attn.decode" in done.stdout
