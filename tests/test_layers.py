@@ -17,7 +17,8 @@ CONF = Path(__file__).parents[1] / "conf"
 LAYERS = [
     ("errors and units", ["errors", "units", "files", "_internal", "_internal.limits",
                           "_internal.floor", "_internal.devices", "_internal.table"]),
-    ("the core", ["attn", "attn.workspace", "attn._overflow", "attn._agree", "attn._flashinfer"]),
+    ("the core", ["attn", "attn.workspace", "attn._overflow", "attn._agree", "attn._flashinfer",
+                  "testing"]),
     ("config", ["schema", "resolver"]),
     ("calibration's terms", ["calibration", "calibration.engine_plans",
                              "calibration.engine_buffers", "calibration.profile",

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-FIXTURE = Path(__file__).with_name("flashinfer_overflow.json")
+FIXTURE = Path(__file__).parents[2] / "mstar_resources" / "attn" / "flashinfer_overflow.json"
+"""Shipped in the package: ``mstar_resources.testing`` renders FlashInfer's overflow from it."""
 
 # Where a FlashInfer wheel keeps its headers, inside the package; its JIT builds compile them from
 # there, so that is the path (``__FILE__``) its errors name.

@@ -1,0 +1,85 @@
+"""FlashInfer's overflow, for an engine's own tests of its growth paths on a CPU.
+
+:func:`flashinfer_overflow` is the ``RuntimeError`` FlashInfer's allocator raises when a plan's
+scratch does not fit its float workspace, worded as FlashInfer words it: rendered from the text of
+its C++ headers (``flashinfer_overflow.json`` beside the workspaces, checked against the installed
+FlashInfer's headers by this library's tests). :class:`OverflowingPlanner` is a planner that raises
+it, as a FlashInfer wrapper's ``plan`` would, for allocations that do not fit its buffer::
+
+    workspace = pools["attn.decode"].get("decode", cg_slot=0)
+    workspace.plan(OverflowingPlanner(workspace.tensor, [("batch_decode_tmp_v", 3 << 20)]))
+    assert workspace.tensor.numel() >= 3 << 20  # grown, as it would be on a GPU
+
+No FlashInfer and no GPU are needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+import sysconfig
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["OverflowingPlanner", "flashinfer_overflow"]
+
+ALIGNMENT = 16
+"""The alignment FlashInfer's plans ask of their float allocations."""
+
+
+@functools.cache
+def _expressions() -> dict[str, Any]:
+    text = importlib.resources.files("mstar_resources.attn").joinpath("flashinfer_overflow.json")
+    return dict(json.loads(text.read_text(encoding="utf-8"))["expressions"])
+
+
+def _render(key: str, **values: object) -> str:
+    parts = _expressions()[key]["parts"]
+    return "".join(str(values[p["variable"]]) if "variable" in p else p["literal"] for p in parts)
+
+
+def flashinfer_overflow(
+    allocation: str, size: int, available: int, alignment: int = ALIGNMENT
+) -> RuntimeError:
+    """The error FlashInfer's allocator raises when ``allocation`` (e.g. ``batch_decode_tmp_v``)
+    asks for ``size`` bytes with ``available`` left in the workspace, as FlashInfer words it."""
+    where = _expressions()["overflow"]
+    header = Path(sysconfig.get_path("purelib")) / "flashinfer/data/include/flashinfer"
+    message = _render(
+        "overflow", name=allocation, size=size, alignment=alignment, remaining_space=available
+    )
+    text = _render(
+        "error_prefix",
+        func=where["function"],
+        file=header / where["header"],
+        line=where["throw_line"],
+        message=message,
+    )
+    return RuntimeError(text)
+
+
+class OverflowingPlanner:
+    """A planner that takes ``allocations`` ((name, bytes) each, aligned as FlashInfer aligns
+    them) from ``buffer`` in turn, and raises :func:`flashinfer_overflow` for the first that does
+    not fit. It holds the tensor, as FlashInfer's wrappers do, so it sees a workspace that grew in
+    place. ``calls`` counts its plans."""
+
+    def __init__(self, buffer: torch.Tensor, allocations: Sequence[tuple[str, int]]) -> None:
+        self.buffer = buffer
+        self.allocations = list(allocations)
+        self.calls = 0
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        self.calls += 1
+        taken, available = 0, self.buffer.numel()
+        for name, size in self.allocations:
+            padding = -taken % ALIGNMENT
+            if padding + size > available:
+                raise flashinfer_overflow(name, size, available)
+            taken += padding + size
+            available -= padding + size
