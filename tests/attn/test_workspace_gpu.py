@@ -251,6 +251,8 @@ def test_growth_on_another_stream_keeps_every_byte_while_the_old_block_is_reused
     from .fake_allocator import FakePlanner
 
     size = 1024 * MIB
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # no other free block of this size for the allocator to pick
     pool = WorkspacePool("cuda", 1024)
     workspace = pool.get("decode")  # made on the default stream
     pattern = torch.arange(size // 4, dtype=torch.int32, device="cuda").view(torch.uint8)
