@@ -245,3 +245,51 @@ def test_a_fixed_split_under_a_graph_and_a_prefill_graph_without_tokens_are_refu
 def test_a_prefill_graph_with_token_counts_can_be_calibrated():
     tree = {"attn": {"p": {"labels": ["prefill"], "cg_slots": [0]}}}
     check_labels(records(tree), load_profile(with_("cuda_graph_prefill_tokens", [256, 512])))
+
+
+# --- the measuring driver, with the planner stood in for ----------------------------------------
+
+
+def test_measure_all_refuses_before_any_plan_where_flashinfer_is_missing(monkeypatch):
+    import mstar_resources.calibration.calibrate as calibrate
+
+    monkeypatch.setattr("mstar_resources.calibration.versions.installed_flashinfer", lambda: None)
+    tree = {"attn": {"decode": {"labels": ["decode"], "cg_slots": [0]}}}
+    with pytest.raises(ResourceConfigError, match=r"FlashInfer is not installed"):
+        calibrate.measure_all(records(tree), load_profile(GOOD), torch.device("cpu"), False)
+
+
+def test_measure_all_gives_a_row_per_resource_and_label_from_the_planner(monkeypatch):
+    """What the driver does around the planner (which needs a GPU and FlashInfer, and is tested
+    on one): its checks first, every label of every resource planned over its shapes, one row
+    each, in tree order, the graph kinds' shapes for a resource with graph slots."""
+    import mstar_resources.calibration.calibrate as calibrate
+    import mstar_resources.calibration.measure as measure
+
+    asked: list[tuple[str, int]] = []
+
+    class StandInPlanner:
+        def __init__(self, profile, device):
+            self.device = device
+
+        def need(self, plan, shapes, progress=None):
+            asked.append((plan.kind.value, len(shapes)))
+            progress.update(len(shapes))
+            return Need(bytes=1000 * len(asked), worst=shapes[-1], method="growth", int_bytes=64)
+
+    monkeypatch.setattr(measure, "Planner", StandInPlanner)
+    monkeypatch.setattr(calibrate, "check_flashinfer", lambda profile: None)
+    monkeypatch.setattr(calibrate, "check_backends", lambda profile, device: None)
+    tree = {"attn": {"prefill": {"labels": ["prefill"]},
+                     "decode": {"labels": ["decode"], "cg_slots": [0]}}}  # fmt: skip
+    rows = calibrate.measure_all(records(tree), load_profile(GOOD), torch.device("cpu"), False)
+    assert [(row.resource.path, row.label, row.need.bytes) for row in rows] == [
+        ("attn.prefill", "prefill", 1000), ("attn.decode", "decode", 2000)
+    ]  # fmt: skip
+    assert [kind for kind, _ in asked] == ["paged_prefill", "decode"]
+    assert all(count > 0 for _, count in asked)
+    with pytest.raises(ResourceConfigError, match=r"add calibration\.plans\.verify"):
+        calibrate.measure_all(
+            records({"attn": {"d": {"labels": ["verify"]}}}), load_profile(GOOD),
+            torch.device("cpu"), False,
+        )  # fmt: skip
