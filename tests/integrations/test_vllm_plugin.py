@@ -374,3 +374,53 @@ def test_the_first_builders_decode_wrappers_share_the_decode_int_workspace(vllm_
     first.build(8)
     assert shared.tensor.numel() == 8 * MIB  # FlashInfer's 8 MiB, the default floor, holds it
     assert decodes[1].plans == 3  # planned, and planned again after each float growth
+
+
+def test_a_deployment_file_whose_resources_are_wrong_names_the_setting_and_the_key(tmp_path):
+    folder = tmp_path / "calibrated" / "deployment"
+    folder.mkdir(parents=True)
+    path = folder / "mine.yaml"
+    path.write_text(
+        "# @package _global_\ndefaults:\n  - llama3-8b-h200\n  - _self_\n"
+        "resources:\n  attn:\n    decode:\n      declared_mb: 0\n"
+    )
+    with pytest.raises(ResourceConfigError) as raised:
+        plugin.read_setting({plugin.ENV_VAR: str(path)})
+    assert str(raised.value).startswith(f"{plugin.ENV_VAR}={path}: ")
+    assert "resources.attn.decode.declared_mb=0" in str(raised.value)
+
+
+def test_a_deployment_that_does_not_compose_is_one_paragraph(tmp_path):
+    folder = tmp_path / "calibrated" / "deployment"
+    folder.mkdir(parents=True)
+    path = folder / "mine.yaml"
+    path.write_text("# @package _global_\ndefaults:\n  - no-such-deployment\n")
+    with pytest.raises(ResourceConfigError) as raised:
+        plugin.read_setting({plugin.ENV_VAR: str(path)})
+    assert f"{plugin.ENV_VAR}={str(path)!r}" in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_register_leaves_an_unsupported_vllm_untouched(monkeypatch, caplog):
+    """With the setting on and a vLLM the seams were not read in (here: none installed), the
+    plugin says why once and patches nothing."""
+    monkeypatch.setenv(plugin.ENV_VAR, "llama3-8b-h200")
+    monkeypatch.setattr(plugin, "vllm_version", lambda: "0.1.0")
+    monkeypatch.setattr(plugin, "_active", None)
+    with caplog.at_level(logging.WARNING, logger=plugin.__name__):
+        plugin.register()
+    assert plugin.active() is None
+    assert "vLLM 0.1.0 is not one this plugin was read in" in caplog.text
+
+
+def test_the_decode_graph_sizes_are_vllms_capture_sizes_up_to_its_cap():
+    compilation = types.SimpleNamespace(
+        max_cudagraph_capture_size=32, cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32, 64, 128]
+    )
+    config = types.SimpleNamespace(
+        compilation_config=compilation, scheduler_config=types.SimpleNamespace(max_num_seqs=16)
+    )
+    assert plugin._decode_graph_sizes(config) == [1, 2, 4, 8, 16]  # max_num_seqs caps it
+    compilation.max_cudagraph_capture_size = None
+    config.scheduler_config.max_num_seqs = 256
+    assert plugin._decode_graph_sizes(config) == [1, 2, 4, 8, 16, 32, 64, 128]
