@@ -1,5 +1,3 @@
-"""Attention resources: FlashInfer's float workspaces."""
-
-from .workspace import Workspace, WorkspacePool, workspace_bytes
-
-__all__ = ["Workspace", "WorkspacePool", "workspace_bytes"]
+"""Attention resources: FlashInfer's workspaces (``workspace``), and what they read of FlashInfer
+(``_flashinfer``). Importing the package imports neither torch nor the workspaces, so that a
+torch-free check (calibration's FlashInfer versions, the dry runs) can read ``_flashinfer``."""

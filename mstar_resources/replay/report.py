@@ -7,13 +7,15 @@ import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._internal.table import format_table
 from ..files import replacing, write_whole
 from ..units import MIB, counted
-from .engine import SetupResult
 from .workload import Workload
+
+if TYPE_CHECKING:  # the setups run on a GPU; the dry run reports without torch
+    from .engine import SetupResult
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

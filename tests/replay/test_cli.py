@@ -382,3 +382,20 @@ def test_the_table_gives_each_round_s_ratio_and_the_spread():
     report["decode_p50_ratio_rounds"] = [1.02, 1.1]
     (line,) = [line for line in reporting.table(report).splitlines() if "decode p50 ratio" in line]
     assert line.endswith("(rounds, the order turned each: 1.020, 1.100; spread 0.080)")
+
+
+def test_the_dry_run_imports_neither_torch_nor_flashinfer(tmp_path):
+    """Reading and scheduling a trace on a CPU needs no torch (a few hundred MiB with a CUDA
+    build): what it reads of FlashInfer (its installed version and headers) is torch-free."""
+    runner = (
+        "import sys\n"
+        "from mstar_resources.replay.cli import main\n"
+        f"sys.argv = ['replay', {DEPLOYMENT!r}, 'requests=20', 'dry_run=true', 'progress=false']\n"
+        "main()\n"
+        "heavy = ('torch', 'flashinfer')\n"
+        "sys.stderr.write(repr(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+    )
+    done = run_cli(cwd=tmp_path, python=[sys.executable, "-c", runner])
+    assert done.returncode == 0, done.stderr
+    assert "dry run: nothing ran on a GPU" in done.stdout
+    assert done.stderr == "[]"
