@@ -22,6 +22,7 @@ What is shared, and on what condition (``docs/workspaces-and-ranks.md`` says it 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -324,20 +325,21 @@ class Workspace:
         try:
             if wrapper in self._checked:
                 return
-            self._checked.add(wrapper)
         except TypeError:  # no weak references to it: checked at every plan
             pass
         views = buffer_views(wrapper, self._tensor)
-        if views:
-            self._checked.discard(wrapper)
-            raise WorkspacePlanError(
-                f"workspace {self._name!r} can grow, and the {type(wrapper).__name__} planning "
-                f"on it holds views of its buffer ({', '.join(views)}), which growing would "
-                "leave on the old memory; give the workspace room for every plan up front "
-                f"({self._floor}) and seal it before this wrapper plans",
-                workspace=self._name,
-                held_bytes=self._tensor.numel(),
-            )
+        if not views:
+            with contextlib.suppress(TypeError):
+                self._checked.add(wrapper)
+            return
+        raise WorkspacePlanError(
+            f"workspace {self._name!r} can grow, and the {type(wrapper).__name__} planning "
+            f"on it holds views of its buffer ({', '.join(views)}), which growing would "
+            "leave on the old memory; give the workspace room for every plan up front "
+            f"({self._floor}) and seal it before this wrapper plans",
+            workspace=self._name,
+            held_bytes=self._tensor.numel(),
+        )
 
     def _short_of(
         self, overflow: Overflow | None, have: dict[str, int], wrapper: Any

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ResourceConfigError
 from .trace import Request, synthetic_requests
-from .trace_file import TraceFile, read_trace
+from .trace_file import read_trace
 
 __all__ = ["Workload", "load_workload"]
 
@@ -57,66 +57,8 @@ def load_workload(
     ``progress`` shows a bar while a large one is read. Raises :class:`ResourceConfigError` for
     a file that can't be read as a trace, or a slice that leaves nothing to serve.
     """
-    common = {"seed": seed, "max_model_len": max_model_len}
     if trace is None:
-        return _synthetic_workload(requests, seed, vocab_size, max_model_len, common)
-    read = _read_file(trace, requests, trace_offset, step_ms, seed, vocab_size, max_model_len,
-                      progress)  # fmt: skip
-    return Workload(
-        {
-            "source": "file",
-            "path": str(read.path),
-            "offset": read.offset,
-            "rows": read.rows_read,
-            "rows_in_file": read.rows_in_file,
-            "requested": requests,
-            "span_s": read.span_s,
-            "step_ms": read.step_ms,
-            **common,
-            "refused": read.refused,
-            "clipped": read.clipped,
-        },
-        served=read.served,
-        prompt_tokens=read.prompt_tokens,
-        generated_tokens=read.output_tokens,
-        _requests=read.requests,
-    )
-
-
-def _synthetic_workload(
-    requests: int, seed: int, vocab_size: int, max_model_len: int, common: dict[str, Any]
-) -> Workload:
-    """``requests`` synthetic requests, counted once by streaming them, as a file is: none held."""
-
-    def synthetic() -> Iterator[Request]:
-        return synthetic_requests(requests, seed, max_model_len, vocab_size)
-
-    served = prompt_tokens = generated_tokens = 0
-    for request in synthetic():
-        served += 1
-        prompt_tokens += request.prompt_len
-        generated_tokens += request.output_len
-    return Workload(
-        {"source": "synthetic", **common, "refused": 0, "clipped": 0},
-        served=served,
-        prompt_tokens=prompt_tokens,
-        generated_tokens=generated_tokens,
-        _requests=synthetic,
-    )
-
-
-def _read_file(
-    trace: str,
-    requests: int,
-    trace_offset: int,
-    step_ms: float,
-    seed: int,
-    vocab_size: int,
-    max_model_len: int,
-    progress: bool,
-) -> TraceFile:
-    """The trace file's slice, read and checked, with the replay's settings named in its errors;
-    refused where nothing in it can be served."""
+        return _synthetic_workload(requests, seed, vocab_size, max_model_len)
     try:
         read = read_trace(
             trace,
@@ -129,16 +71,7 @@ def _read_file(
             progress=progress,
         )
     except ResourceConfigError as error:
-        # read_trace names its own arguments (an offset past the end); say which setting it is.
-        raise ResourceConfigError(
-            *(
-                problem.replace("offset=", "trace_offset=").replace(
-                    "set offset", "set trace_offset"
-                )
-                for problem in error.problems
-            ),
-            where=error.where,
-        ) from None
+        raise _in_the_replay_s_settings(error) from None
     if not read.served:
         raise ResourceConfigError(
             f"trace file {read.path}: none of the {read.rows_read} rows read (trace_offset="
@@ -147,4 +80,61 @@ def _read_file(
             "other), so nothing is left to serve; read other rows, or pick a deployment with a "
             "longer max_model_len"
         )
-    return read
+    return Workload(
+        {
+            "source": "file",
+            "path": str(read.path),
+            "offset": read.offset,
+            "rows": read.rows_read,
+            "rows_in_file": read.rows_in_file,
+            "requested": requests,
+            "span_s": read.span_s,
+            "step_ms": read.step_ms,
+            "seed": seed,
+            "max_model_len": max_model_len,
+            "refused": read.refused,
+            "clipped": read.clipped,
+        },
+        served=read.served,
+        prompt_tokens=read.prompt_tokens,
+        generated_tokens=read.output_tokens,
+        _requests=read.requests,
+    )
+
+
+def _in_the_replay_s_settings(error: ResourceConfigError) -> ResourceConfigError:
+    """``error`` of :func:`read_trace`, which names its own arguments (an offset past the end),
+    naming the replay's setting instead."""
+    return ResourceConfigError(
+        *(
+            problem.replace("offset=", "trace_offset=").replace("set offset", "set trace_offset")
+            for problem in error.problems
+        ),
+        where=error.where,
+    )
+
+
+def _synthetic_workload(requests: int, seed: int, vocab_size: int, max_model_len: int) -> Workload:
+    """``requests`` synthetic requests, counted once by streaming them, as a file is: none held."""
+
+    def synthetic() -> Iterator[Request]:
+        return synthetic_requests(requests, seed, max_model_len, vocab_size)
+
+    served = prompt_tokens = generated_tokens = 0
+    for request in synthetic():
+        served += 1
+        prompt_tokens += request.prompt_len
+        generated_tokens += request.output_len
+    return Workload(
+        {
+            "source": "synthetic",
+            "seed": seed,
+            "max_model_len": max_model_len,
+            "refused": 0,
+            "clipped": 0,
+        },
+        served=served,
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        _requests=synthetic,
+    )
