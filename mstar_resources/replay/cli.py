@@ -488,13 +488,16 @@ class _StreamedSchedule:
             num_pages=self._num_pages,
             page_size=self._page_size,
         )
-        return self._counted(steps), arrivals
+        return self._counted(steps, arrivals), arrivals
 
-    def _counted(self, steps: Iterator[Step]) -> Iterator[Step]:
+    def _counted(self, steps: Iterator[Step], arrivals: Arrivals) -> Iterator[Step]:
+        """``steps``, counted; once a step has run, its finished requests leave ``arrivals``."""
         drawn = 0
         for step in steps:
             drawn += 1
             yield step
+            for request in step.finished:
+                arrivals.pop(request)
         self.steps = max(self.steps, drawn)
 
 

@@ -40,7 +40,7 @@ from .buffers import Buffers
 from .graphs import DecodeGraph
 from .model import Model
 from .roles import Roles
-from .scheduler import Arrivals, Chunk, Step
+from .scheduler import Chunk, Step
 from .trace import Request
 
 
@@ -182,8 +182,7 @@ class Setup:
         self, steps: Iterable[Step], requests: Mapping[int, Request], progress: Any = None
     ) -> SetupResult:
         """Run ``steps``, each request's prompt looked up in ``requests`` by id when its first
-        chunk runs (an :class:`~.scheduler.Arrivals` the steps stream from, whose finished
-        requests are dropped here, or any mapping)."""
+        chunk runs (the :class:`~.scheduler.Arrivals` the steps stream from, or any mapping)."""
         prompts: dict[int, tuple[int, ...]] = {}  # drawn when a request starts, dropped at its end
         tokens = self.result.tokens
         try:
@@ -197,8 +196,6 @@ class Setup:
                     self._decode_step(step, tokens)
                 for request in step.finished:
                     del prompts[request]
-                    if isinstance(requests, Arrivals):
-                        requests.pop(request)
                 self.result.steps_served += 1
                 if progress is not None:
                     progress.update()

@@ -399,3 +399,25 @@ def test_the_dry_run_imports_neither_torch_nor_flashinfer(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "dry run: nothing ran on a GPU" in done.stdout
     assert done.stderr == "[]"
+
+
+def test_the_streamed_schedule_holds_only_the_requests_in_flight_and_repeats_itself():
+    from mstar_resources.replay.workload import load_workload
+
+    profile = profile_of("llama3-8b-h200")
+    shape = ModelSizes.of(profile, layers=4, vocab_size=8192, tp=1)
+    workload = load_workload(None, requests=40, trace_offset=0, step_ms=10, seed=0,
+                             vocab_size=8192, max_model_len=4096)  # fmt: skip
+    streamed = cli._StreamedSchedule(workload, profile, 1 << 20, shape)
+    steps, arrivals = streamed()
+    held = []
+    for step in steps:
+        for chunk in (*step.prefill, *step.decode):
+            assert chunk.request in arrivals  # its request is there while it runs
+        held.append(len(arrivals))
+    assert len(arrivals) == 0 and max(held) < 40  # every request finished and was let go
+    assert streamed.steps == len(held)
+    again, _ = streamed()
+    assert [(len(s.prefill), len(s.decode)) for s in again] == [
+        (len(s.prefill), len(s.decode)) for s in streamed()[0]
+    ]
