@@ -11,11 +11,13 @@ CPU stand-in reports the free memory the test sets and names itself, and gathers
 values and releases memory with ``_Gpu``'s own code. FlashInfer's wrappers are test_engine's
 reference attention (plain torch over the paged KV cache) taking float workspace as FlashInfer's
 allocator would, 32 KiB a token of context; decode runs eagerly (``cuda_graphs=false``). The model
-is the deployment's attention shape narrowed to a few heads, one layer, a 64-token vocabulary.
+is the deployment's attention shape narrowed to a few heads, one layer, a 64-token vocabulary,
+its weights and queries in float32 (the KV cache keeps the deployment's dtype).
 test_replay_gpu runs the same app on a GPU through FlashInfer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -31,7 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from mstar_resources import resolver
 from mstar_resources.calibration.engine_buffers import own_int_mb
 from mstar_resources.calibration.profile import load_profile
-from mstar_resources.replay import cli, engine
+from mstar_resources.replay import cli, engine, model
 from mstar_resources.replay import report as reporting
 from mstar_resources.resolver import resolve
 from mstar_resources.units import MIB
@@ -152,6 +154,11 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> CpuMachine:
     monkeypatch.setattr(cli, "_Gpu", cpu.gpu)
     monkeypatch.setattr(engine, "PagedAttention", cpu.attention)
     monkeypatch.setattr(engine, "MLAAttention", cpu.attention)
+    deployments_sizes = model.ModelSizes.of
+    monkeypatch.setattr(  # weights and queries in float32: a CPU's bf16 matmul is ~60x slower
+        model.ModelSizes, "of",
+        lambda *args: dataclasses.replace(deployments_sizes(*args), dtype=torch.float32),
+    )  # fmt: skip
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     # main sets Hydra's config of the run, as @hydra.main does: the next test gets it back.

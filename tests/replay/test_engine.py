@@ -292,12 +292,14 @@ class Deployment:
     """KV-cache pages, the dummy page included: room for ``max_num_seqs`` whole requests."""
 
 
-def small_model(profile: CalibrationProfile) -> Model:
-    """The deployment's attention (heads, head dims, page size, dtypes) in one layer, over a
+def small_model(profile: CalibrationProfile, *, float32: bool = True) -> Model:
+    """The deployment's attention (heads, head dims, page size, KV dtype) in one layer, over a
     64-token vocabulary. The residual and the MLP, which attention never sees, are narrowed to
-    256 and 512 so that the CPU runs a step in milliseconds."""
+    256 and 512 so that the CPU runs a step in milliseconds; so are the weights and queries
+    computed in float32 where ``float32`` (a CPU's bf16 matmul is some 60 times slower)."""
     shape = ModelSizes.of(profile, layers=1, vocab_size=64, tp=1)
-    return Model(dataclasses.replace(shape, hidden=256, mlp=512), CPU, seed=0)
+    shape = dataclasses.replace(shape, hidden=256, mlp=512)
+    return Model(dataclasses.replace(shape, dtype=torch.float32) if float32 else shape, CPU, seed=0)
 
 
 _DEPLOYMENTS: dict[tuple[str, ...], Deployment] = {}
@@ -779,7 +781,7 @@ def test_mla_attention_asks_for_the_mla_wrapper_class_for_both_roles(recording_f
 
 def test_paged_plans_pass_the_page_table_then_the_heads():
     dep = deployment(GQA)
-    attention = PagedAttention(dep.model, dep.profile, dep.roles)
+    attention = PagedAttention(small_model(dep.profile, float32=False), dep.profile, dep.roles)
     pages = page_tensors([Chunk(0, 0, 20, (3, 7), True)], PAGE, CPU)
     qo = torch.tensor([0, 20], dtype=torch.int32)
     dtypes = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
@@ -815,7 +817,7 @@ def test_mla_plans_take_the_page_table_as_csr_metadata(
     recording_flashinfer, role, chunks, qo, lengths
 ):
     dep = deployment(MLA)
-    attention = MLAAttention(dep.model, dep.profile, dep.roles)
+    attention = MLAAttention(small_model(dep.profile, float32=False), dep.profile, dep.roles)
     pages = page_tensors(chunks, 64, CPU)
     if role == "prefill":
         args, kwargs = attention.prefill_plan(torch.tensor(qo, dtype=torch.int32), pages)
