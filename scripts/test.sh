@@ -6,21 +6,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 py=.venv/bin/python
+# pip compiles nothing (--no-compile: compiling torch's and FlashInfer's every file took longer
+# than installing them); Python caches what the checks import, once, under .venv/pycache, even
+# where PYTHONDONTWRITEBYTECODE is set: the tests start a few hundred Python processes, and each
+# would compile torch's and this package's modules again.
+pip_install=("$py" -m pip install -q --disable-pip-version-check --no-compile)
+export PYTHONPYCACHEPREFIX="$PWD/.venv/pycache"
+unset PYTHONDONTWRITEBYTECODE
 # torch first, pinned: this project's machines keep a CPU build of torch 2.13.0 beside pip, and an
 # unpinned torch would make pip fetch a multi-GB CUDA build. Elsewhere, choose the build with
 # MSTAR_TORCH (e.g. MSTAR_TORCH="torch --index-url https://download.pytorch.org/whl/cpu").
 read -ra torch_spec <<< "${MSTAR_TORCH:-torch==2.13.0}"
 if [ -n "${MSTAR_TORCH:-}" ] || ! "$py" -c "import torch" 2>/dev/null; then
-  "$py" -m pip install -q --disable-pip-version-check "${torch_spec[@]}"
+  "${pip_install[@]}" "${torch_spec[@]}"
 fi
-"$py" -m pip install -q --disable-pip-version-check -e '.[test]'
+"${pip_install[@]}" -e '.[test]'
 # FlashInfer's wheel alone, without its dependencies: tests/attn/test_overflow.py checks the
-# overflow-text fixture (tests/attn/flashinfer_overflow.json) against the C++ headers the wheel
+# overflow-text fixture (mstar_resources/attn/flashinfer_overflow.json) against the C++ headers the wheel
 # ships, which it finds without importing FlashInfer, so it needs no CUDA and no GPU; without the
 # wheel that check would skip. `import flashinfer` may fail here for want of its dependencies:
 # the tests that need it (marked gpu or flashinfer) skip cleanly. Pinned to the version the
 # fixture was taken from (a pure-Python wheel of about 100 MB).
-"$py" -m pip install -q --disable-pip-version-check --no-deps flashinfer-python==0.7.4
+"${pip_install[@]}" --no-deps flashinfer-python==0.7.4
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
