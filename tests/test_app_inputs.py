@@ -3,7 +3,8 @@ or not UTF-8, a config group's value that is a path or a list, what the apps do 
 Hydra's own config groups, a bare ``--shell-completion``), a wrong type in the user's YAML, a
 ``--config-name`` that is not there, Ctrl-C, and a stdout that takes nothing. Each ends in one
 paragraph on stderr and exit status 2 (Ctrl-C: one line and 130; a reader gone: 0), never a
-traceback."""
+traceback. The tables of input run each app in this process (``run_app``); Ctrl-C and the
+stdouts that fail run it as a process of its own."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import VAR
-from .test_cli import run_cli
+from .test_cli import run_app, run_cli
 
 ROOT = Path(__file__).parents[1]
 DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]
@@ -69,7 +70,7 @@ BAD_FILES = [
 @pytest.mark.parametrize(("python", "prog"), APPS)
 def test_a_bad_file_of_the_user_s_own_is_named_with_its_line(tmp_path, python, prog, body, line):
     path = deployment_file(tmp_path, body)
-    done = run_cli("--config-dir", "conf", "deployment=mine", cwd=tmp_path, python=python)
+    done = run_app("--config-dir", "conf", "deployment=mine", cwd=tmp_path, python=python)
     assert_one_paragraph(done, prog, str(path.resolve()), f"line {line}")
 
 
@@ -87,7 +88,7 @@ def test_a_deployment_file_without_its_header_is_named_with_the_fix(tmp_path, py
     path = tmp_path / "conf" / "deployment" / "mine.yaml"
     path.parent.mkdir(parents=True)
     path.write_bytes(body)
-    done = run_cli("--config-dir", "conf", "deployment=mine", cwd=tmp_path, python=python)
+    done = run_app("--config-dir", "conf", "deployment=mine", cwd=tmp_path, python=python)
     assert_one_paragraph(done, prog, "conf/deployment/mine.yaml", "`# @package _global_`")
 
 
@@ -115,7 +116,7 @@ NOT_A_NAME = [
 @pytest.mark.parametrize(("args", "value"), NOT_A_NAME)
 @pytest.mark.parametrize(("python", "prog"), APPS)
 def test_a_deployment_is_one_plain_name(tmp_path, python, prog, args, value):
-    done = run_cli(*args, cwd=tmp_path, python=python)
+    done = run_app(*args, cwd=tmp_path, python=python)
     assert_one_paragraph(done, prog, f"{value} is not a deployment", A_DEPLOYMENT)
     assert done.stdout == ""
 
@@ -123,22 +124,22 @@ def test_a_deployment_is_one_plain_name(tmp_path, python, prog, args, value):
 def test_a_setting_missing_from_the_user_s_resource_is_offered_with_a_plus(tmp_path):
     deployment_file(tmp_path, b"resources:\n  layers:\n    l49:\n      labels: [decode]\n")
     key = "resources.layers.l49.declared_mb"
-    done = run_cli("--config-dir", "conf", "deployment=mine", f"{key}=7", cwd=tmp_path)
+    done = run_app("--config-dir", "conf", "deployment=mine", f"{key}=7", cwd=tmp_path)
     assert_one_paragraph(done, "mstar-resources", f"add it with a plus: +{key}=VALUE")
-    done = run_cli("--config-dir", "conf", "deployment=mine", f"+{key}=7", cwd=tmp_path)
+    done = run_app("--config-dir", "conf", "deployment=mine", f"+{key}=7", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "layers.l49" in done.stdout and " 7 " in done.stdout
 
 
 @pytest.mark.parametrize(("python", "prog"), APPS)
 def test_a_number_of_thousands_of_digits_is_one_paragraph(tmp_path, python, prog):
-    done = run_cli(f"deployment={A_DEPLOYMENT}", f"{D}={'9' * 5000}", cwd=tmp_path, python=python)
+    done = run_app(f"deployment={A_DEPLOYMENT}", f"{D}={'9' * 5000}", cwd=tmp_path, python=python)
     assert_one_paragraph(done, prog, f"{D}=999999999999... has 5,000 digits")
 
 
 def test_the_user_s_own_deployments_are_listed_too(tmp_path):
     deployment_file(tmp_path, b"resources: {}\n")
-    done = run_cli("--config-dir", "conf", "deployment=../mine", cwd=tmp_path)
+    done = run_app("--config-dir", "conf", "deployment=../mine", cwd=tmp_path)
     assert_one_paragraph(done, "mstar-resources", "deployment=../mine", "mine", A_DEPLOYMENT)
 
 
@@ -158,7 +159,7 @@ NOT_RUN = [
 @pytest.mark.parametrize(("args", "named"), NOT_RUN)
 @pytest.mark.parametrize(("python", "prog"), APPS)
 def test_what_the_apps_do_not_run_is_one_paragraph(tmp_path, python, prog, args, named):
-    done = run_cli(*args, cwd=tmp_path, python=python)
+    done = run_app(*args, cwd=tmp_path, python=python)
     assert_one_paragraph(done, prog, *named)
     assert "--multirun" not in done.stderr  # the apps refuse it
     assert list(tmp_path.iterdir()) == []  # no log file
@@ -183,9 +184,9 @@ WRONG_TYPES = [
 def test_a_wrong_type_in_a_file_is_told_as_on_the_command_line(tmp_path, python, prog, value):
     body = f"resources:\n  attn:\n    decode:\n      declared_mb: {value}\n"
     deployment_file(tmp_path, body.encode())
-    from_file = run_cli("--config-dir", "conf", "deployment=mine", cwd=tmp_path, python=python)
+    from_file = run_app("--config-dir", "conf", "deployment=mine", cwd=tmp_path, python=python)
     assert_one_paragraph(from_file, prog, f"{D}=")
-    from_command_line = run_cli(f"{D}={value}", cwd=tmp_path, python=python)
+    from_command_line = run_app(f"{D}={value}", cwd=tmp_path, python=python)
     assert from_file.stderr == from_command_line.stderr
 
 
@@ -218,7 +219,7 @@ def test_what_there_is_to_pick_reads_well(tmp_path, python, prog, args, named):
     config = PRIMARY_CONFIG[prog]
     other = next(c for c in PRIMARY_CONFIG.values() if c != config)
     fill = {"own": str(own), "folder": str(own.parent), "config": config, "other": other}
-    done = run_cli(*(arg.format(**fill) for arg in args), cwd=tmp_path, python=python)
+    done = run_app(*(arg.format(**fill) for arg in args), cwd=tmp_path, python=python)
     assert_one_paragraph(done, prog, *(text.format(**fill) for text in named))
     assert " ;" not in done.stderr and ", ;" not in done.stderr and "one of ;" not in done.stderr
 

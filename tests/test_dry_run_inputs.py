@@ -13,13 +13,13 @@ from mstar_resources import ResourceConfigError, check_calibration, resolve, sch
 from mstar_resources.schema import MAX_ITEMS, Resource
 
 from .conftest import compose_shipped
-from .test_cli import run_cli
+from .test_cli import run_app
 
 CAL = "deployment=llama3-8b-h200_calibrated"
 
 
 def test_a_calibrated_floor_shows_as_calibrated_with_its_need_and_margin(tmp_path):
-    done = run_cli(CAL, cwd=tmp_path)
+    done = run_app(CAL, cwd=tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
     assert lines[2].split()[5] == lines[3].split()[5] == "calibrated"
@@ -31,7 +31,7 @@ def test_a_calibrated_floor_shows_as_calibrated_with_its_need_and_margin(tmp_pat
 
 
 def test_a_floor_set_over_the_calibrated_one_is_declared(tmp_path):
-    done = run_cli(CAL, "resources.attn.decode.declared_mb=96", "format=json", cwd=tmp_path)
+    done = run_app(CAL, "resources.attn.decode.declared_mb=96", "format=json", cwd=tmp_path)
     report = json.loads(done.stdout)
     sources = {r["path"]: r["floor_source"] for r in report["resources"]}
     assert sources == {"attn.prefill": "declared", "attn.decode": "declared"}
@@ -42,7 +42,7 @@ def test_a_floor_set_over_the_calibrated_one_is_declared(tmp_path):
 
 
 def test_an_int_floor_set_over_the_calibrated_one_is_declared(tmp_path):
-    done = run_cli(CAL, "resources.attn.decode.int_declared_mb=4", "format=json", cwd=tmp_path)
+    done = run_app(CAL, "resources.attn.decode.int_declared_mb=4", "format=json", cwd=tmp_path)
     report = json.loads(done.stdout)
     decode = next(r for r in report["resources"] if r["path"] == "attn.decode")
     assert (decode["int_floor_mb"], decode["int_floor_source"]) == (4, "declared")
@@ -62,7 +62,7 @@ def test_an_int_floor_set_over_the_calibrated_one_is_declared(tmp_path):
 def test_a_calibration_that_no_longer_matches_its_record_is_flagged_naming_the_field(
     tmp_path, override, named
 ):
-    done = run_cli(CAL, override, cwd=tmp_path)
+    done = run_app(CAL, override, cwd=tmp_path)
     assert done.returncode == 0
     (warning,) = done.stderr.splitlines()
     assert warning.startswith(
@@ -90,7 +90,7 @@ def test_a_calibration_that_no_longer_matches_its_record_is_flagged_naming_the_f
     ],
 )  # fmt: skip
 def test_bad_input_is_one_paragraph_naming_it(tmp_path, args, env, named):
-    done = run_cli(*args, cwd=tmp_path, env=env)
+    done = run_app(*args, cwd=tmp_path, env=env)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("mstar-resources: error: ") and named in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

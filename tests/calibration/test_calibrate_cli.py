@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ..test_cli import run_cli
+from ..test_cli import run_app, run_cli
 
 CALIBRATE = ["-m", "mstar_resources.calibration.cli"]
 
@@ -54,7 +54,7 @@ CALIBRATE = ["-m", "mstar_resources.calibration.cli"]
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_paragraph(tmp_path, args, message):
-    done = run_cli(*args, cwd=tmp_path, python=[sys.executable, *CALIBRATE])
+    done = run_app(*args, cwd=tmp_path, python=[sys.executable, *CALIBRATE])
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert done.stderr.startswith("mstar-resources-calibrate: error: ")
@@ -79,7 +79,7 @@ def test_an_output_dir_that_cannot_be_made_is_refused_before_the_gpu(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     args = ["deployment=llama3-8b-h200", f"output_dir={blocker}/deployment"]
-    done = run_cli(*args, cwd=work, python=[sys.executable, *CALIBRATE])
+    done = run_app(*args, cwd=work, python=[sys.executable, *CALIBRATE])
     assert done.returncode == 2, done.stderr
     assert re.search(
         rf"output_dir='{re.escape(str(blocker))}/deployment' can't take the calibrated "

@@ -19,7 +19,7 @@ from mstar_resources.replay.model import ModelSizes
 from mstar_resources.units import MIB
 
 from ..conftest import compose_shipped
-from ..test_cli import run_cli
+from ..test_cli import run_app, run_cli
 from .test_report import OVERFLOW, readme_run, setup_result
 
 SCRIPT = str(Path(__file__).parents[2] / "scripts" / "replay.py")
@@ -102,7 +102,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
 )  # fmt: skip
 def test_bad_settings_are_one_paragraph_and_exit_2(tmp_path, traces, args, env, message):
     args = [arg.replace("{traces}", str(traces)) for arg in args]
-    done = run_cli(*args, cwd=tmp_path, env=env, python=[sys.executable, SCRIPT])
+    done = run_app(*args, cwd=tmp_path, env=env, python=[sys.executable, SCRIPT])
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.startswith("replay: error: ")
     assert re.search(message, " ".join(done.stderr.split())), done.stderr
@@ -115,7 +115,7 @@ def test_without_a_gpu_it_says_so(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible; test_replay_gpu runs the replay")
-    done = run_cli(DEPLOYMENT, "layers=1", cwd=tmp_path, python=[sys.executable, SCRIPT])
+    done = run_app(DEPLOYMENT, "layers=1", cwd=tmp_path, python=[sys.executable, SCRIPT])
     assert done.returncode == 2
     assert "torch sees no CUDA device" in done.stderr and "the replay runs on a GPU" in done.stderr
 
@@ -127,13 +127,13 @@ def test_the_gpu_is_looked_for_before_a_trace_file_is_read(tmp_path, traces):
         pytest.skip("a CUDA device is visible; test_replay_gpu runs the replay")
     # A file the dry run refuses (the table above) is not even read without a GPU.
     bad = traces / "negative.csv"
-    done = run_cli(DEPLOYMENT, f"trace={bad}", cwd=tmp_path, python=[sys.executable, SCRIPT])
+    done = run_app(DEPLOYMENT, f"trace={bad}", cwd=tmp_path, python=[sys.executable, SCRIPT])
     assert done.returncode == 2, done.stderr
     assert "torch sees no CUDA device" in done.stderr and "trace file" not in done.stderr
 
 
 def test_a_dry_run_reads_and_schedules_a_trace_without_a_gpu(tmp_path, traces):
-    done = run_cli(DEPLOYMENT, f"trace={traces / 'good.csv'}", "dry_run=true", cwd=tmp_path,
+    done = run_app(DEPLOYMENT, f"trace={traces / 'good.csv'}", "dry_run=true", cwd=tmp_path,
                    python=[sys.executable, SCRIPT])  # fmt: skip
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     trace, busiest, last = done.stdout.splitlines()
@@ -158,7 +158,7 @@ def test_the_report_dir_is_checked_before_anything_runs_and_made_only_to_write(t
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible; test_replay_gpu runs the replay")
     report_dir = tmp_path / "new" / "replay"
-    done = run_cli(DEPLOYMENT, f"report_dir={report_dir}", cwd=tmp_path,
+    done = run_app(DEPLOYMENT, f"report_dir={report_dir}", cwd=tmp_path,
                    python=[sys.executable, SCRIPT])  # fmt: skip
     assert done.returncode == 2 and "torch sees no CUDA device" in done.stderr
     assert list(tmp_path.iterdir()) == []  # nothing left behind by a run that could not start
