@@ -1,4 +1,5 @@
-"""``mstar-resources`` run as a program, in a subprocess, in an empty working directory."""
+"""``mstar-resources`` run as a program, in an empty working directory: in a subprocess, or (the
+tables of bad input) in this process with `run_app`."""
 
 from __future__ import annotations
 
