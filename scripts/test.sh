@@ -21,6 +21,12 @@ if [ -n "${MSTAR_TORCH:-}" ] || ! "$py" -c "import torch" 2>/dev/null; then
   "${pip_install[@]}" "${torch_spec[@]}"
 fi
 "${pip_install[@]}" -e '.[test]'
+# mypy checks types on its own core (one process) beside FlashInfer's install, ruff and the
+# tests; what it finds is printed after them, and fails the command as they would.
+mypy_report=.venv/mypy-report.txt
+.venv/bin/mypy > "$mypy_report" 2>&1 &
+mypy_pid=$!
+trap 'kill "$mypy_pid" 2> /dev/null || true' EXIT  # a step that fails ends mypy too
 # FlashInfer's wheel alone, without its dependencies: tests/attn/test_overflow.py checks the
 # overflow-text fixture (mstar_resources/attn/flashinfer_overflow.json) against the C++ headers the wheel
 # ships, which it finds without importing FlashInfer, so it needs no CUDA and no GPU; without the
@@ -30,6 +36,14 @@ fi
 "${pip_install[@]}" --no-deps flashinfer-python==0.7.4
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
 # One worker a core (pytest-xdist); `bash scripts/test.sh -n 0` runs in this process alone.
-"$py" -m pytest -n auto "$@"
+status=0
+"$py" -m pytest -n auto "$@" || status=$?
+mypy_status=0
+wait "$mypy_pid" || mypy_status=$?
+cat "$mypy_report"
+if [ "$mypy_status" -ne 0 ]; then
+  echo "mypy failed (status $mypy_status)" >&2
+  exit "$mypy_status"
+fi
+exit "$status"
