@@ -149,19 +149,48 @@ ENGINE_CHOICES = ("vllm", "sglang", "none")
 """``--engine``'s values: an engine's plans (``calibration.engine``), or the profile's own."""
 
 
+def shipped_deployments() -> list[str]:
+    """The deployments shipped in ``conf/deployment``, listed (nothing composed)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module("mstar_resources.conf", version_base="1.3"):
+        return GlobalHydra.instance().config_loader().get_group_options("deployment")
+
+
+def is_profiled(deployment: str) -> bool:
+    """Whether the shipped ``deployment`` carries a ``calibration`` profile, composed to tell."""
+    return compose_deployment(deployment).get(PROFILE_KEY) is not None
+
+
 def profiled_deployments() -> list[str]:
     """The deployments shipped in ``conf/deployment`` that carry a ``calibration`` profile (the
     ones a curve can be measured for), each composed to tell."""
-    GlobalHydra.instance().clear()
-    register_settings("mstar_resources", DryRunSettings)  # as the dry run does
-    with initialize_config_module("mstar_resources.conf", version_base="1.3"):
-        names = GlobalHydra.instance().config_loader().get_group_options("deployment")
-        return [
-            name
-            for name in names
-            if compose("mstar_resources", overrides=[f"deployment={name}"]).get(PROFILE_KEY)
-            is not None
-        ]
+    return [name for name in shipped_deployments() if is_profiled(name)]
+
+
+def profiled_deployment(text: str) -> str:
+    """``text``, where it names a profiled deployment; else a refusal that lists the profiled
+    ones. The named deployment alone is composed, unless it is refused."""
+    if text in shipped_deployments() and is_profiled(text):
+        return text
+    return one_of(profiled_deployments(), "profiled deployment", fix=NO_PROFILE)(text)
+
+
+NO_PROFILE = f"a profiled deployment carries the `{PROFILE_KEY}` profile the curve is measured from"
+
+
+class HelpListingDeployments(argparse.Action):
+    """``-h``/``--help``: the help, with the profiled deployments listed under ``deployment``
+    (composed only when help is asked for)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, deployment: argparse.Action):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show this help message and exit")  # fmt: skip
+        self.deployment = deployment
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        self.deployment.help = f"{self.deployment.help}: {', '.join(profiled_deployments())}"
+        parser.print_help()
+        parser.exit()
 
 
 def settings(
@@ -352,23 +381,20 @@ def check_json(parser: argparse.ArgumentParser, path: Path | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    profiled = profiled_deployments()
-    deployment_type = one_of(
-        profiled,
-        "profiled deployment",
-        fix=f"a profiled deployment carries the `{PROFILE_KEY}` profile the curve is measured from",
-    )
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
+    positional_deployment = parser.add_argument(
         "deployment",
         nargs="?",
-        type=deployment_type,
-        help=f"the deployment to measure (default {DEPLOYMENT}); one of {', '.join(profiled)}",
+        type=profiled_deployment,
+        help=f"the deployment to measure (default {DEPLOYMENT}), one with a profile",
+    )
+    parser.add_argument(
+        "-h", "--help", action=HelpListingDeployments, deployment=positional_deployment
     )
     parser.add_argument(
         "--deployment",
         dest="deployment_option",
-        type=deployment_type,
+        type=profiled_deployment,
         metavar="NAME",
         help="the same, as an option",
     )

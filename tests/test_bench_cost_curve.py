@@ -22,6 +22,8 @@ from mstar_resources.calibration.profile import CalibrationProfile
 from mstar_resources.resolver import ResolvedResource
 from mstar_resources.units import MIB
 
+from .test_cli import run_app
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SCRIPT = SCRIPTS / "bench_cost_curve.py"
 
@@ -102,14 +104,15 @@ def assert_refused(done: subprocess.CompletedProcess, flag: str, value: str, *al
 def test_bad_arguments_are_refused(
     tmp_path: Path, args: list[str], flag: str, value: str, also: list[str]
 ) -> None:
-    assert_refused(run(*args, cwd=tmp_path), flag, value, *also)
+    assert_refused(run_app(*args, cwd=tmp_path, python=[sys.executable, str(SCRIPT)]), flag,
+                   value, *also)  # fmt: skip
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("flag", ["--json", "--png"])
 def test_an_output_in_a_missing_folder_is_refused(tmp_path: Path, flag: str) -> None:
     path = tmp_path / "missing" / "out"
-    done = run(flag, str(path), cwd=tmp_path)
+    done = run_app(flag, str(path), cwd=tmp_path, python=[sys.executable, str(SCRIPT)])
     assert_refused(done, flag, str(path), "does not exist")
     assert len(done.stderr.splitlines()) == 1  # refused by the script: no usage
     assert list(tmp_path.iterdir()) == []
@@ -117,7 +120,7 @@ def test_an_output_in_a_missing_folder_is_refused(tmp_path: Path, flag: str) -> 
 
 @pytest.mark.parametrize("flag", ["--json", "--png"])
 def test_an_output_that_is_a_folder_is_refused(tmp_path: Path, flag: str) -> None:
-    done = run(flag, str(tmp_path), cwd=tmp_path)
+    done = run_app(flag, str(tmp_path), cwd=tmp_path, python=[sys.executable, str(SCRIPT)])
     assert_refused(done, flag, str(tmp_path), "a folder, not a file")
     assert list(tmp_path.iterdir()) == []
 
@@ -160,6 +163,14 @@ def test_only_deployments_with_a_profile_are_offered(curve: ModuleType) -> None:
     assert {"llama3-8b-h200", "llama3-70b-tp8-h200", "deepseek-v3-tp8-h200"} <= set(offered)
     assert curve.DEPLOYMENT in offered
     assert "none" not in offered
+
+
+def test_help_lists_the_deployments_with_a_profile(tmp_path: Path, curve: ModuleType) -> None:
+    done = run_app("--help", cwd=tmp_path, python=[sys.executable, str(SCRIPT)])
+    assert (done.returncode, done.stderr) == (0, "")
+    listed = " ".join(done.stdout.split()).split("one with a profile: ")[1].split(" options:")[0]
+    assert listed.split(", ") == curve.profiled_deployments()
+    assert list(tmp_path.iterdir()) == []
 
 
 def fake_measurement(

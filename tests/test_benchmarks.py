@@ -16,6 +16,8 @@ from types import ModuleType
 
 import pytest
 
+from .test_cli import run_app
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 # Where FlashInfer is installed (a GPU machine), the plan-overhead default would also build and
@@ -165,7 +167,7 @@ def test_default_run_prints_a_table_and_writes_nothing(
 @pytest.mark.parametrize("script", [p.values[0] for p in FAST])
 def test_png_in_a_missing_folder_is_a_usage_error(tmp_path: Path, script: str) -> None:
     png = tmp_path / "missing" / "plot.png"
-    done = run(script, "--png", str(png), cwd=tmp_path)
+    done = run_app("--png", str(png), cwd=tmp_path, python=[sys.executable, str(SCRIPTS / script)])
     assert done.returncode == 2
     assert done.stdout == ""
     [line] = done.stderr.splitlines()
@@ -203,7 +205,7 @@ def test_png_writes_the_figure(tmp_path: Path, script: str, args: list[str], hea
 def test_bad_input_is_a_usage_error(
     tmp_path: Path, script: str, args: list[str], flag: str, value: str, also: str
 ) -> None:
-    done = run(script, *args, cwd=tmp_path)
+    done = run_app(*args, cwd=tmp_path, python=[sys.executable, str(SCRIPTS / script)])
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert "Traceback" not in done.stderr

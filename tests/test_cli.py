@@ -84,7 +84,11 @@ def run_app(
         (script,) = program = target
 
         def start() -> None:
-            runpy.run_path(script, run_name="__main__")
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT`
+            try:
+                runpy.run_path(script, run_name="__main__")
+            finally:
+                sys.path.pop(0)
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
