@@ -47,6 +47,32 @@ def assert_one_paragraph(done: subprocess.CompletedProcess, prog: str, *named: s
         assert text in done.stderr, f"{text!r} not named in {done.stderr!r}"
 
 
+# Each kind of run the tables below make: (arguments, exit status)
+RUNS = [
+    pytest.param([f"{D}=0"], 2, id="refused-setting"),
+    pytest.param(["--config-dir", "conf", "deployment=mine"], 2, id="broken-file-of-the-user-s"),
+    pytest.param(["--cfg", "job"], 0, id="through-hydra-main"),
+]
+
+
+@pytest.mark.parametrize(("args", "status"), RUNS)
+@pytest.mark.parametrize(("python", "prog"), APPS)
+def test_an_app_run_in_this_process_is_what_it_is_as_a_process(
+    tmp_path, python, prog, args, status
+):
+    """What run_app's tables rest on: the same status, stdout and stderr as run_cli's."""
+    deployment_file(tmp_path, b"resources: {attn: {decode: {declared_mb: [1\n")
+    in_process = run_app(*args, cwd=tmp_path, python=python)
+    as_a_process = run_cli(*args, cwd=tmp_path, python=python)
+    assert (in_process.returncode, in_process.stdout, in_process.stderr) == (
+        as_a_process.returncode, as_a_process.stdout, as_a_process.stderr,
+    )  # fmt: skip
+    assert in_process.returncode == status
+    assert (in_process.stderr if status else in_process.stdout).startswith(
+        f"{prog}: error: " if status else "resources:"
+    )
+
+
 def deployment_file(tmp_path: Path, body: bytes) -> Path:
     """``deployment/mine.yaml`` in a config folder of the user's own, holding ``body``."""
     folder = tmp_path / "conf" / "deployment"

@@ -107,11 +107,11 @@ def run_app(
             try:
                 start()
                 status = 0
-            except SystemExit as exit:
-                status = exit.code if isinstance(exit.code, int) else (exit.code is not None)
-                if isinstance(exit.code, str):
+            except SystemExit as exit:  # as the interpreter reads it
+                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+                if not isinstance(exit.code, int | None):
                     print(exit.code, file=sys.stderr)
-            except BaseException:
+            except Exception:  # a KeyboardInterrupt stops the tests, as it would
                 traceback.print_exc()
                 status = 1
     finally:
@@ -124,9 +124,7 @@ def run_app(
         for name in [name for name in store if name.endswith(SETTINGS)]:
             del store[name]
         store.update(saved_settings)
-    return subprocess.CompletedProcess(
-        [*program, *args], int(status), out.getvalue(), err.getvalue()
-    )
+    return subprocess.CompletedProcess([*program, *args], status, out.getvalue(), err.getvalue())
 
 
 def test_the_dry_run_prints_the_default_tree_and_leaves_the_directory_empty(tmp_path):
