@@ -28,9 +28,9 @@ mypy_report=.venv/mypy-report.txt
 mypy_pid=$!
 trap 'kill "$mypy_pid" 2> /dev/null || true' EXIT  # a step that fails ends mypy too
 # FlashInfer's wheel alone, without its dependencies: tests/attn/test_overflow.py checks the
-# overflow-text fixture (mstar_resources/attn/flashinfer_overflow.json) against the C++ headers the wheel
-# ships, which it finds without importing FlashInfer, so it needs no CUDA and no GPU; without the
-# wheel that check would skip. `import flashinfer` may fail here for want of its dependencies:
+# overflow-text fixture (mstar_resources/attn/flashinfer_overflow.json) against the C++ headers
+# the wheel ships, which it finds without importing FlashInfer, so it needs no CUDA and no GPU;
+# without the wheel that check would skip. `import flashinfer` may fail here for want of its dependencies:
 # the tests that need it (marked gpu or flashinfer) skip cleanly. Pinned to the version the
 # fixture was taken from (a pure-Python wheel of about 100 MB).
 "${pip_install[@]}" --no-deps flashinfer-python==0.7.4

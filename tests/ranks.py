@@ -5,8 +5,9 @@ of blocking the run. gloo ranks work on the CPU; NCCL ranks each take the GPU of
 
 Ranks are forked from multiprocessing's fork server, started once a test process with torch and
 the first scenario's module imported: a rank costs a fork, not a fresh interpreter's import of
-torch (about 3 s of CPU each on a CI machine). The server is a single-threaded process that never
-touched CUDA, so forking it is safe for gloo and NCCL alike.
+torch (about 3 s of CPU each on a CI machine). The server is a single-threaded process that
+imports torch but initialises no CUDA: each rank initialises its own after the fork, as a spawned
+rank would.
 """
 
 from __future__ import annotations
