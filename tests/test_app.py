@@ -18,7 +18,7 @@ from mstar_resources.apps.settings import DryRunSettings
 from mstar_resources.calibration.settings import CalibrateSettings
 from mstar_resources.replay.settings import ReplaySettings
 
-from .test_cli import run_cli
+from .apps import run_cli
 
 ROOT = Path(__file__).parents[1]
 DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from .apps import run_app, run_cli
 from .conftest import VAR
-from .test_cli import run_app, run_cli
 
 ROOT = Path(__file__).parents[1]
 DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]

@@ -22,7 +22,7 @@ from mstar_resources.calibration.profile import CalibrationProfile
 from mstar_resources.resolver import ResolvedResource
 from mstar_resources.units import MIB
 
-from .test_cli import run_app
+from .apps import run_app
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SCRIPT = SCRIPTS / "bench_cost_curve.py"

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from .test_cli import run_app
+from .apps import run_app
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .test_cli import run_cli
+from .apps import run_cli
 
 pytestmark = pytest.mark.gpu
 

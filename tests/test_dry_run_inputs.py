@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from mstar_resources import ResourceConfigError, check_calibration, resolve, schema
 from mstar_resources.schema import MAX_ITEMS, Resource
 
+from .apps import run_app
 from .conftest import compose_shipped
-from .test_cli import run_app
 
 CAL = "deployment=llama3-8b-h200_calibrated"
 

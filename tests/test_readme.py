@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_cli import run_cli
+from .apps import run_cli
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ..test_cli import run_app, run_cli
+from ..apps import run_app, run_cli
 
 CALIBRATE = ["-m", "mstar_resources.calibration.cli"]
 

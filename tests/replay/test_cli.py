@@ -18,8 +18,8 @@ from mstar_resources.replay.engine import SealedOverflow
 from mstar_resources.replay.model import ModelSizes
 from mstar_resources.units import MIB
 
+from ..apps import run_app, run_cli
 from ..conftest import compose_shipped
-from ..test_cli import run_app, run_cli
 from .test_report import OVERFLOW, readme_run, setup_result
 
 SCRIPT = str(Path(__file__).parents[2] / "scripts" / "replay.py")
