@@ -218,121 +218,157 @@ def hydra_app(
     that sets ``hydra/job_logging: none`` and no output folder, since the run then skips Hydra's
     job set-up.
     """
-    invoked = command or prog
-    full_error = _FullError()
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
-        @functools.wraps(run)  # Hydra finds a relative config_path beside ``run``'s module
-        def task(cfg: DictConfig) -> None:
-            # Raised out of here, an error would reach Hydra's job runner, which reports it as a
-            # failed job; a BaseException passes it by.
-            with full_error.as_the_user_set_it():
-                try:
-                    run(cfg)
-                except ResourceUsageError as error:  # the app's own bug: its traceback
-                    raise _RaisedByTheApp(error) from None
-                except ResourceConfigError as error:
-                    fail(prog, str(error))
-                except (SystemExit, KeyboardInterrupt, _StdoutFailed):
-                    raise
-                except BaseException as error:
-                    raise _RaisedByTheApp(error) from None
-
-        hydra_main = hydra.main(
-            version_base="1.3", config_path=config_path, config_name=config_name
-        )(task)
-
-        def start(args: list[str]) -> None:
-            if VERSION_FLAG in args:
-                if version is None:
-                    print(f"{prog} (built with mstar-resources {package_version()})")
-                else:
-                    print(f"{prog} {version if isinstance(version, str) else version()}")
-                return
-            if MULTIRUN_FLAGS & set(args):
-                fail(
-                    prog,
-                    "-m (--multirun) is not supported: Hydra's sweeper would run a job per value "
-                    f"and write multirun.yaml beside them; run {prog} once per value instead",
-                )
-            refused = _refused(prog, invoked, args, compose_once=compose_once)
-            if refused is not None:
-                fail(prog, refused)
-            line = _command_line(args)
-            config_dir = line.config_dir if line is not None else None
-            folders = [_config_folder(config_path, run)]
-            if config_dir is not None:
-                folders.append(Path(config_dir).resolve())
-
-            def listed(group: str) -> list[str]:
-                """The options of config group ``group`` ("": the primary configs) where the
-                app finds its configs, and in the user's ``--config-dir``."""
-                composing = GlobalHydra.instance().is_initialized()  # no --config-dir then
-                with _hydra_initialized(config_path, run):
-                    names = set(_group_options(group, config_name))
-                if not group:  # the other primary configs there are other apps'
-                    names &= {config_name}
-                if config_dir is not None and os.path.isdir(config_dir) and not composing:
-                    folder = os.path.abspath(config_dir)
-                    with initialize_config_dir(folder, version_base="1.3"):
-                        names |= set(_group_options(group, None))
-                if not group:  # the app's settings schemas are no primary configs
-                    stored = ConfigStore.instance().list("")
-                    names -= {
-                        name.removesuffix(".yaml") for name in stored if name.endswith(".yaml")
-                    }
-                return sorted(name for name in names if not name.startswith("_"))
-
-            # Before composing, which would merge `deployment=[a,b]` without a word and compose
-            # `deployment=../resources/default` forever.
-            overrides = _parsed(line.overrides) if line is not None else []
-            refused = _group_value_problem(overrides, listed)
-            if refused is not None:
-                fail(prog, f"{refused}; `{invoked} --help` lists the settings")
-            if not compose_once or any(arg.startswith("-") for arg in args):
-                with _compose_errors_reported(prog, invoked, line, listed, full_error, folders):
-                    hydra_main()
-                return
-            with _config_source(config_path, run):
-                with _compose_errors_reported(prog, invoked, line, listed, full_error, folders):
-                    cfg = compose(config_name, overrides=args, return_hydra_config=True)
-                # What @hydra.main does before it calls the task (HydraConfig.get() in the app,
-                # its logging config), which the compose API leaves undone; hydra.core's own calls.
-                HydraConfig.instance().set_config(cfg)
-                configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
-                with open_dict(cfg):
-                    del cfg["hydra"]
-                task(cfg)
+        app = _App(prog, command or prog, config_name, config_path, run, compose_once, version)
 
         def main() -> None:
             if settings is not None:
                 register_settings(config_name, settings)
-            try:
-                with _options_resolver(config_name), _stdout_watched():
-                    start(sys.argv[1:])
-            except _RaisedByTheApp as carried:
-                error = carried.error
-            except _StdoutFailed as failed:
-                _stdout_to_devnull()
-                if isinstance(failed.error, BrokenPipeError):
-                    # The reader went away (`| head`): what it read was all it wanted.
-                    raise SystemExit(0) from None
-                fail(
-                    prog,
-                    f"stdout can't take the output ({failed.error.strerror}); send it to a file "
-                    "or pipe that can, e.g. > output.txt",
-                )
-            except KeyboardInterrupt:
-                print(f"{prog}: interrupted", file=sys.stderr)
-                raise SystemExit(INTERRUPTED) from None
-            else:
-                return
-            raise error  # out of the except clause: the error keeps its own context
+            app.main(sys.argv[1:])
 
         main.__doc__ = f"The entry point of {prog}."
         return main
 
     return decorate
+
+
+class _App:
+    """One app of :func:`hydra_app`: ``run`` behind Hydra, with what the module's docstring says
+    it refuses, reports and keeps."""
+
+    def __init__(
+        self,
+        prog: str,
+        invoked: str,
+        config_name: str,
+        config_path: str,
+        run: Callable[[DictConfig], None],
+        compose_once: bool,
+        version: str | Callable[[], str] | None,
+    ) -> None:
+        self.prog, self.invoked, self.version = prog, invoked, version
+        self.config_name, self.config_path, self.run = config_name, config_path, run
+        self.compose_once = compose_once
+        self.full_error = _FullError()
+        self.task = self._task(run)
+        self.hydra_main = hydra.main(
+            version_base="1.3", config_path=config_path, config_name=config_name
+        )(self.task)
+
+    def _task(self, run: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
+        """``run`` as Hydra calls it: the user's mistakes told, the app's own errors carried out."""
+
+        @functools.wraps(run)  # Hydra finds a relative config_path beside ``run``'s module
+        def task(cfg: DictConfig) -> None:
+            # Raised out of here, an error would reach Hydra's job runner, which reports it as a
+            # failed job; a BaseException passes it by.
+            with self.full_error.as_the_user_set_it():
+                try:
+                    run(cfg)
+                except ResourceUsageError as error:  # the app's own bug: its traceback
+                    raise _RaisedByTheApp(error) from None
+                except ResourceConfigError as error:
+                    fail(self.prog, str(error))
+                except (SystemExit, KeyboardInterrupt, _StdoutFailed):
+                    raise
+                except BaseException as error:
+                    raise _RaisedByTheApp(error) from None
+
+        return task
+
+    def main(self, args: list[str]) -> None:
+        """Run on the command line's ``args``: how each way out ends (module docstring)."""
+        try:
+            with _options_resolver(self.config_name), _stdout_watched():
+                self._start(args)
+        except _RaisedByTheApp as carried:
+            error = carried.error
+        except _StdoutFailed as failed:
+            _stdout_to_devnull()
+            if isinstance(failed.error, BrokenPipeError):
+                # The reader went away (`| head`): what it read was all it wanted.
+                raise SystemExit(0) from None
+            fail(
+                self.prog,
+                f"stdout can't take the output ({failed.error.strerror}); send it to a file or "
+                "pipe that can, e.g. > output.txt",
+            )
+        except KeyboardInterrupt:
+            print(f"{self.prog}: interrupted", file=sys.stderr)
+            raise SystemExit(INTERRUPTED) from None
+        else:
+            return
+        raise error  # out of the except clause: the error keeps its own context
+
+    def _start(self, args: list[str]) -> None:
+        prog, invoked = self.prog, self.invoked
+        if VERSION_FLAG in args:
+            print(f"{prog} {self._version()}")
+            return
+        if MULTIRUN_FLAGS & set(args):
+            fail(
+                prog,
+                "-m (--multirun) is not supported: Hydra's sweeper would run a job per value "
+                f"and write multirun.yaml beside them; run {prog} once per value instead",
+            )
+        refused = _refused(prog, invoked, args, compose_once=self.compose_once)
+        if refused is not None:
+            fail(prog, refused)
+        line = _command_line(args)
+        config_dir = line.config_dir if line is not None else None
+        folders = [_config_folder(self.config_path, self.run)]
+        if config_dir is not None:
+            folders.append(Path(config_dir).resolve())
+
+        def listed(group: str) -> list[str]:
+            return self._listed(group, config_dir)
+
+        # Before composing, which would merge `deployment=[a,b]` without a word and compose
+        # `deployment=../resources/default` forever.
+        overrides = _parsed(line.overrides) if line is not None else []
+        refused = _group_value_problem(overrides, listed)
+        if refused is not None:
+            fail(prog, f"{refused}; `{invoked} --help` lists the settings")
+        reported = functools.partial(
+            _compose_errors_reported, prog, invoked, line, listed, self.full_error, folders
+        )
+        if not self.compose_once or any(arg.startswith("-") for arg in args):
+            with reported():
+                self.hydra_main()
+            return
+        with _config_source(self.config_path, self.run):
+            with reported():
+                cfg = compose(self.config_name, overrides=args, return_hydra_config=True)
+            # What @hydra.main does before it calls the task (HydraConfig.get() in the app, its
+            # logging config), which the compose API leaves undone; hydra.core's own calls.
+            HydraConfig.instance().set_config(cfg)
+            configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
+            with open_dict(cfg):
+                del cfg["hydra"]
+            self.task(cfg)
+
+    def _version(self) -> str:
+        """What ``--version`` prints after the program's name."""
+        if self.version is None:
+            return f"(built with mstar-resources {package_version()})"
+        return self.version if isinstance(self.version, str) else self.version()
+
+    def _listed(self, group: str, config_dir: str | None) -> list[str]:
+        """The options of config group ``group`` ("": the primary configs) where the app finds
+        its configs, and in the user's ``--config-dir``."""
+        composing = GlobalHydra.instance().is_initialized()  # no --config-dir then
+        with _hydra_initialized(self.config_path, self.run):
+            names = set(_group_options(group, self.config_name))
+        if not group:  # the other primary configs there are other apps'
+            names &= {self.config_name}
+        if config_dir is not None and os.path.isdir(config_dir) and not composing:
+            with initialize_config_dir(os.path.abspath(config_dir), version_base="1.3"):
+                names |= set(_group_options(group, None))
+        if not group:  # the app's settings schemas are no primary configs
+            stored = ConfigStore.instance().list("")
+            names -= {name.removesuffix(".yaml") for name in stored if name.endswith(".yaml")}
+        return sorted(name for name in names if not name.startswith("_"))
 
 
 class _FullError:
