@@ -1,6 +1,6 @@
 """The apps run as a user runs them, for the tests: ``run_cli`` in a subprocess, ``run_app`` in
-this process (what only a process shows stays with the first; the tables of odd input use the
-second, some 0.5 s of CPU cheaper a run)."""
+this process. What only a process shows stays with the first; the tables of odd input use the
+second, which saves each run a fresh interpreter's half second or so of CPU."""
 
 from __future__ import annotations
 
