@@ -1,8 +1,8 @@
 """WorkspacePool.seal(group=...) across gloo ranks, each in a process of its own.
 
-Every test starts its ranks (tests/ranks.py) and waits for them with a deadline, so a rank that hangs fails the test
-instead of blocking the run. The GPU twin, with NCCL and real FlashInfer plans, is
-test_ranks_gpu.py.
+Every test starts its ranks (tests/ranks.py) and waits for them with a deadline, so a rank that
+hangs fails the test instead of blocking the run. The GPU twin, with NCCL and real FlashInfer
+plans, is test_ranks_gpu.py.
 """
 
 from __future__ import annotations
