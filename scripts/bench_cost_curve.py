@@ -167,15 +167,15 @@ def profiled_deployments() -> list[str]:
     return [name for name in shipped_deployments() if is_profiled(name)]
 
 
+NO_PROFILE = f"a profiled deployment carries the `{PROFILE_KEY}` profile the curve is measured from"
+
+
 def profiled_deployment(text: str) -> str:
     """``text``, where it names a profiled deployment; else a refusal that lists the profiled
     ones. The named deployment alone is composed, unless it is refused."""
     if text in shipped_deployments() and is_profiled(text):
         return text
     return one_of(profiled_deployments(), "profiled deployment", fix=NO_PROFILE)(text)
-
-
-NO_PROFILE = f"a profiled deployment carries the `{PROFILE_KEY}` profile the curve is measured from"
 
 
 class HelpListingDeployments(argparse.Action):
