@@ -25,11 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import torch.utils.benchmark as benchmark
-
-from mstar_resources import WorkspacePool
-
 from _args import non_negative_float, positive_int, refuse
 from _plot import add_png_option, check_png, pyplot, save
 
@@ -48,6 +43,8 @@ class Row:
 def measure(
     case: str, direct: Callable[[], object], wrapped: Callable[[], object], rounds: int, t: float
 ) -> Row:
+    import torch.utils.benchmark as benchmark
+
     def median_us(fn: Callable[[], object]) -> float:
         timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
         return timer.blocked_autorange(min_run_time=t).median * 1e6
@@ -73,6 +70,8 @@ def cpu_planner(target_us: float) -> Callable[..., object]:
             total += i * i
         return total
 
+    import torch.utils.benchmark as benchmark
+
     steps = 1000
     one = benchmark.Timer(stmt="fn()", globals={"fn": planner}).blocked_autorange(min_run_time=0.2)
     steps = max(1, round(steps * target_us / (one.median * 1e6)))
@@ -81,6 +80,10 @@ def cpu_planner(target_us: float) -> Callable[..., object]:
 
 def host_row(case: str, planner: Callable[..., object], rounds: int, t: float) -> Row:
     """``planner`` called with a decode plan's arguments, directly and through a CPU workspace."""
+    import torch
+
+    from mstar_resources import WorkspacePool
+
     workspace = WorkspacePool("cpu", size_mb=1).get("decode")
     args = (1, 2, 3, 32, 8, 128, 16)
     kwargs = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
@@ -99,6 +102,9 @@ def noop(*args: object, **kwargs: object) -> None:
 
 def gpu_row(rounds: int, t: float) -> Row:
     import flashinfer
+    import torch
+
+    from mstar_resources import WorkspacePool
 
     batch, kv_len, page = 64, 4096, 16
     pages = kv_len // page
@@ -128,6 +134,8 @@ def gpu_row(rounds: int, t: float) -> Row:
 
 def gpu_missing() -> str | None:
     """Why the FlashInfer row cannot be measured here, or None when it can."""
+    import torch
+
     if not torch.cuda.is_available():
         return "no CUDA GPU here"
     if importlib.util.find_spec("flashinfer") is None:
