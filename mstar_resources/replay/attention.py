@@ -182,11 +182,12 @@ def page_tensors(chunks: Sequence[Chunk], page: int, device: torch.device) -> Pa
     return plan_input(kv_indptr, device), plan_input(indices, device), plan_input(last, device)
 
 
-def plan_input(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """A plan's int32 input on the host, pinned where the model runs on a GPU, as vLLM plans:
-    FlashInfer's ``plan()`` reads its indptrs there without a device-to-host copy and sync, and
-    queues the copies of what the run reads (the page indices) without waiting."""
-    tensor = torch.tensor(values, dtype=torch.int32)
+def plan_input(values: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A plan's int32 input (``values``, or a host tensor of them) on the host, pinned where the
+    model runs on a GPU, as vLLM plans: FlashInfer's ``plan()`` reads its indptrs there without a
+    device-to-host copy and sync, and queues the copies of what the run reads (the page indices)
+    without waiting."""
+    tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int32)
     return tensor.pin_memory() if device.type == "cuda" else tensor
 
 
@@ -204,7 +205,3 @@ def int_tensor(
     values: Sequence[int], device: torch.device, dtype: Any = torch.int32
 ) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype, device=device)
-
-
-def strided_range(n: int, step: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(n, dtype=torch.int32, device=device) * step

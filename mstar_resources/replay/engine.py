@@ -33,7 +33,6 @@ from .attention import (
     int_tensor,
     page_tensors,
     plan_input,
-    strided_range,
     token_slots,
 )
 from .buffers import Buffers
@@ -153,17 +152,17 @@ class Setup:
             plan = profile.plans[label]
             for shape in shapes_for(plan, profile, cuda_graph=False):
                 pages = -(-shape.kv_len // self.model.shape.page_size)
-                kv_indptr = strided_range(shape.batch + 1, pages, device)
-                indices = torch.zeros(shape.batch * pages, dtype=torch.int32, device=device)
-                last = torch.full(
-                    (shape.batch,), shape.kv_len - (pages - 1) * self.model.shape.page_size,
-                    dtype=torch.int32, device=device,
-                )  # fmt: skip
+                last_page = shape.kv_len - (pages - 1) * self.model.shape.page_size
+                table = (
+                    plan_input(torch.arange(shape.batch + 1, dtype=torch.int32) * pages, device),
+                    plan_input(torch.zeros(shape.batch * pages, dtype=torch.int32), device),
+                    plan_input(torch.full((shape.batch,), last_page, dtype=torch.int32), device),
+                )
                 if role == "prefill":
-                    qo = strided_range(shape.batch + 1, shape.q_len, device)
-                    self._plan_prefill(qo, (kv_indptr, indices, last))
+                    qo = torch.arange(shape.batch + 1, dtype=torch.int32) * shape.q_len
+                    self._plan_prefill(plan_input(qo, device), table)
                 else:
-                    self._plan_eager_decode((kv_indptr, indices, last))
+                    self._plan_eager_decode(table)
         for graph in self.graphs.values():
             graph.plan_padding()
 

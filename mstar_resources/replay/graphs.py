@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -50,8 +50,12 @@ class DecodeGraph:
             kv_indptr.append(kv_indptr[-1] + 1)
             indices.append(DUMMY_PAGE)
             last.append(1)
-        pages = tuple(plan_input(values, device) for values in (kv_indptr, indices, last))
-        args, kwargs = self.setup.attention.decode_plan(cast(PageTable, pages))
+        pages: PageTable = (
+            plan_input(kv_indptr, device),
+            plan_input(indices, device),
+            plan_input(last, device),
+        )
+        args, kwargs = self.setup.attention.decode_plan(pages)
         self.setup.buffers.plan("decode", self.wrapper.plan, *args, **kwargs)
 
     def plan_padding(self) -> None:
