@@ -70,7 +70,7 @@ class LibraryBuffers(Buffers):
         """Every wrapper of a role shares its int workspace: each is planned right before it
         runs (or its graph replays), one a step. FlashInfer 0.7's MLA wrapper, which makes its
         own at each plan, keeps its own."""
-        workspace = self._prefill if role == "prefill" else self._decode
+        workspace = self._workspace(role)
         install_int_workspace(wrapper, workspace, workspace.name)
         return wrapper
 
@@ -87,7 +87,10 @@ class LibraryBuffers(Buffers):
         return self._decode.tensor
 
     def plan(self, role: Role, plan: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        (self._prefill if role == "prefill" else self._decode).plan(plan, *args, **kwargs)
+        self._workspace(role).plan(plan, *args, **kwargs)
+
+    def _workspace(self, role: Role) -> Workspace:
+        return self._prefill if role == "prefill" else self._decode
 
     def seal(self, group: Any) -> None:
         for pool in self.pools.values():
