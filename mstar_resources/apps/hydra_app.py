@@ -320,9 +320,7 @@ class _App:
         folders = [_config_folder(self.config_path, self.run)]
         if config_dir is not None:
             folders.append(Path(config_dir).resolve())
-
-        def listed(group: str) -> list[str]:
-            return self._listed(group, config_dir)
+        listed = functools.partial(self._listed, config_dir=config_dir)
 
         # Before composing, which would merge `deployment=[a,b]` without a word and compose
         # `deployment=../resources/default` forever.
@@ -625,13 +623,15 @@ def _undecodable(error: UnicodeDecodeError, folders: list[Path]) -> str | None:
     """``error``, met reading a config file, as a sentence naming the file and the line; None
     where no YAML file in ``folders`` (where the app's configs are) holds the bytes it could not
     decode (``error.object``)."""
+    if not error.object:
+        return None
     for folder in folders:
         for path in sorted(folder.rglob("*.yaml")):
             try:
                 data = path.read_bytes()
             except OSError:
                 continue
-            if error.object and bytes(error.object) in data:
+            if bytes(error.object) in data:
                 try:
                     data.decode(error.encoding)
                 except UnicodeDecodeError as found:
