@@ -96,14 +96,22 @@ def test_a_shipped_calibrated_deployment_gives_its_floors_and_where_they_came_fr
     }
 
 
-def test_a_deployment_file_of_the_users_composes_over_the_shipped_tree(tmp_path):
+OVER_LLAMA3_8B = "defaults:\n  - llama3-8b-h200\n  - _self_\n"
+DECODE_MB = "resources:\n  attn:\n    decode:\n      declared_mb: {}\n"
+
+
+def deployment_file(tmp_path: Path, body: str) -> Path:
+    """``calibrated/deployment/mine.yaml`` under ``tmp_path``: a deployment file of the user's,
+    ``# @package _global_`` then ``body``."""
     folder = tmp_path / "calibrated" / "deployment"
     folder.mkdir(parents=True)
     path = folder / "mine.yaml"
-    path.write_text(
-        "# @package _global_\ndefaults:\n  - llama3-8b-h200\n  - _self_\n"
-        "resources:\n  attn:\n    decode:\n      declared_mb: 41\n"
-    )
+    path.write_text("# @package _global_\n" + body)
+    return path
+
+
+def test_a_deployment_file_of_the_users_composes_over_the_shipped_tree(tmp_path):
+    path = deployment_file(tmp_path, OVER_LLAMA3_8B + DECODE_MB.format(41))
     setting = plugin.read_setting({plugin.ENV_VAR: str(path)})
     floors = {r.path: r.floor_mb for r in setting.records}
     assert floors == {"attn.prefill": 256, "attn.decode": 41}
@@ -377,13 +385,7 @@ def test_the_first_builders_decode_wrappers_share_the_decode_int_workspace(vllm_
 
 
 def test_a_deployment_file_whose_resources_are_wrong_names_the_setting_and_the_key(tmp_path):
-    folder = tmp_path / "calibrated" / "deployment"
-    folder.mkdir(parents=True)
-    path = folder / "mine.yaml"
-    path.write_text(
-        "# @package _global_\ndefaults:\n  - llama3-8b-h200\n  - _self_\n"
-        "resources:\n  attn:\n    decode:\n      declared_mb: 0\n"
-    )
+    path = deployment_file(tmp_path, OVER_LLAMA3_8B + DECODE_MB.format(0))
     with pytest.raises(ResourceConfigError) as raised:
         plugin.read_setting({plugin.ENV_VAR: str(path)})
     assert str(raised.value).startswith(f"{plugin.ENV_VAR}={path}: ")
@@ -391,10 +393,7 @@ def test_a_deployment_file_whose_resources_are_wrong_names_the_setting_and_the_k
 
 
 def test_a_deployment_that_does_not_compose_is_one_paragraph(tmp_path):
-    folder = tmp_path / "calibrated" / "deployment"
-    folder.mkdir(parents=True)
-    path = folder / "mine.yaml"
-    path.write_text("# @package _global_\ndefaults:\n  - no-such-deployment\n")
+    path = deployment_file(tmp_path, "defaults:\n  - no-such-deployment\n")
     with pytest.raises(ResourceConfigError) as raised:
         plugin.read_setting({plugin.ENV_VAR: str(path)})
     assert f"{plugin.ENV_VAR}={str(path)!r}" in str(raised.value)
