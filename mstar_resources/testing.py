@@ -23,13 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .units import ALIGNMENT
+
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["OverflowingPlanner", "flashinfer_overflow"]
-
-ALIGNMENT = 16
-"""The alignment FlashInfer's plans ask of their float allocations."""
 
 
 @functools.cache
