@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import os
+import random
 import subprocess
 import sys
 import time
@@ -53,12 +54,16 @@ class Shape:
     heads: int
     kv_heads: int
     head_dim: int
+    sliding_window: int | None = None
+    """A Qwen3-architecture model whose first layer attends a sliding window of this many tokens
+    and whose second attends all: two KV-cache groups in vLLM."""
 
 
 SHAPES = {
     "llama3-8b": Shape("llama3-8b", 32, 8, 128),
     "qwen3.5": Shape("qwen3.5", 32, 2, 256),
 }
+TWO_GROUPS = Shape("two-groups", 32, 8, 128, sliding_window=256)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,17 @@ class Case:
     buffer_bytes: int | None = None
     """``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE``, where set."""
     env: dict[str, str] = field(default_factory=dict)
+    kv_cache_dtype: str = "auto"
+    eager: bool = False
+    """``enforce_eager``: no CUDA graph, no torch.compile."""
+    max_capture: int | None = None
+    """vLLM's ``max_cudagraph_capture_size``: larger decode batches run eagerly."""
+    long_every: int = 0
+    """Every n-th prompt as long as ``max_model_len`` lets it, and the trace's rows repeated (other
+    ids) up to ``requests`` (0: the trace's rows that fit, as they are)."""
+    in_process: bool = True
+    """The engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the tokens and
+    the plugin's report can be read; False: vLLM's default, its own process (the log is read)."""
 
 
 V1_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
@@ -105,6 +121,37 @@ CRASH = {"shape": "qwen3.5", "max_num_seqs": 512, "max_num_batched_tokens": 1024
 """vLLM's formula stays under its 394 MiB floor: 1,024 tokens x 32 heads x 256 x 16 = 128 MiB."""
 
 
+XQA = {"VLLM_HAS_FLASHINFER_CUBIN": "1"}
+"""vLLM's own switch that makes ``has_nvidia_artifactory()`` true (FlashInfer's cubins present): on
+an H200 its builders then decode with TRT-LLM's XQA kernel, which FlashInfer builds from its
+sources; without a network that check is false and decode stays on FlashInfer's wrappers."""
+
+SOAK = {"requests": 2000, "max_num_seqs": 256, "max_capture": 128, "max_model_len": 4096,
+        "max_num_batched_tokens": 2048, "long_every": 10}  # fmt: skip
+"""2,000 requests, one in ten of ``max_model_len``, under chunked prefill (2,048 tokens a step),
+up to 256 running where the largest decode graph holds 128."""
+
+USERS_CASES: dict[str, dict[str, Any]] = {
+    "xqa": {"env": XQA},
+    "fp8": {"kv_cache_dtype": "fp8"},
+    "fp8-xqa": {"kv_cache_dtype": "fp8", "env": XQA},
+    "eager": {"eager": True},
+    "two-groups": {"shape": TWO_GROUPS.name},
+    "soak": SOAK,
+}
+"""The configurations vLLM's users run (llama3-8b's shape unless named): each as vLLM runs it,
+with the plugin, and with the plugin and the engine core in its own process."""
+
+
+def users_cases(group: str) -> list[Case]:
+    settings = {"shape": "llama3-8b", **USERS_CASES[group]}
+    return [
+        Case(f"{group}/vllm", plugin=None, **settings),
+        Case(f"{group}/plugin", plugin="auto", **settings),
+        Case(f"{group}/plugin-mp", plugin="auto", in_process=False, **settings),
+    ]
+
+
 def crash_cases() -> list[Case]:
     return [
         Case("crash/vllm", plugin=None, **CRASH),  # type: ignore[arg-type]
@@ -129,28 +176,46 @@ def build_model(shape: Shape, folder: Path) -> Path:
     if (path / "config.json").exists():
         return path
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    config = LlamaConfig(
+    common = dict(
         vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
         num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
         head_dim=shape.head_dim, max_position_embeddings=8192, tie_word_embeddings=False,
         initializer_range=INIT_STD,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    if shape.sliding_window is None:
+        model = LlamaForCausalLM(LlamaConfig(**common)).to(torch.bfloat16)
+    else:
+        config = Qwen3Config(
+            **common, use_sliding_window=True, sliding_window=shape.sliding_window,
+            layer_types=["sliding_attention", "full_attention"],
+        )  # fmt: skip
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     return path
 
 
 def prompts(case: Case) -> list[tuple[list[int], int]]:
-    """(prompt token ids, output length) for each request: lengths from the trace's first rows."""
+    """(prompt token ids, output length) for each request: lengths from the trace's first rows;
+    every ``long_every``-th prompt as long as ``max_model_len`` lets it, seeded ids."""
+    longest = case.max_model_len if case.long_every else min(case.max_model_len, 2048)
     trace = read_trace(
-        TRACE, max_model_len=min(case.max_model_len, 2 * MAX_OUTPUT + 1536), vocab_size=VOCAB,
-        seed=0, step_ms=1.0, limit=case.requests,
+        TRACE, max_model_len=longest, vocab_size=VOCAB, seed=0, step_ms=1.0, limit=case.requests
     )  # fmt: skip
-    return [(list(r.prompt()), min(r.output_len, MAX_OUTPUT)) for r in trace.requests()]
+    found = [(list(r.prompt()), min(r.output_len, MAX_OUTPUT)) for r in trace.requests()]
+    if case.long_every:
+        draw = random.Random(1)
+        # The trace file's rows that fit, then their lengths again with other ids, up to the count.
+        for i in range(case.requests - len(found)):
+            prompt, out = found[i]
+            found.append(([draw.randrange(VOCAB) for _ in prompt], out))
+        for i in range(0, len(found), case.long_every):
+            out = found[i][1]
+            found[i] = ([draw.randrange(VOCAB) for _ in range(case.max_model_len - out)], out)
+    return found
 
 
 class _KVLine(logging.Handler):
@@ -179,6 +244,14 @@ def _vllm_buffers() -> dict[int, int]:
         return buffer
 
     backend.FlashInferMetadataBuilder._get_workspace_buffer = recorded
+    own_trtllm = backend._get_trtllm_workspace_buffer
+
+    def recorded_trtllm() -> Any:
+        buffer = own_trtllm()
+        made[buffer.data_ptr()] = buffer.numel()
+        return buffer
+
+    backend._get_trtllm_workspace_buffer = recorded_trtllm
     return made
 
 
@@ -193,17 +266,21 @@ def run(case: Case, models: Path) -> dict[str, Any]:
 
     requests = prompts(case)
     start = time.perf_counter()
+    shape = TWO_GROUPS if case.shape == TWO_GROUPS.name else SHAPES[case.shape]
+    # Full CUDA graphs of the decode batches, where FlashInfer's workspace is captured; no
+    # torch.compile (it costs minutes a shape and does not touch the workspace).
+    graphs = CompilationConfig(
+        mode=CompilationMode.NONE, cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY,
+        max_cudagraph_capture_size=case.max_capture,
+    )  # fmt: skip
     llm = LLM(
-        model=str(build_model(SHAPES[case.shape], models)),
+        model=str(build_model(shape, models)),
         skip_tokenizer_init=True, dtype="bfloat16", seed=0,
         attention_backend="FLASHINFER", max_model_len=case.max_model_len,
         max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
         gpu_memory_utilization=0.3, enable_flashinfer_autotune=False,
-        # Full CUDA graphs of the decode batches, where FlashInfer's workspace is captured;
-        # no torch.compile (it costs minutes a shape and does not touch the workspace).
-        compilation_config=CompilationConfig(
-            mode=CompilationMode.NONE, cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY
-        ),
+        kv_cache_dtype=case.kv_cache_dtype, enforce_eager=case.eager,
+        **({} if case.eager else {"compilation_config": graphs}),
     )  # fmt: skip
     started = time.perf_counter() - start
     params = [
@@ -253,7 +330,8 @@ def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any
     """``case`` in a process of its own; its result, with the tail of its log."""
     result_path = out / f"{case.name.replace('/', '-')}.json"
     log_path = result_path.with_suffix(".log")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **case.env}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if case.in_process else "1",
+           **case.env}  # fmt: skip
     env.pop("MSTAR_RESOURCES_VLLM", None)
     env.pop("VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE", None)
     if case.plugin is not None:
@@ -270,7 +348,8 @@ def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any
         result = json.loads(result_path.read_text())
     lines = log_path.read_text(errors="replace").splitlines()
     result["log_tail"] = lines[-40:]
-    result["mstar_lines"] = [line for line in lines if "mstar-resources" in line][:12]
+    result["mstar_lines"] = [line for line in lines if "mstar-resources" in line][:30]
+    result["kv_line"] = next((line for line in lines if "GPU KV cache size" in line), None)
     result["errors"] = [line for line in lines if "Error" in line or "error" in line][-8:]
     result["wall_s"] = round(time.perf_counter() - begin, 1)
     print(f"{case.name}: {'ok' if result['ok'] else result['error'][:300]} ({result['wall_s']} s)",
@@ -282,9 +361,27 @@ def digest(tokens: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:12]
 
 
+def _kv_tokens(r: dict[str, Any]) -> str:
+    """vLLM's own count of KV-cache tokens, from its line (``GPU KV cache size: N tokens``)."""
+    lines = [*r.get("kv_cache_lines", []), r.get("kv_line") or ""]
+    line = next((x for x in lines if "GPU KV cache size" in x), "")
+    return line.split("GPU KV cache size:")[-1].strip() if line else "-"
+
+
+def _decode_kernel(r: dict[str, Any]) -> str:
+    """The kernel the plugin found vLLM decodes with, from its report or its log lines."""
+    planned = (r.get("plugin") or {}).get("builders_planned") or []
+    if planned:
+        return ",".join(sorted({p["kernels"]["decode"] for p in planned}))
+    found = {line.split("decode on ")[1].split()[0] for line in r.get("mstar_lines", [])
+             if "decode on " in line}  # fmt: skip
+    return ",".join(sorted(found)) or "-"
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
     head = ("run", "ok", "tokens", "digest", "same tokens", "KV cache (vLLM's line)",
-            "workspace bytes", "growths", "sealed refusals", "start s", "generate s")  # fmt: skip
+            "decode on", "workspace bytes", "TRT-LLM bytes", "growths", "sealed refusals",
+            "sealed before", "start s", "generate s")  # fmt: skip
     rows = [head]
     for name, r in results.items():
         group = name.split("/")[0]
@@ -294,12 +391,18 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         if r.get("tokens") and base.get("tokens"):
             same = "yes" if r["tokens"] == base["tokens"] else "NO"
         plugin = r.get("plugin") or {}
-        kv = next((x for x in r.get("kv_cache_lines", []) if "GPU KV cache size" in x), "-")
+        sealed = plugin.get("sealed_before") or next(
+            (line.split(" before vLLM ")[1].split(" (")[0] for line in r.get("mstar_lines", [])
+             if "sealed" in line and " before vLLM " in line), "-"
+        )  # fmt: skip
         rows.append((
             name, "yes" if r.get("ok") else "no", str(r.get("tokens_out", "-")),
-            digest(r["tokens"]) if r.get("tokens") else "-", same, kv,
+            digest(r["tokens"]) if r.get("tokens") else "-", same, _kv_tokens(r),
+            _decode_kernel(r),
             f"{r['workspace_bytes']:,}" if "workspace_bytes" in r else "-",
-            str(plugin.get("growths", "-")), str(plugin.get("sealed_overflows", "-")),
+            f"{plugin['trtllm_workspace_bytes']:,}" if "trtllm_workspace_bytes" in plugin
+            else "-",
+            str(plugin.get("growths", "-")), str(plugin.get("sealed_overflows", "-")), sealed,
             str(r.get("start_s", "-")), str(r.get("generate_s", "-")),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -309,10 +412,11 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash"]
-    parser.add_argument("--cases", nargs="*", default=[*SHAPES, "crash", "llama3-8b-v1"],
-                        choices=choices, help="shapes to run (-v1: on vLLM's V1 model runner), "
-                        "and the crash case")  # fmt: skip
+    choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash", *USERS_CASES]
+    parser.add_argument("--cases", nargs="*", default=[*SHAPES, "crash", "llama3-8b-v1",
+                        *USERS_CASES], choices=choices, help="shapes to run (-v1: on vLLM's V1 "
+                        "model runner), the crash case, and the configurations vLLM's users run "
+                        f"({', '.join(USERS_CASES)})")  # fmt: skip
     parser.add_argument(
         "--budget",
         type=float,
@@ -330,10 +434,16 @@ def main() -> None:
     if args.run:
         _run_here(args)
         return
-    shape_runs = [c for s in args.cases if s != "crash" for c in shape_cases(s, args.requests)]
-    crash = "crash" in args.cases
+    order: list[Case] = []
+    for name in args.cases:
+        if name == "crash":
+            order += crash_cases()
+        elif name in USERS_CASES:
+            order += users_cases(name)
+        else:
+            order += shape_cases(name, args.requests)
     if args.dry_run:
-        for case in [*shape_runs, *(crash_cases() if crash else [])]:
+        for case in order:
             lengths = prompts(case)
             print(f"{case.name}: MSTAR_RESOURCES_VLLM={case.plugin or '(unset)'}, "
                   f"{len(lengths)} requests, {sum(len(p) for p, _ in lengths):,} prompt tokens, "
@@ -342,8 +452,6 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + args.budget
     results: dict[str, dict[str, Any]] = {}
-    # The shapes' first pair, then the crash case, then the rest (the V1 runner's pair).
-    order = [*shape_runs[:5], *(crash_cases() if crash else []), *shape_runs[5:]]
     for case in order:
         left = deadline - time.perf_counter()
         if left < 60:

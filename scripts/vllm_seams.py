@@ -6,9 +6,10 @@
 
 For each wheel: its version, its sha256, and for each module that holds a seam
 (``mstar_resources.integrations.vllm.SEAMS``) the names it defines at its top level, with each
-class's methods (``Class.method``), as an ``ast`` walk of its source finds them. The CPU tests
-check every seam against this file, and against the wheels themselves where ``MSTAR_VLLM_WHEELS``
-names a folder holding them.
+class's methods (``Class.method``) and the attributes its ``__init__`` sets on ``self``
+(``Class.attribute``), as an ``ast`` walk of its source finds them. The CPU tests check every
+seam against this file, and against the wheels themselves where ``MSTAR_VLLM_WHEELS`` names a
+folder holding them.
 """
 
 from __future__ import annotations
@@ -35,11 +36,14 @@ def defined_names(source: str) -> list[str]:
             names.add(node.name)
         elif isinstance(node, ast.ClassDef):
             names.add(node.name)
-            names.update(
-                f"{node.name}.{item.name}"
+            methods = [
+                item
                 for item in node.body
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
-            )
+            ]
+            names.update(f"{node.name}.{method.name}" for method in methods)
+            init = next((m for m in methods if m.name == "__init__"), None)
+            names.update(f"{node.name}.{name}" for name in _set_on_self(init))
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(t.id for t in targets if isinstance(t, ast.Name))
@@ -48,6 +52,27 @@ def defined_names(source: str) -> list[str]:
                 if isinstance(inner, ast.AnnAssign) and isinstance(inner.target, ast.Name):
                     names.add(inner.target.id)
     return sorted(names)
+
+
+def _set_on_self(method: ast.FunctionDef | ast.AsyncFunctionDef | None) -> set[str]:
+    """The attributes ``method`` (a class's ``__init__``) sets on ``self``."""
+    if method is None:
+        return set()
+    found = set()
+    for node in ast.walk(method):
+        targets = (
+            node.targets if isinstance(node, ast.Assign)
+            else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )  # fmt: skip
+        flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        for target in flat:
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+            ):
+                found.add(target.attr)
+    return found
 
 
 def module_path(module: str, wheel: zipfile.ZipFile) -> str:

@@ -64,6 +64,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.core.utils import configure_log
 from hydra.errors import HydraException, MissingConfigException
+from hydra.version import VersionBase
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -78,6 +79,7 @@ from .hydra_errors import (
 )
 
 __all__ = [
+    "compose_deployment",
     "fail",
     "hydra_app",
     "package_version",
@@ -110,6 +112,71 @@ def register_settings(config_name: str, settings: type) -> None:
     ConfigStore.instance().store(
         name=f"{config_name}_settings", node=settings, provider="mstar-resources"
     )
+
+
+def compose_deployment(
+    config_name: str, deployment: str, config_dir: Path | None = None, *, settings: type
+) -> DictConfig:
+    """The shipped primary config ``config_name`` composed with ``deployment=<deployment>``, the
+    deployment found in ``config_dir``'s ``deployment/`` folder where given, with the rules of
+    ``mstar-resources --config-dir <config_dir> deployment=<deployment>``: a mistake in a file or
+    a name raises :class:`ResourceConfigError`, told in the words the apps use. For a program
+    that is no app (an engine's plugin): Hydra's global state, where the program initialised
+    it, is set aside while composing and given back after. ``settings`` types the primary
+    config's top (:func:`register_settings`)."""
+    register_settings(config_name, settings)
+    overrides = [f"{DEPLOYMENT_GROUP}={deployment}"]
+    line = argparse.Namespace(
+        config_dir=None if config_dir is None else str(config_dir),
+        config_name=None,
+        overrides=list(overrides),
+    )
+    if config_dir is not None:
+        overrides.append(f"hydra.searchpath=[file://{config_dir}]")
+    folders = [_config_folder(SHIPPED_CONF, compose_deployment)]
+    if config_dir is not None:
+        folders.append(config_dir)
+    with _hydra_set_aside(), _config_source(SHIPPED_CONF, compose_deployment):
+        try:
+            return compose(config_name, overrides=overrides)
+        except (
+            HydraException,
+            OmegaConfBaseException,
+            yaml.YAMLError,
+            ValueError,
+            OSError,
+            RecursionError,
+        ) as error:
+            listed = functools.partial(_group_options, config_name=config_name)
+            told = _told(error, line, listed, folders)
+            if told is None:
+                raise
+            raise ResourceConfigError(told) from None
+
+
+def deployment_options(config_name: str) -> list[str]:
+    """The shipped deployments, by name (those starting with ``_`` left out)."""
+    with _hydra_set_aside(), _config_source(SHIPPED_CONF, compose_deployment):
+        names = _group_options(DEPLOYMENT_GROUP, config_name)
+    return sorted(name for name in names if not name.startswith("_"))
+
+
+@contextlib.contextmanager
+def _hydra_set_aside() -> Iterator[None]:
+    """Hydra's global state (the initialised Hydra, its version base) as the program had it, given
+    back on the way out: Hydra's own ``initialize_*`` refuse to run where it is initialised."""
+    instance = GlobalHydra.instance()
+    program_hydra = instance.hydra
+    base = VersionBase.instance().version_base
+    instance.clear()
+    try:
+        yield
+    finally:
+        GlobalHydra.set_instance(instance)  # the program's own object, as it was
+        instance.clear()
+        if program_hydra is not None:
+            instance.initialize(program_hydra)
+        VersionBase.instance().version_base = base
 
 
 def package_version() -> str:
@@ -431,6 +498,7 @@ def _compose_errors_reported(
         yaml.YAMLError,
         ValueError,
         OSError,
+        RecursionError,
     ) as error:
         if full_error.user_asked:
             raise
@@ -453,6 +521,13 @@ def _told(
     overrides = _parsed(line.overrides) if line is not None else []
     if isinstance(error, yaml.YAMLError):
         return not_yaml(error)
+    if isinstance(error, RecursionError):
+        given = " ".join(line.overrides) if line is not None and line.overrides else "the config"
+        return (
+            f"composing {given} never ends: a defaults list names a config that lists it again, "
+            "itself or through others (a deployment whose defaults list names that deployment, "
+            "say); remove the name from that list"
+        )
     if isinstance(error, UnicodeDecodeError):
         return _undecodable(error, folders)
     if line is not None and line.config_name:

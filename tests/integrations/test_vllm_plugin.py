@@ -1,10 +1,11 @@
-"""The vLLM plugin on a CPU: its entry point, its setting, the seams it takes in vLLM's source, and
-its wiring of a builder shaped as vLLM's.
+"""The vLLM plugin on a CPU: its entry point, the seams it takes in vLLM's source, what it reads
+from vLLM's builders, and its wiring of a builder shaped as vLLM's. Its setting:
+``test_vllm_setting.py``.
 
 What runs in vLLM itself is proven by ``scripts/vllm_proof.py`` on a GPU (docs/vllm.md): here a
 stand-in of vLLM's ``FlashInferMetadataBuilder`` (its lazy ``_get_workspace_buffer()``, its
-wrapper getters, its ``fast_plan_decode``) is patched as vLLM's is, and planned by a fake
-FlashInfer planner that overflows with FlashInfer's own text.
+wrapper getters, its ``fast_plan_decode``, what its ``__init__`` decides) is patched as vLLM's is,
+and planned by a fake FlashInfer planner that overflows with FlashInfer's own text.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ import os
 import subprocess
 import sys
 import types
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from mstar_resources.errors import ResourceConfigError, WorkspaceSealedError
+from mstar_resources.errors import WorkspaceSealedError
 from mstar_resources.integrations import vllm as plugin
+from mstar_resources.integrations.vllm import plans as vllm_plans
+from mstar_resources.integrations.vllm import seams, workspaces
+from mstar_resources.integrations.vllm.plans import NATIVE, BuilderPlans, VllmFunctions
 from mstar_resources.units import MIB
 from tests.attn.fake_allocator import FakePlanner, FakePrefillWrapper, FakeWrapper
 
@@ -30,7 +35,7 @@ ROOT = Path(__file__).parents[2]
 SEAMS_FILE = Path(__file__).with_name("data") / "vllm_seams.json"
 
 
-# -- the entry point and the setting -------------------------------------------------------------
+# -- the entry point -------------------------------------------------------------------------
 
 
 def test_the_entry_point_is_registered_for_vllms_general_plugins():
@@ -62,71 +67,6 @@ def test_without_its_setting_the_plugin_does_nothing_and_imports_no_vllm():
         assert done.stdout.split() == ["None", "[]", "[]"]
 
 
-@pytest.mark.parametrize(
-    ("value", "named"),
-    [
-        pytest.param("llama3-8b", "llama3-8b-h200", id="misspelled-deployment"),
-        pytest.param("no/such/file.yaml", "deployment file", id="missing-file"),
-        pytest.param("llama3-8b-h200.json", "deployment file", id="not-yaml"),
-    ],
-)
-def test_a_bad_setting_is_one_paragraph_naming_the_setting_and_value(value, named):
-    with pytest.raises(ResourceConfigError) as raised:
-        plugin.read_setting({plugin.ENV_VAR: value})
-    text = str(raised.value)
-    assert f"{plugin.ENV_VAR}={value!r}" in text
-    assert named in text
-    assert "\n" not in text
-
-
-def test_a_deployment_file_outside_a_deployment_folder_is_refused(tmp_path):
-    path = tmp_path / "mine.yaml"
-    path.write_text("# @package _global_\n")
-    with pytest.raises(ResourceConfigError, match="deployment/ folder"):
-        plugin.read_setting({plugin.ENV_VAR: str(path)})
-
-
-def test_a_shipped_calibrated_deployment_gives_its_floors_and_where_they_came_from():
-    setting = plugin.read_setting({plugin.ENV_VAR: "llama3-8b-h200_calibrated"})
-    assert setting is not None and not setting.auto
-    floors = {r.path: (r.floor_mb, r.floor_source, r.floor_setting) for r in setting.records}
-    assert floors == {
-        "attn.prefill": (17, "declared", "resources.attn.prefill.declared_mb"),
-        "attn.decode": (3, "declared", "resources.attn.decode.declared_mb"),
-    }
-
-
-OVER_LLAMA3_8B = "defaults:\n  - llama3-8b-h200\n  - _self_\n"
-DECODE_MB = "resources:\n  attn:\n    decode:\n      declared_mb: {}\n"
-
-
-def deployment_file(tmp_path: Path, body: str) -> Path:
-    """``calibrated/deployment/mine.yaml`` under ``tmp_path``: a deployment file of the user's,
-    ``# @package _global_`` then ``body``."""
-    folder = tmp_path / "calibrated" / "deployment"
-    folder.mkdir(parents=True)
-    path = folder / "mine.yaml"
-    path.write_text("# @package _global_\n" + body)
-    return path
-
-
-def test_a_deployment_file_of_the_users_composes_over_the_shipped_tree(tmp_path):
-    path = deployment_file(tmp_path, OVER_LLAMA3_8B + DECODE_MB.format(41))
-    setting = plugin.read_setting({plugin.ENV_VAR: str(path)})
-    floors = {r.path: r.floor_mb for r in setting.records}
-    assert floors == {"attn.prefill": 256, "attn.decode": 41}
-
-
-def test_the_floor_variable_sizes_what_a_deployment_leaves_undeclared():
-    setting = plugin.read_setting({plugin.ENV_VAR: "none", "MSTAR_WORKSPACE_BUFFER_MB": "64"})
-    assert {(r.floor_mb, r.floor_source) for r in setting.records} == {(64, "env")}
-
-
-def test_auto_composes_nothing():
-    setting = plugin.read_setting({plugin.ENV_VAR: " auto "})
-    assert setting is not None and setting.auto and setting.records == ()
-
-
 # -- the seams, in vLLM's source ---------------------------------------------------------------
 
 
@@ -144,9 +84,18 @@ def test_every_supported_vllm_has_each_seam_the_plugin_takes():
             if seam.required and seam.name not in modules[seam.module]
         ]
         assert missing == [], version
+        # vLLM's KV-cache groups: one of the two ways there is.
+        grouped = "get_kv_cache_groups" in modules["vllm.v1.core.kv_cache_utils"] or (
+            "get_kv_cache_groups_from_builder" in modules["vllm.v1.core.kv_cache_planning"]
+            and "get_kv_cache_config_builder" in modules["vllm.v1.core.kv_cache_config_builder"]
+        )
+        assert grouped, version
     # What is optional is so because one version lacks it.
     optional = [s for s in plugin.SEAMS if not s.required]
     assert all(any(s.name not in m[s.module] for m in read.values()) for s in optional)
+    # Every decision the plugin reads from a builder is one vLLM's __init__ makes, in both.
+    decisions = {f"FlashInferMetadataBuilder.{name}" for name in seams.BUILDER_DECISIONS}
+    assert all(decisions <= set(m[seams.BACKEND]) for m in read.values())
 
 
 def test_the_seams_file_is_what_the_wheels_hold():
@@ -164,12 +113,174 @@ def test_the_seams_file_is_what_the_wheels_hold():
 
 
 def test_a_module_that_lacks_a_seam_is_left_unpatched(caplog):
-    workspaces = plugin.VllmWorkspaces(plugin.Setting("auto"))
-    module = types.ModuleType(plugin.BACKEND)
-    with caplog.at_level(logging.WARNING, logger=plugin.logger.name):
-        plugin._patch_backend(workspaces, module)
-    assert "FlashInferMetadataBuilder._get_workspace_buffer" in workspaces.untouched
+    served = plugin.VllmWorkspaces(plugin.Setting("auto"))
+    module = types.ModuleType(seams.BACKEND)
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        seams._patch_backend(served, module)
+    assert "FlashInferMetadataBuilder._get_workspace_buffer" in served.untouched
     assert len(caplog.records) == 1
+
+
+# -- what vLLM's builders will run, read from builders made as vLLM makes them --------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    """vLLM's AttentionSpec in shape: hashable, and copied with another block size."""
+
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    sliding_window: int | None = None
+
+    def copy_with_new_block_size(self, block_size):
+        return replace(self, block_size=block_size)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """vLLM's UniformTypeKVCacheSpecs in shape: one spec per layer."""
+
+    kv_cache_specs: dict
+    block_size: int
+
+
+class Kernel:
+    value = "xqa"
+
+
+class DecidingBuilder:
+    """What vLLM's builder ``__init__`` decides, as the stand-in of a GPU: XQA decode wherever
+    ``xqa`` is set, FP8 queries in prefill only (SM90)."""
+
+    xqa = False
+    reorder_batch_threshold = 1
+
+    def __init__(self, spec, layer_names, heads, kv_cache_dtype="bfloat16"):
+        self.spec, self.layer_names = spec, layer_names
+        self.num_qo_heads, self.num_kv_heads = heads, spec.num_kv_heads
+        self.head_dim, self.page_size = spec.head_size, spec.block_size
+        self.cache_dtype = "fp8" if kv_cache_dtype.startswith("float8") else "auto"
+        self.kv_cache_dtype = f"torch.{kv_cache_dtype}"
+        self.q_data_type_prefill = self.kv_cache_dtype
+        self.q_data_type_decode = "torch.bfloat16"
+        self.use_trtllm_decode_attention = self.xqa
+        self.flashinfer_trtllm_api_decode_kernel = Kernel() if self.xqa else None
+        self.dcp_world_size, self.has_sinks = 1, False
+        self.enable_cuda_graph, self._decode_cudagraph_max_bs = True, 256
+
+
+class Layer:
+    def __init__(self, backend="FLASHINFER", num_heads=32):
+        self.num_heads = num_heads
+        self._backend = type(backend, (), {"get_name": staticmethod(lambda: backend)})
+
+    def get_attn_backend(self):
+        return self._backend
+
+
+def vllm_config(**attention):
+    return types.SimpleNamespace(
+        attention_config=types.SimpleNamespace(use_trtllm_attention=None, **attention),
+        scheduler_config=types.SimpleNamespace(max_num_batched_tokens=8192, max_num_seqs=256),
+        model_config=types.SimpleNamespace(max_model_len=32768),
+        compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 256, 512]),
+    )
+
+
+def functions(made, kv_cache_dtype="bfloat16", xqa=False):
+    """vLLM's functions as :func:`plans_of_groups` calls them; ``made`` collects the builders."""
+
+    def make_builder(spec, layer_names):
+        builder_cls = type("Builder", (DecidingBuilder,), {"xqa": xqa})
+        made.append(builder_cls(spec, layer_names, heads=32, kv_cache_dtype=kv_cache_dtype))
+        return made[-1]
+
+    def select_block_size(kv_manager_block_size, backends):
+        return max(s for s in (16, 32, 64) if kv_manager_block_size % s == 0)
+
+    def use_trtllm_attention(*args, is_prefill, **kwargs):
+        return False  # SM90: never for prefill
+
+    return VllmFunctions(make_builder, select_block_size, use_trtllm_attention, Uniform)
+
+
+def test_each_kv_cache_group_gets_its_builder_at_the_kernels_block_size():
+    """A hybrid model: sliding-window layers and full ones in groups of their own, vLLM's KV
+    manager block enlarged to 528 tokens (16 is the kernel's); a group of a Mamba layer alone."""
+    sliding, full = Spec(8, 128, 528, sliding_window=4096), Spec(8, 128, 528)
+    groups = [
+        types.SimpleNamespace(layer_names=["l0", "l2"], kv_cache_spec=sliding),
+        types.SimpleNamespace(layer_names=["l1", "l3"], kv_cache_spec=full),
+        types.SimpleNamespace(layer_names=["m0"], kv_cache_spec=Spec(0, 0, 528)),
+    ]
+    layers = {name: Layer() for name in ["l0", "l1", "l2", "l3"]} | {"m0": Layer("MAMBA")}
+    made = []
+    found = plugin.plans_of_groups(vllm_config(), groups, layers, functions(made))
+    assert [(p.group, p.layers, p.page_size) for p in found] == [
+        (0, ("l0", "l2"), 16), (1, ("l1", "l3"), 16)
+    ]  # fmt: skip
+    assert [b.spec for b in made] == [replace(sliding, block_size=16), replace(full, block_size=16)]
+    assert (
+        found[0].describe()
+        == "KV-cache group 0 (2 layers: 32/8 heads of 128, page 16, KV bfloat16)"
+    )
+
+
+def test_one_group_of_two_layer_specs_gets_a_builder_for_each():
+    """vLLM's UniformTypeKVCacheSpecs: one group, a spec per layer (here two head sizes)."""
+    small, large = Spec(8, 64, 16), Spec(8, 256, 16)
+    spec = Uniform({"l0": small, "l1": large, "l2": small}, block_size=16)
+    groups = [types.SimpleNamespace(layer_names=["l0", "l1", "l2"], kv_cache_spec=spec)]
+    layers = {name: Layer() for name in ["l0", "l1", "l2"]}
+    found = plugin.plans_of_groups(vllm_config(), groups, layers, functions([]))
+    assert [(p.layers, p.head_dim) for p in found] == [(("l0", "l2"), 64), (("l1",), 256)]
+
+
+def test_the_kernels_and_query_dtypes_are_the_builders_own():
+    groups = [types.SimpleNamespace(layer_names=["l0"], kv_cache_spec=Spec(8, 128, 16))]
+    native = plugin.plans_of_groups(vllm_config(), groups, {"l0": Layer()}, functions([]))
+    (plans,) = native
+    assert plans.kernels == {"prefill": NATIVE, "decode": NATIVE}
+    assert plans.native("prefill") and plans.native("decode")
+    fp8 = functions([], kv_cache_dtype="float8_e4m3fn", xqa=True)
+    (plans,) = plugin.plans_of_groups(vllm_config(), groups, {"l0": Layer()}, fp8)
+    assert plans.kernels == {"prefill": NATIVE, "decode": "xqa"}
+    assert not plans.native("decode")
+    assert plans.q_dtypes == {"prefill": "float8_e4m3fn", "decode": "bfloat16"}
+    assert plans.kv_dtype == "float8_e4m3fn"
+    # A non-causal prefill wrapper is native whatever the causal prefill runs.
+    trtllm = replace(plans, kernels={"prefill": "trtllm-gen", "decode": "trtllm-gen"})
+    assert not trtllm.native("prefill")
+    assert replace(trtllm, non_causal=True).native("prefill")
+
+
+PLANS = BuilderPlans(
+    group=0, layers=("l0",), num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
+    kv_dtype="bfloat16", q_dtypes={"prefill": "bfloat16", "decode": "bfloat16"},
+    kernels={"prefill": NATIVE, "decode": NATIVE}, decode_graph_max_batch=256,
+)  # fmt: skip
+
+
+def test_a_builders_profile_is_planned_with_its_own_shape(monkeypatch):
+    monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
+        VLLM_BATCH_INVARIANT=False))  # fmt: skip
+    fp8 = replace(PLANS, kv_dtype="float8_e4m3fn",
+                  q_dtypes={"prefill": "float8_e4m3fn", "decode": "bfloat16"})  # fmt: skip
+    decode = vllm_plans.profile_for(fp8, "decode", vllm_config())
+    assert (decode.model.q_dtype, decode.model.kv_dtype) == ("bfloat16", "float8_e4m3fn")
+    assert decode.cuda_graph_batch_sizes == [1, 2, 4, 8, 256]  # up to the builder's 256
+    assert vllm_plans.profile_for(fp8, "prefill", vllm_config()).model.q_dtype == "float8_e4m3fn"
+    # DCP: decode plans every DCP rank's query heads together.
+    dcp = vllm_plans.profile_for(replace(PLANS, dcp_world_size=4), "decode", vllm_config())
+    assert dcp.model.num_qo_heads == 128
+    # Speculative tokens decoded as decode (vLLM 0.33's fa2): 1 + 3 query tokens a request.
+    spec = vllm_plans.profile_for(replace(PLANS, decode_q_len=4), "decode", vllm_config())
+    assert spec.plans["decode"].q_len_per_req == 4
+    assert spec.cuda_graph_batch_sizes == [1, 2, 64]  # 4, 8 and 256 tokens: 1, 2, 64 requests
+    eager = vllm_plans.profile_for(replace(PLANS, decode_graph_max_batch=None), "decode",
+                                   vllm_config())  # fmt: skip
+    assert eager.cuda_graph_batch_sizes == [1]
 
 
 # -- the wiring, on a builder shaped as vLLM's ------------------------------------------------
@@ -232,78 +343,165 @@ class StandInRunner:
     def capture_model(self, **kwargs):
         self.captured += 1
 
+    def get_kv_cache_spec(self):
+        return {}
 
-backend = types.ModuleType(plugin.BACKEND)
+
+class StandInWorker:
+    def __init__(self, runner) -> None:
+        self.model_runner = runner
+
+    def compile_or_warm_up_model(self):
+        """As vLLM's: capture where graphs are on (``enforce_eager`` off)."""
+        if not getattr(self, "eager", False):
+            self.model_runner.capture_model()
+        return "times"
+
+
+backend = types.ModuleType(seams.BACKEND)
+TRTLLM = torch.zeros(4 * MIB, dtype=torch.uint8)
+"""vLLM's TRT-LLM workspace, as its ``_get_trtllm_workspace_buffer()`` would make it."""
 
 
 @pytest.fixture
 def vllm_stand_in(monkeypatch):
     """Fresh stand-in modules of vLLM's, patched by a plugin enabled for the shipped Llama 8B
-    deployment with floors of 2 MB (prefill) and 4 MB (decode)."""
+    deployment with floors of 2 MB (prefill) and 4 MB (decode); one builder, both phases on
+    FlashInfer's native wrappers (``plans`` in the returned namespace changes that)."""
     global backend
-    backend = types.ModuleType(plugin.BACKEND)
+    backend = types.ModuleType(seams.BACKEND)
     backend.FlashInferMetadataBuilder = type("FlashInferMetadataBuilder", (StandInBuilder,), {})
     backend.fast_plan_decode = lambda wrapper, *args, **kwargs: wrapper.plan(*args, **kwargs)
+    backend._get_trtllm_workspace_buffer = lambda: TRTLLM
     backend.FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM = 16
     backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT = 2 << 30
-    runner = types.ModuleType(plugin.RUNNERS[1])
+    runner = types.ModuleType(seams.RUNNERS[1])
     runner.GPUModelRunner = type("GPUModelRunner", (StandInRunner,), {})
-    monkeypatch.setattr(plugin, "uncovered_attention", lambda config: None)
-    monkeypatch.setattr(plugin, "vllm_buffer_bytes", lambda config: (VLLM_BYTES, "stand-in"))
-    setting = plugin.read_setting(
-        {plugin.ENV_VAR: "llama3-8b-h200"}
-    )  # declared 256 / 128 MB: lowered for the CPU
+    worker = types.ModuleType(seams.WORKER)
+    worker.Worker = type("Worker", (StandInWorker,), {})
+    state = types.SimpleNamespace(plans=[PLANS])
+    monkeypatch.setattr(vllm_plans, "uncovered_attention", lambda config: None)
+    monkeypatch.setattr(vllm_plans, "builder_plans", lambda runner: state.plans)
+    monkeypatch.setattr(vllm_plans, "vllm_buffer_bytes", lambda config, plans: (VLLM_BYTES, "-"))
+    monkeypatch.setattr(workspaces, "vllm_trtllm_workspace", backend._get_trtllm_workspace_buffer)
+    setting = plugin.read_setting({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
     records = tuple(
         type(r)(**{**{f: getattr(r, f) for f in ("path", "owner", "labels", "cg_slots",
                   "floor_source", "floor_setting")}, "declared_mb": mb, "floor_mb": mb})
         for r, mb in zip(setting.records, (2, 4), strict=True)
     )  # fmt: skip
-    workspaces = plugin.VllmWorkspaces(plugin.Setting(setting.value, records))
-    plugin._patch_backend(workspaces, backend)
-    plugin._patch_runner(workspaces, runner)
-    return workspaces, backend.FlashInferMetadataBuilder, runner.GPUModelRunner()
+    served = plugin.VllmWorkspaces(plugin.Setting(setting.value, records))
+    seams._patch_backend(served, backend)
+    seams._patch_runner(served, runner)
+    seams._patch_worker(served, worker)
+    made_runner = runner.GPUModelRunner()
+    state.served, state.Builder, state.runner = (
+        served,
+        backend.FlashInferMetadataBuilder,
+        made_runner,
+    )
+    state.worker = worker.Worker(made_runner)
+    return state
 
 
 def test_the_profile_reserves_both_workspaces_and_vllms_buffer_is_never_made(vllm_stand_in):
-    workspaces, Builder, runner = vllm_stand_in
+    served, Builder, runner = vllm_stand_in.served, vllm_stand_in.Builder, vllm_stand_in.runner
     runner.profile_run()
     assert runner.profiled == 1
-    assert workspaces.held_bytes == 6 * MIB
+    assert served.held_bytes == 6 * MIB and served.trtllm_bytes == 0
     builders = [Builder(), Builder()]  # V1: one builder per attention group
     for builder in builders:
         builder._get_workspace_buffer()  # V2's runner asks the first builder for its buffer
     prefill = builders[0]._get_prefill_wrapper()
     decodes = [builders[1]._get_decode_wrapper(b, True) for b in (1, 8, 64)]
-    pools = workspaces.pools
+    pools = served.pools
     assert prefill._float_workspace_buffer is pools["attn.prefill"].get("prefill").tensor
     assert all(d.buffer is pools["attn.decode"].get("decode", 0).tensor for d in decodes)
     assert all(b._workspace_buffer is None for b in builders)
-    assert workspaces.report()["builders"] == 2
+    assert served.report()["builders"] == 2
+
+
+def test_where_xqa_decodes_no_decode_workspace_is_made_and_vllms_trtllm_one_is_counted(
+    vllm_stand_in, caplog
+):
+    xqa = replace(PLANS, kernels={"prefill": NATIVE, "decode": "xqa"})
+    vllm_stand_in.plans = [xqa]
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        runner.profile_run()
+    assert list(served.pools) == ["attn.prefill"]
+    assert served.held_bytes == 2 * MIB
+    assert served.trtllm_bytes == TRTLLM.numel()
+    report = served.report()
+    assert report["native_roles"] == ["prefill"]
+    assert report["trtllm_workspace_bytes"] == 4 * MIB
+    text = caplog.text
+    assert "decode on xqa" in text and "no decode workspace" in text
+    assert "vLLM's TRT-LLM workspace: 4,194,304 bytes" in text
+    # A native decode wrapper vLLM builds all the same takes vLLM's own buffer, with a warning.
+    builder = vllm_stand_in.Builder()
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        decode = builder._get_decode_wrapper(8, True)
+    assert decode.buffer is builder._workspace_buffer
+    assert report["unexpected_wrappers"] == [] and served.unexpected == ["decode"]
+    assert "though its builders run decode on xqa" in caplog.text
+
+
+def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
+    vllm_stand_in, monkeypatch
+):
+    """``auto``: each builder's plans measured (once for builders alike), the floor the largest,
+    and the log names the group that set it."""
+    from mstar_resources.calibration.override import Measured
+
+    wide = replace(PLANS, group=1, layers=("l1",), num_qo_heads=64, num_kv_heads=4)
+    vllm_stand_in.plans = [PLANS, replace(PLANS, layers=("l2",)), wide]
+    measured = []
+
+    def need(profile, role, graphs, device):
+        measured.append((role, profile.model.num_qo_heads, graphs))
+        heads = profile.model.num_qo_heads
+        return Measured(f"attn.{role}", heads * MIB, f"{role}: bs={heads}", "query")
+
+    monkeypatch.setattr(workspaces, "measured_need", need)
+    monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
+        VLLM_BATCH_INVARIANT=False))  # fmt: skip
+    served = plugin.VllmWorkspaces(plugin.Setting("auto"))
+    runner = types.SimpleNamespace(vllm_config=vllm_config(), device=torch.device("cpu"))
+    served.reserve(runner)
+    assert sorted(measured) == [("decode", 32, True), ("decode", 64, True),
+                                ("prefill", 32, False), ("prefill", 64, False)]  # fmt: skip
+    assert served.pools["attn.decode"].get("decode", 0).tensor.numel() == 64 * MIB
+    assert served.provenance["attn.decode"].endswith(
+        "for KV-cache group 1 (1 layer: 64/4 heads of 128, page 16, KV bfloat16), the most of 2 "
+        "builders"
+    )
 
 
 def test_a_plan_before_the_seal_grows_its_workspace_in_place(vllm_stand_in):
-    workspaces, Builder, runner = vllm_stand_in
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
     runner.profile_run()
-    builder = Builder()
+    builder = vllm_stand_in.Builder()
     builder.build(8)
-    decode = workspaces.pools["attn.decode"].get("decode", 0)
-    prefill = workspaces.pools["attn.prefill"].get("prefill")
+    decode = served.pools["attn.decode"].get("decode", 0)
+    prefill = served.pools["attn.prefill"].get("prefill")
     assert decode.tensor.numel() == 6 * MIB  # 5 + 1 MiB, from a floor of 4
     assert prefill.tensor.numel() == 3 * MIB  # from a floor of 2
     assert builder._get_prefill_wrapper()._workspace_size == 3 * MIB
-    assert workspaces.report()["growths"] == 3  # decode: tmp_v, then tmp_s; prefill: once
+    assert served.report()["growths"] == 3  # decode: tmp_v, then tmp_s; prefill: once
 
 
 def test_capture_seals_and_a_plan_that_no_longer_fits_names_the_setting(vllm_stand_in):
-    workspaces, Builder, runner = vllm_stand_in
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
     runner.profile_run()
-    builder = Builder()
+    builder = vllm_stand_in.Builder()
     builder.build(8)
     runner.capture_model(profile_only=True)  # 0.33's measuring capture: nothing sealed yet
-    assert not workspaces.sealed
-    runner.capture_model()
-    assert workspaces.sealed and runner.captured == 2
-    decode = workspaces.pools["attn.decode"].get("decode", 0)
+    assert not served.sealed
+    vllm_stand_in.worker.compile_or_warm_up_model()  # captures, then serves
+    assert served.sealed and runner.captured == 2
+    assert served.sealed_before == "captures CUDA graphs"
+    decode = served.pools["attn.decode"].get("decode", 0)
     address = decode.tensor.data_ptr()
     builder.decode_chain = [("batch_decode_tmp_v", 9 * MIB, 16)]
     with pytest.raises(WorkspaceSealedError) as raised:
@@ -311,35 +509,52 @@ def test_capture_seals_and_a_plan_that_no_longer_fits_names_the_setting(vllm_sta
     assert raised.value.setting == "resources.attn.decode.declared_mb"
     assert raised.value.suggested_mb == 9
     assert decode.tensor.data_ptr() == address and decode.tensor.numel() == 6 * MIB
-    assert workspaces.report()["sealed_overflows"] == 1
+    assert served.report()["sealed_overflows"] == 1
+
+
+def test_without_graph_capture_the_workspaces_are_sealed_before_the_first_request(vllm_stand_in):
+    """``enforce_eager``: vLLM never calls ``capture_model``; its warm-up ends sealed."""
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    runner.profile_run()
+    vllm_stand_in.Builder().build(8)  # vLLM's warm-up plans
+    worker = vllm_stand_in.worker
+    worker.eager = True
+    assert worker.compile_or_warm_up_model() == "times"
+    assert runner.captured == 0
+    assert served.sealed
+    assert served.sealed_before == "serves its first request (it captured no CUDA graph)"
 
 
 def test_a_model_the_plugin_does_not_serve_keeps_vllms_buffer(vllm_stand_in, monkeypatch, caplog):
-    workspaces, Builder, runner = vllm_stand_in
-    monkeypatch.setattr(plugin, "uncovered_attention", lambda config: "its attention is FLASH_ATTN")
-    with caplog.at_level(logging.WARNING, logger=plugin.logger.name):
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    monkeypatch.setattr(vllm_plans, "uncovered_attention", lambda c: "its attention is FLASH_ATTN")
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
         runner.profile_run()
-        builder = Builder()
+        builder = vllm_stand_in.Builder()
         builder.build(8)
     assert builder._workspace_buffer is not None
     assert builder._get_prefill_wrapper()._float_workspace_buffer is builder._workspace_buffer
-    assert workspaces.pools == {} and "FLASH_ATTN" in workspaces.untouched
+    assert served.pools == {} and "FLASH_ATTN" in served.untouched
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
 
 
 def test_a_failure_of_the_plugins_own_leaves_vllm_as_it_is(vllm_stand_in, monkeypatch):
-    workspaces, Builder, runner = vllm_stand_in
+    """vLLM's own refusal in its builder (sliding windows on SM90, say) reaches the plugin first,
+    at the profile: the plugin leaves vLLM as it is, and vLLM then refuses in its own words."""
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
 
-    def broken(config):
-        raise AttributeError("'ModelConfig' object has no attribute 'get_head_size'")
+    def refused(runner):
+        raise NotImplementedError(
+            "FlashInfer backend on SM90 currently crashes with sliding-window"
+        )
 
-    monkeypatch.setattr(plugin, "vllm_buffer_bytes", broken)
+    monkeypatch.setattr(vllm_plans, "builder_plans", refused)
     runner.profile_run()
-    runner.capture_model()
-    builder = Builder()
+    vllm_stand_in.worker.compile_or_warm_up_model()
+    builder = vllm_stand_in.Builder()
     builder.build(8)
-    assert builder._workspace_buffer is not None and not workspaces.sealed
-    assert "AttributeError" in workspaces.untouched
+    assert builder._workspace_buffer is not None and not served.sealed
+    assert served.untouched.startswith("it failed (NotImplementedError: FlashInfer backend on SM90")
 
 
 # -- waiting for a module's import ---------------------------------------------------------------
@@ -363,11 +578,11 @@ def test_a_callback_waits_for_the_import_and_the_module_keeps_its_loader(tmp_pat
 
 
 def test_the_first_builders_decode_wrappers_share_the_decode_int_workspace(vllm_stand_in):
-    workspaces, Builder, runner = vllm_stand_in
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
     runner.profile_run()
-    first, second = Builder(), Builder()
+    first, second = vllm_stand_in.Builder(), vllm_stand_in.Builder()
     first.indexed = second.indexed = True
-    shared = workspaces.pools["attn.decode"].get("decode", 0).int_workspace
+    shared = served.pools["attn.decode"].get("decode", 0).int_workspace
     decodes = [first._get_decode_wrapper(b, True) for b in (1, 8, 64)]
     assert all(d._int_workspace_buffer is shared.tensor for d in decodes)
     assert all(d._pin_memory_int_workspace_buffer is shared.mirror for d in decodes)
@@ -377,49 +592,8 @@ def test_the_first_builders_decode_wrappers_share_the_decode_int_workspace(vllm_
     assert other._int_workspace_buffer.numel() == 8 * MIB
     # The prefill wrappers keep their own (several may be planned in one step).
     assert first._get_prefill_wrapper()._float_workspace_buffer is not None
-    report = workspaces.report()
+    report = served.report()
     assert report["shared_int_wrappers"] == 3
     first.build(8)
     assert shared.tensor.numel() == 8 * MIB  # FlashInfer's 8 MiB, the default floor, holds it
     assert decodes[1].plans == 3  # planned, and planned again after each float growth
-
-
-def test_a_deployment_file_whose_resources_are_wrong_names_the_setting_and_the_key(tmp_path):
-    path = deployment_file(tmp_path, OVER_LLAMA3_8B + DECODE_MB.format(0))
-    with pytest.raises(ResourceConfigError) as raised:
-        plugin.read_setting({plugin.ENV_VAR: str(path)})
-    assert str(raised.value).startswith(f"{plugin.ENV_VAR}={path}: ")
-    assert "resources.attn.decode.declared_mb=0" in str(raised.value)
-
-
-def test_a_deployment_that_does_not_compose_is_one_paragraph(tmp_path):
-    path = deployment_file(tmp_path, "defaults:\n  - no-such-deployment\n")
-    with pytest.raises(ResourceConfigError) as raised:
-        plugin.read_setting({plugin.ENV_VAR: str(path)})
-    assert f"{plugin.ENV_VAR}={str(path)!r}" in str(raised.value)
-    assert "\n" not in str(raised.value)
-
-
-def test_register_leaves_an_unsupported_vllm_untouched(monkeypatch, caplog):
-    """With the setting on and a vLLM the seams were not read in (here: none installed), the
-    plugin says why once and patches nothing."""
-    monkeypatch.setenv(plugin.ENV_VAR, "llama3-8b-h200")
-    monkeypatch.setattr(plugin, "vllm_version", lambda: "0.1.0")
-    monkeypatch.setattr(plugin, "_active", None)
-    with caplog.at_level(logging.WARNING, logger=plugin.__name__):
-        plugin.register()
-    assert plugin.active() is None
-    assert "vLLM 0.1.0 is not one this plugin was read in" in caplog.text
-
-
-def test_the_decode_graph_sizes_are_vllms_capture_sizes_up_to_its_cap():
-    compilation = types.SimpleNamespace(
-        max_cudagraph_capture_size=32, cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32, 64, 128]
-    )
-    config = types.SimpleNamespace(
-        compilation_config=compilation, scheduler_config=types.SimpleNamespace(max_num_seqs=16)
-    )
-    assert plugin._decode_graph_sizes(config) == [1, 2, 4, 8, 16]  # max_num_seqs caps it
-    compilation.max_cudagraph_capture_size = None
-    config.scheduler_config.max_num_seqs = 256
-    assert plugin._decode_graph_sizes(config) == [1, 2, 4, 8, 16, 32, 64, 128]

@@ -32,8 +32,10 @@ def test_the_dry_run_lists_every_run_with_its_trace_slice_and_starts_none(tmp_pa
     runs = {line.split(":")[0]: line for line in done.stdout.splitlines()}
     assert list(runs) == [
         "llama3-8b/vllm", "llama3-8b/plugin", "llama3-8b/plugin-stale", "qwen3.5/vllm",
-        "qwen3.5/plugin", "llama3-8b-v1/vllm", "llama3-8b-v1/plugin", "crash/vllm",
-        "crash/plugin",
+        "qwen3.5/plugin", "crash/vllm", "crash/plugin", "llama3-8b-v1/vllm",
+        "llama3-8b-v1/plugin",
+        *(f"{group}/{run}" for group in ("xqa", "fp8", "fp8-xqa", "eager", "two-groups", "soak")
+          for run in ("vllm", "plugin", "plugin-mp")),
     ]  # fmt: skip
     assert "MSTAR_RESOURCES_VLLM=(unset)" in runs["llama3-8b/vllm"]
     assert "MSTAR_RESOURCES_VLLM=auto" in runs["qwen3.5/plugin"]

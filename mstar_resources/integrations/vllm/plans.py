@@ -1,0 +1,330 @@
+"""What vLLM's FlashInfer metadata builders will plan and run, known before vLLM sizes its KV cache.
+
+vLLM makes one ``FlashInferMetadataBuilder`` per attention group of each KV-cache group (layers of
+one KV-cache spec and one number of query heads), after it has sized the KV cache. Each decides,
+once, in its ``__init__``, what it will run: its heads, KV heads and head size from its own spec,
+the page size of the kernel (``cache_config.block_size`` may be larger, for hybrid models), the
+query dtype of each phase, and which kernel decodes: FlashInfer's native wrappers, TRT-LLM's XQA
+(SM90, once FlashInfer's cubins are there) or trtllm-gen (SM100, both phases).
+
+At vLLM's memory profile, the plugin makes those builders itself, the way vLLM will (its own
+KV-cache grouping, its kernel block size, the builder class with vLLM's config), on the CPU, and
+reads what each decided (:func:`builder_plans`). A phase no builder runs on FlashInfer's native
+wrappers gets no native workspace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from ...calibration.profile import CalibrationProfile
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, ...] = ("prefill", "decode")
+"""The plan labels vLLM's FlashInfer wrappers are planned under, one workspace each."""
+
+FLASHINFER = "FLASHINFER"
+"""vLLM's name of its FlashInfer attention backend (``FlashInferBackend.get_name()``)."""
+
+NATIVE = "flashinfer-native"
+"""FlashInfer's own wrappers (vLLM's log calls them so: ``decode_backend=flashinfer-native``)."""
+
+KV_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+"""vLLM's ``--kv-cache-dtype`` names of FP8 caches, as the profile names their dtypes."""
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` as ``bfloat16``."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class BuilderPlans:
+    """What one FlashInfer metadata builder of vLLM's plans and runs."""
+
+    group: int
+    """Its KV-cache group."""
+    layers: tuple[str, ...]
+    num_qo_heads: int
+    """Query heads per rank."""
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    """The kernel's block size, which FlashInfer plans with."""
+    kv_dtype: str
+    q_dtypes: Mapping[Role, str]
+    """Each phase's query dtype (on SM90 with an FP8 KV cache, decode keeps the model's dtype)."""
+    kernels: Mapping[Role, str]
+    """Each phase's kernel: :data:`NATIVE`, ``xqa`` or ``trtllm-gen``."""
+    dcp_world_size: int = 1
+    """Decode context parallelism: the query heads of every DCP rank are planned together."""
+    decode_q_len: int = 1
+    """Query tokens a request in a decode plan (1 + speculative tokens, where vLLM decodes them)."""
+    decode_graph_max_batch: int | None = None
+    """The largest decode batch vLLM captures a FULL CUDA graph for; None: no decode graphs."""
+    non_causal: bool = False
+    """vLLM also builds a native non-causal prefill wrapper (``attention_config.use_non_causal``),
+    whatever kernel its causal prefill runs."""
+
+    def native(self, role: Role) -> bool:
+        """Whether a ``role`` plan of this builder runs on FlashInfer's native wrappers."""
+        return self.kernels[role] == NATIVE or (role == "prefill" and self.non_causal)
+
+    def describe(self) -> str:
+        count = len(self.layers)
+        return (
+            f"KV-cache group {self.group} ({count} layer{'s' * (count != 1)}: "
+            f"{self.num_qo_heads}/{self.num_kv_heads} heads of {self.head_dim}, page "
+            f"{self.page_size}, KV {self.kv_dtype})"
+        )
+
+
+@dataclass(frozen=True)
+class VllmFunctions:
+    """The parts of vLLM :func:`plans_of_groups` works with (stand-ins in the CPU tests)."""
+
+    make_builder: Callable[[Any, list[str]], Any]
+    """``(kv_cache_spec, layer_names)``: vLLM's FlashInfer metadata builder for them."""
+    select_block_size: Callable[[int, list[Any]], int]
+    """vLLM's ``select_common_block_size(kv_manager_block_size, backends)``."""
+    use_trtllm_attention: Callable[..., bool]
+    """vLLM's ``use_trtllm_attention``: whether a phase runs TRT-LLM's kernels."""
+    uniform_type: Any = field(default=type(None))
+    """vLLM's ``UniformTypeKVCacheSpecs``: a group spec holding one spec per layer."""
+
+
+def plans_of_groups(
+    vllm_config: Any, groups: Sequence[Any], layers: Mapping[str, Any], vllm: VllmFunctions
+) -> list[BuilderPlans]:
+    """What each FlashInfer builder of the KV-cache ``groups`` plans: one builder per group and
+    (layer spec, query heads), made with the group's kernel block size, as vLLM makes them."""
+    found: list[BuilderPlans] = []
+    for group_id, group in enumerate(groups):
+        names = [name for name in group.layer_names if name in layers]
+        backends = {name: layers[name].get_attn_backend() for name in names}
+        ours = [name for name in names if backends[name].get_name() == FLASHINFER]
+        if not ours:
+            continue
+        distinct = list({b.__qualname__: b for b in backends.values()}.values())
+        kernel_block = vllm.select_block_size(group.kv_cache_spec.block_size, distinct)
+        builders: dict[tuple[Any, int], list[str]] = {}
+        for name in ours:
+            spec = group.kv_cache_spec
+            if isinstance(spec, vllm.uniform_type):
+                spec = spec.kv_cache_specs[name]
+            builders.setdefault((spec, getattr(layers[name], "num_heads", 0)), []).append(name)
+        for (spec, _), layer_names in builders.items():
+            builder = vllm.make_builder(spec.copy_with_new_block_size(kernel_block), layer_names)
+            found.append(read_builder(builder, group_id, layer_names, vllm_config, vllm))
+    return found
+
+
+def read_builder(
+    builder: Any, group: int, layers: Sequence[str], vllm_config: Any, vllm: VllmFunctions
+) -> BuilderPlans:
+    """What ``builder`` (a FlashInfer metadata builder vLLM's ``__init__`` set up) will plan."""
+    decode = NATIVE
+    if builder.use_trtllm_decode_attention:
+        decode = builder.flashinfer_trtllm_api_decode_kernel.value
+    attention = vllm_config.attention_config
+    force = True if builder.page_size >= 128 else attention.use_trtllm_attention
+    prefill_trtllm = vllm.use_trtllm_attention(
+        builder.num_qo_heads,
+        builder.num_kv_heads,
+        vllm_config.scheduler_config.max_num_batched_tokens,
+        vllm_config.model_config.max_model_len,
+        builder.dcp_world_size,
+        builder.cache_dtype,
+        builder.q_data_type_prefill,
+        is_prefill=True,
+        force_use_trtllm=force,
+        has_sinks=builder.has_sinks,
+        has_spec=builder.reorder_batch_threshold > 1,
+    )
+    # 0.33 plans speculative tokens as decode in its fa2 native decode; 0.26 sends them to prefill.
+    decode_q_len = builder.reorder_batch_threshold if getattr(
+        builder, "use_fa2_native_decode", False
+    ) else 1  # fmt: skip
+    return BuilderPlans(
+        group=group,
+        layers=tuple(layers),
+        num_qo_heads=builder.num_qo_heads,
+        num_kv_heads=builder.num_kv_heads,
+        head_dim=builder.head_dim,
+        page_size=builder.page_size,
+        kv_dtype=dtype_name(builder.kv_cache_dtype),
+        q_dtypes={
+            "prefill": dtype_name(builder.q_data_type_prefill),
+            "decode": dtype_name(builder.q_data_type_decode),
+        },
+        kernels={"prefill": "trtllm-gen" if prefill_trtllm else NATIVE, "decode": decode},
+        dcp_world_size=builder.dcp_world_size,
+        decode_q_len=max(1, decode_q_len),
+        decode_graph_max_batch=builder._decode_cudagraph_max_bs
+        if builder.enable_cuda_graph
+        else None,
+        non_causal=bool(getattr(attention, "use_non_causal", False)),
+    )
+
+
+def builder_plans(runner: Any) -> list[BuilderPlans]:
+    """What each FlashInfer metadata builder ``runner`` (vLLM's V1 or V2 ``GPUModelRunner``, its
+    model loaded) will make plans, from builders made here as vLLM will make them, on the CPU."""
+    import torch
+    import vllm.v1.attention.backends.flashinfer as backend
+    from vllm.config.vllm import get_layers_from_vllm_config, set_current_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.utils.flashinfer import use_trtllm_attention
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+    from vllm.v1.worker.utils import select_common_block_size
+
+    config = runner.vllm_config
+    cpu = torch.device("cpu")  # the builder's index buffers: on the host, never the GPU
+
+    def make_builder(spec: Any, layer_names: list[str]) -> Any:
+        return backend.FlashInferMetadataBuilder(spec, layer_names, config, cpu)
+
+    vllm = VllmFunctions(
+        make_builder, select_common_block_size, use_trtllm_attention, UniformTypeKVCacheSpecs
+    )
+    with set_current_vllm_config(config):
+        groups = _kv_cache_groups(config, runner.get_kv_cache_spec())
+        layers = get_layers_from_vllm_config(config, AttentionLayerBase)
+        return plans_of_groups(config, groups, layers, vllm)
+
+
+def _kv_cache_groups(config: Any, specs: dict[str, Any]) -> list[Any]:
+    """vLLM's KV-cache groups of the layers' ``specs``: 0.26's ``get_kv_cache_groups``, or
+    0.33's from its KV-cache config builder."""
+    try:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+    except ImportError:
+        from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder
+
+        builder = get_kv_cache_config_builder(config)
+        return list(get_kv_cache_groups_from_builder(builder, config, specs))
+    return list(get_kv_cache_groups(config, specs))
+
+
+def vllm_envs() -> Any:
+    """vLLM's settings (``vllm.envs``), read as vLLM reads them."""
+    import vllm.envs
+
+    return vllm.envs
+
+
+# -- a builder's plans as a calibration profile -------------------------------------------------
+
+
+def decode_graph_sizes(plans: BuilderPlans, vllm_config: Any) -> list[int]:
+    """The decode batches (requests) ``plans``' builder captures FULL CUDA graphs for: vLLM's
+    capture sizes up to the builder's cap, each of ``decode_q_len`` tokens a request, at most
+    ``max_num_seqs`` requests."""
+    top = plans.decode_graph_max_batch
+    if top is None:
+        return []
+    q_len, most = plans.decode_q_len, vllm_config.scheduler_config.max_num_seqs
+    sizes = vllm_config.compilation_config.cudagraph_capture_sizes or []
+    return sorted({min(s // q_len, most) for s in sizes if q_len <= s <= top})
+
+
+def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> CalibrationProfile:
+    """The calibration profile (``engine: vllm``) of ``plans``' ``role`` plans: its builder's
+    heads (times DCP's ranks, planned together), head size, page size, the phase's query dtype,
+    the KV dtype, and vLLM's limits; decode at its graph batch sizes where it captures graphs."""
+    import dataclasses
+
+    from ...calibration.profile import load_profile
+
+    plan: dict[str, Any] = {"kind": "paged_prefill" if role == "prefill" else "decode"}
+    if role == "prefill":
+        plan["backend"] = "auto"  # vLLM's prefill wrappers take backend "auto"
+    elif plans.decode_q_len > 1:
+        plan["q_len_per_req"] = plans.decode_q_len
+    scheduler, model = vllm_config.scheduler_config, vllm_config.model_config
+    node = {
+        "engine": "vllm",
+        "deterministic": bool(vllm_envs().VLLM_BATCH_INVARIANT),
+        "model": {
+            "num_qo_heads": plans.num_qo_heads * plans.dcp_world_size,
+            "num_kv_heads": plans.num_kv_heads,
+            "head_dim": plans.head_dim,
+            "page_size": plans.page_size,
+            "q_dtype": plans.q_dtypes[role],
+            "kv_dtype": plans.kv_dtype,
+        },
+        "limits": {
+            "max_num_seqs": scheduler.max_num_seqs,
+            "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+            "max_model_len": model.max_model_len,
+        },
+        "plans": {role: plan},
+    }
+    profile = load_profile(node)
+    sizes = decode_graph_sizes(plans, vllm_config) if role == "decode" else []
+    return dataclasses.replace(profile, cuda_graph_batch_sizes=sizes or [1])
+
+
+def serving_tree(role: Role, graphs: bool) -> dict[str, Any]:
+    """The resource tree one ``role`` is measured in: decode under CUDA graphs where captured."""
+    node: dict[str, Any] = {"owner": "attention", "labels": [role]}
+    if role == "decode":
+        node["cg_slots"] = [0] if graphs else []
+    return {"attn": {role: node}}
+
+
+# -- the model's attention, and vLLM's own buffers ----------------------------------------------
+
+
+def uncovered_attention(vllm_config: Any) -> str | None:
+    """Why the plugin cannot serve this model's attention (None: it can): no FlashInfer layer, or
+    a FlashInfer backend other than the plain one (MLA)."""
+    from vllm.config.vllm import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase)
+    names = {layer.get_attn_backend().get_name() for layer in layers.values()}
+    if FLASHINFER not in names:
+        found = ", ".join(sorted(names)) or "no attention backend"
+        return f"the model's attention runs on {found}, not FlashInfer ({FLASHINFER})"
+    others = sorted(name for name in names if FLASHINFER in name and name != FLASHINFER)
+    if others:
+        return (
+            f"the model also uses {', '.join(others)}, whose buffers this plugin does not "
+            "manage; it serves vLLM's FLASHINFER backend alone"
+        )
+    return None
+
+
+def vllm_buffer_bytes(vllm_config: Any, plans: Sequence[BuilderPlans]) -> tuple[int, str]:
+    """The float buffer vLLM would make for a FlashInfer metadata builder (the largest of
+    ``plans``' builders), and how it got it: ``max(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE,
+    max_num_batched_tokens x query heads x head size x 16)`` (batch-invariant mode: its fixed
+    size)."""
+    import vllm.v1.attention.backends.flashinfer as backend
+
+    if vllm_envs().VLLM_BATCH_INVARIANT:
+        size = backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT
+        return size, f"VLLM_BATCH_INVARIANT's {size:,}"
+    tokens = vllm_config.scheduler_config.max_num_batched_tokens
+    widest = max(plans, key=lambda p: p.num_qo_heads * p.head_dim)
+    per = backend.FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM
+    formula = tokens * widest.num_qo_heads * widest.head_dim * per
+    setting = vllm_envs().VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE
+    how = (
+        f"max(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE={setting:,}, {tokens:,} batched tokens x "
+        f"{widest.num_qo_heads} heads x {widest.head_dim} x {per} = {formula:,})"
+    )
+    return max(setting, formula), how
+
+
+def trtllm_kernels(plans: Sequence[BuilderPlans]) -> Iterator[tuple[BuilderPlans, Role, str]]:
+    """Each (builder, phase) that runs TRT-LLM's kernels (XQA, trtllm-gen), with the kernel."""
+    for builder in plans:
+        for role in ROLES:
+            if builder.kernels[role] != NATIVE:
+                yield builder, role, builder.kernels[role]

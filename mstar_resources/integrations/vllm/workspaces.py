@@ -1,0 +1,360 @@
+"""The workspaces of one vLLM worker: made at vLLM's memory profile for the phases FlashInfer's
+native wrappers run, handed to each wrapper as vLLM builds it, sealed before serving."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ResourceConfigError, WorkspaceSealedError
+from ...resolver import ResolvedResource, build_pools, resolve
+from . import plans as vllm_plans
+from .plans import ROLES, BuilderPlans, Role
+from .setting import AUTO, ENV_VAR, Setting, serving_keys
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...attn.workspace import Workspace, WorkspacePool, WorkspaceStats
+    from ...calibration.override import Measured
+    from ...calibration.profile import CalibrationProfile
+
+# Under vLLM's logger, so its handler prints these lines with its own.
+logger = logging.getLogger("vllm.plugins.mstar_resources")
+
+ROLE: ContextVar[Role | None] = ContextVar("mstar_resources_vllm_role", default=None)
+"""The role of the wrapper vLLM is building, while one of the builder's wrapper getters runs."""
+
+
+class VllmWorkspaces:
+    """The workspaces vLLM's FlashInfer wrappers plan on in one process, and their life: made at
+    vLLM's memory profile, handed to each wrapper as it is built, sealed before serving."""
+
+    def __init__(self, setting: Setting) -> None:
+        self.setting = setting
+        self.pools: dict[str, WorkspacePool] = {}
+        self._workspaces: dict[Role, Workspace] = {}
+        # By the wrapper's id (a wrapper need not be hashable), with a weak reference to it, so a
+        # wrapper vLLM drops is not kept alive here.
+        self._routed: dict[int, tuple[weakref.ref[Any], Workspace]] = {}
+        self._keys: dict[Role, tuple[str, int | None]] = {}
+        """Each role's pool (by resource path) and cg slot."""
+        self._int_builder: weakref.ref[Any] | None = None
+        """The metadata builder whose decode wrappers share the decode int workspace."""
+        self.shared_int_wrappers = 0
+        """Decode wrappers given the shared int workspace in place of their own."""
+        self.untouched: str | None = None
+        """Why vLLM runs as it is (None: the plugin serves it)."""
+        self.reserved = False
+        """Whether the profile's reservation was made (with or without native workspaces)."""
+        self.plans: list[BuilderPlans] = []
+        """What each of vLLM's FlashInfer metadata builders will plan and run."""
+        self.vllm_bytes: int | None = None
+        """What vLLM would have made for each FlashInfer metadata builder."""
+        self.trtllm_bytes = 0
+        """vLLM's own TRT-LLM workspace (XQA, trtllm-gen), made at the profile; 0: none runs."""
+        self.sealed_overflows = 0
+        """Plans refused by a sealed workspace (each raised its error to vLLM)."""
+        self.sealed_before: str | None = None
+        """What the workspaces were sealed before: vLLM's graph capture, or its first request."""
+        self.unexpected: list[str] = []
+        """Wrappers vLLM built for a phase its builders said they would not run natively."""
+        self._builders: weakref.WeakSet[Any] = weakref.WeakSet()
+        """The FlashInfer metadata builders served (each would have made its own buffer in V1)."""
+        self.provenance: dict[str, str] = {}
+        """By resource path: where its floor came from, in words."""
+
+    @property
+    def serving(self) -> bool:
+        return bool(self._workspaces)
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the workspaces keep their addresses from now on."""
+        return bool(self.pools) and all(pool.sealed for pool in self.pools.values())
+
+    def native_roles(self) -> list[Role]:
+        """The phases some builder runs on FlashInfer's native wrappers."""
+        return [role for role in ROLES if any(p.native(role) for p in self.plans)]
+
+    def _stats(self) -> list[WorkspaceStats]:
+        """The float workspaces' stats, then the int workspaces'."""
+        return [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
+
+    def leave_untouched(self, reason: str) -> None:
+        if self.untouched is None and not self.serving:
+            self.untouched = reason
+            logger.warning(
+                "mstar-resources: %s set, but %s; vLLM keeps its own FlashInfer workspace",
+                self.setting.describe(),
+                reason,
+            )
+
+    # Step 1: at vLLM's memory profile.
+    def reserve(self, runner: Any) -> None:
+        """Make the workspaces vLLM's native wrappers will take, and vLLM's TRT-LLM workspace
+        where a phase runs TRT-LLM's kernels, once per process, before vLLM sizes its KV cache;
+        on a model this plugin does not serve, log why and leave vLLM as it is."""
+        if self.reserved or self.untouched is not None:
+            return
+        config, device = runner.vllm_config, runner.device
+        try:
+            reason = vllm_plans.uncovered_attention(config)
+            if reason is not None:
+                self.leave_untouched(reason)
+                return
+            self.plans = vllm_plans.builder_plans(runner)
+            roles = self.native_roles()
+            if self.setting.auto:
+                records = self._measure(config, device, roles)
+            else:
+                records = self.setting.records
+                self._check_calibration(device)
+            keys = serving_keys(records, roles, self.setting.describe())
+            self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
+            if any(True for _ in vllm_plans.trtllm_kernels(self.plans)):
+                self.trtllm_bytes = vllm_trtllm_workspace().numel()
+        except ResourceConfigError as error:
+            self.leave_untouched(f"it cannot size the workspaces: {error}")
+            return
+        except Exception as error:  # the plugin's own failure must not stop vLLM
+            self.leave_untouched(f"it failed ({type(error).__name__}: {error})")
+            return
+        serving = [r for r in records if any(role in r.labels for role in roles)]
+        self.pools = build_pools(serving, device) if serving else {}
+        for role, (record, cg_slot) in keys.items():
+            self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
+            self._keys[role] = (record.path, cg_slot)
+        self.reserved = True
+        self._log_reserved(keys, vllm_how)
+
+    def _measure(
+        self, config: Any, device: torch.device, roles: Sequence[Role]
+    ) -> tuple[ResolvedResource, ...]:
+        """``auto``: a resource for each natively run phase, its floor the most any builder's
+        plans of that phase need, measured here."""
+        from ...calibration.record import declared_mb_for
+
+        tree: dict[str, Any] = {"attn": {}}
+        for role in roles:
+            measured: dict[str, tuple[Measured, BuilderPlans, bool]] = {}
+            for plans in (p for p in self.plans if p.native(role)):
+                profile = vllm_plans.profile_for(plans, role, config)
+                if repr(profile) in measured:  # a builder of the same plans: measured once
+                    continue
+                graphs = role == "decode" and plans.decode_graph_max_batch is not None
+                need = measured_need(profile, role, graphs, device)
+                measured[repr(profile)] = (need, plans, graphs)
+            need, plans, graphs = max(measured.values(), key=lambda m: m[0].need_bytes)
+            node = vllm_plans.serving_tree(role, graphs)["attn"][role]
+            node["declared_mb"] = declared_mb_for(need.need_bytes)
+            tree["attn"][role] = node
+            others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
+            self.provenance[f"attn.{role}"] = (
+                f"measured here ({ENV_VAR}={AUTO}): need {need.need_bytes:,} bytes, worst "
+                f"{need.worst}, by {need.method}, for {plans.describe()}{others}"
+            )
+        return tuple(resolve(tree))
+
+    def _check_calibration(self, device: torch.device) -> None:
+        """A calibrated deployment names what differs here (FlashInfer's version, the GPU)."""
+        from ...calibration.record import check_calibration
+
+        root = self.setting.root
+        if root is not None and root.get("calibrated") is not None:
+            stale = check_calibration(root, device, resolved=list(self.setting.records))
+            if stale is not None:
+                logger.warning(
+                    "mstar-resources: %s was calibrated elsewhere (%s); its floors may not hold "
+                    "here: recalibrate on this GPU, or set %s=%s to measure vLLM's plans in the "
+                    "worker",
+                    self.setting.describe(), stale, ENV_VAR, AUTO,
+                )  # fmt: skip
+
+    def _log_reserved(self, keys: Mapping[Role, tuple[ResolvedResource, int | None]],
+                      vllm_how: str) -> None:  # fmt: skip
+        for plans in self.plans:
+            logger.info(
+                "mstar-resources: vLLM's FlashInfer builder for %s: prefill on %s (q %s), "
+                "decode on %s (q %s)",
+                plans.describe(), plans.kernels["prefill"], plans.q_dtypes["prefill"],
+                plans.kernels["decode"], plans.q_dtypes["decode"],
+            )  # fmt: skip
+        for role, workspace in self._workspaces.items():
+            record, _ = keys[role]
+            source = self.provenance.get(
+                record.path, f"{record.floor_setting} ({record.floor_source})"
+            )
+            logger.info(
+                "mstar-resources: %s: %s bytes for vLLM's FlashInfer %s wrappers; floor from %s",
+                workspace.name, f"{workspace.tensor.numel():,}", role, source,
+            )  # fmt: skip
+        for role in ROLES:
+            if role not in self._workspaces:
+                kernels = sorted({p.kernels[role] for p in self.plans})
+                logger.info(
+                    "mstar-resources: no %s workspace: no FlashInfer native %s wrapper runs "
+                    "(%s runs it)", role, role, ", ".join(kernels),
+                )  # fmt: skip
+        if self.trtllm_bytes:
+            used = "; ".join(
+                f"{kernel} {role} for {plans.describe()}"
+                for plans, role, kernel in vllm_plans.trtllm_kernels(self.plans)
+            )
+            logger.info(
+                "mstar-resources: vLLM's TRT-LLM workspace: %s bytes "
+                "(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE), made now, before vLLM sizes its KV "
+                "cache, so that its memory profile counts it; vLLM keeps it, zero-initialised as "
+                "its kernels require (%s)",
+                f"{self.trtllm_bytes:,}", used,
+            )  # fmt: skip
+        logger.info(
+            "mstar-resources: reserved %s bytes in %d FlashInfer workspaces (%s) and %s bytes of "
+            "vLLM's TRT-LLM workspace before vLLM sizes its KV cache, where vLLM would reserve %s "
+            "bytes for each FlashInfer metadata builder (%s) after it",
+            f"{self.held_bytes:,}", len(self._workspaces), self.setting.describe(),
+            f"{self.trtllm_bytes:,}", f"{self.vllm_bytes:,}", vllm_how,
+        )  # fmt: skip
+
+    # Step 2: as vLLM builds and plans each wrapper.
+    def workspace(self, builder: Any, role: Role | None) -> Workspace | None:
+        """The workspace a wrapper of ``role`` is built on (None: a caller that only wants the
+        builder's buffer, such as the V2 runner's sharing of it); None where vLLM keeps its own
+        buffer: the plugin leaves vLLM as it is, or no workspace serves the role."""
+        if not self.serving:
+            return None
+        self._builders.add(builder)
+        if role is None:
+            return self._workspaces.get("prefill") or self._workspaces["decode"]
+        found = self._workspaces.get(role)
+        if found is None:
+            self._not_planned_for(role)
+        return found
+
+    def _not_planned_for(self, role: Role) -> None:
+        """vLLM built a native ``role`` wrapper, though its builders said none would run."""
+        if role not in self.unexpected:
+            self.unexpected.append(role)
+            logger.warning(
+                "mstar-resources: vLLM built a FlashInfer native %s wrapper, though its builders "
+                "run %s on %s; it takes vLLM's own buffer, which its KV-cache budget does not "
+                "count",
+                role, role, ", ".join(sorted({p.kernels[role] for p in self.plans})),
+            )  # fmt: skip
+
+    def route(self, wrapper: Any, role: Role, builder: Any = None) -> None:
+        """Send ``wrapper``'s plans through its workspace: a decode wrapper's through vLLM's
+        ``fast_plan_decode`` (:meth:`plan_decode`), a prefill wrapper's through its own ``plan``,
+        rebound on the wrapper itself (FlashInfer's wrappers have no hook, and vLLM checks their
+        type, so the object stays FlashInfer's). A decode wrapper of the first ``builder`` is
+        given the decode int workspace in place of its own."""
+        workspace = self._workspaces.get(role)
+        if wrapper is None or workspace is None or self._routed_to(wrapper) is not None:
+            return
+        from ...attn._flashinfer import own_buffers
+
+        if role == "decode" and self._shares_int(builder) and own_buffers(wrapper) is not None:
+            path, cg_slot = self._keys[role]
+            self.pools[path].install(wrapper, role, cg_slot)
+            self.shared_int_wrappers += 1
+        key = id(wrapper)
+        self._routed[key] = (weakref.ref(wrapper, lambda _: self._routed.pop(key, None)), workspace)
+        if role == "prefill":
+            wrapper.plan = functools.partial(self._plan, workspace, wrapper.plan)
+
+    def _shares_int(self, builder: Any) -> bool:
+        """Whether ``builder``'s decode wrappers share the int workspace: the first builder's."""
+        if builder is None:
+            return False
+        if self._int_builder is None or self._int_builder() is None:
+            self._int_builder = weakref.ref(builder)
+        return self._int_builder() is builder
+
+    def _routed_to(self, wrapper: Any) -> Workspace | None:
+        found = self._routed.get(id(wrapper))
+        return found[1] if found is not None and found[0]() is wrapper else None
+
+    def plan_decode(self, fast_plan_decode: Callable[..., Any], wrapper: Any, *args: Any,
+                    **kwargs: Any) -> Any:  # fmt: skip
+        workspace = self._routed_to(wrapper)
+        if workspace is None:
+            return fast_plan_decode(wrapper, *args, **kwargs)
+        return self._plan(workspace, fast_plan_decode, wrapper, *args, **kwargs)
+
+    def _plan(self, workspace: Workspace, plan: Callable[..., Any], *args: Any,
+              **kwargs: Any) -> Any:  # fmt: skip
+        try:
+            return workspace.plan(plan, *args, **kwargs)
+        except WorkspaceSealedError:
+            self.sealed_overflows += 1
+            raise
+
+    # Step 3: before vLLM captures CUDA graphs, or, where it captures none, before it serves.
+    def seal(self, before: str) -> None:
+        """Seal every workspace, ``before`` what (in words: the log says it)."""
+        if not self.serving or self.sealed:
+            return
+        for pool in self.pools.values():
+            pool.seal()
+        self.sealed_before = before
+        stats = self._stats()
+        logger.info(
+            "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before vLLM %s (%d "
+            "growths before the seal): %s",
+            len(stats), f"{self.held_bytes:,}", before, sum(s.times_grown for s in stats),
+            "; ".join(str(s) for s in stats),
+        )  # fmt: skip
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(pool.held_bytes for pool in self.pools.values())
+
+    def report(self) -> dict[str, Any]:
+        """What the plugin did in this process, as plain data."""
+        stats = self._stats()
+        return {
+            "setting": self.setting.describe(),
+            "untouched": self.untouched,
+            "builders_planned": [
+                {"group": p.describe(), "kernels": dict(p.kernels), "q_dtypes": dict(p.q_dtypes)}
+                for p in self.plans
+            ],
+            "native_roles": self.native_roles(),
+            "workspace_bytes": self.held_bytes,
+            "trtllm_workspace_bytes": self.trtllm_bytes,
+            "vllm_bytes_per_builder": self.vllm_bytes,
+            "builders": len(self._builders),
+            "sealed": self.sealed,
+            "sealed_before": self.sealed_before,
+            "growths": sum(s.times_grown for s in stats),
+            "sealed_overflows": self.sealed_overflows,
+            "unexpected_wrappers": list(self.unexpected),
+            "workspaces": [dataclasses.asdict(s) for s in stats],
+            "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
+            "shared_int_wrappers": self.shared_int_wrappers,
+            "provenance": dict(self.provenance),
+        }
+
+
+def measured_need(
+    profile: CalibrationProfile, role: Role, graphs: bool, device: torch.device
+) -> Measured:
+    """What ``role``'s plans under ``profile`` need, measured through FlashInfer on ``device``
+    (under CUDA graphs where ``graphs``)."""
+    from ...calibration.calibrate import measure_all, per_resource
+
+    records = resolve(vllm_plans.serving_tree(role, graphs))
+    return per_resource(measure_all(records, profile, device, show_progress=False))[0]
+
+
+def vllm_trtllm_workspace() -> Any:
+    """vLLM's own workspace of its TRT-LLM kernels (XQA, trtllm-gen), made by vLLM's function if
+    it is not yet: zero-initialised, ``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE`` bytes."""
+    import vllm.v1.attention.backends.flashinfer as backend
+
+    return backend._get_trtllm_workspace_buffer()
