@@ -304,7 +304,9 @@ def run(case: Case, models: Path) -> dict[str, Any]:
     from mstar_resources.integrations import vllm as plugin
 
     workspaces = plugin.active()
-    if workspaces is not None:
+    if not case.in_process:  # the plugin served the engine core's process: its log says what
+        pass
+    elif workspaces is not None:
         result["plugin"] = workspaces.report()
         result["workspace_bytes"] = workspaces.held_bytes
     else:
@@ -378,6 +380,12 @@ def _decode_kernel(r: dict[str, Any]) -> str:
     return ",".join(sorted(found)) or "-"
 
 
+def _reserved_line(r: dict[str, Any]) -> str:
+    """The bytes the plugin's log says it reserved (an engine core in its own process)."""
+    line = next((x for x in r.get("mstar_lines", []) if "mstar-resources: reserved " in x), "")
+    return line.split("mstar-resources: reserved ")[1].split()[0] if line else "-"
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
     head = ("run", "ok", "tokens", "digest", "same tokens", "KV cache (vLLM's line)",
             "decode on", "workspace bytes", "TRT-LLM bytes", "growths", "sealed refusals",
@@ -399,7 +407,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             name, "yes" if r.get("ok") else "no", str(r.get("tokens_out", "-")),
             digest(r["tokens"]) if r.get("tokens") else "-", same, _kv_tokens(r),
             _decode_kernel(r),
-            f"{r['workspace_bytes']:,}" if "workspace_bytes" in r else "-",
+            f"{r['workspace_bytes']:,}" if "workspace_bytes" in r else _reserved_line(r),
             f"{plugin['trtllm_workspace_bytes']:,}" if "trtllm_workspace_bytes" in plugin
             else "-",
             str(plugin.get("growths", "-")), str(plugin.get("sealed_overflows", "-")), sealed,
