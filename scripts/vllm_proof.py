@@ -190,6 +190,7 @@ def build_model(shape: Shape, folder: Path) -> Path:
     else:
         config = Qwen3Config(
             **common, use_sliding_window=True, sliding_window=shape.sliding_window,
+            max_window_layers=common["num_hidden_layers"],  # vLLM asserts it when interleaved
             layer_types=["sliding_attention", "full_attention"],
         )  # fmt: skip
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)

@@ -68,6 +68,10 @@ class Planner:
             "q_data_type": getattr(torch, model.q_dtype),
             "kv_data_type": getattr(torch, model.kv_dtype),
         }
+        self.output = (
+            {} if model.o_dtype is None else {"o_data_type": getattr(torch, model.o_dtype)}
+        )
+        """The output dtype where the profile names one (MLA plans take none)."""
 
     def _indptr(self, batch: int, step: int) -> torch.Tensor:
         return torch.arange(batch + 1, dtype=torch.int32, device=self.device) * step
@@ -89,7 +93,7 @@ class Planner:
         options = plan.plan_options()
         if kind is PlanKind.ragged_prefill:
             kv = self._indptr(shape.batch, shape.kv_len)
-            return (qo, kv, *heads), {"causal": True, **self.dtypes, **options}
+            return (qo, kv, *heads), {"causal": True, **self.dtypes, **self.output, **options}
         pages, kv_indptr, indices = self._pages(shape)
         if kind is PlanKind.mla:
             from flashinfer.mla import MLAPlanMetadata
@@ -113,8 +117,8 @@ class Planner:
         last_page_len = torch.full((shape.batch,), last, dtype=torch.int32, device=self.device)
         paged = (kv_indptr, indices, last_page_len, *heads, model.page_size)
         if kind in DECODE_LIKE:
-            return paged, {**self.dtypes, **options}
-        return (qo, *paged), {"causal": True, **self.dtypes, **options}
+            return paged, {**self.dtypes, **self.output, **options}
+        return (qo, *paged), {"causal": True, **self.dtypes, **self.output, **options}
 
     def wrapper(self, plan: PlanProfile, buffer: torch.Tensor, shape: Shape) -> Any:
         """A FlashInfer wrapper of ``plan``'s kind on ``buffer``; under a graph, one that holds

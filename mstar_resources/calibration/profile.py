@@ -87,6 +87,10 @@ class ModelShape:
     """Query dtype, a ``torch`` dtype name."""
     kv_dtype: str = "bfloat16"
     """KV-cache dtype, a ``torch`` dtype name (fp8 caches plan differently)."""
+    o_dtype: str | None = None
+    """Output dtype, a ``torch`` dtype name; None: the query's, as FlashInfer defaults. An engine
+    that queries an FP8 cache in FP8 writes the model's dtype (vLLM), which FlashInfer's fa2 and
+    fa3 require. Not taken by ``mla`` plans."""
 
 
 @dataclass
@@ -188,8 +192,8 @@ def _model_problems(model: ModelShape) -> list[str]:
         )
     problems += [
         f"{key}.{name}={getattr(model, name)!r} is not one of {', '.join(DTYPES)}"
-        for name in ("q_dtype", "kv_dtype")
-        if getattr(model, name) not in DTYPES
+        for name in ("q_dtype", "kv_dtype", "o_dtype")
+        if getattr(model, name) not in DTYPES and (name != "o_dtype" or model.o_dtype is not None)
     ]
     return problems
 

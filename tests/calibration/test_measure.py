@@ -8,6 +8,7 @@ test_calibrate_gpu.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from typing import Any
@@ -138,19 +139,18 @@ def test_a_refusal_type_that_is_not_a_value_error_is_not_taken(monkeypatch):
 
 # --- plan arguments ------------------------------------------------------------------------------
 
-SMALL = load_profile(
-    {
-        "model": {"num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16},
-        "limits": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 4096},
-        "cuda_graph_batch_sizes": [1, 2, 4],
-        "plans": {
-            "decode": {"kind": "decode"},
-            "prefill": {"kind": "paged_prefill"},
-            "prompt": {"kind": "ragged_prefill"},
-            "mixed": {"kind": "pod"},
-        },
-    }
-)
+SMALL_NODE: dict[str, Any] = {
+    "model": {"num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16},
+    "limits": {"max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 4096},
+    "cuda_graph_batch_sizes": [1, 2, 4],
+    "plans": {
+        "decode": {"kind": "decode"},
+        "prefill": {"kind": "paged_prefill"},
+        "prompt": {"kind": "ragged_prefill"},
+        "mixed": {"kind": "pod"},
+    },
+}
+SMALL = load_profile(SMALL_NODE)
 HEADS = (8, 2, 64)
 DTYPES = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
 
@@ -192,6 +192,31 @@ def test_plan_args_describe_the_shape(kind, shape, args, kwargs):
     )
     assert plain(planned_args) == args
     assert planned_kwargs == kwargs
+
+
+def test_an_output_dtype_the_profile_names_is_planned_and_none_is_left_to_flashinfer():
+    """An FP8 query writing the model's dtype (vLLM's prefill over an FP8 cache)."""
+    fp8 = dataclasses.replace(
+        SMALL,
+        model=dataclasses.replace(
+            SMALL.model, q_dtype="float8_e4m3fn", kv_dtype="float8_e4m3fn", o_dtype="bfloat16"
+        ),
+    )
+    planner = Planner(fp8, torch.device("cpu"), refusals=())
+    for kind in (PlanKind.paged_prefill, PlanKind.ragged_prefill, PlanKind.decode):
+        _, kwargs = planner.plan_args(PlanProfile(kind), Shape(3, 5, 40))
+        assert kwargs["q_data_type"] is torch.float8_e4m3fn
+        assert kwargs["o_data_type"] is torch.bfloat16
+    _, kwargs = Planner(SMALL, torch.device("cpu"), refusals=()).plan_args(
+        PlanProfile(PlanKind.paged_prefill), Shape(3, 5, 40)
+    )
+    assert "o_data_type" not in kwargs
+
+
+def test_an_output_dtype_that_is_no_dtype_is_named():
+    with pytest.raises(ResourceConfigError) as raised:
+        load_profile({**SMALL_NODE, "model": {**SMALL_NODE["model"], "o_dtype": "int4"}})
+    assert "calibration.model.o_dtype='int4' is not one of" in str(raised.value)
 
 
 # --- which wrapper plans a shape -----------------------------------------------------------------

@@ -183,7 +183,7 @@ def vllm_config(**attention):
     return types.SimpleNamespace(
         attention_config=types.SimpleNamespace(use_trtllm_attention=None, **attention),
         scheduler_config=types.SimpleNamespace(max_num_batched_tokens=8192, max_num_seqs=256),
-        model_config=types.SimpleNamespace(max_model_len=32768),
+        model_config=types.SimpleNamespace(max_model_len=32768, dtype="torch.bfloat16"),
         compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 256, 512]),
     )
 
@@ -269,8 +269,10 @@ def test_a_builders_profile_is_planned_with_its_own_shape(monkeypatch):
                   q_dtypes={"prefill": "float8_e4m3fn", "decode": "bfloat16"})  # fmt: skip
     decode = vllm_plans.profile_for(fp8, "decode", vllm_config())
     assert (decode.model.q_dtype, decode.model.kv_dtype) == ("bfloat16", "float8_e4m3fn")
+    # An FP8 query writes the model's dtype, as vLLM plans it (fa2 and fa3 write no FP8).
+    prefill = vllm_plans.profile_for(fp8, "prefill", vllm_config())
+    assert (prefill.model.q_dtype, prefill.model.o_dtype) == ("float8_e4m3fn", "bfloat16")
     assert decode.cuda_graph_batch_sizes == [1, 2, 4, 8, 256]  # up to the builder's 256
-    assert vllm_plans.profile_for(fp8, "prefill", vllm_config()).model.q_dtype == "float8_e4m3fn"
     # DCP: decode plans every DCP rank's query heads together.
     dcp = vllm_plans.profile_for(replace(PLANS, dcp_world_size=4), "decode", vllm_config())
     assert dcp.model.num_qo_heads == 128

@@ -256,6 +256,8 @@ def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> Calibratio
             "page_size": plans.page_size,
             "q_dtype": plans.q_dtypes[role],
             "kv_dtype": plans.kv_dtype,
+            # vLLM writes attention's output in the model's dtype, an FP8 query's too.
+            "o_dtype": dtype_name(model.dtype),
         },
         "limits": {
             "max_num_seqs": scheduler.max_num_seqs,
