@@ -35,7 +35,9 @@ LAYERS = [
     ("the apps", ["", "apps", "apps.hydra_app", "apps.hydra_errors", "apps.settings",
                   "apps.dry_run", "calibration.settings", "calibration.cli", "replay.settings",
                   "replay.cli"]),
-    ("the engine integrations", ["integrations", "integrations._post_import", "integrations.vllm"]),
+    ("the engine integrations", ["integrations", "integrations._post_import", "integrations.vllm",
+                                 "integrations.vllm.plans", "integrations.vllm.setting",
+                                 "integrations.vllm.workspaces", "integrations.vllm.seams"]),
 ]  # fmt: skip
 """Bottom to top; a module may import its own layer's and those below. "" is the package's
 ``__init__``, the facade that names the public API. Calibration's terms (the profile, the record,

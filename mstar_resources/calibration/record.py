@@ -249,6 +249,9 @@ def stale_calibration(
         Difference(name, recorded.get(name), here.get(name))
         for name in {**recorded, **here}
         if recorded.get(name, _ABSENT) != here.get(name, _ABSENT)
+        # A field the record predates, unset here (a profile field added since, at its None):
+        # nothing recorded and nothing here are the same input.
+        and not (recorded.get(name) is None and here.get(name) is None)
     )
     if not differences:
         return None

@@ -229,8 +229,8 @@ class VllmWorkspaces:
         if not self.serving:
             return None
         self._builders.add(builder)
-        if role is None:
-            return self._workspaces.get("prefill") or self._workspaces["decode"]
+        if role is None:  # any of them: the caller hands it to builders that build on it
+            return next(iter(self._workspaces.values()))
         found = self._workspaces.get(role)
         if found is None:
             self._not_planned_for(role)
