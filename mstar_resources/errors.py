@@ -93,22 +93,15 @@ MAX_PROBLEMS_SHOWN = 20
 """How many problems a ``ResourceConfigError``'s text lists; its ``problems`` field holds all."""
 
 
-class ResourceConfigError(ResourceError, ValueError):
-    """A setting (config key, argument or environment variable) holds an unusable value.
-
-    ``problems`` holds one :class:`Problem` per problem found, in the order found: a sentence
-    naming its setting and value, with ``setting``, ``value``, ``expects`` and ``fix`` as fields
-    where the check knew them (a plain sentence given here becomes a Problem of no one setting).
-    ``where`` is what was checked (e.g. ``the resources config``). The text is the problem itself
-    when there is one, else a count and one line each.
-    """
+class _ProblemsError(ResourceError, ValueError):
+    """An error told as the problems found, one sentence each (a :class:`Problem`)."""
 
     problems: tuple[Problem, ...]
     where: str
 
     def __init__(self, *problems: str, where: str = "the config") -> None:
         if not problems:
-            raise TypeError("ResourceConfigError needs at least one problem")
+            raise TypeError(f"{type(self).__name__} needs at least one problem")
         self.problems = tuple(p if isinstance(p, Problem) else Problem(p) for p in problems)
         self.where = where
         if len(problems) == 1:
@@ -123,12 +116,24 @@ class ResourceConfigError(ResourceError, ValueError):
         super().__init__(text)
 
 
-class ResourceUsageError(ResourceConfigError):
+class ResourceConfigError(_ProblemsError):
+    """A setting (config key, argument or environment variable) holds an unusable value.
+
+    ``problems`` holds one :class:`Problem` per problem found, in the order found: a sentence
+    naming its setting and value, with ``setting``, ``value``, ``expects`` and ``fix`` as fields
+    where the check knew them (a plain sentence given here becomes a Problem of no one setting).
+    ``where`` is what was checked (e.g. ``the resources config``). The text is the problem itself
+    when there is one, else a count and one line each.
+    """
+
+
+class ResourceUsageError(_ProblemsError):
     """An argument of the library's API that the calling code got wrong, rather than a config:
     a wrapper built on another buffer, a key its pool does not serve, a tensor of the wrong kind,
-    a device or ``serves`` of the wrong type. A :class:`ResourceConfigError` (code that catches
-    those catches it), named apart so that an app tells an engine's own bug from a user's
-    mistake: ``hydra_app`` keeps its traceback."""
+    a device or ``serves`` of the wrong type. Not a :class:`ResourceConfigError`: code that tells a
+    user's mistake in one paragraph (``except ResourceConfigError``) lets the calling code's own
+    bug through with its traceback. A ``ValueError``, with ``problems`` and ``where`` as a
+    config error has them."""
 
 
 class WorkspaceShortError(ResourceError):

@@ -20,7 +20,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ._internal import limits
-from ._internal.floor import FLOAT, INT, FloorSource, resolve_floor
+from ._internal.floor import FLOAT, INT, Floor, FloorSource, resolve_floor
 from .errors import Problem, ResourceConfigError, ResourceUsageError, did_you_mean
 from .schema import Resource
 from .units import MIB, is_int
@@ -179,10 +179,11 @@ def build_pools(
 ) -> dict[str, WorkspacePool]:
     """A workspace pool on ``device`` for every resource, by path.
 
-    ``resources`` is the composed ``resources`` tree, resolved first (:func:`resolve`), or the
-    records that ``resolve()`` gave (an app that prints them before it builds resolves once).
-    Each pool serves its resource's (label, slot) pairs only and names its ``declared_mb`` (or the
-    variable, read from ``env``, ``os.environ`` by default) as the setting that sized it. With
+    ``resources`` is the composed ``resources`` tree, resolved first (:func:`resolve`, floors from
+    ``env``, ``os.environ`` by default), or the records that ``resolve()`` gave (an app that prints
+    them before it builds resolves once), whose floors are built as they were resolved: ``env`` is
+    not read again. Each pool serves its resource's (label, slot) pairs only and names the setting
+    that sized it (its ``declared_mb``, or the variable). With
     ``reserve``, every declared workspace is made now (:meth:`WorkspacePool.reserve`); without
     it, each is made when first asked for. It reads what it is given and nothing around it:
     whether a calibrated deployment still holds where it runs is asked of the composed root by
@@ -192,6 +193,7 @@ def build_pools(
 
     env = dict(os.environ) if env is None else env  # the one environment resolve() checks
     records = _records(resources, env)
+    # Each pool takes its record's floors as resolved: what resolve() said is what is built.
     pools = {
         record.path: WorkspacePool(
             device,
@@ -200,7 +202,10 @@ def build_pools(
             int_size_mb=record.int_declared_mb,
             config_key=record.key,
             serves=record.served(),
-            env=env,
+            floors=(
+                Floor(record.floor_mb, record.floor_source, record.floor_setting),
+                Floor(record.int_floor_mb, record.int_floor_source, record.int_floor_setting),
+            ),
         )
         for record in records
     }

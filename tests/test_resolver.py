@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from mstar_resources import (
     ResolvedResource,
     ResourceConfigError,
+    ResourceUsageError,
     WorkspacePool,
     WorkspaceSealedError,
     build_pools,
@@ -19,7 +20,7 @@ from mstar_resources import (
 from mstar_resources.units import MIB
 
 from .attn.fake_allocator import FakePlanner
-from .conftest import VAR, compose_shipped
+from .conftest import INT_VAR, VAR, compose_shipped
 
 PREFILL = "resources.attn.prefill.declared_mb"
 DECODE = "resources.attn.decode.declared_mb"
@@ -290,7 +291,7 @@ def test_a_pool_from_config_serves_only_what_it_declares(slots, key, served):
     serves = r"in cg slots \[0, 1\]" if slots else r"eagerly only \(cg_slot=None\)"
     asked = rf"\({key[0]!r}, cg_slot={key[1]}\)"
     with pytest.raises(
-        ResourceConfigError,
+        ResourceUsageError,
         match=rf"^resources\.attn\.decode does not serve {asked}; it serves labels "
         rf"\['decode', 'verify'\] {serves}\. Add the label to resources\.attn\.decode\.labels",
     ):
@@ -344,10 +345,12 @@ def test_a_dotted_key_and_the_nested_path_it_spells_are_refused_by_name():
     )
 
 
+def test_an_environment_value_that_is_no_string_is_a_config_error():
+    with pytest.raises(ResourceConfigError, match=r"MSTAR_WORKSPACE_BUFFER_MB=8 is not a string"):
+        build_pools({"a": {"labels": ["x"]}}, "cpu", env={"MSTAR_WORKSPACE_BUFFER_MB": 8})
+
+
 API_MISUSE = [
-    pytest.param(lambda: build_pools({"a": {"labels": ["x"]}}, "cpu",
-                                     env={"MSTAR_WORKSPACE_BUFFER_MB": 8}),
-                 r"MSTAR_WORKSPACE_BUFFER_MB=8 is not a string", id="env-value-an-int"),
     pytest.param(lambda: build_pools({"a": {"labels": ["x"]}}, "gpu", env={}),
                  r"device='gpu' is not a torch device", id="device-misspelled"),
     pytest.param(lambda: build_pools({"a": {"labels": ["x"]}}, None, env={}),
@@ -362,8 +365,9 @@ API_MISUSE = [
 
 @pytest.mark.parametrize(("call", "match"), API_MISUSE)
 def test_the_python_api_refuses_wrong_types_with_its_own_error(call, match):
-    with pytest.raises(ResourceConfigError, match=match):
+    with pytest.raises(ResourceUsageError, match=match) as raised:
         call()
+    assert not isinstance(raised.value, ResourceConfigError)  # a bug, not a user's mistake
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
@@ -435,6 +439,23 @@ def test_a_resource_s_own_check_names_the_full_key():
     (problem,) = caught.value.problems
     assert (problem.setting, problem.value) == ("resources.a.owner", "bad\nname")
     assert problem.startswith("resources.a.owner=")
+
+
+def test_the_pools_built_from_records_are_the_floors_they_resolved_not_the_environment_now():
+    """What resolve() said is what is built: records resolved under one environment build the
+    same floors under another, each naming the setting that won."""
+    tree = {"a": {"labels": ["x"]}, "b": {"labels": ["y"], "declared_mb": 3}}
+    records = resolve(tree, env={VAR: "2", INT_VAR: "1"})
+    assert [(r.floor_mb, r.floor_source) for r in records] == [(2, "env"), (3, "declared")]
+    pools = build_pools(records, "cpu", env={VAR: "64", INT_VAR: "16"})
+    assert pools["a"].get("x").tensor.numel() == 2 * MIB
+    assert pools["a"].int_floor_bytes == MIB
+    assert pools["b"].get("y").tensor.numel() == 3 * MIB
+    pools["a"].seal()
+    planner = FakePlanner(pools["a"].get("x").tensor, [("batch_decode_tmp_v", 5 * MIB, 16)])
+    with pytest.raises(WorkspaceSealedError) as raised:
+        pools["a"].get("x").plan(planner)
+    assert raised.value.setting == VAR and raised.value.suggested_mb == 5
 
 
 def test_build_pools_takes_the_tree_or_the_records_resolve_gave():

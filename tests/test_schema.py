@@ -115,7 +115,9 @@ def test_every_yaml_starts_with_the_command_that_uses_it_and_an_override(path):
             break
         comments.append(line)
     assert comments, f"{path} starts with no comment"
-    command = r"#   (mstar-resources(-calibrate)?|python scripts/\w+\.py) "
+    command = (
+        r"#   (mstar-resources(-calibrate)?|python scripts/\w+\.py|MSTAR_RESOURCES_VLLM=\S+ vllm) "
+    )
     commands = [line for line in comments if re.match(command, line)]
     assert commands and "=" in commands[0], f"{path}: no `<command> key=value` example"
 

@@ -795,6 +795,8 @@ class WorkspacePool:
         serves: the (label, cg slot) pairs the pool hands out; None (the default) serves any.
         env: where ``MSTAR_WORKSPACE_BUFFER_MB`` and ``MSTAR_INT_WORKSPACE_BUFFER_MB`` are read
             (``os.environ`` by default).
+        floors: the float and int floors already resolved, each with its source and setting
+            (``build_pools`` passes its records'): taken as they are, the environment unread.
     """
 
     def __init__(
@@ -807,6 +809,7 @@ class WorkspacePool:
         config_key: str | None = None,
         serves: Iterable[tuple[str, int | None]] | None = None,
         env: Mapping[str, str] | None = None,
+        floors: tuple[Floor, Floor] | None = None,
     ) -> None:
         if not isinstance(owner, str) or not owner.strip():
             raise ResourceUsageError(
@@ -818,11 +821,15 @@ class WorkspacePool:
         self._size_mb = size_mb
         self._owner = owner
         self._config_key = config_key
-        setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
-        self._floor: Floor = resolve_floor(size_mb, env, setting)
         self._int_size_mb = int_size_mb
-        int_setting = "int_size_mb" if config_key is None else f"{config_key}.int_declared_mb"
-        self._int_floor: Floor = resolve_floor(int_size_mb, env, int_setting, INT)
+        if floors is None:
+            setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
+            int_setting = "int_size_mb" if config_key is None else f"{config_key}.int_declared_mb"
+            floors = (
+                resolve_floor(size_mb, env, setting),
+                resolve_floor(int_size_mb, env, int_setting, INT),
+            )
+        self._floor, self._int_floor = floors
         self._serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
         for label, cg_slot in self._serves or ():
             self._check_key(label, cg_slot)

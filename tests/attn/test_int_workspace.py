@@ -11,6 +11,7 @@ import torch
 from mstar_resources import (
     IntWorkspace,
     ResourceConfigError,
+    ResourceUsageError,
     Workspace,
     WorkspaceGrowthError,
     WorkspacePlanError,
@@ -128,7 +129,7 @@ def test_install_refuses_a_wrapper_built_on_another_float_buffer():
     pool = WorkspacePool("cpu", size_mb=1)
     wrapper = FakeWrapper(torch.zeros(MIB, dtype=torch.uint8))
     own = wrapper._int_workspace_buffer
-    with pytest.raises(ResourceConfigError, match=r"built on another float buffer"):
+    with pytest.raises(ResourceUsageError, match=r"built on another float buffer"):
         pool.install(wrapper, "prefill")
     assert wrapper._int_workspace_buffer is own  # left as it was
 
@@ -140,7 +141,7 @@ def test_install_refuses_a_wrapper_without_an_int_workspace_of_its_own():
             self._batch_prefill_wrappers = [FakeWrapper(float_workspace_buffer)]
 
     pool = WorkspacePool("cpu", size_mb=1)
-    with pytest.raises(ResourceConfigError, match=r"a Cascade keeps no int workspace of its own"):
+    with pytest.raises(ResourceUsageError, match=r"a Cascade keeps no int workspace of its own"):
         pool.build(Cascade, label="prefill")
 
 
@@ -233,12 +234,12 @@ def test_an_int_workspace_that_cannot_grow_keeps_both_buffers():
     ids=["short", "int32", "not-a-tensor"],
 )
 def test_a_mirror_unlike_its_workspace_is_refused(mirror):
-    with pytest.raises(ResourceConfigError, match=r"mirror must be a 1-D torch\.uint8 CPU tensor"):
+    with pytest.raises(ResourceUsageError, match=r"mirror must be a 1-D torch\.uint8 CPU tensor"):
         IntWorkspace(torch.zeros(1024, dtype=torch.uint8), "w:int", mirror=mirror)
 
 
 def test_int_workspace_must_be_an_int_workspace():
-    with pytest.raises(ResourceConfigError, match=r"int_workspace=.* must be an IntWorkspace"):
+    with pytest.raises(ResourceUsageError, match=r"int_workspace=.* must be an IntWorkspace"):
         Workspace(torch.zeros(8, dtype=torch.uint8), "w", int_workspace=torch.zeros(8))
 
 

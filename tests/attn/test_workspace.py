@@ -17,6 +17,7 @@ import torch
 from mstar_resources import (
     ResourceConfigError,
     ResourceError,
+    ResourceUsageError,
     Workspace,
     WorkspaceGrowthError,
     WorkspacePlanError,
@@ -328,7 +329,7 @@ def test_growth_is_logged_with_the_setting_to_raise(caplog):
     ids=["2d", "float", "strided", "misaligned", "list"],
 )
 def test_workspace_rejects_tensors_flashinfer_cannot_use(tensor, match):
-    with pytest.raises(ResourceConfigError, match=match):
+    with pytest.raises(ResourceUsageError, match=match):
         Workspace(tensor, "w")
 
 
@@ -396,17 +397,20 @@ def test_pool_get_from_many_threads_makes_one_workspace_per_key(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
-        ({"size_mb": 0}, r"size_mb=0 is not a positive whole number"),
-        ({"size_mb": 1.5}, r"size_mb=1.5 is not a positive whole number"),
-        ({"owner": ""}, r"owner='' must name who the pool belongs to"),
-        ({"owner": "  "}, r"owner='  ' must name who the pool belongs to"),
+        # A floor is a setting (the config's, or the engine's own): a config error.
+        ({"size_mb": 0}, ResourceConfigError, r"size_mb=0 is not a positive whole number"),
+        ({"size_mb": 1.5}, ResourceConfigError, r"size_mb=1.5 is not a positive whole number"),
+        # An owner no config gave: the calling code's own mistake.
+        ({"owner": ""}, ResourceUsageError, r"owner='' must name who the pool belongs to"),
+        ({"owner": "  "}, ResourceUsageError, r"owner='  ' must name who the pool belongs to"),
     ],
 )
-def test_pool_rejects_bad_arguments(kwargs, match):
-    with pytest.raises(ResourceConfigError, match=match):
+def test_pool_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match) as raised:
         WorkspacePool("cpu", **kwargs)
+    assert isinstance(raised.value, ResourceConfigError) is (error is ResourceConfigError)
 
 
 @pytest.mark.parametrize(
@@ -429,7 +433,7 @@ def test_a_pool_that_serves_some_keys_refuses_others_and_makes_nothing():
     assert pool.serves == (("decode", 0), ("decode", 1))
     assert pool.get("decode", 1).tensor.numel() == MIB
     with pytest.raises(
-        ResourceConfigError,
+        ResourceUsageError,
         match=r"^pool 'attention' does not serve \('decode', cg_slot=None\); it serves labels "
         r"\['decode'\] in cg slots \[0, 1\]\. Ask for one of those",
     ):
@@ -438,7 +442,7 @@ def test_a_pool_that_serves_some_keys_refuses_others_and_makes_nothing():
 
 
 def test_a_pool_checks_the_keys_it_serves_when_it_is_made():
-    with pytest.raises(ResourceConfigError, match=r"cg_slot=-1 must be None \(eager\) or an int"):
+    with pytest.raises(ResourceUsageError, match=r"cg_slot=-1 must be None \(eager\) or an int"):
         WorkspacePool("cpu", size_mb=1, serves=[("decode", -1)])
 
 
@@ -449,7 +453,7 @@ def test_pool_rejects_a_bad_variable_at_construction(monkeypatch):
 
 
 def test_a_workspace_needs_a_name():
-    with pytest.raises(ResourceConfigError, match="name=None must be a non-empty string"):
+    with pytest.raises(ResourceUsageError, match="name=None must be a non-empty string"):
         Workspace(torch.zeros(16, dtype=torch.uint8), None)
 
 
@@ -467,7 +471,7 @@ def test_a_workspace_needs_a_name():
 )
 def test_pool_rejects_bad_keys(label, slot, match):
     pool = WorkspacePool("cpu", size_mb=1)
-    with pytest.raises(ResourceConfigError, match=match):
+    with pytest.raises(ResourceUsageError, match=match):
         pool.get(label, slot)
     assert pool.workspaces() == {}
 
