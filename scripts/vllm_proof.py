@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
 import math
@@ -458,6 +459,8 @@ def main() -> None:
                   f"{len(lengths)} requests, {sum(len(p) for p, _ in lengths):,} prompt tokens, "
                   f"{sum(n for _, n in lengths):,} output tokens")  # fmt: skip
         return
+    if importlib.util.find_spec("vllm") is None:
+        parser.error("vLLM is not installed here; run where it is, or --dry-run for the runs")
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + args.budget
     results: dict[str, dict[str, Any]] = {}

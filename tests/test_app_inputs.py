@@ -118,6 +118,25 @@ def test_a_deployment_file_without_its_header_is_named_with_the_fix(tmp_path, py
     assert_one_paragraph(done, prog, "conf/deployment/mine.yaml", "`# @package _global_`")
 
 
+@pytest.mark.parametrize(
+    "files",
+    [
+        pytest.param({"mine": "mine"}, id="lists-itself"),
+        pytest.param({"mine": "other", "other": "mine"}, id="a-chain-back-to-itself"),
+    ],
+)
+@pytest.mark.parametrize(("python", "prog"), APPS)
+def test_a_deployment_whose_defaults_come_back_to_it_is_one_paragraph(
+    tmp_path, python, prog, files
+):
+    folder = tmp_path / "conf" / "deployment"
+    folder.mkdir(parents=True)
+    for name, listed in files.items():
+        (folder / f"{name}.yaml").write_text(f"# @package _global_\ndefaults:\n  - {listed}\n")
+    done = run_app("--config-dir", "conf", "deployment=mine", cwd=tmp_path, python=python)
+    assert_one_paragraph(done, prog, "deployment=mine never ends", "lists it again")
+
+
 # A config group's value that is no plain option name: (arguments, the value named)
 NOT_A_NAME = [
     pytest.param(["deployment=../resources/default"], "deployment=../resources/default",

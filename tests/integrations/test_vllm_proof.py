@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_proof.py"
 
 
@@ -46,6 +48,15 @@ def test_the_dry_run_lists_every_run_with_its_trace_slice_and_starts_none(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+def test_without_vllm_it_runs_nothing_and_ends_with_status_2(tmp_path):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    done = _run("--cases", "xqa", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert "vLLM is not installed here" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_unknown_case_ends_with_argparses_status_2():
     done = _run("--cases", "llama3-70b", "--dry-run")
     assert done.returncode == 2
@@ -69,3 +80,25 @@ def test_the_table_compares_tokens_within_a_group_and_says_what_failed():
     assert rows["b/plugin"][4] == "NO"
     assert rows["c/vllm"][1] == "no"
     assert "1,234" in proof.table(results)
+
+
+def test_an_engine_core_in_its_own_process_is_read_from_the_plugins_lines():
+    proof = _proof()
+    lines = [
+        "(EngineCore pid=9) INFO mstar-resources: vLLM's FlashInfer builder for KV-cache group 0 "
+        "(2 layers: 32/8 heads of 128, page 16, KV bfloat16): prefill on flashinfer-native (q "
+        "bfloat16), decode on xqa (q bfloat16)",
+        "(EngineCore pid=9) INFO mstar-resources: reserved 1,048,576 bytes in 1 FlashInfer "
+        "workspaces (MSTAR_RESOURCES_VLLM=auto) and 413,138,944 bytes of vLLM's TRT-LLM workspace",
+        "(EngineCore pid=9) INFO mstar-resources: sealed 2 FlashInfer workspaces at 1,048,576 bytes "
+        "before vLLM captures CUDA graphs (0 growths before the seal): ...",
+    ]
+    results = {
+        "x/plugin-mp": {"ok": True, "tokens": [[1]], "tokens_out": 1, "mstar_lines": lines,
+                        "kv_line": "INFO [kv_cache_utils.py:2177] GPU KV cache size: 5,396,400 "
+                        "tokens"},
+    }  # fmt: skip
+    header, row = proof.table(results).splitlines()
+    cells = [c for c in row.split("  ") if c.strip()]
+    assert cells[5:8] == ["5,396,400 tokens", "xqa", "1,048,576"]
+    assert "captures CUDA graphs" in row
