@@ -90,15 +90,15 @@ def test_an_engine_core_in_its_own_process_is_read_from_the_plugins_lines():
         "bfloat16), decode on xqa (q bfloat16)",
         "(EngineCore pid=9) INFO mstar-resources: reserved 1,048,576 bytes in 1 FlashInfer "
         "workspaces (MSTAR_RESOURCES_VLLM=auto) and 413,138,944 bytes of vLLM's TRT-LLM workspace",
-        "(EngineCore pid=9) INFO mstar-resources: sealed 2 FlashInfer workspaces at 1,048,576 bytes "
-        "before vLLM captures CUDA graphs (0 growths before the seal): ...",
+        "(EngineCore pid=9) INFO mstar-resources: sealed 2 FlashInfer workspaces at 1,048,576 "
+        "bytes before vLLM captures CUDA graphs (0 growths before the seal): ...",
     ]
     results = {
         "x/plugin-mp": {"ok": True, "tokens": [[1]], "tokens_out": 1, "mstar_lines": lines,
                         "kv_line": "INFO [kv_cache_utils.py:2177] GPU KV cache size: 5,396,400 "
                         "tokens"},
     }  # fmt: skip
-    header, row = proof.table(results).splitlines()
+    _, row = proof.table(results).splitlines()
     cells = [c for c in row.split("  ") if c.strip()]
     assert cells[5:8] == ["5,396,400 tokens", "xqa", "1,048,576"]
     assert "captures CUDA graphs" in row
