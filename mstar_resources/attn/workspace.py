@@ -258,8 +258,9 @@ class Workspace:
         of the :attr:`int_workspace`, which grows it (and its pinned mirror) the same way.
 
         MLA's check of the whole buffer before it plans (FlashInfer 0.7.4) counts as running
-        short too, and grows the workspace to what it asked for. Any other error (an int overflow
-        without an int workspace included) reaches the caller unchanged.
+        short too, and grows the workspace to what it asked for. Any other error reaches the caller
+        unchanged: an int overflow without an int workspace, or from a wrapper the library cannot
+        find planning on this one's int workspace, included (it grows nothing).
 
         With an int workspace, the plan first waits until the copy queued by the previous plan
         from its pinned mirror has run (see the module's notes on sharing).
@@ -349,9 +350,10 @@ class Workspace:
         # An allocator with more room than this buffer holds was not allocating from it.
         if short is None or overflow is None or (overflow.available or 0) > have[short.kind]:
             return None
-        # A wrapper that keeps its own int workspace overflowed that one, not this.
-        theirs = wrapper is not None and getattr(wrapper, INT_BUFFER, None) is not short._tensor
-        return None if short.kind == "int" and theirs else short
+        # An int overflow is this int workspace's only where the wrapper is found planning on it:
+        # one that keeps its own overflowed that one, and one the library cannot find may too.
+        ours = wrapper is not None and getattr(wrapper, INT_BUFFER, None) is short._tensor
+        return None if short.kind == "int" and not ours else short
 
     def _by_kind(self) -> list[tuple[str, Workspace]]:
         """The workspaces a plan through this one may grow, by the kind of overflow."""

@@ -189,6 +189,27 @@ def test_an_int_overflow_without_an_int_workspace_reaches_the_caller():
     assert workspace.tensor.numel() == MIB
 
 
+def test_an_int_overflow_of_a_planner_the_library_cannot_find_grows_nothing():
+    """A plan that is no wrapper's method and takes none first: whose int buffer overflowed
+    cannot be told, so nothing grows and FlashInfer's error reaches the caller as it was."""
+    workspace = Workspace(
+        torch.zeros(MIB, dtype=torch.uint8), "w",
+        int_workspace=IntWorkspace(torch.zeros(1024, dtype=torch.uint8), "w:int"),
+    )  # fmt: skip
+    theirs = FakeWrapper(torch.zeros(MIB, dtype=torch.uint8), INDICES, int_bytes=1024)
+    calls = []
+
+    def plan() -> None:  # a planner of the engine's own, around a wrapper the library never saw
+        calls.append(1)
+        theirs.plan()
+
+    with pytest.raises(RuntimeError, match="batch_prefill_request_indices") as raised:
+        workspace.plan(plan)
+    assert type(raised.value) is RuntimeError and calls == [1]  # planned once, not retried
+    assert workspace.int_workspace.tensor.numel() == 1024
+    assert workspace.int_workspace.stats().times_grown == 0
+
+
 def test_a_sealed_int_workspace_names_its_setting_and_what_the_plan_needs():
     pools = build_pools({"d": {"labels": ["decode"], "cg_slots": [0], "int_declared_mb": 1}},
                         "cpu", {})  # fmt: skip
