@@ -9,12 +9,22 @@ from mstar_resources.attn._overflow import parse_overflow
 from mstar_resources.testing import OverflowingPlanner, flashinfer_overflow
 from mstar_resources.units import MIB
 
-from .attn.fake_allocator import flashinfer_overflow_message
+from .attn.fake_allocator import error_prefix_text, fixture_expression, header_file, overflow_text
 
 
 def test_the_overflow_is_worded_as_the_checked_fixture_words_it():
     error = flashinfer_overflow("batch_decode_tmp_v", 3 * MIB, MIB)
-    assert str(error) == flashinfer_overflow_message("batch_decode_tmp_v", 3 * MIB, 16, MIB)
+    # The fixture's expressions as the tests read them (tests/attn/test_overflow.py checks those
+    # against FlashInfer's headers), rendered apart from the library's own rendering.
+    where = fixture_expression("overflow")
+    message = overflow_text().render(
+        name="batch_decode_tmp_v", size=3 * MIB, alignment=16, remaining_space=MIB
+    )
+    expected = error_prefix_text().render(
+        func=where["function"], file=header_file(where["header"]),
+        line=overflow_text().throw_line, message=message,
+    )  # fmt: skip
+    assert str(error) == expected
     overflow = parse_overflow(error)
     assert overflow is not None
     assert (overflow.allocation, overflow.size, overflow.kind) == ("batch_decode_tmp_v", 3 * MIB,

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from mstar_resources.testing import flashinfer_overflow
+
 FIXTURE = Path(__file__).parents[2] / "mstar_resources" / "attn" / "flashinfer_overflow.json"
 """Shipped in the package: ``mstar_resources.testing`` renders FlashInfer's overflow from it."""
 
@@ -162,16 +164,9 @@ def error_prefix_text() -> StreamText:
 
 
 def flashinfer_overflow_message(name: str, size: int, alignment: int, available: int) -> str:
-    """The text FlashInfer's allocator throws for this overflow, prefix included."""
-    where = fixture_expression("overflow")
-    overflow = overflow_text()
-    message = overflow.render(name=name, size=size, alignment=alignment, remaining_space=available)
-    return error_prefix_text().render(
-        func=where["function"],
-        file=header_file(where["header"]),
-        line=overflow.throw_line,
-        message=message,
-    )
+    """The text FlashInfer's allocator throws for this overflow, prefix included: the library's
+    own rendering (``mstar_resources.testing``), the one the tests and an engine's tests share."""
+    return str(flashinfer_overflow(name, size, available, alignment))
 
 
 def mla_preflight_message(backend: str, required_bytes: int) -> str:
