@@ -1,15 +1,14 @@
 """Declarative, growable, sealable GPU scratch memory for LLM inference engines.
 
-The public names are the imports below (each ``as`` itself: re-exported), the one list of them:
-type checkers read it, and the package reads it to load each name on first use, so that composing ``pkg://mstar_resources.conf``
-(which imports this package) costs neither torch nor the resolver.
+The public names are listed three times, each for its reader: the imports below for type checkers
+(each ``as`` itself: re-exported), ``_HOMES`` for loading each name on first use, so that
+composing ``pkg://mstar_resources.conf`` (which imports this package) costs neither torch nor the
+resolver, and ``__all__``. ``tests/test_init.py`` checks that the three agree.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -67,23 +66,48 @@ if TYPE_CHECKING:
     )
 
 
-def _homes() -> dict[str, str]:
-    """Each public name and the module it lives in, read from the imports above."""
-    (block,) = (
-        node
-        for node in ast.parse(Path(__file__).read_text(encoding="utf-8")).body
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
-    )
-    return {
-        alias.name: "." * node.level + (node.module or "")
-        for node in block.body
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
+_HOMES = {
+    "IntWorkspace": ".attn.workspace",
+    "Workspace": ".attn.workspace",
+    "WorkspaceGrowthError": ".attn.workspace",
+    "WorkspacePool": ".attn.workspace",
+    "WorkspaceStats": ".attn.workspace",
+    "workspace_bytes": ".attn.workspace",
+    "check_calibration": ".calibration.record",
+    "Problem": ".errors",
+    "ResourceConfigError": ".errors",
+    "ResourceError": ".errors",
+    "ResourceUsageError": ".errors",
+    "WorkspaceAgreementError": ".errors",
+    "WorkspacePlanError": ".errors",
+    "WorkspaceSealedError": ".errors",
+    "WorkspaceShortError": ".errors",
+    "ResolvedResource": ".resolver",
+    "build_pools": ".resolver",
+    "resolve": ".resolver",
+}
+"""Each public name and the module it lives in: the facade loads each on first use."""
 
-
-_HOMES = _homes()
-__all__ = sorted(_HOMES)
+__all__ = [
+    "IntWorkspace",
+    "Problem",
+    "ResolvedResource",
+    "ResourceConfigError",
+    "ResourceError",
+    "ResourceUsageError",
+    "Workspace",
+    "WorkspaceAgreementError",
+    "WorkspaceGrowthError",
+    "WorkspacePlanError",
+    "WorkspacePool",
+    "WorkspaceSealedError",
+    "WorkspaceShortError",
+    "WorkspaceStats",
+    "build_pools",
+    "check_calibration",
+    "resolve",
+    "workspace_bytes",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,8 +23,19 @@ def test_every_public_name_is_its_home_module_s_own(name):
     assert name in home.__all__
 
 
-def test_every_listed_name_has_a_home_and_every_home_is_listed():
-    assert sorted(mstar_resources._HOMES) == sorted(mstar_resources.__all__)
+def test_the_three_lists_of_public_names_agree():
+    """The type checkers' imports, the facade's homes and ``__all__``: each written out."""
+    source = ast.parse(Path(mstar_resources.__file__).read_text(encoding="utf-8"))
+    (block,) = (n for n in source.body if isinstance(n, ast.If))  # if TYPE_CHECKING:
+    imported = {
+        alias.name: "." * node.level + (node.module or "")
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.asname == alias.name  # re-exported
+    }
+    assert imported == mstar_resources._HOMES
+    assert sorted(mstar_resources.__all__) == sorted(imported)
 
 
 def test_an_unknown_name_is_an_attribute_error():
