@@ -658,15 +658,6 @@ def test_config_error_lists_its_problems_in_order():
     assert str(ResourceConfigError("only one")) == "only one"
 
 
-@pytest.mark.parametrize("name", ["sealed", "tensor", "name", "floor"])
-def test_workspace_state_is_read_only(name):
-    workspace = make_workspace()
-    before = getattr(workspace, name)
-    with pytest.raises(AttributeError):
-        setattr(workspace, name, before)
-    assert getattr(workspace, name) is before
-
-
 def test_only_seal_seals_and_nothing_unseals():
     workspace = make_workspace()
     workspace.seal()
@@ -704,18 +695,6 @@ def test_a_growth_beyond_any_gpu_is_refused_and_the_buffer_kept():
     assert error.needed_bytes == 10**30  # nothing taken before it
     assert "more than any GPU holds (or a tensor can count)" in str(error)
     assert workspace.tensor.numel() == MIB and workspace.stats().times_grown == 0
-
-
-@pytest.mark.parametrize("attribute", ["owner", "device", "size_mb", "int_size_mb", "config_key"])
-def test_a_pool_s_identity_is_read_only(attribute):
-    """Renaming a pool after it was made would rename its later workspaces apart from its
-    earlier ones, and make ranks disagree on what they seal."""
-    pool = WorkspacePool("cpu", 1, "attention", config_key="resources.attn.decode")
-    before = getattr(pool, attribute)
-    with pytest.raises(AttributeError):
-        setattr(pool, attribute, "other")
-    assert getattr(pool, attribute) == before
-    assert pool.get("decode").name == "attention:decode"
 
 
 class ViewTakingWrapper(FakeWrapper):
