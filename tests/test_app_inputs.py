@@ -137,6 +137,21 @@ def test_a_deployment_whose_defaults_come_back_to_it_is_one_paragraph(
     assert_one_paragraph(done, prog, "deployment=mine never ends", "lists it again")
 
 
+@pytest.mark.parametrize(
+    ("name", "read_as"),
+    [("inf", "the number inf"), ("nan", "the number nan"), ("null", "null, no value"),
+     ("true", "the boolean True"), ("1e3", "the number 1000.0")],
+)  # fmt: skip
+def test_a_deployment_named_as_hydra_reads_a_value_is_told_to_be_quoted(tmp_path, name, read_as):
+    folder = tmp_path / "conf" / "deployment"
+    folder.mkdir(parents=True)
+    (folder / f"{name}.yaml").write_text("# @package _global_\n")
+    done = run_app("--config-dir", "conf", f"deployment={name}", cwd=tmp_path)
+    assert_one_paragraph(done, "mstar-resources", f"is read as {read_as}", f"deployment='{name}'")
+    quoted = run_app("--config-dir", "conf", f"deployment='{name}'", cwd=tmp_path)
+    assert quoted.returncode == 0, quoted.stderr
+
+
 # A config group's value that is no plain option name: (arguments, the value named)
 NOT_A_NAME = [
     pytest.param(["deployment=../resources/default"], "deployment=../resources/default",

@@ -687,6 +687,15 @@ def _group_value_problem(
         if isinstance(value, list):
             why = f": {group}= takes one name, and a list would merge several"
             return not_a_choice(group, text, options, why, closest=False)
+        if not isinstance(value, str) and text in options:  # `inf`, `null`, `1e3`: an option
+            read_as = (
+                "null, no value" if value is None
+                else f"the {'boolean' if isinstance(value, bool) else 'number'} {value!r}"
+            )  # fmt: skip
+            return (
+                f"{group}={text} is read as {read_as}, not as the name {text!r} of the {group} "
+                f"there is; quote it: {group}='{text}' (in a shell, \"{group}='{text}'\")"
+            )
         if not isinstance(value, str):
             return not_a_choice(group, text, options)
         if value in (".", "..") or posixpath.basename(value) != value:
