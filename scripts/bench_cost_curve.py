@@ -381,7 +381,7 @@ def check_json(parser: argparse.ArgumentParser, path: Path | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
     positional_deployment = parser.add_argument(
         "deployment",
         nargs="?",

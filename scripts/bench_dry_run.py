@@ -111,7 +111,7 @@ def plot(medians: dict[str, float], png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--rounds", type=positive_int, default=7, help="interleaved rounds (default 7)"
     )

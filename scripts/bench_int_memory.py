@@ -102,8 +102,14 @@ def one_way(sizes: list[int], int_mb: int | None) -> tuple[int, int, list[torch.
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-sizes", type=positive_int, nargs="+", default=VLLM_GRAPH_SIZES)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--batch-sizes",
+        type=positive_int,
+        nargs="+",
+        default=VLLM_GRAPH_SIZES,
+        help="the decode wrappers' CUDA-graph batch sizes (default: vLLM 0.33's 51)",
+    )
     parser.add_argument("--int-mb", type=positive_int, default=1, help="the shared int floor")
     options = parser.parse_args(argv)
     if not torch.cuda.is_available():

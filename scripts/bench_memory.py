@@ -128,7 +128,7 @@ def plot(results: dict[str, Row], png: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     calibrated = calibrated_deployments()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "deployments",
         nargs="*",

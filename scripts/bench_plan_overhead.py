@@ -167,7 +167,7 @@ def plot(rows: list[Row], png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     # Many short rounds: a drift in the machine's speed within a round is small, and the median
     # over rounds leaves out the rounds that something else on the machine disturbed.

@@ -262,7 +262,7 @@ def plot(rows: list[Row], png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--ranks", type=positive_int, nargs="+", default=RANKS, help="world sizes (default 2 4)"
     )
