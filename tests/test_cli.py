@@ -246,7 +246,8 @@ def test_help_is_the_app_s_own(tmp_path):
     text = done.stdout
     for needed in ("format=table|json", "device=cpu|cuda[:N]", "deployment=NAME",
                    "resources.<path>.declared_mb", "MSTAR_WORKSPACE_BUFFER_MB", "3. 512",
-                   DEPLOYMENTS):  # fmt: skip
+                   "int_declared_mb", "MSTAR_INT_WORKSPACE_BUFFER_MB", "--config-dir DIR",
+                   "# @package _global_", DEPLOYMENTS):  # fmt: skip
         assert needed in text
     assert len(re.findall(r"^  \S*.*mstar-resources \S", text, re.M)) >= 3  # example commands
     assert "powered by Hydra" not in text and "mstar_resources" not in text  # no internal group
