@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from _args import positive_int
+from _args import one_of, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ROWS = (10_000, 100_000, 1_000_000)
@@ -117,9 +117,28 @@ def table(results: dict[str, dict[int, Run]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=positive_int, nargs="+", default=list(DEFAULT_ROWS))
-    parser.add_argument("--deployment", default=DEFAULT_DEPLOYMENT)
-    parser.add_argument("--no-dry-run", dest="dry_run", action="store_false")
+    parser.add_argument(
+        "--rows",
+        type=positive_int,
+        nargs="+",
+        default=list(DEFAULT_ROWS),
+        help="the trace lengths to measure, in rows (default: %(default)s)",
+    )
+    # Checked before any trace is written: the replay refuses a deployment without a profile.
+    profiled = sorted(p.stem for p in (ROOT / "conf" / "deployment").glob("*.yaml")
+                      if p.stem != "none")  # fmt: skip
+    parser.add_argument(
+        "--deployment",
+        default=DEFAULT_DEPLOYMENT,
+        type=one_of(profiled, "profiled deployment"),
+        help="the deployment the replay plans (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-dry-run",
+        dest="dry_run",
+        action="store_false",
+        help="replay on the GPU too (default: the replay's dry run)",
+    )
     args = parser.parse_args(argv)
     results: dict[str, dict[int, Run]] = {}
     with tempfile.TemporaryDirectory() as folder:

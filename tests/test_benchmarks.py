@@ -110,6 +110,15 @@ REFUSED = [
         "bench_seal_ranks.py", ["--rounds", "0"], "--rounds", "0", "", id="seal-ranks-rounds"
     ),
     pytest.param("bench_seal_ranks.py", ["--ranks", "0"], "--ranks", "0", "", id="ranks"),
+    # Refused before any trace is written or read.
+    pytest.param(
+        "bench_trace.py",
+        ["--deployment", "nope"],
+        "--deployment",
+        "'nope'",
+        "llama3-8b-h200_calibrated",
+        id="trace-deployment",
+    ),
     # No machine has a GPU for each of 1,000 ranks.
     pytest.param(
         "bench_seal_ranks.py",
