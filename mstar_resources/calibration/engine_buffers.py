@@ -30,13 +30,22 @@ TENSORRT_LLM_MB = 320
 MLC_LLM_MB = 768
 
 
+def vllm_formula(
+    batched_tokens: int, heads: int, head_dim: int, per: int = VLLM_BYTES_PER_TOKEN_HEAD_DIM
+) -> int:
+    """vLLM's per-token floor of its FlashInfer buffer, in bytes: ``max_num_batched_tokens`` x
+    query heads per rank x head dim x ``per`` (``FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM``,
+    16 in vLLM 0.26 and 0.33). The vLLM plugin passes the running vLLM's own constant."""
+    return batched_tokens * heads * head_dim * per
+
+
 def vllm_formula_bytes(profile: CalibrationProfile, ranks: int = 1) -> int | None:
     """vLLM 0.33's per-token floor under its buffer setting, in bytes (None for MLA models)."""
     if any(plan.kind is PlanKind.mla for plan in profile.plans.values()):
         return None
     model = profile.model
-    per_token = (model.num_qo_heads // ranks) * model.head_dim * VLLM_BYTES_PER_TOKEN_HEAD_DIM
-    return profile.limits.max_num_batched_tokens * per_token
+    heads = model.num_qo_heads // ranks
+    return vllm_formula(profile.limits.max_num_batched_tokens, heads, model.head_dim)
 
 
 def vllm_buffer_mb(profile: CalibrationProfile, ranks: int = 1) -> int | None:
@@ -67,4 +76,10 @@ def own_int_mb(profile: CalibrationProfile, cuda_graphs: bool = True) -> int:
     return wrappers * INT_DEFAULT_MB
 
 
-__all__ = ["engine_buffers_mb", "own_int_mb", "vllm_buffer_mb", "vllm_formula_bytes"]
+__all__ = [
+    "engine_buffers_mb",
+    "own_int_mb",
+    "vllm_buffer_mb",
+    "vllm_formula",
+    "vllm_formula_bytes",
+]

@@ -309,13 +309,15 @@ def vllm_buffer_bytes(vllm_config: Any, plans: Sequence[BuilderPlans]) -> tuple[
     size)."""
     import vllm.v1.attention.backends.flashinfer as backend
 
+    from ...calibration.engine_buffers import vllm_formula
+
     if vllm_envs().VLLM_BATCH_INVARIANT:
         size = backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT
         return size, f"VLLM_BATCH_INVARIANT's {size:,}"
     tokens = vllm_config.scheduler_config.max_num_batched_tokens
     widest = max(plans, key=lambda p: p.num_qo_heads * p.head_dim)
     per = backend.FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM
-    formula = tokens * widest.num_qo_heads * widest.head_dim * per
+    formula = vllm_formula(tokens, widest.num_qo_heads, widest.head_dim, per)
     setting = vllm_envs().VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE
     how = (
         f"max(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE={setting:,}, {tokens:,} batched tokens x "
