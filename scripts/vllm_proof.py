@@ -305,13 +305,12 @@ def run(case: Case, models: Path) -> dict[str, Any]:
     }
     from mstar_resources.integrations import vllm as plugin
 
-    workspaces = plugin.active()
-    if not case.in_process:  # the plugin served the engine core's process: its log says what
-        pass
-    elif workspaces is not None:
+    # With the engine core in its own process, the plugin served that one: its log says what.
+    workspaces = plugin.active() if case.in_process else None
+    if workspaces is not None:
         result["plugin"] = workspaces.report()
         result["workspace_bytes"] = workspaces.held_bytes
-    else:
+    elif case.plugin is None:
         result["workspace_bytes"] = sum(made.values())
         result["vllm_buffers"] = sorted(made.values())
     return result

@@ -95,6 +95,15 @@ VERSION_FLAG = "--version"
 OPTIONS_RESOLVER = "mstar_resources.options"
 INTERRUPTED = 130
 """The exit status of a run ended by Ctrl-C: 128 + SIGINT, as a shell reports it."""
+COMPOSE_ERRORS = (
+    HydraException,
+    OmegaConfBaseException,
+    yaml.YAMLError,
+    ValueError,
+    OSError,
+    RecursionError,
+)
+"""What composing may raise that :func:`_told` can tell as a mistake in a file or a name."""
 SHELL_COMPLETION = ("install", "uninstall", "query")
 """What Hydra's ``--shell-completion`` does, one at a run (``install=bash`` prints the script)."""
 
@@ -131,22 +140,14 @@ def compose_deployment(
         config_name=None,
         overrides=list(overrides),
     )
-    if config_dir is not None:
-        overrides.append(f"hydra.searchpath=[file://{config_dir}]")
     folders = [_config_folder(SHIPPED_CONF, compose_deployment)]
     if config_dir is not None:
+        overrides.append(f"hydra.searchpath=[file://{config_dir}]")
         folders.append(config_dir)
     with _hydra_set_aside(), _config_source(SHIPPED_CONF, compose_deployment):
         try:
             return compose(config_name, overrides=overrides)
-        except (
-            HydraException,
-            OmegaConfBaseException,
-            yaml.YAMLError,
-            ValueError,
-            OSError,
-            RecursionError,
-        ) as error:
+        except COMPOSE_ERRORS as error:
             listed = functools.partial(_group_options, config_name=config_name)
             told = _told(error, line, listed, folders)
             if told is None:
@@ -492,14 +493,7 @@ def _compose_errors_reported(
     try:
         with full_error.while_composing():
             yield
-    except (
-        HydraException,
-        OmegaConfBaseException,
-        yaml.YAMLError,
-        ValueError,
-        OSError,
-        RecursionError,
-    ) as error:
+    except COMPOSE_ERRORS as error:
         if full_error.user_asked:
             raise
         told = _told(error, line, listed, folders)

@@ -190,10 +190,11 @@ def _model_problems(model: ModelShape) -> list[str]:
             f"{key}.num_kv_heads={model.num_kv_heads} does not divide "
             f"{key}.num_qo_heads={model.num_qo_heads}"
         )
+    named = ("q_dtype", "kv_dtype") + (("o_dtype",) if model.o_dtype is not None else ())
     problems += [
         f"{key}.{name}={getattr(model, name)!r} is not one of {', '.join(DTYPES)}"
-        for name in ("q_dtype", "kv_dtype", "o_dtype")
-        if getattr(model, name) not in DTYPES and (name != "o_dtype" or model.o_dtype is not None)
+        for name in named
+        if getattr(model, name) not in DTYPES
     ]
     return problems
 

@@ -145,9 +145,8 @@ def read_builder(
         has_spec=builder.reorder_batch_threshold > 1,
     )
     # 0.33 plans speculative tokens as decode in its fa2 native decode; 0.26 sends them to prefill.
-    decode_q_len = builder.reorder_batch_threshold if getattr(
-        builder, "use_fa2_native_decode", False
-    ) else 1  # fmt: skip
+    fa2_decode = getattr(builder, "use_fa2_native_decode", False)
+    decode_q_len = builder.reorder_batch_threshold if fa2_decode else 1
     return BuilderPlans(
         group=group,
         layers=tuple(layers),

@@ -117,7 +117,7 @@ class VllmWorkspaces:
                 self._check_calibration(device)
             keys = serving_keys(records, roles, self.setting.describe())
             self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
-            if any(True for _ in vllm_plans.trtllm_kernels(self.plans)):
+            if any(vllm_plans.trtllm_kernels(self.plans)):
                 self.trtllm_bytes = vllm_trtllm_workspace().numel()
         except ResourceConfigError as error:
             self.leave_untouched(f"it cannot size the workspaces: {error}")
