@@ -58,6 +58,7 @@ class Shape:
     sliding_window: int | None = None
     """A Qwen3-architecture model whose first layer attends a sliding window of this many tokens
     and whose second attends all: two KV-cache groups in vLLM."""
+    layers: int = 2
 
 
 SHAPES = {
@@ -65,6 +66,15 @@ SHAPES = {
     "qwen3.5": Shape("qwen3.5", 32, 2, 256),
 }
 TWO_GROUPS = Shape("two-groups", 32, 8, 128, sliding_window=256)
+DEPTHS = {
+    "llama3-8b-3l": Shape("llama3-8b-3l", 32, 8, 128, layers=3),
+    "llama3-8b-16l": Shape("llama3-8b-16l", 32, 8, 128, layers=16),
+}
+"""Llama 3 8B's attention at 3 and 16 layers: ``scripts/bench_vllm.py``'s models."""
+
+
+def shape_of(name: str) -> Shape:
+    return {**SHAPES, **DEPTHS, TWO_GROUPS.name: TWO_GROUPS}[name]
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,9 @@ class Case:
     in_process: bool = True
     """The engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the tokens and
     the plugin's report can be read; False: vLLM's default, its own process (the log is read)."""
+    generations: int = 1
+    """How many times the prompts are generated; the time is the last one's (the first also pays
+    for what runs once per engine)."""
 
 
 V1_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
@@ -153,11 +166,46 @@ def users_cases(group: str) -> list[Case]:
     ]
 
 
-def crash_cases() -> list[Case]:
+def crash_cases(group: str = "crash") -> list[Case]:
+    """The public crash's configuration; ``crash-v1``: on vLLM's V1 model runner."""
+    env = V1_RUNNER if group.endswith("-v1") else {}
     return [
-        Case("crash/vllm", plugin=None, **CRASH),  # type: ignore[arg-type]
-        Case("crash/plugin", plugin="auto", **CRASH),  # type: ignore[arg-type]
+        Case(f"{group}/vllm", plugin=None, env=env, **CRASH),  # type: ignore[arg-type]
+        Case(f"{group}/plugin", plugin="auto", env=env, **CRASH),  # type: ignore[arg-type]
     ]
+
+
+def floors_file(auto: dict[str, Any], path: Path) -> Path:
+    """A deployment file of the floors an ``auto`` run measured (its float workspaces'; the int
+    workspaces' are the default, as under ``auto``), for the run that checks that ``auto`` costs
+    the KV cache what it holds."""
+    lines = ["# @package _global_", "resources:", "  attn:"]
+    for workspace in (auto.get("plugin") or {}).get("workspaces", []):
+        _, role, *rest = workspace["name"].split(":")
+        if rest[-1:] != ["int"]:
+            lines += [f"    {role}:", f"      declared_mb: {workspace['floor_bytes'] >> 20}"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def kv_cost(results: dict[str, dict[str, Any]]) -> list[str]:
+    """For each group run with ``auto`` and with its floors as a file: KV tokens both ways."""
+    found = []
+    for name, r in results.items():
+        if not name.endswith("/plugin-file"):
+            continue
+        group = name.removesuffix("/plugin-file")
+        auto, file = _kv_count(results.get(f"{group}/plugin", {})), _kv_count(r)
+        if auto and file:
+            found.append(f"{group}: KV tokens with auto {auto:,}, with its floors as a file "
+                         f"{file:,}: {auto / file - 1:+.3%}")  # fmt: skip
+    return found
+
+
+def _kv_count(r: dict[str, Any]) -> int | None:
+    digits = _kv_tokens(r).split(" ")[0].replace(",", "")
+    return int(digits) if digits.isdigit() else None
 
 
 # -- one run, in a process of its own ------------------------------------------------------------
@@ -171,7 +219,7 @@ workspace that corrupts attention."""
 
 
 def build_model(shape: Shape, folder: Path) -> Path:
-    """A 2-layer Llama-architecture model of ``shape``'s attention, random weights (seeded),
+    """A Llama-architecture model of ``shape``'s attention and layers, random weights (seeded),
     saved with its config: nothing is downloaded."""
     path = folder / f"tiny-{shape.name}"
     if (path / "config.json").exists():
@@ -180,7 +228,7 @@ def build_model(shape: Shape, folder: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     common = dict(
-        vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+        vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=shape.layers,
         num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
         head_dim=shape.head_dim, max_position_embeddings=8192, tie_word_embeddings=False,
         initializer_range=INIT_STD,
@@ -268,7 +316,7 @@ def run(case: Case, models: Path) -> dict[str, Any]:
 
     requests = prompts(case)
     start = time.perf_counter()
-    shape = TWO_GROUPS if case.shape == TWO_GROUPS.name else SHAPES[case.shape]
+    shape = shape_of(case.shape)
     # Full CUDA graphs of the decode batches, where FlashInfer's workspace is captured; no
     # torch.compile (it costs minutes a shape and does not touch the workspace).
     graphs = CompilationConfig(
@@ -289,9 +337,11 @@ def run(case: Case, models: Path) -> dict[str, Any]:
         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
         for _, n in requests
     ]
-    begin = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params)
-    generated = time.perf_counter() - begin
+    times = []
+    for _ in range(case.generations):
+        begin = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params)
+        times.append(time.perf_counter() - begin)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     config = llm.llm_engine.vllm_config
     result: dict[str, Any] = {
@@ -301,7 +351,8 @@ def run(case: Case, models: Path) -> dict[str, Any]:
         "graph_sizes": config.compilation_config.cudagraph_capture_sizes,
         "tokens": tokens,
         "tokens_out": sum(len(t) for t in tokens),
-        "generate_s": round(generated, 2),
+        "generate_s": round(times[-1], 3),
+        "generate_each_s": [round(t, 3) for t in times],
     }
     from mstar_resources.integrations import vllm as plugin
 
@@ -421,7 +472,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash", *USERS_CASES]
+    choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash", "crash-v1", *USERS_CASES]
     parser.add_argument("--cases", nargs="*", default=[*SHAPES, "crash", "llama3-8b-v1",
                         *USERS_CASES], choices=choices, help="shapes to run (-v1: on vLLM's V1 "
                         "model runner), the crash case, and the configurations vLLM's users run "
@@ -436,6 +487,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("vllm-proof"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds a run may take")
+    parser.add_argument("--file-floors", action="store_true", help="after each run with the "
+                        "plugin's auto, one with the floors it measured as a deployment file: "
+                        "their KV tokens must agree")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the runs, start none")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -445,8 +499,8 @@ def main() -> None:
         return
     order: list[Case] = []
     for name in args.cases:
-        if name == "crash":
-            order += crash_cases()
+        if name.startswith("crash"):
+            order += crash_cases(name)
         elif name in USERS_CASES:
             order += users_cases(name)
         else:
@@ -471,8 +525,17 @@ def main() -> None:
         results[case.name] = launch(case, args.out, args.models, min(args.timeout, left))
         if case.name == "crash/plugin":
             _crash_raised(results, args, deadline)
+        auto = results[case.name]
+        if args.file_floors and case.plugin == "auto" and case.in_process and auto.get("ok"):
+            path = floors_file(auto, args.out / "deployment" / f"{case.name.split('/')[0]}.yaml")
+            file = replace(case, name=case.name.replace("/plugin", "/plugin-file"),
+                           plugin=str(path.resolve()))  # fmt: skip
+            left = deadline - time.perf_counter()
+            if left >= 60:
+                results[file.name] = launch(file, args.out, args.models, min(args.timeout, left))
         _write(results, args.out)
     print(table(results))
+    print("\n".join(kv_cost(results)))
     shapes = [results.get(f"{s}/vllm", {}).get("tokens") for s in SHAPES]
     if all(shapes):
         print(f"the two shapes generate different tokens: {shapes[0] != shapes[1]}")

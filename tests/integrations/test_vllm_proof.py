@@ -102,3 +102,42 @@ def test_an_engine_core_in_its_own_process_is_read_from_the_plugins_lines():
     cells = [c for c in row.split("  ") if c.strip()]
     assert cells[5:8] == ["5,396,400 tokens", "xqa", "1,048,576"]
     assert "captures CUDA graphs" in row
+
+
+def test_an_auto_runs_floors_become_a_deployment_file_the_plugin_reads(tmp_path):
+    """--file-floors: the floors an auto run measured, as a file in a deployment/ folder, which
+    the plugin composes to the same float floors (the int ones left at the default, as auto's)."""
+    from mstar_resources.integrations.vllm.setting import read_setting
+
+    proof = _proof()
+    auto = {"plugin": {"workspaces": [
+        {"name": "attention:prefill", "floor_bytes": 3 << 20},
+        {"name": "attention:decode:cg0", "floor_bytes": 106 << 20},
+        {"name": "attention:decode:cg0:int", "floor_bytes": 8 << 20},
+    ]}}  # fmt: skip
+    path = proof.floors_file(auto, tmp_path / "deployment" / "crash.yaml")
+    setting = read_setting({"MSTAR_RESOURCES_VLLM": str(path)})
+    floors = {r.path: (r.floor_mb, r.floor_source) for r in setting.records}
+    assert floors["attn.prefill"] == (3, "declared") and floors["attn.decode"] == (106, "declared")
+
+
+def test_kv_cost_compares_auto_with_its_floors_as_a_file():
+    proof = _proof()
+    line = "GPU KV cache size: {:,} tokens"
+    results = {
+        "crash/plugin": {"kv_line": line.format(7_084_112)},
+        "crash/plugin-file": {"kv_line": line.format(7_090_000)},
+        "llama3-8b/plugin": {"kv_line": None},
+        "llama3-8b/plugin-file": {"kv_line": line.format(10)},
+    }
+    assert proof.kv_cost(results) == [
+        "crash: KV tokens with auto 7,084,112, with its floors as a file 7,090,000: -0.083%"
+    ]
+
+
+def test_crash_v1_runs_the_crash_configuration_on_vllms_v1_runner():
+    proof = _proof()
+    vllm, plugin = proof.crash_cases("crash-v1")
+    assert (vllm.name, plugin.name) == ("crash-v1/vllm", "crash-v1/plugin")
+    assert vllm.env == plugin.env == proof.V1_RUNNER and plugin.max_num_seqs == 512
+    assert proof.crash_cases()[0].env == {}

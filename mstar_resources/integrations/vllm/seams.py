@@ -16,7 +16,7 @@ from typing import Any
 from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
 from .._post_import import when_imported
 from .setting import ENV_VAR
-from .workspaces import ROLE, VllmWorkspaces
+from .workspaces import ROLE, V2_RUNNER, VllmWorkspaces
 
 SUPPORTED_VLLM = ("0.26.0", "0.33.0")
 """The vLLM versions whose source the seams below were read in (0.26.0 also run on an H200). A
@@ -37,7 +37,7 @@ class Seam:
 
 
 BACKEND = "vllm.v1.attention.backends.flashinfer"
-RUNNERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+RUNNERS = ("vllm.v1.worker.gpu_model_runner", V2_RUNNER)
 """vLLM's V1 and V2 model runners, each with a ``GPUModelRunner``."""
 WORKER = "vllm.v1.worker.gpu_worker"
 RAY_ENV = "vllm.ray.ray_env"

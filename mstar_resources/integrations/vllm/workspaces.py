@@ -3,11 +3,13 @@ native wrappers run, handed to each wrapper as vLLM builds it, sealed before ser
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,9 @@ if TYPE_CHECKING:
     from ...attn.workspace import Workspace, WorkspacePool, WorkspaceStats
     from ...calibration.override import Measured
     from ...calibration.profile import CalibrationProfile
+
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+"""The module of vLLM's V2 model runner."""
 
 # Under vLLM's logger, so its handler prints these lines with its own.
 logger = logging.getLogger("vllm.plugins.mstar_resources")
@@ -56,6 +61,10 @@ class VllmWorkspaces:
         """What each of vLLM's FlashInfer metadata builders will plan and run."""
         self.vllm_bytes: int | None = None
         """What vLLM would have made for each FlashInfer metadata builder."""
+        self.vllm_outside_budget = False
+        """Whether vLLM as it is makes that buffer after it sizes its KV cache, uncounted (its V2
+        model runner, which shares one among the builders), rather than inside its profile (V1,
+        one a builder)."""
         self.trtllm_bytes = 0
         """vLLM's own TRT-LLM workspace (XQA, trtllm-gen), made at the profile; 0: none runs."""
         self.sealed_overflows = 0
@@ -111,12 +120,14 @@ class VllmWorkspaces:
             self.plans = vllm_plans.builder_plans(runner)
             roles = self.native_roles()
             if self.setting.auto:
-                records = self._measure(config, device, roles)
+                with left_out_of_peak(device):
+                    records = self._measure(config, device, roles)
             else:
                 records = self.setting.records
                 self._check_calibration(device)
             keys = serving_keys(records, roles, self.setting.describe())
             self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
+            self.vllm_outside_budget = _made_after_kv_sizing(runner)
             if any(vllm_plans.trtllm_kernels(self.plans)):
                 self.trtllm_bytes = vllm_trtllm_workspace().numel()
         except ResourceConfigError as error:
@@ -213,12 +224,17 @@ class VllmWorkspaces:
                 "its kernels require (%s)",
                 f"{self.trtllm_bytes:,}", used,
             )  # fmt: skip
+        where = (
+            "once, shared by its builders, after it sizes its KV cache: outside its budget"
+            if self.vllm_outside_budget
+            else "for each FlashInfer metadata builder, inside its memory profile"
+        )
         logger.info(
             "mstar-resources: reserved %s bytes in %d FlashInfer workspaces (%s) and %s bytes of "
-            "vLLM's TRT-LLM workspace before vLLM sizes its KV cache, where vLLM would reserve %s "
-            "bytes for each FlashInfer metadata builder (%s) after it",
+            "vLLM's TRT-LLM workspace before vLLM sizes its KV cache, where vLLM as it is would "
+            "make %s bytes (%s) %s",
             f"{self.held_bytes:,}", len(self._workspaces), self.setting.describe(),
-            f"{self.trtllm_bytes:,}", f"{self.vllm_bytes:,}", vllm_how,
+            f"{self.trtllm_bytes:,}", f"{self.vllm_bytes:,}", vllm_how, where,
         )  # fmt: skip
 
     # Step 2: as vLLM builds and plans each wrapper.
@@ -328,6 +344,7 @@ class VllmWorkspaces:
             "workspace_bytes": self.held_bytes,
             "trtllm_workspace_bytes": self.trtllm_bytes,
             "vllm_bytes_per_builder": self.vllm_bytes,
+            "vllm_bytes_outside_budget": self.vllm_bytes if self.vllm_outside_budget else 0,
             "builders": len(self._builders),
             "sealed": self.sealed,
             "sealed_before": self.sealed_before,
@@ -339,6 +356,37 @@ class VllmWorkspaces:
             "shared_int_wrappers": self.shared_int_wrappers,
             "provenance": dict(self.provenance),
         }
+
+
+def _made_after_kv_sizing(runner: Any) -> bool:
+    """Whether ``runner`` is vLLM's V2 model runner, which makes the FlashInfer buffer after it
+    sizes the KV cache (V1's profile run makes one a builder, and its profile counts them)."""
+    return type(runner).__module__ == V2_RUNNER
+
+
+@contextlib.contextmanager
+def left_out_of_peak(device: torch.device) -> Iterator[None]:
+    """Leave what the body allocates and frees out of torch's peak of allocated memory on
+    ``device``, the figure vLLM's memory profile reads, so that ``auto``'s measurement, made at
+    the start of that profile, costs the KV cache only the workspaces it keeps: the peak after
+    is what is allocated then. Only where the peak before the body was what was allocated then
+    (vLLM's profile has just reset it); a peak reached before, which a reset would lose, is
+    kept, and the body's counted with it."""
+    if device.type != "cuda":
+        yield
+        return
+    import torch
+
+    at_peak = torch.cuda.max_memory_allocated(device) == torch.cuda.memory_allocated(device)
+    yield
+    if at_peak:
+        gc.collect()  # the measurement's graphs and wrappers, with the memory they hold
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        logger.info(
+            "mstar-resources: the measurement's transient memory counts in vLLM's profile (a "
+            "peak reached before it would be lost by leaving it out)"
+        )
 
 
 def measured_need(

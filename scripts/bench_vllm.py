@@ -1,0 +1,140 @@
+"""What the vLLM plugin costs generation, and the KV cache, in real vLLM: side by side, ABBA.
+
+    python scripts/bench_vllm.py                          # 3 and 16 layers, max_num_seqs 256, 512
+    python scripts/bench_vllm.py --depths 3 --max-num-seqs 256 --rounds 3
+    python scripts/bench_vllm.py --dry-run                # the runs, in order, without vLLM
+
+For each model depth (Llama 3 8B's attention, 32 query / 8 KV heads of 128, random weights; see
+``scripts/vllm_proof.py``) and each ``max_num_seqs``, vLLM runs as it is (A) and with
+``MSTAR_RESOURCES_VLLM=auto`` (B), in the order A B B A, A B B A..., ``--rounds`` runs each. Every
+run is a process of its own with the engine in it (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), serves
+the trace's first ``max_num_seqs`` requests that fit (their prompt and output lengths, greedy),
+twice, and is timed on the second generation. The table gives, per configuration, the median generation time
+both ways and their ratio (the plugin's over vLLM's), whether every run generated the same tokens,
+and vLLM's own count of KV-cache tokens both ways. It writes ``bench_vllm.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _args import positive_int
+from vllm_proof import DEPTHS, Case, _kv_count, digest, launch
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Config:
+    layers: int
+    max_num_seqs: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.layers} layers, max_num_seqs {self.max_num_seqs}"
+
+    @property
+    def group(self) -> str:
+        """The runs' names start with it."""
+        return f"L{self.layers}-S{self.max_num_seqs}"
+
+    def case(self, plugin: str | None, run: int) -> Case:
+        shape = f"llama3-8b-{self.layers}l"
+        side = "plugin" if plugin else "vllm"
+        return Case(
+            f"{self.group}/{side}-{run}", shape, plugin,
+            max_num_seqs=self.max_num_seqs, requests=self.max_num_seqs, generations=2,
+        )  # fmt: skip
+
+
+def order(configs: list[Config], rounds: int) -> list[tuple[Config, Case]]:
+    """Every configuration's runs, A B B A A B B A...: ``rounds`` of vLLM as it is (A) and as
+    many with the plugin (B)."""
+    runs = []
+    for config in configs:
+        for i in range(rounds):
+            pair = [None, AUTO] if i % 2 == 0 else [AUTO, None]
+            runs += [(config, config.case(plugin, i)) for plugin in pair]
+    return runs
+
+
+def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
+    """One row a configuration: medians of the runs that finished, their ratio, the tokens."""
+    head = ("configuration", "runs", "vLLM s", "plugin s", "ratio", "same tokens",
+            "KV tokens vLLM", "KV tokens plugin")  # fmt: skip
+    rows = [head]
+    for config in configs:
+        sides = {side: [r for n, r in results.items() if n.startswith(f"{config.group}/{side}-")
+                        and r.get("ok")] for side in ("vllm", "plugin")}  # fmt: skip
+        times = {side: [r["generate_s"] for r in runs] for side, runs in sides.items()}
+        medians = {side: statistics.median(t) if t else None for side, t in times.items()}
+        ratio = (
+            f"{medians['plugin'] / medians['vllm']:.3f}"
+            if medians["vllm"] and medians["plugin"] else "-"
+        )  # fmt: skip
+        digests = {r.get("digest") or digest(r["tokens"]) for runs in sides.values()
+                   for r in runs if r.get("tokens") or r.get("digest")}  # fmt: skip
+        kv = {side: {_kv_count(r) for r in runs} - {None} for side, runs in sides.items()}
+        rows.append((
+            config.name, f"{len(sides['vllm'])}+{len(sides['plugin'])}",
+            *(f"{medians[s]:.3f}" if medians[s] else "-" for s in ("vllm", "plugin")), ratio,
+            "-" if not digests else "yes" if len(digests) == 1 else "NO",
+            *(", ".join(f"{n:,}" for n in sorted(kv[s])) or "-" for s in ("vllm", "plugin")),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+                     for row in rows)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    depths = sorted(int(name.split("-")[-1].removesuffix("l")) for name in DEPTHS)
+    parser.add_argument("--depths", type=int, nargs="+", default=depths, choices=depths,
+                        help="model depths, in layers")  # fmt: skip
+    parser.add_argument("--max-num-seqs", type=positive_int, nargs="+", default=[256, 512],
+                        help="vLLM's max_num_seqs (each run serves as many requests)")
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="runs each way, per configuration (at least 5 for the median)")
+    parser.add_argument("--budget", type=float, default=float("inf"),
+                        help="seconds for all runs: a run that would start later is left out")
+    parser.add_argument("--timeout", type=float, default=400.0, help="seconds a run may take")
+    parser.add_argument("--out", type=Path, default=Path("bench-vllm"), help="folder of results")
+    parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))
+    parser.add_argument("--dry-run", action="store_true", help="print the runs, start none")
+    args = parser.parse_args(argv)
+    configs = [Config(d, n) for d in args.depths for n in args.max_num_seqs]
+    runs = order(configs, args.rounds)
+    if args.dry_run:
+        for _, case in runs:
+            print(f"{case.name}: {case.shape}, MSTAR_RESOURCES_VLLM={case.plugin or '(unset)'}, "
+                  f"max_num_seqs {case.max_num_seqs}, {case.requests} requests")  # fmt: skip
+        print(table(configs, {}))
+        return 0
+    if importlib.util.find_spec("vllm") is None:
+        parser.error("vLLM is not installed here; run where it is, or --dry-run for the runs")
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.perf_counter() + args.budget
+    results: dict[str, dict[str, Any]] = {}
+    for _, case in runs:
+        left = deadline - time.perf_counter()
+        if left < 60:
+            print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
+            continue
+        result = launch(case, args.out, args.models, min(args.timeout, left))
+        result["digest"] = digest(result.pop("tokens")) if result.get("tokens") else None
+        results[case.name] = result
+        (args.out / "bench_vllm.json").write_text(json.dumps(results, indent=1))
+    print(table(configs, results))
+    return 0 if all(r.get("ok") for r in results.values()) and results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

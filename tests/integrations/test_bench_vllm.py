@@ -1,0 +1,79 @@
+"""scripts/bench_vllm.py where there is no vLLM: its runs alternate ABBA per configuration, bad
+arguments end as argparse ends them (status 2), and its table gives the medians, their ratio and
+whether every run generated the same tokens."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPT = SCRIPTS / "bench_vllm.py"
+
+
+def _bench():
+    sys.path.insert(0, str(SCRIPTS))  # as running the script puts its folder first
+    try:
+        spec = importlib.util.spec_from_file_location("bench_vllm", SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_vllm"] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_dry_run_lists_the_runs_abba_per_configuration():
+    done = _run("--dry-run", "--rounds", "3")
+    assert done.returncode == 0, done.stderr
+    names = [line.split(":")[0] for line in done.stdout.splitlines() if line.startswith("L")]
+    groups = ["L3-S256", "L3-S512", "L16-S256", "L16-S512"]
+    abba = ["vllm-0", "plugin-0", "plugin-1", "vllm-1", "vllm-2", "plugin-2"]
+    assert names == [f"{g}/{run}" for g in groups for run in abba]
+    assert "llama3-8b-16l, MSTAR_RESOURCES_VLLM=auto, max_num_seqs 512" in done.stdout
+
+
+def test_bad_arguments_exit_2_naming_the_option():
+    for args, option in ((["--rounds", "0"], "--rounds"), (["--depths", "4"], "--depths"),
+                         (["--max-num-seqs", "-1"], "--max-num-seqs")):  # fmt: skip
+        done = _run("--dry-run", *args)
+        assert done.returncode == 2 and option in done.stderr, (args, done.stderr)
+
+
+def test_without_vllm_it_refuses_to_run():
+    if importlib.util.find_spec("vllm") is None:
+        done = _run("--rounds", "1", "--depths", "3", "--max-num-seqs", "8")
+        assert done.returncode == 2 and "vLLM is not installed" in done.stderr
+
+
+def _result(seconds: float, digest: str, kv: int) -> dict:
+    return {"ok": True, "generate_s": seconds, "digest": digest,
+            "kv_line": f"GPU KV cache size: {kv:,} tokens"}  # fmt: skip
+
+
+def test_the_table_gives_medians_their_ratio_and_the_tokens():
+    bench = _bench()
+    configs = [bench.Config(3, 256), bench.Config(16, 512)]
+    results = {
+        "L3-S256/vllm-0": _result(1.0, "aa", 1000), "L3-S256/plugin-0": _result(1.2, "aa", 990),
+        "L3-S256/plugin-1": _result(1.1, "aa", 990), "L3-S256/vllm-1": _result(1.1, "aa", 1000),
+        "L3-S256/vllm-2": _result(1.3, "aa", 1000), "L3-S256/plugin-2": _result(0.9, "aa", 990),
+        "L16-S512/vllm-0": _result(2.0, "bb", 500), "L16-S512/plugin-0": _result(2.0, "cc", 480),
+        "L16-S512/vllm-1": {"ok": False, "error": "no result within 400 s"},
+    }  # fmt: skip
+    rows = {line.split("  ")[0]: line.split() for line in bench.table(configs, results).splitlines()}
+    small = rows["3 layers, max_num_seqs 256"]
+    # medians 1.1 and 1.1: ratio 1.000; six runs, one digest; KV tokens both ways
+    assert small[4:10] == ["3+3", "1.100", "1.100", "1.000", "yes", "1,000"]
+    assert small[-1] == "990"
+    large = rows["16 layers, max_num_seqs 512"]
+    assert large[4:9] == ["1+1", "2.000", "2.000", "1.000", "NO"]  # the failed run left out
