@@ -12,15 +12,12 @@ What is shared, and on what condition (``docs/workspaces-and-ranks.md`` says it 
   replays over its fixed addresses. vLLM and SGLang plan their decode wrapper of a graph size
   right before each replay, one wrapper a step; a wrapper that plans several levels before it
   runs them (FlashInfer's cascade) cannot share, and :meth:`WorkspacePool.install` refuses it.
-- Its **pinned mirrors** are where a plan writes its indices before it queues an asynchronous
-  copy of them to the int workspace. A second plan that rewrote a mirror before the first plan's
-  copy from it ran would hand the first wrapper the second's indices. So an int workspace on a GPU
-  keeps :data:`MIRRORS` mirrors, and :meth:`Workspace.plan` hands each plan's wrapper the next in
-  turn, after the copy last queued from that one has run (a CUDA event, recorded after each plan).
-  In steady state that copy ran long ago (an engine plans once a step), so no plan waits on the
-  GPU's progress; one waits only when the host runs :data:`MIRRORS` plans ahead of the GPU. That is
-  enforced for every plan made through :meth:`Workspace.plan`; a plan called on the wrapper
-  directly skips it.
+- Its **pinned mirror** is shared with it: a plan writes its indices there, then queues an
+  asynchronous copy to the int workspace. A second plan that wrote the mirror before that copy
+  ran would hand the first wrapper the second's indices, so :meth:`Workspace.plan` waits for the
+  previous plan's copy from the mirror before it plans (a CUDA event, recorded after each plan).
+  That is enforced for every plan made through :meth:`Workspace.plan`; a plan called on the
+  wrapper directly skips it.
 """
 
 from __future__ import annotations
@@ -71,11 +68,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-MIRRORS = 2
-"""Pinned host mirrors an int workspace on a GPU keeps once a wrapper plans on it, handed to its
-plans in turn: a plan waits for the GPU only where the copy queued from its mirror two plans ago
-has not run yet (an engine's host prepares at most one step ahead of the GPU)."""
 
 MAX_GROWTHS_PER_PLAN = 16
 """How many times one plan may grow a workspace. FlashInfer's allocations come in short chains
@@ -270,19 +262,18 @@ class Workspace:
         unchanged: an int overflow without an int workspace, or from a wrapper the library cannot
         find planning on this one's int workspace, included (it grows nothing).
 
-        With an int workspace, the plan is first handed a pinned mirror no queued copy still
-        reads (see the module's notes on sharing).
+        With an int workspace, the plan first waits until the copy queued by the previous plan
+        from its pinned mirror has run (see the module's notes on sharing).
         """
         growths, last = 0, None
         mirrored = self._mirrored()
-        planner = None if mirrored is None else _wrapper_of(plan, args)
         self._refuse_views(plan)
         while True:
             # What the plan sees, whatever another thread does.
             have = self._tensor.numel()
             have_int = None if self._int is None else self._int._tensor.numel()
             if mirrored is not None:
-                mirrored._hand_free_mirror(planner)
+                mirrored._wait_for_last_copy()
             try:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
@@ -317,7 +308,7 @@ class Workspace:
                 growths, last = growths + 1, overflow
             else:
                 if mirrored is not None:
-                    mirrored._copy_queued(planner)
+                    mirrored._copy_queued(_wrapper_of(plan, args))
                 if self._tensor.numel() != self._floor_bytes:  # grown, here or by another plan
                     refresh_recorded_size(plan, self._tensor)
                 return planned
@@ -537,24 +528,22 @@ class Workspace:
 
 
 class IntWorkspace(Workspace):
-    """One FlashInfer int workspace and its pinned host mirrors: where a plan writes its indices
+    """One FlashInfer int workspace and its pinned host mirror: where a plan writes its indices
     (on the host, then copied to the GPU), and where the wrapper's run and its graph read them.
 
-    It grows and seals as a float workspace does, on an int allocation that does not fit, and each
+    It grows and seals as a float workspace does, on an int allocation that does not fit, and its
     mirror always holds as many bytes as it does: FlashInfer sizes the plan's int allocator by the
-    GPU buffer and writes the mirror at the same offsets. On a GPU it keeps :data:`MIRRORS`
-    mirrors, handed to the plans in turn (see the module's notes on sharing); on a CPU, where the
-    copy is done before the plan returns, one. Usually made by a pool with its float workspace
-    (:attr:`Workspace.int_workspace`) and handed to wrappers by :meth:`WorkspacePool.build` or
-    :meth:`WorkspacePool.install`.
+    GPU buffer and writes the mirror at the same offsets. Usually made by a pool with its float
+    workspace (:attr:`Workspace.int_workspace`) and handed to wrappers by
+    :meth:`WorkspacePool.build` or :meth:`WorkspacePool.install`.
 
     Args:
         tensor: the GPU buffer, 1-D ``torch.uint8``.
         name: how errors and logs refer to it, e.g. ``attention:decode:cg0:int``.
         sealed: start sealed.
         floor: the setting that sizes its floor (``MSTAR_INT_WORKSPACE_BUFFER_MB`` by default).
-        mirror: its first host mirror (keyword only): a 1-D ``torch.uint8`` CPU tensor of the same
-            bytes, pinned where ``tensor`` is on a GPU. Default: a fresh one. The others are made.
+        mirror: its host mirror (keyword only): a 1-D ``torch.uint8`` CPU tensor of the same
+            bytes, pinned where ``tensor`` is on a GPU. Default: a fresh one.
     """
 
     kind = "int"
@@ -586,12 +575,9 @@ class IntWorkspace(Workspace):
                 f"{tensor.numel():,} bytes, pinned where the workspace is on a GPU (or None: one "
                 "is made)"
             )
-        self._mirrors: tuple[torch.Tensor, ...] = (mirror,)
-        self._copies: list[torch.cuda.Event | None] = [None]
-        """By mirror: recorded after the last plan on it; the copy that plan queued from it has
-        run once the event has."""
-        self._turn = 0
-        """The mirror the last plan was handed."""
+        self._mirror = mirror
+        self._last_copy: torch.cuda.Event | None = None
+        """Recorded after each plan: the copy it queued from the mirror has run once it has."""
         self._last_planner: weakref.ref[Any] | None = None
         """The wrapper whose plan the workspace holds now (its last plan through Workspace.plan)."""
         self._wrappers_given = False
@@ -600,15 +586,9 @@ class IntWorkspace(Workspace):
 
     @property
     def mirror(self) -> torch.Tensor:
-        """The pinned host buffer a wrapper is given with :attr:`tensor`, and where its plans
-        write while no other mirror is free to hand it (the first of :attr:`mirrors`)."""
-        return self._mirrors[0]
-
-    @property
-    def mirrors(self) -> tuple[torch.Tensor, ...]:
-        """Every host mirror, each as many bytes as :attr:`tensor`: the same objects for the
-        workspace's whole life (a growth gives them new memory in place)."""
-        return self._mirrors
+        """The pinned host buffer a plan writes its indices to before they are copied to
+        :attr:`tensor`: the same object, and as many bytes, for the workspace's whole life."""
+        return self._mirror
 
     def _by_kind(self) -> list[tuple[str, Workspace]]:
         return [(self.kind, self)]
@@ -616,50 +596,21 @@ class IntWorkspace(Workspace):
     def _mirrored(self) -> IntWorkspace | None:
         return self if self._wrappers_given else None
 
-    def _give_to_wrappers(self) -> None:
-        """From now on wrappers plan on it: on a GPU, make the mirrors its plans take in turn."""
-        with self._lock:
-            if self._wrappers_given:
-                return
-            if self._tensor.is_cuda and len(self._mirrors) < MIRRORS:
-                more = [_host_mirror(self._tensor.numel(), self._tensor)
-                        for _ in range(MIRRORS - len(self._mirrors))]  # fmt: skip
-                self._mirrors = (*self._mirrors, *more)
-                self._copies += [None] * len(more)
-            self._wrappers_given = True
-
-    def _hand_free_mirror(self, planner: Any) -> None:
-        """Before a plan by wrapper ``planner``: hand it the next mirror in turn, once the copy
-        last queued from that mirror has run (asked first: in steady state it ran long ago, and
-        asking costs less than waiting). A planner the library cannot find writes the mirror it
-        holds, which may be any: the plan waits for every copy still queued."""
-        own = None if planner is None else own_buffers(planner)
-        if own is None:
-            for index in range(len(self._mirrors)):
-                self._wait_for_copy(index)
-            return
-        self._turn = (self._turn + 1) % len(self._mirrors)
-        self._wait_for_copy(self._turn)
-        own[PINNED_MIRROR] = self._mirrors[self._turn]
-
-    def _wait_for_copy(self, index: int) -> None:
-        copy = self._copies[index]
+    def _wait_for_last_copy(self) -> None:
+        """Wait for the copy the previous plan queued from the mirror, before a plan rewrites it
+        (asked first: it has almost always run, and asking costs less than waiting)."""
+        copy = self._last_copy
         if copy is not None and not copy.query():
             copy.synchronize()
 
     def _copy_queued(self, planner: Any = None) -> None:
         """Mark where the plan just made (by wrapper ``planner``, where known) queued its copy from
-        its mirror (the current stream), and whose plan the workspace now holds. An unknown
-        planner's mirror is any: every mirror's mark moves."""
+        the mirror (the current stream), and whose plan the workspace now holds."""
         self._last_planner = None if planner is None else weakref.ref(planner)
-        if not self._tensor.is_cuda:
-            return
-        stream = torch.cuda.current_stream(self._tensor.device)
-        known = planner is not None and own_buffers(planner) is not None
-        for index in [self._turn] if known else range(len(self._mirrors)):
-            if self._copies[index] is None:
-                self._copies[index] = torch.cuda.Event()
-            self._copies[index].record(stream)  # type: ignore[union-attr]
+        if self._tensor.is_cuda:
+            if self._last_copy is None:
+                self._last_copy = torch.cuda.Event()
+            self._last_copy.record(torch.cuda.current_stream(self._tensor.device))
 
     def check_planned_by(self, wrapper: Any) -> None:
         """Raise :class:`WorkspacePlanError` unless the last plan this workspace holds is
@@ -687,19 +638,18 @@ class IntWorkspace(Workspace):
             return 0
         self._refuse_beyond_any_gpu(need, cause)
         try:
-            grown_mirrors = [_host_mirror(need, self._tensor) for _ in self._mirrors]
+            grown_mirror = _host_mirror(need, self._tensor)
         except RuntimeError as error:
             if not _is_out_of_memory(error):
                 raise
             raise self._growth_refusal(
-                f"int workspace {self._name!r}: could not grow its pinned host mirrors from "
-                f"{have:,} to {need:,} bytes for {cause}; all keep their {have:,}-byte buffers. "
+                f"int workspace {self._name!r}: could not grow its pinned host mirror from "
+                f"{have:,} to {need:,} bytes for {cause}; both keep their {have:,}-byte buffers. "
                 f"Set {self._floor} so the workspace is reserved up front. ({error})",
                 needed=need,
             ) from error
         added = super()._resize(need, cause)  # waits for every stream: no copy still reads it
-        for mirror, grown in zip(self._mirrors, grown_mirrors, strict=True):
-            mirror.set_(grown.untyped_storage())
+        self._mirror.set_(grown_mirror.untyped_storage())
         return added
 
 
@@ -728,8 +678,8 @@ def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> boo
         return False
     # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
     own[INT_BUFFER] = int_workspace.tensor
-    int_workspace._give_to_wrappers()
     own[PINNED_MIRROR] = int_workspace.mirror
+    int_workspace._wrappers_given = True
     run = own.get("run") or getattr(wrapper, "run", None)
     run = getattr(run, "_unchecked", run)  # given another int workspace before: not that check
     if callable(run):
@@ -970,15 +920,9 @@ class WorkspacePool:
 
     @property
     def int_held_bytes(self) -> int:
-        """The GPU bytes of every int workspace made so far (their mirrors' host bytes:
-        :attr:`int_pinned_bytes`)."""
+        """The GPU bytes of every int workspace made so far; their pinned mirrors on the host hold
+        as many."""
         return sum(w.tensor.numel() for w in self.int_workspaces().values())
-
-    @property
-    def int_pinned_bytes(self) -> int:
-        """The host bytes of every int workspace's mirrors (on a GPU, :data:`MIRRORS` each once a
-        wrapper plans on it, else one)."""
-        return sum(m.numel() for w in self.int_workspaces().values() for m in w.mirrors)
 
     def int_workspaces(self) -> dict[tuple[str, int | None], IntWorkspace]:
         """The int workspaces made so far, by (label, cg slot)."""
@@ -1114,8 +1058,8 @@ class WorkspacePool:
         head = (
             f"{self.owner}: {counted(len(stats), 'workspace')}, {total:,} bytes "
             f"({total - floors:+,} over their floors), {'sealed' if self._sealed else 'growable'}; "
-            f"their int workspaces {int_total:,} bytes ({int_total - int_floors:+,}) and "
-            f"{self.int_pinned_bytes:,} pinned on the host"
+            f"their int workspaces {int_total:,} bytes ({int_total - int_floors:+,}), and as "
+            "many pinned on the host"
         )
         return "\n".join([head, *(f"  {s}" for s in [*stats, *int_stats])])
 
@@ -1161,13 +1105,14 @@ class WorkspacePool:
         int_name = f"{name}:int"
         int_tensor = self._allocate(int_name, self._int_floor)
         try:
-            int_workspace = IntWorkspace(
-                int_tensor, int_name, self._sealed, self._int_floor.setting
-            )
-        except RuntimeError as error:  # its mirrors
+            mirror = _host_mirror(int_tensor.numel(), int_tensor)
+        except RuntimeError as error:
             if not _is_out_of_memory(error):
                 raise
             raise self._short(int_name, self._int_floor, error, "pinned host memory") from error
+        int_workspace = IntWorkspace(
+            int_tensor, int_name, self._sealed, self._int_floor.setting, mirror=mirror
+        )
         tensor = self._allocate(name, self._floor)
         workspace = Workspace(
             tensor, name, self._sealed, self._floor.setting, int_workspace=int_workspace
