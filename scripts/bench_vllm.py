@@ -70,7 +70,7 @@ def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
     """One row a configuration: medians of the runs that finished, their ratio, the tokens."""
     head = ("configuration", "runs", "vLLM s", "plugin s", "ratio", "same tokens",
             "KV tokens vLLM", "KV tokens plugin")  # fmt: skip
-    rows = [head]
+    rows: list[tuple[str, ...]] = [head]
     for config in configs:
         sides = {side: [r for n, r in results.items() if n.startswith(f"{config.group}/{side}-")
                         and r.get("ok")] for side in ("vllm", "plugin")}  # fmt: skip
@@ -82,7 +82,8 @@ def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
         )  # fmt: skip
         digests = {r.get("digest") or digest(r["tokens"]) for runs in sides.values()
                    for r in runs if r.get("tokens") or r.get("digest")}  # fmt: skip
-        kv = {side: {_kv_count(r) for r in runs} - {None} for side, runs in sides.items()}
+        kv = {side: {n for r in runs if (n := _kv_count(r)) is not None}
+              for side, runs in sides.items()}  # fmt: skip
         rows.append((
             config.name, f"{len(sides['vllm'])}+{len(sides['plugin'])}",
             *(f"{medians[s]:.3f}" if medians[s] else "-" for s in ("vllm", "plugin")), ratio,
