@@ -103,7 +103,6 @@ class Case:
     in_process: bool = True
     """The engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the tokens and
     the plugin's report can be read; False: vLLM's default, its own process (the log is read)."""
-    gpu_memory_utilization: float = 0.3
     generations: int = 1
     """How many times the prompts are generated; the time is the last one's (the first also pays
     for what runs once per engine)."""
@@ -329,7 +328,7 @@ def run(case: Case, models: Path) -> dict[str, Any]:
         skip_tokenizer_init=True, dtype="bfloat16", seed=0,
         attention_backend="FLASHINFER", max_model_len=case.max_model_len,
         max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
-        gpu_memory_utilization=case.gpu_memory_utilization, enable_flashinfer_autotune=False,
+        gpu_memory_utilization=0.3, enable_flashinfer_autotune=False,
         kv_cache_dtype=case.kv_cache_dtype, enforce_eager=case.eager,
         **({} if case.eager else {"compilation_config": graphs}),
     )  # fmt: skip
@@ -492,9 +491,6 @@ def main() -> None:
                         help="in these groups (crash, llama3-8b...), after the run with the "
                         "plugin's auto, one with the floors it measured as a deployment file: "
                         "their KV tokens must agree")  # fmt: skip
-    parser.add_argument("--warm-up", action="store_true", help="first, each group's kernels "
-                        "built by FlashInfer's JIT in runs side by side (8 requests each, their "
-                        "results set aside), so the runs compared start warm")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the runs, start none")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -521,8 +517,6 @@ def main() -> None:
         parser.error("vLLM is not installed here; run where it is, or --dry-run for the runs")
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + args.budget
-    if args.warm_up:
-        warm_up(order, args, deadline)
     results: dict[str, dict[str, Any]] = {}
     for case in order:
         left = deadline - time.perf_counter()
@@ -550,34 +544,6 @@ def main() -> None:
     if all(shapes):
         print(f"the two shapes generate different tokens: {shapes[0] != shapes[1]}")
     print(f"wrote {args.out / 'vllm_proof.json'}")
-
-
-WARM_UP_UTILIZATION = 0.15
-"""Each warm-up run's share of the GPU: five side by side fit."""
-
-
-def warm_up(order: list[Case], args: argparse.Namespace, deadline: float) -> None:
-    """One short run with the plugin (which plans vLLM's kernels and its own measurement's) per
-    distinct shape, KV dtype and environment (the runner's, XQA's) of ``order``, side by side: FlashInfer's JIT builds
-    each group's kernels once, in parallel, and every run after starts warm."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    seen: dict[str, Case] = {}
-    for case in order:
-        key = json.dumps([case.shape, case.kv_cache_dtype, case.env], sort_keys=True)
-        seen.setdefault(key, replace(
-            case, name=f"warm-up/{case.name.split('/')[0]}", plugin="auto", requests=8,
-            in_process=True, long_every=0, gpu_memory_utilization=WARM_UP_UTILIZATION,
-        ))  # fmt: skip
-    for case in seen.values():  # saved one at a time: two runs of one shape would race
-        build_model(shape_of(case.shape), args.models)
-    left = max(60.0, deadline - time.perf_counter())
-    begin = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=5) as pool:
-        done = list(pool.map(lambda c: launch(c, args.out, args.models, min(args.timeout, left)),
-                             seen.values()))  # fmt: skip
-    print(f"warm-up: {sum(r['ok'] for r in done)} of {len(done)} runs, "
-          f"{time.perf_counter() - begin:.0f} s", flush=True)  # fmt: skip
 
 
 def _crash_raised(results: dict[str, dict[str, Any]], args: argparse.Namespace,
