@@ -1,14 +1,17 @@
 """What Workspace.plan adds around a plan, as a ratio to calling the planner directly.
 
-    python scripts/bench_plan_overhead.py                 # CPU rows; the GPU row where it can run
+    python scripts/bench_plan_overhead.py                 # CPU rows; the GPU rows where they can run
     python scripts/bench_plan_overhead.py --device cpu --rounds 3 --min-run-time 0.05
     python scripts/bench_plan_overhead.py --png docs/bench_plan_overhead.png  # docs', on a GPU
 
-Three planners: a real FlashInfer decode plan (batch 64, 4096 tokens each, its inputs in pinned
-host memory as an engine's are; only where there are a CUDA GPU and FlashInfer, else the row is
-left out and stderr says why, or, asked for alone with ``--device cuda``, the run is refused with
-status 2); on the CPU, a planner of similar cost (host work calibrated to the decode plan's
-~220 us); and a no-op planner, which leaves only Workspace.plan's own cost. Each round times
+The planners: a real FlashInfer decode plan (batch 64, 4096 tokens each, its inputs in pinned
+host memory as an engine's are), its wrapper given the pool's int workspace (each plan fenced on
+the previous one's copy from the pinned mirror) and on an int workspace of its own, and the
+fence's CUDA calls alone around a no-op (these GPU rows only where there are a CUDA GPU and
+FlashInfer, else they are left out and stderr says why, or, asked for alone with ``--device
+cuda``, the run is refused with status 2); on the CPU, a planner of similar cost (host work
+calibrated to the decode plan's ~220 us); and a no-op planner, which leaves only
+Workspace.plan's own cost. Each round times
 direct, wrapped, wrapped, direct (ABBA, so a drift in the machine's speed cancels out) and takes
 its ratio and difference within the round; the table gives the medians over rounds.
 
@@ -18,6 +21,7 @@ It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import statistics
 import sys
@@ -100,7 +104,11 @@ def noop(*args: object, **kwargs: object) -> None:
     """A planner that does nothing: what remains around it is Workspace.plan's own cost."""
 
 
-def gpu_row(rounds: int, t: float) -> Row:
+def gpu_rows(rounds: int, t: float) -> list[Row]:
+    """The FlashInfer decode plan through a workspace, its wrapper given the pool's int workspace
+    (as the vLLM plugin's decode wrappers are: each plan fenced on the previous one's copy from
+    the pinned mirror) and on an int workspace of its own (no fence); and the fence's CUDA calls
+    alone, around a no-op, so the rows add up to where the time goes."""
     import flashinfer
     import torch
 
@@ -113,23 +121,37 @@ def gpu_row(rounds: int, t: float) -> Row:
     indptr = (torch.arange(batch + 1, dtype=torch.int32) * pages).pin_memory()
     indices = torch.arange(batch * pages, dtype=torch.int32).pin_memory()
     last_page_len = torch.full((batch,), page, dtype=torch.int32).pin_memory()
-    pool = WorkspacePool("cuda", size_mb=1, int_size_mb=1)
-    workspace = pool.get("decode")
-    # On the pool's int workspace and pinned mirror: the plans through it wait for the previous
-    # plan's copy from the mirror (a CUDA event), and that wait is part of what is measured.
-    wrapper = pool.build(
-        flashinfer.BatchDecodeWithPagedKVCacheWrapper, "NHD", label="decode", backend="fa2"
-    )
     args = (indptr, indices, last_page_len, 32, 8, 128, page)
     kwargs = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
-    workspace.plan(wrapper.plan, *args, **kwargs)  # builds the kernel and grows once, untimed
-    return measure(
-        f"FlashInfer decode plan (bs={batch}, kv={kv_len}, {torch.cuda.get_device_name()})",
-        lambda: wrapper.plan(*args, **kwargs),
-        lambda: workspace.plan(wrapper.plan, *args, **kwargs),
-        rounds,
-        t,
-    )
+    name = f"bs={batch}, kv={kv_len}, {torch.cuda.get_device_name()}"
+    rows = []
+    for case, shared in (("shared int workspace", True), ("its own int workspace", False)):
+        pool = WorkspacePool("cuda", size_mb=1, int_size_mb=1)
+        workspace = pool.get("decode")
+        wrapper_class = flashinfer.BatchDecodeWithPagedKVCacheWrapper
+        wrapper = (
+            pool.build(wrapper_class, "NHD", label="decode", backend="fa2")
+            if shared
+            else wrapper_class(workspace.tensor, "NHD", backend="fa2")
+        )
+        plan = wrapper.plan
+        workspace.plan(plan, *args, **kwargs)  # builds the kernel and grows once, untimed
+        rows.append(measure(
+            f"FlashInfer decode plan, {case} ({name})",
+            functools.partial(plan, *args, **kwargs),
+            functools.partial(workspace.plan, plan, *args, **kwargs),
+            rounds, t,
+        ))  # fmt: skip
+    event = torch.cuda.Event()
+
+    def fence() -> None:  # what the shared row's fence calls, each plan
+        if not event.query():
+            event.synchronize()
+        event.record(torch.cuda.current_stream())
+
+    rows.append(measure("the fence's CUDA calls alone (event query, record)", noop, fence,
+                        rounds, t))  # fmt: skip
+    return rows
 
 
 def gpu_missing() -> str | None:
@@ -197,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"no FlashInfer decode row: {missing}", file=sys.stderr)
         else:
-            rows.append(gpu_row(options.rounds, options.min_run_time))
+            rows.extend(gpu_rows(options.rounds, options.min_run_time))
     print(f"{'planner':<62} {'direct us':>10} {'via plan us':>12} {'added us':>9} {'ratio':>7}")
     for row in rows:
         print(
