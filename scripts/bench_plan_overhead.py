@@ -1,6 +1,6 @@
 """What Workspace.plan adds around a plan, as a ratio to calling the planner directly.
 
-    python scripts/bench_plan_overhead.py                 # CPU rows; the GPU rows where they can run
+    python scripts/bench_plan_overhead.py                 # CPU rows; GPU rows where they can run
     python scripts/bench_plan_overhead.py --device cpu --rounds 3 --min-run-time 0.05
     python scripts/bench_plan_overhead.py --png docs/bench_plan_overhead.png  # docs', on a GPU
 

@@ -9,9 +9,10 @@ For each model depth (Llama 3 8B's attention, 32 query / 8 KV heads of 128, rand
 ``MSTAR_RESOURCES_VLLM=auto`` (B), in the order A B B A, A B B A..., ``--rounds`` runs each. Every
 run is a process of its own with the engine in it (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), serves
 the trace's first ``max_num_seqs`` requests that fit (their prompt and output lengths, greedy),
-twice, and is timed on the second generation. The table gives, per configuration, the median generation time
-both ways and their ratio (the plugin's over vLLM's), whether every run generated the same tokens,
-and vLLM's own count of KV-cache tokens both ways. It writes ``bench_vllm.json`` (``--out``).
+twice, and is timed on the second generation. The table gives, per configuration, the median
+generation time both ways and their ratio (the plugin's over vLLM's), whether every run generated
+the same tokens, and vLLM's own count of KV-cache tokens both ways. It writes
+``bench_vllm.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _args import positive_int
 from vllm_proof import DEPTHS, Case, _kv_count, digest, launch
+
+from _args import positive_int
 
 AUTO = "auto"
 
@@ -100,12 +102,25 @@ def main(argv: list[str] | None = None) -> int:
     depths = sorted(int(name.split("-")[-1].removesuffix("l")) for name in DEPTHS)
     parser.add_argument("--depths", type=int, nargs="+", default=depths, choices=depths,
                         help="model depths, in layers")  # fmt: skip
-    parser.add_argument("--max-num-seqs", type=positive_int, nargs="+", default=[256, 512],
-                        help="vLLM's max_num_seqs (each run serves as many requests)")
-    parser.add_argument("--rounds", type=positive_int, default=5,
-                        help="runs each way, per configuration (at least 5 for the median)")
-    parser.add_argument("--budget", type=float, default=float("inf"),
-                        help="seconds for all runs: a run that would start later is left out")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        nargs="+",
+        default=[256, 512],
+        help="vLLM's max_num_seqs (each run serves as many requests)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=5,
+        help="runs each way, per configuration (at least 5 for the median)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=float("inf"),
+        help="seconds for all runs: a run that would start later is left out",
+    )
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds a run may take")
     parser.add_argument("--out", type=Path, default=Path("bench-vllm"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))

@@ -528,8 +528,11 @@ def main() -> None:
             _crash_raised(results, args, deadline)
         auto = results[case.name]
         group = case.name.split("/")[0]
-        if group in args.file_floors and case.plugin == "auto" and case.in_process and auto.get(
-            "ok"
+        if (
+            group in args.file_floors
+            and case.plugin == "auto"
+            and case.in_process
+            and auto.get("ok")
         ):
             path = floors_file(auto, args.out / "deployment" / f"{group}.yaml")
             file = replace(case, name=case.name.replace("/plugin", "/plugin-file"),

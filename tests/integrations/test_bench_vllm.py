@@ -70,7 +70,8 @@ def test_the_table_gives_medians_their_ratio_and_the_tokens():
         "L16-S512/vllm-0": _result(2.0, "bb", 500), "L16-S512/plugin-0": _result(2.0, "cc", 480),
         "L16-S512/vllm-1": {"ok": False, "error": "no result within 400 s"},
     }  # fmt: skip
-    rows = {line.split("  ")[0]: line.split() for line in bench.table(configs, results).splitlines()}
+    lines = bench.table(configs, results).splitlines()
+    rows = {line.split("  ")[0]: line.split() for line in lines}
     small = rows["3 layers, max_num_seqs 256"]
     # medians 1.1 and 1.1: ratio 1.000; six runs, one digest; KV tokens both ways
     assert small[4:10] == ["3+3", "1.100", "1.100", "1.000", "yes", "1,000"]
