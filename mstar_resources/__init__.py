@@ -12,20 +12,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .attn.workspace import (
-        IntWorkspace as IntWorkspace,
-    )
-    from .attn.workspace import (
-        Workspace as Workspace,
-    )
-    from .attn.workspace import (
+    from .attn.buffer import (
         WorkspaceGrowthError as WorkspaceGrowthError,
     )
-    from .attn.workspace import (
-        WorkspacePool as WorkspacePool,
-    )
-    from .attn.workspace import (
+    from .attn.buffer import (
         WorkspaceStats as WorkspaceStats,
+    )
+    from .attn.float_workspace import (
+        Workspace as Workspace,
+    )
+    from .attn.int_workspace import (
+        IntWorkspace as IntWorkspace,
+    )
+    from .attn.pool import (
+        WorkspacePool as WorkspacePool,
     )
     from .attn.workspace import (
         workspace_bytes as workspace_bytes,
@@ -67,11 +67,11 @@ if TYPE_CHECKING:
 
 
 _HOMES = {
-    "IntWorkspace": ".attn.workspace",
-    "Workspace": ".attn.workspace",
-    "WorkspaceGrowthError": ".attn.workspace",
-    "WorkspacePool": ".attn.workspace",
-    "WorkspaceStats": ".attn.workspace",
+    "IntWorkspace": ".attn.int_workspace",
+    "Workspace": ".attn.float_workspace",
+    "WorkspaceGrowthError": ".attn.buffer",
+    "WorkspacePool": ".attn.pool",
+    "WorkspaceStats": ".attn.buffer",
     "workspace_bytes": ".attn.workspace",
     "check_calibration": ".calibration.record",
     "Problem": ".errors",

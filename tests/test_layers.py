@@ -17,8 +17,9 @@ CONF = Path(__file__).parents[1] / "conf"
 LAYERS = [
     ("errors and units", ["errors", "units", "files", "_internal", "_internal.limits",
                           "_internal.floor", "_internal.devices", "_internal.table"]),
-    ("the core", ["attn", "attn.workspace", "attn._overflow", "attn._agree", "attn._flashinfer",
-                  "testing"]),
+    ("the core", ["attn", "attn.workspace", "attn.buffer", "attn.float_workspace",
+                  "attn.int_workspace", "attn.pool",
+                  "attn._overflow", "attn._agree", "attn._flashinfer", "testing"]),
     ("config", ["schema", "resolver"]),
     ("calibration's terms", ["calibration", "calibration.engine_plans",
                              "calibration.engine_buffers", "calibration.profile",
@@ -147,7 +148,7 @@ def test_no_import_runs_in_a_circle():
 
 
 def test_the_walk_sees_imports_inside_functions_and_under_type_checking():
-    assert "attn._agree" in GRAPH["attn.workspace"]  # imported inside a method
+    assert "attn._agree" in GRAPH["attn.pool"]  # imported inside a method
     assert "resolver" in GRAPH[""]  # under TYPE_CHECKING in the facade
 
 
@@ -183,8 +184,10 @@ def test_what_an_engine_imports_loads_nothing_above_it(code, forbidden):
 CORE = {"mstar_resources", "mstar_resources.errors", "mstar_resources.units",
         "mstar_resources._internal", "mstar_resources._internal.floor",
         "mstar_resources._internal.limits", "mstar_resources.attn",
-        "mstar_resources.attn.workspace", "mstar_resources.attn._overflow",
-        "mstar_resources.attn._flashinfer"}  # fmt: skip
+        "mstar_resources.attn.workspace", "mstar_resources.attn.buffer",
+        "mstar_resources.attn.float_workspace",
+        "mstar_resources.attn.int_workspace", "mstar_resources.attn.pool",
+        "mstar_resources.attn._overflow", "mstar_resources.attn._flashinfer"}  # fmt: skip
 """The modules an engine adopts for its workspaces."""
 
 

@@ -45,10 +45,12 @@ class Buffer:
     default_mb: int
     declared_key: str
     """The resource field that declares it."""
+    size_query_index: int
+    """Where its bytes are in the answer of FlashInfer's ``workspace_size()`` (float, int)."""
 
 
-FLOAT = Buffer("float", ENV_VAR, DEFAULT_MB, "declared_mb")
-INT = Buffer("int", INT_ENV_VAR, INT_DEFAULT_MB, "int_declared_mb")
+FLOAT = Buffer("float", ENV_VAR, DEFAULT_MB, "declared_mb", 0)
+INT = Buffer("int", INT_ENV_VAR, INT_DEFAULT_MB, "int_declared_mb", 1)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,324 @@
+"""One growable buffer of a workspace: its tensor, moved in place onto a larger block when a plan
+overflows it, and never again once sealed; its growth history; its refusals. A float workspace
+holds one (:class:`~mstar_resources.attn.workspace.Workspace`), an int workspace one with its
+pinned host mirror (:class:`~mstar_resources.attn.int_workspace.IntWorkspace`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .._internal.floor import FLOAT, Buffer
+from ..errors import ResourceUsageError, WorkspaceSealedError, WorkspaceShortError
+from ..units import ALIGNMENT, mb_to_hold
+from ._overflow import Overflow
+
+__all__ = ["GrowableBuffer", "WorkspaceGrowthError", "WorkspaceStats"]
+
+logger = logging.getLogger("mstar_resources.attn.workspace")
+
+
+class WorkspaceGrowthError(WorkspaceShortError, torch.OutOfMemoryError):
+    """A workspace could not get the memory it needed; it keeps its old buffer, intact and usable.
+
+    Raised only when the allocator ran out of memory (``torch.OutOfMemoryError``, or the CPU
+    allocator's failure to allocate): any other error while growing reaches the caller unchanged.
+    Also a ``torch.OutOfMemoryError``, so an engine's out-of-memory handling still catches it.
+    Fields: those of :class:`WorkspaceShortError` (``workspace``: its name, or the pool's name for
+    the workspace it could not make; ``held_bytes``: what it keeps; ``needed_bytes``: what it
+    asked for; ``setting``: reserving it up front, or lowering it, is the fix).
+    """
+
+
+_CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
+"""How torch's CPU allocator says it ran out (``c10/core/impl/alloc_cpu.cpp``): a plain
+``RuntimeError``, where a GPU raises ``torch.OutOfMemoryError``."""
+
+_PINNED_ALLOCATOR_FAILED = "CUDA error: out of memory"
+"""How torch's pinned host allocator says it ran out (``cudaHostAlloc`` failing, raised through
+``C10_CUDA_CHECK``): a ``RuntimeError`` (``torch.AcceleratorError`` in newer torch)."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocator running out of memory, and nothing else."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    if type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error):
+        return True
+    return isinstance(error, RuntimeError) and _PINNED_ALLOCATOR_FAILED in str(error)
+
+
+@dataclass(frozen=True)
+class WorkspaceStats:
+    """What one workspace holds now and how it got there."""
+
+    name: str
+    bytes: int
+    """Bytes it holds now."""
+    floor_bytes: int
+    """Bytes it started with."""
+    floor_setting: str
+    """The setting that sizes its floor: a config key, ``size_mb`` or the variable."""
+    times_grown: int
+    largest_growth_bytes: int
+    """Bytes added by its largest growth (0 if it never grew)."""
+    largest_growth_allocation: str | None
+    """The FlashInfer allocation that caused that growth."""
+    sealed: bool
+    grown_to_agree_bytes: int = 0
+    """Bytes added at a group seal to match what other ranks hold (0 without a group)."""
+    kind: str = "float"
+    """``float`` or ``int`` (an :class:`IntWorkspace`, whose pinned mirror holds as many)."""
+
+    def __str__(self) -> str:
+        grown = (
+            f"grew {self.times_grown}x, largest +{self.largest_growth_bytes:,} "
+            f"for {self.largest_growth_allocation}"
+            if self.times_grown
+            else "never grew"
+        )
+        if self.grown_to_agree_bytes:
+            grown += f", +{self.grown_to_agree_bytes:,} to agree with other ranks"
+        sealed = "sealed" if self.sealed else "growable"
+        return (
+            f"{self.name}: {self.bytes:,} bytes (floor {self.floor_bytes:,} from "
+            f"{self.floor_setting}), {grown}, {sealed}"
+        )
+
+
+class GrowableBuffer:
+    """A workspace's device buffer: ``tensor`` keeps its identity while it grows, so every wrapper
+    built on it sees the larger buffer; once sealed it never moves. With a ``mirror`` (an int
+    workspace's pinned host buffer), the mirror always holds as many bytes and grows with it.
+
+    Every change of size or state is made under :attr:`lock`, so a buffer sealed while a plan
+    runs never moves.
+    """
+
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        name: str,
+        sealed: bool,
+        floor: str,
+        kind: Buffer = FLOAT,
+        mirror: torch.Tensor | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ResourceUsageError(
+                f"name={name!r} must be a non-empty string: errors and logs name the workspace"
+            )
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
+            described = (
+                f"{tensor.dim()}-D {tensor.dtype}"
+                if isinstance(tensor, torch.Tensor)
+                else type(tensor).__name__
+            )
+            raise ResourceUsageError(
+                f"workspace {name!r}: tensor must be a 1-D torch.uint8 tensor, got a {described}"
+            )
+        if not tensor.is_contiguous():
+            raise ResourceUsageError(f"workspace {name!r}: tensor must be contiguous")
+        if tensor.data_ptr() % ALIGNMENT:
+            raise ResourceUsageError(
+                f"workspace {name!r}: tensor starts at {tensor.data_ptr():#x}, which FlashInfer "
+                f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
+            )
+        self.tensor = tensor
+        self.name = name
+        self.sealed = sealed
+        self.floor = floor
+        self.kind = kind
+        self.mirror = mirror
+        self.floor_bytes = tensor.numel()
+        self.lock = threading.Lock()
+        self._growth_refused = False  # its group is agreeing: plans may no longer grow it
+        self._times_grown = 0
+        self._largest_growth: tuple[int, str | None] = (0, None)  # (bytes added, allocation)
+        self._grown_to_agree = 0  # bytes added to match other ranks at a group seal
+
+    def seal(self) -> None:
+        with self.lock:
+            self.sealed = True
+
+    def refuse_growth(self, refused: bool = True) -> None:
+        """From now on (``refused``) a plan's overflow is refused as if sealed, while the ranks
+        agree on sizes; ``refused=False`` lets plans grow it again (the agreement failed)."""
+        with self.lock:
+            self._growth_refused = refused
+
+    def stats(self) -> WorkspaceStats:
+        with self.lock:
+            added, allocation = self._largest_growth
+            return WorkspaceStats(
+                self.name,
+                self.tensor.numel(),
+                self.floor_bytes,
+                self.floor,
+                self._times_grown,
+                added,
+                allocation,
+                self.sealed,
+                self._grown_to_agree,
+                self.kind.kind,
+            )
+
+    def grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
+        """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
+        with self.lock:
+            # Sealed while the plan ran, or being sealed with a group: the ranks have agreed on
+            # sizes that a growth now would leave behind.
+            if self.sealed or self._growth_refused:
+                raise self.sealed_error(overflow, None) from error
+            have, need = self.tensor.numel(), overflow.bytes_needed(planned_on)
+            added = self._resize(need, overflow.allocation)
+            if not added:  # another plan grew it meanwhile
+                return
+            self._times_grown += 1
+            if added > self._largest_growth[0]:
+                self._largest_growth = (added, overflow.allocation)
+        logger.info(
+            "workspace %r grew from %d to %d bytes for %s; set %s=%d to reserve it up front",
+            self.name,
+            have,
+            need,
+            overflow.allocation,
+            self.floor,
+            mb_to_hold(need),
+        )
+
+    def grow_to_agree(self, nbytes: int, ranks: str) -> int:
+        """Grow to ``nbytes``, what ``ranks`` hold of this buffer; returns the bytes added."""
+        with self.lock:
+            have = self.tensor.numel()
+            if self.sealed and have < nbytes:
+                raise self.refusal(
+                    f"workspace {self.name!r} is sealed at {have:,} bytes, and {ranks} hold "
+                    f"{nbytes:,}; seal with the group before any rank seals alone",
+                    needed=nbytes,
+                )
+            added = self._resize(nbytes, f"agreement with {ranks}")
+            self._grown_to_agree += added
+            return added
+
+    def sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceSealedError:
+        """The refusal of a sealed buffer to fit ``overflow`` (``whole``: what the whole plan
+        needs, where FlashInfer's ``workspace_size()`` said)."""
+        have = self.tensor.numel()
+        need = overflow.bytes_needed(have)
+        failed = (
+            f"{overflow.allocation} asked for {overflow.size:,} bytes in all"
+            if overflow.whole_buffer
+            else f"{overflow.allocation} asked for {overflow.size:,} bytes, alignment "
+            f"{overflow.alignment}, with {have - (overflow.available or 0):,} taken"
+        )
+        if whole is not None and whole >= need:
+            asked, caveat = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})", ""
+        elif overflow.whole_buffer:
+            whole, asked, caveat = need, f"{need:,} ({failed})", ""
+        else:
+            whole = need
+            asked = f"at least {need:,} ({failed})"
+            caveat = " (allocations after it were not tried and may ask for more)"
+        return self.refusal(
+            f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan needs {asked}; "
+            f"set {self.floor}={mb_to_hold(whole)} or more{caveat}, or plan the largest shape "
+            "before sealing",
+            needed=whole,
+        )
+
+    def refusal(self, message: str, needed: int) -> WorkspaceSealedError:
+        """A sealed buffer's refusal of ``needed`` bytes, with its figures."""
+        return WorkspaceSealedError(
+            message,
+            workspace=self.name,
+            held_bytes=self.tensor.numel(),
+            needed_bytes=needed,
+            setting=self.floor,
+            suggested_mb=mb_to_hold(needed),
+        )
+
+    def _growth_refusal(self, message: str, needed: int) -> WorkspaceGrowthError:
+        return WorkspaceGrowthError(
+            message,
+            workspace=self.name,
+            held_bytes=self.tensor.numel(),
+            needed_bytes=needed,
+            setting=self.floor,
+        )
+
+    def _resize(self, need: int, cause: str) -> int:
+        """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed, the mirror
+        with it; returns the bytes added (0 if it holds that many already). If either cannot be
+        had, both keep their buffers. The caller holds the lock."""
+        have = self.tensor.numel()
+        if have >= need:
+            return 0
+        if need >= 1 << 63:  # torch would raise a TypeError of its own
+            raise self._growth_refusal(
+                f"workspace {self.name!r}: {cause} asks to grow it from {have:,} to {need:,} "
+                f"bytes, more than any GPU holds (or a tensor can count); it keeps its "
+                f"{have:,}-byte buffer. The plan's arguments are likely wrong",
+                needed=need,
+            )
+        try:
+            grown_mirror = None if self.mirror is None else host_mirror(need, self.tensor)
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            raise self._growth_refusal(
+                f"int workspace {self.name!r}: could not grow its pinned host mirror from "
+                f"{have:,} to {need:,} bytes for {cause}; both keep their {have:,}-byte buffers. "
+                f"Set {self.floor} so the workspace is reserved up front. ({error})",
+                needed=need,
+            ) from error
+        try:
+            # A failed resize_() leaves the tensor claiming storage it does not have, so the
+            # new buffer is made whole before the tensor moves onto it.
+            grown = torch.empty(need, dtype=torch.uint8, device=self.tensor.device)
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            raise self._growth_refusal(
+                f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
+                f"{cause}; it keeps its {have:,}-byte buffer. Free device memory, or set "
+                f"{self.floor} so the workspace is reserved up front. ({error})",
+                needed=need,
+            ) from error
+        # Any error from here on (a broken CUDA context, say) is not a shortage: it reaches the
+        # caller as it was raised, and the tensor has not moved.
+        wait_for_every_stream(self.tensor)
+        grown[:have].copy_(self.tensor)
+        grown[have:].zero_()
+        # The copy is queued on the current stream, and the old block goes back to the stream it
+        # was made on as soon as the tensor lets go of it: waited for first, or another tensor of
+        # that stream could take the block while the copy still reads it (or a queued copy from
+        # the mirror still reads the old mirror).
+        wait_for_every_stream(self.tensor)
+        self.tensor.set_(grown.untyped_storage())
+        if self.mirror is not None and grown_mirror is not None:
+            self.mirror.set_(grown_mirror.untyped_storage())
+        return need - have
+
+
+def host_mirror(nbytes: int, like: torch.Tensor) -> torch.Tensor:
+    """A host buffer of ``nbytes`` for an int workspace like ``like``: pinned where ``like`` is on
+    a GPU (an asynchronous copy needs it), plain memory on a CPU (where nothing is pinned)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=like.is_cuda)
+
+
+def wait_for_every_stream(tensor: torch.Tensor) -> None:
+    """Wait until no CUDA stream can still use ``tensor``'s storage, before it is copied and
+    handed back to the caching allocator.
+
+    The allocator knows only the stream a block was allocated on. Work another stream queued on
+    the old buffer (an engine's second micro-batch, a copy) would otherwise land after the copy
+    (lost) or in whatever the allocator hands out next from the old block (seen on an H200: a
+    write queued behind a 1.5 s kernel on a side stream overwrote a fresh tensor of the old
+    size). Which streams used the buffer is not known here, and growth is rare (warm-up), so the
+    whole device is synchronised rather than a ``record_stream`` per stream."""
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)

@@ -1,0 +1,292 @@
+"""A FlashInfer float workspace, and the plan loop: a plan that overflows the workspace (or its
+int workspace) grows it in place and runs again; once sealed, it is refused with the setting to
+raise. ``workspace.py``'s notes say what is shared, and on what condition."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from .._internal.floor import ENV_VAR
+from ..errors import ResourceUsageError, WorkspacePlanError
+from ..units import is_int
+from ._flashinfer import INT_BUFFER, PINNED_MIRROR, buffer_views, own_buffers, refresh_recorded_size
+from ._overflow import Overflow, parse_overflow
+from .buffer import GrowableBuffer, WorkspaceStats
+from .int_workspace import IntWorkspace, checked_run
+
+__all__ = ["Workspace", "install_int_workspace"]
+
+T = TypeVar("T")
+
+MAX_GROWTHS_PER_PLAN = 16
+"""How many times one plan may grow a workspace. FlashInfer's allocations come in short chains
+(``tmp_v`` then ``tmp_s``: two growths at most seen); the bound stops a planner that never fits."""
+
+BUILD_ADVICE = {
+    "float": "build the wrapper on workspace.tensor (or with WorkspacePool.build)",
+    "int": "give the wrapper this int workspace with WorkspacePool.install",
+}
+"""By the kind of buffer a plan overflowed again after growing it: how to make it plan there."""
+
+
+class Workspace:
+    """One FlashInfer float workspace, which wrappers plan against through :meth:`plan`.
+
+    A workspace starts at its floor and a plan that overflows it grows it in place: ``tensor``
+    stays the same object, so every wrapper built on it sees the larger buffer, and the workspace
+    ends as large as the largest plan made on it. Once sealed (before CUDA graphs are captured over
+    it) it never moves, and a plan that does not fit raises :class:`WorkspaceSealedError` naming
+    ``floor``, the setting that would have made room.
+
+    Args:
+        tensor: the buffer, 1-D ``torch.uint8``, as given to FlashInfer's wrappers.
+        name: how errors and logs refer to this workspace.
+        sealed: start sealed.
+        floor: the setting (config key or environment variable) that sizes this workspace's
+            floor; errors and logs name it as the one to raise.
+        int_workspace: the int workspace the same wrappers plan their indices into (keyword
+            only). Given, a plan through :meth:`plan` that overflows it grows it too, and waits
+            for the previous plan's copy from its pinned mirror; :meth:`seal` seals it. None:
+            each wrapper keeps the int buffer it made, and an int overflow reaches the caller.
+    """
+
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        name: str,
+        sealed: bool = False,
+        floor: str = ENV_VAR,
+        *,
+        int_workspace: IntWorkspace | None = None,
+    ) -> None:
+        self._buffer = GrowableBuffer(tensor, name, sealed, floor)
+        if int_workspace is not None and not isinstance(int_workspace, IntWorkspace):
+            raise ResourceUsageError(
+                f"workspace {name!r}: int_workspace={int_workspace!r} must be an IntWorkspace "
+                "(or None: each wrapper keeps its own)"
+            )
+        self._int = int_workspace
+        # The wrappers whose attributes were checked for views of this buffer (_refuse_views).
+        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    @property
+    def int_workspace(self) -> IntWorkspace | None:
+        """The int workspace the wrappers on this one plan into (None: each keeps its own)."""
+        return self._int
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The buffer wrappers are built on: the same object for the workspace's whole life."""
+        return self._buffer.tensor
+
+    @property
+    def name(self) -> str:
+        """How errors and logs refer to this workspace, e.g. ``attention:decode:cg0``."""
+        return self._buffer.name
+
+    @property
+    def sealed(self) -> bool:
+        """Whether its buffer keeps its address from now on (see :meth:`seal`)."""
+        return self._buffer.sealed
+
+    @property
+    def floor(self) -> str:
+        """The setting that sizes this workspace's floor, which errors name as the one to raise."""
+        return self._buffer.floor
+
+    def __repr__(self) -> str:
+        state = "sealed" if self.sealed else "growable"
+        return f"Workspace({self.name!r}, {self.tensor.numel()} bytes, {state})"
+
+    def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``plan(*args, **kwargs)``. One that runs short of room grows this workspace to the bytes
+        it had taken plus the allocation that failed, and runs again; so does one that runs short
+        of the :attr:`int_workspace`, which grows it (and its pinned mirror) the same way.
+
+        MLA's check of the whole buffer before it plans (FlashInfer 0.7.4) counts as running
+        short too, and grows the workspace to what it asked for. Any other error reaches the caller
+        unchanged: an int overflow without an int workspace, or from a wrapper the library cannot
+        find planning on this one's int workspace, included (it grows nothing).
+
+        With an int workspace, the plan first waits until the copy queued by the previous plan
+        from its pinned mirror has run (see the module's notes on sharing).
+        """
+        growths, last = 0, None
+        mirrored = self._mirrored()
+        self._refuse_views(plan)
+        buffers = self._buffers()
+        while True:
+            # What the plan sees, whatever another thread does.
+            seen = {kind: buffer.tensor.numel() for kind, buffer in buffers.items()}
+            if mirrored is not None:
+                mirrored.wait_for_last_copy()
+            try:
+                planned = plan(*args, **kwargs)
+            except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+                overflow = parse_overflow(error)
+                short = _short_of(buffers, overflow, seen, _wrapper_of(plan, args))
+                if short is None or overflow is None:
+                    raise
+                planned_on = seen[short.kind.kind]
+                if short.sealed:
+                    whole = _whole_plan_need(plan, args, kwargs, short.kind.size_query_index)
+                    raise short.sealed_error(overflow, whole) from error
+                if overflow == last:
+                    raise WorkspacePlanError(
+                        f"workspace {short.name!r} grew to {planned_on:,} bytes, yet the plan "
+                        f"reports the same overflow again ({overflow.allocation}, "
+                        f"{overflow.size:,} bytes): it does not plan on this workspace's tensor; "
+                        f"{BUILD_ADVICE[short.kind.kind]}",
+                        workspace=short.name,
+                        held_bytes=planned_on,
+                    ) from error
+                if growths == MAX_GROWTHS_PER_PLAN:
+                    raise WorkspacePlanError(
+                        f"workspace {short.name!r}: the plan still overflows after "
+                        f"{MAX_GROWTHS_PER_PLAN} growths (now {planned_on:,} bytes, "
+                        f"{overflow.allocation} asked for {overflow.size:,} more); "
+                        "the planner does not converge",
+                        workspace=short.name,
+                        held_bytes=planned_on,
+                    ) from error
+                short.grow(overflow, planned_on, error)
+                growths, last = growths + 1, overflow
+            else:
+                if mirrored is not None:
+                    mirrored.copy_queued(_wrapper_of(plan, args))
+                float_buffer = buffers["float"]
+                if float_buffer.tensor.numel() != float_buffer.floor_bytes:  # grown, by any plan
+                    refresh_recorded_size(plan, float_buffer.tensor)
+                return planned
+
+    def _refuse_views(self, plan: Callable[..., Any]) -> None:
+        """Refuse, before it plans on this growable workspace, a wrapper that holds a view of its
+        buffer (:func:`_flashinfer.buffer_views`): growth would move the buffer and leave the view
+        on the old memory. Each wrapper is checked once; a sealed workspace never moves, so
+        views of it are safe."""
+        wrapper = getattr(plan, "__self__", None)
+        if wrapper is None or self.sealed:
+            return
+        try:
+            if wrapper in self._checked:
+                return
+        except TypeError:  # no weak references to it: checked at every plan
+            pass
+        views = buffer_views(wrapper, self.tensor)
+        if not views:
+            with contextlib.suppress(TypeError):
+                self._checked.add(wrapper)
+            return
+        raise WorkspacePlanError(
+            f"workspace {self.name!r} can grow, and the {type(wrapper).__name__} planning "
+            f"on it holds views of its buffer ({', '.join(views)}), which growing would "
+            "leave on the old memory; give the workspace room for every plan up front "
+            f"({self.floor}) and seal it before this wrapper plans",
+            workspace=self.name,
+            held_bytes=self.tensor.numel(),
+        )
+
+    def _buffers(self) -> dict[str, GrowableBuffer]:
+        """The buffers a plan through this workspace may grow, by the kind of overflow."""
+        found = {"float": self._buffer}
+        if self._int is not None:
+            found["int"] = self._int.buffer
+        return found
+
+    def _mirrored(self) -> IntWorkspace | None:
+        """The int workspace whose pinned mirror a plan through this one writes, to fence and
+        track: none until a wrapper was given it (until then each writes a mirror of its own)."""
+        given = self._int
+        return given if given is not None and given.given_to_wrappers else None
+
+    def seal(self) -> None:
+        """Keep this buffer's address from now on, and its int workspace's: graphs are about to
+        be captured over them."""
+        self._buffer.seal()
+        if self._int is not None:
+            self._int.seal()
+
+    def stats(self) -> WorkspaceStats:
+        """A snapshot of this workspace: bytes now, floor, growth history, sealed or not."""
+        return self._buffer.stats()
+
+    # What its pool asks of it when a group of ranks seals together (pool.py).
+    def _refuse_growth(self, refused: bool = True) -> None:
+        for buffer in self._buffers().values():
+            buffer.refuse_growth(refused)
+
+    def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
+        return self._buffer.grow_to_agree(nbytes, ranks)
+
+
+def _short_of(
+    buffers: dict[str, GrowableBuffer], overflow: Overflow | None, have: dict[str, int],
+    wrapper: Any,
+) -> GrowableBuffer | None:  # fmt: skip
+    """The buffer of ``buffers`` that ``overflow`` ran short of, or None (not one of ours)."""
+    short = None if overflow is None else buffers.get(overflow.kind)
+    # An allocator with more room than this buffer holds was not allocating from it.
+    if short is None or overflow is None or (overflow.available or 0) > have[short.kind.kind]:
+        return None
+    # An int overflow is this int workspace's only where the wrapper is found planning on it:
+    # one that keeps its own overflowed that one, and one the library cannot find may too.
+    ours = wrapper is not None and getattr(wrapper, INT_BUFFER, None) is short.tensor
+    return None if short.kind.kind == "int" and not ours else short
+
+
+def _wrapper_of(plan: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """The wrapper a plan plans: its bound ``plan``'s object, or the first argument of a module
+    function that takes it (vLLM's ``fast_plan_decode(wrapper, ...)``); None if neither."""
+    bound = getattr(plan, "__self__", None)
+    if bound is not None and own_buffers(bound) is not None:
+        return bound
+    if args and own_buffers(args[0]) is not None:
+        return args[0]
+    return None
+
+
+def _whole_plan_need(
+    plan: Callable[..., Any], args: Any, kwargs: Any, index: int = 0
+) -> int | None:
+    """What the whole plan needs of one buffer (``index`` 0: float, 1: int), where its FlashInfer
+    wrapper can say without planning.
+
+    Decode and paged-prefill wrappers answer ``workspace_size()`` (float bytes, int bytes) with
+    the arguments of ``plan()``; anything else, or any failure, gives None. Asked only on the way
+    to a sealed error, never on a plan that fits.
+    """
+    query = getattr(getattr(plan, "__self__", None), "workspace_size", None)
+    if not callable(query):
+        return None
+    try:
+        answer = query(*args, **kwargs)
+        need = answer[index] if isinstance(answer, tuple) else (answer if index == 0 else None)
+    except Exception:  # not this wrapper's arguments, or no query for its backend
+        return None
+    return need if is_int(need) else None
+
+
+def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> bool:
+    """Give ``wrapper`` the int workspace of ``workspace`` and its mirror, in place of its own;
+    False (and ``wrapper`` left as it is) where it keeps none to replace (:func:`own_buffers`).
+    ``where`` names the key in errors."""
+    own = own_buffers(wrapper)
+    int_workspace = workspace.int_workspace
+    if int_workspace is None:
+        raise ResourceUsageError(f"{where}: workspace {workspace.name!r} has no int workspace")
+    if own is None:
+        return False
+    # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
+    own[INT_BUFFER] = int_workspace.tensor
+    own[PINNED_MIRROR] = int_workspace.mirror
+    int_workspace.given_to_wrappers = True
+    run = own.get("run") or getattr(wrapper, "run", None)
+    run = getattr(run, "_unchecked", run)  # given another int workspace before: not that check
+    if callable(run):
+        own["run"] = checked_run(run, wrapper, int_workspace)
+    return True

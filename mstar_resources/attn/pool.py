@@ -1,0 +1,421 @@
+"""FlashInfer's workspaces by (plan label, CUDA-graph slot): made on first use at their floors,
+handed to wrappers, sealed together, and agreed across ranks before a group seals."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from .._internal.floor import INT, Floor, resolve_floor
+from .._internal.limits import name_problem
+from ..errors import ResourceConfigError, ResourceUsageError
+from ..units import counted, is_int
+from ._flashinfer import FLOAT_BUFFER, own_buffers
+from .buffer import WorkspaceGrowthError, WorkspaceStats, host_mirror, is_out_of_memory
+from .float_workspace import Workspace, install_int_workspace
+from .int_workspace import IntWorkspace
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["WorkspacePool"]
+
+logger = logging.getLogger("mstar_resources.attn.workspace")
+
+T = TypeVar("T")
+
+
+class WorkspacePool:
+    """FlashInfer workspaces, one per (plan label, cg slot).
+
+    Persistent: a wrapper is planned against the buffer it was built with, so these outlive any
+    single step. Each starts at the floor ``size_mb`` resolves to (``size_mb``, else
+    ``MSTAR_WORKSPACE_BUFFER_MB``, else 512) on ``device``. ``owner`` names the resource in what a
+    workspace reports.
+
+    Each key also holds an int workspace and its pinned host mirror (:class:`IntWorkspace`, at the
+    floor ``int_size_mb`` resolves to: else ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8), which the
+    wrappers of the key share in place of the 8 MiB pair each FlashInfer wrapper makes for
+    itself. :meth:`build` makes a wrapper on both; :meth:`install` gives them to one an engine
+    made. See the module's notes for when sharing them is safe.
+
+    A pool built from a declared resource (see :func:`mstar_resources.build_pools`) says so with
+    the keyword-only arguments:
+
+    Args:
+        int_size_mb: the floor of each int workspace, in MB (None: the variable, else 8).
+        config_key: the resource's key in the config, e.g. ``resources.attn.decode``. Its
+            ``declared_mb`` and ``int_declared_mb`` are then the settings that ``size_mb`` and
+            ``int_size_mb`` came from, and errors point there.
+        serves: the (label, cg slot) pairs the pool hands out; None (the default) serves any.
+        env: where ``MSTAR_WORKSPACE_BUFFER_MB`` and ``MSTAR_INT_WORKSPACE_BUFFER_MB`` are read
+            (``os.environ`` by default).
+        floors: the float and int floors already resolved, each with its source and setting
+            (``build_pools`` passes its records'): taken as they are, the environment unread.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        size_mb: int | None = None,
+        owner: str = "attention",
+        *,
+        int_size_mb: int | None = None,
+        config_key: str | None = None,
+        serves: Iterable[tuple[str, int | None]] | None = None,
+        env: Mapping[str, str] | None = None,
+        floors: tuple[Floor, Floor] | None = None,
+    ) -> None:
+        if not isinstance(owner, str) or not owner.strip():
+            raise ResourceUsageError(
+                f"owner={owner!r} must name who the pool belongs to (e.g. owner='attention')"
+            )
+        if (problem := name_problem("owner", owner)) is not None:
+            raise ResourceUsageError(problem)
+        self._device = _device(device)
+        self._size_mb = size_mb
+        self._owner = owner
+        self._config_key = config_key
+        self._int_size_mb = int_size_mb
+        if floors is None:
+            setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
+            int_setting = "int_size_mb" if config_key is None else f"{config_key}.int_declared_mb"
+            floors = (
+                resolve_floor(size_mb, env, setting),
+                resolve_floor(int_size_mb, env, int_setting, INT),
+            )
+        self._floor, self._int_floor = floors
+        self._serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
+        for label, cg_slot in self._serves or ():
+            self._check_key(label, cg_slot)
+        self._workspaces: dict[tuple[str, int | None], Workspace] = {}
+        self._lock = threading.Lock()
+        self._sealed = False
+        self._sealing = False  # agreeing with a group: workspaces made now are sealing too
+
+    def __repr__(self) -> str:
+        return (
+            f"WorkspacePool(owner={self.owner!r}, device={str(self.device)!r}, "
+            f"floor={self._floor.mb} MB, workspaces={len(self._workspaces)})"
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """Where the workspaces are made."""
+        return self._device
+
+    @property
+    def owner(self) -> str:
+        """Who the pool belongs to: the first part of each workspace's name."""
+        return self._owner
+
+    @property
+    def size_mb(self) -> int | None:
+        """The floor asked for, in MB; None: the variable's, else the default."""
+        return self._size_mb
+
+    @property
+    def int_size_mb(self) -> int | None:
+        """The int floor asked for, in MB; None: the variable's, else the default."""
+        return self._int_size_mb
+
+    @property
+    def config_key(self) -> str | None:
+        """The resource's key in the config (``resources.attn.decode``), or None."""
+        return self._config_key
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    @property
+    def serves(self) -> tuple[tuple[str, int | None], ...] | None:
+        """The (label, cg slot) pairs this pool hands out, in declared order; None: any."""
+        return self._serves
+
+    @property
+    def floor_bytes(self) -> int:
+        """The bytes each workspace starts with."""
+        return self._floor.bytes
+
+    @property
+    def int_floor_bytes(self) -> int:
+        """The bytes each int workspace, and its pinned mirror, starts with."""
+        return self._int_floor.bytes
+
+    def get(self, label: str, cg_slot: int | None = None) -> Workspace:
+        """The workspace of plans labelled ``label`` in CUDA-graph slot ``cg_slot`` (None: eager),
+        made on first use. Safe to call from several threads: one key never gets two."""
+        key = (label, cg_slot)
+        workspace = self._workspaces.get(key)
+        if workspace is not None:
+            return workspace
+        self._check_key(label, cg_slot)
+        with self._lock:
+            workspace = self._workspaces.get(key)
+            if workspace is None:
+                workspace = self._make(label, cg_slot)
+                self._workspaces[key] = workspace
+            return workspace
+
+    def reserve(self) -> int:
+        """Make, now, every workspace this pool serves (a pool built from the config: every
+        declared label and slot), so an engine takes their memory before it sizes its KV cache
+        from what is left. Returns the bytes the pool holds."""
+        for label, cg_slot in self._serves or ():
+            self.get(label, cg_slot)
+        return self.held_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of every float workspace made so far."""
+        return sum(workspace.tensor.numel() for workspace in self.workspaces().values())
+
+    @property
+    def int_held_bytes(self) -> int:
+        """The GPU bytes of every int workspace made so far; their pinned mirrors on the host hold
+        as many."""
+        return sum(w.tensor.numel() for w in self.int_workspaces().values())
+
+    def int_workspaces(self) -> dict[tuple[str, int | None], IntWorkspace]:
+        """The int workspaces made so far, by (label, cg slot)."""
+        return {key: w.int_workspace for key, w in self.workspaces().items() if w.int_workspace}
+
+    def build(
+        self,
+        wrapper_class: Callable[..., T],
+        *args: Any,
+        label: str,
+        cg_slot: int | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """``wrapper_class(float workspace, *args, **kwargs)``: a FlashInfer wrapper built on the
+        float workspace of (``label``, ``cg_slot``) and given its int workspace and pinned mirror
+        (:meth:`install`). Plan it through ``pool.get(label, cg_slot).plan``::
+
+            decode = pool.build(flashinfer.BatchDecodeWithPagedKVCacheWrapper, "NHD",
+                                label="decode", cg_slot=0, use_cuda_graph=True, ...)
+            pool.get("decode", 0).plan(decode.plan, indptr, indices, last_page_len, ...)
+        """
+        workspace = self.get(label, cg_slot)
+        wrapper = wrapper_class(workspace.tensor, *args, **kwargs)
+        self.install(wrapper, label, cg_slot)
+        return wrapper
+
+    def install(self, wrapper: Any, label: str, cg_slot: int | None = None) -> None:
+        """Give ``wrapper``, a FlashInfer wrapper built on the float workspace of (``label``,
+        ``cg_slot``), that key's int workspace and pinned mirror in place of its own (which it
+        then drops). Its plans must go through that float workspace's :meth:`Workspace.plan`,
+        each right before the wrapper runs (the module's notes say why)."""
+        where = self._name(label, cg_slot)
+        workspace = self.get(label, cg_slot)
+        if own_buffers(wrapper) is None:
+            raise ResourceUsageError(
+                f"{where}: a {type(wrapper).__name__} keeps no int workspace of its own to "
+                "replace; build the wrappers it holds with WorkspacePool.build (a cascade "
+                "wrapper plans all its levels before it runs them, so they cannot share one)"
+            )
+        if getattr(wrapper, FLOAT_BUFFER, None) is not workspace.tensor:
+            raise ResourceUsageError(
+                f"{where}: the {type(wrapper).__name__} was built on another float buffer; "
+                f"build it on pool.get({label!r}, {cg_slot}).tensor, or with WorkspacePool.build"
+            )
+        install_int_workspace(wrapper, workspace, where)
+
+    def seal(self, *, group: ProcessGroup | None = None) -> None:
+        """The workspaces here keep their addresses from now on, for the graphs about to be
+        captured over them, and so does any made later.
+
+        With a torch.distributed process ``group``, its ranks agree first: each makes the keys
+        another made, and grows each workspace to the largest any rank holds, so every rank
+        holds the same bytes (see ``_agree.py``). Every rank of the group must call it, for the
+        same pool, in the same order.
+        """
+        if group is not None:
+            self._agree_sealing(group)
+        with self._lock:
+            self._sealed = True
+            for workspace in self._workspaces.values():
+                workspace.seal()
+        logger.info("%s", self.summary())
+
+    def _agree_sealing(self, group: ProcessGroup) -> None:
+        """Agree with ``group`` while no plan can grow a workspace here: from the moment the
+        sizes are gathered to the seal, a growth would leave this rank at a size the others
+        never saw. If the agreement fails, nothing is sealed and plans may grow again."""
+        with self._lock:
+            self._sealing = True
+            workspaces = list(self._workspaces.values())
+        for workspace in workspaces:
+            workspace._refuse_growth()
+        try:
+            self._agree(group)
+        except BaseException:
+            with self._lock:
+                self._sealing = False
+                workspaces = list(self._workspaces.values())
+            for workspace in workspaces:
+                workspace._refuse_growth(False)
+            raise
+
+    def _agree(self, group: ProcessGroup) -> None:
+        """Hold what the largest of the group's ranks holds, key by key (see ``_agree.py``)."""
+        import torch.distributed as dist
+
+        from . import _agree
+
+        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+        held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
+        every_held = _agree.gather_held(self._identity, held, group)
+        agreed = _agree.largest(every_held.values())
+        others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
+        failure: Exception | None = None
+        added = 0
+        try:
+            for (label, cg_slot), nbytes in agreed.items():
+                added += self.get(label, cg_slot)._grow_to_agree(nbytes, others)
+        except Exception as error:  # told to every rank, then raised here as it was
+            failure = error
+        _agree.share_outcome(failure, self._identity, every_held, group)
+        logger.info(
+            "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
+            rank, _agree.describe(self._identity), sum(agreed.values()), len(agreed), ranks, added,
+        )  # fmt: skip
+
+    @property
+    def _identity(self) -> tuple[str, str | None, tuple[tuple[str, int | None], ...] | None]:
+        """What must match across ranks for their pools to be one: (owner, config key, the keys
+        it serves)."""
+        return self.owner, self.config_key, self._serves
+
+    def workspaces(self) -> dict[tuple[str, int | None], Workspace]:
+        """The workspaces made so far, by (label, cg slot)."""
+        with self._lock:
+            return dict(self._workspaces)
+
+    def stats(self) -> list[WorkspaceStats]:
+        """One snapshot per float workspace made so far, in the order they were made."""
+        return [workspace.stats() for workspace in self.workspaces().values()]
+
+    def int_stats(self) -> list[WorkspaceStats]:
+        """One snapshot per int workspace made so far, in the order they were made."""
+        return [workspace.stats() for workspace in self.int_workspaces().values()]
+
+    def summary(self) -> str:
+        """A few lines an engine can log at seal time: the totals, then one line per workspace."""
+        stats, int_stats = self.stats(), self.int_stats()
+        total = sum(s.bytes for s in stats)
+        floors = sum(s.floor_bytes for s in stats)
+        int_total = sum(s.bytes for s in int_stats)
+        int_floors = sum(s.floor_bytes for s in int_stats)
+        head = (
+            f"{self.owner}: {counted(len(stats), 'workspace')}, {total:,} bytes "
+            f"({total - floors:+,} over their floors), {'sealed' if self._sealed else 'growable'}; "
+            f"their int workspaces {int_total:,} bytes ({int_total - int_floors:+,}), and as "
+            "many pinned on the host"
+        )
+        return "\n".join([head, *(f"  {s}" for s in [*stats, *int_stats])])
+
+    def _check_key(self, label: str, cg_slot: int | None) -> None:
+        if not isinstance(label, str) or not label.strip():
+            raise ResourceUsageError(
+                f"{self.owner}: label={label!r} must be a non-empty string naming a plan"
+            )
+        if (problem := name_problem("label", label)) is not None:
+            raise ResourceUsageError(f"{self.owner}: {problem}")
+        if cg_slot is not None and not (is_int(cg_slot) and cg_slot >= 0):
+            raise ResourceUsageError(
+                f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
+            )
+        if self._serves is not None and (label, cg_slot) not in self._serves:
+            raise ResourceUsageError(self._not_served(label, cg_slot))
+
+    def _not_served(self, label: str, cg_slot: int | None) -> str:
+        labels = list(dict.fromkeys(label for label, _ in self._serves or ()))
+        slots = sorted({slot for _, slot in self._serves or () if slot is not None})
+        where = self.config_key or f"pool {self.owner!r}"
+        served = f"labels {labels} " + (
+            f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)"
+        )
+        fix = (
+            f"Add the label to {self.config_key}.labels or the slot to {self.config_key}.cg_slots"
+            if self.config_key
+            else "Ask for one of those"
+        )
+        return f"{where} does not serve ({label!r}, cg_slot={cg_slot}); it serves {served}. {fix}"
+
+    def _name(self, label: str, cg_slot: int | None) -> str:
+        return f"{self.owner}:{label}" + ("" if cg_slot is None else f":cg{cg_slot}")
+
+    def _make(self, label: str, cg_slot: int | None) -> Workspace:
+        name = self._name(label, cg_slot)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ResourceConfigError(
+                f"workspace {name!r} is made on {self.device}, and torch sees no CUDA device "
+                "(torch.cuda.is_available() is False); make the pools on 'cpu' to plan without "
+                "a GPU"
+            )
+        int_name = f"{name}:int"
+        int_tensor = self._allocate(int_name, self._int_floor)
+        try:
+            mirror = host_mirror(int_tensor.numel(), int_tensor)
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            raise self._short(int_name, self._int_floor, error, "pinned host memory") from error
+        int_workspace = IntWorkspace(
+            int_tensor, int_name, self._sealed, self._int_floor.setting, mirror=mirror
+        )
+        tensor = self._allocate(name, self._floor)
+        workspace = Workspace(
+            tensor, name, self._sealed, self._floor.setting, int_workspace=int_workspace
+        )
+        if self._sealing:
+            workspace._refuse_growth()
+        return workspace
+
+    def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
+        try:
+            # Zeroed: FlashInfer asks for a zeroed workspace (some backends keep semaphores in it).
+            return torch.zeros(floor.bytes, dtype=torch.uint8, device=self.device)
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            raise self._short(name, floor, error, str(self.device)) from error
+
+    def _short(self, name: str, floor: Floor, error: Exception, where: str) -> WorkspaceGrowthError:
+        return WorkspaceGrowthError(
+            f"workspace {name!r}: could not allocate its floor of {floor.bytes:,} bytes on "
+            f"{where}; lower {floor.setting} (now {floor.mb} MB). ({error})",
+            workspace=name,
+            held_bytes=0,
+            needed_bytes=floor.bytes,
+            setting=floor.setting,
+        )
+
+
+def _device(device: object) -> torch.device:
+    """``device`` as a torch device, or the library's error saying why not."""
+    try:
+        found: torch.device = torch.device(device)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError):
+        raise ResourceUsageError(
+            f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
+        ) from None
+    return found
+
+
+def _pairs(serves: object) -> list[tuple[str, int | None]]:
+    """``serves`` as (label, cg slot) pairs, or the library's error saying what it got."""
+    good = not isinstance(serves, str | bytes) and isinstance(serves, Iterable)
+    pairs = list(serves) if good else []  # type: ignore[call-overload]
+    if not good or not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
+        raise ResourceUsageError(
+            f"serves={serves!r} must be (label, cg slot) pairs, e.g. [('decode', 0), "
+            "('prefill', None)], or None to serve any"
+        )
+    return pairs
