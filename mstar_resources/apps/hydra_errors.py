@@ -32,6 +32,10 @@ DEPLOYMENT_GROUP = "deployment"
 """The config group whose options are global (``# @package _global_``): a deployment sets keys of
 the whole tree."""
 
+NO_DEPLOYMENT = "none"
+"""The shipped tree's empty deployment: listed among the options, never offered as the closest to
+a misspelt name (it is no deployment, and calibration and the replay refuse it)."""
+
 __all__ = [
     "DEPLOYMENT_GROUP",
     "explain",
@@ -111,8 +115,9 @@ def not_a_choice(
             f"{group}={name} is not a {group}: the search path holds no {group} options to pick "
             f"from; leave {group} out, or add --config-dir DIR with a {group}/ folder"
         )
+    offered = [o for o in options if not (group == DEPLOYMENT_GROUP and o == NO_DEPLOYMENT)]
     return (
-        f"{group}={name} is not a {group}{why}{did_you_mean(name, options) if closest else ''}; "
+        f"{group}={name} is not a {group}{why}{did_you_mean(name, offered) if closest else ''}; "
         f"pick one of {', '.join(options)}"
     )
 

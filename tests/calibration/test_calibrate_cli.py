@@ -21,6 +21,10 @@ CALIBRATE = ["-m", "mstar_resources.calibration.cli"]
         pytest.param(["deployment=llama3-8b-h100"],
                      r"deployment=llama3-8b-h100 is not a deployment \(did you mean "
                      r"llama3-8b-h200\?\)", id="misspelled-deployment"),
+        # none is listed, never offered as the closest: calibration refuses it
+        pytest.param(["deployment=nope"],
+                     r"deployment=nope is not a deployment; pick one of deepseek-v3-tp8-h200, ",
+                     id="misspelled-not-none"),
         pytest.param(["deployment=llama3-8b-h200", "margin=lots"],
                      r"margin='lots' is not valid; margin takes a fraction, at least 0",
                      id="margin-type"),
