@@ -1,4 +1,5 @@
-"""The benchmarks' argument rules, one each, as argparse types, and their one-line refusal.
+"""The benchmarks' argument rules, one each, as argparse types, their one-line refusal, and their
+entry point (:func:`run_main`).
 
 A bad value given to a type ends the run before anything is measured, as the apps do: argparse
 prints ``prog: error: argument --flag: ...`` (after the usage line) on stderr and exits with 2.
@@ -8,10 +9,21 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import NoReturn
 
+from mstar_resources.apps.stdout import stdout_told
 from mstar_resources.errors import did_you_mean
+
+
+def run_main(main: Callable[[], int | None]) -> NoReturn:
+    """A benchmark's entry point: ``main()``'s status, and a stdout that fails (``> /dev/full``,
+    ``| head``) ended in one line, as the apps end it (``mstar_resources/apps/stdout.py``)."""
+    with stdout_told(Path(sys.argv[0]).name):
+        status = main()
+    sys.exit(status)
 
 
 def positive_int(text: str) -> int:

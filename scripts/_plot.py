@@ -8,8 +8,12 @@ No folder is ever created: PATH's folder must exist.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import Any
+
+from mstar_resources.files import replacing
 
 from _args import refuse
 
@@ -31,10 +35,16 @@ def check_png(parser: argparse.ArgumentParser, png: Path | None) -> None:
     if png is None:
         return
     problem = None
-    if not png.parent.is_dir():
+    if png.suffix.lower() != ".png":
+        problem = f"the figure is a PNG: give a path ending in .png, not {png.suffix or png.name!r}"
+    elif not png.parent.is_dir():
         problem = f"the folder {png.parent} does not exist (no folder is created)"
     elif png.is_dir():
         problem = "that is a folder, not a file"
+    elif png.exists() and not png.is_file():
+        problem = "that is not a regular file (a device, a pipe)"
+    elif not os.access(png.parent, os.W_OK | os.X_OK):
+        problem = f"the folder {png.parent} is not writable"
     else:
         try:
             import matplotlib  # noqa: F401
@@ -55,7 +65,14 @@ def pyplot() -> Any:
 
 
 def save(fig: Any, png: Path) -> None:
-    """Writes ``fig`` to ``png`` (whose folder exists: see check_png) and says where."""
+    """Writes ``fig`` to ``png`` (whose folder exists: see check_png), whole or not at all, and
+    says where; a write that fails (a full disk) ends the run with one line and status 1, the old
+    file, if any, left as it was."""
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    try:
+        with replacing(png) as temporary:
+            fig.savefig(temporary, dpi=120, format="png")
+    except OSError as error:
+        sys.exit(f"{Path(sys.argv[0]).name}: error: --png {png}: the figure was not written "
+                 f"({error.strerror or error})")  # fmt: skip
     print(f"plot: {png}")

@@ -38,7 +38,6 @@ import argparse
 import importlib.util
 import json
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,7 +59,7 @@ from mstar_resources.errors import ResourceConfigError
 from mstar_resources.resolver import ResolvedResource
 from mstar_resources.units import MIB
 
-from _args import one_of, positive_int, refuse
+from _args import one_of, positive_int, refuse, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 if TYPE_CHECKING:  # imported where the curve is measured: its arguments are checked without it
@@ -478,4 +477,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

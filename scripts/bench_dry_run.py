@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _args import positive_int
+from _args import positive_int, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 GOAL_RATIO = 2.0
@@ -147,4 +147,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

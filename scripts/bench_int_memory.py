@@ -24,7 +24,7 @@ import torch
 from mstar_resources import WorkspacePool
 from mstar_resources.units import MIB
 
-from _args import positive_int
+from _args import positive_int, run_main
 
 QO, KV, HEAD_DIM, PAGE, CONTEXT = 32, 8, 128, 16, 1024
 VLLM_GRAPH_SIZES = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
@@ -138,4 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -39,7 +39,7 @@ from mstar_resources.calibration.engine_buffers import engine_buffers_mb, own_in
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.units import MIB
 
-from _args import one_of
+from _args import one_of, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 ENGINES = ["vLLM", "SGLang", "TensorRT-LLM", "MLC-LLM"]
@@ -164,4 +164,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from _args import non_negative_float, positive_int, refuse
+from _args import non_negative_float, positive_int, refuse, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 DECODE_PLAN_US = 220.0  # FlashInfer's decode plan on an H200 (see the FlashInfer notes)
@@ -232,4 +232,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

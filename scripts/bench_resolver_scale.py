@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import build_pools, resolve
 
-from _args import positive_int
+from _args import positive_int, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 SIZES = [10, 100, 1_000]
@@ -132,4 +131,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -42,7 +42,7 @@ import torch.multiprocessing as mp
 from mstar_resources import WorkspacePool
 from mstar_resources.units import MIB
 
-from _args import positive_int, refuse
+from _args import positive_int, refuse, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 RANKS = [2, 4]
@@ -308,4 +308,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

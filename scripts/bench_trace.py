@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from _args import one_of, positive_int
+from _args import one_of, positive_int, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ROWS = (10_000, 100_000, 1_000_000)
@@ -157,4 +157,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -21,7 +21,6 @@ import argparse
 import importlib.util
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 
 from vllm_proof import DEPTHS, Case, _kv_count, digest, launch
 
-from _args import positive_int
+from _args import positive_int, run_main
 
 AUTO = "auto"
 
@@ -153,4 +152,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -185,6 +185,34 @@ def test_png_in_a_missing_folder_is_a_usage_error(tmp_path: Path, script: str) -
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [("m.txt", "ending in .png, not '.txt'"), ("/dev/full", "ending in .png"),
+     ("dir.png", "that is a folder")],
+)  # fmt: skip
+def test_png_that_cannot_take_a_png_is_a_usage_error(tmp_path: Path, path: str, problem: str):
+    (tmp_path / "dir.png").mkdir()
+    done = run("bench_memory.py", "--png", path, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"bench_memory.py: error: --png {path}: ") and problem in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.png"]
+
+
+@pytest.mark.parametrize(("script", "args", "header"), FAST)
+def test_a_stdout_that_cannot_take_the_table_is_one_line_and_status_2(
+    tmp_path: Path, script: str, args: list[str], header: str
+) -> None:
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, str(SCRIPTS / script), *args], stdout=full, stderr=subprocess.PIPE,
+            text=True, cwd=tmp_path, timeout=300,
+        )  # fmt: skip
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"{script}: error: stdout can't take the output")
+
+
 def test_png_without_matplotlib_is_a_usage_error(tmp_path: Path, no_matplotlib: Path) -> None:
     done = run(
         "bench_dry_run.py", "--png", str(tmp_path / "x.png"), cwd=tmp_path, pythonpath=no_matplotlib

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import functools
 import importlib.metadata
 import importlib.resources
@@ -52,7 +51,7 @@ import posixpath
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn, TextIO, cast
+from typing import NoReturn
 
 import hydra
 import yaml
@@ -77,6 +76,7 @@ from .hydra_errors import (
     not_utf8,
     not_yaml,
 )
+from .stdout import StdoutFailed, stdout_watched
 
 __all__ = [
     "compose_deployment",
@@ -185,74 +185,6 @@ def package_version() -> str:
     return importlib.metadata.version("mstar-resources")
 
 
-class _StdoutFailed(BaseException):
-    """stdout refused what was written (``error``): a BaseException, so that it passes the app's
-    own handlers and Hydra's, which catch ``Exception``."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__()
-        self.error = error
-
-
-class _Stdout:
-    """``sys.stdout`` while an app runs: a write or flush that fails raises :class:`_StdoutFailed`,
-    so that the entry point tells stdout's failures from the app's other ``OSError``\\ s."""
-
-    def __init__(self, stream: TextIO | None) -> None:
-        self._stream = stream  # None where Python started with file descriptor 1 closed
-
-    def write(self, text: str) -> int:
-        with self._failures():
-            if self._stream is None:
-                raise OSError(errno.EBADF, "stdout is closed")
-            return self._stream.write(text)
-
-    def flush(self) -> None:
-        if self._stream is not None:
-            with self._failures():
-                self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _failures() -> Iterator[None]:
-        try:
-            yield
-        except OSError as error:
-            raise _StdoutFailed(error) from error
-
-
-@contextlib.contextmanager
-def _stdout_watched() -> Iterator[None]:
-    """``sys.stdout`` as :class:`_Stdout` inside, flushed on the way out (a closed pipe shows
-    here, not at interpreter exit), and as it was after."""
-    stream = sys.stdout
-    sys.stdout = cast(TextIO, _Stdout(stream))
-    try:
-        try:
-            yield
-        except SystemExit:  # an error told on stderr, or Hydra's help printed
-            sys.stdout.flush()
-            raise
-        sys.stdout.flush()
-    finally:
-        sys.stdout = stream
-
-
-def _stdout_to_devnull() -> None:
-    """What is left in stdout's buffer goes nowhere at interpreter exit, rather than failing
-    again there: Python's own advice for a closed pipe (the ``signal`` module's notes on
-    SIGPIPE). Called only on the way out of a process whose stdout failed."""
-    if sys.stdout is not None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, sys.stdout.fileno())
-        finally:
-            os.close(devnull)
-
-
 class _RaisedByTheApp(BaseException):
     """Carries what the app's own code raised past Hydra's job runner and its error report (which
     catch ``Exception`` only), to be raised again, unchanged, by the entry point."""
@@ -338,7 +270,7 @@ class _App:
                     raise _RaisedByTheApp(error) from None
                 except ResourceConfigError as error:
                     fail(self.prog, str(error))
-                except (SystemExit, KeyboardInterrupt, _StdoutFailed):
+                except (SystemExit, KeyboardInterrupt, StdoutFailed):
                     raise
                 except BaseException as error:
                     raise _RaisedByTheApp(error) from None
@@ -348,20 +280,12 @@ class _App:
     def main(self, args: list[str]) -> None:
         """Run on the command line's ``args``: how each way out ends (module docstring)."""
         try:
-            with _options_resolver(self.config_name), _stdout_watched():
+            with _options_resolver(self.config_name), stdout_watched():
                 self._start(args)
         except _RaisedByTheApp as carried:
             error = carried.error
-        except _StdoutFailed as failed:
-            _stdout_to_devnull()
-            if isinstance(failed.error, BrokenPipeError):
-                # The reader went away (`| head`): what it read was all it wanted.
-                raise SystemExit(0) from None
-            fail(
-                self.prog,
-                f"stdout can't take the output ({failed.error.strerror}); send it to a file or "
-                "pipe that can, e.g. > output.txt",
-            )
+        except StdoutFailed as failed:
+            failed.end(self.prog)
         except KeyboardInterrupt:
             print(f"{self.prog}: interrupted", file=sys.stderr)
             raise SystemExit(INTERRUPTED) from None
