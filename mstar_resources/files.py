@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +48,9 @@ def replacing(path: Path) -> Iterator[Path]:
 
 def folder_problem(folder: Path) -> str | None:
     """Why files could not be written into ``folder``, made if missing, or None if they can. It
-    makes nothing: the nearest folder that exists must be a writable folder."""
+    leaves nothing behind: the nearest folder that exists must be a writable folder, in which a
+    folder can be made (tried, and removed: a file system such as ``/proc`` refuses it where the
+    permissions allow it)."""
     folder = Path(folder).absolute()
     existing = folder
     while not existing.exists():
@@ -58,4 +61,8 @@ def folder_problem(folder: Path) -> str | None:
         return f"{existing} is a file, not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".mstar-probe-"))
+    except OSError as error:
+        return f"no folder can be made in {existing} ({error.strerror})"
     return None

@@ -74,7 +74,13 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
             "trace='' names no file; set trace=PATH to a trace file, or trace=null for the "
             "synthetic trace"
         )
-    if cfg.report_dir is not None and (problem := folder_problem(Path(cfg.report_dir))):
+    if cfg.report_dir is not None and cfg.dry_run:
+        problems.append(
+            f"report_dir={cfg.report_dir!r} is where a replay writes its report, and "
+            "dry_run=true replays nothing, so it would stay empty; leave report_dir out of a dry "
+            "run (its table goes to stdout: > FILE keeps it)"
+        )
+    elif cfg.report_dir is not None and (problem := folder_problem(Path(cfg.report_dir))):
         problems.append(
             f"report_dir={cfg.report_dir!r} can't be made a folder ({problem}); point it at a "
             "folder that exists or can be made"

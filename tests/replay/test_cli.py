@@ -61,6 +61,12 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.param([DEPLOYMENT, "report_dir=/dev/null/replay"], {},
                      r"report_dir='/dev/null/replay' can't be made a folder \(/dev/null is a file, "
                      r"not a folder\)", id="report-dir"),
+        pytest.param([DEPLOYMENT, "report_dir=/proc/replay"], {},
+                     r"report_dir='/proc/replay' can't be made a folder \(no folder can be made "
+                     r"in /proc", id="report-dir-in-proc"),
+        pytest.param([DEPLOYMENT, "dry_run=true", "report_dir=rd"], {},
+                     r"report_dir='rd' is where a replay writes its report, and dry_run=true "
+                     r"replays nothing", id="report-dir-in-a-dry-run"),
         pytest.param([DEPLOYMENT, "trace="], {}, r"trace='' names no file; set trace=PATH",
                      id="empty-trace"),
         pytest.param([DEPLOYMENT, "calibration.plans.decode.kind=paged_prefill"], {},
