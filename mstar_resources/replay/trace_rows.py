@@ -5,6 +5,7 @@ anything that is not a trace."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -49,6 +50,10 @@ refuses the text."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
+MAX_LINE_BYTES = 1 << 20
+"""The longest line read: a trace's rows are tens of bytes (the Azure trace's about 40), and a
+longer line is no row (csv's own limit on a field is 131,072 characters)."""
+
 _FIX = "fix the row, or read a slice without it (the replay's trace_offset and requests)"
 """What to do about a bad value in a row, which every such message ends with."""
 
@@ -81,8 +86,15 @@ def lines_of(path: Path, progress: Callable[[int], object] | None = None) -> Ite
             "trace file"
         ) from None
     with file:
-        # A line ends at b"\n", which is never part of another UTF-8 character.
-        for number, data in enumerate(file, start=1):
+        # A line ends at b"\n", which is never part of another UTF-8 character. Read a bounded
+        # length at a time: a file with no line end (a link to /dev/zero) is refused, not held.
+        read_line = functools.partial(file.readline, MAX_LINE_BYTES + 1)
+        for number, data in enumerate(iter(read_line, b""), start=1):
+            if len(data) > MAX_LINE_BYTES:
+                raise ResourceConfigError(
+                    f"trace file {path}, line {number}: no line end within its first "
+                    f"{MAX_LINE_BYTES:,} bytes; a trace file's rows are short lines of text"
+                )
             if progress is not None:
                 progress(len(data))
             try:

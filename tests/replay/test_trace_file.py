@@ -416,6 +416,27 @@ def test_bytes_that_are_not_text_are_refused_at_their_line(tmp_path):
         read(path)
 
 
+def test_a_file_with_no_line_end_is_refused_reading_a_bounded_part(tmp_path):
+    """A link to /dev/zero has no line end, ever: refused at line 1 after a bounded read, as is a
+    line longer than any row, without holding the file."""
+    from mstar_resources.replay.trace_rows import MAX_LINE_BYTES
+
+    zero = tmp_path / "zero.csv"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(ResourceConfigError, match=r"zero\.csv, line 1: no line end within"):
+        read(zero)
+    long = tmp_path / "long.csv"
+    long.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "9" * (3 * MAX_LINE_BYTES))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ResourceConfigError, match=r"long\.csv, line 2: no line end within"):
+            read(long)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * MAX_LINE_BYTES
+
+
 def test_a_limit_past_the_last_row_reads_to_the_end(tmp_path):
     trace = read(write(tmp_path, "t.csv", AZURE_HEAD), offset=10, limit=11)
     assert (trace.offset, trace.rows_read, trace.rows_in_file) == (10, 10, 20)
