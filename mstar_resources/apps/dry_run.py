@@ -131,11 +131,11 @@ def _table(
             ",".join(record.labels),
             ",".join(map(str, record.cg_slots)) or "eager",
             f"{record.floor_mb:,}",
-            "calibrated" if record.path in calibrated else record.floor_source,
+            record.floor_source,
             str(record.workspaces),
             _mb(record.reserved_bytes),
             f"{record.int_floor_mb:,}",
-            "calibrated" if _int_calibrated(calibrated, record.path) else record.int_floor_source,
+            record.int_floor_source,
             _mb(record.int_reserved_bytes),
             _mb(record.int_reserved_bytes),
         )
@@ -150,7 +150,7 @@ def _table(
     lines = [format_table(table, right={4, 6, 7, 8, 10, 11})]
     for path, c in calibrated.items():
         lines.append(
-            f"{path}: calibrated, need {c.need_bytes:,} bytes + {c.margin:.0%} "
+            f"{path}: declared by calibration, need {c.need_bytes:,} bytes + {c.margin:.0%} "
             f"(resources.{path}.declared_mb)"
             + (
                 ""
@@ -165,11 +165,6 @@ def _table(
             f"{total:,}, int {int_total:,})"
         )
     return "\n".join(lines)
-
-
-def _int_calibrated(calibrated: dict[str, CalibratedFloor], path: str) -> bool:
-    floor = calibrated.get(path)
-    return floor is not None and floor.int_need_bytes is not None
 
 
 def _mb(nbytes: int) -> str:
