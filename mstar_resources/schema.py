@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from omegaconf import MISSING
 
-from ._internal.floor import INT, MAX_MB, mb_problem
+from ._internal.floor import INT, MAX_MB, mb_problem, shown_number
 from ._internal.limits import expects, name_problem
 from .errors import Problem, ResourceConfigError
 
@@ -139,6 +139,12 @@ def _slot_problems(slots: list[int]) -> list[str]:
         problems.append(
             f"cg_slots={slots!r} has negative slots {negative}; slots are numbered from 0 "
             "(cg_slots=[] means eager only)"
+        )
+    if large := list(dict.fromkeys(slot for slot in slots if slot >= MAX_ITEMS)):
+        problems.append(
+            f"cg_slots has slots [{', '.join(map(shown_number, large))}] past the largest, "
+            f"{MAX_ITEMS - 1}; a slot "
+            f"numbers one of at most {MAX_ITEMS} graph contexts, from 0"
         )
     if repeated := _repeated(slots):
         problems.append(f"cg_slots={slots!r} repeats {repeated}; list each slot once")

@@ -117,6 +117,14 @@ BAD_INPUT = [
     pytest.param([f"{D}={'9' * 320}"], {},
                  rf"{D}=<a number of 320 digits> MB is more than 1,048,576",
                  id="declared-320-digits"),
+    pytest.param(["resources.attn.decode.cg_slots=[0,99999999999999999999]"], {},
+                 r"resources\.attn\.decode\.cg_slots has slots \[99,999,999,999,999,999,999\] "
+                 r"past the largest, 255", id="slot-past-the-largest"),
+    pytest.param(["+foo=1"], {}, r"\+foo=1 adds a key 'foo' at the top of the config, which "
+                 r"nothing reads", id="added-at-the-top"),
+    pytest.param(["++foo=1"], {}, r"\+\+foo=1 adds a key 'foo' at the top", id="forced-at-the-top"),
+    pytest.param(["~resources.attn"], {}, r"resources declares no resource, so there is nothing "
+                 r"to reserve", id="no-resource-left"),
     pytest.param(["deployment=null"], {}, r"deployment=null is not a deployment; pick one of "
                  r"deepseek-v3-tp8-h200, .*llama3-8b-h200_calibrated, none", id="deployment-null"),
     pytest.param(["deployment=5"], {}, r"deployment=5 is not a deployment; pick one of ",

@@ -74,7 +74,7 @@ def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> Problem |
     expects = f"a whole number of MB from 1 to {MAX_MB:,}"
     if is_int(value) and value > MAX_MB:
         return Problem(
-            f"{setting}={_shown(value)} MB is more than {MAX_MB:,} (1 TiB, more than any GPU "
+            f"{setting}={shown_number(value)} MB is more than {MAX_MB:,} (1 TiB, more than any GPU "
             f"holds); declare the workspace's floor in MB, e.g. {setting}=256",
             setting=setting,
             value=value,
@@ -141,7 +141,7 @@ def resolve_floor(
     return Floor(value, "env", var)
 
 
-def _shown(value: int) -> str:
+def shown_number(value: int) -> str:
     """``value`` with thousands separators, or its length where it is too long to read (or for
     Python to print: ints of more than 4,300 digits refuse ``str``)."""
     if value.bit_length() <= 200:  # up to 60 digits

@@ -61,6 +61,11 @@ def main(cfg: DictConfig) -> None:
             "device=cuda (or cuda:N) to allocate"
         )
     records = resolve(cfg.resources)
+    if not records:
+        raise ResourceConfigError(
+            "resources declares no resource, so there is nothing to reserve; put back the "
+            "shipped tree's (leave out ~resources...), or declare one under resources"
+        )
     calibrated = _check_calibration_inputs(cfg, records)
     int_reserved = sum(record.int_reserved_bytes for record in records)
     report: dict[str, Any] = {

@@ -317,7 +317,7 @@ class _App:
         # Before composing, which would merge `deployment=[a,b]` without a word and compose
         # `deployment=../resources/default` forever.
         overrides = _parsed(line.overrides) if line is not None else []
-        refused = _group_value_problem(overrides, listed)
+        refused = _group_value_problem(overrides, listed) or _added_at_the_top(overrides, listed)
         if refused is not None:
             fail(prog, f"{refused}; `{invoked} --help` lists the settings")
         reported = functools.partial(
@@ -584,6 +584,21 @@ def _refused(prog: str, invoked: str, args: list[str], *, compose_once: bool) ->
                 f"{override.input_line} is not supported: {prog} runs without Hydra's job "
                 "set-up (no log files, no output folders), so Hydra's own config groups stay "
                 f"as its config sets them; leave {key} out"
+            )
+    return None
+
+
+def _added_at_the_top(overrides: list[Override], listed: Callable[[str], list[str]]) -> str | None:
+    """An override that adds a key at the top of the config (``+foo=1``), which no app reads: its
+    settings and the tree's keys are all there already (a resource is added under ``resources``,
+    ``+resources.attn.verify.labels=[verify]``). Config groups are Hydra's to refuse."""
+    for override in overrides:
+        key = override.key_or_group
+        added = override.is_add() or override.is_force_add()
+        if added and "." not in key and not listed(key):
+            return (
+                f"{override.input_line} adds a key {key!r} at the top of the config, which "
+                "nothing reads; set one of the settings, or add a resource under resources"
             )
     return None
 
