@@ -120,6 +120,8 @@ BAD_INPUT = [
     pytest.param(["resources.attn.decode.cg_slots=[0,99999999999999999999]"], {},
                  r"resources\.attn\.decode\.cg_slots has slots \[99,999,999,999,999,999,999\] "
                  r"past the largest, 255", id="slot-past-the-largest"),
+    pytest.param([f"{D}=٣"], {}, r"the value holds '٣', a digit of another script: write "
+                 r"numbers in ASCII digits \(0-9\)", id="declared-arabic-digit"),
     pytest.param(["+foo=1"], {}, r"\+foo=1 adds a key 'foo' at the top of the config, which "
                  r"nothing reads", id="added-at-the-top"),
     pytest.param(["++foo=1"], {}, r"\+\+foo=1 adds a key 'foo' at the top", id="forced-at-the-top"),
@@ -159,7 +161,7 @@ BAD_INPUT = [
                  r"MSTAR_WORKSPACE_BUFFER_MB=256\)",
                  id="bad-variable"),
     pytest.param([], {VAR: str(10**20)},
-                 rf"MSTAR_WORKSPACE_BUFFER_MB='{10**20}' is not a positive whole number of MB",
+                 rf"MSTAR_WORKSPACE_BUFFER_MB={10**20:,} MB is more than 1,048,576",
                  id="variable-beyond-any-gpu"),
     pytest.param(["resources.attn.decode.int_declared_mb=0"], {},
                  r"resources\.attn\.decode\.int_declared_mb=0 is not a positive whole number of "

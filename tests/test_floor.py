@@ -38,7 +38,7 @@ def test_workspace_bytes_reads_the_process_environment(monkeypatch):
     assert workspace_bytes() == 512 * MIB
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5", "512MB", "1e3", "٣"])
+@pytest.mark.parametrize("value", ["abc", "-5", "1.5", "512MB", "1e3", "٣", "１２", "1__0", "_1"])
 def test_bad_variable_names_it_and_quotes_the_value(monkeypatch, value):
     monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", value)
     with pytest.raises(
@@ -77,3 +77,23 @@ def test_a_floor_too_large_is_named_as_such_and_shown_readably(value, shown):
         f"declared_mb={shown} MB is more than 1,048,576 (1 TiB, more than any GPU holds); "
         "declare the workspace's floor in MB, e.g. declared_mb=256"
     )
+
+
+@pytest.mark.parametrize(("value", "mb"), [("+8", 8), ("1_000", 1000), ("012", 12), (" 64 ", 64)])
+def test_the_variable_takes_numbers_as_the_command_line_does(monkeypatch, value, mb):
+    """The command line's rule (Hydra's integers): a +, _ between digits, leading zeros."""
+    monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", value)
+    assert workspace_bytes() == mb * MIB
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("0", "=0 MB is not positive"), ("1048577", "=1,048,577 MB is more than 1,048,576"),
+     ("9" * 5000, "=<a number of 5,000 digits> MB is more than 1,048,576")],
+)  # fmt: skip
+def test_a_variable_out_of_range_says_so_and_shows_the_number_readably(monkeypatch, value, said):
+    monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", value)
+    with pytest.raises(ResourceConfigError) as raised:
+        workspace_bytes()
+    assert f"MSTAR_WORKSPACE_BUFFER_MB{said}" in str(raised.value)
+    assert len(str(raised.value)) < 400

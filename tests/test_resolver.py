@@ -195,7 +195,7 @@ BAD_TREES = [
         [r"^3 problems in the resources config:\n",
          r"\n  - resources\.d\.declared_mb=0 is not",
          r"\n  - resources\.e\.labels=\[\] is empty",
-         r"\n  - MSTAR_WORKSPACE_BUFFER_MB='0' is not a positive whole number of MB; set it"],
+         r"\n  - MSTAR_WORKSPACE_BUFFER_MB=0 MB is not positive; set it"],
         id="all-problems-at-once",
     ),
 ]  # fmt: skip

@@ -9,6 +9,7 @@ Each :class:`Buffer` says which variable and default are its own.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -34,6 +35,10 @@ MAX_MB = 1 << 20
 typo (and would overflow the float that a report divides it by)."""
 
 FloorSource = Literal["declared", "env", "default"]
+
+WHOLE_NUMBER = re.compile(r"\+?[0-9]+(?:_[0-9]+)*")
+"""A floor given as text, by the command line's rule (Hydra's grammar for an integer): ASCII
+digits, an optional ``+``, ``_`` between digits (``+8``, ``1_000``, ``012``)."""
 
 
 @dataclass(frozen=True)
@@ -124,17 +129,37 @@ def resolve_floor(
     if raw.strip() == "":
         return Floor(buffer.default_mb, "default", var)
     text = raw.strip()
-    # Digits only, and few enough that int() stays cheap: a longer number is out of range anyway.
-    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
-    if value is None or not 0 < value <= MAX_MB:
+    expects = f"a whole number of MB from 1 to {MAX_MB:,}"
+    if not WHOLE_NUMBER.fullmatch(text):
+        shown = repr(raw) if len(raw) <= 40 else f"{raw[:40]!r}... ({len(raw):,} characters)"
         raise ResourceConfigError(
             Problem(
-                f"{var}={raw!r} is not a positive whole number of MB; set it to one, at most "
+                f"{var}={shown} is not a positive whole number of MB; set it to one, at most "
                 f"{MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {var}=256), or unset it for "
                 f"the default of {buffer.default_mb}",
                 setting=var,
                 value=raw,
-                expects=f"a whole number of MB from 1 to {MAX_MB:,}",
+                expects=expects,
+                fix=f"unset {var} for the default of {buffer.default_mb}",
+            )
+        )
+    digits = text.lstrip("+").replace("_", "").lstrip("0") or "0"
+    value = int(digits) if len(digits) <= 60 else None  # longer is out of range anyway
+    if value is None or not 0 < value <= MAX_MB:
+        size = shown_number(value) if value is not None else f"<a number of {len(digits):,} digits>"
+        raise ResourceConfigError(
+            Problem(
+                f"{var}={size} MB is "
+                + (
+                    "not positive"
+                    if value == 0
+                    else f"more than {MAX_MB:,} (1 TiB, more than any GPU holds)"
+                )
+                + f"; set it to a whole number of MB from 1 to {MAX_MB:,} (e.g. {var}=256), or "
+                f"unset it for the default of {buffer.default_mb}",
+                setting=var,
+                value=raw,
+                expects=expects,
                 fix=f"unset {var} for the default of {buffer.default_mb}",
             )
         )

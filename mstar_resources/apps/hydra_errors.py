@@ -89,6 +89,11 @@ def _quoting_hint(override: str) -> str:
     odd = [c for c in value if not c.isascii() or c in "= '\"\\"]
     if not odd:
         return ""
+    if odd[0].isdigit():  # quoted, it would pass as the number int() reads in it
+        return (
+            f"; the value holds {odd[0]!r}, a digit of another script: write numbers in ASCII "
+            "digits (0-9)"
+        )
     if value.startswith("[") and value.endswith("]"):
         items = ",".join(f"'{item.strip()}'" for item in value[1:-1].split(","))
         quoted = f"{key}=[{items}]"
