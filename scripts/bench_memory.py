@@ -148,13 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         print("no calibrated deployments: run mstar-resources-calibrate on a GPU", file=sys.stderr)
         return 1
     results = {d: measure(d) for d in deployments}
+    name = max(32, *(len(d) for d in results))  # the longest name sets the first column
     head = (
-        f"{'deployment':<32} {'workspaces':>10} {'need MiB':>9} {'reserved MiB':>12} {'/need':>6}"
+        f"{'deployment':<{name}} {'workspaces':>10} {'need MiB':>9} {'reserved MiB':>12} "
+        f"{'/need':>6}"
     )
     int_head = f" {'int need KiB':>12} {'int reserved MiB':>16} {'engines int MiB':>15}"
     print(head + "".join(f" {e + ' MiB':>16}" for e in ENGINES) + int_head)
     for d, r in results.items():
-        line = f"{d:<32} {r.workspaces:>10} {r.need:>9.2f} {r.reserved:>12.0f} {_per_need(r):>6}"
+        line = (
+            f"{d:<{name}} {r.workspaces:>10} {r.need:>9.2f} {r.reserved:>12.0f} {_per_need(r):>6}"
+        )
         int_need = "-" if r.int_need_kib is None else f"{r.int_need_kib:,.1f}"
         ints = f" {int_need:>12} {r.int_reserved:>16.0f} {r.engines_int:>15,}"
         print(line + "".join(f" {_mb(r.engines[e]):>16}" for e in ENGINES) + ints)

@@ -348,3 +348,15 @@ def test_argument_rule(rules: ModuleType, rule: str, text: str, value: float | N
             convert(text)
     else:
         assert convert(text) == value
+
+
+def test_bench_memory_s_columns_line_up_whatever_the_names(tmp_path: Path) -> None:
+    """The longest deployment name (qwen3.5-122b-a10b-h200_calibrated, 33 characters) sets the
+    first column, so every row's figures sit under their headings."""
+    done = run("bench_memory.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    head, *rows = done.stdout.splitlines()
+    end = head.index("workspaces") + len("workspaces")
+    assert any(row.startswith("qwen3.5-122b-a10b-h200_calibrated ") for row in rows)
+    for row in rows:
+        assert row[end - 1] != " " and row[end] == " ", row
