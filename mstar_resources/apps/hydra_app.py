@@ -93,6 +93,7 @@ SHIPPED_CONF = "pkg://mstar_resources.conf"
 MULTIRUN_FLAGS = frozenset({"-m", "--multirun"})
 VERSION_FLAG = "--version"
 OPTIONS_RESOLVER = "mstar_resources.options"
+SHOWN_RESOLVER = "mstar_resources.shown"
 INTERRUPTED = 130
 """The exit status of a run ended by Ctrl-C: 128 + SIGINT, as a shell reports it."""
 COMPOSE_ERRORS = (
@@ -681,7 +682,9 @@ def _group_options(group: str, config_name: str | None) -> list[str]:
 def register_options_resolver(config_name: str) -> None:
     """Register ``${mstar_resources.options:GROUP[,KEY]}`` for the help template of the app whose
     primary config is ``config_name``: a config group's options (the engine's own and the
-    library's), or those whose composed config sets ``KEY``. :func:`hydra_app` does it while its
+    library's), or those whose composed config sets ``KEY``; and
+    ``${mstar_resources.shown:VALUE}``, a value as the command line writes it
+    (:func:`shown_on_the_command_line`). :func:`hydra_app` does it while its
     app runs; an engine on plain ``@hydra.main`` calls it once before its ``main()`` (README,
     "Plain @hydra.main")."""
 
@@ -692,6 +695,17 @@ def register_options_resolver(config_name: str) -> None:
         return ", ".join(names)
 
     OmegaConf.register_new_resolver(OPTIONS_RESOLVER, options, replace=True)
+    OmegaConf.register_new_resolver(SHOWN_RESOLVER, shown_on_the_command_line, replace=True)
+
+
+def shown_on_the_command_line(value: object) -> str:
+    """``value`` as one gives it on the command line: ``null``, ``true``, ``false``, an enum's
+    name; the rest as ``str`` writes it (``${mstar_resources.shown:${key}}`` in a help template)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(getattr(value, "name", value))
 
 
 @contextlib.contextmanager
@@ -702,6 +716,7 @@ def _options_resolver(config_name: str) -> Iterator[None]:
         yield
     finally:
         OmegaConf.clear_resolver(OPTIONS_RESOLVER)
+        OmegaConf.clear_resolver(SHOWN_RESOLVER)
 
 
 def _composes_with(config_name: str, group: str, option: str, key: str) -> bool:

@@ -156,6 +156,10 @@ def test_help_is_the_app_s_own(tmp_path):
     assert (done.returncode, done.stderr) == (0, "")
     for needed in ("torchrun --nproc-per-node", "llama3-8b-h200_calibrated"):
         assert needed in done.stdout
+    # Each setting's value as the command line writes it: null and true, not Python's None, True.
+    assert "trace=PATH|null          a trace file to replay (now: null;" in done.stdout
+    assert "(now: true)" in done.stdout and "(now: false)" in done.stdout
+    assert not re.search(r"now: (None|True|False)\b", done.stdout)
 
 
 def test_the_report_dir_is_checked_before_anything_runs_and_made_only_to_write(tmp_path):
