@@ -35,12 +35,12 @@ def check_png(parser: argparse.ArgumentParser, png: Path | None) -> None:
     if png is None:
         return
     problem = None
-    if png.suffix.lower() != ".png":
-        problem = f"the figure is a PNG: give a path ending in .png, not {png.suffix or png.name!r}"
-    elif not png.parent.is_dir():
+    if not png.parent.is_dir():
         problem = f"the folder {png.parent} does not exist (no folder is created)"
     elif png.is_dir():
         problem = "that is a folder, not a file"
+    elif png.suffix.lower() != ".png":
+        problem = f"the figure is a PNG: give a path ending in .png, not {png.suffix or png.name!r}"
     elif png.exists() and not png.is_file():
         problem = "that is not a regular file (a device, a pipe)"
     elif not os.access(png.parent, os.W_OK | os.X_OK):

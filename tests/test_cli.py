@@ -292,18 +292,3 @@ def test_a_reader_that_goes_away_ends_it_quietly(tmp_path):
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()  # as `mstar-resources | head -c 0` would
     assert (process.wait(timeout=120), process.stderr.read()) == (0, b"")  # all it wanted
-
-
-def test_a_calibrated_deployment_s_sources_are_the_same_in_the_table_and_the_json(tmp_path):
-    """A calibrated floor is declared (calibration wrote declared_mb): the table's source column
-    and the JSON's floor_source agree, and the line under the table says calibration declared it."""
-    deployment = "deployment=llama3-8b-h200_calibrated"
-    table = run_app(deployment, cwd=tmp_path)
-    report = json.loads(run_app(deployment, "format=json", cwd=tmp_path).stdout)
-    assert table.returncode == 0, table.stderr
-    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[2:4]}
-    for resource in report["resources"]:
-        row = rows[resource["path"]]
-        assert (row[5], row[9]) == (resource["floor_source"], resource["int_floor_source"])
-        assert resource["floor_source"] == "declared"
-    assert "attn.decode: declared by calibration, need " in table.stdout

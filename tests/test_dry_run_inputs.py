@@ -18,15 +18,20 @@ from .conftest import compose_shipped
 CAL = "deployment=llama3-8b-h200_calibrated"
 
 
-def test_a_calibrated_floor_shows_as_calibrated_with_its_need_and_margin(tmp_path):
+def test_a_calibrated_floor_is_declared_with_its_need_and_margin_under_the_table(tmp_path):
+    """Calibration wrote declared_mb: the table's source is the JSON's (declared), and the line
+    under the table says calibration declared it, with its need and margin."""
     done = run_app(CAL, cwd=tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
-    assert lines[2].split()[5] == lines[3].split()[5] == "calibrated"
-    assert lines[2].split()[9] == lines[3].split()[9] == "calibrated"  # the int floors too
+    report = json.loads(run_app(CAL, "format=json", cwd=tmp_path).stdout)
+    sources = [(r["floor_source"], r["int_floor_source"]) for r in report["resources"]]
+    assert [(line.split()[5], line.split()[9]) for line in lines[2:4]] == sources
+    assert sources == [("declared", "declared")] * 2
     assert (
-        "attn.decode: calibrated, need 2,179,584 bytes + 0% (resources.attn.decode.declared_mb); "
-        "int need 4,384 bytes (resources.attn.decode.int_declared_mb)" in lines
+        "attn.decode: declared by calibration, need 2,179,584 bytes + 0% "
+        "(resources.attn.decode.declared_mb); int need 4,384 bytes "
+        "(resources.attn.decode.int_declared_mb)" in lines
     )
 
 
