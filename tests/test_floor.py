@@ -38,7 +38,9 @@ def test_workspace_bytes_reads_the_process_environment(monkeypatch):
     assert workspace_bytes() == 512 * MIB
 
 
-@pytest.mark.parametrize("value", ["abc", "-5", "1.5", "512MB", "1e3", "٣", "\uff11\uff12", "1__0", "_1"])
+@pytest.mark.parametrize(
+    "value", ["abc", "-5", "1.5", "512MB", "1e3", "٣", "\uff11\uff12", "1__0", "_1"]
+)
 def test_bad_variable_names_it_and_quotes_the_value(monkeypatch, value):
     monkeypatch.setenv("MSTAR_WORKSPACE_BUFFER_MB", value)
     with pytest.raises(
