@@ -43,7 +43,7 @@ from ..files import folder_problem
 from ..resolver import ResolvedResource, build_pools, resolve
 from ..units import MIB
 from .roles import Roles, is_mla, roles_of
-from .settings import ReplaySettings
+from .settings import MAX_REQUESTS, MAX_SYNTHETIC_REQUESTS, ReplaySettings
 from .workload import Workload, load_workload
 
 if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
@@ -68,6 +68,12 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
         problems.append(
             f"trace_offset={cfg.trace_offset} skips rows of a trace file, and trace=null replays "
             "the synthetic trace; set trace=PATH, or trace_offset=0"
+        )
+    if cfg.trace is None and MAX_SYNTHETIC_REQUESTS < cfg.requests <= MAX_REQUESTS:
+        problems.append(
+            f"requests={cfg.requests:,} synthetic requests is more than {MAX_SYNTHETIC_REQUESTS:,}"
+            " (five times the largest public trace); a trace file's requests are bounded by its "
+            "rows only: set trace=PATH to replay one"
         )
     if cfg.trace is not None and not str(cfg.trace).strip():
         problems.append(
@@ -126,15 +132,24 @@ def load(cfg: DictConfig, profile: CalibrationProfile, rank: int = 0) -> Workloa
     )
 
 
-def dry_run(workload: Workload, profile: CalibrationProfile) -> str:
+PROGRESS_DELAY_S = 2.0
+"""A dry run shows its progress bar once it has run this long (``progress=true``)."""
+
+
+def dry_run(workload: Workload, profile: CalibrationProfile, progress: bool = False) -> str:
     """What serving ``workload`` asks of an engine with ``profile``'s limits, scheduled on this
     machine with a KV cache no request waits for. The requests stream through the scheduler, so
-    memory holds the requests in flight, whatever the trace's length."""
+    memory holds the requests in flight, whatever the trace's length; with ``progress``, a run
+    that lasts more than :data:`PROGRESS_DELAY_S` shows the steps scheduled on stderr."""
+    from tqdm import tqdm
+
     from . import report as reporting
     from .scheduler import schedule
 
     page = profile.model.page_size
     steps = busiest = tokens = pages = 0
+    bar = tqdm(unit=" steps", desc="dry run", disable=not progress, delay=PROGRESS_DELAY_S,
+               leave=False, unit_scale=True)  # fmt: skip
     for step in schedule(
         workload.requests(),
         max_num_seqs=profile.limits.max_num_seqs,
@@ -144,10 +159,12 @@ def dry_run(workload: Workload, profile: CalibrationProfile) -> str:
         page_size=page,
     ):
         steps += 1
+        bar.update()
         busiest = max(busiest, len(step.prefill) + len(step.decode))
         tokens = max(tokens, step.num_tokens)
         for chunk in (*step.prefill, *step.decode):  # a request's pages ascend
             pages = max(pages, chunk.page_table[chunk.num_pages - 1] + 1)
+    bar.close()
     return "\n".join(
         [
             reporting.trace_line(reporting.trace_summary(workload, steps)),
@@ -267,7 +284,7 @@ def main(cfg: DictConfig) -> None:
     ranks, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     profile, records, roles = check(cfg, ranks)
     if cfg.dry_run:
-        print(dry_run(load(cfg, profile), profile))
+        print(dry_run(load(cfg, profile), profile, progress=cfg.progress))
         return
     device_setting = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if ranks > 1 else cfg.device
     device = cuda_device(device_setting, "the replay runs on a GPU")

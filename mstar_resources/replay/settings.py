@@ -8,8 +8,12 @@ from dataclasses import dataclass, field
 from .._internal.limits import bounded
 from ..apps.settings import ComposedTree
 
-MAX_REQUESTS = 100_000
-"""The most requests a replay serves (see ``ReplaySettings.requests``)."""
+MAX_SYNTHETIC_REQUESTS = 100_000
+"""The most requests of the synthetic trace (see ``ReplaySettings.requests``); a trace file's are
+bounded by its rows."""
+
+MAX_REQUESTS = 10**9
+"""The most requests the setting takes: more rows than any trace file holds."""
 
 __all__ = ["ReplaySettings"]
 
@@ -31,12 +35,12 @@ class ReplaySettings(ComposedTree):
     """Rows of the trace file skipped before the ``requests`` rows replayed (counted from 0,
     after the header)."""
     requests: int = field(default=64, metadata=bounded("a whole number", ge=1, le=MAX_REQUESTS))
-    """Requests in the synthetic trace; with a trace file, the rows read from ``trace_offset``
-    on (those whose prompt does not fit ``max_model_len`` are refused, not served), or every
-    row from there where the file holds fewer, which the report says. At most 100,000, five
-    times the largest public trace (Azure's conversation trace: 19,366 rows): its dry run takes
-    about a minute on a CPU (streamed, in 240 MB), and 400 requests take about a minute and a
-    half of one H200 for both setups, so 100,000 take hours."""
+    """Requests in the synthetic trace (at most 100,000, five times the largest public trace of
+    2023, Azure's conversation trace of 19,366 rows); with a trace file, the rows read from
+    ``trace_offset`` on (those whose prompt does not fit ``max_model_len`` are refused, not
+    served), or every row from there where the file holds fewer, which the report says: a file's
+    requests are bounded by its rows alone (BurstGPT's 5 million, say), since the file is
+    streamed. 400 requests take about a minute and a half of one H200 for both setups."""
     step_ms: float = field(default=10.0, metadata=bounded("a number of milliseconds", gt=0))
     """Milliseconds one engine step stands for: a trace file's arrival times become arrival
     steps by it (the synthetic trace draws its arrivals in steps and ignores it). The replay's

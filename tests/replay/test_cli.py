@@ -52,8 +52,8 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      r"layers=0 must be at least 1 \(a whole number of layers\)", id="layers"),
         pytest.param([DEPLOYMENT, "memory_utilization=1.5", "requests=0"], {},
                      r"2 problems in the replay's settings: - requests=0 must be at least 1 and at "
-                     r"most 100000 \(a whole number\) - memory_utilization=1\.5 must be between 0 "
-                     r"and 1",
+                     r"most 1000000000 \(a whole number\) - memory_utilization=1\.5 must be "
+                     r"between 0 and 1",
                      id="every-problem"),
         pytest.param([DEPLOYMENT, "layers=two"], {},
                      r"layers='two' is not valid; layers takes a whole number of layers",
@@ -80,8 +80,12 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      r"3 ranks can't split calibration\.model\.num_qo_heads=16 evenly; run on a "
                      r"number of ranks that divides it", id="ranks-mla"),
         pytest.param([DEPLOYMENT, "requests=99999999999999999999", "dry_run=true"], {},
-                     r"requests=99999999999999999999 must be at least 1 and at most 100000",
+                     r"requests=99999999999999999999 must be at least 1 and at most 1000000000",
                      id="requests-beyond-the-bound"),
+        pytest.param([DEPLOYMENT, "requests=100001", "dry_run=true"], {},
+                     r"requests=100,001 synthetic requests is more than 100,000 \(five times the "
+                     r"largest public trace\); a trace file's requests are bounded by its rows",
+                     id="synthetic-requests-beyond-the-bound"),
         pytest.param([DEPLOYMENT, "step_ms=0"], {},
                      r"step_ms=0\.0 must be above 0 \(a number of milliseconds\)", id="step-ms"),
         pytest.param([DEPLOYMENT, "trace={traces}/good.csv", "trace_offset=-1", "dry_run=true"], {},
@@ -431,3 +435,11 @@ def test_the_streamed_schedule_holds_only_the_requests_in_flight_and_repeats_its
     assert [(len(s.prefill), len(s.decode)) for s in again] == [
         (len(s.prefill), len(s.decode)) for s in streamed()[0]
     ]
+
+
+def test_a_trace_file_s_requests_are_bounded_by_its_rows_only(tmp_path, traces):
+    """requests past the synthetic trace's bound read a file to its end: its rows bound it."""
+    done = run_app(DEPLOYMENT, f"trace={traces / 'good.csv'}", "requests=5000000",
+                   "dry_run=true", cwd=tmp_path, python=[sys.executable, SCRIPT])  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert "good.csv rows 0..2 of 3, to its end (requests=5,000,000 asked for more)" in done.stdout
