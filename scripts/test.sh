@@ -27,13 +27,16 @@ mypy_report=.venv/mypy-report.txt
 .venv/bin/mypy > "$mypy_report" 2>&1 &
 mypy_pid=$!
 trap 'kill "$mypy_pid" 2> /dev/null || true' EXIT  # a step that fails ends mypy too
-# FlashInfer's wheel alone, without its dependencies: tests/attn/test_overflow.py checks the
+# FlashInfer's wheel, downloaded, not installed: tests/attn/test_overflow.py checks the
 # overflow-text fixture (mstar_resources/attn/flashinfer_overflow.json) against the C++ headers
-# the wheel ships, which it finds without importing FlashInfer, so it needs no CUDA and no GPU;
-# without the wheel that check would skip. `import flashinfer` may fail here for want of its dependencies:
-# the tests that need it (marked gpu or flashinfer) skip cleanly. Pinned to the version the
-# fixture was taken from (a pure-Python wheel of about 100 MB).
-"${pip_install[@]}" --no-deps flashinfer-python==0.7.4
+# the wheel ships, read from it (tests/flashinfer_sources.py), so it needs no CUDA and no GPU.
+# Installed without its dependencies (cuda-python, cutlass and more), `import flashinfer` would
+# fail; not installed, it is plainly absent, and the tests that import it skip. Pinned to the
+# version the fixture was taken from (a pure-Python wheel of about 100 MB), kept between runs.
+wheels=.venv/wheels
+if ! compgen -G "$wheels/flashinfer_python-0.7.4-*.whl" > /dev/null; then
+  "$py" -m pip download -q --disable-pip-version-check --no-deps -d "$wheels" flashinfer-python==0.7.4
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # One worker a core (pytest-xdist); `bash scripts/test.sh -n 0` runs in this process alone.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
 import json
 import re
 import sysconfig
@@ -24,6 +23,8 @@ import torch
 
 from mstar_resources.testing import flashinfer_overflow
 
+from ..flashinfer_sources import flashinfer_package
+
 FIXTURE = Path(__file__).parents[2] / "mstar_resources" / "attn" / "flashinfer_overflow.json"
 """Shipped in the package: ``mstar_resources.testing`` renders FlashInfer's overflow from it."""
 
@@ -33,15 +34,12 @@ HEADERS = Path("data/include/flashinfer")
 
 
 def installed_flashinfer_file(expression: dict[str, Any]) -> Path | None:
-    """The file of the installed FlashInfer a fixture expression comes from (a header, or a
-    Python ``source``), or None where FlashInfer is not installed.
-
-    Found without importing FlashInfer, which needs CUDA.
-    """
-    spec = importlib.util.find_spec("flashinfer")
-    if spec is None or not spec.submodule_search_locations:
+    """The file of FlashInfer a fixture expression comes from (a header, or a Python
+    ``source``): the installed package's, else the downloaded wheel's
+    (:mod:`tests.flashinfer_sources`); None where there is neither."""
+    package = flashinfer_package()
+    if package is None:
         return None
-    package = Path(next(iter(spec.submodule_search_locations)))
     if "source" in expression:
         return package / expression["source"]
     return package / HEADERS / expression["header"]

@@ -3,14 +3,13 @@ fixture holds them, and the fixture checked against the installed FlashInfer whe
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 
 import pytest
 
 from mstar_resources.attn._overflow import MLA_PARTIALS, Overflow, parse_float_overflow
 
+from ..flashinfer_sources import flashinfer_package, flashinfer_version
 from .fake_allocator import (
     FIXTURE,
     StreamText,
@@ -23,8 +22,8 @@ from .fake_allocator import (
     overflow_text,
 )
 
-# find_spec, not import: FlashInfer's import needs CUDA, and its headers are all this needs.
-NO_FLASHINFER = importlib.util.find_spec("flashinfer") is None
+# Not imported: FlashInfer's import needs CUDA, and its headers are all this needs.
+NO_FLASHINFER = flashinfer_package() is None
 
 
 def test_fixture_has_the_fields_the_library_reads():
@@ -41,12 +40,6 @@ def test_fixture_renders_the_text_seen_on_an_h200():
     )
 
 
-def _installed_version() -> str:
-    for distribution in importlib.metadata.packages_distributions().get("flashinfer", []):
-        return f"{distribution} {importlib.metadata.version(distribution)}"
-    return "FlashInfer of an unknown version"
-
-
 def _what_the_error_says(text: StreamText) -> dict[str, object]:
     """What of an expression reaches the error's text: its parts, and the line its throw reports.
     Not where the expression begins, which appears in no error and moves whenever a macro is added
@@ -57,7 +50,8 @@ def _what_the_error_says(text: StreamText) -> dict[str, object]:
 @pytest.mark.flashinfer
 @pytest.mark.skipif(
     NO_FLASHINFER,
-    reason=f"needs FlashInfer installed, to check {FIXTURE.name} against its headers",
+    reason=f"needs FlashInfer installed or its wheel in .venv/wheels, to check {FIXTURE.name} "
+    "against its headers",
 )
 def test_fixture_matches_the_installed_flashinfers_headers():
     expressions = fixture()["expressions"]
@@ -69,7 +63,7 @@ def test_fixture_matches_the_installed_flashinfers_headers():
     says = {key: _what_the_error_says(text) for key, text in installed.items()}
     held = {key: _what_the_error_says(StreamText.from_record(e)) for key, e in expressions.items()}
     assert says == held, (
-        f"{_installed_version()}'s headers build another text than {FIXTURE.name} holds (from "
+        f"{flashinfer_version()}'s headers build another text than {FIXTURE.name} holds (from "
         f"FlashInfer {fixture()['flashinfer']}); theirs, for the fixture:\n"
         + json.dumps({key: text.record() for key, text in installed.items()}, indent=2)
     )

@@ -3,8 +3,6 @@ checked before any GPU work, naming the setting, the version it needs and the on
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from mstar_resources import ResourceConfigError
@@ -16,6 +14,7 @@ from mstar_resources.calibration.versions import (
     version_problems,
 )
 
+from ..flashinfer_sources import flashinfer_package
 from ..test_profile import GOOD, dense
 
 TENSOR_CORES = dense()
@@ -127,8 +126,11 @@ def test_the_group_sizes_are_read_from_the_dispatch_macro_alone(tmp_path):
 
 @pytest.mark.flashinfer
 @pytest.mark.skipif(
-    importlib.util.find_spec("flashinfer") is None, reason="needs FlashInfer's headers installed"
+    flashinfer_package() is None,
+    reason="needs FlashInfer's headers: installed, or its wheel in .venv/wheels",
 )
-def test_the_installed_flashinfers_headers_give_its_group_sizes():
-    groups = plain_decode_groups()
+def test_flashinfers_headers_give_its_group_sizes():
+    package = flashinfer_package()
+    assert package is not None
+    groups = plain_decode_groups(package / "data" / "include")
     assert groups is not None and {1, 2, 4, 8} <= groups
