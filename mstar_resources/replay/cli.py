@@ -99,6 +99,11 @@ def check(cfg: DictConfig, ranks: int) -> tuple[CalibrationProfile, list[Resolve
             "the engine's limits); pick one that has, e.g. deployment=llama3-8b-h200_calibrated"
         )
     profile = load_profile(cfg[PROFILE_KEY])
+    if profile.limits.max_model_len < 2:
+        raise ResourceConfigError(
+            f"calibration.limits.max_model_len={profile.limits.max_model_len} is too short to "
+            "replay: a request needs a prompt token and an output token; set it to 2 or more"
+        )
     records = resolve(cfg.resources)
     roles = roles_of(records, profile)
     model = profile.model

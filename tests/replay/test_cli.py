@@ -82,6 +82,9 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.param([DEPLOYMENT, "requests=99999999999999999999", "dry_run=true"], {},
                      r"requests=99999999999999999999 must be at least 1 and at most 1000000000",
                      id="requests-beyond-the-bound"),
+        pytest.param([DEPLOYMENT, "calibration.limits.max_model_len=1", "dry_run=true"], {},
+                     r"calibration\.limits\.max_model_len=1 is too short to replay",
+                     id="max-model-len-names-its-key"),
         pytest.param([DEPLOYMENT, "requests=100001", "dry_run=true"], {},
                      r"requests=100,001 synthetic requests is more than 100,000 \(five times the "
                      r"largest public trace\); a trace file's requests are bounded by its rows",
