@@ -32,6 +32,9 @@ DEPLOYMENT_GROUP = "deployment"
 """The config group whose options are global (``# @package _global_``): a deployment sets keys of
 the whole tree."""
 
+OPTION_NOUNS = {"resources": "resource tree"}
+"""What one option of a config group is called, where the group's name is not it."""
+
 NO_DEPLOYMENT = "none"
 """The shipped tree's empty deployment: listed among the options, never offered as the closest to
 a misspelt name (it is no deployment, and calibration and the replay refuse it)."""
@@ -121,8 +124,9 @@ def not_a_choice(
             f"from; leave {group} out, or add --config-dir DIR with a {group}/ folder"
         )
     offered = [o for o in options if not (group == DEPLOYMENT_GROUP and o == NO_DEPLOYMENT)]
+    noun = OPTION_NOUNS.get(group, group)
     return (
-        f"{group}={name} is not a {group}{why}{did_you_mean(name, offered) if closest else ''}; "
+        f"{group}={name} is not a {noun}{why}{did_you_mean(name, offered) if closest else ''}; "
         f"pick one of {', '.join(options)}"
     )
 
