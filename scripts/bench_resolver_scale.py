@@ -52,6 +52,9 @@ def tree(size: int) -> dict[str, object]:
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The median of ``repeats`` timed calls, after one untimed call: the first call pays for
+    what is done once a process (build_pools' first imports torch, some 1 s), not per call."""
+    fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
