@@ -71,6 +71,10 @@ class Workspace:
                 "(or None: each wrapper keeps its own)"
             )
         self._int = int_workspace
+        self._by_kind = {"float": self._buffer}
+        """The buffers a plan through this workspace may grow, by the kind of overflow."""
+        if int_workspace is not None:
+            self._by_kind["int"] = int_workspace.buffer
         # The wrappers whose attributes were checked for views of this buffer (_refuse_views).
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -119,17 +123,21 @@ class Workspace:
         growths, last = 0, None
         mirrored = self._mirrored()
         self._refuse_views(plan)
-        buffers = self._buffers()
+        float_tensor, int_buffer = self._buffer.tensor, self._by_kind.get("int")
         while True:
             # What the plan sees, whatever another thread does.
-            seen = {kind: buffer.tensor.numel() for kind, buffer in buffers.items()}
+            have, have_int = (
+                float_tensor.numel(),
+                None if int_buffer is None else int_buffer.tensor.numel(),
+            )
             if mirrored is not None:
                 mirrored.wait_for_last_copy()
             try:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+                seen = {"float": have, **({} if have_int is None else {"int": have_int})}
                 overflow = parse_overflow(error)
-                short = _short_of(buffers, overflow, seen, _wrapper_of(plan, args))
+                short = _short_of(self._by_kind, overflow, seen, _wrapper_of(plan, args))
                 if short is None or overflow is None:
                     raise
                 planned_on = seen[short.kind.kind]
@@ -159,9 +167,8 @@ class Workspace:
             else:
                 if mirrored is not None:
                     mirrored.copy_queued(_wrapper_of(plan, args))
-                float_buffer = buffers["float"]
-                if float_buffer.tensor.numel() != float_buffer.floor_bytes:  # grown, by any plan
-                    refresh_recorded_size(plan, float_buffer.tensor)
+                if float_tensor.numel() != self._buffer.floor_bytes:  # grown, by any plan
+                    refresh_recorded_size(plan, float_tensor)
                 return planned
 
     def _refuse_views(self, plan: Callable[..., Any]) -> None:
@@ -170,7 +177,7 @@ class Workspace:
         on the old memory. Each wrapper is checked once; a sealed workspace never moves, so
         views of it are safe."""
         wrapper = getattr(plan, "__self__", None)
-        if wrapper is None or self.sealed:
+        if wrapper is None or self._buffer.sealed:
             return
         try:
             if wrapper in self._checked:
@@ -191,13 +198,6 @@ class Workspace:
             held_bytes=self.tensor.numel(),
         )
 
-    def _buffers(self) -> dict[str, GrowableBuffer]:
-        """The buffers a plan through this workspace may grow, by the kind of overflow."""
-        found = {"float": self._buffer}
-        if self._int is not None:
-            found["int"] = self._int.buffer
-        return found
-
     def _mirrored(self) -> IntWorkspace | None:
         """The int workspace whose pinned mirror a plan through this one writes, to fence and
         track: none until a wrapper was given it (until then each writes a mirror of its own)."""
@@ -217,7 +217,7 @@ class Workspace:
 
     # What its pool asks of it when a group of ranks seals together (pool.py).
     def _refuse_growth(self, refused: bool = True) -> None:
-        for buffer in self._buffers().values():
+        for buffer in self._by_kind.values():
             buffer.refuse_growth(refused)
 
     def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
