@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_proof import DEPTHS, Case, _kv_count, digest, launch
+from vllm_proof import DEPTHS, Case, digest, kv_count, launch
 
 from _args import positive_int, run_main
 
@@ -83,7 +83,7 @@ def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
         )  # fmt: skip
         digests = {r.get("digest") or digest(r["tokens"]) for runs in sides.values()
                    for r in runs if r.get("tokens") or r.get("digest")}  # fmt: skip
-        kv = {side: {n for r in runs if (n := _kv_count(r)) is not None}
+        kv = {side: {n for r in runs if (n := kv_count(r)) is not None}
               for side, runs in sides.items()}  # fmt: skip
         rows.append((
             config.name, f"{len(sides['vllm'])}+{len(sides['plugin'])}",

@@ -196,14 +196,15 @@ def kv_cost(results: dict[str, dict[str, Any]]) -> list[str]:
         if not name.endswith("/plugin-file"):
             continue
         group = name.removesuffix("/plugin-file")
-        auto, file = _kv_count(results.get(f"{group}/plugin", {})), _kv_count(r)
+        auto, file = kv_count(results.get(f"{group}/plugin", {})), kv_count(r)
         if auto and file:
             found.append(f"{group}: KV tokens with auto {auto:,}, with its floors as a file "
                          f"{file:,}: {auto / file - 1:+.3%}")  # fmt: skip
     return found
 
 
-def _kv_count(r: dict[str, Any]) -> int | None:
+def kv_count(r: dict[str, Any]) -> int | None:
+    """vLLM's count of KV-cache tokens, as a number (None: no line)."""
     digits = _kv_tokens(r).split(" ")[0].replace(",", "")
     return int(digits) if digits.isdigit() else None
 

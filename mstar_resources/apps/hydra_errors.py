@@ -41,6 +41,7 @@ a misspelt name (it is no deployment, and calibration and the replay refuse it).
 
 __all__ = [
     "DEPLOYMENT_GROUP",
+    "NO_DEPLOYMENT",
     "explain",
     "not_a_choice",
     "not_a_primary_config",

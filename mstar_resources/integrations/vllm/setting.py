@@ -29,9 +29,6 @@ AUTO = "auto"
 CONFIG_NAME = "mstar_resources_vllm"
 """The primary config the plugin composes a deployment with (``conf/mstar_resources_vllm.yaml``)."""
 
-NO_DEPLOYMENT = "none"
-"""The shipped tree's empty deployment: no floor declared."""
-
 OFF = f"to switch the plugin off, unset {ENV_VAR} (or set it empty)"
 
 SHOWN_CHARACTERS = 256
@@ -95,6 +92,7 @@ def compose_setting(value: str) -> Any:
     """The shipped tree composed with deployment ``value``: a name of the shipped deployments, or
     the path of a deployment file in a ``deployment/`` folder of a config dir."""
     from ...apps.hydra_app import compose_deployment, deployment_options
+    from ...apps.hydra_errors import NO_DEPLOYMENT
     from ...apps.settings import ComposedTree
 
     named = _named(value)
