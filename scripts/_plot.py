@@ -8,12 +8,11 @@ No folder is ever created: PATH's folder must exist.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from mstar_resources.files import replacing
+from mstar_resources.files import folder_problem, replacing
 
 from _args import refuse
 
@@ -43,8 +42,8 @@ def check_png(parser: argparse.ArgumentParser, png: Path | None) -> None:
         problem = f"the figure is a PNG: give a path ending in .png, not {png.suffix or png.name!r}"
     elif png.exists() and not png.is_file():
         problem = "that is not a regular file (a device, a pipe)"
-    elif not os.access(png.parent, os.W_OK | os.X_OK):
-        problem = f"the folder {png.parent} is not writable"
+    elif (unwritable := folder_problem(png.parent)) is not None:
+        problem = unwritable
     else:
         try:
             import matplotlib  # noqa: F401
