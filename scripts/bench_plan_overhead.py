@@ -104,11 +104,12 @@ def noop(*args: object, **kwargs: object) -> None:
     """A planner that does nothing: what remains around it is Workspace.plan's own cost."""
 
 
-def gpu_rows(rounds: int, t: float) -> list[Row]:
+def gpu_rows(rounds: int, t: float) -> tuple[list[Row], str]:
     """The FlashInfer decode plan through a workspace, its wrapper given the pool's int workspace
     (as the vLLM plugin's decode wrappers are: each plan fenced on the previous one's copy from
     the pinned mirror) and on an int workspace of its own (no fence); and the fence's CUDA calls
-    alone, around a no-op, so the rows add up to where the time goes."""
+    alone, around a no-op, so the rows add up to where the time goes. With them, a line saying
+    how many of the shared row's plans found the previous copy still to run, and waited."""
     import flashinfer
     import torch
 
@@ -124,7 +125,7 @@ def gpu_rows(rounds: int, t: float) -> list[Row]:
     args = (indptr, indices, last_page_len, 32, 8, 128, page)
     kwargs = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
     name = f"bs={batch}, kv={kv_len}, {torch.cuda.get_device_name()}"
-    rows = []
+    rows, waits = [], ""
     for case, shared in (("shared int workspace", True), ("its own int workspace", False)):
         pool = WorkspacePool("cuda", size_mb=1, int_size_mb=1)
         workspace = pool.get("decode")
@@ -136,22 +137,33 @@ def gpu_rows(rounds: int, t: float) -> list[Row]:
         )
         plan = wrapper.plan
         workspace.plan(plan, *args, **kwargs)  # builds the kernel and grows once, untimed
+        wrapped = functools.partial(workspace.plan, plan, *args, **kwargs)
         rows.append(measure(
             f"FlashInfer decode plan, {case} ({name})",
-            functools.partial(plan, *args, **kwargs),
-            functools.partial(workspace.plan, plan, *args, **kwargs),
-            rounds, t,
+            functools.partial(plan, *args, **kwargs), wrapped, rounds, t,
         ))  # fmt: skip
-    event = torch.cuda.Event()
+        int_workspace = workspace.int_workspace
+        if shared and int_workspace is not None:
+            before, plans = int_workspace.fence_waits, 2000
+            for _ in range(plans):
+                wrapped()
+            waits = (
+                f"the shared row's fence waited for a copy in {int_workspace.fence_waits - before}"
+                f" of {plans:,} plans in a row"
+            )
+    event, device = torch.cuda.Event(), torch.device("cuda", torch.cuda.current_device())
+    stream = torch.cuda.current_stream(device)
+    event.record(stream)
 
-    def fence() -> None:  # what the shared row's fence calls, each plan
+    def fence() -> None:  # the CUDA calls the shared row's fence makes each plan (int_workspace)
         if not event.query():
             event.synchronize()
-        event.record(torch.cuda.current_stream())
+        torch._C._cuda_getCurrentRawStream(device.index)
+        event.record(stream)
 
     rows.append(measure("the fence's CUDA calls alone (event query, record)", noop, fence,
                         rounds, t))  # fmt: skip
-    return rows
+    return rows, waits
 
 
 def gpu_missing() -> str | None:
@@ -207,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing and options.device == "cuda":
         # The only row asked for is one this machine cannot measure: nothing is left to run.
         refuse(parser, "--device", "cuda", f"{missing}; --device cpu measures the CPU rows")
-    rows = []
+    rows, notes = [], []
     if options.device in ("cpu", "all"):
         planners = {
             "no-op planner (Workspace.plan's own cost)": noop,
@@ -219,13 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"no FlashInfer decode row: {missing}", file=sys.stderr)
         else:
-            rows.extend(gpu_rows(options.rounds, options.min_run_time))
+            gpu, waits = gpu_rows(options.rounds, options.min_run_time)
+            rows.extend(gpu)
+            notes.append(waits)
     print(f"{'planner':<62} {'direct us':>10} {'via plan us':>12} {'added us':>9} {'ratio':>7}")
     for row in rows:
         print(
             f"{row.case:<62} {row.direct_us:>10.1f} {row.wrapped_us:>12.1f} "
             f"{row.added_us:>9.2f} {row.ratio:>7.4f}"
         )
+    for note in notes:
+        print(note)
     if options.png:
         plot(rows, options.png)
     return 0

@@ -7,7 +7,7 @@ import pytest
 from mstar_resources import Workspace, WorkspaceSealedError
 from mstar_resources.units import MIB
 
-from .attn.fake_allocator import FakePlanner
+from .attn.fake_allocator import FakePlanner, FakeWrapper
 
 FLOAT_ALLOCATION, INT_ALLOCATION = "batch_decode_tmp_v", "batch_decode_request_indices"
 """A float and an int allocation, as FlashInfer's decode plan names them."""
@@ -22,7 +22,14 @@ def assert_sealed(workspace: Workspace) -> None:
         if target is None:
             continue
         address, held = target.tensor.data_ptr(), target.tensor.numel()
-        overflowing = FakePlanner(target.tensor, [(allocation, held + MIB, 16)])
+        overflow = [(allocation, held + MIB, 16)]
+        if kind == "float":
+            overflowing = FakePlanner(target.tensor, overflow)
+        else:  # found planning on the int workspace, as a wrapper the pool gave it to
+            wrapper = FakeWrapper(workspace.tensor, int_allocations=overflow)
+            wrapper._int_workspace_buffer = target.tensor
+            wrapper._pin_memory_int_workspace_buffer = target.mirror
+            overflowing = wrapper.plan
         with pytest.raises(WorkspaceSealedError) as caught:
             workspace.plan(overflowing)
         assert caught.value.workspace == target.name

@@ -68,10 +68,17 @@ class IntWorkspace:
         buffer.mirror = mirror
         self.buffer = buffer
         """Its GPU buffer and mirror, which grow and seal together."""
-        self._last_copy: torch.cuda.Event | None = None
+        self._last_copy = torch.cuda.Event() if tensor.is_cuda else None
         """Recorded after each plan: the copy it queued from the mirror has run once it has."""
+        self._copy_queued = False
+        """Whether :attr:`_last_copy` was recorded yet (a plan queued a copy)."""
+        self._stream: tuple[int, torch.cuda.Stream | None] = (0, None)
+        """The stream the last copy was queued on, by its raw handle: looked up again only when
+        the current stream is another (``torch.cuda.current_stream`` costs several us a call)."""
         self._last_planner: weakref.ref[Any] | None = None
         """The wrapper whose plan the workspace holds now (its last plan through Workspace.plan)."""
+        self.fence_waits = 0
+        """How many plans found the previous plan's copy not yet run, and waited for it."""
         self.given_to_wrappers = False
         """Whether a wrapper plans on it (``install_int_workspace``): until then a plan
         writes a mirror of the wrapper's own, and nothing here needs fencing or tracking."""
@@ -114,20 +121,33 @@ class IntWorkspace:
         return self.buffer.stats()
 
     def wait_for_last_copy(self) -> None:
-        """Wait for the copy the previous plan queued from the mirror, before a plan rewrites it
-        (asked first: it has almost always run, and asking costs less than waiting)."""
+        """Wait for the copy the previous plan queued from the mirror, before a plan rewrites it.
+
+        Asked first, without waiting: by the time the host plans again the GPU has almost always
+        run a copy queued a plan earlier (it sits before that plan's kernels in the stream), so a
+        steady state waits for nothing; :attr:`fence_waits` counts the plans that did wait."""
         copy = self._last_copy
-        if copy is not None and not copy.query():
-            copy.synchronize()
+        if self._copy_queued and not copy.query():  # type: ignore[union-attr]
+            self.fence_waits += 1
+            copy.synchronize()  # type: ignore[union-attr]
 
     def copy_queued(self, planner: Any = None) -> None:
         """Mark where the plan just made (by wrapper ``planner``, where known) queued its copy from
         the mirror (the current stream), and whose plan the workspace now holds."""
-        self._last_planner = None if planner is None else weakref.ref(planner)
-        if self.tensor.is_cuda:
-            if self._last_copy is None:
-                self._last_copy = torch.cuda.Event()
-            self._last_copy.record(torch.cuda.current_stream(self.tensor.device))
+        last = self._last_planner
+        if planner is None:
+            self._last_planner = None
+        elif last is None or last() is not planner:
+            self._last_planner = weakref.ref(planner)
+        copy = self._last_copy
+        if copy is not None:
+            handle = torch._C._cuda_getCurrentRawStream(self.tensor.device.index)
+            known, stream = self._stream
+            if stream is None or handle != known:
+                stream = torch.cuda.current_stream(self.tensor.device)
+                self._stream = (handle, stream)
+            copy.record(stream)
+            self._copy_queued = True
 
     def check_planned_by(self, wrapper: Any) -> None:
         """Raise :class:`WorkspacePlanError` unless the last plan this workspace holds is

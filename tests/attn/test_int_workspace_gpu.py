@@ -200,9 +200,16 @@ def test_a_shared_pinned_mirror_races_without_the_fence_and_holds_with_it():
         return seen
 
     unfenced = what_the_first_run_reads(lambda plan, *a, **k: plan(*a, **k))
+    waits = workspace.int_workspace.fence_waits
     fenced = what_the_first_run_reads(workspace.plan)
     assert not torch.equal(unfenced, its_own), "the race was not reproduced"
     assert torch.equal(fenced, its_own)
+    assert workspace.int_workspace.fence_waits == waits + 1  # the second plan, alone, waited
+    # With the GPU idle, the copy has run by the next plan: the fence asks and waits for nothing.
+    for _ in range(20):
+        workspace.plan(first.plan, *first_args[0], **first_args[1])
+        torch.cuda.synchronize()
+    assert workspace.int_workspace.fence_waits == waits + 1
 
 
 def test_calibration_measures_the_int_need_the_plans_take():
