@@ -73,8 +73,10 @@ def own_buffers(wrapper: Any) -> dict[str, Any] | None:
     import torch
 
     own = getattr(wrapper, "__dict__", None)
-    if own is None or not all(
-        isinstance(own.get(name), torch.Tensor) for name in (INT_BUFFER, PINNED_MIRROR)
+    if (
+        own is None
+        or not isinstance(own.get(INT_BUFFER), torch.Tensor)
+        or not isinstance(own.get(PINNED_MIRROR), torch.Tensor)
     ):
         return None
     return cast(dict[str, Any], own)

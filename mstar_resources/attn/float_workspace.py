@@ -77,6 +77,8 @@ class Workspace:
             self._by_kind["int"] = int_workspace.buffer
         # The wrappers whose attributes were checked for views of this buffer (_refuse_views).
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._last_wrapper: weakref.ref[Any] | None = None
+        """The wrapper the last plan planned, found and checked (:meth:`_wrapper`)."""
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -120,56 +122,82 @@ class Workspace:
         With an int workspace, the plan first waits until the copy queued by the previous plan
         from its pinned mirror has run (see the module's notes on sharing).
         """
-        growths, last = 0, None
+        wrapper = self._wrapper(plan, args)
         mirrored = self._mirrored()
-        self._refuse_views(plan)
         float_tensor, int_buffer = self._buffer.tensor, self._by_kind.get("int")
+        growths, last = 0, None
         while True:
             # What the plan sees, whatever another thread does.
-            have, have_int = (
-                float_tensor.numel(),
-                None if int_buffer is None else int_buffer.tensor.numel(),
-            )
+            have = float_tensor.numel()
+            have_int = None if int_buffer is None else int_buffer.tensor.numel()
             if mirrored is not None:
                 mirrored.wait_for_last_copy()
             try:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
                 seen = {"float": have, **({} if have_int is None else {"int": have_int})}
-                overflow = parse_overflow(error)
-                short = _short_of(self._by_kind, overflow, seen, _wrapper_of(plan, args))
-                if short is None or overflow is None:
-                    raise
-                planned_on = seen[short.kind.kind]
-                if short.sealed:
-                    whole = _whole_plan_need(plan, args, kwargs, short.kind.size_query_index)
-                    raise short.sealed_error(overflow, whole) from error
-                if overflow == last:
-                    raise WorkspacePlanError(
-                        f"workspace {short.name!r} grew to {planned_on:,} bytes, yet the plan "
-                        f"reports the same overflow again ({overflow.allocation}, "
-                        f"{overflow.size:,} bytes): it does not plan on this workspace's tensor; "
-                        f"{BUILD_ADVICE[short.kind.kind]}",
-                        workspace=short.name,
-                        held_bytes=planned_on,
-                    ) from error
-                if growths == MAX_GROWTHS_PER_PLAN:
-                    raise WorkspacePlanError(
-                        f"workspace {short.name!r}: the plan still overflows after "
-                        f"{MAX_GROWTHS_PER_PLAN} growths (now {planned_on:,} bytes, "
-                        f"{overflow.allocation} asked for {overflow.size:,} more); "
-                        "the planner does not converge",
-                        workspace=short.name,
-                        held_bytes=planned_on,
-                    ) from error
-                short.grow(overflow, planned_on, error)
-                growths, last = growths + 1, overflow
-            else:
-                if mirrored is not None:
-                    mirrored.copy_queued(_wrapper_of(plan, args))
-                if float_tensor.numel() != self._buffer.floor_bytes:  # grown, by any plan
-                    refresh_recorded_size(plan, float_tensor)
-                return planned
+                last = self._grow_for(error, (plan, args, kwargs), wrapper, seen, growths, last)
+                growths += 1
+                continue
+            if mirrored is not None:
+                mirrored.copy_queued(wrapper)
+            if have != self._buffer.floor_bytes:  # grown, by any plan
+                refresh_recorded_size(plan, float_tensor)
+            return planned
+
+    def _grow_for(
+        self, error: Exception, call: tuple[Callable[..., Any], Any, Any], wrapper: Any,
+        seen: dict[str, int], growths: int, last: Overflow | None,
+    ) -> Overflow:  # fmt: skip
+        """Grow the buffer a failed plan (``call``: the planner, its args and kwargs) ran short
+        of, and return the overflow; raise ``error`` where it is not a shortage of ours, or the
+        library's error where the buffer is sealed or growing did not help."""
+        overflow = parse_overflow(error)
+        short = _short_of(self._by_kind, overflow, seen, wrapper)
+        if short is None or overflow is None:
+            raise error
+        planned_on = seen[short.kind.kind]
+        if short.sealed:
+            whole = _whole_plan_need(*call, short.kind.size_query_index)
+            raise short.sealed_error(overflow, whole) from error
+        if overflow == last:
+            raise WorkspacePlanError(
+                f"workspace {short.name!r} grew to {planned_on:,} bytes, yet the plan reports the "
+                f"same overflow again ({overflow.allocation}, {overflow.size:,} bytes): it does "
+                f"not plan on this workspace's tensor; {BUILD_ADVICE[short.kind.kind]}",
+                workspace=short.name,
+                held_bytes=planned_on,
+            ) from error
+        if growths == MAX_GROWTHS_PER_PLAN:
+            raise WorkspacePlanError(
+                f"workspace {short.name!r}: the plan still overflows after "
+                f"{MAX_GROWTHS_PER_PLAN} growths (now {planned_on:,} bytes, "
+                f"{overflow.allocation} asked for {overflow.size:,} more); "
+                "the planner does not converge",
+                workspace=short.name,
+                held_bytes=planned_on,
+            ) from error
+        short.grow(overflow, planned_on, error)
+        return overflow
+
+    def _wrapper(self, plan: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """The wrapper ``plan`` plans (:func:`_wrapper_of`), its views refused first
+        (:meth:`_refuse_views`). The last one found is remembered, and a plan of the same wrapper
+        costs one comparison: an engine plans the same few wrappers every step."""
+        remembered = self._last_wrapper
+        known = None if remembered is None else remembered()
+        if known is not None and (
+            getattr(plan, "__self__", None) is known or (args and args[0] is known)
+        ):
+            return known
+        self._refuse_views(plan)
+        wrapper = _wrapper_of(plan, args)
+        if wrapper is not None:
+            try:
+                self._last_wrapper = weakref.ref(wrapper)
+            except TypeError:  # no weak references to it: looked up at every plan
+                self._last_wrapper = None
+        return wrapper
 
     def _refuse_views(self, plan: Callable[..., Any]) -> None:
         """Refuse, before it plans on this growable workspace, a wrapper that holds a view of its
