@@ -12,9 +12,9 @@ import dataclasses
 import os
 import typing
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 
     from .attn.workspace import WorkspacePool
 
-__all__ = ["ResolvedResource", "build_pools", "resolve"]
+__all__ = ["ANY_SLOT", "ResolvedResource", "build_pools", "resolve", "serving"]
 
 MAX_DEPTH = 32
 """The most levels of groups a resource may sit under (``resources.a.b...``): an engine's tree has
@@ -104,6 +104,24 @@ class ResolvedResource:
         for label in self.labels:
             for slot in self.cg_slots or (None,):
                 yield label, slot
+
+
+ANY_SLOT: Final = "any"
+""":func:`serving`'s ``cg_slot`` for a label served in whichever slot (or eagerly)."""
+
+
+def serving(
+    records: Iterable[ResolvedResource], label: str, cg_slot: int | str | None = ANY_SLOT
+) -> ResolvedResource | None:
+    """The first of ``records`` that serves ``label`` in CUDA-graph slot ``cg_slot`` (None:
+    eagerly; :data:`ANY_SLOT`: in any), or None where none does. The one answer to which
+    resource serves a plan: the replay's and the engines' plugins ask it."""
+    for record in records:
+        if label in record.labels and (
+            cg_slot == ANY_SLOT or cg_slot in (record.cg_slots or (None,))
+        ):
+            return record
+    return None
 
 
 def resolve(

@@ -464,3 +464,25 @@ def test_build_pools_takes_the_tree_or_the_records_resolve_gave():
     from_records = build_pools(resolve(tree, env={}), "cpu", env={})
     assert from_tree.keys() == from_records.keys() == {"a"}
     assert from_tree["a"].get("x").tensor.numel() == from_records["a"].get("x").tensor.numel()
+
+
+def test_serving_finds_the_resource_of_a_label_in_a_slot_eagerly_or_in_any():
+    """The one lookup of which resource serves a plan (the replay's and the vLLM plugin's)."""
+    from mstar_resources.resolver import serving
+
+    records = resolve(
+        {
+            "attn": {
+                "prefill": {"owner": "o", "labels": ["prefill"], "cg_slots": []},
+                "decode": {"owner": "o", "labels": ["decode"], "cg_slots": [0, 2]},
+            }
+        },
+        {},
+    )
+    assert serving(records, "decode", 2).path == "attn.decode"
+    assert serving(records, "decode").path == "attn.decode"
+    assert serving(records, "prefill", None).path == "attn.prefill"
+    assert serving(records, "decode", None) is None  # decode is captured only
+    assert serving(records, "decode", 1) is None
+    assert serving(records, "prefill", 0) is None
+    assert serving(records, "verify") is None

@@ -4,13 +4,14 @@ engines' one fixed buffer (:class:`FixedBuffer`)."""
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ..attn.workspace import Workspace, WorkspacePool, install_int_workspace
 from ..errors import ResourceConfigError
+from ..resolver import ResolvedResource, build_pools, serving
 from ..units import MIB
 from .roles import Role, Roles
 
@@ -60,11 +61,26 @@ class LibraryBuffers(Buffers):
 
     name = "mstar-resources"
 
-    def __init__(self, pools: dict[str, WorkspacePool], roles: Roles) -> None:
-        self.pools = pools
-        self.reserved = sum(pool.reserve() for pool in pools.values())
-        self._prefill = _served(pools, roles.prefill, None)
-        self._decode = _served(pools, roles.decode, 0)
+    def __init__(
+        self, records: Sequence[ResolvedResource], device: torch.device, roles: Roles
+    ) -> None:
+        self.pools: dict[str, WorkspacePool] = build_pools(records, device)
+        self.reserved = sum(pool.reserve() for pool in self.pools.values())
+        self._prefill = self._served(records, roles.prefill, None)
+        self._decode = self._served(records, roles.decode, 0)
+
+    def _served(
+        self, records: Sequence[ResolvedResource], label: str, cg_slot: int | None
+    ) -> Workspace:
+        record = serving(records, label, cg_slot)
+        if record is not None:
+            return self.pools[record.path].get(label, cg_slot)
+        slot = "eagerly" if cg_slot is None else f"in cg slot {cg_slot}"
+        raise ResourceConfigError(
+            f"no resource under resources serves label {label!r} {slot}; the replay plans its "
+            "prefill label eagerly and its decode label in cg slot 0 (e.g. "
+            "resources.attn.decode.cg_slots=[0])"
+        )
 
     def adopt(self, wrapper: Any, role: Role) -> Any:
         """Every wrapper of a role shares its int workspace: each is planned right before it
@@ -107,18 +123,6 @@ class LibraryBuffers(Buffers):
             for pool in self.pools.values()
             for s in [*pool.stats(), *pool.int_stats()]
         )
-
-
-def _served(pools: dict[str, WorkspacePool], label: str, cg_slot: int | None) -> Workspace:
-    for pool in pools.values():
-        if pool.serves is not None and (label, cg_slot) in pool.serves:
-            return pool.get(label, cg_slot)
-    slot = "eagerly" if cg_slot is None else f"in cg slot {cg_slot}"
-    raise ResourceConfigError(
-        f"no resource under resources serves label {label!r} {slot}; the replay plans its "
-        "prefill label eagerly and its decode label in cg slot 0 (e.g. "
-        "resources.attn.decode.cg_slots=[0])"
-    )
 
 
 class FixedBuffer(Buffers):

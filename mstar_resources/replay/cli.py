@@ -40,7 +40,7 @@ from ..calibration.record import check_calibration
 from ..calibration.versions import check_flashinfer
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..files import folder_problem
-from ..resolver import ResolvedResource, build_pools, resolve
+from ..resolver import ResolvedResource, resolve
 from ..units import MIB
 from .roles import Roles, is_mla, roles_of
 from .settings import MAX_REQUESTS, MAX_SYNTHETIC_REQUESTS, ReplaySettings
@@ -428,7 +428,7 @@ def _serve_setups(
     from .engine import Setup
 
     makers: dict[str, Callable[[], Buffers]] = {
-        "library": lambda: LibraryBuffers(build_pools(records, gpu.device), roles),
+        "library": lambda: LibraryBuffers(records, gpu.device, roles),
         "fixed": lambda: FixedBuffer(fixed_bytes, gpu.device),
     }
     runs: dict[str, list[SetupResult]] = {kind: [] for kind in makers}

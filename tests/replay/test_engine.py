@@ -39,7 +39,7 @@ from mstar_resources.replay.model import KVCache, Model, ModelSizes, Query
 from mstar_resources.replay.roles import Roles, roles_of
 from mstar_resources.replay.scheduler import Chunk, Step, schedule
 from mstar_resources.replay.trace import Request, synthetic_requests
-from mstar_resources.resolver import build_pools, resolve
+from mstar_resources.resolver import resolve
 from mstar_resources.units import MIB, mb_to_hold
 
 from ..conftest import compose_shipped
@@ -345,7 +345,7 @@ def setup_of(
 
 
 def library_buffers(dep: Deployment) -> LibraryBuffers:
-    return LibraryBuffers(build_pools(dep.cfg.resources, "cpu", {}), dep.roles)
+    return LibraryBuffers(resolve(dep.cfg.resources, {}), torch.device("cpu"), dep.roles)
 
 
 @dataclass(frozen=True)
@@ -626,7 +626,7 @@ def test_a_tree_that_does_not_serve_decode_in_cg_slot_0_is_refused_naming_the_se
     cfg = compose_shipped([f"deployment={GQA}", *SMALL, "resources.attn.decode.cg_slots=[1]"])
     with pytest.raises(ResourceConfigError, match=r"serves label 'decode' in cg slot 0; .* "
                        r"resources\.attn\.decode\.cg_slots=\[0\]"):  # fmt: skip
-        LibraryBuffers(build_pools(cfg.resources, "cpu", {}), dep.roles)
+        LibraryBuffers(resolve(cfg.resources, {}), torch.device("cpu"), dep.roles)
 
 
 # --- the pure helpers: FlashInfer's page table and the KV slots of new tokens ------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ResourceConfigError, did_you_mean
-from ...resolver import ResolvedResource, resolve
+from ...resolver import ResolvedResource, resolve, serving
 from .plans import ROLES, Role
 
 ENV_VAR = "MSTAR_RESOURCES_VLLM"
@@ -154,7 +154,7 @@ def serving_keys(
     there: the first CUDA-graph slot it declares (vLLM captures one graph context), else eager."""
     found: dict[Role, tuple[ResolvedResource, int | None]] = {}
     for role in roles:
-        record = next((r for r in records if role in r.labels), None)
+        record = serving(records, role)
         if record is None:
             raise ResourceConfigError(
                 f"{setting}: no resource under resources serves the label {role!r}, "
