@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from mstar_resources.apps.calibrate_settings import CalibrateSettings
+from mstar_resources.apps.replay_settings import ReplaySettings
 from mstar_resources.apps.settings import DryRunSettings
-from mstar_resources.calibration.settings import CalibrateSettings
-from mstar_resources.replay.settings import ReplaySettings
 
 from .apps import run_cli
 
 ROOT = Path(__file__).parents[1]
 DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]
-CALIBRATE = [sys.executable, "-m", "mstar_resources.calibration.cli"]
+CALIBRATE = [sys.executable, "-m", "mstar_resources.apps.calibrate"]
 REPLAY = [sys.executable, str(ROOT / "scripts" / "replay.py")]
 ENGINE = [sys.executable, "-m", "tests.engine.app"]
 APPS = [

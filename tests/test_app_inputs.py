@@ -21,7 +21,7 @@ from .conftest import VAR
 
 ROOT = Path(__file__).parents[1]
 DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]
-CALIBRATE = [sys.executable, "-m", "mstar_resources.calibration.cli"]
+CALIBRATE = [sys.executable, "-m", "mstar_resources.apps.calibrate"]
 REPLAY = [sys.executable, str(ROOT / "scripts" / "replay.py")]
 APPS = [
     pytest.param(DRY_RUN, "mstar-resources", id="dry-run"),

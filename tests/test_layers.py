@@ -34,8 +34,8 @@ LAYERS = [
                     "replay.attention", "replay.buffers",
                     "replay.graphs", "replay.engine", "replay.report"]),
     ("the apps", ["", "apps", "apps.hydra_app", "apps.hydra_errors", "apps.settings",
-                  "apps.dry_run", "apps.stdout", "calibration.settings", "calibration.cli",
-                  "replay.settings", "replay.cli"]),
+                  "apps.dry_run", "apps.stdout", "apps.calibrate_settings", "apps.calibrate",
+                  "apps.replay_settings", "apps.replay"]),
     ("the engine integrations", ["integrations", "integrations._post_import", "integrations.vllm",
                                  "integrations.vllm.plans", "integrations.vllm.setting",
                                  "integrations.vllm.workspaces", "integrations.vllm.seams"]),
@@ -225,10 +225,7 @@ def test_the_core_loads_only_the_core(code, allowed):
 
 
 def _room(module: str) -> str:
-    """The room of the house a module is in: its folder, an app in a folder apart from the
-    folder's other modules (the apps' layer is above them), or the module itself at the top."""
-    if module in APPS and "." in module and not module.startswith("apps."):
-        return f"{module.split('.')[0]} (app)"
+    """The room of the house a module is in: its folder, or the module itself at the top."""
     return module.split(".")[0] if "." in module or module in FOLDERS else module
 
 
@@ -259,7 +256,6 @@ def test_no_rooms_import_each_other_in_a_circle():
     assert circles(ROOMS) == []
 
 
-def test_the_apps_in_folders_are_rooms_of_their_own():
-    assert _room("calibration.cli") == "calibration (app)"
-    assert _room("calibration.measure") == "calibration"
-    assert "calibration (app)" not in {t for targets in ROOMS.values() for t in targets}
+def test_every_app_is_in_the_apps_folder():
+    """The apps' layer is the facade and ``apps/``: no folder below holds an app of its own."""
+    assert [module for module in APPS if module and _room(module) != "apps"] == []

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from mstar_resources._internal import limits
-from mstar_resources.calibration.settings import CalibrateSettings
-from mstar_resources.replay.settings import ReplaySettings
+from mstar_resources.apps.calibrate_settings import CalibrateSettings
+from mstar_resources.apps.replay_settings import ReplaySettings
 
 
 @dataclasses.dataclass

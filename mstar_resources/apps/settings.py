@@ -1,7 +1,7 @@
 """The dry run's settings, and the tree every app's settings compose at the top.
 
 Each app's settings are the schema of its primary config and sit beside the app
-(``calibration/settings.py``, ``replay/settings.py``). Each app registers its own in Hydra's
+(``calibrate_settings.py``, ``replay_settings.py``). Each app registers its own in Hydra's
 ConfigStore when it runs, as ``<primary config>_settings`` (``mstar_resources_settings``,
 ``mstar_resources_calibrate_settings``, ``replay_settings``: see ``hydra_app.hydra_app``), and its
 primary config in ``conf/`` lists it first, so a bad value (``format=xml``, ``margin=lots``) or a

@@ -9,7 +9,7 @@ import pytest
 
 from ..apps import run_app, run_cli
 
-CALIBRATE = ["-m", "mstar_resources.calibration.cli"]
+CALIBRATE = ["-m", "mstar_resources.apps.calibrate"]
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from mstar_resources.apps import replay as cli
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.errors import WorkspaceSealedError
-from mstar_resources.replay import cli
 from mstar_resources.replay import report as reporting
 from mstar_resources.replay.engine import SealedOverflow
 from mstar_resources.replay.model import ModelSizes
@@ -406,7 +406,7 @@ def test_the_dry_run_imports_neither_torch_nor_flashinfer(tmp_path):
     build): what it reads of FlashInfer (its installed version and headers) is torch-free."""
     runner = (
         "import sys\n"
-        "from mstar_resources.replay.cli import main\n"
+        "from mstar_resources.apps.replay import main\n"
         f"sys.argv = ['replay', {DEPLOYMENT!r}, 'requests=20', 'dry_run=true', 'progress=false']\n"
         "main()\n"
         "heavy = ('torch', 'flashinfer')\n"

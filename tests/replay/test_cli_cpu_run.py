@@ -31,9 +31,10 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 
 from mstar_resources import resolver
+from mstar_resources.apps import replay as cli
 from mstar_resources.calibration.engine_buffers import own_int_mb
 from mstar_resources.calibration.profile import load_profile
-from mstar_resources.replay import cli, engine, model
+from mstar_resources.replay import engine, model
 from mstar_resources.replay import report as reporting
 from mstar_resources.resolver import resolve
 from mstar_resources.units import MIB

@@ -33,24 +33,24 @@ from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
-from ..apps.hydra_app import hydra_app, package_version
 from ..calibration.engine_buffers import SGLANG_MB, own_int_mb, vllm_buffer_mb
 from ..calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from ..calibration.record import check_calibration
 from ..calibration.versions import check_flashinfer
 from ..errors import ResourceConfigError, WorkspaceSealedError
 from ..files import folder_problem
+from ..replay.roles import Roles, is_mla, roles_of
+from ..replay.workload import Workload, load_workload
 from ..resolver import ResolvedResource, resolve
 from ..units import MIB
-from .roles import Roles, is_mla, roles_of
-from .settings import MAX_REQUESTS, MAX_SYNTHETIC_REQUESTS, ReplaySettings
-from .workload import Workload, load_workload
+from .hydra_app import hydra_app, package_version
+from .replay_settings import MAX_REQUESTS, MAX_SYNTHETIC_REQUESTS, ReplaySettings
 
 if TYPE_CHECKING:  # the model imports torch: only the run itself needs it
-    from .engine import Setup, SetupResult
-    from .model import Model, ModelSizes
-    from .scheduler import Arrivals, Step
-    from .trace import Request
+    from ..replay.engine import Setup, SetupResult
+    from ..replay.model import Model, ModelSizes
+    from ..replay.scheduler import Arrivals, Step
+    from ..replay.trace import Request
 
 __all__ = ["check", "dry_run", "load", "main"]
 
@@ -148,8 +148,8 @@ def dry_run(workload: Workload, profile: CalibrationProfile, progress: bool = Fa
     that lasts more than :data:`PROGRESS_DELAY_S` shows the steps scheduled on stderr."""
     from tqdm import tqdm
 
-    from . import report as reporting
-    from .scheduler import schedule
+    from ..replay import report as reporting
+    from ..replay.scheduler import schedule
 
     page = profile.model.page_size
     steps = busiest = tokens = pages = 0
@@ -227,7 +227,7 @@ def run_setup(
     """One setup in an engine's order: warm up (where ``warm_up``), seal and capture, serve
     ``steps``. A plan that does not fit a sealed workspace stops it, kept in its result; the
     ``progress`` bar is closed either way."""
-    from .engine import SealedOverflow
+    from ..replay.engine import SealedOverflow
 
     try:
         if warm_up:
@@ -251,7 +251,7 @@ def failures(results: Sequence[SetupResult]) -> list[str]:
             found.append(f"{result.name} overflowed a sealed workspace: {overflow}")
         elif result.growths_after_seal:
             found.append(f"{result.name}: {result.growths_after_seal} growths after sealing")
-    from .report import tokens_identical
+    from ..replay.report import tokens_identical
 
     stopped = any(result.sealed_overflow is not None for result in results)
     if not stopped and not tokens_identical(results):  # a stopped setup's are only cut short
@@ -264,7 +264,7 @@ def print_report(
 ) -> None:
     """Rank 0's output: the report's table on stdout; where ``report_dir`` is set (made by
     :func:`check`), report.json and the PNG written into it, a ``wrote`` line each."""
-    from . import report as reporting
+    from ..replay import report as reporting
 
     print(reporting.table(report))
     if report_dir is not None:
@@ -375,8 +375,8 @@ def _replay(
     gpu: _Gpu,
 ) -> list[str]:
     """Both setups over one schedule; rank 0 prints (and writes) the report. What failed."""
-    from . import report as reporting
-    from .model import Model, ModelSizes, describe
+    from ..replay import report as reporting
+    from ..replay.model import Model, ModelSizes, describe
 
     shape = ModelSizes.of(profile, cfg.layers, cfg.vocab_size, gpu.ranks)
     model = Model(shape, gpu.device, cfg.seed, gpu.rank, gpu.ranks)
@@ -424,8 +424,8 @@ def _serve_setups(
     buffer), one a round in :func:`round_order`, each with a KV cache of its ``pages`` serving
     the one schedule, streamed afresh for each run; a run's memory given back before the next is
     made."""
-    from .buffers import Buffers, FixedBuffer, LibraryBuffers
-    from .engine import Setup
+    from ..replay.buffers import Buffers, FixedBuffer, LibraryBuffers
+    from ..replay.engine import Setup
 
     makers: dict[str, Callable[[], Buffers]] = {
         "library": lambda: LibraryBuffers(records, gpu.device, roles),
@@ -504,7 +504,7 @@ class _StreamedSchedule:
         self.steps = 0
 
     def __call__(self) -> tuple[Iterator[Step], Arrivals]:
-        from .scheduler import Arrivals, schedule
+        from ..replay.scheduler import Arrivals, schedule
 
         arrivals = Arrivals(self._workload.requests())
         limits = self._profile.limits

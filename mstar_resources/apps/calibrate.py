@@ -17,16 +17,21 @@ from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
-from ..apps.hydra_app import hydra_app, package_version
+from ..calibration.calibrate import measure_all
+from ..calibration.checks import check_labels
+from ..calibration.deployments import (
+    base_deployment,
+    default_output_dir,
+    how_to_compose,
+    write_override,
+)
+from ..calibration.profile import PROFILE_KEY, load_profile
+from ..calibration.report import one_buffer, provenance, table
 from ..errors import ResourceConfigError
 from ..files import folder_problem
 from ..resolver import resolve
-from .calibrate import measure_all
-from .checks import check_labels
-from .deployments import base_deployment, default_output_dir, how_to_compose, write_override
-from .profile import PROFILE_KEY, load_profile
-from .report import one_buffer, provenance, table
-from .settings import CalibrateSettings
+from .calibrate_settings import CalibrateSettings
+from .hydra_app import hydra_app, package_version
 
 PROG = "mstar-resources-calibrate"
 

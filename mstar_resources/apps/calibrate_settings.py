@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .._internal.limits import bounded
-from ..apps.settings import ComposedTree
-from .override import DEFAULT_MARGIN
+from ..calibration.override import DEFAULT_MARGIN
+from .settings import ComposedTree
 
 __all__ = ["CalibrateSettings"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .._internal.limits import bounded
-from ..apps.settings import ComposedTree
+from .settings import ComposedTree
 
 MAX_SYNTHETIC_REQUESTS = 100_000
 """The most requests of the synthetic trace (see ``ReplaySettings.requests``); a trace file's are
