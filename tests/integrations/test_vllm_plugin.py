@@ -113,7 +113,7 @@ def test_the_seams_file_is_what_the_wheels_hold():
 
 
 def test_a_module_that_lacks_a_seam_is_left_unpatched(caplog):
-    served = plugin.VllmWorkspaces(plugin.Setting("auto"))
+    served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
     module = types.ModuleType(seams.BACKEND)
     with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
         seams._patch_backend(served, module)
@@ -392,7 +392,7 @@ def vllm_stand_in(monkeypatch):
                   "floor_source", "floor_setting")}, "declared_mb": mb, "floor_mb": mb})
         for r, mb in zip(setting.records, (2, 4), strict=True)
     )  # fmt: skip
-    served = plugin.VllmWorkspaces(plugin.Setting(setting.value, records))
+    served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, setting.value, records))
     seams._patch_backend(served, backend)
     seams._patch_runner(served, runner)
     seams._patch_worker(served, worker)
@@ -468,7 +468,7 @@ def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
     monkeypatch.setattr(workspaces, "measured_need", need)
     monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
         VLLM_BATCH_INVARIANT=False))  # fmt: skip
-    served = plugin.VllmWorkspaces(plugin.Setting("auto"))
+    served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
     runner = types.SimpleNamespace(vllm_config=vllm_config(), device=torch.device("cpu"))
     served.reserve(runner)
     assert sorted(measured) == [("decode", 32, True), ("decode", 64, True),

@@ -1,0 +1,177 @@
+"""An engine plugin's setting (``MSTAR_RESOURCES_VLLM`` for vLLM's): what it may hold, and how a
+bad value is told. The part of a plugin that does not depend on its engine: the next engine's
+plugin is another :class:`PluginSetting`.
+
+Unset or empty, the plugin is off. Otherwise it holds ``auto``, the name of a shipped deployment,
+or the path of a deployment file in a ``deployment/`` folder; a deployment is composed with the
+rules of ``mstar-resources --config-dir DIR deployment=NAME`` (a file without its
+``# @package _global_`` line, a key no deployment takes, a floor the resolver refuses: each is
+refused, never dropped), and every refusal is one paragraph that starts with the setting and its
+value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ResourceConfigError, did_you_mean
+from ..resolver import ResolvedResource, resolve, serving
+
+AUTO = "auto"
+"""Measure each workspace's floor in the worker, on its GPU and its FlashInfer."""
+
+SHOWN_CHARACTERS = 256
+"""A value longer than this is shown cut, with its length."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a plugin's setting asks for."""
+
+    name: str
+    """The setting, e.g. ``MSTAR_RESOURCES_VLLM``."""
+    value: str
+    """As set."""
+    records: tuple[ResolvedResource, ...] = ()
+    """The deployment's resources, floors resolved (empty for ``auto``)."""
+    root: Any = None
+    """The composed config of the deployment (None for ``auto``): its calibration is checked on
+    the GPU."""
+
+    @property
+    def auto(self) -> bool:
+        return self.value == AUTO
+
+    def describe(self) -> str:
+        return f"{self.name}={self.value}"
+
+
+@dataclass(frozen=True)
+class PluginSetting:
+    """The setting that switches an engine's plugin on, and what it takes."""
+
+    env_var: str
+    """E.g. ``MSTAR_RESOURCES_VLLM``."""
+    config_name: str
+    """The primary config a deployment is composed with (``conf/<config_name>.yaml``)."""
+    engine: str
+    """The engine, as errors name it (``vLLM``)."""
+    roles: tuple[str, ...]
+    """The labels the engine's FlashInfer wrappers plan as: each must be served."""
+
+    @property
+    def off(self) -> str:
+        return f"to switch the plugin off, unset {self.env_var} (or set it empty)"
+
+    def read(self, env: Mapping[str, str] | None = None) -> Setting | None:
+        """The setting in ``env`` (``os.environ`` by default), checked: None when it is unset or
+        empty. A deployment is composed and its floors resolved here, so a bad one fails where
+        the engine starts, as one paragraph (:class:`~mstar_resources.ResourceConfigError`)."""
+        env = os.environ if env is None else env
+        value = env.get(self.env_var, "").strip()
+        if not value:
+            return None
+        if value == AUTO:
+            return Setting(self.env_var, value)
+        root = self.compose(value)
+        try:
+            records = tuple(resolve(root.get("resources") or {}, env=env))
+        except ResourceConfigError as error:
+            raise ResourceConfigError(
+                f"{self.named(value)}: {'; '.join(error.problems)}", where=error.where
+            ) from None
+        setting = Setting(self.env_var, value, records, root)
+        self.serving_keys(records, setting.describe())  # every role served, or which is not
+        return setting
+
+    def named(self, value: str) -> str:
+        """``NAME='value'``, a value too long to read cut with its length."""
+        if len(value) > SHOWN_CHARACTERS:
+            return f"{self.env_var}={value[:SHOWN_CHARACTERS]!r}... ({len(value):,} characters)"
+        return f"{self.env_var}={value!r}"
+
+    def compose(self, value: str) -> Any:
+        """The shipped tree composed with deployment ``value``: a name of the shipped
+        deployments, or the path of a deployment file in a ``deployment/`` folder of a config
+        dir."""
+        from ..apps.hydra_app import compose_deployment, deployment_options
+        from ..apps.hydra_errors import NO_DEPLOYMENT
+        from ..apps.settings import ComposedTree
+
+        named, off = self.named(value), self.off
+        if _looks_like_a_path(value):
+            config_dir, name = _deployment_file(value, named, off)
+        else:
+            options = deployment_options(self.config_name)
+            if value == NO_DEPLOYMENT:
+                raise ResourceConfigError(
+                    f"{named} names the shipped tree's empty deployment, which declares no floor "
+                    f"(each would be MSTAR_WORKSPACE_BUFFER_MB, else 512 MB); set {AUTO} to "
+                    f"measure {self.engine}'s plans, or name a deployment with floors; {off}"
+                )
+            if value not in options:
+                choices = [AUTO, *(o for o in options if o != NO_DEPLOYMENT)]
+                close = did_you_mean(value.lower(), choices) or did_you_mean(value, choices)
+                raise ResourceConfigError(
+                    f"{named} is not a setting the plugin takes{close}: it takes {AUTO} (measure "
+                    f"{self.engine}'s plans), a shipped deployment ({', '.join(choices[1:])}) or "
+                    f"the path of a deployment file (e.g. calibrated/deployment/mine.yaml); {off}"
+                )
+            config_dir, name = None, value
+        try:
+            return compose_deployment(self.config_name, name, config_dir, settings=ComposedTree)
+        except ResourceConfigError as error:
+            raise ResourceConfigError(f"{named}: {error}") from None
+
+    def serving_keys(
+        self, records: Sequence[ResolvedResource], setting: str, roles: Sequence[str] = ()
+    ) -> dict[str, tuple[ResolvedResource, int | None]]:
+        """For each of ``roles`` (default: all the engine's), the resource that serves its label
+        and the slot the engine's wrappers take there: the first CUDA-graph slot it declares
+        (one graph context), else eager."""
+        found: dict[str, tuple[ResolvedResource, int | None]] = {}
+        for role in roles or self.roles:
+            record = serving(records, role)
+            if record is None:
+                raise ResourceConfigError(
+                    f"{setting}: no resource under resources serves the label {role!r}, and "
+                    f"{self.engine} plans its FlashInfer wrappers as {' and '.join(self.roles)}; "
+                    "declare each (the shipped tree's resources.attn."
+                    f"{' and resources.attn.'.join(self.roles)} do)"
+                )
+            found[role] = (record, record.cg_slots[0] if record.cg_slots else None)
+        return found
+
+
+def _looks_like_a_path(value: str) -> bool:
+    return os.sep in value or "/" in value or value.endswith((".yaml", ".yml"))
+
+
+def _deployment_file(value: str, named: str, off: str) -> tuple[Path, str]:
+    """The config dir and the deployment name of the deployment file ``value``."""
+    path = Path(value).expanduser()
+    try:
+        is_file = path.is_file()
+    except OSError as error:  # a name too long for the file system, ...
+        is_file, reason = False, error.strerror
+    else:
+        reason = "no such file" if not path.exists() else "not a file"
+    if path.suffix not in (".yaml", ".yml"):
+        is_file, reason = False, f"a deployment file ends in .yaml, and this one in {path.suffix!r}"
+    if not is_file:
+        raise ResourceConfigError(
+            f"{named} is not a deployment file ({reason}); give the path of one (e.g. "
+            f"calibrated/deployment/llama3-8b-h200_calibrated.yaml), the name of a shipped "
+            f"deployment, or {AUTO}; {off}"
+        )
+    if path.parent.name != "deployment":
+        raise ResourceConfigError(
+            f"{named}: a deployment file lives in the deployment/ folder of a config dir (as "
+            f"mstar-resources-calibrate writes it), and this one is in "
+            f"{path.parent.name or '/'}/; move it into a deployment/ folder"
+        )
+    return path.resolve().parent.parent, path.stem
