@@ -45,9 +45,11 @@ class Resource:
     if set, else 512. Higher reserves more memory up front; lower lets plans grow it at run time."""
 
     int_declared_mb: int | None = field(
-        default=None, metadata={"expects": f"a whole number of MB from 1 to {MAX_MB:,}, or null"}
+        default=None, metadata={"expects": f"a whole number of MB from 0 to {MAX_MB:,}, or null"}
     )
-    """The floor of each int workspace, and of its pinned host mirror, in MB. Default null:
+    """The floor of each int workspace, and of its pinned host mirror, in MB; 0: none, each
+    wrapper keeps its own (what calibration writes where a wrapper makes its own at each plan,
+    FlashInfer 0.7's MLA). Default null:
     ``MSTAR_INT_WORKSPACE_BUFFER_MB`` if set, else 8 (what each FlashInfer wrapper makes for
     itself). The int workspace holds a plan's indices (kilobytes); a plan that overflows it grows
     it, as the float one."""

@@ -165,10 +165,11 @@ BAD_INPUT = [
     pytest.param([], {VAR: str(10**20)},
                  rf"MSTAR_WORKSPACE_BUFFER_MB={10**20:,} MB is more than 1,048,576",
                  id="variable-beyond-any-gpu"),
-    pytest.param(["resources.attn.decode.int_declared_mb=0"], {},
-                 r"resources\.attn\.decode\.int_declared_mb=0 is not a positive whole number of "
-                 r"MB; .* or leave it unset for MSTAR_INT_WORKSPACE_BUFFER_MB or the default of 8",
-                 id="int-declared-zero"),
+    pytest.param(["resources.attn.decode.int_declared_mb=-1"], {},
+                 r"resources\.attn\.decode\.int_declared_mb=-1 is not a whole number of MB \(0: "
+                 r"none\); .* or leave it unset for MSTAR_INT_WORKSPACE_BUFFER_MB or the default "
+                 r"of 8",
+                 id="int-declared-negative"),
     pytest.param(["resources.attn.decode.int_declared_mb=half"], {},
                  r"resources\.attn\.decode\.int_declared_mb='half' is not valid",
                  id="int-declared-wrong-type"),

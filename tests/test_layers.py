@@ -36,8 +36,8 @@ LAYERS = [
     ("the apps", ["", "apps", "apps.hydra_app", "apps.hydra_errors", "apps.settings",
                   "apps.dry_run", "apps.stdout", "apps.calibrate_settings", "apps.calibrate",
                   "apps.replay_settings", "apps.replay"]),
-    ("the engine integrations", ["integrations", "integrations._post_import", "integrations.setting",
-                                 "integrations.vllm",
+    ("the engine integrations", ["integrations", "integrations._post_import",
+                                 "integrations.setting", "integrations.vllm",
                                  "integrations.vllm.plans", "integrations.vllm.setting",
                                  "integrations.vllm.workspaces", "integrations.vllm.seams"]),
 ]  # fmt: skip

@@ -74,9 +74,10 @@ class Floor:
 
 def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> Problem | None:
     """What is wrong with ``value`` as a floor in MB for ``setting``, or None if it is usable."""
-    if is_int(value) and 0 < value <= MAX_MB:
+    lowest = 0 if buffer.kind == "int" else 1  # an int floor of 0: the wrappers keep their own
+    if is_int(value) and lowest <= value <= MAX_MB:
         return None
-    expects = f"a whole number of MB from 1 to {MAX_MB:,}"
+    expects = f"a whole number of MB from {lowest} to {MAX_MB:,}"
     if is_int(value) and value > MAX_MB:
         return Problem(
             f"{setting}={shown_number(value)} MB is more than {MAX_MB:,} (1 TiB, more than any GPU "
@@ -85,10 +86,11 @@ def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> Problem |
             value=value,
             expects=expects,
         )
+    what = "a positive whole number of MB" if lowest else "a whole number of MB (0: none)"
     return Problem(
-        f"{setting}={value!r} is not a positive whole number of MB; declare the workspace's floor "
-        f"in MB, at most {MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {setting}=256), or "
-        f"leave it unset for {buffer.env_var} or the default of {buffer.default_mb}",
+        f"{setting}={value!r} is not {what}; declare the workspace's floor in MB, at most "
+        f"{MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {setting}=256), or leave it unset "
+        f"for {buffer.env_var} or the default of {buffer.default_mb}",
         setting=setting,
         value=value,
         expects=expects,

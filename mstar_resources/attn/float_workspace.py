@@ -299,15 +299,13 @@ def _whole_plan_need(
     return need if is_int(need) else None
 
 
-def install_int_workspace(wrapper: Any, workspace: Workspace, where: str) -> bool:
+def install_int_workspace(wrapper: Any, workspace: Workspace) -> bool:
     """Give ``wrapper`` the int workspace of ``workspace`` and its mirror, in place of its own;
-    False (and ``wrapper`` left as it is) where it keeps none to replace (:func:`own_buffers`).
-    ``where`` names the key in errors."""
+    False (and ``wrapper`` left as it is) where the workspace has none (its int floor is 0: its
+    wrappers keep their own) or the wrapper keeps none to replace (:func:`own_buffers`)."""
     own = own_buffers(wrapper)
     int_workspace = workspace.int_workspace
-    if int_workspace is None:
-        raise ResourceUsageError(f"{where}: workspace {workspace.name!r} has no int workspace")
-    if own is None:
+    if int_workspace is None or own is None:
         return False
     # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
     own[INT_BUFFER] = int_workspace.tensor

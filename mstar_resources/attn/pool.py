@@ -41,7 +41,8 @@ class WorkspacePool:
     floor ``int_size_mb`` resolves to: else ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8), which the
     wrappers of the key share in place of the 8 MiB pair each FlashInfer wrapper makes for
     itself. :meth:`build` makes a wrapper on both; :meth:`install` gives them to one an engine
-    made. See the module's notes for when sharing them is safe.
+    made. See the module's notes for when sharing them is safe. An int floor of 0 makes none:
+    each wrapper keeps its own.
 
     A pool built from a declared resource (see :func:`mstar_resources.build_pools`) says so with
     the keyword-only arguments:
@@ -224,7 +225,7 @@ class WorkspacePool:
                 f"{where}: the {type(wrapper).__name__} was built on another float buffer; "
                 f"build it on pool.get({label!r}, {cg_slot}).tensor, or with WorkspacePool.build"
             )
-        install_int_workspace(wrapper, workspace, where)
+        install_int_workspace(wrapper, workspace)
 
     def seal(self, *, group: ProcessGroup | None = None) -> None:
         """The workspaces here keep their addresses from now on, for the graphs about to be
@@ -359,17 +360,7 @@ class WorkspacePool:
                 "(torch.cuda.is_available() is False); make the pools on 'cpu' to plan without "
                 "a GPU"
             )
-        int_name = f"{name}:int"
-        int_tensor = self._allocate(int_name, self._int_floor)
-        try:
-            mirror = host_mirror(int_tensor.numel(), int_tensor)
-        except RuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            raise self._short(int_name, self._int_floor, error, "pinned host memory") from error
-        int_workspace = IntWorkspace(
-            int_tensor, int_name, self._sealed, self._int_floor.setting, mirror=mirror
-        )
+        int_workspace = None if self._int_floor.bytes == 0 else self._make_int(f"{name}:int")
         tensor = self._allocate(name, self._floor)
         workspace = Workspace(
             tensor, name, self._sealed, self._floor.setting, int_workspace=int_workspace
@@ -377,6 +368,16 @@ class WorkspacePool:
         if self._sealing:
             workspace._refuse_growth()
         return workspace
+
+    def _make_int(self, name: str) -> IntWorkspace:
+        tensor = self._allocate(name, self._int_floor)
+        try:
+            mirror = host_mirror(tensor.numel(), tensor)
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            raise self._short(name, self._int_floor, error, "pinned host memory") from error
+        return IntWorkspace(tensor, name, self._sealed, self._int_floor.setting, mirror=mirror)
 
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
         try:

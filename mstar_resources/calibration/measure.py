@@ -223,7 +223,7 @@ class Planner:
         def wrapper_for(shape: Shape) -> Any:
             nonlocal int_measured
             wrapper = wrappers(shape)
-            if int_measured and not install_int_workspace(wrapper, workspace, "calibration"):
+            if int_measured and not install_int_workspace(wrapper, workspace):
                 int_measured = False
             return wrapper
 

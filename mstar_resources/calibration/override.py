@@ -114,8 +114,11 @@ def calibrated_yaml(
         for part in m.path.split("."):
             node = node.setdefault(part, {})
         node["declared_mb"] = declared_mb_for(m.need_bytes, margin)
-        if m.int_need_bytes is not None:
-            node["int_declared_mb"] = declared_mb_for(m.int_need_bytes, margin)
+        # No int need measured: the wrappers keep their own (FlashInfer 0.7's MLA), so none is
+        # reserved for them.
+        node["int_declared_mb"] = (
+            0 if m.int_need_bytes is None else declared_mb_for(m.int_need_bytes, margin)
+        )
     body = {
         "defaults": [deployment, "_self_"],
         "resources": resources,

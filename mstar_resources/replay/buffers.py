@@ -87,7 +87,7 @@ class LibraryBuffers(Buffers):
         runs (or its graph replays), one a step. FlashInfer 0.7's MLA wrapper, which makes its
         own at each plan, keeps its own."""
         workspace = self._workspace(role)
-        install_int_workspace(wrapper, workspace, workspace.name)
+        install_int_workspace(wrapper, workspace)
         return wrapper
 
     def int_tensors(self) -> list[torch.Tensor]:

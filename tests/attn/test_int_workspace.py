@@ -62,7 +62,7 @@ def test_a_deployment_and_the_command_line_declare_the_int_floor():
 @pytest.mark.parametrize(
     ("value", "problem"),
     [
-        (0, "resources.d.int_declared_mb=0 is not a positive whole number of MB"),
+        (-1, "resources.d.int_declared_mb=-1 is not a whole number of MB (0: none)"),
         (True, "resources.d.int_declared_mb=True has the wrong type"),
         (2**21, "resources.d.int_declared_mb=2,097,152 MB is more than 1,048,576"),
     ],
@@ -289,3 +289,24 @@ def test_a_wrapper_given_another_keys_int_workspace_checks_only_that_one():
     pool.install(wrapper, "decode", 1)  # slot 0 holds another wrapper's plan: no longer its own
     pool.get("decode", 1).plan(wrapper.plan)
     assert wrapper.run("q") == "ran"
+
+
+def test_an_int_floor_of_zero_reserves_no_int_workspace_and_the_wrappers_keep_their_own():
+    """``int_declared_mb: 0`` (what calibration writes where the wrappers keep their own int
+    workspace, FlashInfer 0.7's MLA): the pool reserves only float workspaces, and a wrapper it
+    builds or is given keeps the int workspace and mirror it made."""
+    (record,) = resolve({"d": {"labels": ["decode"], "int_declared_mb": 0, "declared_mb": 1}}, {})
+    assert (record.int_floor_mb, record.int_floor_source) == (0, "declared")
+    (pool,) = build_pools([record], "cpu").values()
+    assert pool.reserve() == MIB
+    workspace = pool.get("decode")
+    assert workspace.int_workspace is None
+    assert (pool.int_held_bytes, pool.int_stats()) == (0, [])
+    wrapper = FakeWrapper(
+        workspace.tensor, int_allocations=[("batch_decode_request_indices", 64, 16)]
+    )
+    own = wrapper._int_workspace_buffer
+    pool.install(wrapper, "decode")
+    assert wrapper._int_workspace_buffer is own
+    workspace.plan(wrapper.plan)
+    assert wrapper.plans == 1

@@ -87,7 +87,7 @@ def test_an_int_workspace_grows_from_empty_and_the_output_is_bit_identical(kv_ca
     workspace = growing()
     int_workspace = workspace.int_workspace
     wrapper = decode_wrapper(workspace.tensor)
-    assert install_int_workspace(wrapper, workspace, "test")
+    assert install_int_workspace(wrapper, workspace)
     args, kwargs = plan_args(64, 4096)
 
     workspace.plan(wrapper.plan, *args, **kwargs)
@@ -108,7 +108,7 @@ def test_an_int_workspace_grows_from_empty_and_the_output_is_bit_identical(kv_ca
 def test_a_sealed_int_workspace_refuses_naming_its_setting_and_never_moves():
     workspace = growing()
     wrapper = decode_wrapper(workspace.tensor)
-    install_int_workspace(wrapper, workspace, "test")
+    install_int_workspace(wrapper, workspace)
     workspace.plan(wrapper.plan, *plan_args(1, 128)[0], **plan_args(1, 128)[1])
     int_workspace = workspace.int_workspace
     held, address = int_workspace.tensor.numel(), int_workspace.tensor.data_ptr()

@@ -160,7 +160,11 @@ def test_recalibrating_a_calibrated_deployment_rewrites_its_base_s_override(tmp_
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     written = OmegaConf.load(path)
     assert OmegaConf.to_container(written.resources) == {
-        "attn": {"d": {"declared_mb": 1}, "p": {"declared_mb": 3}}
+        # No int need measured (the wrappers keep their own): none reserved for them.
+        "attn": {
+            "d": {"declared_mb": 1, "int_declared_mb": 0},
+            "p": {"declared_mb": 3, "int_declared_mb": 0},
+        }
     }
     assert written.calibrated.gpu == "NVIDIA A100"
 

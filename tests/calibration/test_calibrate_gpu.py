@@ -142,6 +142,6 @@ def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
             for shape in shapes_for(plan, profile, bool(record.cg_slots)) + BETWEEN[label]:
                 args, kwargs = planner.plan_args(plan, shape)
                 wrapper = wrapper_for(shape)
-                install_int_workspace(wrapper, workspace, record.path)  # where it keeps one
+                install_int_workspace(wrapper, workspace)  # where it keeps one
                 workspace.plan(wrapper.plan, *args, **kwargs)
             assert_sealed(workspace)
