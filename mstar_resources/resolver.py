@@ -20,7 +20,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ._internal import limits
-from ._internal.floor import FLOAT, INT, Floor, FloorSource, resolve_floor
+from ._internal.floor import FLOAT, INT, Floor, FloorSource, declared_text, resolve_floor
 from .errors import Problem, ResourceConfigError, ResourceUsageError, did_you_mean
 from .schema import Resource
 from .units import MIB, is_int
@@ -42,6 +42,8 @@ RESOURCES_KEY = "resources"
 _FIELDS = {f.name: f for f in dataclasses.fields(Resource)}
 _TYPES = typing.get_type_hints(Resource)
 _REQUIRED = {name for name, f in _FIELDS.items() if f.default == MISSING}
+FLOOR_FIELDS = (FLOAT.declared_key, INT.declared_key)
+"""The fields that declare a floor: given as text, read by the command line's rule."""
 
 
 @dataclass(frozen=True)
@@ -367,6 +369,12 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
                 )
             )
         else:
+            if name in FLOOR_FIELDS and isinstance(value, str):  # one rule for a number as text
+                try:
+                    value = declared_text(field_key, value)
+                except ResourceConfigError as error:
+                    problems.extend(error.problems)
+                    continue
             try:
                 typed[name] = value
             except OmegaConfBaseException:

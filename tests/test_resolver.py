@@ -106,8 +106,8 @@ BAD_TREES = [
     ),
     pytest.param(
         {"d": {"labels": ["x"], "declared_mb": "big"}}, {},
-        [r"resources\.d\.declared_mb='big' has the wrong type; set it to a whole number of MB "
-         r"from 1 to 1,048,576, or null"],
+        [r"resources\.d\.declared_mb='big' is not a whole number of MB as the command line "
+         r"writes one \(ASCII digits, an optional \+ and _ between digits\)"],
         id="declared-wrong-type",
     ),
     pytest.param(
@@ -486,3 +486,40 @@ def test_serving_finds_the_resource_of_a_label_in_a_slot_eagerly_or_in_any():
     assert serving(records, "decode", 1) is None
     assert serving(records, "prefill", 0) is None
     assert serving(records, "verify") is None
+
+
+@pytest.mark.parametrize("text", ["12", "+12", "1_2", " 12 ", "012"])
+def test_a_floor_given_as_text_is_read_by_the_command_lines_rule_in_both_apis(text):
+    """One rule for a number written as text: a config value (an interpolation gives text) and
+    the Python API's size_mb alike, as the command line and the variables take it."""
+    from mstar_resources import WorkspacePool
+
+    (record,) = resolve({"d": {"labels": ["x"], "declared_mb": text, "int_declared_mb": text}}, {})
+    assert (record.floor_mb, record.int_floor_mb) == (12, 12)
+    pool = WorkspacePool("cpu", size_mb=text, int_size_mb=text)
+    assert pool.get("x").tensor.numel() == pool.get("x").int_workspace.tensor.numel() == 12 * MIB
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "\u0661\u0662",
+            "is not a whole number of MB as the command line writes one",
+        ),  # Arabic-Indic
+        ("\uff11\uff12", "is not a whole number of MB as the command line writes one"),  # fullwidth
+        ("12 MB", "is not a whole number of MB as the command line writes one"),
+        ("9" * 70, "=<a number of 70 digits> MB is more than 1,048,576"),
+    ],
+)
+def test_a_floor_as_text_that_spells_no_floor_is_refused_in_both_apis(text, problem):
+    from mstar_resources import WorkspacePool
+
+    with pytest.raises(ResourceConfigError) as caught:
+        resolve({"d": {"labels": ["x"], "declared_mb": text}}, {})
+    (found,) = caught.value.problems
+    assert found.setting == "resources.d.declared_mb" and found.value == text
+    assert problem in found
+    with pytest.raises(ResourceConfigError) as caught:
+        WorkspacePool("cpu", size_mb=text)
+    assert caught.value.problems[0].setting == "size_mb"

@@ -98,6 +98,39 @@ def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> Problem |
     )
 
 
+def declared_text(setting: str, text: str) -> int:
+    """A floor declared as text (a config value from an interpolation, ``size_mb="8"``) as the
+    whole number it spells by the command line's rule (:data:`WHOLE_NUMBER`, surrounding spaces
+    left out), the rule the variables follow too; else :class:`ResourceConfigError` naming
+    ``setting``. Arabic-Indic or fullwidth digits spell no number here, as on the command line."""
+    stripped = text.strip()
+    digits = stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
+    expects = f"a whole number of MB from 1 to {MAX_MB:,}"
+    if not WHOLE_NUMBER.fullmatch(stripped):
+        shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text):,} characters)"
+        raise ResourceConfigError(
+            Problem(
+                f"{setting}={shown} is not a whole number of MB as the command line writes one "
+                f"(ASCII digits, an optional + and _ between digits); declare the floor in MB, "
+                f"e.g. {setting}=256",
+                setting=setting,
+                value=text,
+                expects=expects,
+            )
+        )
+    if len(digits) > 60:  # past any floor, and past what Python prints of an int
+        raise ResourceConfigError(
+            Problem(
+                f"{setting}=<a number of {len(digits):,} digits> MB is more than {MAX_MB:,} (1 "
+                f"TiB, more than any GPU holds); declare the floor in MB, e.g. {setting}=256",
+                setting=setting,
+                value=text,
+                expects=expects,
+            )
+        )
+    return int(digits)
+
+
 def resolve_floor(
     declared_mb: int | None = None,
     env: Mapping[str, str] | None = None,
@@ -112,6 +145,8 @@ def resolve_floor(
     """
     declared_setting = declared_setting or buffer.declared_key
     var = buffer.env_var
+    if isinstance(declared_mb, str):
+        declared_mb = declared_text(declared_setting, declared_mb)
     if declared_mb is not None:
         problem = mb_problem(declared_setting, declared_mb, buffer)
         if problem is not None:
