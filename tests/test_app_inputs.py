@@ -375,3 +375,29 @@ def test_a_reader_that_reads_one_line_gets_status_0_every_time(tmp_path, args):
             timeout=120,
         )
         assert (done.returncode, done.stderr) == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("python", "setting"),
+    [(None, "format: json"), (None, "device: cuda"), (CALIBRATE, "margin: 0.5"),
+     (REPLAY, "layers: 2")],
+    ids=["dry-run-format", "dry-run-device", "calibrate-margin", "replay-layers"],
+)  # fmt: skip
+def test_a_deployment_file_that_sets_an_apps_setting_is_refused_naming_it(
+    tmp_path: Path, python: list[str] | None, setting: str
+) -> None:
+    """The app's settings come after the deployment in its primary config and would override the
+    file's without a word: a file that sets one is refused, naming the key and the file."""
+    (tmp_path / "deployment").mkdir()
+    mine = tmp_path / "deployment" / "mine.yaml"
+    mine.write_text(f"# @package _global_\ndefaults:\n  - llama3-8b-h200\n  - _self_\n{setting}\n")
+    done = run_app("--config-dir", str(tmp_path), "deployment=mine", cwd=tmp_path, python=python)
+    key = setting.split(":")[0]
+    assert done.returncode == 2, done.stderr
+    assert f"deployment=mine ({mine}) sets {key}, the app's own settings" in done.stderr
+    assert done.stdout == ""
+    mine.write_text("# @package _global_\ndefaults:\n  - llama3-8b-h200\n  - _self_\n")
+    if python is None:  # the same file without it composes
+        assert (
+            run_app("--config-dir", str(tmp_path), "deployment=mine", cwd=tmp_path).returncode == 0
+        )

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
 import importlib.resources
@@ -67,7 +68,10 @@ from hydra.version import VersionBase
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from ..calibration.profile import PROFILE_KEY
+from ..calibration.record import RECORD_KEY
 from ..errors import ResourceConfigError, ResourceUsageError
+from ..resolver import RESOURCES_KEY
 from .hydra_errors import (
     DEPLOYMENT_GROUP,
     explain,
@@ -222,6 +226,7 @@ def hydra_app(
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
         app = _App(prog, command or prog, config_name, config_path, run, compose_once, version)
+        app.settings = settings
 
         def main() -> None:
             if settings is not None:
@@ -251,6 +256,8 @@ class _App:
         self.prog, self.invoked, self.version = prog, invoked, version
         self.config_name, self.config_path, self.run = config_name, config_path, run
         self.compose_once = compose_once
+        self.settings: type | None = None
+        """The dataclass of the app's settings (``hydra_app``'s ``settings``), where given."""
         self.full_error = _FullError()
         self.task = self._task(run)
         self.hydra_main = hydra.main(
@@ -318,7 +325,11 @@ class _App:
         # Before composing, which would merge `deployment=[a,b]` without a word and compose
         # `deployment=../resources/default` forever.
         overrides = _parsed(line.overrides) if line is not None else []
-        refused = _group_value_problem(overrides, listed) or _added_at_the_top(overrides, listed)
+        refused = (
+            _group_value_problem(overrides, listed)
+            or _added_at_the_top(overrides, listed)
+            or _app_settings_in_deployment(overrides, folders, self.settings)
+        )
         if refused is not None:
             fail(prog, f"{refused}; `{invoked} --help` lists the settings")
         reported = functools.partial(
@@ -601,6 +612,46 @@ def _added_at_the_top(overrides: list[Override], listed: Callable[[str], list[st
                 f"{override.input_line} adds a key {key!r} at the top of the config, which "
                 "nothing reads; set one of the settings, or add a resource under resources"
             )
+    return None
+
+
+DEPLOYMENT_KEYS = ("defaults", RESOURCES_KEY, PROFILE_KEY, RECORD_KEY)
+"""The top-level keys a deployment file may set: the app's own settings come after it in the
+primary config, which would override a deployment's without a word."""
+
+
+def _app_settings_in_deployment(
+    overrides: list[Override], folders: list[Path], settings: type | None
+) -> str | None:
+    """A deployment file (the one ``deployment=NAME`` picks, the user's ``--config-dir`` first)
+    that sets one of the app's ``settings``, such as ``format`` or ``device``, or None. Its
+    values would be overridden by the primary config's own; a key that is no setting, and a
+    file Hydra cannot read, are Hydra's to report."""
+    if settings is None or not dataclasses.is_dataclass(settings):
+        return None
+    taken = {field.name for field in dataclasses.fields(settings)} - set(DEPLOYMENT_KEYS)
+    chosen = next(
+        (o.value() for o in overrides if o.key_or_group == DEPLOYMENT_GROUP and not o.is_delete()),
+        None,
+    )
+    if not isinstance(chosen, str):
+        return None
+    for folder in reversed(folders):
+        path = folder / DEPLOYMENT_GROUP / f"{chosen}.yaml"
+        try:
+            body = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        keys = body if isinstance(body, dict) else {}
+        extra = [key for key in keys if key in taken]
+        if extra:
+            return (
+                f"{DEPLOYMENT_GROUP}={chosen} ({path}) sets {', '.join(map(str, extra))}, the "
+                "app's own settings, which its primary config would override without a word: "
+                f"give them on the command line ({extra[0]}=...), and declare only "
+                f"{', '.join(DEPLOYMENT_KEYS[1:])} in a deployment; take them out of the file"
+            )
+        return None
     return None
 
 
