@@ -33,15 +33,25 @@ def bounded(expects: str, **bounds: float) -> dict[str, Any]:
     return {"expects": expects, **bounds}
 
 
+def _shown(number: float) -> str:
+    """A bound or a value as a message writes it: a whole number with thousands separators (one
+    too long to read by its count of digits), any other as Python writes it."""
+    if isinstance(number, int) and not isinstance(number, bool):
+        from .floor import shown_number
+
+        return shown_number(number)
+    return repr(number)
+
+
 def _bounds_text(metadata: Mapping[str, Any]) -> str:
     low = ("above", metadata["gt"]) if "gt" in metadata else ("at least", metadata.get("ge"))
     high = ("below", metadata["lt"]) if "lt" in metadata else ("at most", metadata.get("le"))
     if low[1] is not None and high[1] is not None:
         if "gt" in metadata and "lt" in metadata:
-            return f"between {low[1]} and {high[1]}"
-        return f"{low[0]} {low[1]} and {high[0]} {high[1]}"
+            return f"between {_shown(low[1])} and {_shown(high[1])}"
+        return f"{low[0]} {_shown(low[1])} and {high[0]} {_shown(high[1])}"
     word, value = low if low[1] is not None else high
-    return "" if value is None else f"{word} {value}"
+    return "" if value is None else f"{word} {_shown(value)}"
 
 
 def expects(field: dataclasses.Field[Any]) -> str | None:
@@ -80,7 +90,7 @@ def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
         if not math.isfinite(value):
             text = f"{setting}={value!r} is not a finite number; it must be {bounds}"
         elif not _within(value, field.metadata):
-            text = f"{setting}={value!r} must be {bounds}"
+            text = f"{setting}={_shown(value)} must be {bounds}"
         else:
             continue
         found.append(
@@ -110,7 +120,7 @@ def argument_problem(
         takes = f"a positive whole number{f' of {of}' if of else ''}"
     else:
         kind = "whole number" if whole else "finite number"
-        limits = "".join(f" {_SYMBOLS[bound]} {limit}" for bound, limit in bounds.items())
+        limits = "".join(f" {_SYMBOLS[bound]} {_shown(limit)}" for bound, limit in bounds.items())
         takes = f"a {kind}{f' of {of}' if of else ''}{limits}"
     return f"{name}={value!r} must be {takes}{note}"
 

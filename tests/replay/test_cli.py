@@ -52,7 +52,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      r"layers=0 must be at least 1 \(a whole number of layers\)", id="layers"),
         pytest.param([DEPLOYMENT, "memory_utilization=1.5", "requests=0"], {},
                      r"2 problems in the replay's settings: - requests=0 must be at least 1 and at "
-                     r"most 1000000000 \(a whole number\) - memory_utilization=1\.5 must be "
+                     r"most 1,000,000,000 \(a whole number\) - memory_utilization=1\.5 must be "
                      r"between 0 and 1",
                      id="every-problem"),
         pytest.param([DEPLOYMENT, "layers=two"], {},
@@ -80,7 +80,8 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      r"3 ranks can't split calibration\.model\.num_qo_heads=16 evenly; run on a "
                      r"number of ranks that divides it", id="ranks-mla"),
         pytest.param([DEPLOYMENT, "requests=99999999999999999999", "dry_run=true"], {},
-                     r"requests=99999999999999999999 must be at least 1 and at most 1000000000",
+                     r"requests=99,999,999,999,999,999,999 must be at least 1 and at most "
+                     r"1,000,000,000",
                      id="requests-beyond-the-bound"),
         pytest.param([DEPLOYMENT, "calibration.limits.max_model_len=1", "dry_run=true"], {},
                      r"calibration\.limits\.max_model_len=1 is too short to replay",
