@@ -98,27 +98,43 @@ def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> Problem |
     )
 
 
+def _spelled(text: str) -> str | None:
+    """The digits ``text`` spells by the command line's rule (:data:`WHOLE_NUMBER`; spaces
+    around it, the ``+``, the ``_`` and leading zeros left out), or None where it spells none."""
+    stripped = text.strip()
+    if not WHOLE_NUMBER.fullmatch(stripped):
+        return None
+    return stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
+
+
+def _shown_text(text: str) -> str:
+    """``text`` as a message quotes it: cut, with its length, where it is too long to read."""
+    return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text):,} characters)"
+
+
+MAX_DIGITS = 60
+"""More digits than this are past any floor (and past what Python prints of an int)."""
+
+
 def declared_text(setting: str, text: str) -> int:
     """A floor declared as text (a config value from an interpolation, ``size_mb="8"``) as the
     whole number it spells by the command line's rule (:data:`WHOLE_NUMBER`, surrounding spaces
     left out), the rule the variables follow too; else :class:`ResourceConfigError` naming
     ``setting``. Arabic-Indic or fullwidth digits spell no number here, as on the command line."""
-    stripped = text.strip()
-    digits = stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
+    digits = _spelled(text)
     expects = f"a whole number of MB from 1 to {MAX_MB:,}"
-    if not WHOLE_NUMBER.fullmatch(stripped):
-        shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text):,} characters)"
+    if digits is None:
         raise ResourceConfigError(
             Problem(
-                f"{setting}={shown} is not a whole number of MB as the command line writes one "
-                f"(ASCII digits, an optional + and _ between digits); declare the floor in MB, "
-                f"e.g. {setting}=256",
+                f"{setting}={_shown_text(text)} is not a whole number of MB as the command line "
+                "writes one (ASCII digits, an optional + and _ between digits); declare the "
+                f"floor in MB, e.g. {setting}=256",
                 setting=setting,
                 value=text,
                 expects=expects,
             )
         )
-    if len(digits) > 60:  # past any floor, and past what Python prints of an int
+    if len(digits) > MAX_DIGITS:
         raise ResourceConfigError(
             Problem(
                 f"{setting}=<a number of {len(digits):,} digits> MB is more than {MAX_MB:,} (1 "
@@ -165,23 +181,21 @@ def resolve_floor(
         )
     if raw.strip() == "":
         return Floor(buffer.default_mb, "default", var)
-    text = raw.strip()
+    digits = _spelled(raw)
     expects = f"a whole number of MB from 1 to {MAX_MB:,}"
-    if not WHOLE_NUMBER.fullmatch(text):
-        shown = repr(raw) if len(raw) <= 40 else f"{raw[:40]!r}... ({len(raw):,} characters)"
+    if digits is None:
         raise ResourceConfigError(
             Problem(
-                f"{var}={shown} is not a positive whole number of MB; set it to one, at most "
-                f"{MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {var}=256), or unset it for "
-                f"the default of {buffer.default_mb}",
+                f"{var}={_shown_text(raw)} is not a positive whole number of MB; set it to one, "
+                f"at most {MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {var}=256), or unset "
+                f"it for the default of {buffer.default_mb}",
                 setting=var,
                 value=raw,
                 expects=expects,
                 fix=f"unset {var} for the default of {buffer.default_mb}",
             )
         )
-    digits = text.lstrip("+").replace("_", "").lstrip("0") or "0"
-    value = int(digits) if len(digits) <= 60 else None  # longer is out of range anyway
+    value = int(digits) if len(digits) <= MAX_DIGITS else None
     if value is None or not 0 < value <= MAX_MB:
         size = shown_number(value) if value is not None else f"<a number of {len(digits):,} digits>"
         raise ResourceConfigError(

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import Problem
+from .floor import shown_number
 
 __all__ = ["MAX_NAME", "argument_problem", "bounded", "expects", "name_problem", "problems"]
 
@@ -37,8 +38,6 @@ def _shown(number: float) -> str:
     """A bound or a value as a message writes it: a whole number with thousands separators (one
     too long to read by its count of digits), any other as Python writes it."""
     if isinstance(number, int) and not isinstance(number, bool):
-        from .floor import shown_number
-
         return shown_number(number)
     return repr(number)
 

@@ -225,8 +225,9 @@ def hydra_app(
     """
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
-        app = _App(prog, command or prog, config_name, config_path, run, compose_once, version)
-        app.settings = settings
+        app = _App(
+            prog, command or prog, config_name, config_path, run, compose_once, version, settings
+        )
 
         def main() -> None:
             if settings is not None:
@@ -252,11 +253,12 @@ class _App:
         run: Callable[[DictConfig], None],
         compose_once: bool,
         version: str | Callable[[], str] | None,
+        settings: type | None = None,
     ) -> None:
         self.prog, self.invoked, self.version = prog, invoked, version
         self.config_name, self.config_path, self.run = config_name, config_path, run
         self.compose_once = compose_once
-        self.settings: type | None = None
+        self.settings = settings
         """The dataclass of the app's settings (``hydra_app``'s ``settings``), where given."""
         self.full_error = _FullError()
         self.task = self._task(run)
