@@ -70,7 +70,8 @@ def order(configs: list[Config], rounds: int) -> list[tuple[Config, Case]]:
 def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
     """One row a configuration: medians of the runs that finished, their ratio, the tokens."""
     head = ("configuration", "runs", "vLLM s", "plugin s", "ratio", "same tokens",
-            "KV tokens vLLM", "KV tokens plugin")  # fmt: skip
+            "KV tokens vLLM", "KV tokens plugin", "decode plan us", "added us vLLM/plugin",
+            "added of generation")  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
     for config in configs:
         sides = {side: [r for n, r in results.items() if n.startswith(f"{config.group}/{side}-")
@@ -90,10 +91,30 @@ def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
             *(f"{medians[s]:.3f}" if medians[s] else "-" for s in ("vllm", "plugin")), ratio,
             "-" if not digests else "yes" if len(digests) == 1 else "NO",
             *(", ".join(f"{n:,}" for n in sorted(kv[s])) or "-" for s in ("vllm", "plugin")),
+            *_plan_clock(sides),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
                      for row in rows)  # fmt: skip
+
+
+def _plan_clock(sides: dict[str, list[dict[str, Any]]]) -> tuple[str, str, str]:
+    """Medians of the decode plan's clock (``vllm_proof._PlanClock``): FlashInfer's plan, what
+    the call around it added without the plugin (the clock's own cost) and with it, and the
+    plugin's added time as a share of its generation."""
+
+    def median(side: str, key: str) -> float | None:
+        found = [c[key] for r in sides[side] if key in (c := r.get("decode_plan_clock") or {})]
+        return statistics.median(found) if found else None
+
+    inner = median("vllm", "flashinfer_plan_us")
+    added = [median(side, "added_per_plan_us") for side in ("vllm", "plugin")]
+    share = median("plugin", "added_of_generate")
+    return (
+        "-" if inner is None else f"{inner:.1f}",
+        "/".join("-" if a is None else f"{a:.1f}" for a in added),
+        "-" if share is None else f"{share:.2%}",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,6 +107,16 @@ class Case:
     """How many times the prompts are generated; the time is the last one's (the first also pays
     for what runs once per engine)."""
 
+    @property
+    def side(self) -> str:
+        """What the run is of its group: ``vllm``, ``plugin``, ``plugin-mp``..."""
+        return self.name.split("/")[-1]
+
+
+SIDES = ("vllm", "plugin", "plugin-mp", "plugin-stale", "vllm-raised")
+"""The runs a group can have (``--sides``); ``plugin-file`` follows ``plugin``
+(``--file-floors``)."""
+
 
 V1_RUNNER = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 """vLLM 0.26 runs a dense model on its V2 model runner by default; this selects V1."""
@@ -306,9 +316,53 @@ def _vllm_buffers() -> dict[int, int]:
     return made
 
 
+class _PlanClock:
+    """The time vLLM's decode plans take inside FlashInfer's plan (``fast_plan_decode``) and as
+    vLLM's builder calls them (through the plugin's ``Workspace.plan`` where it serves), in the
+    same process: their difference is what the plugin adds to each plan, free of the noise between
+    runs. Without the plugin the difference is the clock's own cost."""
+
+    def __init__(self) -> None:
+        import vllm.v1.attention.backends.flashinfer as backend
+
+        self.backend = backend
+        self.plans = 0
+        self.inner_s = self.outer_s = 0.0
+        backend.fast_plan_decode = self._timed(backend.fast_plan_decode, "inner_s")
+
+    def _timed(self, plan: Any, total: str) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            begin = time.perf_counter()
+            try:
+                return plan(*args, **kwargs)
+            finally:
+                setattr(self, total, getattr(self, total) + time.perf_counter() - begin)
+                self.plans += total == "outer_s"
+
+        return timed
+
+    def around_the_plugin(self) -> None:
+        """Once the engine is built (the plugin, where it serves, has wrapped the plan): time the
+        plan as the builder calls it."""
+        self.backend.fast_plan_decode = self._timed(self.backend.fast_plan_decode, "outer_s")
+
+    def reset(self) -> None:
+        self.plans, self.inner_s, self.outer_s = 0, 0.0, 0.0
+
+    def report(self, generate_s: float) -> dict[str, Any]:
+        added = self.outer_s - self.inner_s
+        return {
+            "decode_plans": self.plans,
+            "flashinfer_plan_us": round(self.inner_s / max(self.plans, 1) * 1e6, 2),
+            "added_per_plan_us": round(added / max(self.plans, 1) * 1e6, 2),
+            "added_of_generate": round(added / generate_s, 5),
+        }
+
+
 def run(case: Case, models: Path) -> dict[str, Any]:
     """One vLLM engine: start it, generate, and say what it held."""
     made = _vllm_buffers() if case.plugin is None else {}
+    clock = _PlanClock()
     from vllm import LLM, SamplingParams
     from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
 
@@ -334,12 +388,14 @@ def run(case: Case, models: Path) -> dict[str, Any]:
         **({} if case.eager else {"compilation_config": graphs}),
     )  # fmt: skip
     started = time.perf_counter() - start
+    clock.around_the_plugin()
     params = [
         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
         for _, n in requests
     ]
     times = []
     for _ in range(case.generations):
+        clock.reset()
         begin = time.perf_counter()
         outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params)
         times.append(time.perf_counter() - begin)
@@ -354,6 +410,7 @@ def run(case: Case, models: Path) -> dict[str, Any]:
         "tokens_out": sum(len(t) for t in tokens),
         "generate_s": round(times[-1], 3),
         "generate_each_s": [round(t, 3) for t in times],
+        "decode_plan_clock": clock.report(times[-1]),
     }
     from mstar_resources.integrations import vllm as plugin
 
@@ -492,6 +549,10 @@ def main() -> None:
                         help="in these groups (crash, llama3-8b...), after the run with the "
                         "plugin's auto, one with the floors it measured as a deployment file: "
                         "their KV tokens must agree")  # fmt: skip
+    parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES,
+                        help="which runs of each group: vLLM as it is, with the plugin, with a "
+                        "stale calibration, the crash's vLLM with its buffer raised (default: "
+                        "all)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the runs, start none")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -507,6 +568,7 @@ def main() -> None:
             order += users_cases(name)
         else:
             order += shape_cases(name, args.requests)
+    order = [case for case in order if case.side in args.sides]
     if args.dry_run:
         for case in order:
             lengths = prompts(case)
@@ -525,7 +587,7 @@ def main() -> None:
             print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
             continue
         results[case.name] = launch(case, args.out, args.models, min(args.timeout, left))
-        if case.name == "crash/plugin":
+        if case.name == "crash/plugin" and "vllm-raised" in args.sides:
             _crash_raised(results, args, deadline)
         auto = results[case.name]
         group = case.name.split("/")[0]

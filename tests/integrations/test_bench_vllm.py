@@ -74,7 +74,26 @@ def test_the_table_gives_medians_their_ratio_and_the_tokens():
     rows = {line.split("  ")[0]: line.split() for line in lines}
     small = rows["3 layers, max_num_seqs 256"]
     # medians 1.1 and 1.1: ratio 1.000; six runs, one digest; KV tokens both ways
-    assert small[4:10] == ["3+3", "1.100", "1.100", "1.000", "yes", "1,000"]
-    assert small[-1] == "990"
+    assert small[4:11] == ["3+3", "1.100", "1.100", "1.000", "yes", "1,000", "990"]
+    assert small[11:] == ["-", "-/-", "-"]  # no clock in these runs
     large = rows["16 layers, max_num_seqs 512"]
     assert large[4:9] == ["1+1", "2.000", "2.000", "1.000", "NO"]  # the failed run left out
+
+
+def _clocked(seconds: float, inner_us: float, added_us: float, share: float) -> dict:
+    clock = {"decode_plans": 100, "flashinfer_plan_us": inner_us,
+             "added_per_plan_us": added_us, "added_of_generate": share}  # fmt: skip
+    return _result(seconds, "aa", 1000) | {"decode_plan_clock": clock}
+
+
+def test_the_table_gives_the_decode_plans_clock_both_ways():
+    bench = _bench()
+    results = {
+        "L3-S256/vllm-0": _clocked(1.0, 60.0, 0.4, 0.0001),
+        "L3-S256/vllm-1": _clocked(1.0, 70.0, 0.6, 0.0001),
+        "L3-S256/plugin-0": _clocked(1.0, 65.0, 12.0, 0.002),
+        "L3-S256/plugin-1": _clocked(1.0, 65.0, 14.0, 0.004),
+    }  # fmt: skip
+    row = bench.table([bench.Config(3, 256)], results).splitlines()[1].split()
+    # FlashInfer's plan without the plugin, added time without/with it, the plugin's share
+    assert row[-3:] == ["65.0", "0.5/13.0", "0.30%"]

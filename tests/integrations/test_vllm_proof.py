@@ -48,6 +48,18 @@ def test_the_dry_run_lists_every_run_with_its_trace_slice_and_starts_none(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+def test_sides_keep_only_the_named_runs_of_each_group(tmp_path):
+    done = _run("--dry-run", "--cases", "crash", "llama3-8b-v1", "--sides", "plugin")
+    assert done.returncode == 0, done.stderr
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == [
+        "crash/plugin",
+        "llama3-8b-v1/plugin",
+    ]
+    refused = _run("--dry-run", "--sides", "plugin-file")
+    assert refused.returncode == 2
+    assert "--sides" in refused.stderr and "'plugin-file'" in refused.stderr
+
+
 def test_without_vllm_it_runs_nothing_and_ends_with_status_2(tmp_path):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
