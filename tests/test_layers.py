@@ -39,7 +39,10 @@ LAYERS = [
     ("the engine integrations", ["integrations", "integrations._post_import",
                                  "integrations.setting", "integrations.vllm",
                                  "integrations.vllm.plans", "integrations.vllm.setting",
-                                 "integrations.vllm.workspaces", "integrations.vllm.seams"]),
+                                 "integrations.vllm.workspaces", "integrations.vllm.seams",
+                                 "integrations.seam", "integrations.sglang",
+                                 "integrations.sglang.setting", "integrations.sglang.workspaces",
+                                 "integrations.sglang.seams"]),
 ]  # fmt: skip
 """Bottom to top; a module may import its own layer's and those below. "" is the package's
 ``__init__``, the facade that names the public API. Calibration's terms (the profile, the record,

@@ -62,6 +62,8 @@ class PluginSetting:
     """The engine, as errors name it (``vLLM``)."""
     roles: tuple[str, ...]
     """The labels the engine's FlashInfer wrappers plan as: each must be served."""
+    measures: bool = True
+    """Whether the plugin measures the engine's plans in the worker (``auto``)."""
 
     @property
     def off(self) -> str:
@@ -75,8 +77,15 @@ class PluginSetting:
         value = env.get(self.env_var, "").strip()
         if not value:
             return None
-        if value == AUTO:
+        if value == AUTO and self.measures:
             return Setting(self.env_var, value)
+        if value == AUTO:
+            raise ResourceConfigError(
+                f"{self.named(value)}: the plugin does not measure {self.engine}'s plans in the "
+                "worker; calibrate the deployment on this GPU (mstar-resources-calibrate "
+                "deployment=<name>) and set the file it writes, or name a shipped deployment; "
+                f"{self.off}"
+            )
         root = self.compose(value)
         try:
             records = tuple(resolve(root.get("resources") or {}, env=env))
@@ -110,16 +119,19 @@ class PluginSetting:
             if value == NO_DEPLOYMENT:
                 raise ResourceConfigError(
                     f"{named} names the shipped tree's empty deployment, which declares no floor "
-                    f"(each would be MSTAR_WORKSPACE_BUFFER_MB, else 512 MB); set {AUTO} to "
-                    f"measure {self.engine}'s plans, or name a deployment with floors; {off}"
+                    f"(each would be MSTAR_WORKSPACE_BUFFER_MB, else 512 MB); "
+                    + (f"set {AUTO} to measure {self.engine}'s plans, or " if self.measures else "")
+                    + f"name a deployment with floors; {off}"
                 )
             if value not in options:
-                choices = [AUTO, *(o for o in options if o != NO_DEPLOYMENT)]
+                shipped = [o for o in options if o != NO_DEPLOYMENT]
+                choices = [AUTO, *shipped] if self.measures else shipped
                 close = did_you_mean(value.lower(), choices) or did_you_mean(value, choices)
+                measured = f"{AUTO} (measure {self.engine}'s plans), " if self.measures else ""
                 raise ResourceConfigError(
-                    f"{named} is not a setting the plugin takes{close}: it takes {AUTO} (measure "
-                    f"{self.engine}'s plans), a shipped deployment ({', '.join(choices[1:])}) or "
-                    f"the path of a deployment file (e.g. calibrated/deployment/mine.yaml); {off}"
+                    f"{named} is not a setting the plugin takes{close}: it takes {measured}a "
+                    f"shipped deployment ({', '.join(shipped)}) or the path of a deployment file "
+                    f"(e.g. calibrated/deployment/mine.yaml); {off}"
                 )
             config_dir, name = None, value
         try:

@@ -104,7 +104,7 @@ def test_the_seams_file_is_what_the_wheels_hold():
         pytest.skip("set MSTAR_VLLM_WHEELS to a folder of vLLM's wheels to read them again")
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import vllm_seams
+        import engine_seams as vllm_seams
     finally:
         sys.path.pop(0)
     for wheel in _read_seams():

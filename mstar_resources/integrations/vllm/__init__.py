@@ -38,8 +38,9 @@ paragraph naming the setting and its value.
 
 from __future__ import annotations
 
+from ..seam import Seam
 from .plans import ROLES, BuilderPlans, Role, builder_plans, plans_of_groups
-from .seams import SEAMS, SUPPORTED_VLLM, Seam, active, missing_seams, register
+from .seams import SEAMS, SUPPORTED_VLLM, active, missing_seams, register
 from .setting import AUTO, ENV_VAR, Setting, read_setting
 from .workspaces import VllmWorkspaces
 

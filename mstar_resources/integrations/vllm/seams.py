@@ -9,31 +9,19 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
 from .._post_import import when_imported
+from ..seam import Seam
+from ..seam import missing_seams as _missing
 from .setting import ENV_VAR
 from .workspaces import ROLE, V2_RUNNER, VllmWorkspaces
 
 SUPPORTED_VLLM = ("0.26.0", "0.33.0")
 """The vLLM versions whose source the seams below were read in (0.26.0 also run on an H200). A
 patch release of one of them (0.26.1, 0.33.2) is served where every seam checks out."""
-
-
-@dataclass(frozen=True)
-class Seam:
-    """A name of vLLM's that the plugin replaces or reads: ``name`` in module ``module``
-    (``Class.method`` for a method, ``Class.attribute`` for what ``Class.__init__`` sets)."""
-
-    module: str
-    name: str
-    required: bool = True
-    """False: used where this vLLM has it (0.26's cascade wrapper, gone in 0.33)."""
-    instance: bool = False
-    """An attribute each instance gets in ``__init__``: checked in the wheels' source only."""
 
 
 BACKEND = "vllm.v1.attention.backends.flashinfer"
@@ -236,15 +224,5 @@ def register() -> None:
 
 
 def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam] = SEAMS) -> list[Seam]:
-    """The required seams that ``modules`` (by module name: an object with the module's names as
-    attributes) lack; an instance attribute is not looked for (instances have it)."""
-    missing = []
-    for seam in seams:
-        if seam.instance:
-            continue
-        target: Any = modules.get(seam.module)
-        for part in seam.name.split("."):
-            target = getattr(target, part, None)
-        if target is None and seam.required:
-            missing.append(seam)
-    return missing
+    """The required seams of vLLM's that ``modules`` lack (:func:`..seam.missing_seams`)."""
+    return _missing(modules, seams)

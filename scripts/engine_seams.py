@@ -1,14 +1,17 @@
-"""The names the vLLM plugin relies on, read in vLLM's wheels without importing vLLM.
+"""The names the engine plugins rely on, read in the engines' wheels without importing them.
 
-    pip download --no-deps vllm==0.26.0 vllm==0.33.0 -d wheels
-    python scripts/vllm_seams.py wheels/vllm-0.26.0-*.whl wheels/vllm-0.33.0-*.whl \
+    pip download --no-deps vllm==0.26.0 vllm==0.33.0 sglang==0.5.17 sglang==0.5.23 -d wheels
+    python scripts/engine_seams.py wheels/vllm-0.26.0-*.whl wheels/vllm-0.33.0-*.whl \
         > tests/integrations/data/vllm_seams.json
+    python scripts/engine_seams.py wheels/sglang-0.5.17-*.whl wheels/sglang-0.5.23-*.whl \
+        > tests/integrations/data/sglang_seams.json
 
-For each wheel: its version, its sha256, and for each module that holds a seam
-(``mstar_resources.integrations.vllm.SEAMS``) the names it defines at its top level, with each
-class's methods (``Class.method``) and the attributes its ``__init__`` sets on ``self``
-(``Class.attribute``), as an ``ast`` walk of its source finds them. The CPU tests check every
-seam against this file, and against the wheels themselves where ``MSTAR_VLLM_WHEELS`` names a
+For each wheel: its engine's version, its sha256, and for each module that holds a seam of that
+engine's plugin (``mstar_resources.integrations.vllm.SEAMS``, ``...sglang.SEAMS``) the names it
+defines or imports at its top level (under a top-level ``if`` too), with each class's methods
+(``Class.method``) and the attributes its ``__init__`` sets on ``self`` (``Class.attribute``),
+as an ``ast`` walk of its source finds them. The CPU tests check every seam against these files,
+and against the wheels themselves where ``MSTAR_VLLM_WHEELS`` or ``MSTAR_SGLANG_WHEELS`` names a
 folder holding them.
 """
 
@@ -25,7 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mstar_resources.integrations.vllm import SEAMS
+from mstar_resources.integrations import sglang, vllm
+
+ENGINES = {"vllm": vllm.SEAMS, "sglang": sglang.SEAMS}
+"""Each engine's seams, by the name its wheels start with."""
 
 
 def defined_names(source: str) -> list[str]:
@@ -51,6 +57,10 @@ def defined_names(source: str) -> list[str]:
             for inner in node.body:
                 if isinstance(inner, ast.AnnAssign) and isinstance(inner.target, ast.Name):
                     names.add(inner.target.id)
+                elif isinstance(inner, ast.ImportFrom):  # SGLang imports FlashInfer's under an if
+                    names.update(alias.asname or alias.name for alias in inner.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.update(alias.asname or alias.name for alias in node.names)
     return sorted(names)
 
 
@@ -83,22 +93,25 @@ def module_path(module: str, wheel: zipfile.ZipFile) -> str:
 
 
 def read_wheel(path: Path) -> dict[str, object]:
-    match = re.match(r"vllm-([^-]+)-", path.name)
+    match = re.match(rf"({'|'.join(ENGINES)})-([^-]+)-", path.name)
     if match is None:
-        raise SystemExit(f"{path}: not a vLLM wheel (vllm-<version>-...whl)")
+        raise SystemExit(
+            f"{path}: not a wheel of {' or '.join(ENGINES)} (<engine>-<version>-...whl)"
+        )
+    seams = ENGINES[match.group(1)]
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     modules: dict[str, list[str]] = {}
     with zipfile.ZipFile(path) as wheel:
-        for module in sorted({seam.module for seam in SEAMS}):
+        for module in sorted({seam.module for seam in seams}):
             name = module_path(module, wheel)
             source = wheel.read(name).decode() if name in wheel.namelist() else ""
             modules[module] = defined_names(source)
-    return {"version": match.group(1), "wheel": path.name, "sha256": digest, "modules": modules}
+    return {"version": match.group(2), "wheel": path.name, "sha256": digest, "modules": modules}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("wheels", nargs="+", type=Path, help="vLLM wheels")
+    parser.add_argument("wheels", nargs="+", type=Path, help="the wheels of one engine")
     args = parser.parse_args()
     print(json.dumps([read_wheel(path) for path in args.wheels], indent=1))
 

@@ -1,0 +1,179 @@
+"""SGLang's FlashInfer workspaces from the library's pools, in one SGLang process: reserved before
+its KV pool is sized, handed to its FlashInfer backends, every plan on them through
+:meth:`Workspace.plan`, sealed before its CUDA graphs are captured."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+from collections.abc import Callable
+from typing import Any
+
+from ...attn._flashinfer import FLOAT_BUFFER, RECORDED_SIZE
+from ...attn.workspace import Workspace, WorkspacePool
+from ...errors import WorkspaceSealedError
+from ...resolver import build_pools
+from .setting import SGLANG, Setting
+
+__all__ = ["BUFFER_NAME", "SglangWorkspaces"]
+
+logger = logging.getLogger("mstar_resources.integrations.sglang")
+
+BUFFER_NAME = "flashinfer_workspace"
+"""The name under which SGLang's FlashInfer backend takes its float workspace from the process's
+buffer registry (``runtime_context.get_buffer``): a buffer stored there first is taken as is."""
+
+PREFILL_WRAPPERS = ("prefill_wrapper_ragged", "prefill_wrappers_paged", "prefill_wrappers_verify")
+"""The attributes of SGLang's ``FlashInferAttnBackend`` that hold its prefill wrappers (one, or a
+list); its decode wrappers, and those it makes for each CUDA graph, stay on its workspace."""
+
+
+class SglangWorkspaces:
+    """The plugin's state in one SGLang process."""
+
+    def __init__(self, setting: Setting) -> None:
+        self.setting = setting
+        self.pools: dict[str, WorkspacePool] = {}
+        self.workspaces: dict[str, Workspace] = {}
+        """By role: the workspace its wrappers plan on."""
+        self._by_tensor: dict[int, Workspace] = {}
+        self.untouched: str | None = None
+        """Why SGLang keeps its own workspace (None: the plugin serves)."""
+        self.reserved = False
+        self.sealed_before: str | None = None
+        self.backends = 0
+        """SGLang FlashInfer backends given the workspaces."""
+        self.own_workspaces = 0
+        """Backends that made a workspace of their own (``init_new_workspace``)."""
+        self.sealed_overflows = 0
+
+    @property
+    def serving(self) -> bool:
+        return self.reserved and self.untouched is None
+
+    def leave_untouched(self, reason: str) -> None:
+        if self.untouched is None and not self.reserved:
+            self.untouched = reason
+            logger.warning(
+                "mstar-resources: %s set, but %s; SGLang keeps its own FlashInfer workspace",
+                self.setting.describe(), reason,
+            )  # fmt: skip
+
+    # Step 1: before SGLang sizes its KV pool (ModelRunner.alloc_memory_pool).
+    def reserve(self, runner: Any, get_buffer: Callable[[str, Callable[[], Any]], Any]) -> None:
+        """Make a workspace for each role, at the deployment's floors, on ``runner``'s GPU, and
+        store the decode one in SGLang's buffer registry (``get_buffer``), before SGLang sizes
+        its KV pool from the memory left; once per process."""
+        if self.reserved or self.untouched is not None:
+            return
+        keys = SGLANG.serving_keys(self.setting.records, self.setting.describe())
+        # SGLang's wrappers keep their own int workspaces (several are planned before any runs),
+        # so the pools reserve none.
+        records = {r.path: dataclasses.replace(r, int_floor_mb=0) for r, _ in keys.values()}
+        self.pools = build_pools(list(records.values()), _device(runner))
+        for role, (record, cg_slot) in keys.items():
+            workspace = self.pools[record.path].get(role, cg_slot)
+            self.workspaces[role] = workspace
+            self._by_tensor[id(workspace.tensor)] = workspace
+        decode = self.workspaces["decode"]
+        if get_buffer(BUFFER_NAME, lambda: decode.tensor) is not decode.tensor:
+            self.pools, self.workspaces, self._by_tensor = {}, {}, {}
+            self.leave_untouched(f"SGLang made its {BUFFER_NAME!r} buffer before the plugin")
+            return
+        self.reserved = True
+        for role, workspace in self.workspaces.items():
+            record, _ = keys[role]
+            logger.info(
+                "mstar-resources: %s: %s bytes for SGLang's FlashInfer %s wrappers (floor from "
+                "%s), before SGLang sizes its KV pool",
+                workspace.name, f"{workspace.tensor.numel():,}", role, record.floor_setting,
+            )  # fmt: skip
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(pool.held_bytes for pool in self.pools.values())
+
+    # Step 2: as SGLang builds each FlashInfer backend.
+    def adopt(self, backend: Any) -> None:
+        """Put ``backend``'s prefill wrappers on the prefill workspace (its decode wrappers are on
+        the decode one, which SGLang took from its registry); a backend that made a workspace of
+        its own keeps it, and the log says so once."""
+        if not self.serving:
+            return
+        decode, prefill = self.workspaces["decode"], self.workspaces["prefill"]
+        if getattr(backend, "workspace_buffer", None) is not decode.tensor:
+            self.own_workspaces += 1
+            if self.own_workspaces == 1:
+                logger.warning(
+                    "mstar-resources: a FlashInfer backend of SGLang made its own workspace "
+                    "(init_new_workspace: a speculative worker's, say), which the plugin does "
+                    "not size; its KV pool was sized without it"
+                )
+            return
+        self.backends += 1
+        if prefill is decode:
+            return
+        for name in PREFILL_WRAPPERS:
+            held = getattr(backend, name, None)
+            for wrapper in held if isinstance(held, list) else [held]:
+                if wrapper is not None:
+                    _move_to(wrapper, prefill)
+
+    def plan(self, plan: Callable[..., Any], wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+        """``plan(wrapper, *args, **kwargs)``, through the workspace ``wrapper`` plans on where it
+        is one of the plugin's (FlashInfer's ``begin_forward``, SGLang's ``fast_decode_plan``)."""
+        workspace = self._by_tensor.get(id(getattr(wrapper, FLOAT_BUFFER, None)))
+        if workspace is None:
+            return plan(wrapper, *args, **kwargs)
+        try:
+            return workspace.plan(types.MethodType(plan, wrapper), *args, **kwargs)
+        except WorkspaceSealedError:
+            self.sealed_overflows += 1
+            raise
+
+    # Step 3: before SGLang captures CUDA graphs (ModelRunner.init_cuda_graphs).
+    def seal(self, before: str) -> None:
+        if not self.serving or self.sealed_before is not None:
+            return
+        for pool in self.pools.values():
+            pool.seal()
+        self.sealed_before = before
+        logger.info(
+            "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before SGLang %s: %s",
+            len(self.workspaces), f"{self.held_bytes:,}", before,
+            "; ".join(str(s) for pool in self.pools.values() for s in pool.stats()),
+        )  # fmt: skip
+
+    def report(self) -> dict[str, Any]:
+        """What the plugin did in this process, for logs and proofs."""
+        return {
+            "setting": self.setting.describe(),
+            "untouched": self.untouched,
+            "workspace_bytes": self.held_bytes,
+            "workspaces": {w.name: w.tensor.numel() for w in self.workspaces.values()},
+            "backends": self.backends,
+            "own_workspaces": self.own_workspaces,
+            "sealed_before": self.sealed_before,
+            "growths": sum(s.times_grown for p in self.pools.values() for s in p.stats()),
+            "sealed_overflows": self.sealed_overflows,
+        }
+
+
+def _move_to(wrapper: Any, workspace: Workspace) -> None:
+    """Point ``wrapper`` at ``workspace``'s tensor, as if built on it (and its recorded size)."""
+    attributes = vars(wrapper)
+    attributes[FLOAT_BUFFER] = workspace.tensor
+    if RECORDED_SIZE in attributes:
+        attributes[RECORDED_SIZE] = workspace.tensor.numel()
+
+
+def _device(runner: Any) -> Any:
+    """The GPU of SGLang's model runner (``device`` is ``"cuda"``, ``gpu_id`` its index)."""
+    import torch
+
+    device = torch.device(runner.device)
+    gpu_id = getattr(runner, "gpu_id", None)
+    if device.type == "cuda" and device.index is None and isinstance(gpu_id, int):
+        return torch.device("cuda", gpu_id)
+    return device

@@ -1,0 +1,361 @@
+"""The SGLang plugin where there is no SGLang: its entry point, its setting, its seams read in
+SGLang's wheels, and what it does in a worker, on stand-ins of SGLang's model runner, buffer
+registry and FlashInfer backend, whose wrappers fail as FlashInfer's allocator does."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mstar_resources import ResourceConfigError, WorkspaceSealedError
+from mstar_resources.integrations import sglang as plugin
+from mstar_resources.integrations.sglang import seams, workspaces
+from tests.attn.fake_allocator import FakePlanner
+
+ROOT = Path(__file__).parents[2]
+SEAMS_FILE = Path(__file__).with_name("data") / "sglang_seams.json"
+MIB = 1 << 20
+
+
+# -- the entry point and the setting ----------------------------------------------------------
+
+
+def test_the_entry_point_is_registered_for_sglangs_general_plugins():
+    found = {e.name: e for e in importlib.metadata.entry_points(group="sglang.srt.plugins")}
+    assert found["mstar_resources"].value == "mstar_resources.integrations.sglang:register"
+    assert found["mstar_resources"].load() is plugin.register
+
+
+def test_without_its_setting_the_plugin_does_nothing_and_imports_no_sglang():
+    probe = (
+        "import os, sys; from mstar_resources.integrations import sglang as p\n"
+        f"for value in (None, '', '  '):\n"
+        f"    os.environ.pop({plugin.ENV_VAR!r}, None) if value is None else "
+        f"os.environ.__setitem__({plugin.ENV_VAR!r}, value)\n"
+        "    p.register()\n"
+        "print(p.active(), [m for m in sys.modules if m.split('.')[0] in ('sglang', 'vllm')], "
+        "[type(f).__name__ for f in sys.meta_path if 'post_import' in type(f).__module__])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT,
+        timeout=120,
+    )  # fmt: skip
+    assert done.stdout.split() == ["None", "[]", "[]"]
+
+
+def test_a_bad_setting_stops_the_process_with_status_2_and_one_paragraph():
+    run = "from mstar_resources.integrations import sglang; sglang.register()"
+    done = subprocess.run(
+        [sys.executable, "-c", run], env={**os.environ, plugin.ENV_VAR: "nope"},
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [done.stderr.strip()]  # one paragraph
+    assert done.stderr.startswith(f"mstar-resources: {plugin.ENV_VAR}='nope' is not a setting")
+    assert f"unset {plugin.ENV_VAR}" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["auto", "none", "/nowhere/deployment/x.yaml"])
+def test_each_bad_setting_exits_2_naming_the_setting_and_its_value(value, monkeypatch, capsys):
+    monkeypatch.setenv(plugin.ENV_VAR, value)
+    with pytest.raises(SystemExit) as stopped:
+        plugin.register()
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mstar-resources: {plugin.ENV_VAR}={value!r}") and err.count("\n") == 1
+
+
+def test_auto_is_refused_since_the_plugin_measures_no_sglang_plan():
+    with pytest.raises(ResourceConfigError) as refused:
+        plugin.SGLANG.read({plugin.ENV_VAR: "auto"})
+    assert "mstar-resources-calibrate" in str(refused.value)
+    with pytest.raises(ResourceConfigError) as unknown:
+        plugin.SGLANG.read({plugin.ENV_VAR: "llama3-8b"})
+    assert "did you mean" in str(unknown.value) and "auto" not in str(unknown.value)
+
+
+# -- the seams, in SGLang's source ---------------------------------------------------------------
+
+
+def _read_seams() -> list[dict]:
+    return json.loads(SEAMS_FILE.read_text())
+
+
+def test_every_supported_sglang_has_each_seam_the_plugin_takes():
+    read = {wheel["version"]: wheel["modules"] for wheel in _read_seams()}
+    assert sorted(read) == sorted(plugin.SUPPORTED_SGLANG)
+    for version, modules in read.items():
+        missing = [f"{s.module}.{s.name}" for s in plugin.SEAMS if s.name not in modules[s.module]]
+        assert missing == [], version
+
+
+def test_the_seams_file_is_what_the_wheels_hold():
+    folder = os.environ.get("MSTAR_SGLANG_WHEELS")
+    if not folder:
+        pytest.skip("set MSTAR_SGLANG_WHEELS to a folder of SGLang's wheels to read them again")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import engine_seams
+    finally:
+        sys.path.pop(0)
+    for wheel in _read_seams():
+        assert engine_seams.read_wheel(Path(folder) / wheel["wheel"]) == wheel
+
+
+def test_an_sglang_not_read_is_one_warning_and_left_as_it_is(monkeypatch, caplog, tmp_path):
+    monkeypatch.setenv(plugin.ENV_VAR, str(_deployment(tmp_path)))
+    monkeypatch.setattr(seams, "sglang_version", lambda: "0.5.99")
+    monkeypatch.setattr(seams, "_active", None)
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        plugin.register()
+    assert plugin.active() is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"mstar-resources: {plugin.ENV_VAR}={_deployment(tmp_path)} set, but SGLang 0.5.99 is not "
+        "one this plugin was read in (0.5.17, 0.5.23); SGLang keeps its own FlashInfer workspace"
+    ]
+
+
+def test_a_module_that_lacks_a_seam_is_left_unpatched(tmp_path):
+    served = _served(tmp_path)
+    module = types.ModuleType(seams.RUNNER)
+    seams._patch_runner(served, module)
+    assert served.untouched is not None and "ModelRunner.alloc_memory_pool" in served.untouched
+
+
+# -- in a worker, on stand-ins of SGLang's classes ---------------------------------------------
+
+
+def _deployment(tmp_path: Path, prefill_mb: int = 1, decode_mb: int = 2) -> Path:
+    path = tmp_path / "deployment" / "mine.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "# @package _global_\nresources:\n  attn:\n"
+        f"    prefill:\n      declared_mb: {prefill_mb}\n"
+        f"    decode:\n      declared_mb: {decode_mb}\n"
+    )
+    return path
+
+
+def _served(tmp_path: Path) -> workspaces.SglangWorkspaces:
+    setting = plugin.SGLANG.read({plugin.ENV_VAR: str(_deployment(tmp_path))})
+    assert setting is not None
+    return workspaces.SglangWorkspaces(setting)
+
+
+class Wrapper:
+    """FlashInfer's wrappers as SGLang's backend holds them: built on a float buffer whose size
+    they record, planning with ``begin_forward`` (here: one allocation of ``need`` bytes)."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, layout: str = "NHD", **_: Any):
+        self._float_workspace_buffer = float_workspace_buffer
+        self._workspace_size = float_workspace_buffer.numel()
+
+    def begin_forward(self, *args: Any, need: int = 0, **kwargs: Any) -> str:
+        FakePlanner(self._float_workspace_buffer, [("batch_prefill_tmp_v", need, 16)])()
+        return "planned"
+
+
+class Ragged(Wrapper):
+    pass
+
+
+class Paged(Wrapper):
+    pass
+
+
+class Decode(Wrapper):
+    pass
+
+
+def fast_decode_plan(wrapper: Any, *args: Any, need: int = 0, **kwargs: Any) -> str:
+    """SGLang's graph-mode decode plan (FlashInfer's ``fast_decode_plan``)."""
+    FakePlanner(wrapper._float_workspace_buffer, [("batch_decode_tmp_v", need, 16)])()
+    return "fast"
+
+
+class Registry:
+    """SGLang's process-level buffers (``runtime_context.get_buffer``)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, Any] = {}
+        self.made: list[int] = []
+        """The bytes of each buffer a factory made."""
+
+    def get_buffer(self, name: str, factory: Any) -> Any:
+        if name not in self.buffers:
+            self.buffers[name] = factory()
+            self.made.append(self.buffers[name].numel())
+        return self.buffers[name]
+
+
+def _stand_ins(
+    registry: Registry, served: workspaces.SglangWorkspaces
+) -> tuple[types.ModuleType, types.ModuleType]:
+    """SGLang's model runner and FlashInfer backend modules, as the plugin sees them."""
+    runner_module = types.ModuleType(seams.RUNNER)
+    backend_module = types.ModuleType(seams.BACKEND)
+
+    class ModelRunner:
+        device, gpu_id = "cpu", 0
+
+        def __init__(self) -> None:
+            self.held_at_kv_sizing: int | None = None
+            self.captured = False
+
+        def alloc_memory_pool(self) -> None:  # sizes the KV pool from the memory left
+            self.held_at_kv_sizing = served.held_bytes
+
+        def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True) -> None:
+            self.captured = True
+
+    class FlashInferAttnBackend:
+        def __init__(self, runner: Any, init_new_workspace: bool = False) -> None:
+            # SGLang 0.5.23 sets 512 MiB for Qwen3 before it asks the registry.
+            shared = registry.get_buffer(
+                "flashinfer_workspace", lambda: torch.empty(512 * MIB, dtype=torch.uint8)
+            )
+            self.workspace_buffer = torch.empty(4 * MIB, dtype=torch.uint8) if (
+                init_new_workspace) else shared  # fmt: skip
+            module = backend_module
+            self.prefill_wrapper_ragged = module.BatchPrefillWithRaggedKVCacheWrapper(
+                self.workspace_buffer
+            )
+            self.prefill_wrappers_paged = [module.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace_buffer) for _ in range(2)]  # fmt: skip
+            self.prefill_wrappers_verify = [module.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace_buffer) for _ in range(2)]  # fmt: skip
+            self.decode_wrappers = [module.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace_buffer) for _ in range(2)]  # fmt: skip
+
+    runner_module.ModelRunner = ModelRunner  # type: ignore[attr-defined]
+    backend_module.FlashInferAttnBackend = FlashInferAttnBackend  # type: ignore[attr-defined]
+    backend_module.fast_decode_plan = fast_decode_plan  # type: ignore[attr-defined]
+    # Classes of their own, so that patching them leaves the next test's unpatched.
+    for name, base in zip(seams.WRAPPERS, (Ragged, Paged, Decode), strict=True):
+        setattr(backend_module, name, type(name, (base,), {}))
+    return runner_module, backend_module
+
+
+@pytest.fixture
+def worker(tmp_path, monkeypatch):
+    """A worker with the plugin's patches applied to the stand-ins, its runtime context's
+    ``get_buffer`` the stand-in registry's."""
+    registry = Registry()
+    served = _served(tmp_path)
+    runner_module, backend_module = _stand_ins(registry, served)
+    context = types.ModuleType(seams.CONTEXT)
+    context.get_buffer = registry.get_buffer  # type: ignore[attr-defined]
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, seams.CONTEXT, context)
+    seams._patch_runner(served, runner_module)
+    seams._patch_backend(served, backend_module)
+    return served, registry, runner_module, backend_module
+
+
+def test_the_workspaces_are_made_before_sglang_sizes_its_kv_pool_and_taken_from_its_registry(
+    worker,
+):
+    served, registry, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+    # Held when SGLang sizes its KV pool: the deployment's 1 + 2 MB, no int workspace.
+    assert runner.held_at_kv_sizing == served.held_bytes == 3 * MIB
+    decode, prefill = served.workspaces["decode"], served.workspaces["prefill"]
+    assert registry.buffers["flashinfer_workspace"] is decode.tensor
+    backend = backend_module.FlashInferAttnBackend(runner)
+    assert registry.made == [2 * MIB]  # the plugin's; SGLang's 512 MiB is never allocated
+    assert backend.workspace_buffer is decode.tensor
+    assert all(w._float_workspace_buffer is decode.tensor for w in backend.decode_wrappers)
+    prefills = [backend.prefill_wrapper_ragged, *backend.prefill_wrappers_paged,
+                *backend.prefill_wrappers_verify]  # fmt: skip
+    assert all(w._float_workspace_buffer is prefill.tensor for w in prefills)
+    assert all(w._workspace_size == prefill.tensor.numel() for w in prefills)
+    assert served.report()["backends"] == 1
+
+
+def test_a_plan_grows_its_workspace_in_place_before_the_seal_and_is_refused_after(worker):
+    served, _, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+    backend = backend_module.FlashInferAttnBackend(runner)
+    prefill, decode = served.workspaces["prefill"], served.workspaces["decode"]
+    tensor = prefill.tensor
+    assert backend.prefill_wrappers_paged[0].begin_forward(need=3 * MIB) == "planned"
+    assert prefill.tensor is tensor and tensor.numel() == 3 * MIB  # grown in place
+    assert backend.prefill_wrappers_paged[1]._workspace_size == 1 * MIB  # not yet planned
+    runner.init_cuda_graphs()
+    assert runner.captured and served.sealed_before is not None
+    address = decode.tensor.data_ptr()
+    wrapper = backend.decode_wrappers[0]
+    # SGLang's graph decode wrappers plan with fast_decode_plan, looked up in its module.
+    assert backend_module.fast_decode_plan(wrapper, need=MIB) == "fast"
+    with pytest.raises(WorkspaceSealedError) as refused:
+        backend_module.fast_decode_plan(wrapper, need=5 * MIB)
+    assert refused.value.setting == "resources.attn.decode.declared_mb"
+    assert refused.value.suggested_mb is not None and refused.value.suggested_mb >= 5
+    assert decode.tensor.data_ptr() == address and decode.tensor.numel() == 2 * MIB
+    assert served.report()["sealed_overflows"] == 1
+    assert served.report()["growths"] == 1
+
+
+def test_a_wrapper_on_a_buffer_not_the_plugins_plans_as_flashinfer_does(worker):
+    served, _, runner_module, backend_module = worker
+    runner_module.ModelRunner().alloc_memory_pool()
+    foreign = backend_module.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty(MIB, dtype=torch.uint8)
+    )
+    with pytest.raises(RuntimeError) as raised:
+        foreign.begin_forward(need=2 * MIB)
+    assert not isinstance(raised.value, WorkspaceSealedError)
+    assert foreign._float_workspace_buffer.numel() == MIB
+    assert served.report()["growths"] == 0
+
+
+def test_a_backend_that_makes_its_own_workspace_keeps_it_with_one_warning(worker, caplog):
+    served, _, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        for _ in range(2):  # a speculative worker's backends
+            backend = backend_module.FlashInferAttnBackend(runner, init_new_workspace=True)
+    assert backend.workspace_buffer is not served.workspaces["decode"].tensor
+    assert served.report()["own_workspaces"] == 2
+    assert len(caplog.records) == 1 and "init_new_workspace" in caplog.records[0].getMessage()
+
+
+def test_a_registry_that_already_holds_sglangs_buffer_leaves_sglang_as_it_is(worker, caplog):
+    served, registry, runner_module, backend_module = worker
+    theirs = registry.get_buffer(
+        "flashinfer_workspace", lambda: torch.empty(MIB, dtype=torch.uint8)
+    )
+    runner = runner_module.ModelRunner()
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        runner.alloc_memory_pool()
+    assert not served.serving and served.held_bytes == 0
+    assert "flashinfer_workspace" in (served.untouched or "")
+    backend = backend_module.FlashInferAttnBackend(runner)
+    assert backend.workspace_buffer is theirs
+    runner.init_cuda_graphs()
+    assert served.sealed_before is None
+    assert len(caplog.records) == 1
+
+
+def test_the_plans_are_patched_once_if_the_backend_is_patched_again(worker):
+    served, _, _, backend_module = worker
+    planned = (backend_module.BatchDecodeWithPagedKVCacheWrapper.begin_forward,
+               backend_module.fast_decode_plan)  # fmt: skip
+    seams._patch_backend(served, backend_module)
+    assert (backend_module.BatchDecodeWithPagedKVCacheWrapper.begin_forward,
+            backend_module.fast_decode_plan) == planned  # fmt: skip
