@@ -209,7 +209,8 @@ def _stand_ins(
     class ModelRunner:
         device, gpu_id = "cpu", 0
 
-        def __init__(self) -> None:
+        def __init__(self, mla: bool = False) -> None:
+            self.use_mla_backend = mla
             self.held_at_kv_sizing: int | None = None
             self.captured = False
 
@@ -359,3 +360,22 @@ def test_the_plans_are_patched_once_if_the_backend_is_patched_again(worker):
     seams._patch_backend(served, backend_module)
     assert (backend_module.BatchDecodeWithPagedKVCacheWrapper.begin_forward,
             backend_module.fast_decode_plan) == planned  # fmt: skip
+
+
+def test_an_mla_model_leaves_sglang_as_it_is(worker):
+    served, registry, runner_module, _ = worker
+    runner_module.ModelRunner(mla=True).alloc_memory_pool()
+    assert served.untouched is not None and served.untouched.startswith("the model's attention")
+    assert served.held_bytes == 0 and registry.buffers == {}
+
+
+def test_a_seal_with_no_flashinfer_backend_built_says_what_is_held_for_nothing(worker, caplog):
+    served, _, runner_module, _ = worker
+    runner = runner_module.ModelRunner()  # attention on another backend: none built
+    runner.alloc_memory_pool()
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        runner.init_cuda_graphs()
+    assert served.sealed_before is not None
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    message = caplog.records[0].getMessage()
+    assert "no FlashInfer backend" in message and "3,145,728 bytes held for nothing" in message

@@ -34,6 +34,7 @@ WRAPPERS = ("BatchPrefillWithRaggedKVCacheWrapper", "BatchPrefillWithPagedKVCach
 SEAMS = (
     Seam(RUNNER, "ModelRunner.alloc_memory_pool"),
     Seam(RUNNER, "ModelRunner.init_cuda_graphs"),
+    Seam(RUNNER, "ModelRunner.use_mla_backend", instance=True),
     Seam(CONTEXT, "get_buffer"),
     Seam(BACKEND, "FlashInferAttnBackend.__init__"),
     *(Seam(BACKEND, f"FlashInferAttnBackend.{name}", instance=True)

@@ -67,6 +67,10 @@ class SglangWorkspaces:
         its KV pool from the memory left; once per process."""
         if self.reserved or self.untouched is not None:
             return
+        reason = _not_served(runner)
+        if reason is not None:
+            self.leave_untouched(reason)
+            return
         keys = SGLANG.serving_keys(self.setting.records, self.setting.describe())
         # SGLang's wrappers keep their own int workspaces (several are planned before any runs),
         # so the pools reserve none.
@@ -136,6 +140,13 @@ class SglangWorkspaces:
     def seal(self, before: str) -> None:
         if not self.serving or self.sealed_before is not None:
             return
+        if not self.backends:
+            logger.warning(
+                "mstar-resources: %s set, but no FlashInfer backend of SGLang took the "
+                "workspaces (SGLang runs attention on another backend; set --attention-backend "
+                "flashinfer, or unset %s): %s bytes held for nothing",
+                self.setting.describe(), self.setting.name, f"{self.held_bytes:,}",
+            )  # fmt: skip
         for pool in self.pools.values():
             pool.seal()
         self.sealed_before = before
@@ -158,6 +169,16 @@ class SglangWorkspaces:
             "growths": sum(s.times_grown for p in self.pools.values() for s in p.stats()),
             "sealed_overflows": self.sealed_overflows,
         }
+
+
+def _not_served(runner: Any) -> str | None:
+    """Why the plugin cannot serve the model ``runner`` runs (None: it may): MLA, whose FlashInfer
+    backend takes another buffer. Which backend runs attention SGLang decides after the KV pool
+    (it reads it differently in each version): :meth:`SglangWorkspaces.seal` says where none took
+    the workspaces."""
+    if runner.use_mla_backend:
+        return "the model's attention is MLA, whose FlashInfer backend the plugin does not serve"
+    return None
 
 
 def _move_to(wrapper: Any, workspace: Workspace) -> None:
