@@ -71,6 +71,7 @@ class SglangWorkspaces:
         if reason is not None:
             self.leave_untouched(reason)
             return
+        self._check_calibration(_device(runner))
         keys = SGLANG.serving_keys(self.setting.records, self.setting.describe())
         # SGLang's wrappers keep their own int workspaces (several are planned before any runs),
         # so the pools reserve none.
@@ -93,6 +94,22 @@ class SglangWorkspaces:
                 "%s), before SGLang sizes its KV pool",
                 workspace.name, f"{workspace.tensor.numel():,}", role, record.floor_setting,
             )  # fmt: skip
+
+    def _check_calibration(self, device: Any) -> None:
+        """A calibrated deployment names what differs here (FlashInfer's version, the GPU): its
+        floors may fall short, and a sealed workspace then refuses SGLang's capture."""
+        from ...calibration.record import check_calibration
+
+        root = self.setting.root
+        if root is not None and root.get("calibrated") is not None and device.type == "cuda":
+            stale = check_calibration(root, device, resolved=list(self.setting.records))
+            if stale is not None:
+                logger.warning(
+                    "mstar-resources: %s was calibrated elsewhere (%s); its floors may not hold "
+                    "here: calibrate on this GPU with this FlashInfer (mstar-resources-calibrate "
+                    "deployment=<name> calibration.engine=sglang) and set the file it writes",
+                    self.setting.describe(), stale,
+                )  # fmt: skip
 
     @property
     def held_bytes(self) -> int:
