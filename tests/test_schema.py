@@ -116,7 +116,8 @@ def test_every_yaml_starts_with_the_command_that_uses_it_and_an_override(path):
         comments.append(line)
     assert comments, f"{path} starts with no comment"
     command = (
-        r"#   (mstar-resources(-calibrate)?|python scripts/\w+\.py|MSTAR_RESOURCES_VLLM=\S+ vllm) "
+        r"#   (mstar-resources(-calibrate)?|python scripts/\w+\.py|MSTAR_RESOURCES_VLLM=\S+ vllm"
+        r"|MSTAR_RESOURCES_SGLANG=\S+ python -m sglang\.launch_server) "
     )
     commands = [line for line in comments if re.match(command, line)]
     assert commands and "=" in commands[0], f"{path}: no `<command> key=value` example"

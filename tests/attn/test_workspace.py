@@ -508,12 +508,15 @@ def test_stats_record_growth_history_and_sealing():
 
 def test_failed_and_refused_growths_are_not_counted():
     workspace = make_workspace()
+    workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 2 * MIB, 16)]))
+    assert (workspace.tensor.numel(), workspace.stats().times_grown) == (2 * MIB, 1)  # counted
     with pytest.raises(WorkspaceGrowthError):
         workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 1 << 55, 16)]))
     workspace.seal()
     with pytest.raises(WorkspaceSealedError):
-        workspace.plan(FakePlanner(workspace.tensor, DECODE_CHAIN))
-    assert workspace.stats().times_grown == 0
+        workspace.plan(FakePlanner(workspace.tensor, DECODE_CHAIN))  # 2 MiB + 16,400 needed
+    stats = workspace.stats()
+    assert (stats.bytes, stats.times_grown, stats.largest_growth_bytes) == (2 * MIB, 1, MIB)
 
 
 def test_pool_summary_is_logged_at_seal(caplog):
@@ -656,14 +659,6 @@ def test_config_error_lists_its_problems_in_order():
     assert error.problems == ("a=1 is bad", "b=2 is bad")
     assert str(error) == "2 problems in the test:\n  - a=1 is bad\n  - b=2 is bad"
     assert str(ResourceConfigError("only one")) == "only one"
-
-
-def test_only_seal_seals_and_nothing_unseals():
-    workspace = make_workspace()
-    workspace.seal()
-    with pytest.raises(AttributeError):
-        workspace.sealed = False  # type: ignore[misc]
-    assert workspace.sealed and workspace.stats().sealed
 
 
 def test_a_workspace_sealed_while_a_plan_runs_never_moves():

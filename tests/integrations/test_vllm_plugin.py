@@ -118,7 +118,7 @@ def test_a_module_that_lacks_a_seam_is_left_unpatched(caplog):
     with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
         seams._patch_backend(served, module)
     assert "FlashInferMetadataBuilder._get_workspace_buffer" in served.untouched
-    assert len(caplog.records) == 1
+    assert [r.name for r in caplog.records] == ["vllm.plugins.mstar_resources"]  # under vLLM's
 
 
 # -- what vLLM's builders will run, read from builders made as vLLM makes them --------------------
