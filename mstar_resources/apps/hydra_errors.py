@@ -15,54 +15,33 @@ from enum import Enum
 
 import yaml
 from hydra.errors import MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import (
-    ConfigAttributeError,
-    ConfigKeyError,
-    OmegaConfBaseException,
-    ValidationError,
-)
+from omegaconf import DictConfig, ListConfig, OmegaConf, ValidationError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
 from .._internal import limits
 from ..errors import did_you_mean
 from ..schema import Resource
 
-DEPLOYMENT_GROUP = "deployment"
-"""The config group whose options are global (``# @package _global_``): a deployment sets keys of
-the whole tree."""
+__all__ = ["DEPLOYMENT_GROUP", "NO_DEPLOYMENT", "explain", "not_a_choice", "not_a_primary_config",
+           "not_utf8", "not_yaml"]  # fmt: skip
 
-OPTION_NOUNS = {"resources": "resource tree"}
-"""What one option of a config group is called, where the group's name is not it."""
-
+DEPLOYMENT_GROUP = "deployment"  # its options are `# @package _global_`: keys of the whole tree
+OPTION_NOUNS = {"resources": "resource tree"}  # what one option is called, if not the group's name
 NO_DEPLOYMENT = "none"
 """The shipped tree's empty deployment: listed among the options, never offered as the closest to
 a misspelt name (it is no deployment, and calibration and the replay refuse it)."""
-
-__all__ = [
-    "DEPLOYMENT_GROUP",
-    "NO_DEPLOYMENT",
-    "explain",
-    "not_a_choice",
-    "not_a_primary_config",
-    "not_utf8",
-    "not_yaml",
-]
-
-_NODE_EXPECTS: list[tuple[type, str]] = [
-    (BooleanNode, "true or false"),
-    (IntegerNode, "a whole number"),
-    (FloatNode, "a number"),
-    (StringNode, "a string"),
-    (ListConfig, "a list, e.g. [a, b]"),
-    (DictConfig, "a mapping, e.g. {key: value}"),
-]
+NODE_EXPECTS: dict[type, str] = {BooleanNode: "true or false", IntegerNode: "a whole number",
+                                 FloatNode: "a number", StringNode: "a string",
+                                 ListConfig: "a list, e.g. [a, b]",
+                                 DictConfig: "a mapping, e.g. {key: value}"}  # fmt: skip
 
 
 def explain(error: BaseException) -> str:
     """``error``, raised while composing a config, as one paragraph that names the setting."""
     if isinstance(error, MissingConfigException) and error.options is not None:
-        return _missing_option(error.missing_cfg_file or "", list(error.options))
+        group, name = posixpath.split(error.missing_cfg_file or "")
+        return not_a_choice(group, name, list(error.options))
     if isinstance(error, OverrideParseException):
         told = f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
         return told + _quoting_hint(error.override)
@@ -88,30 +67,20 @@ def _quoting_hint(override: str) -> str:
     """How to quote the value of ``key=value`` where it holds what Hydra reads unquoted as
     grammar (``=``, non-ASCII characters, spaces, quotes); "" where it does not."""
     key, sep, value = override.partition("=")
-    if not sep or not value or value[0] in "'\"":
-        return ""
     odd = [c for c in value if not c.isascii() or c in "= '\"\\"]
-    if not odd:
+    if not sep or not value or value[0] in "'\"" or not odd:
         return ""
     if odd[0].isdigit():  # quoted, it would pass as the number int() reads in it
         return (
             f"; the value holds {odd[0]!r}, a digit of another script: write numbers in ASCII "
             "digits (0-9)"
         )
-    if value.startswith("[") and value.endswith("]"):
-        items = ",".join(f"'{item.strip()}'" for item in value[1:-1].split(","))
-        quoted = f"{key}=[{items}]"
-    else:
-        quoted = f"{key}='{value}'"
+    items = ",".join(f"'{item.strip()}'" for item in value[1:-1].split(","))
+    quoted = f"{key}=[{items}]" if value[0] + value[-1] == "[]" else f"{key}='{value}'"
     return (
         f"; the value holds {odd[0]!r}, which Hydra reads only in quotes: give it as "
         f'"{quoted}" (the double quotes for the shell)'
     )
-
-
-def _missing_option(missing: str, options: list[str]) -> str:
-    group, name = posixpath.split(missing)
-    return not_a_choice(group, name, options)
 
 
 def not_a_choice(
@@ -125,9 +94,9 @@ def not_a_choice(
             f"from; leave {group} out, or add --config-dir DIR with a {group}/ folder"
         )
     offered = [o for o in options if not (group == DEPLOYMENT_GROUP and o == NO_DEPLOYMENT)]
-    noun = OPTION_NOUNS.get(group, group)
+    close = did_you_mean(name, offered) if closest else ""
     return (
-        f"{group}={name} is not a {noun}{why}{did_you_mean(name, offered) if closest else ''}; "
+        f"{group}={name} is not a {OPTION_NOUNS.get(group, group)}{why}{close}; "
         f"pick one of {', '.join(options)}"
     )
 
@@ -135,12 +104,9 @@ def not_a_choice(
 def not_a_primary_config(name: str, configs: list[str]) -> str:
     """``--config-name=name`` is no primary config of the search path, which holds ``configs``."""
     folder, _, stem = name.rstrip("/").rpartition("/")
-    own = (
-        f" (for the file itself: --config-dir {folder or '/'} --config-name "
-        f"{stem.removesuffix('.yaml')})"
-        if folder or name.startswith("/")
-        else ""
-    )
+    stem = stem.removesuffix(".yaml")
+    own = f" (for the file itself: --config-dir {folder or '/'} --config-name {stem})"
+    own = own if folder or name.startswith("/") else ""
     there = f"pick one of {', '.join(configs)}" if configs else "it holds none"
     return (
         f"--config-name={name} is not a config of this app{did_you_mean(name, configs)}; "
@@ -150,17 +116,13 @@ def not_a_primary_config(name: str, configs: list[str]) -> str:
 
 def not_yaml(error: yaml.YAMLError) -> str:
     """A config file PyYAML can't read: the file, the line and column, and what it found."""
-    mark = (
-        error.problem_mark or error.context_mark
-        if isinstance(error, yaml.MarkedYAMLError)
-        else None
-    )
-    if not isinstance(error, yaml.MarkedYAMLError) or mark is None:
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    if not isinstance(error, yaml.MarkedYAMLError) or not isinstance(mark, yaml.Mark):
         return f"a config file is not valid YAML: {_paragraph(str(error))}; fix the file"
-    context = f"{error.context}, " if error.context else ""
     return (
         f"{mark.name} is not valid YAML at line {mark.line + 1}, column {mark.column + 1}: "
-        f"{context}{error.problem or 'not valid YAML'}; fix the file there"
+        f"{f'{error.context}, ' if error.context else ''}{error.problem or 'not valid YAML'}; "
+        "fix the file there"
     )
 
 
@@ -174,12 +136,13 @@ def not_utf8(path: str, data: bytes, error: UnicodeDecodeError) -> str:
 
 
 def _unknown_key(error: OmegaConfBaseException) -> str:
-    parent = error.parent_node
+    parent, full_key = error.parent_node, str(error.full_key)
     if not isinstance(parent, DictConfig):
         return _paragraph(str(error))
-    prefix = _prefix(str(error.full_key))
+    holder = full_key.rpartition(".")[0]
+    prefix, at = f"{holder}." if holder else "", holder or "the config"
     settings = [str(key) for key in parent if key != "hydra"]
-    if str(error.full_key) == DEPLOYMENT_GROUP:
+    if full_key == DEPLOYMENT_GROUP:
         return (
             f"{DEPLOYMENT_GROUP} is not a setting: a deployment file was composed under the key "
             f"{DEPLOYMENT_GROUP} instead of at the top of the config; its first line must be "
@@ -187,57 +150,43 @@ def _unknown_key(error: OmegaConfBaseException) -> str:
             "deployments (an empty file has no such line)"
         )
     if not settings:
-        holder = prefix.rstrip(".") or "the config"
         return (
-            f"{error.full_key} is not a setting: {holder} is empty as composed, so there is "
-            f"nothing under it to set; compose an option that fills {holder} first "
-            "(e.g. deployment=NAME)"
+            f"{full_key} is not a setting: {at} is empty as composed, so there is nothing under "
+            f"it to set; compose an option that fills {at} first (e.g. deployment=NAME)"
         )
-    resource_fields = {item.name for item in dataclasses.fields(Resource)}
-    if str(error.key) in resource_fields and resource_fields & set(settings):
+    fields = {item.name for item in dataclasses.fields(Resource)}
+    if str(error.key) in fields and fields & set(settings):
         # A resource declared in a user's YAML without the schema has only the keys it wrote.
         return (
-            f"{error.full_key} is a resource's setting, and {prefix.rstrip('.')} is declared "
-            f"without it; add it with a plus: +{error.full_key}=VALUE"
+            f"{full_key} is a resource's setting, and {holder} is declared without it; add it "
+            f"with a plus: +{full_key}=VALUE"
         )
     return (
-        f"{error.full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
-        f"{prefix.rstrip('.') or 'the config'} takes {', '.join(settings)}"
+        f"{full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
+        f"{at} takes {', '.join(settings)}"
     )
 
 
 def _bad_value(error: ValidationError) -> str:
-    parent, setting = error.parent_node, _LIST_INDEX.sub("", str(error.full_key))
+    """``error.value`` refused for its setting: what the setting takes, the schema field's own
+    words where it has them."""
+    parent, setting = error.parent_node, re.sub(r"\[\d+\]$", "", str(error.full_key))
     if isinstance(parent, ListConfig):  # an element of a list: the list's own field says
-        parent = OmegaConf.select(parent, "..")  # the node holding the list
-    key = setting.rpartition(".")[2]
-    takes = _expects(error, parent, key)
-    return f"{error.full_key}={error.value!r} is not valid; {setting} takes {takes}"
-
-
-def _expects(error: ValidationError, parent: object, key: object) -> str:
-    """What ``parent.key`` takes: the schema field's own words where it has them."""
+        parent = OmegaConf.select(parent, "..")
     schema = OmegaConf.get_type(parent) if isinstance(parent, DictConfig) else None
-    if schema is not None and dataclasses.is_dataclass(schema):
-        for field in dataclasses.fields(schema):
-            if field.name == key and (said := limits.expects(field)) is not None:
-                return said
+    fields = dataclasses.fields(schema) if dataclasses.is_dataclass(schema) else ()
+    said = [limits.expects(f) for f in fields if f.name == setting.rpartition(".")[2]]
     child = error.child_node
-    if isinstance(child, EnumNode) and issubclass(child.enum_type, Enum):
-        return "one of " + ", ".join(member.name for member in child.enum_type)
-    for node_type, expects in _NODE_EXPECTS:
-        if isinstance(child, node_type):
-            return expects
-    return _paragraph(error.msg or str(error))
-
-
-_LIST_INDEX = re.compile(r"\[\d+\]$")
-
-
-def _prefix(full_key: str) -> str:
-    """The full key of the node holding ``full_key``, with a trailing dot; "" at the root."""
-    parent = full_key.rpartition(".")[0]
-    return f"{parent}." if parent else ""
+    if said and said[0] is not None:
+        takes = said[0]
+    elif isinstance(child, EnumNode) and issubclass(child.enum_type, Enum):
+        takes = "one of " + ", ".join(member.name for member in child.enum_type)
+    else:
+        found = (
+            expects for node_type, expects in NODE_EXPECTS.items() if isinstance(child, node_type)
+        )
+        takes = next(found, None) or _paragraph(error.msg or str(error))
+    return f"{error.full_key}={error.value!r} is not valid; {setting} takes {takes}"
 
 
 def _paragraph(text: str) -> str:
