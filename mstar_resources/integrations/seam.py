@@ -3,11 +3,13 @@ the part of an engine's seams that does not depend on the engine."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-__all__ = ["Seam", "missing_seams"]
+__all__ = ["Seam", "installed_version", "lacking", "missing_seams"]
 
 
 @dataclass(frozen=True)
@@ -36,3 +38,19 @@ def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam]) -> list[Sea
         if target is None and seam.required:
             missing.append(seam)
     return missing
+
+
+def lacking(module: ModuleType, seams: Sequence[Seam]) -> str | None:
+    """The required ones of ``seams`` that are ``module``'s and that it lacks, named
+    (``module.Class.method, ...``); None where it has them all."""
+    mine = [seam for seam in seams if seam.module == module.__name__]
+    missing = missing_seams({module.__name__: module}, mine)
+    return ", ".join(f"{s.module}.{s.name}" for s in missing) if missing else None
+
+
+def installed_version(distribution: str) -> str | None:
+    """The version of the installed ``distribution`` (an engine), None where it is not."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -49,6 +49,21 @@ class Setting:
     def describe(self) -> str:
         return f"{self.name}={self.value}"
 
+    def stale_calibration(self, device: Any) -> Any:
+        """What differs on ``device`` (a GPU) from where the deployment was calibrated, logged
+        once (:func:`~mstar_resources.check_calibration`); None where it holds, where the
+        deployment is not calibrated, and off a GPU (no calibration is checked there)."""
+        from ..calibration.record import check_calibration
+
+        root = self.root
+        if (
+            root is None
+            or root.get("calibrated") is None
+            or getattr(device, "type", None) != "cuda"
+        ):
+            return None
+        return check_calibration(root, device, resolved=list(self.records))
+
 
 @dataclass(frozen=True)
 class PluginSetting:

@@ -5,7 +5,6 @@ builds a model (the tokenizer, the detokenizer) never imports SGLang's model run
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import sys
 from collections.abc import Mapping, Sequence
 from types import ModuleType
@@ -13,7 +12,7 @@ from typing import Any
 
 from ...errors import ResourceConfigError
 from .._post_import import when_imported
-from ..seam import Seam
+from ..seam import Seam, installed_version, lacking
 from ..seam import missing_seams as _missing
 from .setting import SGLANG
 from .workspaces import SglangWorkspaces, logger
@@ -53,12 +52,10 @@ def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam] = SEAMS) -> 
 
 
 def _has_seams(workspaces: SglangWorkspaces, module: ModuleType) -> bool:
-    missing = missing_seams({module.__name__: module},
-                            [s for s in SEAMS if s.module == module.__name__])  # fmt: skip
-    if missing:
-        names = ", ".join(f"{s.module}.{s.name}" for s in missing)
-        workspaces.leave_untouched(f"this SGLang lacks {names}")
-    return not missing
+    lacks = lacking(module, SEAMS)
+    if lacks is not None:
+        workspaces.leave_untouched(f"this SGLang lacks {lacks}")
+    return lacks is None
 
 
 def _patch_runner(workspaces: SglangWorkspaces, module: ModuleType) -> None:
@@ -131,10 +128,7 @@ def active() -> SglangWorkspaces | None:
 
 
 def sglang_version() -> str | None:
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return installed_version("sglang")
 
 
 def version_problem(version: str | None) -> str | None:

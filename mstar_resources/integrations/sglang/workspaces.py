@@ -98,18 +98,14 @@ class SglangWorkspaces:
     def _check_calibration(self, device: Any) -> None:
         """A calibrated deployment names what differs here (FlashInfer's version, the GPU): its
         floors may fall short, and a sealed workspace then refuses SGLang's capture."""
-        from ...calibration.record import check_calibration
-
-        root = self.setting.root
-        if root is not None and root.get("calibrated") is not None and device.type == "cuda":
-            stale = check_calibration(root, device, resolved=list(self.setting.records))
-            if stale is not None:
-                logger.warning(
-                    "mstar-resources: %s was calibrated elsewhere (%s); its floors may not hold "
-                    "here: calibrate on this GPU with this FlashInfer (mstar-resources-calibrate "
-                    "deployment=<name> calibration.engine=sglang) and set the file it writes",
-                    self.setting.describe(), stale,
-                )  # fmt: skip
+        stale = self.setting.stale_calibration(device)
+        if stale is not None:
+            logger.warning(
+                "mstar-resources: %s was calibrated elsewhere (%s); its floors may not hold "
+                "here: calibrate on this GPU with this FlashInfer (mstar-resources-calibrate "
+                "deployment=<name> calibration.engine=sglang) and set the file it writes",
+                self.setting.describe(), stale,
+            )  # fmt: skip
 
     @property
     def held_bytes(self) -> int:

@@ -7,14 +7,13 @@ model (the API server, the engine core's front) never imports vLLM's model runne
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
 from .._post_import import when_imported
-from ..seam import Seam
+from ..seam import Seam, installed_version, lacking
 from ..seam import missing_seams as _missing
 from .setting import ENV_VAR
 from .workspaces import ROLE, V2_RUNNER, VllmWorkspaces
@@ -118,12 +117,10 @@ def _patch_backend(workspaces: VllmWorkspaces, module: ModuleType) -> None:
 def _has_seams(workspaces: VllmWorkspaces, module: ModuleType) -> bool:
     """Whether ``module`` has every seam the plugin takes there; if not, vLLM is left as it is
     (nothing of the module is patched)."""
-    missing = missing_seams({module.__name__: module},
-                            [s for s in SEAMS if s.module == module.__name__])  # fmt: skip
-    if missing:
-        names = ", ".join(f"{s.module}.{s.name}" for s in missing)
-        workspaces.leave_untouched(f"this vLLM lacks {names}")
-    return not missing
+    lacks = lacking(module, SEAMS)
+    if lacks is not None:
+        workspaces.leave_untouched(f"this vLLM lacks {lacks}")
+    return lacks is None
 
 
 def _patch_runner(workspaces: VllmWorkspaces, module: ModuleType) -> None:
@@ -180,10 +177,7 @@ def active() -> VllmWorkspaces | None:
 
 
 def vllm_version() -> str | None:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return installed_version("vllm")
 
 
 def _series(version: str) -> str:

@@ -174,18 +174,14 @@ class VllmWorkspaces:
 
     def _check_calibration(self, device: torch.device) -> None:
         """A calibrated deployment names what differs here (FlashInfer's version, the GPU)."""
-        from ...calibration.record import check_calibration
-
-        root = self.setting.root
-        if root is not None and root.get("calibrated") is not None:
-            stale = check_calibration(root, device, resolved=list(self.setting.records))
-            if stale is not None:
-                logger.warning(
-                    "mstar-resources: %s was calibrated elsewhere (%s); its floors may not hold "
-                    "here: recalibrate on this GPU, or set %s=%s to measure vLLM's plans in the "
-                    "worker",
-                    self.setting.describe(), stale, ENV_VAR, AUTO,
-                )  # fmt: skip
+        stale = self.setting.stale_calibration(device)
+        if stale is not None:
+            logger.warning(
+                "mstar-resources: %s was calibrated elsewhere (%s); its floors may not hold "
+                "here: recalibrate on this GPU, or set %s=%s to measure vLLM's plans in the "
+                "worker",
+                self.setting.describe(), stale, ENV_VAR, AUTO,
+            )  # fmt: skip
 
     def _log_reserved(self, keys: Mapping[Role, tuple[ResolvedResource, int | None]],
                       vllm_how: str) -> None:  # fmt: skip
