@@ -1,18 +1,10 @@
-"""Hydra apps that tell a user's mistake in one paragraph and keep the app's own bugs loud.
+"""Hydra apps that end a user's mistake in one paragraph on stderr, status 2 (``HYDRA_FULL_ERROR=1``
+keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1.
 
-A user's mistake ends in one paragraph on stderr and exit status 2, told from the exceptions'
-fields (``hydra_errors.py``; ``HYDRA_FULL_ERROR=1`` keeps Hydra's traceback); anything else the app
-raises keeps its traceback, status 1. Ctrl-C is one line and status 130 (stdout: ``stdout.py``).
-
-Each run is composed first with Hydra's Compose API on the search path ``@hydra.main`` builds, so
-that a compose error is an exception to tell, not Hydra's printed report. A ``compose_once`` app
-(whose configs set no log files and no output folders) runs on that config, as ``@hydra.main``
-would compose it twice; a run with a flag (``--help``, ``--cfg job``) and any other app go on to
-``@hydra.main``. Refused before composing: ``-m`` (its sweeper writes ``multirun.yaml``), a sweep,
-Hydra's own config groups under ``compose_once``, a bare ``--shell-completion``, and a group's
-value that is no plain option name (Hydra would merge ``deployment=[a,b]``, and compose
-``deployment=../x`` forever). Help templates list a group's options with
-``${mstar_resources.options:GROUP[,KEY]}`` (those whose composed config sets KEY).
+Each run is composed first with Hydra's Compose API, on the search path ``@hydra.main`` builds, so
+that a compose error is an exception to explain (``hydra_errors.py``). A ``compose_once`` app (its
+configs set no log files and no output folders) runs on that config; a run with a flag (``--help``,
+``--cfg job``), and any other app, go on to ``@hydra.main``.
 """
 
 from __future__ import annotations
@@ -21,7 +13,6 @@ import argparse
 import dataclasses
 import functools
 import importlib.metadata
-import importlib.resources
 import inspect
 import os
 import posixpath
@@ -39,18 +30,16 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import configure_log
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException
 from hydra.version import VersionBase
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ..calibration.profile import PROFILE_KEY
-from ..calibration.record import RECORD_KEY
-from ..errors import ResourceConfigError, ResourceUsageError
-from ..resolver import RESOURCES_KEY
-from . import hydra_errors as told
-from .hydra_errors import DEPLOYMENT_GROUP
-from .stdout import StdoutFailed, stdout_watched
+from ..errors import ResourceConfigError
+from . import hydra_errors
+from .hydra_errors import DEPLOYMENT_GROUP, not_a_choice
+from .settings import ComposedTree
+from .stdout import stdout_told
 
 __all__ = ["compose_deployment", "fail", "hydra_app", "package_version",
            "register_options_resolver", "register_settings"]  # fmt: skip
@@ -60,13 +49,10 @@ RESOLVERS = ("mstar_resources.options", "mstar_resources.shown")
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError,
                   RecursionError)  # fmt: skip
-DEPLOYMENT_KEYS = ("defaults", RESOURCES_KEY, PROFILE_KEY, RECORD_KEY)
-"""The top-level keys a deployment file may set: the app's own settings come after it in the
-primary config, which would override a deployment's without a word."""
 MAX_DIGITS = 4000  # Python's int() reads no more; Hydra's parser would end in its traceback
+# @hydra.main's command line, Hydra 1.3's documented flags (its own parser is hydra._internal):
+# a line this can't read goes on to @hydra.main, which says why.
 FLAGS = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-"""@hydra.main's command line (Hydra 1.3's documented flags; its own parser is ``hydra._internal``):
-what it can't read goes on to @hydra.main, which says why."""
 for flag in ("-h --help", "--hydra-help", "--version", "--resolve", "-r --run", "-m --multirun",
              "-sc --shell-completion"):  # fmt: skip
     FLAGS.add_argument(*flag.split(), action="store_true")
@@ -85,9 +71,8 @@ def fail(prog: str, message: str) -> NoReturn:
 
 
 def register_settings(config_name: str, settings: type) -> None:
-    """Register ``settings``, the schema of an app's own settings, in Hydra's ConfigStore as
-    ``<config_name>_settings``, the name its primary config ``config_name`` lists first. An app
-    does it when it runs; a program composing that primary config itself does it first."""
+    """Store the schema of an app's own settings as ``<config_name>_settings``, which its primary
+    config ``config_name`` lists first."""
     ConfigStore.instance().store(f"{config_name}_settings", settings, provider="mstar-resources")
 
 
@@ -100,15 +85,12 @@ def compose_deployment(
 ) -> DictConfig:
     """The shipped primary config ``config_name`` composed as ``mstar-resources --config-dir
     <config_dir> deployment=<deployment>`` composes it, for a program that is no app (an engine's
-    plugin): a mistake raises :class:`ResourceConfigError` in the apps' words; the program's own
-    Hydra, where it initialised one, is given back after."""
+    plugin): a mistake raises :class:`ResourceConfigError`; the program's own Hydra is kept."""
     register_settings(config_name, settings)
     given = ["--config-dir", str(config_dir)] if config_dir else []
     line = FLAGS.parse_args([f"{DEPLOYMENT_GROUP}={deployment}", *given])
     with _hydra_on(SHIPPED_CONF, compose_deployment):
-        return _Line(line, config_name, SHIPPED_CONF, compose_deployment).composed(
-            config_name, hydra=False
-        )
+        return _Line(line, config_name).config(hydra=False)
 
 
 def deployment_options(config_name: str) -> list[str]:
@@ -119,12 +101,10 @@ def deployment_options(config_name: str) -> list[str]:
 
 @contextmanager
 def _hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
-    """Hydra initialised on ``config_path`` as ``@hydra.main`` finds it for ``run``; the
-    program's Hydra, where it had one, given back after (``initialize_*`` refuse to run beside
-    it)."""
+    """Hydra initialised on ``config_path`` as ``@hydra.main`` over ``run`` finds it; the program's
+    own Hydra, which ``initialize_*`` refuse to run beside, given back after."""
     instance, base = GlobalHydra.instance(), VersionBase.instance().version_base
-    program_hydra = instance.hydra
-    instance.clear()
+    program_hydra, instance.hydra = instance.hydra, None
     pkg = config_path.removeprefix("pkg://")
     folder = str((Path(inspect.getfile(run)).parent / config_path).resolve())
     try:
@@ -132,25 +112,18 @@ def _hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
             initialize_config_dir(folder, version_base="1.3")
         ):  # fmt: skip
             yield
-    finally:
+    finally:  # initialize_*'s exit leaves a copy of the instance it found
         GlobalHydra.set_instance(instance)
-        instance.clear()
-        if program_hydra is not None:
-            instance.initialize(program_hydra)
-        VersionBase.instance().version_base = base
+        instance.hydra, VersionBase.instance().version_base = program_hydra, base
 
 
-def _options(
-    group: str,
-    config_name: str | None,
-    config_dir: str | None = None,
-    searched: tuple[str, ...] = (),
-) -> list[str]:
-    """The options of config group ``group`` ("": the app's own primary config and the user's)
-    over the whole search path, listed by Hydra's config loader as its ``--help`` lists them."""
+def _options(group: str, config_name: str | None, config_dir: str | None = None,
+             searchpath: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+    """The options of config group ``group`` ("": the app's own primary config and the user's),
+    as Hydra's ``--help`` lists them."""
     try:
         loader = GlobalHydra.instance().config_loader()
-        names = loader.get_group_options(group, config_name=config_name, overrides=list(searched))
+        names = loader.get_group_options(group, config_name=config_name, overrides=[*searchpath])
     except (HydraException, OSError):  # a key too long for a folder's name, ...
         return []
     if not group:  # not the other apps' primary configs, nor the settings' schemas
@@ -160,30 +133,20 @@ def _options(
 
 
 class _RaisedByTheApp(BaseException):
-    """Carries what the app's own code raised past Hydra's job runner and its error report (which
-    catch ``Exception`` only), to be raised again, unchanged, by the entry point."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__()
-        self.error = error
+    """What the app's own code raised (``args[0]``), carried past Hydra's job runner and its error
+    report, which catch ``Exception`` only, to be raised again, unchanged, by the entry point."""
 
 
 def hydra_app(
-    prog: str,
-    config_name: str,
-    config_path: str = SHIPPED_CONF,
-    *,
-    compose_once: bool = False,
-    command: str | None = None,
-    version: str | Callable[[], str] | None = None,
+    prog: str, config_name: str, config_path: str = SHIPPED_CONF, *, compose_once: bool = False,
+    command: str | None = None, version: str | Callable[[], str] | None = None,
     settings: type | None = None,
-) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
-    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``, which
-    are as for ``@hydra.main``. ``prog`` starts each error line; ``command`` is how a user runs
-    the app (default ``prog``), named for ``--help``. ``--version`` prints ``version`` (or what
-    it returns), else the mstar-resources the app was built with. ``settings``, the dataclass of
-    the app's own settings, is registered (:func:`register_settings`) when the app runs, so that
-    no other app's ConfigStore holds it. ``compose_once``: see the module's docstring."""
+) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:  # fmt: skip
+    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name`` (as for
+    ``@hydra.main``). ``prog`` starts each error line; ``command``, how a user runs the app, is
+    named for ``--help``; ``--version`` prints ``version`` (or what it returns), else the
+    mstar-resources the app was built with; ``settings``, the app's own settings, are registered
+    (:func:`register_settings`) when it runs, so that no other app's ConfigStore holds them."""
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -192,12 +155,8 @@ def hydra_app(
             try:
                 run(cfg)
             except ResourceConfigError as error:
-                if isinstance(error, ResourceUsageError):  # the app's own bug: its traceback
-                    raise _RaisedByTheApp(error) from None
                 fail(prog, str(error))
-            except (SystemExit, KeyboardInterrupt, StdoutFailed):
-                raise
-            except BaseException as error:  # past Hydra's job runner, which would report it
+            except Exception as error:  # past Hydra's job runner, which would report it
                 raise _RaisedByTheApp(error) from None
 
         hydra_main = hydra.main(version_base="1.3", config_path=config_path,
@@ -216,20 +175,19 @@ def hydra_app(
                 line, unknown = FLAGS.parse_known_args(args)
             except argparse.ArgumentError:
                 return hydra_main()  # type: ignore[no-any-return]
-            on = _Line(line, config_name, config_path, run)
-            refused = on.refused(prog, invoked, compose_once)
-            if refused is not None:
-                fail(prog, refused)
-            ignored = ("overrides", "config_dir", "config_name")
-            flags = [k for k, v in vars(line).items() if v and k not in ignored]
+            on = _Line(line, config_name)
+            refusal = on.refusal(prog, invoked, compose_once)
+            if refusal is not None:
+                fail(prog, refusal)
+            flags = [k for k, v in vars(line).items()
+                     if v and k not in ("overrides", "config_dir", "config_name")]  # fmt: skip
             try:
                 with _hydra_on(line.config_path or config_path, run):
-                    refused = on.group_value_problem() or on.app_settings_in_deployment(settings)
-                    if refused is not None:
-                        raise ResourceConfigError(refused)
-                    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+                    problem = on.group_value_problem() or on.app_settings_in_deployment(settings)
+                    if problem is not None:
+                        raise ResourceConfigError(problem)
                     if not line.shell_completion:  # its overrides are no config's
-                        cfg = on.composed(line.config_name or config_name, full_error=full)
+                        cfg = on.config(full_error=os.environ.get("HYDRA_FULL_ERROR") == "1")
                     if compose_once and not flags and not unknown:
                         # What @hydra.main does before it calls the task: HydraConfig.get() in
                         # the app, its logging config.
@@ -247,13 +205,11 @@ def hydra_app(
                 register_settings(config_name, settings)
             register_options_resolver(config_name)
             try:
-                with stdout_watched():
+                with stdout_told(prog):
                     start(sys.argv[1:])
                 return
             except _RaisedByTheApp as carried:
-                error = carried.error
-            except StdoutFailed as failed:
-                failed.end(prog)
+                error = carried.args[0]
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr)
                 raise SystemExit(INTERRUPTED) from None
@@ -262,34 +218,29 @@ def hydra_app(
                     OmegaConf.clear_resolver(name)
             raise error  # out of the except clause: the error keeps its own context
 
-        main.__doc__ = f"The entry point of {prog}."
         return main
 
     return decorate
 
 
 class _Line:
-    """A command line as Hydra reads it, for an app over ``config_path``/``config_name``: what the
-    app refuses in it, and what composing it raises told as one paragraph."""
+    """A command line as Hydra reads it, for an app whose primary config is ``config_name``: what
+    the app refuses in it, its config, and what composing it raises as one paragraph. Only the
+    user's files (``--config-dir``) are looked into: the shipped ones are tested."""
 
-    def __init__(self, line: argparse.Namespace, config_name: str, config_path: str,
-                 run: Callable[..., object]) -> None:  # fmt: skip
+    def __init__(self, line: argparse.Namespace, config_name: str) -> None:
         self.line, self.config_name, self.config_dir = line, config_name, line.config_dir
+        self.folder = Path(line.config_dir).resolve() if line.config_dir else None
         try:
             self.overrides = OverridesParser.create().parse_overrides(line.overrides)
         except (HydraException, ValueError):  # no override Hydra can read: composing says so
             self.overrides = []
-        pkg = config_path.removeprefix("pkg://")
-        own = importlib.resources.files(pkg) if pkg != config_path else Path(
-            inspect.getfile(run)).parent / pkg  # fmt: skip
-        self.folders = [Path(str(own)).resolve()]  # where the configs are, the user's last
-        self.folders += [Path(self.config_dir).resolve()] if self.config_dir else []
 
-    def listed(self, group: str) -> list[str]:
-        return _options(group, self.config_name, self.config_dir, self.searched)
+    def options(self, group: str) -> list[str]:
+        return _options(group, self.config_name, self.config_dir, self.searchpath)
 
     @functools.cached_property
-    def searched(self) -> tuple[str, ...]:
+    def searchpath(self) -> tuple[str, ...]:
         """The override that adds ``--config-dir`` to the primary config's search path."""
         if not self.config_dir:
             return ()
@@ -297,18 +248,18 @@ class _Line:
             path = list(compose(self.config_name, return_hydra_config=True).hydra.searchpath)
         except COMPOSE_ERRORS:
             path = []
-        return (f"hydra.searchpath=[{','.join([*path, f'file://{self.folders[-1]}'])}]",)
+        return (f"hydra.searchpath=[{','.join([*path, f'file://{self.folder}'])}]",)
 
-    def chosen(self) -> tuple[str, Path] | None:
-        """The deployment the line picks, and its file (the user's ``--config-dir`` first)."""
-        chosen = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
-        if chosen and isinstance(chosen[0], str):
-            paths = [f / DEPLOYMENT_GROUP / f"{chosen[0]}.yaml" for f in reversed(self.folders)]
-            return next(((chosen[0], p) for p in paths if os.path.isfile(p)), None)
+    def deployment_file(self) -> tuple[str, Path] | None:
+        """The deployment the line picks, and its file, where the user's ``--config-dir`` has it."""
+        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
+        if self.folder and names and isinstance(names[0], str):
+            path = self.folder / DEPLOYMENT_GROUP / f"{names[0]}.yaml"
+            return (names[0], path) if path.is_file() else None
         return None
 
-    def refused(self, prog: str, invoked: str, compose_once: bool) -> str | None:
-        """What in the line the app does not run, told before anything is composed."""
+    def refusal(self, prog: str, invoked: str, compose_once: bool) -> str | None:
+        """What in the line the app does not run, found before anything is composed."""
         line, config_dir = self.line, self.config_dir
         if config_dir is not None and not os.path.isdir(config_dir):
             what = "a file" if os.path.exists(config_dir) else "not there"
@@ -340,13 +291,11 @@ class _Line:
         return None
 
     def group_value_problem(self) -> str | None:
-        """An override of a config group whose value is no plain option name (a list, a path,
-        null, a number), or one adding a key at the top of the config (``+foo=1``), which no app
-        reads; None where there is none. Hydra would merge a list's options, read a path as a
-        file beside the group's, and tell the rest in words of its own."""
+        """An override of a config group whose value is no plain option name (Hydra would merge a
+        list's options, or compose a path), or one adding a key at the top that no app reads."""
         for override in self.overrides:
             group, value = override.key_or_group, override.value()
-            options = self.listed(group)
+            options = self.options(group)
             if (override.is_add() or override.is_force_add()) and "." not in group and not options:
                 return (f"{override.input_line} adds a key {group!r} at the top of the config, "
                         "which nothing reads; set one of the settings, or add a resource under "
@@ -356,7 +305,7 @@ class _Line:
             text = (override.input_line or "").partition("=")[2]
             if isinstance(value, list):
                 why = f": {group}= takes one name, and a list would merge several"
-                return told.not_a_choice(group, text, options, why, closest=False)
+                return not_a_choice(group, text, options, why, closest=False)
             if not isinstance(value, str) and text in options:  # `inf`, `null`, `1e3`: an option
                 kind = "boolean" if isinstance(value, bool) else "number"
                 read_as = "null, no value" if value is None else f"the {kind} {value!r}"
@@ -364,84 +313,73 @@ class _Line:
                         f"{group} there is; quote it: {group}='{text}' (in a shell, "
                         f"\"{group}='{text}'\")")  # fmt: skip
             if not isinstance(value, str):
-                return told.not_a_choice(group, text, options)
+                return not_a_choice(group, text, options)
             if value in (".", "..") or posixpath.basename(value) != value:
-                return told.not_a_choice(
-                    group, text, options, f": {group}= takes a name, not a path"
-                )
+                return not_a_choice(group, text, options, f": {group}= takes a name, not a path")
         return None
 
     def app_settings_in_deployment(self, settings: type | None) -> str | None:
-        """The deployment file the line picks, where it sets one of the app's ``settings`` (such
-        as ``format``), which its primary config would override; a key that is no setting, and a
-        file Hydra cannot read, are Hydra's to report."""
-        chosen = self.chosen()
-        if chosen is None or settings is None or not dataclasses.is_dataclass(settings):
+        """The deployment file the line picks, where it sets one of the app's ``settings``, which
+        its primary config would override (a file Hydra cannot read is Hydra's to report)."""
+        picked = self.deployment_file()
+        if picked is None or settings is None or not dataclasses.is_dataclass(settings):
             return None
-        taken = {field.name for field in dataclasses.fields(settings)} - set(DEPLOYMENT_KEYS)
+        tree = [field.name for field in dataclasses.fields(ComposedTree)]
+        taken = {field.name for field in dataclasses.fields(settings)} - set(tree)
         try:
-            body = yaml.safe_load(chosen[1].read_text(encoding="utf-8"))
+            body = yaml.safe_load(picked[1].read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return None
         extra = [key for key in (body if isinstance(body, dict) else {}) if key in taken]
         return None if not extra else (
-            f"{DEPLOYMENT_GROUP}={chosen[0]} ({chosen[1]}) sets {', '.join(map(str, extra))}, the "
+            f"{DEPLOYMENT_GROUP}={picked[0]} ({picked[1]}) sets {', '.join(map(str, extra))}, the "
             "app's own settings, which its primary config would override without a word: give "
-            f"them on the command line ({extra[0]}=...), and declare only "
-            f"{', '.join(DEPLOYMENT_KEYS[1:])} in a deployment; take them out of the "
-            "file")  # fmt: skip
+            f"them on the command line ({extra[0]}=...), and declare only {', '.join(tree)} in a "
+            "deployment; take them out of the file")  # fmt: skip
 
-    def composed(
-        self, config_name: str, full_error: bool = False, hydra: bool = True
-    ) -> DictConfig:
-        """The line composed (with Hydra's config where ``hydra``): a mistake in it or in a config
-        file raised as ResourceConfigError; Hydra's own error where none is told."""
+    def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
+        """The line composed (with Hydra's config where ``hydra``), a mistake in it or in a config
+        file raised as ResourceConfigError."""
         try:
-            overrides = [*self.line.overrides, *self.searched]
-            return compose(config_name, overrides, return_hydra_config=hydra)
+            overrides = [*self.line.overrides, *self.searchpath]
+            return compose(self.line.config_name or self.config_name, overrides,
+                           return_hydra_config=hydra)  # fmt: skip
         except COMPOSE_ERRORS as error:
-            said = None if full_error else self.told(error)
-            if said is None:
+            paragraph = None if full_error else self.paragraph(error)
+            if paragraph is None:
                 raise
-            raise ResourceConfigError(said) from None
+            raise ResourceConfigError(paragraph) from None
 
-    def told(self, error: BaseException) -> str | None:
+    def paragraph(self, error: BaseException) -> str | None:
         """``error``, raised composing the line, as one paragraph; None where it is no mistake in
         the line or in a config file (a ``ValueError`` or ``OSError`` no override explains)."""
-        line, overrides = self.line, self.overrides
         if isinstance(error, yaml.YAMLError):
-            return told.not_yaml(error)
+            return hydra_errors.not_yaml(error)
         if isinstance(error, RecursionError):
-            given = " ".join(line.overrides) if line.overrides else "the config"
+            given = " ".join(self.line.overrides) or "the config"
             return (f"composing {given} never ends: a defaults list names a config that lists it "
                     "again, itself or through others (a deployment whose defaults list names that "
                     "deployment, say); remove the name from that list")  # fmt: skip
-        if isinstance(error, UnicodeDecodeError):
-            found = [p for f in self.folders for p in sorted(f.rglob("*.yaml")) if error.object
+        if isinstance(error, UnicodeDecodeError) and self.folder:
+            # ``error.object`` is the chunk of the file that Hydra's reader was decoding.
+            found = [p for p in sorted(self.folder.rglob("*.yaml")) if error.object
                      and bytes(error.object) in p.read_bytes()]  # fmt: skip
-            return _undecodable(found[0], error.encoding) if found else None
-        if line.config_name:
-            configs, name = self.listed(""), line.config_name.removesuffix(".yaml")
-            missing = isinstance(error, MissingConfigException) and error.options is None and \
-                name.strip("/") == (error.missing_cfg_file or "").removesuffix(".yaml")  # fmt: skip
-            if missing or name not in configs:  # not there, or another app's
-                return told.not_a_primary_config(line.config_name, configs)
+            return hydra_errors.not_utf8(found[0]) if found else None
+        if given := self.line.config_name:
+            configs = self.options("")
+            if given.removesuffix(".yaml") not in configs:  # not there, or another app's
+                return hydra_errors.not_a_primary_config(given, configs)
         if isinstance(error, HydraException | OmegaConfBaseException):
-            said, chosen = told.explain(error), self.chosen()
-            if (
-                said.startswith(f"{DEPLOYMENT_GROUP} is not a setting: a deployment file")
-                and chosen
-            ):
-                said = said.replace("a deployment file was", f"the deployment file {chosen[1]} was")
-            return said
+            picked = self.deployment_file()
+            return hydra_errors.explain(error, picked[1] if picked else None)
         filename = str(error.filename) if isinstance(error, OSError) and error.filename else ""
-        for override in overrides if filename else []:
+        for override in self.overrides if filename else []:
             key, value = override.key_or_group, override.value()
             if isinstance(value, str) and len(value) > 80 and value in filename:
                 # Hydra looked the value up as a file of the config group: too long for one.
                 shown = f"{value[:80]}... ({len(value):,} characters)"
                 why = ": no option has so long a name"
-                return told.not_a_choice(key, shown, self.listed(key), why, closest=False)
+                return not_a_choice(key, shown, self.options(key), why, closest=False)
             if key in filename:
                 # Hydra looks a key up as a config group on disk first; no setting is that long.
                 shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key)} characters)"
@@ -449,32 +387,20 @@ class _Line:
         return None
 
 
-def _undecodable(path: Path, encoding: str) -> str | None:
-    """Config file ``path``, which is not ``encoding`` text, named with the line."""
-    data = path.read_bytes()
-    try:
-        data.decode(encoding)
-    except UnicodeDecodeError as error:
-        return told.not_utf8(str(path), data, error)
-    return None
-
-
 def register_options_resolver(config_name: str) -> None:
-    """Register ``${mstar_resources.options:GROUP[,KEY]}`` for the help template of the app whose
-    primary config is ``config_name`` (a config group's options, or those whose composed config
-    sets ``KEY``), and ``${mstar_resources.shown:VALUE}``, a value as the command line writes it.
-    :func:`hydra_app` does it while its app runs; an engine on plain ``@hydra.main`` calls it
-    before its ``main()``."""
+    """Register, for the help template of the primary config ``config_name``,
+    ``${mstar_resources.options:GROUP[,KEY]}`` (a group's options, or those whose config sets KEY)
+    and ``${mstar_resources.shown:VALUE}``; an app on plain ``@hydra.main`` calls it first."""
 
     def options(group: str, key: str | None = None) -> str:
         names = _options(group, config_name)
         return ", ".join(n for n in names if key is None or _sets(config_name, group, n, key))
 
     OmegaConf.register_new_resolver(RESOLVERS[0], options, replace=True)
-    OmegaConf.register_new_resolver(RESOLVERS[1], shown_on_the_command_line, replace=True)
+    OmegaConf.register_new_resolver(RESOLVERS[1], command_line_form, replace=True)
 
 
-def shown_on_the_command_line(value: object) -> str:
+def command_line_form(value: object) -> str:
     """``value`` as one gives it on the command line: ``null``, ``true``, an enum's name."""
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]

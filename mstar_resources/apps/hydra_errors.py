@@ -1,9 +1,6 @@
-"""Hydra's and OmegaConf's compose errors told as one sentence, from the exceptions' fields.
-
-Hydra reports a misspelled key with advice to append it with ``+`` (which only leads to another
-error) and a bad value in OmegaConf's words over several lines. The exceptions carry what happened
-as data (the full key, the value, the node it was meant for, a group's options), so the sentence is
-built from that: the setting, the bad value, what it takes, and the closest valid name.
+"""Hydra's, OmegaConf's and PyYAML's compose errors as one sentence, built from the exceptions'
+fields (the full key, the value, the node it was meant for, a group's options): the setting, the
+bad value, what it takes and the closest valid name, never Hydra's advice to append with ``+``.
 """
 
 from __future__ import annotations
@@ -12,6 +9,7 @@ import dataclasses
 import posixpath
 import re
 from enum import Enum
+from pathlib import Path
 
 import yaml
 from hydra.errors import MissingConfigException, OverrideParseException
@@ -37,26 +35,26 @@ NODE_EXPECTS: dict[type, str] = {BooleanNode: "true or false", IntegerNode: "a w
                                  DictConfig: "a mapping, e.g. {key: value}"}  # fmt: skip
 
 
-def explain(error: BaseException) -> str:
-    """``error``, raised while composing a config, as one paragraph that names the setting."""
+def explain(error: BaseException, deployment_file: Path | None = None) -> str:
+    """``error``, raised while composing a config, as one paragraph that names the setting;
+    ``deployment_file``, the file of the deployment the line picks, where there is one."""
     if isinstance(error, MissingConfigException) and error.options is not None:
         group, name = posixpath.split(error.missing_cfg_file or "")
         return not_a_choice(group, name, list(error.options))
     if isinstance(error, OverrideParseException):
-        told = f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
-        return told + _quoting_hint(error.override)
+        text = f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
+        return text + _quoting_hint(error.override)
     # Hydra raises its own error from inside the handler of OmegaConf's (a value of a config file
     # the schema refuses), or ``from`` it (one on the command line): the context or the cause.
-    cause = (
-        error if isinstance(error, OmegaConfBaseException) else error.__cause__ or error.__context__
-    )
+    cause = error if isinstance(error, OmegaConfBaseException) else (
+        error.__cause__ or error.__context__)  # fmt: skip
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
-        return _unknown_key(cause)
+        return _unknown_key(cause, deployment_file)
     if isinstance(cause, ValidationError) and cause.full_key:
         return _bad_value(cause)
     if isinstance(cause, OmegaConfBaseException) and cause is not error:
-        # Hydra's own sentence ("Error merging override ~calibration.model") says what it was
-        # doing; OmegaConf's, the first line of its cause, says why it could not.
+        # Hydra's sentence ("Error merging override ~calibration.model") says what it was doing;
+        # the first line of OmegaConf's, its cause, says why it could not.
         reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         if reason not in str(error):
             return _paragraph(f"{error}: {reason}")
@@ -71,16 +69,12 @@ def _quoting_hint(override: str) -> str:
     if not sep or not value or value[0] in "'\"" or not odd:
         return ""
     if odd[0].isdigit():  # quoted, it would pass as the number int() reads in it
-        return (
-            f"; the value holds {odd[0]!r}, a digit of another script: write numbers in ASCII "
-            "digits (0-9)"
-        )
+        return f"; the value holds {odd[0]!r}, a digit of another script: write numbers in " \
+            "ASCII digits (0-9)"  # fmt: skip
     items = ",".join(f"'{item.strip()}'" for item in value[1:-1].split(","))
     quoted = f"{key}=[{items}]" if value[0] + value[-1] == "[]" else f"{key}='{value}'"
-    return (
-        f"; the value holds {odd[0]!r}, which Hydra reads only in quotes: give it as "
-        f'"{quoted}" (the double quotes for the shell)'
-    )
+    return f"; the value holds {odd[0]!r}, which Hydra reads only in quotes: give it as " \
+        f'"{quoted}" (the double quotes for the shell)'  # fmt: skip
 
 
 def not_a_choice(
@@ -89,29 +83,23 @@ def not_a_choice(
     """``group=name`` picks no option of config group ``group``: the closest (where ``closest``),
     and all of them; ``why``, where given, says what is wrong with ``name``."""
     if not options:
-        return (
-            f"{group}={name} is not a {group}: the search path holds no {group} options to pick "
-            f"from; leave {group} out, or add --config-dir DIR with a {group}/ folder"
-        )
+        return (f"{group}={name} is not a {group}: the search path holds no {group} options to "
+                f"pick from; leave {group} out, or add --config-dir DIR with a {group}/ "
+                "folder")  # fmt: skip
     offered = [o for o in options if not (group == DEPLOYMENT_GROUP and o == NO_DEPLOYMENT)]
     close = did_you_mean(name, offered) if closest else ""
-    return (
-        f"{group}={name} is not a {OPTION_NOUNS.get(group, group)}{why}{close}; "
-        f"pick one of {', '.join(options)}"
-    )
+    return (f"{group}={name} is not a {OPTION_NOUNS.get(group, group)}{why}{close}; "
+            f"pick one of {', '.join(options)}")  # fmt: skip
 
 
 def not_a_primary_config(name: str, configs: list[str]) -> str:
     """``--config-name=name`` is no primary config of the search path, which holds ``configs``."""
     folder, _, stem = name.rstrip("/").rpartition("/")
-    stem = stem.removesuffix(".yaml")
-    own = f" (for the file itself: --config-dir {folder or '/'} --config-name {stem})"
-    own = own if folder or name.startswith("/") else ""
+    own = f" (for the file itself: --config-dir {folder or '/'} --config-name " \
+        f"{stem.removesuffix('.yaml')})" if folder or name.startswith("/") else ""  # fmt: skip
     there = f"pick one of {', '.join(configs)}" if configs else "it holds none"
-    return (
-        f"--config-name={name} is not a config of this app{did_you_mean(name, configs)}; "
-        f"{there}, or add --config-dir DIR for one of your own{own}"
-    )
+    return (f"--config-name={name} is not a config of this app{did_you_mean(name, configs)}; "
+            f"{there}, or add --config-dir DIR for one of your own{own}")  # fmt: skip
 
 
 def not_yaml(error: yaml.YAMLError) -> str:
@@ -119,23 +107,25 @@ def not_yaml(error: yaml.YAMLError) -> str:
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     if not isinstance(error, yaml.MarkedYAMLError) or not isinstance(mark, yaml.Mark):
         return f"a config file is not valid YAML: {_paragraph(str(error))}; fix the file"
-    return (
-        f"{mark.name} is not valid YAML at line {mark.line + 1}, column {mark.column + 1}: "
-        f"{f'{error.context}, ' if error.context else ''}{error.problem or 'not valid YAML'}; "
-        "fix the file there"
-    )
+    return (f"{mark.name} is not valid YAML at line {mark.line + 1}, column {mark.column + 1}: "
+            f"{f'{error.context}, ' if error.context else ''}{error.problem or 'not valid YAML'}; "
+            "fix the file there")  # fmt: skip
 
 
-def not_utf8(path: str, data: bytes, error: UnicodeDecodeError) -> str:
-    """Config file ``path``, whose bytes ``data`` fail to decode as ``error`` says."""
-    line = data.count(b"\n", 0, error.start) + 1
-    return (
-        f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} "
-        f"({error.reason}); save the file as UTF-8"
-    )
+def not_utf8(path: Path) -> str | None:
+    """Config file ``path``, where it is not UTF-8 text (Hydra reads its configs as UTF-8), with
+    the byte and line; None where it is."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        return (f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} "
+                f"({error.reason}); save the file as UTF-8")  # fmt: skip
+    return None
 
 
-def _unknown_key(error: OmegaConfBaseException) -> str:
+def _unknown_key(error: OmegaConfBaseException, deployment_file: Path | None) -> str:
     parent, full_key = error.parent_node, str(error.full_key)
     if not isinstance(parent, DictConfig):
         return _paragraph(str(error))
@@ -143,28 +133,22 @@ def _unknown_key(error: OmegaConfBaseException) -> str:
     prefix, at = f"{holder}." if holder else "", holder or "the config"
     settings = [str(key) for key in parent if key != "hydra"]
     if full_key == DEPLOYMENT_GROUP:
-        return (
-            f"{DEPLOYMENT_GROUP} is not a setting: a deployment file was composed under the key "
-            f"{DEPLOYMENT_GROUP} instead of at the top of the config; its first line must be "
-            "`# @package _global_`, with no byte-order mark before it, as in the shipped "
-            "deployments (an empty file has no such line)"
-        )
+        file = f"the deployment file {deployment_file}" if deployment_file else "a deployment file"
+        return (f"{DEPLOYMENT_GROUP} is not a setting: {file} was composed under the key "
+                f"{DEPLOYMENT_GROUP} instead of at the top of the config; its first line must be "
+                "`# @package _global_`, with no byte-order mark before it, as in the shipped "
+                "deployments (an empty file has no such line)")  # fmt: skip
     if not settings:
-        return (
-            f"{full_key} is not a setting: {at} is empty as composed, so there is nothing under "
-            f"it to set; compose an option that fills {at} first (e.g. deployment=NAME)"
-        )
+        return (f"{full_key} is not a setting: {at} is empty as composed, so there is nothing "
+                f"under it to set; compose an option that fills {at} first (e.g. "
+                "deployment=NAME)")  # fmt: skip
     fields = {item.name for item in dataclasses.fields(Resource)}
     if str(error.key) in fields and fields & set(settings):
         # A resource declared in a user's YAML without the schema has only the keys it wrote.
-        return (
-            f"{full_key} is a resource's setting, and {holder} is declared without it; add it "
-            f"with a plus: +{full_key}=VALUE"
-        )
-    return (
-        f"{full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
-        f"{at} takes {', '.join(settings)}"
-    )
+        return (f"{full_key} is a resource's setting, and {holder} is declared without it; add "
+                f"it with a plus: +{full_key}=VALUE")  # fmt: skip
+    return (f"{full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
+            f"{at} takes {', '.join(settings)}")  # fmt: skip
 
 
 def _bad_value(error: ValidationError) -> str:
@@ -182,13 +166,10 @@ def _bad_value(error: ValidationError) -> str:
     elif isinstance(child, EnumNode) and issubclass(child.enum_type, Enum):
         takes = "one of " + ", ".join(member.name for member in child.enum_type)
     else:
-        found = (
-            expects for node_type, expects in NODE_EXPECTS.items() if isinstance(child, node_type)
-        )
+        found = (text for node_type, text in NODE_EXPECTS.items() if isinstance(child, node_type))
         takes = next(found, None) or _paragraph(error.msg or str(error))
     return f"{error.full_key}={error.value!r} is not valid; {setting} takes {takes}"
 
 
 def _paragraph(text: str) -> str:
-    """``text``'s lines joined as one paragraph."""
     return "; ".join(line.strip() for line in text.splitlines() if line.strip())
