@@ -50,12 +50,10 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError,
                   RecursionError)  # fmt: skip
 MAX_DIGITS = 4000  # Python's int() reads no more; Hydra's parser would end in its traceback
-# @hydra.main's command line, Hydra 1.3's documented flags (its own parser is hydra._internal):
-# a line this can't read goes on to @hydra.main, which says why.
+# The flags of @hydra.main (Hydra 1.3; its parser is hydra._internal) that take a value, and the
+# one read here: any other flag, or a line this can't read, goes on to @hydra.main.
 FLAGS = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-for flag in ("-h --help", "--hydra-help", "--version", "--resolve", "-r --run", "-m --multirun",
-             "-sc --shell-completion"):  # fmt: skip
-    FLAGS.add_argument(*flag.split(), action="store_true")
+FLAGS.add_argument("-sc", "--shell-completion", action="store_true")
 for flag in ("-p --package", "-cp --config-path", "-cn --config-name", "-cd --config-dir",
              "--experimental-rerun"):  # fmt: skip
     FLAGS.add_argument(*flag.split())
@@ -117,18 +115,14 @@ def _hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
         instance.hydra, VersionBase.instance().version_base = program_hydra, base
 
 
-def _options(group: str, config_name: str | None, config_dir: str | None = None,
-             searchpath: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
-    """The options of config group ``group`` ("": the app's own primary config and the user's),
-    as Hydra's ``--help`` lists them."""
+def _options(group: str, config_name: str | None, searchpath: tuple[str, ...] = ()) -> list[str]:
+    """The options of config group ``group`` ("": primary configs), as Hydra's ``--help`` lists
+    them, those starting with ``_`` left out."""
     try:
         loader = GlobalHydra.instance().config_loader()
         names = loader.get_group_options(group, config_name=config_name, overrides=[*searchpath])
     except (HydraException, OSError):  # a key too long for a folder's name, ...
         return []
-    if not group:  # not the other apps' primary configs, nor the settings' schemas
-        mine = {p.stem for p in Path(config_dir).glob("*.yaml")} if config_dir else set()
-        names = [name for name in names if name == config_name or name in mine]
     return sorted(name for name in names if not name.startswith("_"))
 
 
@@ -229,7 +223,7 @@ class _Line:
     user's files (``--config-dir``) are looked into: the shipped ones are tested."""
 
     def __init__(self, line: argparse.Namespace, config_name: str) -> None:
-        self.line, self.config_name, self.config_dir = line, config_name, line.config_dir
+        self.line, self.config_name = line, config_name
         self.folder = Path(line.config_dir).resolve() if line.config_dir else None
         try:
             self.overrides = OverridesParser.create().parse_overrides(line.overrides)
@@ -237,12 +231,12 @@ class _Line:
             self.overrides = []
 
     def options(self, group: str) -> list[str]:
-        return _options(group, self.config_name, self.config_dir, self.searchpath)
+        return _options(group, self.config_name, self.searchpath)
 
     @functools.cached_property
     def searchpath(self) -> tuple[str, ...]:
         """The override that adds ``--config-dir`` to the primary config's search path."""
-        if not self.config_dir:
+        if not self.folder:
             return ()
         try:
             path = list(compose(self.config_name, return_hydra_config=True).hydra.searchpath)
@@ -250,17 +244,17 @@ class _Line:
             path = []
         return (f"hydra.searchpath=[{','.join([*path, f'file://{self.folder}'])}]",)
 
-    def deployment_file(self) -> tuple[str, Path] | None:
-        """The deployment the line picks, and its file, where the user's ``--config-dir`` has it."""
+    def deployment_file(self) -> Path | None:
+        """The file of the deployment the line picks, where the user's ``--config-dir`` has it."""
         names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
         if self.folder and names and isinstance(names[0], str):
             path = self.folder / DEPLOYMENT_GROUP / f"{names[0]}.yaml"
-            return (names[0], path) if path.is_file() else None
+            return path if path.is_file() else None
         return None
 
     def refusal(self, prog: str, invoked: str, compose_once: bool) -> str | None:
         """What in the line the app does not run, found before anything is composed."""
-        line, config_dir = self.line, self.config_dir
+        line, config_dir = self.line, self.line.config_dir
         if config_dir is not None and not os.path.isdir(config_dir):
             what = "a file" if os.path.exists(config_dir) else "not there"
             return (f"--config-dir {config_dir} is {what}; it takes a folder of configs (one with "
@@ -321,18 +315,18 @@ class _Line:
     def app_settings_in_deployment(self, settings: type | None) -> str | None:
         """The deployment file the line picks, where it sets one of the app's ``settings``, which
         its primary config would override (a file Hydra cannot read is Hydra's to report)."""
-        picked = self.deployment_file()
-        if picked is None or settings is None or not dataclasses.is_dataclass(settings):
+        path = self.deployment_file()
+        if path is None or not dataclasses.is_dataclass(settings):
             return None
         tree = [field.name for field in dataclasses.fields(ComposedTree)]
         taken = {field.name for field in dataclasses.fields(settings)} - set(tree)
         try:
-            body = yaml.safe_load(picked[1].read_text(encoding="utf-8"))
+            body = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return None
         extra = [key for key in (body if isinstance(body, dict) else {}) if key in taken]
         return None if not extra else (
-            f"{DEPLOYMENT_GROUP}={picked[0]} ({picked[1]}) sets {', '.join(map(str, extra))}, the "
+            f"{DEPLOYMENT_GROUP}={path.stem} ({path}) sets {', '.join(map(str, extra))}, the "
             "app's own settings, which its primary config would override without a word: give "
             f"them on the command line ({extra[0]}=...), and declare only {', '.join(tree)} in a "
             "deployment; take them out of the file")  # fmt: skip
@@ -365,13 +359,13 @@ class _Line:
             found = [p for p in sorted(self.folder.rglob("*.yaml")) if error.object
                      and bytes(error.object) in p.read_bytes()]  # fmt: skip
             return hydra_errors.not_utf8(found[0]) if found else None
-        if given := self.line.config_name:
-            configs = self.options("")
+        if given := self.line.config_name:  # not the other apps' configs, nor the settings'
+            mine = {p.stem for p in self.folder.glob("*.yaml")} if self.folder else set()
+            configs = [c for c in self.options("") if c == self.config_name or c in mine]
             if given.removesuffix(".yaml") not in configs:  # not there, or another app's
                 return hydra_errors.not_a_primary_config(given, configs)
         if isinstance(error, HydraException | OmegaConfBaseException):
-            picked = self.deployment_file()
-            return hydra_errors.explain(error, picked[1] if picked else None)
+            return hydra_errors.explain(error, self.deployment_file())
         filename = str(error.filename) if isinstance(error, OSError) and error.filename else ""
         for override in self.overrides if filename else []:
             key, value = override.key_or_group, override.value()
@@ -392,24 +386,20 @@ def register_options_resolver(config_name: str) -> None:
     ``${mstar_resources.options:GROUP[,KEY]}`` (a group's options, or those whose config sets KEY)
     and ``${mstar_resources.shown:VALUE}``; an app on plain ``@hydra.main`` calls it first."""
 
+    def sets(group: str, option: str, key: str) -> bool:  # the config with group=option sets key
+        try:
+            return compose(config_name, overrides=[f"{group}={option}"]).get(key) is not None
+        except (HydraException, OmegaConfBaseException):
+            return False
+
     def options(group: str, key: str | None = None) -> str:
         names = _options(group, config_name)
-        return ", ".join(n for n in names if key is None or _sets(config_name, group, n, key))
+        return ", ".join(n for n in names if key is None or sets(group, n, key))
+
+    def command_line_form(value: object) -> str:  # ``null``, ``true``, an enum's name
+        if isinstance(value, bool) or value is None:
+            return {True: "true", False: "false", None: "null"}[value]
+        return str(getattr(value, "name", value))
 
     OmegaConf.register_new_resolver(RESOLVERS[0], options, replace=True)
     OmegaConf.register_new_resolver(RESOLVERS[1], command_line_form, replace=True)
-
-
-def command_line_form(value: object) -> str:
-    """``value`` as one gives it on the command line: ``null``, ``true``, an enum's name."""
-    if isinstance(value, bool) or value is None:
-        return {True: "true", False: "false", None: "null"}[value]
-    return str(getattr(value, "name", value))
-
-
-def _sets(config_name: str, group: str, option: str, key: str) -> bool:
-    """Whether the primary config with ``group=option`` sets ``key``."""
-    try:
-        return compose(config_name, overrides=[f"{group}={option}"]).get(key) is not None
-    except (HydraException, OmegaConfBaseException):
-        return False
