@@ -5,15 +5,17 @@
     python scripts/bench_plan_overhead.py --png docs/bench_plan_overhead.png  # docs', on a GPU
 
 The planners: a real FlashInfer decode plan (batch 64, 4096 tokens each, its inputs in pinned
-host memory as an engine's are), its wrapper given the pool's int workspace (each plan fenced on
-the previous one's copy from the pinned mirror) and on an int workspace of its own, and the
-fence's CUDA calls alone around a no-op (these GPU rows only where there are a CUDA GPU and
-FlashInfer, else they are left out and stderr says why, or, asked for alone with ``--device
-cuda``, the run is refused with status 2); on the CPU, a planner of similar cost (host work
-calibrated to the decode plan's ~220 us); and a no-op planner, which leaves only
-Workspace.plan's own cost. Each round times
-direct, wrapped, wrapped, direct (ABBA, so a drift in the machine's speed cancels out) and takes
-its ratio and difference within the round; the table gives the medians over rounds.
+host memory as an engine's are), its wrapper given the pool's int workspace (its plans write the
+pinned mirrors in turn, behind the fence) and on an int workspace of its own; and a no-op wrapper
+on the shared int workspace, which leaves Workspace.plan's own cost on the GPU, the fence's CUDA
+calls included. These GPU rows only where there are a CUDA GPU and FlashInfer, else they are
+left out and stderr says why, or, asked for alone with ``--device cuda``, the run is refused with
+status 2. With them, lines saying how many plans the fence made wait: in a row on an idle GPU,
+and in an engine's loop on a busy one. On the CPU: a planner of similar cost (host work
+calibrated to the decode plan's ~220 us), and a no-op planner, which leaves only Workspace.plan's
+own cost. Each round times direct, wrapped, wrapped, direct (ABBA, so a drift in the machine's
+speed cancels out) and takes its ratio and difference within the round; the table gives the
+medians over rounds.
 
 It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a folder that exists.
 """
@@ -25,9 +27,11 @@ import functools
 import importlib.util
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from _args import non_negative_float, positive_int, refuse, run_main
 from _plot import add_png_option, check_png, pyplot, save
@@ -104,12 +108,31 @@ def noop(*args: object, **kwargs: object) -> None:
     """A planner that does nothing: what remains around it is Workspace.plan's own cost."""
 
 
-def gpu_rows(rounds: int, t: float) -> tuple[list[Row], str]:
+class _NoOpWrapper:
+    """A wrapper whose plan does nothing, with the buffers FlashInfer's wrappers keep: given the
+    pool's int workspace, Workspace.plan fences its plans as it does a real wrapper's."""
+
+    def __init__(self, float_workspace_buffer: object) -> None:
+        import torch
+
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = torch.empty(8, dtype=torch.uint8)
+        self._pin_memory_int_workspace_buffer = torch.empty(8, dtype=torch.uint8)
+
+    def plan(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def run(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def gpu_rows(rounds: int, t: float) -> tuple[list[Row], list[str]]:
     """The FlashInfer decode plan through a workspace, its wrapper given the pool's int workspace
-    (as the vLLM plugin's decode wrappers are: each plan fenced on the previous one's copy from
-    the pinned mirror) and on an int workspace of its own (no fence); and the fence's CUDA calls
-    alone, around a no-op, so the rows add up to where the time goes. With them, a line saying
-    how many of the shared row's plans found the previous copy still to run, and waited."""
+    (as the vLLM plugin's decode wrappers are: its plans write the pinned mirrors in turn, behind
+    the fence) and on an int workspace of its own (no fence); and Workspace.plan around a no-op
+    wrapper on the shared int workspace, which leaves its own cost on the GPU, the fence's CUDA
+    calls included. With them, lines saying how many plans the fence made wait: 2,000 plans in a
+    row on an idle GPU, and an engine's loop on a busy one."""
     import flashinfer
     import torch
 
@@ -125,7 +148,7 @@ def gpu_rows(rounds: int, t: float) -> tuple[list[Row], str]:
     args = (indptr, indices, last_page_len, 32, 8, 128, page)
     kwargs = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
     name = f"bs={batch}, kv={kv_len}, {torch.cuda.get_device_name()}"
-    rows, waits = [], ""
+    rows, notes = [], []
     for case, shared in (("shared int workspace", True), ("its own int workspace", False)):
         pool = WorkspacePool("cuda", size_mb=1, int_size_mb=1)
         workspace = pool.get("decode")
@@ -144,26 +167,55 @@ def gpu_rows(rounds: int, t: float) -> tuple[list[Row], str]:
         ))  # fmt: skip
         int_workspace = workspace.int_workspace
         if shared and int_workspace is not None:
-            before, plans = int_workspace.fence_waits, 2000
-            for _ in range(plans):
-                wrapped()
-            waits = (
-                f"the shared row's fence waited for a copy in {int_workspace.fence_waits - before}"
-                f" of {plans:,} plans in a row"
-            )
-    event, device = torch.cuda.Event(), torch.device("cuda", torch.cuda.current_device())
-    stream = torch.cuda.current_stream(device)
-    event.record(stream)
+            notes.append(_idle_waits(int_workspace, wrapped))
+            notes.append(_busy_waits(int_workspace, wrapped))
+    pool = WorkspacePool("cuda", size_mb=1, int_size_mb=1)
+    noop_wrapper = pool.build(_NoOpWrapper, label="decode")
+    workspace = pool.get("decode")
+    rows.append(measure(
+        "no-op wrapper on the shared int workspace (Workspace.plan's own cost, fence included)",
+        noop_wrapper.plan, functools.partial(workspace.plan, noop_wrapper.plan), rounds, t,
+    ))  # fmt: skip
+    return rows, notes
 
-    def fence() -> None:  # the CUDA calls the shared row's fence makes each plan (int_workspace)
-        if not event.query():
-            event.synchronize()
-        torch._C._cuda_getCurrentRawStream(device.index)
-        event.record(stream)
 
-    rows.append(measure("the fence's CUDA calls alone (event query, record)", noop, fence,
-                        rounds, t))  # fmt: skip
-    return rows, waits
+def _idle_waits(int_workspace: Any, plan: Callable[[], object], plans: int = 2000) -> str:
+    """How many of ``plans`` plans in a row, the GPU idle, the fence made wait."""
+    before = int_workspace.fence_waits
+    for _ in range(plans):
+        plan()
+    waited = int_workspace.fence_waits - before
+    return f"the shared row's fence waited in {waited:,} of {plans:,} plans in a row, GPU idle"
+
+
+def _busy_waits(
+    int_workspace: Any, plan: Callable[[], object], steps: int = 500, run_us: float = 300.0
+) -> str:
+    """An engine's loop on a busy GPU: each step plans, then queues its run (a kernel of
+    ``run_us``, longer than the plan), and, as vLLM's async scheduling does with its queue of
+    two batches, waits for the step before the last one before it goes on."""
+    import torch
+
+    rate_khz = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate
+    cycles = int(run_us * rate_khz / 1000)
+    done = [torch.cuda.Event() for _ in range(steps)]
+    torch.cuda.synchronize()
+    before = int_workspace.fence_waits
+    begin = time.perf_counter()
+    for step in range(steps):
+        if step >= 2:
+            done[step - 2].synchronize()  # the engine's own wait for an earlier step's output
+        plan()
+        torch.cuda._sleep(cycles)  # the step's run
+        done[step].record()
+    torch.cuda.synchronize()
+    per_step = (time.perf_counter() - begin) / steps * 1e6
+    waited = int_workspace.fence_waits - before
+    return (
+        f"an engine's loop, each step's run {run_us:.0f} us on the GPU, the host two steps "
+        f"ahead at most: the fence waited in {waited:,} of {steps:,} plans ({per_step:.0f} us "
+        "a step)"
+    )
 
 
 def gpu_missing() -> str | None:
@@ -231,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"no FlashInfer decode row: {missing}", file=sys.stderr)
         else:
-            gpu, waits = gpu_rows(options.rounds, options.min_run_time)
+            gpu, gpu_notes = gpu_rows(options.rounds, options.min_run_time)
             rows.extend(gpu)
-            notes.append(waits)
+            notes.extend(gpu_notes)
     print(f"{'planner':<62} {'direct us':>10} {'via plan us':>12} {'added us':>9} {'ratio':>7}")
     for row in rows:
         print(

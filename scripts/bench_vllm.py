@@ -9,10 +9,10 @@ For each model depth (Llama 3 8B's attention, 32 query / 8 KV heads of 128, rand
 ``MSTAR_RESOURCES_VLLM=auto`` (B), in the order A B B A, A B B A..., ``--rounds`` runs each. Every
 run is a process of its own with the engine in it (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), serves
 the trace's first ``max_num_seqs`` requests that fit (their prompt and output lengths, greedy),
-twice, and is timed on the second generation. The table gives, per configuration, the median
-generation time both ways and their ratio (the plugin's over vLLM's), whether every run generated
-the same tokens, and vLLM's own count of KV-cache tokens both ways. It writes
-``bench_vllm.json`` (``--out``).
+four times, and is timed by the median of the last three generations (the first warms up). The
+table gives, per configuration, the median generation time both ways and their ratio (the plugin's
+over vLLM's), whether every run generated the same tokens, and vLLM's own count of KV-cache tokens
+both ways. It writes ``bench_vllm.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Config:
         side = "plugin" if plugin else "vllm"
         return Case(
             f"{self.group}/{side}-{run}", shape, plugin,
-            max_num_seqs=self.max_num_seqs, requests=self.max_num_seqs, generations=2,
+            max_num_seqs=self.max_num_seqs, requests=self.max_num_seqs, generations=4,
         )  # fmt: skip
 
 

@@ -30,6 +30,12 @@ INT_DEFAULT_MB = 8
 """The int floor when neither a resource nor the environment sets one: what each FlashInfer
 wrapper allocates for itself (``torch.empty(8 * 1024 * 1024)`` in its ``__init__``)."""
 
+PINNED_MIRRORS = 4
+"""The pinned host mirrors each int workspace keeps, each as many bytes as it: consecutive plans
+write them in turn, so a plan rewrites a mirror only after the copy three plans before it has
+read it (``attn/int_workspace.py``). The pinned bytes an int workspace holds are this many times
+its own."""
+
 MAX_MB = 1 << 20
 """The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a
 typo (and would overflow the float that a report divides it by)."""

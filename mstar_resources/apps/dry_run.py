@@ -42,7 +42,7 @@ _COLUMNS = (
     "int MB", "int source", "int reserved MB", "pinned MB",
 )  # fmt: skip
 """The float workspaces' columns, then the int workspaces' (one per float one) and their pinned
-host mirrors' (as many bytes as the int workspaces, on the host)."""
+host mirrors' (four of each int workspace's bytes, on the host)."""
 
 
 @hydra_app(
@@ -72,7 +72,7 @@ def main(cfg: DictConfig) -> None:
         "resources": [dataclasses.asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
         "total_int_reserved_bytes": int_reserved,
-        "total_pinned_bytes": int_reserved,  # one mirror of each int workspace's bytes
+        "total_pinned_bytes": sum(record.pinned_bytes for record in records),
     }
     if calibrated:
         report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}
@@ -142,7 +142,7 @@ def _table(
             f"{record.int_floor_mb:,}",
             record.int_floor_source,
             _mb(record.int_reserved_bytes),
-            _mb(record.int_reserved_bytes),
+            _mb(record.pinned_bytes),
         )
         for record in records
     ]

@@ -1,7 +1,7 @@
 """One growable buffer of a workspace: its tensor, moved in place onto a larger block when a plan
 overflows it, and never again once sealed; its growth history; its refusals. A float workspace
 holds one (:class:`~mstar_resources.attn.workspace.Workspace`), an int workspace one with its
-pinned host mirror (:class:`~mstar_resources.attn.int_workspace.IntWorkspace`)."""
+pinned host mirrors (:class:`~mstar_resources.attn.int_workspace.IntWorkspace`)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class WorkspaceStats:
     grown_to_agree_bytes: int = 0
     """Bytes added at a group seal to match what other ranks hold (0 without a group)."""
     kind: str = "float"
-    """``float`` or ``int`` (an :class:`IntWorkspace`, whose pinned mirror holds as many)."""
+    """``float`` or ``int`` (an :class:`IntWorkspace`, whose pinned mirrors each hold as many)."""
 
     def __str__(self) -> str:
         grown = (
@@ -91,8 +91,8 @@ class WorkspaceStats:
 
 class GrowableBuffer:
     """A workspace's device buffer: ``tensor`` keeps its identity while it grows, so every wrapper
-    built on it sees the larger buffer; once sealed it never moves. With a ``mirror`` (an int
-    workspace's pinned host buffer), the mirror always holds as many bytes and grows with it.
+    built on it sees the larger buffer; once sealed it never moves. Its ``mirrors`` (an int
+    workspace's pinned host buffers) each hold as many bytes, and grow with it.
 
     Every change of size or state is made under :attr:`lock`, so a buffer sealed while a plan
     runs never moves.
@@ -105,7 +105,6 @@ class GrowableBuffer:
         sealed: bool,
         floor: str,
         kind: Buffer = FLOAT,
-        mirror: torch.Tensor | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ResourceUsageError(
@@ -132,8 +131,10 @@ class GrowableBuffer:
         self.sealed = sealed
         self.floor = floor
         self.kind = kind
-        self.mirror = mirror
+        self.mirrors: list[torch.Tensor] = []
         self.floor_bytes = tensor.numel()
+        self.nbytes = self.floor_bytes
+        """Its bytes now (``tensor.numel()``, kept as an int: a plan reads it each time)."""
         self.lock = threading.Lock()
         self._growth_refused = False  # its group is agreeing: plans may no longer grow it
         self._times_grown = 0
@@ -251,9 +252,9 @@ class GrowableBuffer:
         )
 
     def _resize(self, need: int, cause: str) -> int:
-        """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed, the mirror
-        with it; returns the bytes added (0 if it holds that many already). If either cannot be
-        had, both keep their buffers. The caller holds the lock."""
+        """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed, the mirrors
+        with it; returns the bytes added (0 if it holds that many already). If any cannot be
+        had, all keep their buffers. The caller holds the lock."""
         have = self.tensor.numel()
         if have >= need:
             return 0
@@ -265,12 +266,12 @@ class GrowableBuffer:
                 needed=need,
             )
         try:
-            grown_mirror = None if self.mirror is None else host_mirror(need, self.tensor)
+            grown_mirrors = [host_mirror(need, self.tensor) for _ in self.mirrors]
         except RuntimeError as error:
             if not is_out_of_memory(error):
                 raise
             raise self._growth_refusal(
-                f"int workspace {self.name!r}: could not grow its pinned host mirror from "
+                f"int workspace {self.name!r}: could not grow its pinned host mirrors from "
                 f"{have:,} to {need:,} bytes for {cause}; both keep their {have:,}-byte buffers. "
                 f"Set {self.floor} so the workspace is reserved up front. ({error})",
                 needed=need,
@@ -296,11 +297,12 @@ class GrowableBuffer:
         # The copy is queued on the current stream, and the old block goes back to the stream it
         # was made on as soon as the tensor lets go of it: waited for first, or another tensor of
         # that stream could take the block while the copy still reads it (or a queued copy from
-        # the mirror still reads the old mirror).
+        # a mirror still reads the old mirror).
         wait_for_every_stream(self.tensor)
         self.tensor.set_(grown.untyped_storage())
-        if self.mirror is not None and grown_mirror is not None:
-            self.mirror.set_(grown_mirror.untyped_storage())
+        for mirror, grown_mirror in zip(self.mirrors, grown_mirrors, strict=True):
+            mirror.set_(grown_mirror.untyped_storage())
+        self.nbytes = need
         return need - have
 
 

@@ -50,8 +50,9 @@ class Workspace:
         floor: the setting (config key or environment variable) that sizes this workspace's
             floor; errors and logs name it as the one to raise.
         int_workspace: the int workspace the same wrappers plan their indices into (keyword
-            only). Given, a plan through :meth:`plan` that overflows it grows it too, and waits
-            for the previous plan's copy from its pinned mirror; :meth:`seal` seals it. None:
+            only). Given, a plan through :meth:`plan` that overflows it grows it too, and a
+            wrapper planning on it writes its pinned mirrors in turn, behind the int
+            workspace's fence; :meth:`seal` seals it. None:
             each wrapper keeps the int buffer it made, and an int overflow reaches the caller.
     """
 
@@ -73,12 +74,14 @@ class Workspace:
         self._int = int_workspace
         self._by_kind = {"float": self._buffer}
         """The buffers a plan through this workspace may grow, by the kind of overflow."""
-        if int_workspace is not None:
-            self._by_kind["int"] = int_workspace.buffer
+        self._int_buffer = None if int_workspace is None else int_workspace.buffer
+        if self._int_buffer is not None:
+            self._by_kind["int"] = self._int_buffer
         # The wrappers whose attributes were checked for views of this buffer (_refuse_views).
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._last_wrapper: weakref.ref[Any] | None = None
-        """The wrapper the last plan planned, found and checked (:meth:`_wrapper`)."""
+        self._last_wrapper: tuple[weakref.ref[Any], dict[str, Any] | None] | None = None
+        """The wrapper the last plan planned, found and checked, and its attributes
+        (:meth:`_wrapper`)."""
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -112,26 +115,33 @@ class Workspace:
     def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``plan(*args, **kwargs)``. One that runs short of room grows this workspace to the bytes
         it had taken plus the allocation that failed, and runs again; so does one that runs short
-        of the :attr:`int_workspace`, which grows it (and its pinned mirror) the same way.
+        of the :attr:`int_workspace`, which grows it (and its pinned mirrors) the same way.
 
         MLA's check of the whole buffer before it plans (FlashInfer 0.7.4) counts as running
         short too, and grows the workspace to what it asked for. Any other error reaches the caller
         unchanged: an int overflow without an int workspace, or from a wrapper the library cannot
         find planning on this one's int workspace, included (it grows nothing).
 
-        With an int workspace, the plan first waits until the copy queued by the previous plan
-        from its pinned mirror has run (see the module's notes on sharing).
+        A wrapper planning on the int workspace is handed the next of its pinned mirrors first,
+        once the copy that last read that one has run (:class:`IntWorkspace` says how that
+        costs no wait in an engine's steady state).
         """
-        wrapper = self._wrapper(plan, args)
-        mirrored = self._mirrored()
-        float_tensor, int_buffer = self._buffer.tensor, self._by_kind.get("int")
+        wrapper, attributes = self._wrapper(plan, args)
+        int_workspace = self._int
+        # The mirrors are this int workspace's to hand out only to a wrapper planning on it.
+        fenced = (
+            int_workspace is not None
+            and attributes is not None
+            and attributes.get(INT_BUFFER) is int_workspace.tensor
+        )
+        buffer, int_buffer = self._buffer, self._int_buffer
         growths, last = 0, None
         while True:
             # What the plan sees, whatever another thread does.
-            have = float_tensor.numel()
-            have_int = None if int_buffer is None else int_buffer.tensor.numel()
-            if mirrored is not None:
-                mirrored.wait_for_last_copy()
+            have = buffer.nbytes
+            have_int = None if int_buffer is None else int_buffer.nbytes
+            if fenced:
+                int_workspace.before_plan(attributes)  # type: ignore[union-attr, arg-type]
             try:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
@@ -139,10 +149,10 @@ class Workspace:
                 last = self._grow_for(error, (plan, args, kwargs), wrapper, seen, growths, last)
                 growths += 1
                 continue
-            if mirrored is not None:
-                mirrored.copy_queued(wrapper)
-            if have != self._buffer.floor_bytes:  # grown, by any plan
-                refresh_recorded_size(plan, float_tensor)
+            if fenced:
+                int_workspace.after_plan(wrapper)  # type: ignore[union-attr]
+            if have != buffer.floor_bytes:  # grown, by any plan
+                refresh_recorded_size(plan, buffer.tensor)
             return planned
 
     def _grow_for(
@@ -180,24 +190,30 @@ class Workspace:
         short.grow(overflow, planned_on, error)
         return overflow
 
-    def _wrapper(self, plan: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    def _wrapper(
+        self, plan: Callable[..., Any], args: tuple[Any, ...]
+    ) -> tuple[Any, dict[str, Any] | None]:
         """The wrapper ``plan`` plans (:func:`_wrapper_of`), its views refused first
-        (:meth:`_refuse_views`). The last one found is remembered, and a plan of the same wrapper
-        costs one comparison: an engine plans the same few wrappers every step."""
+        (:meth:`_refuse_views`), and its attributes (None where it is not found). The last one
+        found is remembered, and a plan of the same wrapper costs one comparison: an engine plans
+        the same few wrappers every step."""
         remembered = self._last_wrapper
-        known = None if remembered is None else remembered()
-        if known is not None and (
-            getattr(plan, "__self__", None) is known or (args and args[0] is known)
-        ):
-            return known
+        if remembered is not None:
+            known, attributes = remembered[0](), remembered[1]
+            if known is not None and (
+                getattr(plan, "__self__", None) is known or (args and args[0] is known)
+            ):
+                return known, attributes
         self._refuse_views(plan)
         wrapper = _wrapper_of(plan, args)
-        if wrapper is not None:
-            try:
-                self._last_wrapper = weakref.ref(wrapper)
-            except TypeError:  # no weak references to it: looked up at every plan
-                self._last_wrapper = None
-        return wrapper
+        if wrapper is None:
+            return None, None
+        attributes = own_buffers(wrapper)
+        try:
+            self._last_wrapper = (weakref.ref(wrapper), attributes)
+        except TypeError:  # no weak references to it: looked up at every plan
+            self._last_wrapper = None
+        return wrapper, attributes
 
     def _refuse_views(self, plan: Callable[..., Any]) -> None:
         """Refuse, before it plans on this growable workspace, a wrapper that holds a view of its
@@ -225,12 +241,6 @@ class Workspace:
             workspace=self.name,
             held_bytes=self.tensor.numel(),
         )
-
-    def _mirrored(self) -> IntWorkspace | None:
-        """The int workspace whose pinned mirror a plan through this one writes, to fence and
-        track: none until a wrapper was given it (until then each writes a mirror of its own)."""
-        given = self._int
-        return given if given is not None and given.given_to_wrappers else None
 
     def seal(self) -> None:
         """Keep this buffer's address from now on, and its int workspace's: graphs are about to
@@ -310,7 +320,6 @@ def install_int_workspace(wrapper: Any, workspace: Workspace) -> bool:
     # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
     own[INT_BUFFER] = int_workspace.tensor
     own[PINNED_MIRROR] = int_workspace.mirror
-    int_workspace.given_to_wrappers = True
     run = own.get("run") or getattr(wrapper, "run", None)
     run = getattr(run, "_unchecked", run)  # given another int workspace before: not that check
     if callable(run):

@@ -1,43 +1,60 @@
-"""FlashInfer's int workspace, shared: the GPU buffer a plan's indices are copied to, its pinned
-host mirror they are written to first, the fence between two plans' copies, and the check that a
-wrapper runs on its own plan (``workspace.py``'s notes say when sharing is safe)."""
+"""FlashInfer's int workspace, shared: the GPU buffer a plan's indices are copied to, the pinned
+host mirrors they are written to first, the fence that keeps a plan from rewriting a mirror a
+queued copy still reads, and the check that a wrapper runs on its own plan (``workspace.py``'s
+notes say when sharing is safe)."""
 
 from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
 
-from .._internal.floor import INT
+from .._internal.floor import INT, PINNED_MIRRORS
 from ..errors import ResourceUsageError, WorkspacePlanError
 from ._flashinfer import INT_BUFFER, PINNED_MIRROR, own_buffers
 from .buffer import GrowableBuffer, WorkspaceStats, host_mirror
 
-__all__ = ["IntWorkspace", "checked_run", "int_buffers"]
+__all__ = ["PLANS_PER_EVENT", "IntWorkspace", "checked_run", "int_buffers"]
 
 T = TypeVar("T")
 
+PLANS_PER_EVENT = 2
+"""Plans between two CUDA events of the fence: each event marks that the copies of the plans
+before it have run. With :data:`PINNED_MIRRORS` mirrors, a plan waits for the event after the
+plan that last wrote its mirror, recorded at most ``PINNED_MIRRORS - PLANS_PER_EVENT + 1`` (3)
+plans before it."""
+
 
 class IntWorkspace:
-    """One FlashInfer int workspace and its pinned host mirror: where a plan writes its indices
+    """One FlashInfer int workspace and its pinned host mirrors: where a plan writes its indices
     (on the host, then copied to the GPU), and where the wrapper's run and its graph read them.
 
-    It grows and seals as a float workspace does, on an int allocation that does not fit, and its
-    mirror always holds as many bytes as it does: FlashInfer sizes the plan's int allocator by the
-    GPU buffer and writes the mirror at the same offsets. Usually made by a pool with its float
-    workspace (:attr:`Workspace.int_workspace`) and handed to wrappers by
+    It grows and seals as a float workspace does, on an int allocation that does not fit, and
+    each mirror always holds as many bytes as it does: FlashInfer sizes the plan's int allocator
+    by the GPU buffer and writes the mirror at the same offsets. Usually made by a pool with its
+    float workspace (:attr:`Workspace.int_workspace`) and handed to wrappers by
     :meth:`WorkspacePool.build` or :meth:`WorkspacePool.install`.
+
+    **The fence.** A plan writes a mirror, then queues the copy from it to the GPU buffer, which
+    runs when the stream reaches it. Plans through :meth:`Workspace.plan` write the
+    :data:`~mstar_resources._internal.floor.PINNED_MIRRORS` mirrors in turn (:meth:`before_plan`
+    hands the wrapper the next one), and every :data:`PLANS_PER_EVENT` plans a CUDA event is
+    recorded behind their copies. A plan about to write a mirror asks the event recorded after
+    that mirror's last plan, three plans back at most; only a host more than that many plans
+    ahead of its GPU waits. An engine planning one wrapper a step never is: vLLM keeps one step
+    in flight while it prepares the next. So a plan costs one event query and one record every
+    two plans, and no wait on the GPU; :attr:`fence_waits` counts the plans that did wait.
 
     Args:
         tensor: the GPU buffer, 1-D ``torch.uint8``.
         name: how errors and logs refer to it, e.g. ``attention:decode:cg0:int``.
         sealed: start sealed.
         floor: the setting that sizes its floor (``MSTAR_INT_WORKSPACE_BUFFER_MB`` by default).
-        mirror: its host mirror (keyword only): a 1-D ``torch.uint8`` CPU tensor of the same
-            bytes, pinned where ``tensor`` is on a GPU. Default: a fresh one.
+        mirrors: its host mirrors (keyword only): ``PINNED_MIRRORS`` 1-D ``torch.uint8`` CPU
+            tensors of the same bytes, pinned where ``tensor`` is on a GPU. Default: fresh ones.
     """
 
     def __init__(
@@ -47,41 +64,43 @@ class IntWorkspace:
         sealed: bool = False,
         floor: str = INT.env_var,
         *,
-        mirror: torch.Tensor | None = None,
+        mirrors: Sequence[torch.Tensor] | None = None,
     ) -> None:
         buffer = GrowableBuffer(tensor, name, sealed, floor, INT)
-        if mirror is None:
-            mirror = host_mirror(tensor.numel(), tensor)
+        if mirrors is None:
+            mirrors = [host_mirror(tensor.numel(), tensor) for _ in range(PINNED_MIRRORS)]
         elif not (
-            isinstance(mirror, torch.Tensor)
-            and mirror.device.type == "cpu"
-            and mirror.dtype == torch.uint8
-            and mirror.dim() == 1
-            and mirror.numel() == tensor.numel()
-            and (mirror.is_pinned() or not tensor.is_cuda)
+            isinstance(mirrors, Sequence)
+            and len(mirrors) == PINNED_MIRRORS
+            and all(_is_mirror_of(mirror, tensor) for mirror in mirrors)
+            and len({id(mirror) for mirror in mirrors}) == PINNED_MIRRORS
         ):
             raise ResourceUsageError(
-                f"int workspace {name!r}: mirror must be a 1-D torch.uint8 CPU tensor of "
-                f"{tensor.numel():,} bytes, pinned where the workspace is on a GPU (or None: one "
-                "is made)"
+                f"int workspace {name!r}: mirrors must be {PINNED_MIRRORS} distinct 1-D "
+                f"torch.uint8 CPU tensors of {tensor.numel():,} bytes, pinned where the "
+                "workspace is on a GPU (or None: they are made)"
             )
-        buffer.mirror = mirror
+        buffer.mirrors = list(mirrors)
         self.buffer = buffer
-        """Its GPU buffer and mirror, which grow and seal together."""
-        self._last_copy = torch.cuda.Event() if tensor.is_cuda else None
-        """Recorded after each plan: the copy it queued from the mirror has run once it has."""
-        self._copy_queued = False
-        """Whether :attr:`_last_copy` was recorded yet (a plan queued a copy)."""
-        self._stream: tuple[int, torch.cuda.Stream | None] = (0, None)
-        """The stream the last copy was queued on, by its raw handle: looked up again only when
-        the current stream is another (``torch.cuda.current_stream`` costs several us a call)."""
+        """Its GPU buffer and mirrors, which grow and seal together."""
+        self._plans = 0
+        """Plans made through :meth:`before_plan` and :meth:`after_plan`; the next writes mirror
+        ``_plans % PINNED_MIRRORS``."""
+        self._events = (
+            [torch.cuda.Event() for _ in range(PINNED_MIRRORS // PLANS_PER_EVENT + 1)]
+            if tensor.is_cuda
+            else None
+        )
+        """One per group of :data:`PLANS_PER_EVENT` plans still to be found run, in turn."""
+        self._confirmed = -1 if tensor.is_cuda else 1 << 62
+        """The last group of plans whose copies were found run (on a CPU no copy is queued)."""
+        self._stream: tuple[int, torch.cuda.Stream | None] = (-1, None)
+        """The stream of the last plan, by its raw handle (``torch.cuda.current_stream`` costs
+        several us a call)."""
         self._last_planner: weakref.ref[Any] | None = None
         """The wrapper whose plan the workspace holds now (its last plan through Workspace.plan)."""
         self.fence_waits = 0
-        """How many plans found the previous plan's copy not yet run, and waited for it."""
-        self.given_to_wrappers = False
-        """Whether a wrapper plans on it (``install_int_workspace``): until then a plan
-        writes a mirror of the wrapper's own, and nothing here needs fencing or tracking."""
+        """How many plans found the copy from their mirror not yet run, and waited for it."""
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -90,10 +109,15 @@ class IntWorkspace:
 
     @property
     def mirror(self) -> torch.Tensor:
-        """The pinned host buffer a plan writes its indices to before they are copied to
-        :attr:`tensor`: the same object, and as many bytes, for the workspace's whole life."""
-        assert self.buffer.mirror is not None  # set in __init__
-        return self.buffer.mirror
+        """The first of :attr:`mirrors`, which :func:`install_int_workspace` gives a wrapper
+        in place of its own."""
+        return self.buffer.mirrors[0]
+
+    @property
+    def mirrors(self) -> tuple[torch.Tensor, ...]:
+        """The pinned host buffers plans write their indices to in turn before they are copied
+        to :attr:`tensor`: the same objects, each as many bytes as it, for the workspace's life."""
+        return tuple(self.buffer.mirrors)
 
     @property
     def name(self) -> str:
@@ -113,41 +137,54 @@ class IntWorkspace:
         return f"IntWorkspace({self.name!r}, {self.tensor.numel()} bytes, {state})"
 
     def seal(self) -> None:
-        """Keep this buffer's address from now on (and its mirror's)."""
+        """Keep this buffer's address from now on (and its mirrors')."""
         self.buffer.seal()
 
     def stats(self) -> WorkspaceStats:
         """A snapshot of this int workspace: bytes now, floor, growth history, sealed or not."""
         return self.buffer.stats()
 
-    def wait_for_last_copy(self) -> None:
-        """Wait for the copy the previous plan queued from the mirror, before a plan rewrites it.
-
-        Asked first, without waiting: by the time the host plans again the GPU has almost always
-        run a copy queued a plan earlier (it sits before that plan's kernels in the stream), so a
-        steady state waits for nothing; :attr:`fence_waits` counts the plans that did wait."""
-        copy = self._last_copy
-        if self._copy_queued and not copy.query():  # type: ignore[union-attr]
-            self.fence_waits += 1
-            copy.synchronize()  # type: ignore[union-attr]
-
-    def copy_queued(self, planner: Any = None) -> None:
-        """Mark where the plan just made (by wrapper ``planner``, where known) queued its copy from
-        the mirror (the current stream), and whose plan the workspace now holds."""
-        last = self._last_planner
-        if planner is None:
-            self._last_planner = None
-        elif last is None or last() is not planner:
-            self._last_planner = weakref.ref(planner)
-        copy = self._last_copy
-        if copy is not None:
+    def before_plan(self, attributes: dict[str, Any]) -> None:
+        """Hand the wrapper whose ``attributes`` (its ``__dict__``) are given the mirror its plan
+        writes next, once the copy that last read that mirror has run."""
+        plans = self._plans
+        events = self._events
+        if events is not None:
             handle = torch._C._cuda_getCurrentRawStream(self.tensor.device.index)
-            known, stream = self._stream
-            if stream is None or handle != known:
-                stream = torch.cuda.current_stream(self.tensor.device)
-                self._stream = (handle, stream)
-            copy.record(stream)
-            self._copy_queued = True
+            if handle != self._stream[0]:
+                self._follow_stream(handle)
+            group = (plans - PINNED_MIRRORS) // PLANS_PER_EVENT
+            if group > self._confirmed:
+                event = events[group % len(events)]
+                if not event.query():
+                    self.fence_waits += 1
+                    event.synchronize()
+                self._confirmed = group
+        attributes[PINNED_MIRROR] = self.buffer.mirrors[plans % PINNED_MIRRORS]
+
+    def after_plan(self, planner: Any) -> None:
+        """Mark the plan just made (by wrapper ``planner``) as the one the workspace holds, and,
+        every :data:`PLANS_PER_EVENT` plans, record an event behind the copies they queued."""
+        last = self._last_planner
+        if last is None or last() is not planner:
+            self._last_planner = weakref.ref(planner)
+        plans = self._plans
+        self._plans = plans + 1
+        events = self._events
+        if events is not None and plans % PLANS_PER_EVENT == PLANS_PER_EVENT - 1:
+            events[plans // PLANS_PER_EVENT % len(events)].record(self._stream[1])
+
+    def _follow_stream(self, handle: int) -> None:
+        """Plans move to the stream of raw ``handle``: the events recorded so far say nothing of
+        copies queued on it, so every copy queued before is waited for (an engine plans on one
+        stream; this runs once, at its first plan)."""
+        previous = self._stream[1]
+        if previous is not None:
+            previous.synchronize()
+            self.fence_waits += 1
+        # Every group begun before is run; the one in progress is recorded on the new stream.
+        self._confirmed = self._plans // PLANS_PER_EVENT - 1
+        self._stream = (handle, torch.cuda.current_stream(self.tensor.device))
 
     def check_planned_by(self, wrapper: Any) -> None:
         """Raise :class:`WorkspacePlanError` unless the last plan this workspace holds is
@@ -166,6 +203,18 @@ class IntWorkspace:
                 workspace=self.name,
                 held_bytes=self.tensor.numel(),
             )
+
+
+def _is_mirror_of(mirror: object, tensor: torch.Tensor) -> bool:
+    """Whether ``mirror`` can be a host mirror of int workspace ``tensor``."""
+    return (
+        isinstance(mirror, torch.Tensor)
+        and mirror.device.type == "cpu"
+        and mirror.dtype == torch.uint8
+        and mirror.dim() == 1
+        and mirror.numel() == tensor.numel()
+        and (mirror.is_pinned() or not tensor.is_cuda)
+    )
 
 
 def int_buffers(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from .._internal.floor import INT, Floor, resolve_floor
+from .._internal.floor import INT, PINNED_MIRRORS, Floor, resolve_floor
 from .._internal.limits import name_problem
 from ..errors import ResourceConfigError, ResourceUsageError
 from ..units import counted, is_int
@@ -145,7 +145,7 @@ class WorkspacePool:
 
     @property
     def int_floor_bytes(self) -> int:
-        """The bytes each int workspace, and its pinned mirror, starts with."""
+        """The bytes each int workspace, and each of its pinned mirrors, starts with."""
         return self._int_floor.bytes
 
     def get(self, label: str, cg_slot: int | None = None) -> Workspace:
@@ -179,7 +179,7 @@ class WorkspacePool:
     @property
     def int_held_bytes(self) -> int:
         """The GPU bytes of every int workspace made so far; their pinned mirrors on the host hold
-        as many."""
+        ``PINNED_MIRRORS`` (4) times as many."""
         return sum(w.tensor.numel() for w in self.int_workspaces().values())
 
     def int_workspaces(self) -> dict[tuple[str, int | None], IntWorkspace]:
@@ -316,8 +316,8 @@ class WorkspacePool:
         head = (
             f"{self.owner}: {counted(len(stats), 'workspace')}, {total:,} bytes "
             f"({total - floors:+,} over their floors), {'sealed' if self._sealed else 'growable'}; "
-            f"their int workspaces {int_total:,} bytes ({int_total - int_floors:+,}), and as "
-            "many pinned on the host"
+            f"their int workspaces {int_total:,} bytes ({int_total - int_floors:+,}), and "
+            f"{PINNED_MIRRORS} times as many pinned on the host"
         )
         return "\n".join([head, *(f"  {s}" for s in [*stats, *int_stats])])
 
@@ -372,12 +372,12 @@ class WorkspacePool:
     def _make_int(self, name: str) -> IntWorkspace:
         tensor = self._allocate(name, self._int_floor)
         try:
-            mirror = host_mirror(tensor.numel(), tensor)
+            mirrors = [host_mirror(tensor.numel(), tensor) for _ in range(PINNED_MIRRORS)]
         except RuntimeError as error:
             if not is_out_of_memory(error):
                 raise
             raise self._short(name, self._int_floor, error, "pinned host memory") from error
-        return IntWorkspace(tensor, name, self._sealed, self._int_floor.setting, mirror=mirror)
+        return IntWorkspace(tensor, name, self._sealed, self._int_floor.setting, mirrors=mirrors)
 
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
         try:

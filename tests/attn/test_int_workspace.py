@@ -20,6 +20,7 @@ from mstar_resources import (
     build_pools,
     resolve,
 )
+from mstar_resources._internal.floor import PINNED_MIRRORS
 from mstar_resources.units import MIB
 
 from ..conftest import INT_VAR, compose_shipped
@@ -80,14 +81,17 @@ def test_a_bad_int_variable_is_reported_with_the_trees_problems():
     assert raised.value.problems[1].startswith(f"{INT_VAR}='lots' is not a positive whole number")
 
 
-def test_each_key_of_a_pool_has_an_int_workspace_with_a_mirror_of_its_size():
+def test_each_key_of_a_pool_has_an_int_workspace_with_mirrors_of_its_size():
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=2)
     workspace = pool.get("decode", 0)
     int_workspace = workspace.int_workspace
     assert isinstance(int_workspace, IntWorkspace)
     assert (int_workspace.name, int_workspace.floor) == ("attention:decode:cg0:int", "int_size_mb")
-    assert int_workspace.tensor.numel() == int_workspace.mirror.numel() == 2 * MIB
-    assert int_workspace.mirror.device.type == "cpu"
+    mirrors = int_workspace.mirrors
+    assert len({id(m) for m in mirrors}) == len(mirrors) == PINNED_MIRRORS
+    assert {m.numel() for m in mirrors} == {int_workspace.tensor.numel()} == {2 * MIB}
+    assert {m.device.type for m in mirrors} == {"cpu"}
+    assert int_workspace.mirror is mirrors[0]
     assert pool.get("prefill").int_workspace is not int_workspace  # one per key
     assert (pool.held_bytes, pool.int_held_bytes) == (2 * MIB, 4 * MIB)
 
@@ -149,13 +153,13 @@ def test_an_int_overflow_grows_the_int_workspace_and_its_mirror_in_place():
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("prefill")
     int_workspace = workspace.int_workspace
-    tensor, mirror = int_workspace.tensor, int_workspace.mirror
+    tensor, mirrors = int_workspace.tensor, int_workspace.mirrors
     wrapper = pool.build(FakeWrapper, INDICES, label="prefill")
 
     workspace.plan(wrapper.plan)
 
-    assert int_workspace.tensor is tensor and int_workspace.mirror is mirror
-    assert tensor.numel() == mirror.numel() == INDEX_BYTES
+    assert int_workspace.tensor is tensor and int_workspace.mirrors == mirrors
+    assert {m.numel() for m in mirrors} == {tensor.numel()} == {INDEX_BYTES}
     stats = int_workspace.stats()
     assert (stats.kind, stats.times_grown, stats.largest_growth_allocation) == (
         "int",
@@ -242,21 +246,54 @@ def test_an_int_workspace_that_cannot_grow_keeps_both_buffers():
         "w:int",
         "MSTAR_INT_WORKSPACE_BUFFER_MB",
     )
-    assert int_workspace.tensor.numel() == int_workspace.mirror.numel() == 1024
+    assert {m.numel() for m in int_workspace.mirrors} == {int_workspace.tensor.numel()} == {1024}
+
+
+def _good_mirrors() -> list[torch.Tensor]:
+    return [torch.zeros(1024, dtype=torch.uint8) for _ in range(PINNED_MIRRORS)]
 
 
 @pytest.mark.parametrize(
-    "mirror",
+    "mirrors",
     [
-        torch.zeros(512, dtype=torch.uint8),  # smaller than the workspace: overrun on the host
-        torch.zeros(1024, dtype=torch.int32),
-        "host",
+        # smaller than the workspace: overrun on the host
+        [*_good_mirrors()[1:], torch.zeros(512, dtype=torch.uint8)],
+        [*_good_mirrors()[1:], torch.zeros(1024, dtype=torch.int32)],
+        [*_good_mirrors()[1:], "host"],
+        _good_mirrors()[1:],
+        [_good_mirrors()[0]] * PINNED_MIRRORS,  # one buffer, written by every plan
     ],
-    ids=["short", "int32", "not-a-tensor"],
+    ids=["short", "int32", "not-a-tensor", "too-few", "the-same-one"],
 )
-def test_a_mirror_unlike_its_workspace_is_refused(mirror):
-    with pytest.raises(ResourceUsageError, match=r"mirror must be a 1-D torch\.uint8 CPU tensor"):
-        IntWorkspace(torch.zeros(1024, dtype=torch.uint8), "w:int", mirror=mirror)
+def test_mirrors_unlike_their_workspace_are_refused(mirrors):
+    with pytest.raises(ResourceUsageError, match=r"mirrors must be 4 distinct 1-D torch\.uint8"):
+        IntWorkspace(torch.zeros(1024, dtype=torch.uint8), "w:int", mirrors=mirrors)
+
+
+def test_plans_of_wrappers_on_the_int_workspace_write_its_mirrors_in_turn():
+    """Each plan through Workspace.plan hands its wrapper the next mirror, whichever wrapper
+    plans; the copy from a mirror has then PINNED_MIRRORS - 1 plans' time to run before a
+    plan writes that mirror again (the fence waits for it only where it has not)."""
+    pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
+    workspace = pool.get("decode")
+    first, second = (pool.build(FakeWrapper, label="decode") for _ in range(2))
+    written = []
+    for wrapper in [first, second, second, first, first, second]:
+        workspace.plan(wrapper.plan)
+        written.append(wrapper._pin_memory_int_workspace_buffer)
+    mirrors = workspace.int_workspace.mirrors
+    assert [[m is n for n in mirrors].index(True) for m in written] == [0, 1, 2, 3, 0, 1]
+    assert workspace.int_workspace.fence_waits == 0
+
+
+def test_a_wrapper_with_its_own_int_workspace_keeps_its_own_mirror():
+    pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
+    workspace = pool.get("decode")
+    own = FakeWrapper(workspace.tensor)
+    mirror = own._pin_memory_int_workspace_buffer
+    for _ in range(3):
+        workspace.plan(own.plan)
+    assert own._pin_memory_int_workspace_buffer is mirror
 
 
 def test_int_workspace_must_be_an_int_workspace():

@@ -1,6 +1,6 @@
 """Int workspaces and their pinned mirrors against real FlashInfer decode wrappers on a CUDA GPU:
 growth on an int overflow, the sealed refusal, graph wrappers of several batch sizes sharing one
-int workspace bit for bit, and the race a shared pinned mirror would run without the fence.
+int workspace bit for bit, and the race shared pinned mirrors would run without the fence.
 
 One kernel configuration throughout, test_workspace_gpu's (bf16, head dim 128, 32 query and 8 KV
 heads, page 16, fa2 CUDA-core decode), so FlashInfer builds it once per run.
@@ -18,6 +18,7 @@ from mstar_resources import (
     WorkspacePool,
     WorkspaceSealedError,
 )
+from mstar_resources._internal.floor import PINNED_MIRRORS
 from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.units import MIB
 
@@ -93,7 +94,7 @@ def test_an_int_workspace_grows_from_empty_and_the_output_is_bit_identical(kv_ca
     workspace.plan(wrapper.plan, *args, **kwargs)
 
     grown = int_workspace.tensor.numel()
-    assert grown > 0 and int_workspace.mirror.numel() == grown and int_workspace.mirror.is_pinned()
+    assert grown > 0 and all(m.numel() == grown and m.is_pinned() for m in int_workspace.mirrors)
     assert wrapper._int_workspace_buffer is int_workspace.tensor
     if hasattr(wrapper, "workspace_size"):  # FlashInfer 0.7: its own figure, exactly
         assert grown == wrapper.workspace_size(*args, **kwargs)[1]
@@ -175,15 +176,18 @@ def _sleep_gpu(ms: float) -> None:
 
 
 def test_a_shared_pinned_mirror_races_without_the_fence_and_holds_with_it():
-    """Two wrappers on one int workspace and mirror, each planned from pinned host indices while
-    the GPU is busy: the second plan rewrites the mirror before the first plan's copy from it
-    has run, so what the first wrapper's run would read is the second's indices. Through
-    Workspace.plan the second plan waits for that copy, and the first run reads its own."""
+    """Two wrappers on one int workspace, each planned from pinned host indices while the GPU is
+    busy. Planned directly, both write one mirror: the second plan rewrites it before the first
+    plan's copy from it has run, so what the first wrapper's run would read is the second's
+    indices. Through Workspace.plan the second plan writes the next mirror, and the first run
+    reads its own with no wait; a host that laps the mirrors while the GPU is still busy waits,
+    once, for the copy that last read the mirror it is about to write."""
     pool = WorkspacePool("cuda", size_mb=64, int_size_mb=1)
     workspace = pool.get("decode")
     first, second = (pool.build(decode_wrapper, label="decode") for _ in range(2))
     first_args, second_args = plan_args(64, 4096, device="cpu"), plan_args(8, 1000, device="cpu")
-    int_buffer = workspace.int_workspace.tensor
+    int_workspace = workspace.int_workspace
+    int_buffer = int_workspace.tensor
 
     expected = decode_wrapper(torch.zeros(64 * MIB, dtype=torch.uint8, device="cuda"))
     expected.plan(*first_args[0], **first_args[1])
@@ -191,25 +195,29 @@ def test_a_shared_pinned_mirror_races_without_the_fence_and_holds_with_it():
     nbytes = 64 * 4  # the head of the int workspace: the first plan's 64+ request indices
     its_own = expected._int_workspace_buffer[:nbytes].clone()
 
-    def what_the_first_run_reads(plan) -> torch.Tensor:
+    def what_the_first_run_reads(plan, seconds: int = 1) -> torch.Tensor:
         _sleep_gpu(200)
         plan(first.plan, *first_args[0], **first_args[1])
         seen = int_buffer[:nbytes].clone()  # queued where the first wrapper's run would be
-        plan(second.plan, *second_args[0], **second_args[1])
+        for _ in range(seconds):
+            plan(second.plan, *second_args[0], **second_args[1])
         torch.cuda.synchronize()
         return seen
 
     unfenced = what_the_first_run_reads(lambda plan, *a, **k: plan(*a, **k))
-    waits = workspace.int_workspace.fence_waits
-    fenced = what_the_first_run_reads(workspace.plan)
     assert not torch.equal(unfenced, its_own), "the race was not reproduced"
-    assert torch.equal(fenced, its_own)
-    assert workspace.int_workspace.fence_waits == waits + 1  # the second plan, alone, waited
-    # With the GPU idle, the copy has run by the next plan: the fence asks and waits for nothing.
+    assert int_workspace.fence_waits == 0
+    assert torch.equal(what_the_first_run_reads(workspace.plan), its_own)
+    assert int_workspace.fence_waits == 0  # the second plan wrote another mirror
+    # Around the ring and back to the first plan's mirror, the GPU still busy: one wait.
+    lapped = what_the_first_run_reads(workspace.plan, seconds=PINNED_MIRRORS)
+    assert torch.equal(lapped, its_own)
+    assert int_workspace.fence_waits == 1
+    # With the GPU idle, the copies have run by the next plans: the fence waits for nothing.
     for _ in range(20):
         workspace.plan(first.plan, *first_args[0], **first_args[1])
         torch.cuda.synchronize()
-    assert workspace.int_workspace.fence_waits == waits + 1
+    assert int_workspace.fence_waits == 1
 
 
 def test_calibration_measures_the_int_need_the_plans_take():
