@@ -125,7 +125,7 @@ def _label_problems(labels: list[str]) -> list[str]:
     else:
         named = (name_problem(f"labels[{i}]", label) for i, label in enumerate(labels))
         problems += [problem for problem in named if problem is not None]
-    if repeated := _repeated([label for label in labels if isinstance(label, Hashable)]):
+    if repeated := _repeats([label for label in labels if isinstance(label, Hashable)]):
         problems.append(f"labels={labels!r} repeats {repeated}; list each label once")
     return problems
 
@@ -148,11 +148,11 @@ def _slot_problems(slots: list[int]) -> list[str]:
             f"{MAX_ITEMS - 1}; a slot "
             f"numbers one of at most {MAX_ITEMS} graph contexts, from 0"
         )
-    if repeated := _repeated(slots):
+    if repeated := _repeats(slots):
         problems.append(f"cg_slots={slots!r} repeats {repeated}; list each slot once")
     return problems
 
 
-def _repeated(items: list[T]) -> list[T]:
+def _repeats(items: list[T]) -> list[T]:
     """The items listed more than once, in the order they first appear (linear time)."""
     return [item for item, count in Counter(items).items() if count > 1]

@@ -28,7 +28,7 @@ def flashinfer_package() -> Path | None:
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
     wheel = _wheel()
-    return None if wheel is None else _extracted(wheel) / "flashinfer"
+    return None if wheel is None else _extract(wheel) / "flashinfer"
 
 
 def flashinfer_version() -> str:
@@ -45,7 +45,7 @@ def _wheel() -> Path | None:
     return wheels[-1] if wheels else None
 
 
-def _extracted(wheel: Path) -> Path:
+def _extract(wheel: Path) -> Path:
     """The needed members of ``wheel``, extracted once into a folder named for it (made whole in
     a temporary folder and renamed, so test workers that extract at once do not mix)."""
     target = wheel.with_suffix("")

@@ -61,7 +61,7 @@ def upward(graph: Mapping[str, set[str]]) -> list[str]:
             if layer(target) > layer(module)]  # fmt: skip
 
 
-def circled(graph: Mapping[str, set[str]]) -> list[str]:
+def circles(graph: Mapping[str, set[str]]) -> list[str]:
     """The nodes of ``graph`` that reach themselves (each round doubles the paths followed)."""
     reach = {node: set(targets) for node, targets in graph.items()}
     for _ in range(len(graph).bit_length()):
@@ -86,7 +86,7 @@ def test_every_module_has_a_layer_and_every_name_in_the_table_is_a_module():
 def test_no_import_runs_upward_nor_in_a_circle_of_modules_or_rooms():
     assert "attn._agree" in GRAPH["attn.pool"] and "resolver" in GRAPH["__init__"]  # the walk
     # sees an import in a method, and one under TYPE_CHECKING
-    assert (upward(GRAPH), circled(GRAPH), circled(rooms(GRAPH))) == ([], [], [])
+    assert (upward(GRAPH), circles(GRAPH), circles(rooms(GRAPH))) == ([], [], [])
 
 
 def test_the_checks_find_an_upward_import_and_circles():
@@ -95,8 +95,8 @@ def test_the_checks_find_an_upward_import_and_circles():
              "_internal.floor": set(), "_internal.limits": {"attn.buffer"}}  # fmt: skip
     assert upward(graph) == ["_internal.limits imports attn.buffer (the core)",
                              "errors imports apps.dry_run (the apps)"]  # fmt: skip
-    assert circled(graph) == ["attn.buffer", "attn.pool"]
-    assert circled(rooms(graph)) == ["_internal", "attn"]  # no module circle, a room circle
+    assert circles(graph) == ["attn.buffer", "attn.pool"]
+    assert circles(rooms(graph)) == ["_internal", "attn"]  # no module circle, a room circle
 
 
 def test_no_module_imports_hydra_s_private_api():

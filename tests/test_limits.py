@@ -14,9 +14,9 @@ from mstar_resources.apps.replay_settings import ReplaySettings
 
 @dataclasses.dataclass
 class Example:
-    count: int = dataclasses.field(default=1, metadata=limits.bounded("a count", ge=1))
-    share: float = dataclasses.field(default=0.5, metadata=limits.bounded("a share", gt=0, lt=1))
-    size: int | None = dataclasses.field(default=None, metadata=limits.bounded("MB", ge=1, le=8))
+    count: int = dataclasses.field(default=1, metadata=limits.bounds("a count", ge=1))
+    share: float = dataclasses.field(default=0.5, metadata=limits.bounds("a share", gt=0, lt=1))
+    size: int | None = dataclasses.field(default=None, metadata=limits.bounds("MB", ge=1, le=8))
     name: str = dataclasses.field(default="x", metadata={"expects": "a name"})
 
 
@@ -53,7 +53,7 @@ def test_expects_says_the_bounds_once():
 
 def test_an_unknown_bound_is_a_programming_error():
     with pytest.raises(TypeError, match="unknown bounds"):
-        limits.bounded("x", min=1)
+        limits.bounds("x", min=1)
 
 
 @pytest.mark.parametrize("schema", [ReplaySettings, CalibrateSettings])

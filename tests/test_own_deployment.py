@@ -14,7 +14,7 @@ from .apps import run_app
 PAGE = Path(__file__).parents[1] / "docs" / "own-deployment.md"
 
 
-def _written(tmp_path: Path) -> Path:
+def _write_deployment(tmp_path: Path) -> Path:
     (body,) = re.findall(r"```yaml\n(.*?)```", PAGE.read_text(), re.S)
     path = tmp_path / "my-conf" / "deployment" / "mine.yaml"
     path.parent.mkdir(parents=True)
@@ -23,7 +23,7 @@ def _written(tmp_path: Path) -> Path:
 
 
 def test_the_pages_deployment_composes_in_the_dry_run_and_in_the_plugin(tmp_path):
-    path = _written(tmp_path)
+    path = _write_deployment(tmp_path)
     done = run_app("--config-dir", "my-conf", "deployment=mine", "format=json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     resources = {r["path"]: r for r in json.loads(done.stdout)["resources"]}

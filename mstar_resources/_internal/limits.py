@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import Problem
 from .floor import shown_number
 
-__all__ = ["MAX_NAME", "argument_problem", "bounded", "expects", "name_problem", "problems"]
+__all__ = ["MAX_NAME", "argument_problem", "bounds", "expects", "name_problem", "problems"]
 
 MAX_NAME = 128
 """The most characters an owner or a label may have: each is printed in every table row, log line
@@ -26,15 +26,15 @@ table)."""
 _BOUNDS = ("gt", "ge", "lt", "le")
 
 
-def bounded(expects: str, **bounds: float) -> dict[str, Any]:
-    """A field's metadata: what it takes and its bounds (``bounded("a whole number", ge=1)``)."""
-    unknown = set(bounds) - set(_BOUNDS)
+def bounds(expects: str, **limits: float) -> dict[str, Any]:
+    """A field's metadata: what it takes and its bounds (``bounds("a whole number", ge=1)``)."""
+    unknown = set(limits) - set(_BOUNDS)
     if unknown:
         raise TypeError(f"unknown bounds {sorted(unknown)}; use {', '.join(_BOUNDS)}")
-    return {"expects": expects, **bounds}
+    return {"expects": expects, **limits}
 
 
-def _shown(number: float) -> str:
+def _text(number: float) -> str:
     """A bound or a value as a message writes it: a whole number with thousands separators (one
     too long to read by its count of digits), any other as Python writes it."""
     if isinstance(number, int) and not isinstance(number, bool):
@@ -47,10 +47,10 @@ def _bounds_text(metadata: Mapping[str, Any]) -> str:
     high = ("below", metadata["lt"]) if "lt" in metadata else ("at most", metadata.get("le"))
     if low[1] is not None and high[1] is not None:
         if "gt" in metadata and "lt" in metadata:
-            return f"between {_shown(low[1])} and {_shown(high[1])}"
-        return f"{low[0]} {_shown(low[1])} and {high[0]} {_shown(high[1])}"
+            return f"between {_text(low[1])} and {_text(high[1])}"
+        return f"{low[0]} {_text(low[1])} and {high[0]} {_text(high[1])}"
     word, value = low if low[1] is not None else high
-    return "" if value is None else f"{word} {_shown(value)}"
+    return "" if value is None else f"{word} {_text(value)}"
 
 
 def expects(field: dataclasses.Field[Any]) -> str | None:
@@ -89,7 +89,7 @@ def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
         if not math.isfinite(value):
             text = f"{setting}={value!r} is not a finite number; it must be {bounds}"
         elif not _within(value, field.metadata):
-            text = f"{setting}={_shown(value)} must be {bounds}"
+            text = f"{setting}={_text(value)} must be {bounds}"
         else:
             continue
         found.append(
@@ -119,7 +119,7 @@ def argument_problem(
         takes = f"a positive whole number{f' of {of}' if of else ''}"
     else:
         kind = "whole number" if whole else "finite number"
-        limits = "".join(f" {_SYMBOLS[bound]} {_shown(limit)}" for bound, limit in bounds.items())
+        limits = "".join(f" {_SYMBOLS[bound]} {_text(limit)}" for bound, limit in bounds.items())
         takes = f"a {kind}{f' of {of}' if of else ''}{limits}"
     return f"{name}={value!r} must be {takes}{note}"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._internal.limits import bounded
+from .._internal.limits import bounds
 from ..calibration.override import DEFAULT_MARGIN
 from .settings import ComposedTree
 
@@ -16,7 +16,7 @@ __all__ = ["CalibrateSettings"]
 class CalibrateSettings(ComposedTree):
     """``mstar-resources-calibrate``: measure a deployment's workspaces on this GPU."""
 
-    margin: float = field(default=DEFAULT_MARGIN, metadata=bounded("a fraction", ge=0, le=10))
+    margin: float = field(default=DEFAULT_MARGIN, metadata=bounds("a fraction", ge=0, le=10))
     """Added to each measured need before it is declared, as a fraction of it. At most 10 (eleven
     times the need): more is a typo, and would declare floors past the 1 TiB a floor may be."""
     device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})

@@ -392,7 +392,7 @@ def _replay(
     pages = kv_pages(gpu.free_bytes(), workspace_bytes, shape, cfg.memory_utilization)
     streamed = _StreamedSchedule(workload, profile, schedule_pages(gpu.gather(pages)), shape)
     runs = _serve_setups(cfg, model, profile, records, roles, fixed_bytes, pages, streamed, gpu)
-    results = [pooled(runs["library"]), pooled(runs["fixed"])]
+    results = [merge_runs(runs["library"]), merge_runs(runs["fixed"])]
     report = reporting.rank_report(
         results,
         deployment=_deployment(),
@@ -450,7 +450,7 @@ def round_order(rounds: int) -> list[str]:
     return [kind for r in range(rounds) for kind in (pair if r % 2 == 0 else pair[::-1])]
 
 
-def pooled(runs: Sequence[SetupResult]) -> SetupResult:
+def merge_runs(runs: Sequence[SetupResult]) -> SetupResult:
     """One setup's runs as one result: the first run's figures, every run's decode steps, and
     any run's growth after sealing or sealed overflow."""
     first = runs[0]
@@ -516,9 +516,9 @@ class _StreamedSchedule:
             num_pages=self._num_pages,
             page_size=self._page_size,
         )
-        return self._counted(steps, arrivals), arrivals
+        return self._count(steps, arrivals), arrivals
 
-    def _counted(self, steps: Iterator[Step], arrivals: Arrivals) -> Iterator[Step]:
+    def _count(self, steps: Iterator[Step], arrivals: Arrivals) -> Iterator[Step]:
         """``steps``, counted; once a step has run, its finished requests leave ``arrivals``."""
         drawn = 0
         for step in steps:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn, TextIO, cast
 
-__all__ = ["StdoutFailed", "stdout_told", "stdout_watched"]
+__all__ = ["StdoutFailed", "stdout_told"]
 
 
 class StdoutFailed(BaseException):
@@ -66,23 +66,6 @@ class _Stdout:
             raise StdoutFailed(error) from error
 
 
-@contextlib.contextmanager
-def stdout_watched() -> Iterator[None]:
-    """``sys.stdout`` as :class:`_Stdout` inside, flushed on the way out (a closed pipe shows
-    here, not at interpreter exit), and as it was after."""
-    stream = sys.stdout
-    sys.stdout = cast(TextIO, _Stdout(stream))
-    try:
-        try:
-            yield
-        except SystemExit:  # an error told on stderr, or Hydra's help printed
-            sys.stdout.flush()
-            raise
-        sys.stdout.flush()
-    finally:
-        sys.stdout = stream
-
-
 def _stdout_to_devnull() -> None:
     """What is left in stdout's buffer goes nowhere at interpreter exit, rather than failing
     again there: Python's own advice for a closed pipe (the ``signal`` module's notes on
@@ -97,9 +80,20 @@ def _stdout_to_devnull() -> None:
 
 @contextlib.contextmanager
 def stdout_told(prog: str) -> Iterator[None]:
-    """:func:`stdout_watched`, and a failure of stdout ended as the module's docstring says."""
+    """``sys.stdout`` as :class:`_Stdout` inside, flushed on the way out (a closed pipe shows
+    here, not at interpreter exit), and as it was after; a failure of stdout ends the process as
+    the module's docstring says."""
+    stream = sys.stdout
+    sys.stdout = cast(TextIO, _Stdout(stream))
     try:
-        with stdout_watched():
+        try:
             yield
+        except SystemExit:  # an error told on stderr, or Hydra's help printed
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
     except StdoutFailed as failed:
+        sys.stdout = stream
         failed.end(prog)
+    finally:
+        sys.stdout = stream

@@ -76,13 +76,13 @@ MLA_OUTPUT_BYTES = 2
 """MLA's partial outputs are 16-bit, whatever the output dtype (``sizeof_dtype_o``)."""
 
 
-def _aligned(nbytes: int) -> int:
+def _align(nbytes: int) -> int:
     return round_up(nbytes, ALIGNMENT)
 
 
 def _partials(qo_heads: int, rows: int, head_dim: int) -> int:
     """``tmp_v`` and ``tmp_s`` for ``rows`` rows of every query head."""
-    return _aligned(qo_heads * rows * head_dim * FLOAT32) + _aligned(qo_heads * rows * FLOAT32)
+    return _align(qo_heads * rows * head_dim * FLOAT32) + _align(qo_heads * rows * FLOAT32)
 
 
 def decode_bytes(qo_heads: int, head_dim: int, work_items: int) -> int:
@@ -112,7 +112,7 @@ def mla_bytes(head_dim_ckv: int, sm_count: int) -> int:
     needs = []
     for cluster_size in (1, 2):
         rows = 2 * (sm_count // cluster_size) * cluster_size * MLA_CTA_TILE_Q
-        needs.append(_aligned(rows * MLA_OUTPUT_BYTES * head_dim_ckv) + _aligned(rows * FLOAT32))
+        needs.append(_align(rows * MLA_OUTPUT_BYTES * head_dim_ckv) + _align(rows * FLOAT32))
     return max(needs)
 
 

@@ -205,7 +205,7 @@ class Difference:
     """Its value where it runs now; None where it has no such field."""
 
     def __str__(self) -> str:
-        return f"{self.field} ({_shown(self.recorded)} recorded, {_shown(self.running)} here)"
+        return f"{self.field} ({_text(self.recorded)} recorded, {_text(self.running)} here)"
 
 
 @dataclass(frozen=True)
@@ -337,5 +337,5 @@ def _machine_in_words(values: Mapping[str, Any]) -> str:
     return str(Machine(**fields))
 
 
-def _shown(value: Any) -> str:
+def _text(value: Any) -> str:
     return "nothing" if value is None else repr(value) if isinstance(value, str) else str(value)

@@ -54,7 +54,7 @@ def release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group().split(".")) if match else ()
 
 
-def _dotted(numbers: tuple[int, ...]) -> str:
+def _release(numbers: tuple[int, ...]) -> str:
     return ".".join(map(str, numbers))
 
 
@@ -66,13 +66,13 @@ def version_problems(
     have = release(version)
     problems = []
     if have < OLDEST:
-        oldest = _dotted(OLDEST)
+        oldest = _release(OLDEST)
         problems.append(f"FlashInfer {version} is older than {oldest}, the oldest supported")
     mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
     if mla and have < MLA_SINCE:
         problems.append(
             f"mla plans ({', '.join(f'calibration.plans.{x}' for x in mla)}) need FlashInfer "
-            f"{_dotted(MLA_SINCE)} or newer (installed: {version})"
+            f"{_release(MLA_SINCE)} or newer (installed: {version})"
         )
     multi = [
         f"calibration.plans.{label}.q_len_per_req={plan.q_len_per_req}"
@@ -81,7 +81,7 @@ def version_problems(
     ]
     if multi and have < MULTI_TOKEN_DECODE_SINCE:
         problems.append(
-            f"{', '.join(multi)} needs FlashInfer {_dotted(MULTI_TOKEN_DECODE_SINCE)} or newer "
+            f"{', '.join(multi)} needs FlashInfer {_release(MULTI_TOKEN_DECODE_SINCE)} or newer "
             f"(installed: {version})"
         )
     model = profile.model

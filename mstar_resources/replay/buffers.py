@@ -66,10 +66,10 @@ class LibraryBuffers(Buffers):
     ) -> None:
         self.pools: dict[str, WorkspacePool] = build_pools(records, device)
         self.reserved = sum(pool.reserve() for pool in self.pools.values())
-        self._prefill = self._served(records, roles.prefill, None)
-        self._decode = self._served(records, roles.decode, 0)
+        self._prefill = self._workspace_serving(records, roles.prefill, None)
+        self._decode = self._workspace_serving(records, roles.decode, 0)
 
-    def _served(
+    def _workspace_serving(
         self, records: Sequence[ResolvedResource], label: str, cg_slot: int | None
     ) -> Workspace:
         record = serving(records, label, cg_slot)

@@ -188,7 +188,7 @@ def schedule(
         page_size=page_size,
     )
     return _steps(
-        _checked(trace, num_pages, page_size),
+        _check_each(trace, num_pages, page_size),
         max_num_seqs,
         max_num_batched_tokens,
         sizes,
@@ -268,7 +268,7 @@ def _steps(
         clock += 1
 
 
-def _checked(trace: Iterable[Request], num_pages: int, page_size: int) -> Iterator[Request]:
+def _check_each(trace: Iterable[Request], num_pages: int, page_size: int) -> Iterator[Request]:
     """``trace``'s requests as they are read, each refused, naming it, if it is not a request,
     comes out of order, or could never be admitted."""
     last: Request | None = None

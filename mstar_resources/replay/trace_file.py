@@ -140,7 +140,7 @@ def read_trace(
             f"with {', '.join(JSONL_KEYS)}) '.jsonl' or '.json'"
         )
     read = _Slice(path, FORMATS[suffix], offset, limit, seed, vocab_size, max_model_len)
-    counts = _counted(read, progress)
+    counts = _count_rows(read, progress)
     if counts.rows_read == 0:
         raise ResourceConfigError(
             f"trace file {path}: offset={offset} starts past its last row: it has "
@@ -196,7 +196,7 @@ class _Counts:
         self.output_tokens += fitted
 
 
-def _counted(read: _Slice, progress: bool) -> _Counts:
+def _count_rows(read: _Slice, progress: bool) -> _Counts:
     """Every row of ``read``'s file seen once: those of the slice checked and counted, the rest
     counted only; a progress bar over the bytes where ``progress`` and the file is large."""
     from tqdm import tqdm

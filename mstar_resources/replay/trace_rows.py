@@ -111,7 +111,7 @@ def csv_rows(path: Path, lines: Iterator[str]) -> Iterator[Row]:
     """Every row of a CSV trace after its header, with its index and the line it ends on."""
     # The lines keep their ends: the csv module reads them itself (a quoted field may hold one).
     reader = csv.reader(lines)
-    header = next((row for row in _checked(path, reader) if row), None)
+    header = next((row for row in _read_rows(path, reader) if row), None)
     if header is None:
         raise ResourceConfigError(
             f"trace file {path} is empty; a CSV trace starts with the header line "
@@ -128,7 +128,7 @@ def csv_rows(path: Path, lines: Iterator[str]) -> Iterator[Row]:
     positions = [columns.index(name) for name in CSV_COLUMNS]
     header_line = reader.line_num
     index = 0
-    for row in _checked(path, reader):
+    for row in _read_rows(path, reader):
         if not row:  # a blank line, e.g. at the end
             continue
         if len(row) != len(header):
@@ -145,7 +145,7 @@ def csv_rows(path: Path, lines: Iterator[str]) -> Iterator[Row]:
         )
 
 
-def _checked(path: Path, reader: _csv.Reader) -> Iterator[list[str]]:
+def _read_rows(path: Path, reader: _csv.Reader) -> Iterator[list[str]]:
     """The rows of a ``csv.reader``, its refusal of one told as the line it is on."""
     while True:
         try:
@@ -186,7 +186,7 @@ def parse_row(
     arrival = _seconds(values[0])
     if arrival is None:
         raise ResourceConfigError(
-            f"{where}: {time_name}={_shown(values[0])} is neither a date and time (e.g. "
+            f"{where}: {time_name}={_text(values[0])} is neither a date and time (e.g. "
             f"2023-11-16 18:17:03.9799600) nor a number of seconds (finite, under "
             f"{_MAX_SECONDS:,}); {_FIX}"
         )
@@ -273,18 +273,18 @@ def _length(where: str, name: str, value: object, why: str) -> int:
         length = value
     else:
         raise ResourceConfigError(
-            f"{where}: {name}={_shown(value)} is not a whole number of tokens; {_FIX}"
+            f"{where}: {name}={_text(value)} is not a whole number of tokens; {_FIX}"
         )
     if length < 0:
         raise ResourceConfigError(
-            f"{where}: {name}={_shown(value)} is negative, and a length counts tokens; {_FIX}"
+            f"{where}: {name}={_text(value)} is negative, and a length counts tokens; {_FIX}"
         )
     if length == 0:
-        raise ResourceConfigError(f"{where}: {name}={_shown(value)} is zero, and {why}; {_FIX}")
+        raise ResourceConfigError(f"{where}: {name}={_text(value)} is zero, and {why}; {_FIX}")
     return length
 
 
-def _shown(value: object) -> str:
+def _text(value: object) -> str:
     """A value as its file wrote it: quoted if it is text."""
     if isinstance(value, str):
         return repr(value)

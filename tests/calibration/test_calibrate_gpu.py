@@ -71,7 +71,7 @@ GROWTH_ONLY = {"prompt", "prompt_fa3", "prompt_auto", "pod", "eager_pod", "mla_d
 
 
 @pytest.fixture(scope="module")
-def calibrated():
+def calibration():
     profile = load_profile(PROFILE)
     records = resolve(OmegaConf.create(RESOURCES), env={})
     rows = measure_all(records, profile, torch.device("cuda"), show_progress=False)
@@ -79,8 +79,8 @@ def calibrated():
     return profile, rows
 
 
-def test_measured_bytes_equal_flashinfers_workspace_size_and_planned_growth(calibrated):
-    profile, rows = calibrated
+def test_measured_bytes_equal_flashinfers_workspace_size_and_planned_growth(calibration):
+    profile, rows = calibration
     by_label = {row.label: row for row in rows}
     methods = {label: row.need.method for label, row in by_label.items()}
     assert {label for label, method in methods.items() if method == "growth"} >= GROWTH_ONLY
@@ -121,8 +121,8 @@ BETWEEN = {
 }
 
 
-def test_the_calibrated_floors_hold_every_plan_without_growth(calibrated):
-    profile, rows = calibrated
+def test_the_calibrated_floors_hold_every_plan_without_growth(calibration):
+    profile, rows = calibration
     node = OmegaConf.create(RESOURCES)
     for measured in per_resource(rows):
         group, name = measured.path.split(".")

@@ -373,7 +373,7 @@ def test_a_setup_s_rounds_pool_their_steps_and_any_failure():
     first = setup_result(decode_step_s=[1.0, 3.0], tokens={0: [5]}, steps_served=9)
     second = setup_result(decode_step_s=[2.0], tokens={0: [5]}, steps_served=7,
                           growths_after_seal=1, sealed_overflow=OVERFLOW)  # fmt: skip
-    both = cli.pooled([first, second])
+    both = cli.merge_runs([first, second])
     assert both.decode_step_s == [1.0, 3.0, 2.0]
     assert (both.growths_after_seal, both.sealed_overflow, both.steps_served) == (1, OVERFLOW, 7)
     assert (both.workspace_bytes, both.tokens) == (first.workspace_bytes, first.tokens)

@@ -77,7 +77,7 @@ TRACE = [(0.0, 40, 6), (0.0, 90, 4), (0.01, 12, 8), (0.02, 300, 5), (0.03, 250, 
 one refused (300 >= max_model_len 256), one whose output is cut to fit (250 + 20)."""
 
 
-def generated(trace_line: str) -> str:
+def generated_tokens(trace_line: str) -> str:
     """The tokens the trace generates, as the report's ``trace:`` line ends with them."""
     found = re.search(r"([\d,]+) generated$", trace_line)
     assert found is not None, trace_line
@@ -234,7 +234,7 @@ def test_a_replay_serves_both_setups_and_reports_them_side_by_side(
     served = "5 requests served, 1 refused (prompt >= max_model_len 256), 1 clipped"
     trace = done.line("trace: ")
     assert f"{trace_file} rows 0..5 of 6" in trace and served in trace
-    assert ours["tokens out"] == theirs["tokens out"] == generated(trace)
+    assert ours["tokens out"] == theirs["tokens out"] == generated_tokens(trace)
     assert done.line("ranks: ") == f"ranks: 1; {GQA} on {GPU_NAME}"
     assert done.line("generated tokens identical") == (
         "generated tokens identical between the setups: yes"
@@ -299,7 +299,7 @@ def test_a_sealed_overflow_fails_the_run_naming_the_setting_to_raise(
     ours, theirs = rows["mstar-resources"], rows[f"fixed {GQA_FIXED_MB} MiB"]
     assert (ours["sealed overflows"], theirs["sealed overflows"]) == ("1 (stopped)", "0")
     assert int(ours["tokens out"].replace(",", "")) < int(theirs["tokens out"].replace(",", ""))
-    assert theirs["tokens out"] == generated(done.line("trace: "))  # the whole trace's
+    assert theirs["tokens out"] == generated_tokens(done.line("trace: "))  # the whole trace's
     assert done.line("generated tokens identical") == (
         "generated tokens identical between the setups: NO"
     )
@@ -397,12 +397,12 @@ def test_the_replay_resolves_the_tree_once(replay, trace_file, monkeypatch):
     calibration check compares: the tree is resolved once however many rounds run."""
     resolved: list[object] = []
 
-    def counted(*args: Any) -> Any:
+    def resolve_and_record(*args: Any) -> Any:
         resolved.append(resolve(*args))
         return resolved[-1]
 
-    monkeypatch.setattr(cli, "resolve", counted)
-    monkeypatch.setattr(resolver, "resolve", counted)  # what build_pools would call
+    monkeypatch.setattr(cli, "resolve", resolve_and_record)
+    monkeypatch.setattr(resolver, "resolve", resolve_and_record)  # what build_pools would call
     done = replay(*GQA_ARGS, f"fixed_buffer_mb={GQA_FIXED_MB}", f"trace={trace_file}",
                   "requests=6", "timing_rounds=3")  # fmt: skip
     assert done.status == 0 and len(resolved) == 1

@@ -77,7 +77,7 @@ class ReferencePlan:
             rows = slice(self.qo_indptr[i], self.qo_indptr[i + 1])
             yield rows, pages, (len(pages) - 1) * page + last
 
-    def seen(self, page: int) -> list[tuple[int, tuple[int, ...], int]]:
+    def reads(self, page: int) -> list[tuple[int, tuple[int, ...], int]]:
         """(query tokens, page ids, KV length) of each request: what attention reads."""
         return [(rows.stop - rows.start, pages, kv) for rows, pages, kv in self.requests(page)]
 
@@ -406,7 +406,7 @@ def dep(request: pytest.FixtureRequest) -> Deployment:
 
 
 @pytest.fixture
-def served(dep: Deployment) -> tuple[Run, Run]:
+def runs(dep: Deployment) -> tuple[Run, Run]:
     return served_runs(dep.name)
 
 
@@ -421,7 +421,7 @@ def workspace_of(buffers: Buffers, label: str, cg_slot: int | None) -> torch.Ten
     return found.tensor
 
 
-def seen(chunks: Sequence[Chunk]) -> list[tuple[int, tuple[int, ...], int]]:
+def expected_reads(chunks: Sequence[Chunk]) -> list[tuple[int, tuple[int, ...], int]]:
     """What attention must read for ``chunks``: each one's query tokens, its pages (past the
     dummy page, so each id one up) and its context, the chunk's own tokens included."""
     return [(c.length, tuple(p + 1 for p in c.pages), c.end) for c in chunks]
@@ -438,8 +438,8 @@ def test_the_schedule_chunks_a_prompt_and_fills_a_decode_batch(dep):
     assert max(request.prompt_len for request in dep.trace) > limits.max_num_batched_tokens
 
 
-def test_both_setups_generate_the_same_tokens_each_request_its_output_len(dep, served):
-    ours, theirs = (r.result for r in served)
+def test_both_setups_generate_the_same_tokens_each_request_its_output_len(dep, runs):
+    ours, theirs = (r.result for r in runs)
     assert ours.tokens == theirs.tokens
     assert {request: len(tokens) for request, tokens in ours.tokens.items()} == {
         request.id: request.output_len for request in dep.trace
@@ -450,12 +450,12 @@ def test_both_setups_generate_the_same_tokens_each_request_its_output_len(dep, s
     assert len(set(generated)) > 1  # the prompts, not a constant, decide what comes out
 
 
-def test_the_result_says_what_each_setup_held_and_did(dep, served):
+def test_the_result_says_what_each_setup_held_and_did(dep, runs):
     shape, decode_steps = dep.model.shape, sum(bool(step.decode) for step in dep.steps)
     # The calibrated floors: 17 MB of prefill, and 3 MB (MLA: 17) in each of decode's two slots.
     floors = {GQA: (17 + 2 * 3) * MIB, MLA: 3 * 17 * MIB}[dep.name]
     for (name, workspace), done in zip(
-        [("mstar-resources", floors), ("fixed 8 MiB", FIXED_BYTES)], served, strict=True
+        [("mstar-resources", floors), ("fixed 8 MiB", FIXED_BYTES)], runs, strict=True
     ):
         result = done.result
         assert (result.name, result.workspace_bytes) == (name, workspace)
@@ -470,14 +470,14 @@ def test_the_result_says_what_each_setup_held_and_did(dep, served):
         assert result.sealed_overflow is None
 
 
-def test_the_dummy_page_is_zeroed_and_no_eager_step_writes_it(dep, served):
-    for done in served:
+def test_the_dummy_page_is_zeroed_and_no_eager_step_writes_it(dep, runs):
+    for done in runs:
         for cache in done.setup.kv_cache:
             assert not cache[:, DUMMY_PAGE].any()
 
 
-def test_prefill_plans_on_its_workspace_and_decode_on_its_label_s_cg_slot_0(dep, served):
-    ours, theirs = served
+def test_prefill_plans_on_its_workspace_and_decode_on_its_label_s_cg_slot_0(dep, runs):
+    ours, theirs = runs
     prefill, decode = ours.attention.wrappers  # no graphs: one prefill, one eager decode
     assert (prefill.role, decode.role) == ("prefill", "decode")
     assert prefill.buffer is workspace_of(ours.setup.buffers, dep.roles.prefill, None)
@@ -490,32 +490,32 @@ def test_prefill_plans_on_its_workspace_and_decode_on_its_label_s_cg_slot_0(dep,
     assert all(s.sealed for pool in pools.values() for s in pool.stats())
 
 
-def test_each_step_plans_its_chunks_pages_past_the_dummy_page(dep, served):
+def test_each_step_plans_its_chunks_pages_past_the_dummy_page(dep, runs):
     page = dep.model.shape.page_size
-    for done in served:
+    for done in runs:
         prefill, decode = done.attention.wrappers
         warm_prefill, warm_decode = done.warm_plans
-        assert [p.seen(page) for p in prefill.plans[warm_prefill:]] == [
-            seen(step.prefill) for step in dep.steps if step.prefill
+        assert [p.reads(page) for p in prefill.plans[warm_prefill:]] == [
+            expected_reads(step.prefill) for step in dep.steps if step.prefill
         ]
-        assert [p.seen(page) for p in decode.plans[warm_decode:]] == [
-            seen(step.decode) for step in dep.steps if step.decode
+        assert [p.reads(page) for p in decode.plans[warm_decode:]] == [
+            expected_reads(step.decode) for step in dep.steps if step.decode
         ]
         assert all(p.causal for p in prefill.plans)
         assert not any(p.causal for p in decode.plans)
 
 
-def test_warm_up_plans_each_label_s_bounding_shapes_on_the_dummy_page(dep, served):
+def test_warm_up_plans_each_label_s_bounding_shapes_on_the_dummy_page(dep, runs):
     from mstar_resources.calibration.shapes import shapes_for
 
     profile, page = dep.profile, dep.model.shape.page_size
-    ours, _ = served
+    ours, _ = runs
     for wrapper, warm, label in zip(
         ours.attention.wrappers, ours.warm_plans, (dep.roles.prefill, dep.roles.decode), strict=True
     ):
         shapes = shapes_for(profile.plans[label], profile, cuda_graph=False)
         q_len = (lambda shape: shape.q_len) if wrapper.role == "prefill" else (lambda shape: 1)
-        assert [p.seen(page) for p in wrapper.plans[:warm]] == [
+        assert [p.reads(page) for p in wrapper.plans[:warm]] == [
             [(q_len(s), (DUMMY_PAGE,) * math.ceil(s.kv_len / page), s.kv_len)] * s.batch
             for s in shapes
         ]
@@ -606,7 +606,7 @@ def test_graph_decodes_plan_padding_rows_on_the_dummy_page_at_warm_up():
     ]
     for wrapper in graphs:
         padding = [(1, (DUMMY_PAGE,), 1)] * (wrapper.graph_batch or 0)
-        assert [p.seen(dep.model.shape.page_size) for p in wrapper.plans] == [padding]
+        assert [p.reads(dep.model.shape.page_size) for p in wrapper.plans] == [padding]
 
 
 def test_a_graph_plans_its_decodes_padded_to_its_batch():
@@ -617,7 +617,10 @@ def test_a_graph_plans_its_decodes_padded_to_its_batch():
     assert step.graph_batch == 4
     setup.graphs[4].plan(step.decode)
     (plan,) = setup.graphs[4].wrapper.plans
-    assert plan.seen(dep.model.shape.page_size) == [*seen(step.decode), (1, (DUMMY_PAGE,), 1)]
+    assert plan.reads(dep.model.shape.page_size) == [
+        *expected_reads(step.decode),
+        (1, (DUMMY_PAGE,), 1),
+    ]
     assert not plan.causal
 
 
@@ -717,7 +720,7 @@ def zeros_of(*sizes: int) -> list[tuple[int, torch.dtype, bool]]:
     return [(size, torch.int32, True) for size in sizes]
 
 
-def described(tensor: torch.Tensor) -> tuple[int, torch.dtype, bool]:
+def summary(tensor: torch.Tensor) -> tuple[int, torch.dtype, bool]:
     return tensor.numel(), tensor.dtype, not tensor.any().item()
 
 
@@ -748,7 +751,7 @@ def test_paged_attention_asks_for_wrappers_on_the_buffer_with_the_profile_s_back
     assert graph.kwargs.pop("use_cuda_graph") is True
     assert {name: graph.kwargs.pop(name) for name in tensor_cores} == tensor_cores
     names = ["paged_kv_indptr_buffer", "paged_kv_indices_buffer", "paged_kv_last_page_len_buffer"]
-    assert {name: described(t) for name, t in graph.kwargs.items()} == dict(
+    assert {name: summary(t) for name, t in graph.kwargs.items()} == dict(
         zip(names, zeros_of(5, 40, 4), strict=True)
     )
 
@@ -773,7 +776,7 @@ def test_mla_attention_asks_for_the_mla_wrapper_class_for_both_roles(recording_f
         assert (wrapper.args, wrapper.kwargs) == ((buffer,), {"backend": "auto"})
     assert graph.args == (buffer,)
     assert graph.kwargs.pop("backend") == "auto" and graph.kwargs.pop("use_cuda_graph") is True
-    assert {name: described(t) for name, t in graph.kwargs.items()} == dict(
+    assert {name: summary(t) for name, t in graph.kwargs.items()} == dict(
         zip(["qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"], zeros_of(5, 5, 40, 4),
             strict=True)
     )  # fmt: skip

@@ -94,7 +94,7 @@ def forward(model: Model, attention_width: int) -> tuple[torch.Tensor, list, tup
     calls = []
 
     def attention(layer: int, q: Query) -> torch.Tensor:
-        calls.append((layer, q, [written(part[layer]) for part in cache]))
+        calls.append((layer, q, [filled_slots(part[layer]) for part in cache]))
         heads = model.shape.qo_heads
         return torch.zeros(len(TOKENS), heads, attention_width, dtype=model.shape.dtype)
 
@@ -106,7 +106,7 @@ def forward(model: Model, attention_width: int) -> tuple[torch.Tensor, list, tup
     return out, calls, cache
 
 
-def written(layer_cache: torch.Tensor) -> list[tuple[int, ...]]:
+def filled_slots(layer_cache: torch.Tensor) -> list[tuple[int, ...]]:
     """The (page, offset) slots of one layer's cache that hold a value (no NaN)."""
     if layer_cache.dim() == 5:  # GQA: [pages, K and V, page, heads, head dim]
         filled = ~layer_cache.isnan().any(dim=(1, 3, 4))
@@ -126,7 +126,7 @@ def test_forward_writes_each_token_s_k_and_v_at_its_slot_in_every_layer_before_a
     for _, q, seen in calls:
         assert seen == [SLOTS]  # this layer's K and V, and only at the tokens' slots
         assert isinstance(q, torch.Tensor) and q.shape == (3, s.qo_heads, s.head_dim)
-    assert [written(cache[layer]) for layer in (0, 1)] == [SLOTS, SLOTS]
+    assert [filled_slots(cache[layer]) for layer in (0, 1)] == [SLOTS, SLOTS]
     assert out.dtype == torch.int32 and out.shape == (2,)
     assert all(0 <= token < s.vocab_size for token in out.tolist())
     # In the first layer a token's V is the same at any position, and its K is turned by the
@@ -148,7 +148,7 @@ def test_mla_forward_writes_each_token_s_compressed_kv_and_rotary_key_at_its_slo
         assert seen == [SLOTS, SLOTS]
         assert isinstance(q, tuple)
         assert [part.shape for part in q] == [(3, s.qo_heads, 512), (3, s.qo_heads, 64)]
-    assert [written(part[layer]) for part in (ckv, kpe) for layer in (0, 1)] == [SLOTS] * 4
+    assert [filled_slots(part[layer]) for part in (ckv, kpe) for layer in (0, 1)] == [SLOTS] * 4
     assert out.shape == (2,)
     (page_a, page_b), (at_a, at_b) = SLOT_PAGES[:2], SLOT_OFFSETS[:2]
     # The compressed KV is not turned; the rotary key is, keeping its length.

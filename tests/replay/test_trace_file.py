@@ -452,10 +452,10 @@ def test_a_length_of_thousands_of_digits_is_refused_naming_it(tmp_path):
 def test_an_unreadable_file_is_refused_naming_it(tmp_path, monkeypatch):
     path = write(tmp_path, "t.csv", AZURE_HEAD)
 
-    def denied(self: Path, *args: object, **kwargs: object) -> None:
+    def deny(self: Path, *args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(Path, "open", denied)
+    monkeypatch.setattr(Path, "open", deny)
     with pytest.raises(ResourceConfigError, match=r"t\.csv can't be read \(permission denied\)"):
         read(path)
 
