@@ -113,7 +113,7 @@ class ResolvedResource:
         """The resource's full config key, e.g. ``resources.attn.decode``."""
         return f"{RESOURCES_KEY}.{self.path}"
 
-    def served(self) -> Iterator[tuple[str, int | None]]:
+    def served_keys(self) -> Iterator[tuple[str, int | None]]:
         """Every (label, cg slot) the resource serves; the slot is None for eager."""
         for label in self.labels:
             for slot in self.cg_slots or (None,):
@@ -186,7 +186,7 @@ def resolve(
     return records
 
 
-def _described(value: object) -> str:
+def _description(value: object) -> str:
     shown = repr(value)
     return shown if len(shown) <= 60 else f"a {type(value).__name__} ({shown[:57]}...)"
 
@@ -233,7 +233,7 @@ def build_pools(
             record.owner,
             int_size_mb=record.int_declared_mb,
             config_key=record.key,
-            serves=record.served(),
+            serves=record.served_keys(),
             floors=(
                 Floor(record.floor_mb, record.floor_source, record.floor_setting),
                 Floor(record.int_floor_mb, record.int_floor_source, record.int_floor_setting),
@@ -262,7 +262,7 @@ def _records(
     ):
         raise ResourceUsageError(
             f"build_pools takes the resources tree or the list resolve() returns, and got "
-            f"{_described(resources)}; e.g. build_pools(cfg.resources, device)"
+            f"{_description(resources)}; e.g. build_pools(cfg.resources, device)"
         )
     return listed
 
@@ -363,7 +363,7 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
     if _already_typed(node, values):
         # OmegaConf's conversion would change nothing, and it is most of resolve()'s cost; so
         # skip it. Resource's own checks still run.
-        return _checked(lambda: Resource(**values), key, problems)
+        return _try_make(lambda: Resource(**values), key, problems)
     typed = OmegaConf.structured(Resource)
     before = len(problems)
     for name, value in values.items():
@@ -411,7 +411,7 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
             )
     if len(problems) > before:
         return None
-    return _checked(lambda: cast(Resource, OmegaConf.to_object(typed)), key, problems)
+    return _try_make(lambda: cast(Resource, OmegaConf.to_object(typed)), key, problems)
 
 
 def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
@@ -436,7 +436,7 @@ def _is_of_type(value: object, hint: object) -> bool:
     return isinstance(hint, type) and isinstance(value, hint)
 
 
-def _checked(make: Callable[[], Resource], key: str, problems: list[str]) -> Resource | None:
+def _try_make(make: Callable[[], Resource], key: str, problems: list[str]) -> Resource | None:
     """``make()``, or None with Resource's own complaints, given their full key, in ``problems``."""
     try:
         return make()

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from omegaconf import MISSING
 
-from ._internal.floor import INT, MAX_MB, mb_problem, shown_number
+from ._internal.floor import INT, MAX_MB, mb_problem, number_text
 from ._internal.limits import expects, name_problem
 from .errors import Problem, ResourceConfigError
 
@@ -144,7 +144,7 @@ def _slot_problems(slots: list[int]) -> list[str]:
         )
     if large := list(dict.fromkeys(slot for slot in slots if slot >= MAX_ITEMS)):
         problems.append(
-            f"cg_slots has slots [{', '.join(map(shown_number, large))}] past the largest, "
+            f"cg_slots has slots [{', '.join(map(number_text, large))}] past the largest, "
             f"{MAX_ITEMS - 1}; a slot "
             f"numbers one of at most {MAX_ITEMS} graph contexts, from 0"
         )

@@ -86,7 +86,7 @@ def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> Problem |
     expects = f"a whole number of MB from {lowest} to {MAX_MB:,}"
     if is_int(value) and value > MAX_MB:
         return Problem(
-            f"{setting}={shown_number(value)} MB is more than {MAX_MB:,} (1 TiB, more than any GPU "
+            f"{setting}={number_text(value)} MB is more than {MAX_MB:,} (1 TiB, more than any GPU "
             f"holds); declare the workspace's floor in MB, e.g. {setting}=256",
             setting=setting,
             value=value,
@@ -104,7 +104,7 @@ def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> Problem |
     )
 
 
-def _spelled(text: str) -> str | None:
+def _digits(text: str) -> str | None:
     """The digits ``text`` spells by the command line's rule (:data:`WHOLE_NUMBER`; spaces
     around it, the ``+``, the ``_`` and leading zeros left out), or None where it spells none."""
     stripped = text.strip()
@@ -113,7 +113,7 @@ def _spelled(text: str) -> str | None:
     return stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
 
 
-def _shown_text(text: str) -> str:
+def _quote(text: str) -> str:
     """``text`` as a message quotes it: cut, with its length, where it is too long to read."""
     return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text):,} characters)"
 
@@ -127,12 +127,12 @@ def declared_text(setting: str, text: str) -> int:
     whole number it spells by the command line's rule (:data:`WHOLE_NUMBER`, surrounding spaces
     left out), the rule the variables follow too; else :class:`ResourceConfigError` naming
     ``setting``. Arabic-Indic or fullwidth digits spell no number here, as on the command line."""
-    digits = _spelled(text)
+    digits = _digits(text)
     expects = f"a whole number of MB from 1 to {MAX_MB:,}"
     if digits is None:
         raise ResourceConfigError(
             Problem(
-                f"{setting}={_shown_text(text)} is not a whole number of MB as the command line "
+                f"{setting}={_quote(text)} is not a whole number of MB as the command line "
                 "writes one (ASCII digits, an optional + and _ between digits); declare the "
                 f"floor in MB, e.g. {setting}=256",
                 setting=setting,
@@ -187,12 +187,12 @@ def resolve_floor(
         )
     if raw.strip() == "":
         return Floor(buffer.default_mb, "default", var)
-    digits = _spelled(raw)
+    digits = _digits(raw)
     expects = f"a whole number of MB from 1 to {MAX_MB:,}"
     if digits is None:
         raise ResourceConfigError(
             Problem(
-                f"{var}={_shown_text(raw)} is not a positive whole number of MB; set it to one, "
+                f"{var}={_quote(raw)} is not a positive whole number of MB; set it to one, "
                 f"at most {MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {var}=256), or unset "
                 f"it for the default of {buffer.default_mb}",
                 setting=var,
@@ -203,7 +203,7 @@ def resolve_floor(
         )
     value = int(digits) if len(digits) <= MAX_DIGITS else None
     if value is None or not 0 < value <= MAX_MB:
-        size = shown_number(value) if value is not None else f"<a number of {len(digits):,} digits>"
+        size = number_text(value) if value is not None else f"<a number of {len(digits):,} digits>"
         raise ResourceConfigError(
             Problem(
                 f"{var}={size} MB is "
@@ -223,7 +223,7 @@ def resolve_floor(
     return Floor(value, "env", var)
 
 
-def shown_number(value: int) -> str:
+def number_text(value: int) -> str:
     """``value`` with thousands separators, or its length where it is too long to read (or for
     Python to print: ints of more than 4,300 digits refuse ``str``)."""
     if value.bit_length() <= 200:  # up to 60 digits

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import Problem
-from .floor import shown_number
+from .floor import number_text
 
 __all__ = ["MAX_NAME", "argument_problem", "bounds", "expects", "name_problem", "problems"]
 
@@ -38,7 +38,7 @@ def _text(number: float) -> str:
     """A bound or a value as a message writes it: a whole number with thousands separators (one
     too long to read by its count of digits), any other as Python writes it."""
     if isinstance(number, int) and not isinstance(number, bool):
-        return shown_number(number)
+        return number_text(number)
     return repr(number)
 
 
