@@ -69,12 +69,12 @@ def _quoting_hint(override: str) -> str:
     if not sep or not value or value[0] in "'\"" or not odd:
         return ""
     if odd[0].isdigit():  # quoted, it would pass as the number int() reads in it
-        return f"; the value holds {odd[0]!r}, a digit of another script: write numbers in " \
-            "ASCII digits (0-9)"  # fmt: skip
+        return (f"; the value holds {odd[0]!r}, a digit of another script: write numbers in "
+                "ASCII digits (0-9)")  # fmt: skip
     items = ",".join(f"'{item.strip()}'" for item in value[1:-1].split(","))
     quoted = f"{key}=[{items}]" if value[0] + value[-1] == "[]" else f"{key}='{value}'"
-    return f"; the value holds {odd[0]!r}, which Hydra reads only in quotes: give it as " \
-        f'"{quoted}" (the double quotes for the shell)'  # fmt: skip
+    return (f"; the value holds {odd[0]!r}, which Hydra reads only in quotes: give it as "
+            f'"{quoted}" (the double quotes for the shell)')  # fmt: skip
 
 
 def not_a_choice(
@@ -95,8 +95,8 @@ def not_a_choice(
 def not_a_primary_config(name: str, configs: list[str]) -> str:
     """``--config-name=name`` is no primary config of the search path, which holds ``configs``."""
     folder, _, stem = name.rstrip("/").rpartition("/")
-    own = f" (for the file itself: --config-dir {folder or '/'} --config-name " \
-        f"{stem.removesuffix('.yaml')})" if folder or name.startswith("/") else ""  # fmt: skip
+    own = (f" (for the file itself: --config-dir {folder or '/'} --config-name "
+           f"{stem.removesuffix('.yaml')})") if folder or name.startswith("/") else ""  # fmt: skip
     there = f"pick one of {', '.join(configs)}" if configs else "it holds none"
     return (f"--config-name={name} is not a config of this app{did_you_mean(name, configs)}; "
             f"{there}, or add --config-dir DIR for one of your own{own}")  # fmt: skip
