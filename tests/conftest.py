@@ -4,6 +4,7 @@ shipped tree the way an engine or the CLI would, with no floor variable from the
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -23,6 +24,16 @@ def _why_no_gpu() -> str | None:
     if importlib.util.find_spec("flashinfer") is None:
         return "needs FlashInfer: pip install -e '.[flashinfer]'"
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One CPU thread a process, for torch here and in the processes the tests start: pytest -n
+    runs a worker a core beside the apps it starts, and torch's own pool of a thread a core would
+    have each worker's threads spin waiting for one another (a CPU test's tensors are too small to
+    gain from more threads; with another process on the cores the same tests took 4 times as long).
+    A user's ``OMP_NUM_THREADS`` is kept for the processes started."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
