@@ -12,12 +12,13 @@ What is shared, and on what condition (``docs/workspaces-and-ranks.md`` says it 
   replays over its fixed addresses. vLLM and SGLang plan their decode wrapper of a graph size
   right before each replay, one wrapper a step; a wrapper that plans several levels before it
   runs them (FlashInfer's cascade) cannot share, and :meth:`WorkspacePool.install` refuses it.
-- Its **pinned mirror** is shared with it: a plan writes its indices there, then queues an
-  asynchronous copy to the int workspace. A second plan that wrote the mirror before that copy
-  ran would hand the first wrapper the second's indices, so :meth:`Workspace.plan` waits for the
-  previous plan's copy from the mirror before it plans (a CUDA event, recorded after each plan).
-  That is enforced for every plan made through :meth:`Workspace.plan`; a plan called on the
-  wrapper directly skips it.
+- Its **pinned mirrors** are shared with it: a plan writes its indices to one, then queues an
+  asynchronous copy to the int workspace. A plan that rewrote a mirror before that copy ran
+  would hand the earlier wrapper the later one's indices, so plans through
+  :meth:`Workspace.plan` write four mirrors in turn, and one waits only for the copy that last
+  read its mirror, three plans back at most (:class:`IntWorkspace` says how). That is enforced
+  for every plan made through :meth:`Workspace.plan` of a wrapper it finds on the int
+  workspace; a plan called on the wrapper directly skips it.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class LibraryBuffers(Buffers):
     def int_tensors(self) -> list[torch.Tensor]:
         return [
             t for pool in self.pools.values() for w in pool.int_workspaces().values()
-            for t in (w.tensor, w.mirror)
+            for t in (w.tensor, *w.mirrors)
         ]  # fmt: skip
 
     def prefill(self) -> torch.Tensor:
