@@ -1,16 +1,19 @@
 """The apps run as a user runs them, for the tests: ``run_cli`` in a subprocess, ``run_app`` in
 this process. What only a process shows stays with the first; the tables of odd input use the
-second, which saves each run a fresh interpreter's half second or so of CPU."""
+second, which saves each run a fresh interpreter's half second or so of CPU. ``run_help``: an
+app's ``--help`` as a process, run once for the tests that each read a part of it."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import os
 import runpy
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -43,6 +46,23 @@ def run_cli(
         text=True,
         timeout=120,
     )
+
+
+def run_help(python: list[str] | None = None) -> subprocess.CompletedProcess:
+    """``python --help`` (default: the dry run) as :func:`run_cli` runs it, in an empty folder that
+    it must leave empty; run once a test process, for every test that reads that help (the help of
+    the calibration and of the replay composes each deployment to list those with a profile: some
+    1.5 s of CPU a run)."""
+    return _help(tuple(python or DRY_RUN))
+
+
+@functools.cache
+def _help(python: tuple[str, ...]) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as folder:
+        done = run_cli("--help", cwd=Path(folder), python=list(python))
+        left = sorted(os.listdir(folder))
+    assert left == [], f"{' '.join(python)} --help wrote {left}"
+    return done
 
 
 def run_app(

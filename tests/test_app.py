@@ -18,7 +18,7 @@ from mstar_resources.apps.calibrate_settings import CalibrateSettings
 from mstar_resources.apps.replay_settings import ReplaySettings
 from mstar_resources.apps.settings import DryRunSettings
 
-from .apps import run_cli
+from .apps import run_cli, run_help
 
 ROOT = Path(__file__).parents[1]
 DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]
@@ -51,8 +51,8 @@ def test_an_engine_s_version_names_the_library_it_was_built_with(tmp_path):
 
 
 @pytest.mark.parametrize(("python", "prog", "settings"), APPS)
-def test_help_lists_every_setting_of_the_app(tmp_path, python, prog, settings):
-    done = run_cli("--help", cwd=tmp_path, python=python)
+def test_help_lists_every_setting_of_the_app(python, prog, settings):
+    done = run_help(python)
     assert (done.returncode, done.stderr) == (0, "")
     for field in dataclasses.fields(settings):
         if field.name not in TREE:
@@ -61,8 +61,8 @@ def test_help_lists_every_setting_of_the_app(tmp_path, python, prog, settings):
 
 
 @pytest.mark.parametrize("python", [CALIBRATE, REPLAY], ids=["calibrate", "replay"])
-def test_help_offers_only_deployments_with_a_profile(tmp_path, python):
-    done = run_cli("--help", cwd=tmp_path, python=python)
+def test_help_offers_only_deployments_with_a_profile(python):
+    done = run_help(python)
     offered = next(line for line in done.stdout.splitlines() if "deepseek-v3-tp8-h200," in line)
     assert "llama3-8b-h200_calibrated" in offered
     assert "none" not in offered.split(": ", 1)[1].split(", ")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ..apps import run_app, run_cli
+from ..apps import run_app, run_help
 
 CALIBRATE = ["-m", "mstar_resources.apps.calibrate"]
 
@@ -67,8 +67,8 @@ def test_bad_input_exits_2_with_one_paragraph(tmp_path, args, message):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_help_is_the_app_s_own(tmp_path):
-    done = run_cli("--help", cwd=tmp_path, python=[sys.executable, *CALIBRATE])
+def test_help_is_the_app_s_own():
+    done = run_help([sys.executable, *CALIBRATE])
     assert (done.returncode, done.stderr) == (0, "")
     for needed in ("deployment=NAME", "margin=FRACTION", "(now: 0.0)", "device=cuda[:N]",
                    "output_dir=PATH", "MSTAR_WORKSPACE_BUFFER_MB", "llama3-8b-h200"):  # fmt: skip

@@ -18,7 +18,7 @@ from mstar_resources.replay.engine import SealedOverflow
 from mstar_resources.replay.model import ModelSizes
 from mstar_resources.units import MIB
 
-from ..apps import run_app, run_cli
+from ..apps import run_app, run_cli, run_help
 from ..conftest import compose_shipped
 from .test_report import OVERFLOW, readme_run, setup_result
 
@@ -159,8 +159,8 @@ def test_a_dry_run_reads_and_schedules_a_trace_without_a_gpu(tmp_path, traces):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_help_is_the_app_s_own(tmp_path):
-    done = run_cli("--help", cwd=tmp_path, python=[sys.executable, SCRIPT])
+def test_help_is_the_app_s_own():
+    done = run_help([sys.executable, SCRIPT])
     assert (done.returncode, done.stderr) == (0, "")
     for needed in ("torchrun --nproc-per-node", "llama3-8b-h200_calibrated"):
         assert needed in done.stdout
