@@ -188,12 +188,13 @@ def vllm_config(**attention):
     )
 
 
-def functions(made, kv_cache_dtype="bfloat16", xqa=False):
-    """vLLM's functions as :func:`plans_of_groups` calls them; ``made`` collects the builders."""
+def functions(made, kv_cache_dtype="bfloat16", xqa=False, heads=32):
+    """vLLM's functions as :func:`plans_of_groups` calls them; ``made`` collects the builders,
+    each with ``heads`` query heads (a rank's: vLLM divides them by the tensor-parallel size)."""
 
     def make_builder(spec, layer_names):
         builder_cls = type("Builder", (DecidingBuilder,), {"xqa": xqa})
-        made.append(builder_cls(spec, layer_names, heads=32, kv_cache_dtype=kv_cache_dtype))
+        made.append(builder_cls(spec, layer_names, heads=heads, kv_cache_dtype=kv_cache_dtype))
         return made[-1]
 
     def select_block_size(kv_manager_block_size, backends):
@@ -478,6 +479,44 @@ def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
         "for KV-cache group 1 (1 layer: 64/4 heads of 128, page 16, KV bfloat16), the most of 2 "
         "builders"
     )
+
+
+def test_each_tensor_parallel_rank_measures_its_own_heads_and_the_ranks_agree(monkeypatch):
+    """Tensor parallel 2 of Llama 3 8B's attention (32 query, 8 KV heads): vLLM's worker on each
+    rank makes its builders with 16 and 4 (its KV-cache spec holds the rank's KV heads), and the
+    plugin's ``auto``, in each worker process, measures the plans of those; the two ranks, alike,
+    reserve the same bytes, so vLLM's cut of every worker's KV blocks to the smallest takes
+    nothing more from either."""
+    from mstar_resources.calibration.override import Measured
+
+    monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
+        VLLM_BATCH_INVARIANT=False))  # fmt: skip
+    monkeypatch.setattr(vllm_plans, "uncovered_attention", lambda config: None)
+    monkeypatch.setattr(vllm_plans, "vllm_buffer_bytes", lambda config, plans: (VLLM_BYTES, "-"))
+    measured = []
+
+    def need(profile, role, graphs, device):
+        model = profile.model
+        measured.append((role, model.num_qo_heads, model.num_kv_heads))
+        return Measured(f"attn.{role}", model.num_qo_heads * MIB, f"{role}: bs=1", "query")
+
+    monkeypatch.setattr(workspaces, "measured_need", need)
+    groups = [types.SimpleNamespace(layer_names=["l0", "l1"], kv_cache_spec=Spec(4, 128, 16))]
+    layers = {name: Layer(num_heads=16) for name in ["l0", "l1"]}
+    ranks = []
+    for _rank in range(2):  # each worker is a process of its own: a plugin state each
+        plans = plugin.plans_of_groups(vllm_config(), groups, layers, functions([], heads=16))
+        monkeypatch.setattr(vllm_plans, "builder_plans", lambda runner, plans=plans: plans)
+        served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
+        served.reserve(types.SimpleNamespace(vllm_config=vllm_config(), device=torch.device("cpu")))
+        ranks.append(served)
+    assert measured == [("prefill", 16, 4), ("decode", 16, 4)] * 2
+    assert [r.plans[0].describe() for r in ranks] == [
+        "KV-cache group 0 (2 layers: 16/4 heads of 128, page 16, KV bfloat16)"
+    ] * 2
+    assert ranks[0].held_bytes == ranks[1].held_bytes == 2 * 16 * MIB  # prefill, decode
+    assert ranks[0].report()["workspaces"] == ranks[1].report()["workspaces"]
+    assert "16/4 heads of 128" in ranks[1].provenance["attn.decode"]
 
 
 def test_a_plan_before_the_seal_grows_its_workspace_in_place(vllm_stand_in):
