@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
-__all__ = ["ALIGNMENT", "MIB", "counted", "is_int", "is_positive_int", "mb_to_hold", "round_up"]
+__all__ = ["ALIGNMENT", "MIB", "is_int", "is_positive_int", "mb_to_hold", "plural", "round_up"]
 
 MIB = 1 << 20
 """One MB as engines size workspaces, and as every setting here counts it: a mebibyte."""
@@ -33,6 +33,6 @@ def is_positive_int(value: object) -> TypeGuard[int]:
     return is_int(value) and value > 0
 
 
-def counted(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless ``n`` is 1: ``1 workspace``, ``1,024 requests``."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"

@@ -14,14 +14,14 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import NoReturn
 
-from mstar_resources.apps.stdout import stdout_told
+from mstar_resources.apps.stdout import guarded_stdout
 from mstar_resources.errors import did_you_mean
 
 
 def run_main(main: Callable[[], int | None]) -> NoReturn:
     """A benchmark's entry point: ``main()``'s status, and a stdout that fails (``> /dev/full``,
     ``| head``) ended in one line, as the apps end it (``mstar_resources/apps/stdout.py``)."""
-    with stdout_told(Path(sys.argv[0]).name):
+    with guarded_stdout(Path(sys.argv[0]).name):
         status = main()
     sys.exit(status)
 

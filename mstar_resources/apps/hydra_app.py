@@ -39,7 +39,7 @@ from ..errors import ResourceConfigError
 from . import hydra_errors
 from .hydra_errors import DEPLOYMENT_GROUP, not_a_choice
 from .settings import ComposedTree
-from .stdout import stdout_told
+from .stdout import guarded_stdout
 
 __all__ = ["compose_deployment", "fail", "hydra_app", "package_version",
            "register_options_resolver", "register_settings"]  # fmt: skip
@@ -199,7 +199,7 @@ def hydra_app(
                 register_settings(config_name, settings)
             register_options_resolver(config_name)
             try:
-                with stdout_told(prog):
+                with guarded_stdout(prog):
                     start(sys.argv[1:])
                 return
             except _RaisedByTheApp as carried:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NoReturn, TextIO, cast
 
-__all__ = ["StdoutFailed", "stdout_told"]
+__all__ = ["StdoutFailed", "guarded_stdout"]
 
 
 class StdoutFailed(BaseException):
@@ -79,7 +79,7 @@ def _stdout_to_devnull() -> None:
 
 
 @contextlib.contextmanager
-def stdout_told(prog: str) -> Iterator[None]:
+def guarded_stdout(prog: str) -> Iterator[None]:
     """``sys.stdout`` as :class:`_Stdout` inside, flushed on the way out (a closed pipe shows
     here, not at interpreter exit), and as it was after; a failure of stdout ends the process as
     the module's docstring says."""

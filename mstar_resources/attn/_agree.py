@@ -47,7 +47,7 @@ def gather_held(
     every_held = {r: sizes for r, _, sizes in everyone}
     if len({identity for _, identity, _ in everyone}) > 1:
         pools = {
-            r: f"{describe(identity)} serving {_served(identity)}" for r, identity, _ in everyone
+            r: f"{describe(identity)} serving {_keys(identity)}" for r, identity, _ in everyone
         }
         listed = "; ".join(f"rank {r}: {described}" for r, described in pools.items())
         raise WorkspaceAgreementError(
@@ -113,6 +113,6 @@ def describe(identity: Identity) -> str:
     return f"pool {owner!r}" + (f" ({config_key})" if config_key else "")
 
 
-def _served(identity: Identity) -> str:
+def _keys(identity: Identity) -> str:
     served = identity[2]
     return "any key" if served is None else ", ".join(f"{label}/{slot}" for label, slot in served)

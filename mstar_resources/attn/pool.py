@@ -13,7 +13,7 @@ import torch
 from .._internal.floor import INT, PINNED_MIRRORS, Floor, resolve_floor
 from .._internal.limits import name_problem
 from ..errors import ResourceConfigError, ResourceUsageError
-from ..units import counted, is_int
+from ..units import is_int, plural
 from ._flashinfer import FLOAT_BUFFER, own_buffers
 from .buffer import WorkspaceGrowthError, WorkspaceStats, host_mirror, is_out_of_memory
 from .float_workspace import Workspace, install_int_workspace
@@ -314,7 +314,7 @@ class WorkspacePool:
         int_total = sum(s.bytes for s in int_stats)
         int_floors = sum(s.floor_bytes for s in int_stats)
         head = (
-            f"{self.owner}: {counted(len(stats), 'workspace')}, {total:,} bytes "
+            f"{self.owner}: {plural(len(stats), 'workspace')}, {total:,} bytes "
             f"({total - floors:+,} over their floors), {'sealed' if self._sealed else 'growable'}; "
             f"their int workspaces {int_total:,} bytes ({int_total - int_floors:+,}), and "
             f"{PINNED_MIRRORS} times as many pinned on the host"
@@ -333,9 +333,9 @@ class WorkspacePool:
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
             )
         if self._serves is not None and (label, cg_slot) not in self._serves:
-            raise ResourceUsageError(self._not_served(label, cg_slot))
+            raise ResourceUsageError(self._unserved_key(label, cg_slot))
 
-    def _not_served(self, label: str, cg_slot: int | None) -> str:
+    def _unserved_key(self, label: str, cg_slot: int | None) -> str:
         labels = list(dict.fromkeys(label for label, _ in self._serves or ()))
         slots = sorted({slot for _, slot in self._serves or () if slot is not None})
         where = self.config_key or f"pool {self.owner!r}"

@@ -96,8 +96,8 @@ class PluginSetting:
             return Setting(self.env_var, value)
         if value == AUTO:
             raise ResourceConfigError(
-                f"{self.named(value)}: the plugin does not measure {self.engine}'s plans in the "
-                "worker; calibrate the deployment on this GPU (mstar-resources-calibrate "
+                f"{self.assignment(value)}: the plugin does not measure {self.engine}'s plans in "
+                "the worker; calibrate the deployment on this GPU (mstar-resources-calibrate "
                 "deployment=<name>) and set the file it writes, or name a shipped deployment; "
                 f"{self.off}"
             )
@@ -106,13 +106,13 @@ class PluginSetting:
             records = tuple(resolve(root.get("resources") or {}, env=env))
         except ResourceConfigError as error:
             raise ResourceConfigError(
-                f"{self.named(value)}: {'; '.join(error.problems)}", where=error.where
+                f"{self.assignment(value)}: {'; '.join(error.problems)}", where=error.where
             ) from None
         setting = Setting(self.env_var, value, records, root)
         self.serving_keys(records, setting.describe())  # every role served, or which is not
         return setting
 
-    def named(self, value: str) -> str:
+    def assignment(self, value: str) -> str:
         """``NAME='value'``, a value too long to read cut with its length."""
         if len(value) > SHOWN_CHARACTERS:
             return f"{self.env_var}={value[:SHOWN_CHARACTERS]!r}... ({len(value):,} characters)"
@@ -126,7 +126,7 @@ class PluginSetting:
         from ..apps.hydra_errors import NO_DEPLOYMENT
         from ..apps.settings import ComposedTree
 
-        named, off = self.named(value), self.off
+        named, off = self.assignment(value), self.off
         if _looks_like_a_path(value):
             config_dir, name = _deployment_file(value, named, off)
         else:

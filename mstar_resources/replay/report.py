@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._internal.table import format_table
 from ..files import replacing, write_whole
-from ..units import MIB, counted
+from ..units import MIB, plural
 from .workload import Workload
 
 if TYPE_CHECKING:  # the setups run on a GPU; the dry run reports without torch
@@ -114,7 +114,7 @@ def trace_line(trace: dict[str, Any]) -> str:
     else:
         source = f"synthetic (seed {trace['seed']})"
     return (
-        f"trace: {source}: {counted(trace['requests'], 'request')} served, "
+        f"trace: {source}: {plural(trace['requests'], 'request')} served, "
         f"{trace['refused']:,} refused "
         f"(prompt >= max_model_len {trace['max_model_len']:,}), {trace['clipped']:,} clipped "
         f"(output cut to fit); {trace['steps']:,} steps; {trace['prompt_tokens']:,} prompt "

@@ -67,7 +67,7 @@ class SglangWorkspaces:
         its KV pool from the memory left; once per process."""
         if self.reserved or self.untouched is not None:
             return
-        reason = _not_served(runner)
+        reason = _why_not_served(runner)
         if reason is not None:
             self.leave_untouched(reason)
             return
@@ -184,7 +184,7 @@ class SglangWorkspaces:
         }
 
 
-def _not_served(runner: Any) -> str | None:
+def _why_not_served(runner: Any) -> str | None:
     """Why the plugin cannot serve the model ``runner`` runs (None: it may): MLA, whose FlashInfer
     backend takes another buffer. Which backend runs attention SGLang decides after the KV pool
     (it reads it differently in each version): :meth:`SglangWorkspaces.seal` says where none took
