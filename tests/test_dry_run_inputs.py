@@ -92,6 +92,10 @@ def test_a_calibration_that_no_longer_matches_its_record_is_flagged_naming_the_f
         pytest.param(["resources.attn.decode.labels=[[a,b]]"], {},
                      "holds ['a', 'b'], which is not a label; labels is a flat list",
                      id="nested-labels"),
+        pytest.param(["resources.attn.decode.cg_slots.x=1"], {},
+                     "resources.attn.decode.cg_slots.x=1 is not a setting: "
+                     "resources.attn.decode.cg_slots is a list, whose items are set by position",
+                     id="a-list-item-by-name"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_paragraph_naming_it(tmp_path, args, env, named):

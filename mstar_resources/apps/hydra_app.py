@@ -32,7 +32,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import configure_log
 from hydra.errors import HydraException
 from hydra.version import VersionBase
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import ResourceConfigError
@@ -366,6 +366,8 @@ class _Line:
                 return hydra_errors.not_a_primary_config(given, configs)
         if isinstance(error, HydraException | OmegaConfBaseException):
             return hydra_errors.explain(error, self.deployment_file())
+        if type(error) is ValueError:  # OmegaConf's int() of a list's index
+            return self.list_index_problem()
         filename = str(error.filename) if isinstance(error, OSError) and error.filename else ""
         for override in self.overrides if filename else []:
             key, value = override.key_or_group, override.value()
@@ -378,6 +380,23 @@ class _Line:
                 # Hydra looks a key up as a config group on disk first; no setting is that long.
                 shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key)} characters)"
                 return f"{shown} is not a setting: no setting or config group has so long a name"
+        return None
+
+    def list_index_problem(self) -> str | None:
+        """The first override that sets an item of a list by a name, not a position."""
+        for i, override in enumerate(self.overrides):
+            parts = override.key_or_group.split(".")
+            try:
+                cfg = compose(self.line.config_name or self.config_name,
+                              [*self.line.overrides[:i], *self.searchpath])  # fmt: skip
+            except COMPOSE_ERRORS:
+                return None
+            for depth, part in enumerate(parts[1:], 1):
+                path = ".".join(parts[:depth])
+                if isinstance(OmegaConf.select(cfg, path), ListConfig) and not part.isdigit():
+                    return (f"{override.input_line} is not a setting: {path} is a list, whose "
+                            f"items are set by position ({path}.0=...) or all at once "
+                            f"({path}=[...])")  # fmt: skip
         return None
 
 
