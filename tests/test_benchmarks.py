@@ -163,9 +163,13 @@ def no_matplotlib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(("script", "args", "header"), FAST)
 def test_default_run_prints_a_table_and_writes_nothing(
-    tmp_path: Path, no_matplotlib: Path, script: str, args: list[str], header: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, args: list[str], header: str
 ) -> None:
-    done = run(script, *args, cwd=tmp_path, pythonpath=no_matplotlib)
+    """In this process, where torch is imported already (the ranks of bench_seal_ranks.py are
+    processes of their own still); ``import matplotlib`` fails in it, as where only the ``test``
+    extra is installed: a run that imported it would fail."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    done = run_app(*args, cwd=tmp_path, python=[sys.executable, str(SCRIPTS / script)])
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert header in lines[0]
@@ -353,7 +357,7 @@ def test_argument_rule(rules: ModuleType, rule: str, text: str, value: float | N
 def test_bench_memory_s_columns_line_up_whatever_the_names(tmp_path: Path) -> None:
     """The longest deployment name (qwen3.5-122b-a10b-h200_calibrated, 33 characters) sets the
     first column, so every row's figures sit under their headings."""
-    done = run("bench_memory.py", cwd=tmp_path)
+    done = run_app(cwd=tmp_path, python=[sys.executable, str(SCRIPTS / "bench_memory.py")])
     assert done.returncode == 0, done.stderr
     head, *rows = done.stdout.splitlines()
     end = head.index("workspaces") + len("workspaces")
