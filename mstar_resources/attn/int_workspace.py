@@ -55,6 +55,10 @@ class IntWorkspace:
         floor: the setting that sizes its floor (``MSTAR_INT_WORKSPACE_BUFFER_MB`` by default).
         mirrors: its host mirrors (keyword only): ``PINNED_MIRRORS`` 1-D ``torch.uint8`` CPU
             tensors of the same bytes, pinned where ``tensor`` is on a GPU. Default: fresh ones.
+        events: the fence's events (keyword only), ``PINNED_MIRRORS // PLANS_PER_EVENT + 1``
+            objects with CUDA events' ``record(stream)``, ``query()`` and ``synchronize()``.
+            Default: CUDA events where ``tensor`` is on a GPU; none on a CPU, where a plan queues
+            no copy and nothing is fenced.
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class IntWorkspace:
         floor: str = INT.env_var,
         *,
         mirrors: Sequence[torch.Tensor] | None = None,
+        events: Sequence[Any] | None = None,
     ) -> None:
         buffer = GrowableBuffer(tensor, name, sealed, floor, INT)
         if mirrors is None:
@@ -86,14 +91,15 @@ class IntWorkspace:
         self._plans = 0
         """Plans made through :meth:`before_plan` and :meth:`after_plan`; the next writes mirror
         ``_plans % PINNED_MIRRORS``."""
-        self._events = (
-            [torch.cuda.Event() for _ in range(PINNED_MIRRORS // PLANS_PER_EVENT + 1)]
-            if tensor.is_cuda
-            else None
-        )
+        count = PINNED_MIRRORS // PLANS_PER_EVENT + 1
+        if events is None and tensor.is_cuda:
+            events = [torch.cuda.Event() for _ in range(count)]
+        elif events is not None and len(events) != count:
+            raise ResourceUsageError(f"int workspace {name!r}: events must be {count} events")
+        self._events = None if events is None else list(events)
         """One per group of :data:`PLANS_PER_EVENT` plans still to be found run, in turn."""
-        self._confirmed = -1 if tensor.is_cuda else 1 << 62
-        """The last group of plans whose copies were found run (on a CPU no copy is queued)."""
+        self._confirmed = -1
+        """The last group of plans whose copies were found run."""
         self._stream: tuple[int, torch.cuda.Stream | None] = (-1, None)
         """The stream of the last plan, by its raw handle (``torch.cuda.current_stream`` costs
         several us a call)."""

@@ -21,6 +21,8 @@ from mstar_resources import (
     resolve,
 )
 from mstar_resources._internal.floor import PINNED_MIRRORS
+from mstar_resources.attn.int_workspace import PLANS_PER_EVENT
+from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.units import MIB
 
 from ..conftest import INT_VAR, compose_shipped
@@ -347,3 +349,77 @@ def test_an_int_floor_of_zero_reserves_no_int_workspace_and_the_wrappers_keep_th
     assert wrapper._int_workspace_buffer is own
     workspace.plan(wrapper.plan)
     assert wrapper.plans == 1
+
+
+class _Stream:
+    """A CUDA stream in miniature: what is queued on it runs in order when :meth:`run` says."""
+
+    def __init__(self) -> None:
+        self.queue: list = []
+
+    def run(self, items: int) -> None:
+        for item in self.queue[:items]:
+            if isinstance(item, _Event):
+                item.done = True
+        del self.queue[:items]
+
+    def copies_reading(self, mirror) -> list:
+        return [item for item in self.queue if isinstance(item, tuple) and item[1] is mirror]
+
+
+class _Event:
+    def __init__(self, stream: _Stream) -> None:
+        self.stream, self.done = stream, True
+
+    def record(self, stream) -> None:
+        assert stream is self.stream
+        self.done = False
+        stream.queue.append(self)
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        while not self.done:
+            self.stream.run(1)
+
+
+@pytest.mark.parametrize("engine_lead", [None, 2], ids=["host-unbounded", "host-two-steps-ahead"])
+def test_the_fence_never_lets_a_plan_rewrite_a_mirror_a_queued_copy_still_reads(
+    monkeypatch, engine_lead
+):
+    """Thousands of plans against a stream that runs behind by a random number of items: no plan
+    writes a mirror while a copy queued from it is still to run. An engine that waits for its
+    output two steps back (vLLM's async scheduling) is never made to wait by the fence."""
+    import random
+
+    stream = _Stream()
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    events = [_Event(stream) for _ in range(PINNED_MIRRORS // PLANS_PER_EVENT + 1)]
+    int_workspace = IntWorkspace(torch.zeros(64, dtype=torch.uint8), "w:int", events=events)
+    workspace = Workspace(torch.zeros(1024, dtype=torch.uint8), "w", int_workspace=int_workspace)
+    rewritten, step_done = [], []
+
+    class Copying(FakeWrapper):
+        def plan(self) -> None:  # as FlashInfer's: write the mirror, then queue the copy from it
+            mirror = self._pin_memory_int_workspace_buffer
+            rewritten.extend(stream.copies_reading(mirror))
+            stream.queue.append(("copy", mirror))
+
+    wrapper = Copying(workspace.tensor)
+    install_int_workspace(wrapper, workspace)
+    rng = random.Random(7)
+    for step in range(5000):
+        if engine_lead is not None and step >= engine_lead:
+            step_done[step - engine_lead].synchronize()  # the engine's own wait for its output
+        workspace.plan(wrapper.plan)
+        step_done.append(_Event(stream))
+        stream.queue.append(("run", step))
+        step_done[-1].record(stream)
+        stream.run(rng.randrange(0, 5))  # the GPU, behind by a random amount
+    assert rewritten == []
+    if engine_lead is None:
+        assert int_workspace.fence_waits > 0  # the host ran ahead: the fence held it back
+    else:
+        assert int_workspace.fence_waits == 0
