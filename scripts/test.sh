@@ -48,9 +48,11 @@ if [ -n "$download_pid" ]; then
   wait "$download_pid"  # its status: a download that failed fails the command
   download_pid=
 fi
-# One worker a core (pytest-xdist); `bash scripts/test.sh -n 0` runs in this process alone.
+# One worker a core (pytest-xdist); `bash scripts/test.sh -n 0` runs in this process alone. A
+# worker that runs out of tests takes some of another's that have not started (worksteal), so
+# neither waits at the end while the other still holds a queue.
 status=0
-"$py" -m pytest -n auto "$@" || status=$?
+"$py" -m pytest -n auto --dist worksteal "$@" || status=$?
 mypy_status=0
 wait "$mypy_pid" || mypy_status=$?
 cat "$mypy_report"
