@@ -133,8 +133,6 @@ class GrowableBuffer:
         self.kind = kind
         self.mirrors: list[torch.Tensor] = []
         self.floor_bytes = tensor.numel()
-        self.nbytes = self.floor_bytes
-        """Its bytes now (``tensor.numel()``, kept as an int: a plan reads it each time)."""
         self.lock = threading.Lock()
         self._growth_refused = False  # its group is agreeing: plans may no longer grow it
         self._times_grown = 0
@@ -272,7 +270,7 @@ class GrowableBuffer:
                 raise
             raise self._growth_refusal(
                 f"int workspace {self.name!r}: could not grow its pinned host mirrors from "
-                f"{have:,} to {need:,} bytes for {cause}; both keep their {have:,}-byte buffers. "
+                f"{have:,} to {need:,} bytes for {cause}; all keep their {have:,}-byte buffers. "
                 f"Set {self.floor} so the workspace is reserved up front. ({error})",
                 needed=need,
             ) from error
@@ -302,7 +300,6 @@ class GrowableBuffer:
         self.tensor.set_(grown.untyped_storage())
         for mirror, grown_mirror in zip(self.mirrors, grown_mirrors, strict=True):
             mirror.set_(grown_mirror.untyped_storage())
-        self.nbytes = need
         return need - have
 
 

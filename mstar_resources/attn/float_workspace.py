@@ -74,9 +74,8 @@ class Workspace:
         self._int = int_workspace
         self._by_kind = {"float": self._buffer}
         """The buffers a plan through this workspace may grow, by the kind of overflow."""
-        self._int_buffer = None if int_workspace is None else int_workspace.buffer
-        if self._int_buffer is not None:
-            self._by_kind["int"] = self._int_buffer
+        if int_workspace is not None:
+            self._by_kind["int"] = int_workspace.buffer
         # The wrappers whose attributes were checked for views of this buffer (_refuse_views).
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last_wrapper: tuple[weakref.ref[Any], dict[str, Any] | None] | None = None
@@ -134,12 +133,12 @@ class Workspace:
             and attributes is not None
             and attributes.get(INT_BUFFER) is int_workspace.tensor
         )
-        buffer, int_buffer = self._buffer, self._int_buffer
+        buffer, int_buffer = self._buffer, self._by_kind.get("int")
         growths, last = 0, None
         while True:
             # What the plan sees, whatever another thread does.
-            have = buffer.nbytes
-            have_int = None if int_buffer is None else int_buffer.nbytes
+            have = buffer.tensor.numel()
+            have_int = None if int_buffer is None else int_buffer.tensor.numel()
             if fenced:
                 int_workspace.before_plan(attributes)  # type: ignore[union-attr, arg-type]
             try:
@@ -205,10 +204,9 @@ class Workspace:
             ):
                 return known, attributes
         self._refuse_views(plan)
-        wrapper = _wrapper_of(plan, args)
+        wrapper, attributes = _wrapper_of(plan, args)
         if wrapper is None:
             return None, None
-        attributes = own_buffers(wrapper)
         try:
             self._last_wrapper = (weakref.ref(wrapper), attributes)
         except TypeError:  # no weak references to it: looked up at every plan
@@ -277,15 +275,17 @@ def _short_of(
     return None if short.kind.kind == "int" and not ours else short
 
 
-def _wrapper_of(plan: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """The wrapper a plan plans: its bound ``plan``'s object, or the first argument of a module
-    function that takes it (vLLM's ``fast_plan_decode(wrapper, ...)``); None if neither."""
-    bound = getattr(plan, "__self__", None)
-    if bound is not None and own_buffers(bound) is not None:
-        return bound
-    if args and own_buffers(args[0]) is not None:
-        return args[0]
-    return None
+def _wrapper_of(
+    plan: Callable[..., Any], args: tuple[Any, ...]
+) -> tuple[Any, dict[str, Any] | None]:
+    """The wrapper a plan plans, and its attributes (:func:`own_buffers`): its bound ``plan``'s
+    object, or the first argument of a module function that takes it (vLLM's
+    ``fast_plan_decode(wrapper, ...)``); (None, None) if neither."""
+    for candidate in (getattr(plan, "__self__", None), args[0] if args else None):
+        attributes = None if candidate is None else own_buffers(candidate)
+        if attributes is not None:
+            return candidate, attributes
+    return None, None
 
 
 def _whole_plan_need(
