@@ -13,9 +13,9 @@ left out and stderr says why, or, asked for alone with ``--device cuda``, the ru
 status 2. With them, lines saying how many plans the fence made wait: in a row on an idle GPU,
 and in an engine's loop on a busy one. On the CPU: a planner of similar cost (host work
 calibrated to the decode plan's ~220 us), and a no-op planner, which leaves only Workspace.plan's
-own cost. Each round times direct, wrapped, wrapped, direct (ABBA, so a drift in the machine's
-speed cancels out) and takes its ratio and difference within the round; the table gives the
-medians over rounds.
+own cost. Each round calls the planner directly and through the workspace in turn, one call each
+a pair, the pair's order swapped every time (ABBA, so a drift in the machine's speed cancels out),
+and takes the median of the pairs' differences; the table gives the medians over rounds.
 
 It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a folder that exists.
 """
@@ -51,18 +51,30 @@ class Row:
 def measure(
     case: str, direct: Callable[[], object], wrapped: Callable[[], object], rounds: int, t: float
 ) -> Row:
-    import torch.utils.benchmark as benchmark
-
-    def median_us(fn: Callable[[], object]) -> float:
-        timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
-        return timer.blocked_autorange(min_run_time=t).median * 1e6
-
+    """``rounds`` rounds of ``t`` seconds each, calling ``direct`` and ``wrapped`` in turn, one
+    call each a pair, their order swapped every pair (ABBA): a pair's difference is free of any
+    drift slower than two calls, and its median within a round of the calls that something else
+    on the machine disturbed. The row gives the medians over rounds."""
+    clock = time.perf_counter_ns
     direct_us, wrapped_us, added_us, ratios = [], [], [], []
+    direct(), wrapped()  # warm
     for _ in range(rounds):
-        d1, w1, w2, d2 = (median_us(fn) for fn in (direct, wrapped, wrapped, direct))
-        direct_us.append((d1 + d2) / 2)
-        wrapped_us.append((w1 + w2) / 2)
-        added_us.append(wrapped_us[-1] - direct_us[-1])
+        plain: list[int] = []
+        through: list[int] = []
+        end = clock() + int(t * 1e9)
+        while clock() < end or len(plain) < 64:
+            for first, second, into in ((direct, wrapped, (plain, through)),
+                                        (wrapped, direct, (through, plain))):  # fmt: skip
+                begin = clock()
+                first()
+                middle = clock()
+                second()
+                into[0].append(middle - begin)
+                into[1].append(clock() - middle)
+        median = statistics.median
+        direct_us.append(median(plain) / 1e3)
+        wrapped_us.append(median(through) / 1e3)
+        added_us.append(median(w - d for w, d in zip(through, plain, strict=True)) / 1e3)
         ratios.append(wrapped_us[-1] / direct_us[-1])
     median = statistics.median
     return Row(case, median(direct_us), median(wrapped_us), median(added_us), median(ratios))

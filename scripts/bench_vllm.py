@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,24 +49,70 @@ class Config:
         """The runs' names start with it."""
         return f"L{self.layers}-S{self.max_num_seqs}"
 
-    def case(self, plugin: str | None, run: int) -> Case:
+    def case(self, plugin: str | None, run: int, parts: bool = False) -> Case:
         shape = f"llama3-8b-{self.layers}l"
-        side = "plugin" if plugin else "vllm"
+        side = "parts" if parts else "plugin" if plugin else "vllm"
         return Case(
             f"{self.group}/{side}-{run}", shape, plugin,
             max_num_seqs=self.max_num_seqs, requests=self.max_num_seqs, generations=4,
+            plan_parts=parts,
         )  # fmt: skip
 
 
-def order(configs: list[Config], rounds: int) -> list[tuple[Config, Case]]:
+def order(configs: list[Config], rounds: int, parts: bool = False) -> list[tuple[Config, Case]]:
     """Every configuration's runs, A B B A A B B A...: ``rounds`` of vLLM as it is (A) and as
-    many with the plugin (B)."""
+    many with the plugin (B); with ``parts``, then one with the plugin's layers timed."""
     runs = []
     for config in configs:
         for i in range(rounds):
             pair = [None, AUTO] if i % 2 == 0 else [AUTO, None]
             runs += [(config, config.case(plugin, i)) for plugin in pair]
+        if parts:
+            runs.append((config, config.case(AUTO, 0, parts=True)))
     return runs
+
+
+PARTS = ("workspace_plan", "before_plan", "after_plan", "event_query", "event_record")
+"""The plugin's layers a ``parts`` run times (``vllm_proof._PlanClock``), outermost first."""
+
+
+def parts_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> list[str]:
+    """For each configuration's ``parts`` run: each timed layer's median us a call, and calls."""
+    lines = []
+    for config in configs:
+        clock = (results.get(f"{config.group}/parts-0") or {}).get("decode_plan_clock") or {}
+        found = [f"{name} {clock[f'{name}_median_us']} us x {clock[f'{name}_calls']:,}"
+                 for name in PARTS if f"{name}_median_us" in clock]  # fmt: skip
+        if found:
+            lines.append(f"{config.name}, the plugin's layers timed (median a call): "
+                         f"{'; '.join(found)}; a plan adds {clock['added_median_us']} us "
+                         "(median) with these timers in")  # fmt: skip
+    return lines
+
+
+def gpu_local_cpus() -> set[int] | None:
+    """The CPUs this process may run on that sit on the GPU's NUMA node (its PCI device's
+    ``local_cpulist``), where they can be read; None: no GPU, or none of them allowed here."""
+    try:
+        bus = subprocess.run(
+            ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip()  # fmt: skip
+        domain, rest = bus.lower().split(":", 1)
+        text = Path(f"/sys/bus/pci/devices/{domain[-4:]}:{rest}/local_cpulist").read_text()
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return (parse_cpu_list(text) & os.sched_getaffinity(0)) or None
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """Linux's CPU list (``0-7,16-23``) as a set."""
+    found: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            found.update(range(int(first), int(last or first) + 1))
+    return found
 
 
 def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
@@ -108,7 +156,7 @@ def _plan_clock(sides: dict[str, list[dict[str, Any]]]) -> tuple[str, str, str]:
         return statistics.median(found) if found else None
 
     inner = median("vllm", "flashinfer_plan_us")
-    added = [median(side, "added_per_plan_us") for side in ("vllm", "plugin")]
+    added = [median(side, "added_median_us") for side in ("vllm", "plugin")]
     share = median("plugin", "added_of_generate")
     return (
         "-" if inner is None else f"{inner:.1f}",
@@ -141,13 +189,16 @@ def main(argv: list[str] | None = None) -> int:
         default=float("inf"),
         help="seconds for all runs: a run that would start later is left out",
     )
+    parser.add_argument("--parts", action="store_true",
+                        help="after each configuration's runs, one with the plugin's layers of "
+                        "each decode plan timed, to see where its cost goes")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds a run may take")
     parser.add_argument("--out", type=Path, default=Path("bench-vllm"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))
     parser.add_argument("--dry-run", action="store_true", help="print the runs, start none")
     args = parser.parse_args(argv)
     configs = [Config(d, n) for d in args.depths for n in args.max_num_seqs]
-    runs = order(configs, args.rounds)
+    runs = order(configs, args.rounds, args.parts)
     if args.dry_run:
         for _, case in runs:
             print(f"{case.name}: {case.shape}, MSTAR_RESOURCES_VLLM={case.plugin or '(unset)'}, "
@@ -159,16 +210,20 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + args.budget
     results: dict[str, dict[str, Any]] = {}
+    # Every run on the GPU's own NUMA node: the host's placement is the same both ways.
+    cpus = gpu_local_cpus()
+    print(f"runs pinned to CPUs {sorted(cpus)}" if cpus else "runs not pinned", flush=True)
     for _, case in runs:
         left = deadline - time.perf_counter()
         if left < 60:
             print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
             continue
-        result = launch(case, args.out, args.models, min(args.timeout, left))
+        result = launch(case, args.out, args.models, min(args.timeout, left), cpus)
         result["digest"] = digest(result.pop("tokens")) if result.get("tokens") else None
         results[case.name] = result
         (args.out / "bench_vllm.json").write_text(json.dumps(results, indent=1))
     print(table(configs, results))
+    print("\n".join(parts_lines(configs, results)))
     return 0 if all(r.get("ok") for r in results.values()) and results else 1
 
 

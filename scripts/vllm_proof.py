@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -107,6 +108,9 @@ class Case:
     generations: int = 1
     """How many times the prompts are generated; the time is the last one's (the first also pays
     for what runs once per engine)."""
+    plan_parts: bool = False
+    """Time the plugin's layers of each decode plan too (``_PlanClock``'s ``parts``): a run to
+    see where its cost goes, not one to time generation by."""
 
     @property
     def side(self) -> str:
@@ -320,50 +324,126 @@ def _vllm_buffers() -> dict[int, int]:
 class _PlanClock:
     """The time vLLM's decode plans take inside FlashInfer's plan (``fast_plan_decode``) and as
     vLLM's builder calls them (through the plugin's ``Workspace.plan`` where it serves), in the
-    same process: their difference is what the plugin adds to each plan, free of the noise between
-    runs. Without the plugin the difference is the clock's own cost."""
+    same process, plan by plan: their difference is what the plugin adds to each plan, free of the
+    noise between runs. Without the plugin the difference is the clock's own cost. With
+    ``parts``, the plugin's layers are timed too (each timer adding its own cost):
+    ``Workspace.plan`` around FlashInfer's plan, the fence before and after it, and the fence's
+    CUDA event calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, parts: bool = False) -> None:
         import vllm.v1.attention.backends.flashinfer as backend
 
         self.backend = backend
-        self.plans = 0
-        self.inner_s = self.outer_s = 0.0
-        backend.fast_plan_decode = self._timed(backend.fast_plan_decode, "inner_s")
+        self.spans: dict[str, list[int]] = {}
+        """By what was timed, each call's nanoseconds."""
+        backend.fast_plan_decode = self._timed(backend.fast_plan_decode, "inner")
+        if parts:
+            from mstar_resources.attn.float_workspace import Workspace
+            from mstar_resources.attn.int_workspace import IntWorkspace
 
-    def _timed(self, plan: Any, total: str) -> Any:
+            Workspace.plan = self._timed(Workspace.plan, "workspace_plan")  # type: ignore[method-assign]
+            IntWorkspace.before_plan = self._timed(IntWorkspace.before_plan, "before_plan")  # type: ignore[method-assign]
+            IntWorkspace.after_plan = self._timed(IntWorkspace.after_plan, "after_plan")  # type: ignore[method-assign]
+        self.parts = parts
+
+    def _timed(self, call: Any, name: str) -> Any:
+        spans = self.spans.setdefault(name, [])
+        clock = time.perf_counter_ns
+
+        @functools.wraps(call)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            begin = time.perf_counter()
+            begin = clock()
             try:
-                return plan(*args, **kwargs)
+                return call(*args, **kwargs)
             finally:
-                setattr(self, total, getattr(self, total) + time.perf_counter() - begin)
-                self.plans += total == "outer_s"
+                spans.append(clock() - begin)
 
         return timed
 
     def around_the_plugin(self) -> None:
         """Once the engine is built (the plugin, where it serves, has wrapped the plan): time the
         plan as the builder calls it."""
-        self.backend.fast_plan_decode = self._timed(self.backend.fast_plan_decode, "outer_s")
+        self.backend.fast_plan_decode = self._timed(self.backend.fast_plan_decode, "outer")
+        from mstar_resources.integrations import vllm as plugin
+
+        workspaces = plugin.active()
+        if not self.parts or workspaces is None:
+            return
+        for workspace in workspaces._workspaces.values():  # the fence's own events, vLLM's not
+            fence = workspace.int_workspace
+            if fence is not None and fence._events is not None:
+                fence._events = [_TimedEvent(e, self) for e in fence._events]
 
     def reset(self) -> None:
-        self.plans, self.inner_s, self.outer_s = 0, 0.0, 0.0
+        for spans in self.spans.values():
+            spans.clear()
 
     def report(self, generate_s: float) -> dict[str, Any]:
-        added = self.outer_s - self.inner_s
-        return {
-            "decode_plans": self.plans,
-            "flashinfer_plan_us": round(self.inner_s / max(self.plans, 1) * 1e6, 2),
-            "added_per_plan_us": round(added / max(self.plans, 1) * 1e6, 2),
-            "added_of_generate": round(added / generate_s, 5),
+        inner, outer = self.spans["inner"], self.spans.get("outer", [])
+        plans = len(outer)
+        # Nested calls end inner first: the k-th outer span holds the k-th inner one.
+        added = [o - i for o, i in zip(outer, inner, strict=False)]
+        us = 1e-3
+        found: dict[str, Any] = {
+            "decode_plans": plans,
+            "flashinfer_plan_us": round(sum(inner) / max(len(inner), 1) * us, 2),
+            "added_per_plan_us": round(sum(added) / max(plans, 1) * us, 2),
+            "added_median_us": round(statistics.median(added) * us, 2) if added else None,
+            "added_p90_us": round(_quantile(added, 0.9) * us, 2) if added else None,
+            "added_of_generate": round(sum(added) * 1e-9 / generate_s, 5),
         }
+        for name, spans in self.spans.items():
+            if name not in ("inner", "outer") and spans:
+                found[f"{name}_calls"] = len(spans)
+                found[f"{name}_mean_us"] = round(sum(spans) / len(spans) * us, 2)
+                found[f"{name}_median_us"] = round(statistics.median(spans) * us, 2)
+        return found
+
+
+def _quantile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _TimedEvent:
+    """One of the fence's CUDA events, its calls timed by ``clock``."""
+
+    def __init__(self, event: Any, clock: _PlanClock) -> None:
+        self.query = clock._timed(event.query, "event_query")
+        self.record = clock._timed(event.record, "event_record")
+        self.synchronize = clock._timed(event.synchronize, "event_synchronize")
+
+
+class _GcClock:
+    """Python's garbage collections during a generation: how many, and the time they took."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.collections = 0
+        self.total_ns = 0
+        self._begin = 0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._begin = time.perf_counter_ns()
+        else:
+            self.collections += 1
+            self.total_ns += time.perf_counter_ns() - self._begin
+
+    def reset(self) -> None:
+        self.collections, self.total_ns = 0, 0
+
+    def report(self) -> dict[str, Any]:
+        return {"gc_collections": self.collections, "gc_ms": round(self.total_ns / 1e6, 2)}
 
 
 def run(case: Case, models: Path) -> dict[str, Any]:
     """One vLLM engine: start it, generate, and say what it held."""
     made = _vllm_buffers() if case.plugin is None else {}
-    clock = _PlanClock()
+    clock = _PlanClock(parts=case.plan_parts)
+    collections = _GcClock()
     from vllm import LLM, SamplingParams
     from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
 
@@ -397,6 +477,7 @@ def run(case: Case, models: Path) -> dict[str, Any]:
     times = []
     for _ in range(case.generations):
         clock.reset()
+        collections.reset()
         begin = time.perf_counter()
         outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params)
         times.append(time.perf_counter() - begin)
@@ -413,6 +494,8 @@ def run(case: Case, models: Path) -> dict[str, Any]:
         "generate_s": round(statistics.median(times[1:] or times), 3),
         "generate_each_s": [round(t, 3) for t in times],
         "decode_plan_clock": clock.report(times[-1]),
+        "gc": collections.report(),
+        "cpus": sorted(os.sched_getaffinity(0)),
     }
     from mstar_resources.integrations import vllm as plugin
 
@@ -440,8 +523,11 @@ def _run_here(args: argparse.Namespace) -> None:
 # -- the side-by-side ----------------------------------------------------------------------------
 
 
-def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any]:
-    """``case`` in a process of its own; its result, with the tail of its log."""
+def launch(
+    case: Case, out: Path, models: Path, timeout: float, cpus: set[int] | None = None
+) -> dict[str, Any]:
+    """``case`` in a process of its own (on ``cpus`` only, where given); its result, with the
+    tail of its log."""
     result_path = out / f"{case.name.replace('/', '-')}.json"
     log_path = result_path.with_suffix(".log")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if case.in_process else "1",
@@ -456,7 +542,10 @@ def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any
                "--result", str(result_path), "--models", str(models)]  # fmt: skip
     begin = time.perf_counter()
     with log_path.open("w") as log, contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+        subprocess.run(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+            preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus),
+        )  # fmt: skip
     result: dict[str, Any] = {"ok": False, "error": f"no result within {timeout:.0f} s"}
     if result_path.exists():
         result = json.loads(result_path.read_text())

@@ -82,7 +82,7 @@ def test_the_table_gives_medians_their_ratio_and_the_tokens():
 
 def _clocked(seconds: float, inner_us: float, added_us: float, share: float) -> dict:
     clock = {"decode_plans": 100, "flashinfer_plan_us": inner_us,
-             "added_per_plan_us": added_us, "added_of_generate": share}  # fmt: skip
+             "added_median_us": added_us, "added_of_generate": share}  # fmt: skip
     return _result(seconds, "aa", 1000) | {"decode_plan_clock": clock}
 
 
@@ -97,3 +97,28 @@ def test_the_table_gives_the_decode_plans_clock_both_ways():
     row = bench.table([bench.Config(3, 256)], results).splitlines()[1].split()
     # FlashInfer's plan without the plugin, added time without/with it, the plugin's share
     assert row[-3:] == ["65.0", "0.5/13.0", "0.30%"]
+
+
+def test_parts_runs_follow_each_configuration_and_their_layers_are_listed():
+    bench = _bench()
+    configs = [bench.Config(3, 256), bench.Config(16, 512)]
+    names = [case.name for _, case in bench.order(configs, 2, parts=True)]
+    runs = ("vllm-0", "plugin-0", "plugin-1", "vllm-1", "parts-0")
+    assert names == [f"{g}/{run}" for g in ("L3-S256", "L16-S512") for run in runs]
+    clock = {"added_median_us": 9.5, "before_plan_median_us": 3.25, "before_plan_calls": 256,
+             "event_record_median_us": 1.5, "event_record_calls": 128}  # fmt: skip
+    parts = _result(1.0, "aa", 1000) | {"decode_plan_clock": clock}
+    results = {"L3-S256/parts-0": parts, "L3-S256/plugin-0": _clocked(1.0, 65.0, 12.0, 0.002)}
+    (line,) = bench.parts_lines(configs, results)
+    assert line.startswith("3 layers, max_num_seqs 256")
+    assert "before_plan 3.25 us x 256; event_record 1.5 us x 128" in line
+    assert "a plan adds 9.5 us" in line
+    # a parts run is not one of the plugin's timed runs
+    row = bench.table(configs[:1], results).splitlines()[1].split()
+    assert row[4] == "0+1"
+
+
+def test_cpu_lists_read_as_linux_writes_them():
+    bench = _bench()
+    assert bench.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert bench.parse_cpu_list("") == set()
