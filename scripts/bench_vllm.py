@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_proof import DEPTHS, Case, digest, kv_count, launch
+from vllm_proof import DEPTHS, Case, digest, kv_count, launch, launch_in_turn
 
 from _args import positive_int, run_main
 
@@ -165,6 +165,14 @@ def _plan_clock(sides: dict[str, list[dict[str, Any]]]) -> tuple[str, str, str]:
     )
 
 
+def _keep(results: dict[str, dict[str, Any]], found: dict[str, dict[str, Any]], out: Path) -> None:
+    """Add ``found`` to ``results``, tokens as their digest, and write them all down."""
+    for name, result in found.items():
+        result["digest"] = digest(result.pop("tokens")) if result.get("tokens") else None
+        results[name] = result
+    (out / "bench_vllm.json").write_text(json.dumps(results, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     depths = sorted(int(name.split("-")[-1].removesuffix("l")) for name in DEPTHS)
@@ -189,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         default=float("inf"),
         help="seconds for all runs: a run that would start later is left out",
     )
+    parser.add_argument("--in-turn", action="store_true",
+                        help="each configuration's runs one after another in one process (the "
+                        "plugin loaded, its setting read again as each engine starts), free of "
+                        "the differences between processes")  # fmt: skip
     parser.add_argument("--parts", action="store_true",
                         help="after each configuration's runs, one with the plugin's layers of "
                         "each decode plan timed, to see where its cost goes")  # fmt: skip
@@ -213,15 +225,24 @@ def main(argv: list[str] | None = None) -> int:
     # Every run on the GPU's own NUMA node: the host's placement is the same both ways.
     cpus = gpu_local_cpus()
     print(f"runs pinned to CPUs {sorted(cpus)}" if cpus else "runs not pinned", flush=True)
-    for _, case in runs:
-        left = deadline - time.perf_counter()
-        if left < 60:
-            print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
-            continue
-        result = launch(case, args.out, args.models, min(args.timeout, left), cpus)
-        result["digest"] = digest(result.pop("tokens")) if result.get("tokens") else None
-        results[case.name] = result
-        (args.out / "bench_vllm.json").write_text(json.dumps(results, indent=1))
+    for config in configs:
+        mine = [case for c, case in runs if c == config]
+        if args.in_turn:
+            timed = [case for case in mine if not case.plan_parts]
+            left = deadline - time.perf_counter()
+            if left < 60:
+                print(f"{config.name}: left out, {left:.0f} s of the budget left", flush=True)
+                continue
+            found = launch_in_turn(timed, args.out, args.models, left, cpus)
+            _keep(results, found, args.out)
+            mine = [case for case in mine if case.plan_parts]
+        for case in mine:
+            left = deadline - time.perf_counter()
+            if left < 60:
+                print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
+                continue
+            result = launch(case, args.out, args.models, min(args.timeout, left), cpus)
+            _keep(results, {case.name: result}, args.out)
     print(table(configs, results))
     print("\n".join(parts_lines(configs, results)))
     return 0 if all(r.get("ok") for r in results.values()) and results else 1

@@ -439,10 +439,13 @@ class _GcClock:
         return {"gc_collections": self.collections, "gc_ms": round(self.total_ns / 1e6, 2)}
 
 
-def run(case: Case, models: Path) -> dict[str, Any]:
-    """One vLLM engine: start it, generate, and say what it held."""
+def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, Any]:
+    """One vLLM engine: start it, generate, say what it held, and shut it down. ``clock``: the
+    process's decode-plan clock, set around the plugin already (engines one after another in one
+    process, :func:`run_in_turn`); None: this run's own."""
     made = _vllm_buffers() if case.plugin is None else {}
-    clock = _PlanClock(parts=case.plan_parts)
+    timed_here = clock is None
+    clock = clock or _PlanClock(parts=case.plan_parts)
     collections = _GcClock()
     from vllm import LLM, SamplingParams
     from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
@@ -469,7 +472,8 @@ def run(case: Case, models: Path) -> dict[str, Any]:
         **({} if case.eager else {"compilation_config": graphs}),
     )  # fmt: skip
     started = time.perf_counter() - start
-    clock.around_the_plugin()
+    if timed_here:
+        clock.around_the_plugin()
     params = [
         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
         for _, n in requests
@@ -501,13 +505,45 @@ def run(case: Case, models: Path) -> dict[str, Any]:
 
     # With the engine core in its own process, the plugin served that one: its log says what.
     workspaces = plugin.active() if case.in_process else None
-    if workspaces is not None:
+    if workspaces is not None and case.plugin is not None:
         result["plugin"] = workspaces.report()
         result["workspace_bytes"] = workspaces.held_bytes
     elif case.plugin is None:
         result["workspace_bytes"] = sum(made.values())
         result["vllm_buffers"] = sorted(made.values())
+        if workspaces is not None:
+            result["plugin_untouched"] = workspaces.untouched
+    logging.getLogger("vllm").removeHandler(handler)
+    llm.llm_engine.engine_core.shutdown()  # in this process: its memory goes with it
     return result
+
+
+def run_in_turn(cases: list[Case], models: Path, out: Path) -> None:
+    """``cases`` one after another in this process, each engine shut down and its memory freed
+    before the next starts (as vLLM's own tests run engines in turn): the plugin, loaded as vLLM
+    loads it with its setting set, serves the engines whose case has it, and leaves the others
+    as vLLM makes them (it reads the setting again as each engine starts). Each case's result is
+    written to ``out`` as it ends."""
+    clock = _PlanClock()  # FlashInfer's plan timed inside the plugin's wrapper, which comes next
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    from vllm.plugins import load_general_plugins
+
+    os.environ[PLUGIN_SETTING] = AUTO_SETTING
+    load_general_plugins()
+    clock.around_the_plugin()
+    results: dict[str, Any] = {}
+    for case in cases:
+        os.environ[PLUGIN_SETTING] = case.plugin or ""
+        try:
+            results[case.name] = {"ok": True, **run(case, models, clock)}
+        except BaseException as error:  # the run's outcome, a crash included, is the measurement
+            results[case.name] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+        cleanup_dist_env_and_memory()
+        out.write_text(json.dumps(results))
+
+
+PLUGIN_SETTING = "MSTAR_RESOURCES_VLLM"
+AUTO_SETTING = "auto"
 
 
 def _run_here(args: argparse.Namespace) -> None:
@@ -529,35 +565,74 @@ def launch(
     """``case`` in a process of its own (on ``cpus`` only, where given); its result, with the
     tail of its log."""
     result_path = out / f"{case.name.replace('/', '-')}.json"
-    log_path = result_path.with_suffix(".log")
+    env = _environment(case, case.plugin)
+    command = ["--run", json.dumps(asdict(case)), "--result", str(result_path)]
+    lines, wall_s = _process(command, env, models, result_path, timeout, cpus)
+    result: dict[str, Any] = {"ok": False, "error": f"no result within {timeout:.0f} s"}
+    if result_path.exists():
+        result = json.loads(result_path.read_text())
+    result.update(_from_log(lines), wall_s=wall_s)
+    print(f"{case.name}: {'ok' if result['ok'] else result['error'][:300]} ({wall_s} s)",
+          flush=True)  # fmt: skip
+    return result
+
+
+def launch_in_turn(
+    cases: list[Case], out: Path, models: Path, timeout: float, cpus: set[int] | None = None
+) -> dict[str, dict[str, Any]]:
+    """``cases`` one after another in one process (:func:`run_in_turn`; their ``env`` the
+    first's); each one's result. A case the process did not reach has none."""
+    result_path = out / f"{cases[0].name.split('/')[0]}-in-turn.json"
+    env = _environment(cases[0], AUTO_SETTING)
+    command = ["--in-turn", json.dumps([asdict(c) for c in cases]), "--result", str(result_path)]
+    lines, wall_s = _process(command, env, models, result_path, timeout, cpus)
+    results = json.loads(result_path.read_text()) if result_path.exists() else {}
+    for name, result in results.items():
+        print(f"{name}: {'ok' if result['ok'] else result['error'][:300]}", flush=True)
+    print(f"{len(results)} of {len(cases)} engines in one process ({wall_s} s)", flush=True)
+    if len(results) < len(cases):
+        print("\n".join(lines[-15:]), flush=True)
+    return results
+
+
+def _environment(case: Case, setting: str | None) -> dict[str, str]:
+    """A run's environment: the engine core in this process or not, ``case.env``, and the
+    plugin's setting (None: unset) and vLLM's buffer size as the case has them."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if case.in_process else "1",
            **case.env}  # fmt: skip
-    env.pop("MSTAR_RESOURCES_VLLM", None)
+    env.pop(PLUGIN_SETTING, None)
     env.pop("VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE", None)
-    if case.plugin is not None:
-        env["MSTAR_RESOURCES_VLLM"] = case.plugin
+    if setting is not None:
+        env[PLUGIN_SETTING] = setting
     if case.buffer_bytes is not None:
         env["VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE"] = str(case.buffer_bytes)
-    command = [sys.executable, __file__, "--run", json.dumps(asdict(case)),
-               "--result", str(result_path), "--models", str(models)]  # fmt: skip
+    return env
+
+
+def _process(
+    arguments: list[str], env: dict[str, str], models: Path, result_path: Path, timeout: float,
+    cpus: set[int] | None,
+) -> tuple[list[str], float]:  # fmt: skip
+    """This script with ``arguments`` in a process of its own; its log's lines, and seconds."""
+    log_path = result_path.with_suffix(".log")
+    command = [sys.executable, __file__, *arguments, "--models", str(models)]
     begin = time.perf_counter()
     with log_path.open("w") as log, contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run(
             command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
             preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus),
         )  # fmt: skip
-    result: dict[str, Any] = {"ok": False, "error": f"no result within {timeout:.0f} s"}
-    if result_path.exists():
-        result = json.loads(result_path.read_text())
-    lines = log_path.read_text(errors="replace").splitlines()
-    result["log_tail"] = lines[-40:]
-    result["mstar_lines"] = [line for line in lines if "mstar-resources" in line][:30]
-    result["kv_line"] = next((line for line in lines if "GPU KV cache size" in line), None)
-    result["errors"] = [line for line in lines if "Error" in line or "error" in line][-8:]
-    result["wall_s"] = round(time.perf_counter() - begin, 1)
-    print(f"{case.name}: {'ok' if result['ok'] else result['error'][:300]} ({result['wall_s']} s)",
-          flush=True)  # fmt: skip
-    return result
+    return log_path.read_text(errors="replace").splitlines(), round(time.perf_counter() - begin, 1)
+
+
+def _from_log(lines: list[str]) -> dict[str, Any]:
+    """What a run's log says: its tail, the plugin's lines, vLLM's KV-cache line, errors."""
+    return {
+        "log_tail": lines[-40:],
+        "mstar_lines": [line for line in lines if "mstar-resources" in line][:30],
+        "kv_line": next((line for line in lines if "GPU KV cache size" in line), None),
+        "errors": [line for line in lines if "Error" in line or "error" in line][-8:],
+    }
 
 
 def digest(tokens: list[list[int]]) -> str:
@@ -646,10 +721,15 @@ def main() -> None:
                         "all)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the runs, start none")
     parser.add_argument("--run", help=argparse.SUPPRESS)
+    parser.add_argument("--in-turn", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         _run_here(args)
+        return
+    if args.in_turn:
+        cases = [Case(**c) for c in json.loads(args.in_turn)]
+        run_in_turn(cases, Path(args.models), Path(args.result))
         return
     order: list[Case] = []
     for name in args.cases:

@@ -393,6 +393,7 @@ def vllm_stand_in(monkeypatch):
                   "floor_source", "floor_setting")}, "declared_mb": mb, "floor_mb": mb})
         for r, mb in zip(setting.records, (2, 4), strict=True)
     )  # fmt: skip
+    monkeypatch.setenv(plugin.ENV_VAR, setting.value)  # as vLLM loaded the plugin
     served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, setting.value, records))
     seams._patch_backend(served, backend)
     seams._patch_runner(served, runner)
@@ -596,6 +597,65 @@ def test_a_failure_of_the_plugins_own_leaves_vllm_as_it_is(vllm_stand_in, monkey
     builder.build(8)
     assert builder._workspace_buffer is not None and not served.sealed
     assert served.untouched.startswith("it failed (NotImplementedError: FlashInfer backend on SM90")
+
+
+def test_a_later_engine_of_the_process_gets_workspaces_of_its_own(vllm_stand_in):
+    """Engines one after another in one process (a test suite, a notebook): each engine's profile
+    makes its own workspaces, unsealed, and the last one's go with it."""
+    import gc
+    import weakref
+
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    runner.profile_run()
+    vllm_stand_in.Builder().build(8)
+    vllm_stand_in.worker.compile_or_warm_up_model()
+    first = weakref.ref(served.pools["attn.decode"].get("decode", 0))
+    assert served.sealed and served.report()["growths"] == 3
+    runner.profile_run()  # the same engine profiling again: nothing new
+    assert served.pools["attn.decode"].get("decode", 0) is first()
+    later = type(runner)()
+    del runner, vllm_stand_in.runner, vllm_stand_in.worker
+    later.profile_run()
+    gc.collect()
+    assert first() is None  # the first engine's workspace let go
+    assert not served.sealed and served.report()["growths"] == 0
+    assert served.held_bytes == 6 * MIB  # the floors again, 2 + 4 MB
+    builder = vllm_stand_in.Builder()
+    wrapper = builder._get_decode_wrapper(8, True)
+    assert wrapper.buffer is served.pools["attn.decode"].get("decode", 0).tensor
+    later.capture_model()
+    assert served.sealed
+
+
+def test_an_engine_started_after_the_setting_is_unset_runs_as_vllm_makes_it(
+    vllm_stand_in, monkeypatch, caplog
+):
+    """The setting is read as the plugin loads; an engine of the same process that starts after
+    it changed reads it again: unset, that engine keeps vLLM's own buffer, and set back, the next
+    is served."""
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    monkeypatch.setenv(plugin.ENV_VAR, "")
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        runner.profile_run()
+    builder = vllm_stand_in.Builder()
+    builder.build(8)
+    assert builder._workspace_buffer is not None and served.pools == {}
+    assert served.untouched == f"{plugin.ENV_VAR} is unset as this engine starts"
+    assert "vLLM keeps its own FlashInfer workspace" in caplog.text
+    monkeypatch.setenv(plugin.ENV_VAR, "llama3-8b-h200")  # as it was when the plugin loaded
+    type(runner)().profile_run()
+    assert served.untouched is None and served.held_bytes == 6 * MIB
+    monkeypatch.setenv(plugin.ENV_VAR, "no-such-deployment")
+    type(runner)().profile_run()
+    assert served.pools == {} and "no-such-deployment" in served.untouched
+
+
+def test_a_vllm_that_lacks_a_seam_leaves_every_later_engine_as_it_is(vllm_stand_in):
+    served = vllm_stand_in.served
+    served.block("this vLLM lacks FlashInfer's fast_plan_decode")
+    for _ in range(2):
+        type(vllm_stand_in.runner)().profile_run()
+        assert served.pools == {} and "fast_plan_decode" in served.untouched
 
 
 # -- waiting for a module's import ---------------------------------------------------------------

@@ -119,7 +119,7 @@ def _has_seams(workspaces: VllmWorkspaces, module: ModuleType) -> bool:
     (nothing of the module is patched)."""
     lacks = lacking(module, SEAMS)
     if lacks is not None:
-        workspaces.leave_untouched(f"this vLLM lacks {lacks}")
+        workspaces.block(f"this vLLM lacks {lacks}")
     return lacks is None
 
 
@@ -207,7 +207,7 @@ def register() -> None:
     workspaces = VllmWorkspaces(setting)
     problem = version_problem(vllm_version())
     if problem is not None:
-        workspaces.leave_untouched(problem)
+        workspaces.block(problem)
         return
     _active = workspaces
     when_imported(RAY_ENV, _patch_ray_env)

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -17,7 +18,7 @@ from ...errors import ResourceConfigError, WorkspaceSealedError
 from ...resolver import ResolvedResource, build_pools, resolve
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, Role
-from .setting import AUTO, ENV_VAR, Setting, serving_keys
+from .setting import AUTO, ENV_VAR, Setting, read_setting, serving_keys
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +43,19 @@ class VllmWorkspaces:
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
+        self._loaded_value = os.environ.get(ENV_VAR, "").strip()
+        """The setting's value when the plugin was loaded: an engine started after it changed
+        reads it again."""
+        self.blocked: str | None = None
+        """Why no engine of this process is served (this vLLM lacks a seam), or None."""
+        self._engine: Callable[[], Any] | None = None
+        """The model runner whose profile the workspaces were made at (a weak reference where
+        it takes one): a profile of another starts afresh."""
+        self._start_engine()
+
+    def _start_engine(self) -> None:
+        """The state of one engine, empty: set up at its profile, dropped with its workspaces
+        when another engine of the process profiles."""
         self.pools: dict[str, WorkspacePool] = {}
         self._workspaces: dict[Role, Workspace] = {}
         # By the wrapper's id (a wrapper need not be hashable), with a weak reference to it, so a
@@ -53,10 +67,8 @@ class VllmWorkspaces:
         """The metadata builder whose decode wrappers share the decode int workspace."""
         self.shared_int_wrappers = 0
         """Decode wrappers given the shared int workspace in place of their own."""
-        self.untouched: str | None = None
+        self.untouched: str | None = self.blocked
         """Why vLLM runs as it is (None: the plugin serves it)."""
-        self.reserved = False
-        """Whether the profile's reservation was made (with or without native workspaces)."""
         self.plans: list[BuilderPlans] = []
         """What each of vLLM's FlashInfer metadata builders will plan and run."""
         self.vllm_bytes: int | None = None
@@ -95,6 +107,11 @@ class VllmWorkspaces:
         """The float workspaces' stats, then the int workspaces'."""
         return [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
 
+    def block(self, reason: str) -> None:
+        """Leave every engine of this process as vLLM makes it, for ``reason``."""
+        self.blocked = self.blocked or reason
+        self.leave_untouched(reason)
+
     def leave_untouched(self, reason: str) -> None:
         if self.untouched is None and not self.serving:
             self.untouched = reason
@@ -107,9 +124,17 @@ class VllmWorkspaces:
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
         """Make the workspaces vLLM's native wrappers will take, and vLLM's TRT-LLM workspace
-        where a phase runs TRT-LLM's kernels, once per process, before vLLM sizes its KV cache;
-        on a model this plugin does not serve, log why and leave vLLM as it is."""
-        if self.reserved or self.untouched is not None:
+        where a phase runs TRT-LLM's kernels, once an engine, before vLLM sizes its KV cache;
+        on a model this plugin does not serve, log why and leave vLLM as it is. Another engine
+        of the process (``runner``, profiling after the last one's) starts afresh: the last
+        one's workspaces are let go, and a setting changed since the plugin was loaded is read
+        again (unset: that engine runs as vLLM makes it)."""
+        if self._engine is not None:
+            if self._engine() is runner:
+                return
+            self._start_engine()
+        self._engine = _reference(runner)
+        if self.untouched is not None or not self._read_setting_again():
             return
         config, device = runner.vllm_config, runner.device
         try:
@@ -141,8 +166,26 @@ class VllmWorkspaces:
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
             self._keys[role] = (record.path, cg_slot)
-        self.reserved = True
         self._log_reserved(keys, vllm_how)
+
+    def _read_setting_again(self) -> bool:
+        """Whether this engine is served: the setting as the plugin was loaded, or as it is now
+        where it has changed since."""
+        value = os.environ.get(ENV_VAR, "").strip()
+        if value == self._loaded_value:
+            return True
+        try:
+            setting = read_setting()
+        except ResourceConfigError as error:
+            self.leave_untouched(f"it cannot read the setting as this engine starts: {error}")
+            return False
+        if setting is None:
+            self.untouched = f"{ENV_VAR} is unset as this engine starts"
+            logger.info("mstar-resources: %s: vLLM keeps its own FlashInfer workspace",
+                        self.untouched)  # fmt: skip
+            return False
+        self.setting = setting
+        return True
 
     def _measure(
         self, config: Any, device: torch.device, roles: Sequence[Role]
@@ -355,6 +398,15 @@ class VllmWorkspaces:
             ),
             "provenance": dict(self.provenance),
         }
+
+
+def _reference(runner: Any) -> Callable[[], Any]:
+    """A weak reference to ``runner`` where it takes one (a runner vLLM drops is not kept alive,
+    nor its engine's memory), else a strong one."""
+    try:
+        return weakref.ref(runner)
+    except TypeError:
+        return lambda: runner
 
 
 def _made_after_kv_sizing(runner: Any) -> bool:
