@@ -4,8 +4,7 @@ keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, sta
 Each run is composed first with Hydra's Compose API, on the search path ``@hydra.main`` builds, so
 that a compose error is an exception to explain (``hydra_errors.py``). A ``compose_once`` app (its
 configs set no log files and no output folders) runs on that config; a run with a flag (``--help``,
-``--cfg job``), and any other app, go on to ``@hydra.main``.
-"""
+``--cfg job``), and any other app, go on to ``@hydra.main``."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import functools
 import importlib.metadata
 import inspect
 import os
-import posixpath
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -306,10 +304,9 @@ class _Line:
                 return (f"{group}={text} is read as {read_as}, not as the name {text!r} of the "
                         f"{group} there is; quote it: {group}='{text}' (in a shell, "
                         f"\"{group}='{text}'\")")  # fmt: skip
-            if not isinstance(value, str):
-                return not_a_choice(group, text, options)
-            if value in (".", "..") or posixpath.basename(value) != value:
-                return not_a_choice(group, text, options, f": {group}= takes a name, not a path")
+            if not isinstance(value, str) or value in (".", "..") or "/" in value:
+                why = f": {group}= takes a name, not a path" if isinstance(value, str) else ""
+                return not_a_choice(group, text, options, why)
         return None
 
     def app_settings_in_deployment(self, settings: type | None) -> str | None:
@@ -358,7 +355,7 @@ class _Line:
             # ``error.object`` is the chunk of the file that Hydra's reader was decoding.
             found = [p for p in sorted(self.folder.rglob("*.yaml")) if error.object
                      and bytes(error.object) in p.read_bytes()]  # fmt: skip
-            return hydra_errors.not_utf8(found[0]) if found else None
+            return hydra_errors.not_utf8(found[0], error) if found else None
         if given := self.line.config_name:  # not the other apps' configs, nor the settings'
             mine = {p.stem for p in self.folder.glob("*.yaml")} if self.folder else set()
             configs = [c for c in self.options("") if c == self.config_name or c in mine]
@@ -370,15 +367,14 @@ class _Line:
             return self.list_index_problem()
         filename = str(error.filename) if isinstance(error, OSError) and error.filename else ""
         for override in self.overrides if filename else []:
+            # Hydra looks a key up as a config group on disk first, and a group's value as a file.
             key, value = override.key_or_group, override.value()
             if isinstance(value, str) and len(value) > 80 and value in filename:
-                # Hydra looked the value up as a file of the config group: too long for one.
                 shown = f"{value[:80]}... ({len(value):,} characters)"
                 why = ": no option has so long a name"
                 return not_a_choice(key, shown, self.options(key), why, closest=False)
             if key in filename:
-                # Hydra looks a key up as a config group on disk first; no setting is that long.
-                shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key)} characters)"
+                shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key):,} characters)"
                 return f"{shown} is not a setting: no setting or config group has so long a name"
         return None
 

@@ -1,14 +1,11 @@
 """Hydra's, OmegaConf's and PyYAML's compose errors as one sentence, built from the exceptions'
 fields (the full key, the value, the node it was meant for, a group's options): the setting, the
-bad value, what it takes and the closest valid name, never Hydra's advice to append with ``+``.
-"""
+bad value, what it takes and the closest valid name, never Hydra's advice to append with ``+``."""
 
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 import re
-from enum import Enum
 from pathlib import Path
 
 import yaml
@@ -39,7 +36,7 @@ def explain(error: BaseException, deployment_file: Path | None = None) -> str:
     """``error``, raised while composing a config, as one paragraph that names the setting;
     ``deployment_file``, the file of the deployment the line picks, where there is one."""
     if isinstance(error, MissingConfigException) and error.options is not None:
-        group, name = posixpath.split(error.missing_cfg_file or "")
+        group, _, name = (error.missing_cfg_file or "").rpartition("/")
         return not_a_choice(group, name, list(error.options))
     if isinstance(error, OverrideParseException):
         text = f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
@@ -112,17 +109,14 @@ def not_yaml(error: yaml.YAMLError) -> str:
             "fix the file there")  # fmt: skip
 
 
-def not_utf8(path: Path) -> str | None:
-    """Config file ``path``, where it is not UTF-8 text (Hydra reads its configs as UTF-8), with
-    the byte and line; None where it is."""
+def not_utf8(path: Path, error: UnicodeDecodeError) -> str:
+    """Config file ``path``, which Hydra's reader could not decode as UTF-8 (``error.object``, the
+    chunk it was decoding, is in the file): the byte and its line."""
     data = path.read_bytes()
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        return (f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} "
-                f"({error.reason}); save the file as UTF-8")  # fmt: skip
-    return None
+    at = data.find(bytes(error.object)) + error.start
+    line = data.count(b"\n", 0, at) + 1
+    return (f"{path} is not UTF-8 text: byte 0x{data[at]:02x} at line {line} ({error.reason}); "
+            "save the file as UTF-8")  # fmt: skip
 
 
 def _unknown_key(error: OmegaConfBaseException, deployment_file: Path | None) -> str:
@@ -159,15 +153,12 @@ def _bad_value(error: ValidationError) -> str:
         parent = OmegaConf.select(parent, "..")
     schema = OmegaConf.get_type(parent) if isinstance(parent, DictConfig) else None
     fields = dataclasses.fields(schema) if dataclasses.is_dataclass(schema) else ()
-    said = [limits.expects(f) for f in fields if f.name == setting.rpartition(".")[2]]
+    said = next((limits.expects(f) for f in fields if f.name == setting.rpartition(".")[2]), None)
     child = error.child_node
-    if said and said[0] is not None:
-        takes = said[0]
-    elif isinstance(child, EnumNode) and issubclass(child.enum_type, Enum):
-        takes = "one of " + ", ".join(member.name for member in child.enum_type)
-    else:
-        found = (text for node_type, text in NODE_EXPECTS.items() if isinstance(child, node_type))
-        takes = next(found, None) or _paragraph(error.msg or str(error))
+    if said is None and isinstance(child, EnumNode):
+        said = "one of " + ", ".join(member.name for member in child.enum_type)
+    found = (text for node_type, text in NODE_EXPECTS.items() if isinstance(child, node_type))
+    takes = said or next(found, None) or _paragraph(error.msg or str(error))
     return f"{error.full_key}={error.value!r} is not valid; {setting} takes {takes}"
 
 
