@@ -105,12 +105,8 @@ def _patch_backend(workspaces: VllmWorkspaces, module: ModuleType) -> None:
     builder._get_decode_wrapper = built_as("decode", builder._get_decode_wrapper)
     if hasattr(builder, "_get_cascade_wrapper"):  # 0.26: a cascade plan is a prefill plan
         builder._get_cascade_wrapper = built_as("prefill", builder._get_cascade_wrapper)
-    fast_plan_decode = module.fast_plan_decode
-
-    @functools.wraps(fast_plan_decode)
-    def planned_decode(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
-        return workspaces.plan_decode(fast_plan_decode, wrapper, *args, **kwargs)
-
+    # A partial, not a function around it: no frame of Python's between vLLM's call and the plan.
+    planned_decode = functools.partial(workspaces.plan_decode, module.fast_plan_decode)
     setattr(module, "fast_plan_decode", planned_decode)  # noqa: B010 (a module, typed as such)
 
 
@@ -197,7 +193,8 @@ def version_problem(version: str | None) -> str | None:
 def register() -> None:
     """vLLM's entry point (``vllm.general_plugins``): in every vLLM process, read the setting and,
     where it is set and this vLLM is one the seams were read in, patch them as their modules are
-    imported. Once per process; without the setting it does nothing at all."""
+    imported. Once per process (each engine's workspaces are made at its profile); without the
+    setting it does nothing at all."""
     global _active
     from .setting import read_setting
 
