@@ -100,6 +100,8 @@ class IntWorkspace:
         """One per group of :data:`PLANS_PER_EVENT` plans still to be found run, in turn."""
         self._confirmed = -1
         """The last group of plans whose copies were found run."""
+        self._device_index = tensor.device.index
+        """The GPU of the buffer, which growth never moves it from."""
         self._stream: tuple[int, torch.cuda.Stream | None] = (-1, None)
         """The stream of the last plan, by its raw handle (``torch.cuda.current_stream`` costs
         several us a call)."""
@@ -156,7 +158,7 @@ class IntWorkspace:
         plans = self._plans
         events = self._events
         if events is not None:
-            handle = torch._C._cuda_getCurrentRawStream(self.tensor.device.index)
+            handle = torch._C._cuda_getCurrentRawStream(self._device_index)
             if handle != self._stream[0]:
                 self._follow_stream(handle)
             group = (plans - PINNED_MIRRORS) // PLANS_PER_EVENT
