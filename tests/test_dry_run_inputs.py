@@ -96,6 +96,12 @@ def test_a_calibration_that_no_longer_matches_its_record_is_flagged_naming_the_f
                      "resources.attn.decode.cg_slots.x=1 is not a setting: "
                      "resources.attn.decode.cg_slots is a list, whose items are set by position",
                      id="a-list-item-by-name"),
+        pytest.param(["deployment=none", "calibration=5"], {},
+                     "calibration=5 is not valid; calibration takes a calibration profile",
+                     id="a-profile-that-is-no-mapping"),
+        pytest.param([CAL, "calibrated=5"], {},
+                     "calibrated=5 is not valid; calibrated takes what calibration measured",
+                     id="a-record-that-is-no-mapping"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_paragraph_naming_it(tmp_path, args, env, named):

@@ -20,11 +20,11 @@ from omegaconf import DictConfig
 
 from .._internal.devices import cuda_device, is_cuda_device
 from .._internal.table import format_table
-from ..calibration.profile import PROFILE_KEY, load_profile
+from ..calibration.profile import load_profile
 from ..calibration.record import (
-    RECORD_KEY,
     CalibratedFloor,
     calibrated_floors,
+    calibration_nodes,
     check_calibration,
     record_differences,
 )
@@ -92,7 +92,7 @@ def _check_calibration_inputs(
     calibrated deployment still composes the profile and resources it was measured with (else
     a warning on stderr naming each field that differs; the GPU's identity is compared where
     pools are built on one). Returns the floors that are calibration's, by path."""
-    profile, record = cfg.get(PROFILE_KEY), cfg.get(RECORD_KEY)
+    profile, record = calibration_nodes(cfg)
     if profile is not None:
         load_profile(profile)
     differences = record_differences(record, profile, records)

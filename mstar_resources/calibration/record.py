@@ -43,6 +43,7 @@ __all__ = [
     "StaleCalibration",
     "calibrated_floors",
     "calibration_inputs",
+    "calibration_nodes",
     "check_calibration",
     "declared_mb_for",
     "record_differences",
@@ -263,6 +264,21 @@ def stale_calibration(
     )
 
 
+def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
+    """The calibration profile (``calibration``) and record (``calibrated``) of the composed
+    ``cfg``, None where it has none; :class:`ResourceConfigError` where one is no mapping (a
+    value set on the command line, ``calibrated=5``)."""
+    found = []
+    takes = {PROFILE_KEY: "a calibration profile (model, limits, plans)",
+             RECORD_KEY: "what calibration measured (its needs and margin)"}  # fmt: skip
+    for key, what in takes.items():
+        node = cfg.get(key)
+        if node is not None and not isinstance(node, DictConfig | Mapping):
+            raise ResourceConfigError(f"{key}={node!r} is not valid; {key} takes {what}")
+        found.append(node)
+    return found[0], found[1]
+
+
 def check_calibration(
     cfg: DictConfig, device: Device | str, *, resolved: Sequence[Declared] | None = None
 ) -> StaleCalibration | None:
@@ -274,7 +290,8 @@ def check_calibration(
     caller has it (else it is resolved here)."""
     import torch
 
-    if cfg.get(RECORD_KEY) is None or cfg.get(PROFILE_KEY) is None:
+    profile, record = calibration_nodes(cfg)
+    if record is None or profile is None:
         return None  # not calibrated: nothing to hold, on any device
     device = torch.device(device)
     if device.type != "cuda":
@@ -285,7 +302,7 @@ def check_calibration(
         )
     if resolved is None:
         resolved = resolve(cfg.get(RESOURCES_KEY) or {})
-    return warn_if_stale(cfg.get(RECORD_KEY), cfg.get(PROFILE_KEY), resolved, device)
+    return warn_if_stale(record, profile, resolved, device)
 
 
 def warn_if_stale(
