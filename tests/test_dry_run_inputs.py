@@ -102,6 +102,9 @@ def test_a_calibration_that_no_longer_matches_its_record_is_flagged_naming_the_f
         pytest.param([CAL, "calibrated=5"], {},
                      "calibrated=5 is not valid; calibrated takes what calibration measured",
                      id="a-record-that-is-no-mapping"),
+        pytest.param(["+deployment@foo=llama3-8b-h200"], {},
+                     "moves a config group to another package, which no setting here takes; "
+                     "set deployment=llama3-8b-h200", id="a-group-moved-to-a-package"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_paragraph_naming_it(tmp_path, args, env, named):

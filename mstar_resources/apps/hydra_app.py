@@ -276,6 +276,10 @@ class _Line:
                         f"once; give {key} one value and run {prog} once per value, or write a "
                         f"list as {key}=[a,b] and a string with commas quoted, "
                         f"{key}='a,b'")  # fmt: skip
+            if override.package is not None:  # Hydra's advice would be to append, with +
+                value = override.get_value_string()
+                return (f"{override.input_line} moves a config group to another package, which "
+                        f"no setting here takes; set {key}={value}")  # fmt: skip
             if compose_once and key.startswith("hydra/"):
                 return (f"{override.input_line} is not supported: {prog} runs without Hydra's job "
                         "set-up (no log files, no output folders), so Hydra's own config groups "
