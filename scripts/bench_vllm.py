@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_proof import DEPTHS, Case, digest, kv_count, launch, launch_in_turn
+from vllm_proof import DEPTHS, Case, digest, kv_count, launch, launch_in_turn, write_summary
 
 from _args import positive_int, run_main
 
@@ -165,14 +164,6 @@ def _plan_clock(sides: dict[str, list[dict[str, Any]]]) -> tuple[str, str, str]:
     )
 
 
-def _keep(results: dict[str, dict[str, Any]], found: dict[str, dict[str, Any]], out: Path) -> None:
-    """Add ``found`` to ``results``, tokens as their digest, and write them all down."""
-    for name, result in found.items():
-        result["digest"] = digest(result.pop("tokens")) if result.get("tokens") else None
-        results[name] = result
-    (out / "bench_vllm.json").write_text(json.dumps(results, indent=1))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     depths = sorted(int(name.split("-")[-1].removesuffix("l")) for name in DEPTHS)
@@ -222,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + args.budget
     results: dict[str, dict[str, Any]] = {}
+    summary = args.out / "bench_vllm.json"
     # Every run on the GPU's own NUMA node: the host's placement is the same both ways.
     cpus = gpu_local_cpus()
     print(f"runs pinned to CPUs {sorted(cpus)}" if cpus else "runs not pinned", flush=True)
@@ -234,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{config.name}: left out, {left:.0f} s of the budget left", flush=True)
                 continue
             found = launch_in_turn(timed, args.out, args.models, left, cpus)
-            _keep(results, found, args.out)
+            results.update(found)
+            write_summary(results, summary)
             mine = [case for case in mine if case.plan_parts]
         for case in mine:
             left = deadline - time.perf_counter()
@@ -242,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
                 continue
             result = launch(case, args.out, args.models, min(args.timeout, left), cpus)
-            _keep(results, {case.name: result}, args.out)
+            results[case.name] = result
+            write_summary(results, summary)
     print(table(configs, results))
     print("\n".join(parts_lines(configs, results)))
     return 0 if all(r.get("ok") for r in results.values()) and results else 1

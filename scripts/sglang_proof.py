@@ -28,12 +28,10 @@ error that ended a run that failed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -44,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(ROOT))
 
+import vllm_proof  # noqa: E402
 from vllm_proof import INIT_STD, MAX_OUTPUT, TRACE, VOCAB, digest  # noqa: E402
 
 from mstar_resources.replay.trace_file import read_trace  # noqa: E402
@@ -312,8 +311,9 @@ def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any
     setting = str(case.calibration.path(out).resolve()) if case.plugin else None
     command = [sys.executable, __file__, "--run", json.dumps(asdict(case)), "--result",
                str(result_path), "--models", str(models)]  # fmt: skip
-    lines, wall_s, status = _process(command, _environment(setting),
-                                     result_path.with_suffix(".log"), timeout)  # fmt: skip
+    log = result_path.with_suffix(".log")
+    env = _environment(setting)
+    lines, wall_s, status = vllm_proof.run_logged(command, env, log, timeout, cwd=ROOT)
     result: dict[str, Any] = {"ok": False, "error": _ended(status, timeout)}
     if result_path.exists():
         result = json.loads(result_path.read_text())
@@ -334,7 +334,8 @@ def calibrate(calibration: Calibration, out: Path, timeout: float) -> dict[str, 
                *calibration.settings(out)]  # fmt: skip
     log = out / f"{calibration.name.replace('/', '-')}.log"
     path.unlink(missing_ok=True)  # a file of an earlier run is not this one's
-    lines, wall_s, status = _process(command, _environment(None), log, timeout)
+    env = _environment(None)
+    lines, wall_s, status = vllm_proof.run_logged(command, env, log, timeout, cwd=ROOT)
     result: dict[str, Any] = {"ok": status == 0 and path.exists(), "path": str(path),
                               "wall_s": wall_s, "log_tail": lines[-30:]}  # fmt: skip
     if result["ok"]:
@@ -362,20 +363,6 @@ def _environment(setting: str | None) -> dict[str, str]:
         env[PLUGIN_SETTING] = setting
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(SCRIPTS)) if p)
     return env
-
-
-def _process(
-    command: list[str], env: dict[str, str], log_path: Path, timeout: float
-) -> tuple[list[str], float, int | None]:
-    """``command`` in a process of its own, from the checkout: its log's lines, seconds, and its
-    exit status (None: it ran past ``timeout`` and was killed)."""
-    begin = time.perf_counter()
-    status: int | None = None
-    with log_path.open("w") as log, contextlib.suppress(subprocess.TimeoutExpired):
-        status = subprocess.run(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout).returncode  # fmt: skip
-    lines = log_path.read_text(errors="replace").splitlines()
-    return lines, round(time.perf_counter() - begin, 1), status
 
 
 def _ended(status: int | None, timeout: float) -> str:
@@ -523,22 +510,13 @@ def main() -> None:
             results[step.name] = {"ok": False, "error": f"no {step.calibration.name} file"}
         else:
             results[step.name] = launch(step, args.out, args.models, timeout)
-        _write(results, args.out)
+        vllm_proof.write_summary(results, args.out / "sglang_proof.json")
     for name, r in results.items():
         if name.startswith("calibrate/") and r.get("ok"):
             print(f"{name}: {r['path']}: declared_mb {r['declared_mb']}")
     print(table(results))
     print("\n".join(kv_cost(results)))
     print(f"wrote {args.out / 'sglang_proof.json'}")
-
-
-def _write(results: dict[str, dict[str, Any]], out: Path) -> None:
-    summary = {
-        name: {k: v for k, v in r.items() if k != "tokens"}
-        | {"digest": digest(r["tokens"]) if r.get("tokens") else None}
-        for name, r in results.items()
-    }
-    (out / "sglang_proof.json").write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -566,8 +566,9 @@ def launch(
     tail of its log."""
     result_path = out / f"{case.name.replace('/', '-')}.json"
     env = _environment(case, case.plugin)
-    command = ["--run", json.dumps(asdict(case)), "--result", str(result_path)]
-    lines, wall_s = _process(command, env, models, result_path, timeout, cpus)
+    arguments = ["--run", json.dumps(asdict(case)), "--result", str(result_path)]
+    command = _this_script(arguments, models)
+    lines, wall_s, _ = run_logged(command, env, result_path.with_suffix(".log"), timeout, cpus)
     result: dict[str, Any] = {"ok": False, "error": f"no result within {timeout:.0f} s"}
     if result_path.exists():
         result = json.loads(result_path.read_text())
@@ -584,8 +585,9 @@ def launch_in_turn(
     first's); each one's result. A case the process did not reach has none."""
     result_path = out / f"{cases[0].name.split('/')[0]}-in-turn.json"
     env = _environment(cases[0], AUTO_SETTING)
-    command = ["--in-turn", json.dumps([asdict(c) for c in cases]), "--result", str(result_path)]
-    lines, wall_s = _process(command, env, models, result_path, timeout, cpus)
+    arguments = ["--in-turn", json.dumps([asdict(c) for c in cases]), "--result", str(result_path)]
+    command = _this_script(arguments, models)
+    lines, wall_s, _ = run_logged(command, env, result_path.with_suffix(".log"), timeout, cpus)
     results = json.loads(result_path.read_text()) if result_path.exists() else {}
     for name, result in results.items():
         print(f"{name}: {'ok' if result['ok'] else result['error'][:300]}", flush=True)
@@ -609,20 +611,26 @@ def _environment(case: Case, setting: str | None) -> dict[str, str]:
     return env
 
 
-def _process(
-    arguments: list[str], env: dict[str, str], models: Path, result_path: Path, timeout: float,
-    cpus: set[int] | None,
-) -> tuple[list[str], float]:  # fmt: skip
-    """This script with ``arguments`` in a process of its own; its log's lines, and seconds."""
-    log_path = result_path.with_suffix(".log")
-    command = [sys.executable, __file__, *arguments, "--models", str(models)]
+def run_logged(
+    command: list[str], env: dict[str, str], log_path: Path, timeout: float,
+    cpus: set[int] | None = None, cwd: Path | None = None,
+) -> tuple[list[str], float, int | None]:  # fmt: skip
+    """``command`` in a process of its own (on ``cpus`` only, where given; in ``cwd``), its
+    output in ``log_path``: the log's lines, seconds, and its exit status (None: it ran past
+    ``timeout`` and was killed)."""
     begin = time.perf_counter()
+    status: int | None = None
     with log_path.open("w") as log, contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+        status = subprocess.run(
+            command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
             preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus),
-        )  # fmt: skip
-    return log_path.read_text(errors="replace").splitlines(), round(time.perf_counter() - begin, 1)
+        ).returncode  # fmt: skip
+    lines = log_path.read_text(errors="replace").splitlines()
+    return lines, round(time.perf_counter() - begin, 1), status
+
+
+def _this_script(arguments: list[str], models: Path) -> list[str]:
+    return [sys.executable, __file__, *arguments, "--models", str(models)]
 
 
 def _from_log(lines: list[str]) -> dict[str, Any]:
@@ -774,7 +782,7 @@ def main() -> None:
             left = deadline - time.perf_counter()
             if left >= 60:
                 results[file.name] = launch(file, args.out, args.models, min(args.timeout, left))
-        _write(results, args.out)
+        write_summary(results, args.out / "vllm_proof.json")
     print(table(results))
     print("\n".join(kv_cost(results)))
     shapes = [results.get(f"{s}/vllm", {}).get("tokens") for s in SHAPES]
@@ -797,13 +805,14 @@ def _crash_raised(results: dict[str, dict[str, Any]], args: argparse.Namespace,
     results[raised.name]["buffer_bytes"] = one_buffer
 
 
-def _write(results: dict[str, dict[str, Any]], out: Path) -> None:
+def write_summary(results: dict[str, dict[str, Any]], path: Path) -> None:
+    """``results`` as JSON in ``path``, each run's tokens as their digest."""
     summary = {
         name: {k: v for k, v in r.items() if k != "tokens"}
         | {"digest": digest(r["tokens"]) if r.get("tokens") else None}
         for name, r in results.items()
     }
-    (out / "vllm_proof.json").write_text(json.dumps(summary, indent=1))
+    path.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
