@@ -5,35 +5,12 @@ whether every run generated the same tokens."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
-from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-SCRIPT = SCRIPTS / "bench_vllm.py"
-
-
-def _bench():
-    sys.path.insert(0, str(SCRIPTS))  # as running the script puts its folder first
-    try:
-        spec = importlib.util.spec_from_file_location("bench_vllm", SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["bench_vllm"] = module
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(SCRIPTS))
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
-    )
+from tests.scripts import load_script, run_script
 
 
 def test_the_dry_run_lists_the_runs_abba_per_configuration():
-    done = _run("--dry-run", "--rounds", "3")
+    done = run_script("bench_vllm", "--dry-run", "--rounds", "3")
     assert done.returncode == 0, done.stderr
     names = [line.split(":")[0] for line in done.stdout.splitlines() if line.startswith("L")]
     groups = ["L3-S256", "L3-S512", "L16-S256", "L16-S512"]
@@ -45,13 +22,13 @@ def test_the_dry_run_lists_the_runs_abba_per_configuration():
 def test_bad_arguments_exit_2_naming_the_option():
     for args, option in ((["--rounds", "0"], "--rounds"), (["--depths", "4"], "--depths"),
                          (["--max-num-seqs", "-1"], "--max-num-seqs")):  # fmt: skip
-        done = _run("--dry-run", *args)
+        done = run_script("bench_vllm", "--dry-run", *args)
         assert done.returncode == 2 and option in done.stderr, (args, done.stderr)
 
 
 def test_without_vllm_it_refuses_to_run():
     if importlib.util.find_spec("vllm") is None:
-        done = _run("--rounds", "1", "--depths", "3", "--max-num-seqs", "8")
+        done = run_script("bench_vllm", "--rounds", "1", "--depths", "3", "--max-num-seqs", "8")
         assert done.returncode == 2 and "vLLM is not installed" in done.stderr
 
 
@@ -61,7 +38,7 @@ def _result(seconds: float, digest: str, kv: int) -> dict:
 
 
 def test_the_table_gives_medians_their_ratio_and_the_tokens():
-    bench = _bench()
+    bench = load_script("bench_vllm")
     configs = [bench.Config(3, 256), bench.Config(16, 512)]
     results = {
         "L3-S256/vllm-0": _result(1.0, "aa", 1000), "L3-S256/plugin-0": _result(1.2, "aa", 990),
@@ -87,7 +64,7 @@ def _clocked(seconds: float, inner_us: float, added_us: float, share: float) -> 
 
 
 def test_the_table_gives_the_decode_plans_clock_both_ways():
-    bench = _bench()
+    bench = load_script("bench_vllm")
     results = {
         "L3-S256/vllm-0": _clocked(1.0, 60.0, 0.4, 0.0001),
         "L3-S256/vllm-1": _clocked(1.0, 70.0, 0.6, 0.0001),
@@ -100,7 +77,7 @@ def test_the_table_gives_the_decode_plans_clock_both_ways():
 
 
 def test_parts_runs_follow_each_configuration_and_their_layers_are_listed():
-    bench = _bench()
+    bench = load_script("bench_vllm")
     configs = [bench.Config(3, 256), bench.Config(16, 512)]
     names = [case.name for _, case in bench.order(configs, 2, parts=True)]
     runs = ("vllm-0", "plugin-0", "plugin-1", "vllm-1", "parts-0")
@@ -119,6 +96,6 @@ def test_parts_runs_follow_each_configuration_and_their_layers_are_listed():
 
 
 def test_cpu_lists_read_as_linux_writes_them():
-    bench = _bench()
+    bench = load_script("bench_vllm")
     assert bench.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
     assert bench.parse_cpu_list("") == set()

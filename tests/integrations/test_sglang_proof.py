@@ -5,38 +5,16 @@ group and reads SGLang's KV-pool line, the workspace bytes and the plugin's repo
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-SCRIPT = SCRIPTS / "sglang_proof.py"
-
-
-def _proof():
-    sys.path.insert(0, str(SCRIPTS))  # as running the script puts its folder first
-    try:
-        spec = importlib.util.spec_from_file_location("sglang_proof", SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["sglang_proof"] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(SCRIPTS))
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
-    )
+from tests.scripts import load_script, run_script
 
 
 def test_the_dry_run_calibrates_before_the_first_run_of_its_limits_and_starts_none(tmp_path):
     out = tmp_path / "out"
-    done = _run("--dry-run", "--out", str(out))
+    done = run_script("sglang_proof", "--dry-run", "--out", str(out))
     assert done.returncode == 0, done.stderr
     steps = {line.split(":")[0]: line for line in done.stdout.splitlines()}
     assert list(steps) == [
@@ -68,7 +46,7 @@ def test_the_dry_run_calibrates_before_the_first_run_of_its_limits_and_starts_no
 
 
 def test_sides_and_cases_keep_only_the_named_runs_and_their_calibration():
-    done = _run("--dry-run", "--cases", "qwen3", "--sides", "plugin")
+    done = run_script("sglang_proof", "--dry-run", "--cases", "qwen3", "--sides", "plugin")
     assert done.returncode == 0, done.stderr
     assert [line.split(":")[0] for line in done.stdout.splitlines()] == [
         "calibrate/128",
@@ -80,7 +58,7 @@ def test_sides_and_cases_keep_only_the_named_runs_and_their_calibration():
     "args", [("--cases", "llama3-70b"), ("--sides", "vllm")], ids=["case", "side"]
 )
 def test_an_unknown_choice_ends_with_argparses_status_2(args):
-    done = _run("--dry-run", *args)
+    done = run_script("sglang_proof", "--dry-run", *args)
     assert done.returncode == 2
     assert args[1] in done.stderr
 
@@ -88,7 +66,7 @@ def test_an_unknown_choice_ends_with_argparses_status_2(args):
 def test_without_sglang_it_runs_nothing_and_ends_with_status_2(tmp_path):
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed here")
-    done = _run("--cases", "llama", "--out", str(tmp_path / "out"))
+    done = run_script("sglang_proof", "--cases", "llama", "--out", str(tmp_path / "out"))
     assert done.returncode == 2
     assert "SGLang is not installed here" in done.stderr
     assert not (tmp_path / "out").exists()
@@ -98,7 +76,7 @@ KV = "[2026-12-02 09:11:53] KV Cache is allocated. dtype: torch.bfloat16, #token
 
 
 def test_the_table_compares_tokens_in_a_group_and_reads_kv_tokens_and_workspaces():
-    proof = _proof()
+    proof = load_script("sglang_proof")
     same, other = [[1, 2], [3]], [[1, 2], [4]]
     report = {"workspace_bytes": 23 << 20, "growths": 0, "sealed_overflows": 0, "untouched": None}
     results = {
@@ -132,7 +110,7 @@ def test_the_table_compares_tokens_in_a_group_and_reads_kv_tokens_and_workspaces
 def test_a_plugin_that_served_is_read_from_its_lines_where_the_hook_did_not_run():
     """A run whose scheduler stopped before the hook (a capture that failed): the bytes come from
     the lines the plugin logged when it reserved the workspaces."""
-    proof = _proof()
+    proof = load_script("sglang_proof")
     lines = [
         "[2026-12-02 09:11:52] mstar-resources: attention:prefill: 18,874,368 bytes for SGLang's "
         "FlashInfer prefill wrappers (floor from declared_mb), before SGLang sizes its KV pool",
@@ -149,7 +127,7 @@ def test_a_plugin_that_served_is_read_from_its_lines_where_the_hook_did_not_run(
 
 
 def test_the_hooks_line_is_read_back_as_json():
-    proof = _proof()
+    proof = load_script("sglang_proof")
     found = proof.from_log(
         ["noise", proof.HOOK_MARK + ' {"flashinfer_workspace_bytes": 536870912, "plugin": null}']
     )
@@ -158,7 +136,7 @@ def test_the_hooks_line_is_read_back_as_json():
 
 
 def test_a_calibrated_files_floors_are_read_by_resource():
-    proof = _proof()
+    proof = load_script("sglang_proof")
     text = (Path(__file__).resolve().parents[2] / "conf" / "deployment"
             / "llama3-8b-h200_calibrated.yaml").read_text()  # fmt: skip
     assert proof.declared_mb(text) == {"prefill": 17, "decode": 3}

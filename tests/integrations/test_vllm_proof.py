@@ -4,32 +4,14 @@ as argparse ends it, and its table compares each run's tokens with the other run
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "vllm_proof.py"
-
-
-def _proof():
-    spec = importlib.util.spec_from_file_location("vllm_proof", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("vllm_proof", module)  # its dataclasses look their module up
-    spec.loader.exec_module(sys.modules["vllm_proof"])
-    return sys.modules["vllm_proof"]
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
-    )
+from tests.scripts import load_script, run_script
 
 
 def test_the_dry_run_lists_every_run_with_its_trace_slice_and_starts_none(tmp_path):
-    done = _run("--dry-run", "--out", str(tmp_path / "out"))
+    done = run_script("vllm_proof", "--dry-run", "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     runs = {line.split(":")[0]: line for line in done.stdout.splitlines()}
     assert list(runs) == [
@@ -49,13 +31,15 @@ def test_the_dry_run_lists_every_run_with_its_trace_slice_and_starts_none(tmp_pa
 
 
 def test_sides_keep_only_the_named_runs_of_each_group(tmp_path):
-    done = _run("--dry-run", "--cases", "crash", "llama3-8b-v1", "--sides", "plugin")
+    done = run_script(
+        "vllm_proof", "--dry-run", "--cases", "crash", "llama3-8b-v1", "--sides", "plugin"
+    )
     assert done.returncode == 0, done.stderr
     assert [line.split(":")[0] for line in done.stdout.splitlines()] == [
         "crash/plugin",
         "llama3-8b-v1/plugin",
     ]
-    refused = _run("--dry-run", "--sides", "plugin-file")
+    refused = run_script("vllm_proof", "--dry-run", "--sides", "plugin-file")
     assert refused.returncode == 2
     assert "--sides" in refused.stderr and "'plugin-file'" in refused.stderr
 
@@ -63,20 +47,20 @@ def test_sides_keep_only_the_named_runs_of_each_group(tmp_path):
 def test_without_vllm_it_runs_nothing_and_ends_with_status_2(tmp_path):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
-    done = _run("--cases", "xqa", "--out", str(tmp_path / "out"))
+    done = run_script("vllm_proof", "--cases", "xqa", "--out", str(tmp_path / "out"))
     assert done.returncode == 2
     assert "vLLM is not installed here" in done.stderr
     assert not (tmp_path / "out").exists()
 
 
 def test_an_unknown_case_ends_with_argparses_status_2():
-    done = _run("--cases", "llama3-70b", "--dry-run")
+    done = run_script("vllm_proof", "--cases", "llama3-70b", "--dry-run")
     assert done.returncode == 2
     assert "llama3-70b" in done.stderr
 
 
 def test_the_table_compares_tokens_within_a_group_and_says_what_failed():
-    proof = _proof()
+    proof = load_script("vllm_proof")
     same, other = [[1, 2], [3]], [[1, 2], [4]]
     results = {
         "a/vllm": {"ok": True, "tokens": same, "tokens_out": 3, "workspace_bytes": 10},
@@ -95,7 +79,7 @@ def test_the_table_compares_tokens_within_a_group_and_says_what_failed():
 
 
 def test_an_engine_core_in_its_own_process_is_read_from_the_plugins_lines():
-    proof = _proof()
+    proof = load_script("vllm_proof")
     lines = [
         "(EngineCore pid=9) INFO mstar-resources: vLLM's FlashInfer builder for KV-cache group 0 "
         "(2 layers: 32/8 heads of 128, page 16, KV bfloat16): prefill on flashinfer-native (q "
@@ -121,7 +105,7 @@ def test_an_auto_runs_floors_become_a_deployment_file_the_plugin_reads(tmp_path)
     the plugin composes to the same float floors (the int ones left at the default, as auto's)."""
     from mstar_resources.integrations.vllm.setting import read_setting
 
-    proof = _proof()
+    proof = load_script("vllm_proof")
     auto = {"plugin": {"workspaces": [
         {"name": "attention:prefill", "floor_bytes": 3 << 20},
         {"name": "attention:decode:cg0", "floor_bytes": 106 << 20},
@@ -134,7 +118,7 @@ def test_an_auto_runs_floors_become_a_deployment_file_the_plugin_reads(tmp_path)
 
 
 def test_kv_cost_compares_auto_with_its_floors_as_a_file():
-    proof = _proof()
+    proof = load_script("vllm_proof")
     line = "GPU KV cache size: {:,} tokens"
     results = {
         "crash/plugin": {"kv_line": line.format(7_084_112)},
@@ -148,7 +132,7 @@ def test_kv_cost_compares_auto_with_its_floors_as_a_file():
 
 
 def test_crash_v1_runs_the_crash_configuration_on_vllms_v1_runner():
-    proof = _proof()
+    proof = load_script("vllm_proof")
     vllm, plugin = proof.crash_cases("crash-v1")
     assert (vllm.name, plugin.name) == ("crash-v1/vllm", "crash-v1/plugin")
     assert vllm.env == plugin.env == proof.V1_RUNNER and plugin.max_num_seqs == 512
