@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,31 +85,6 @@ def parts_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> li
                          f"{'; '.join(found)}; a plan adds {clock['added_median_us']} us "
                          "(median) with these timers in")  # fmt: skip
     return lines
-
-
-def gpu_local_cpus() -> set[int] | None:
-    """The CPUs this process may run on that sit on the GPU's NUMA node (its PCI device's
-    ``local_cpulist``), where they can be read; None: no GPU, or none of them allowed here."""
-    try:
-        bus = subprocess.run(
-            ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout.strip()  # fmt: skip
-        domain, rest = bus.lower().split(":", 1)
-        text = Path(f"/sys/bus/pci/devices/{domain[-4:]}:{rest}/local_cpulist").read_text()
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    return (parse_cpu_list(text) & os.sched_getaffinity(0)) or None
-
-
-def parse_cpu_list(text: str) -> set[int]:
-    """Linux's CPU list (``0-7,16-23``) as a set."""
-    found: set[int] = set()
-    for part in text.strip().split(","):
-        if part:
-            first, _, last = part.partition("-")
-            found.update(range(int(first), int(last or first) + 1))
-    return found
 
 
 def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
@@ -214,9 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.perf_counter() + args.budget
     results: dict[str, dict[str, Any]] = {}
     summary = args.out / "bench_vllm.json"
-    # Every run on the GPU's own NUMA node: the host's placement is the same both ways.
-    cpus = gpu_local_cpus()
-    print(f"runs pinned to CPUs {sorted(cpus)}" if cpus else "runs not pinned", flush=True)
     for config in configs:
         mine = [case for c, case in runs if c == config]
         if args.in_turn:
@@ -225,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             if left < 60:
                 print(f"{config.name}: left out, {left:.0f} s of the budget left", flush=True)
                 continue
-            found = launch_in_turn(timed, args.out, args.models, left, cpus)
+            found = launch_in_turn(timed, args.out, args.models, left)
             results.update(found)
             write_summary(results, summary)
             mine = [case for case in mine if case.plan_parts]
@@ -234,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             if left < 60:
                 print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
                 continue
-            result = launch(case, args.out, args.models, min(args.timeout, left), cpus)
+            result = launch(case, args.out, args.models, min(args.timeout, left))
             results[case.name] = result
             write_summary(results, summary)
     print(table(configs, results))

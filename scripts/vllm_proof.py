@@ -499,7 +499,6 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
         "generate_each_s": [round(t, 3) for t in times],
         "decode_plan_clock": clock.report(times[-1]),
         "gc": collections.report(),
-        "cpus": sorted(os.sched_getaffinity(0)),
     }
     from mstar_resources.integrations import vllm as plugin
 
@@ -559,16 +558,13 @@ def _run_here(args: argparse.Namespace) -> None:
 # -- the side-by-side ----------------------------------------------------------------------------
 
 
-def launch(
-    case: Case, out: Path, models: Path, timeout: float, cpus: set[int] | None = None
-) -> dict[str, Any]:
-    """``case`` in a process of its own (on ``cpus`` only, where given); its result, with the
-    tail of its log."""
+def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any]:
+    """``case`` in a process of its own; its result, with the tail of its log."""
     result_path = out / f"{case.name.replace('/', '-')}.json"
     env = _environment(case, case.plugin)
     arguments = ["--run", json.dumps(asdict(case)), "--result", str(result_path)]
     command = _this_script(arguments, models)
-    lines, wall_s, _ = run_logged(command, env, result_path.with_suffix(".log"), timeout, cpus)
+    lines, wall_s, _ = run_logged(command, env, result_path.with_suffix(".log"), timeout)
     result: dict[str, Any] = {"ok": False, "error": f"no result within {timeout:.0f} s"}
     if result_path.exists():
         result = json.loads(result_path.read_text())
@@ -579,7 +575,7 @@ def launch(
 
 
 def launch_in_turn(
-    cases: list[Case], out: Path, models: Path, timeout: float, cpus: set[int] | None = None
+    cases: list[Case], out: Path, models: Path, timeout: float
 ) -> dict[str, dict[str, Any]]:
     """``cases`` one after another in one process (:func:`run_in_turn`; their ``env`` the
     first's); each one's result. A case the process did not reach has none."""
@@ -587,7 +583,7 @@ def launch_in_turn(
     env = _environment(cases[0], AUTO_SETTING)
     arguments = ["--in-turn", json.dumps([asdict(c) for c in cases]), "--result", str(result_path)]
     command = _this_script(arguments, models)
-    lines, wall_s, _ = run_logged(command, env, result_path.with_suffix(".log"), timeout, cpus)
+    lines, wall_s, _ = run_logged(command, env, result_path.with_suffix(".log"), timeout)
     results = json.loads(result_path.read_text()) if result_path.exists() else {}
     for name, result in results.items():
         print(f"{name}: {'ok' if result['ok'] else result['error'][:300]}", flush=True)
@@ -613,18 +609,16 @@ def _environment(case: Case, setting: str | None) -> dict[str, str]:
 
 def run_logged(
     command: list[str], env: dict[str, str], log_path: Path, timeout: float,
-    cpus: set[int] | None = None, cwd: Path | None = None,
+    cwd: Path | None = None,
 ) -> tuple[list[str], float, int | None]:  # fmt: skip
-    """``command`` in a process of its own (on ``cpus`` only, where given; in ``cwd``), its
-    output in ``log_path``: the log's lines, seconds, and its exit status (None: it ran past
-    ``timeout`` and was killed)."""
+    """``command`` in a process of its own (in ``cwd``), its output in ``log_path``: the log's
+    lines, seconds, and its exit status (None: it ran past ``timeout`` and was killed)."""
     begin = time.perf_counter()
     status: int | None = None
     with log_path.open("w") as log, contextlib.suppress(subprocess.TimeoutExpired):
         status = subprocess.run(
-            command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-            preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus),
-        ).returncode  # fmt: skip
+            command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+        ).returncode
     lines = log_path.read_text(errors="replace").splitlines()
     return lines, round(time.perf_counter() - begin, 1), status
 

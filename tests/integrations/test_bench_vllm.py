@@ -93,9 +93,3 @@ def test_parts_runs_follow_each_configuration_and_their_layers_are_listed():
     # a parts run is not one of the plugin's timed runs
     row = bench.table(configs[:1], results).splitlines()[1].split()
     assert row[4] == "0+1"
-
-
-def test_cpu_lists_read_as_linux_writes_them():
-    bench = load_script("bench_vllm")
-    assert bench.parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
-    assert bench.parse_cpu_list("") == set()
