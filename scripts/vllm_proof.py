@@ -436,6 +436,10 @@ class _GcClock:
         self.collections, self.total_ns = 0, 0
 
     def report(self) -> dict[str, Any]:
+        """What it counted, and it stops counting (engines in turn have a clock each)."""
+        import gc
+
+        gc.callbacks.remove(self._callback)
         return {"gc_collections": self.collections, "gc_ms": round(self.total_ns / 1e6, 2)}
 
 
