@@ -40,7 +40,8 @@ ROLE: ContextVar[Role | None] = ContextVar("mstar_resources_vllm_role", default=
 class VllmWorkspaces:
     """The workspaces vLLM's FlashInfer wrappers plan on in one process, and their life: made at
     each engine's memory profile, handed to each wrapper as it is built, sealed before serving,
-    let go when another engine of the process profiles."""
+    let go with the engine (or, where vLLM keeps it, when another engine of the process
+    profiles)."""
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
@@ -56,7 +57,7 @@ class VllmWorkspaces:
 
     def _start_engine(self) -> None:
         """The state of one engine, empty: set up at its profile, dropped with its workspaces
-        when another engine of the process profiles."""
+        as vLLM frees the engine, or when another engine of the process profiles."""
         self.pools: dict[str, WorkspacePool] = {}
         self._workspaces: dict[Role, Workspace] = {}
         # By the wrapper's id (a wrapper need not be hashable), with a weak reference to it, so a
@@ -134,7 +135,7 @@ class VllmWorkspaces:
             if self._engine() is runner:
                 return
             self._start_engine()
-        self._engine = _reference(runner)
+        self._engine = _reference(runner, self._engine_freed)
         if self.untouched is not None or not self._read_setting_again():
             return
         config, device = runner.vllm_config, runner.device
@@ -168,6 +169,14 @@ class VllmWorkspaces:
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
             self._keys[role] = (record.path, cg_slot)
         self._log_reserved(keys, vllm_how)
+
+    def _engine_freed(self, runner: weakref.ref[Any]) -> None:
+        """Let the workspaces go with the engine whose profile made them, as vLLM frees it: its
+        memory is back before another engine of the process measures what is free (vLLM's
+        profile fails where memory is freed while it measures)."""
+        if self._engine is runner:
+            self._engine = None
+            self._start_engine()
 
     def _read_setting_again(self) -> bool:
         """Whether this engine is served: the setting as the plugin was loaded, or as it is now
@@ -414,11 +423,11 @@ class VllmWorkspaces:
         }
 
 
-def _reference(runner: Any) -> Callable[[], Any]:
+def _reference(runner: Any, freed: Callable[[Any], None]) -> Callable[[], Any]:
     """A weak reference to ``runner`` where it takes one (a runner vLLM drops is not kept alive,
-    nor its engine's memory), else a strong one."""
+    nor its engine's memory; ``freed`` is called as it goes), else a strong one."""
     try:
-        return weakref.ref(runner)
+        return weakref.ref(runner, freed)
     except TypeError:
         return lambda: runner
 
