@@ -11,7 +11,8 @@ run is a process of its own with the engine in it (``VLLM_ENABLE_V1_MULTIPROCESS
 the trace's first ``max_num_seqs`` requests that fit (their prompt and output lengths, greedy),
 four times, and is timed by the median of the last three generations (the first warms up). The
 table gives, per configuration, the median generation time both ways and their ratio (the plugin's
-over vLLM's), whether every run generated the same tokens, and vLLM's own count of KV-cache tokens
+over vLLM's), the median of each round's ratio (its two runs back to back, so the host's drift
+cancels), whether every run generated the same tokens, and vLLM's own count of KV-cache tokens
 both ways. It writes ``bench_vllm.json`` (``--out``).
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
@@ -89,9 +91,9 @@ def parts_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> li
 
 def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
     """One row a configuration: medians of the runs that finished, their ratio, the tokens."""
-    head = ("configuration", "runs", "vLLM s", "plugin s", "ratio", "same tokens",
-            "KV tokens vLLM", "KV tokens plugin", "decode plan us", "added us vLLM/plugin",
-            "added of generation")  # fmt: skip
+    head = ("configuration", "runs", "vLLM s", "plugin s", "ratio", "ratio of pairs",
+            "same tokens", "KV tokens vLLM", "KV tokens plugin", "decode plan us vLLM/plugin",
+            "added us vLLM/plugin", "added of generation")  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
     for config in configs:
         sides = {side: [r for n, r in results.items() if n.startswith(f"{config.group}/{side}-")
@@ -106,9 +108,11 @@ def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
                    for r in runs if r.get("tokens") or r.get("digest")}  # fmt: skip
         kv = {side: {n for r in runs if (n := kv_count(r)) is not None}
               for side, runs in sides.items()}  # fmt: skip
+        pairs = pair_ratios(config, results)
         rows.append((
             config.name, f"{len(sides['vllm'])}+{len(sides['plugin'])}",
             *(f"{medians[s]:.3f}" if medians[s] else "-" for s in ("vllm", "plugin")), ratio,
+            f"{statistics.median(pairs):.3f}" if pairs else "-",
             "-" if not digests else "yes" if len(digests) == 1 else "NO",
             *(", ".join(f"{n:,}" for n in sorted(kv[s])) or "-" for s in ("vllm", "plugin")),
             *_plan_clock(sides),
@@ -118,21 +122,38 @@ def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
                      for row in rows)  # fmt: skip
 
 
+def pair_ratios(config: Config, results: dict[str, dict[str, Any]]) -> list[float]:
+    """The plugin's generation time over vLLM's in each round whose two runs both finished: the
+    two ran one right after the other, so a drift of the host's speed over the runs (seen on the
+    H200's host: FlashInfer's own plan 185 to 357 us within one process) cancels in each."""
+    ratios = []
+    for i in itertools.count():
+        a, b = (results.get(f"{config.group}/{side}-{i}") for side in ("vllm", "plugin"))
+        if a is None and b is None:
+            return ratios
+        if a and b and a.get("ok") and b.get("ok"):
+            ratios.append(b["generate_s"] / a["generate_s"])
+    return ratios
+
+
 def _plan_clock(sides: dict[str, list[dict[str, Any]]]) -> tuple[str, str, str]:
-    """Medians of the decode plan's clock (``vllm_proof._PlanClock``): FlashInfer's plan, what
-    the call around it added without the plugin (the clock's own cost) and with it, and the
-    plugin's added time as a share of its generation."""
+    """Medians of the decode plan's clock (``vllm_proof._PlanClock``): FlashInfer's plan without
+    and with the plugin (how fast the host ran each side), what the call around it added without
+    the plugin (the clock's own cost) and with it, and the plugin's added time as a share of its
+    generation."""
 
     def median(side: str, key: str) -> float | None:
         found = [c[key] for r in sides[side] if key in (c := r.get("decode_plan_clock") or {})]
         return statistics.median(found) if found else None
 
-    inner = median("vllm", "flashinfer_plan_us")
-    added = [median(side, "added_median_us") for side in ("vllm", "plugin")]
+    def both(key: str) -> str:
+        found = [median(side, key) for side in ("vllm", "plugin")]
+        return "/".join("-" if a is None else f"{a:.1f}" for a in found)
+
     share = median("plugin", "added_of_generate")
     return (
-        "-" if inner is None else f"{inner:.1f}",
-        "/".join("-" if a is None else f"{a:.1f}" for a in added),
+        both("flashinfer_plan_us"),
+        both("added_median_us"),
         "-" if share is None else f"{share:.2%}",
     )
 

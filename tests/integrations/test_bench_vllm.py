@@ -50,11 +50,26 @@ def test_the_table_gives_medians_their_ratio_and_the_tokens():
     lines = bench.table(configs, results).splitlines()
     rows = {line.split("  ")[0]: line.split() for line in lines}
     small = rows["3 layers, max_num_seqs 256"]
-    # medians 1.1 and 1.1: ratio 1.000; six runs, one digest; KV tokens both ways
-    assert small[4:11] == ["3+3", "1.100", "1.100", "1.000", "yes", "1,000", "990"]
-    assert small[11:] == ["-", "-/-", "-"]  # no clock in these runs
+    # medians 1.1 and 1.1: ratio 1.000; rounds 1.2, 1.0, 0.692; six runs, one digest; KV tokens
+    assert small[4:12] == ["3+3", "1.100", "1.100", "1.000", "1.000", "yes", "1,000", "990"]
+    assert small[12:] == ["-/-", "-/-", "-"]  # no clock in these runs
     large = rows["16 layers, max_num_seqs 512"]
-    assert large[4:9] == ["1+1", "2.000", "2.000", "1.000", "NO"]  # the failed run left out
+    assert large[4:10] == ["1+1", "2.000", "2.000", "1.000", "1.000", "NO"]  # failed: left out
+
+
+def test_each_rounds_ratio_cancels_a_drift_of_the_hosts_speed():
+    """The host twice as slow for the second round, and the plugin's third run alone slow: the
+    ratio of medians says 2.0, the rounds' ratios (1.0, 1.0, 2.0) say 1.0."""
+    bench = load_script("bench_vllm")
+    config = bench.Config(3, 256)
+    times = {"vllm-0": 1.0, "plugin-0": 1.0, "plugin-1": 2.0, "vllm-1": 2.0, "vllm-2": 1.0,
+             "plugin-2": 2.0}  # fmt: skip
+    results = {f"L3-S256/{run}": _result(t, "aa", 1000) for run, t in times.items()}
+    assert bench.pair_ratios(config, results) == [1.0, 1.0, 2.0]
+    row = bench.table([config], results).splitlines()[1].split()
+    assert row[7:9] == ["2.000", "1.000"]
+    results["L3-S256/vllm-1"] = {"ok": False, "error": "Error in memory profiling"}
+    assert bench.pair_ratios(config, results) == [1.0, 2.0]  # a round without its pair: left out
 
 
 def _clocked(seconds: float, inner_us: float, added_us: float, share: float) -> dict:
@@ -72,8 +87,8 @@ def test_the_table_gives_the_decode_plans_clock_both_ways():
         "L3-S256/plugin-1": _clocked(1.0, 65.0, 14.0, 0.004),
     }  # fmt: skip
     row = bench.table([bench.Config(3, 256)], results).splitlines()[1].split()
-    # FlashInfer's plan without the plugin, added time without/with it, the plugin's share
-    assert row[-3:] == ["65.0", "0.5/13.0", "0.30%"]
+    # FlashInfer's plan and the added time without/with the plugin, the plugin's share
+    assert row[-3:] == ["65.0/65.0", "0.5/13.0", "0.30%"]
 
 
 def test_parts_runs_follow_each_configuration_and_their_layers_are_listed():
