@@ -126,7 +126,7 @@ def pair_ratios(config: Config, results: dict[str, dict[str, Any]]) -> list[floa
     """The plugin's generation time over vLLM's in each round whose two runs both finished: the
     two ran one right after the other, so a drift of the host's speed over the runs (seen on the
     H200's host: FlashInfer's own plan 185 to 357 us within one process) cancels in each."""
-    ratios = []
+    ratios: list[float] = []
     for i in itertools.count():
         a, b = (results.get(f"{config.group}/{side}-{i}") for side in ("vllm", "plugin"))
         if a is None and b is None:

@@ -653,6 +653,33 @@ def test_an_engine_started_after_the_setting_is_unset_runs_as_vllm_makes_it(
     assert served.pools == {} and "no-such-deployment" in served.untouched
 
 
+def test_decode_plans_pass_through_the_plugin_only_while_an_engine_is_served(
+    vllm_stand_in, monkeypatch
+):
+    """vLLM's own ``fast_plan_decode`` is in its module until an engine is served, and again once
+    that engine is freed or the next one is left as vLLM makes it: no frame of the plugin's in
+    the plans of an engine it does not serve."""
+    import gc
+
+    own, served = backend.fast_plan_decode, vllm_stand_in.served
+    assert own.__name__ == "<lambda>"  # the stand-in's own
+    runner_type = type(vllm_stand_in.runner)
+    vllm_stand_in.runner.profile_run()
+    planned = backend.fast_plan_decode
+    assert planned.func == served.plan_decode and planned.args == (own,)
+    del vllm_stand_in.runner, vllm_stand_in.worker
+    gc.collect()
+    assert backend.fast_plan_decode is own  # the engine freed
+    monkeypatch.setenv(plugin.ENV_VAR, "")
+    left_as_is = runner_type()
+    left_as_is.profile_run()
+    assert backend.fast_plan_decode is own and served.untouched
+    monkeypatch.setenv(plugin.ENV_VAR, "llama3-8b-h200")
+    again = runner_type()
+    again.profile_run()
+    assert backend.fast_plan_decode.func == served.plan_decode
+
+
 def test_a_vllm_that_lacks_a_seam_leaves_every_later_engine_as_it_is(vllm_stand_in):
     served = vllm_stand_in.served
     served.block("this vLLM lacks FlashInfer's fast_plan_decode")

@@ -105,9 +105,7 @@ def _patch_backend(workspaces: VllmWorkspaces, module: ModuleType) -> None:
     builder._get_decode_wrapper = built_as("decode", builder._get_decode_wrapper)
     if hasattr(builder, "_get_cascade_wrapper"):  # 0.26: a cascade plan is a prefill plan
         builder._get_cascade_wrapper = built_as("prefill", builder._get_cascade_wrapper)
-    # A partial, not a function around it: no frame of Python's between vLLM's call and the plan.
-    planned_decode = functools.partial(workspaces.plan_decode, module.fast_plan_decode)
-    setattr(module, "fast_plan_decode", planned_decode)  # noqa: B010 (a module, typed as such)
+    workspaces.take_decode_plans(module)
 
 
 def _has_seams(workspaces: VllmWorkspaces, module: ModuleType) -> bool:

@@ -53,6 +53,9 @@ class VllmWorkspaces:
         self._engine: Callable[[], Any] | None = None
         """The model runner whose profile the workspaces were made at (a weak reference where
         it takes one): a profile of another starts afresh."""
+        self._decode_seam: tuple[Any, Callable[..., Any], Callable[..., Any]] | None = None
+        """vLLM's FlashInfer backend module, its ``fast_plan_decode``, and the plugin's
+        (:meth:`take_decode_plans`)."""
         self._start_engine()
 
     def _start_engine(self) -> None:
@@ -91,6 +94,7 @@ class VllmWorkspaces:
         """The FlashInfer metadata builders served (each would have made its own buffer in V1)."""
         self.provenance: dict[str, str] = {}
         """By resource path: where its floor came from, in words."""
+        self._set_decode_planner()
 
     @property
     def serving(self) -> bool:
@@ -168,6 +172,7 @@ class VllmWorkspaces:
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
             self._keys[role] = (record.path, cg_slot)
+        self._set_decode_planner()
         self._log_reserved(keys, vllm_how)
 
     def _engine_freed(self, runner: weakref.ref[Any]) -> None:
@@ -344,8 +349,23 @@ class VllmWorkspaces:
         found = self._routed.get(id(wrapper))
         return found[1] if found is not None and found[0]() is wrapper else None
 
-    # Every plan of vLLM's passes here: one call, the workspace's plan and the planner's (each
-    # layer between costs a few us a plan in vLLM's process, measured on the H200).
+    def take_decode_plans(self, backend: Any) -> None:
+        """Plan vLLM's decode wrappers through the workspaces while an engine is served: the
+        plugin's :meth:`plan_decode` in place of ``backend.fast_plan_decode`` then, vLLM's own
+        function back while none is, so that an engine the plugin leaves as it is plans without
+        a frame of the plugin's."""
+        original = backend.fast_plan_decode
+        # A partial, not a function around it: no frame of Python's between vLLM's call and ours.
+        self._decode_seam = (backend, original, functools.partial(self.plan_decode, original))
+        self._set_decode_planner()
+
+    def _set_decode_planner(self) -> None:
+        if self._decode_seam is not None:
+            backend, original, planned = self._decode_seam
+            backend.fast_plan_decode = planned if self.serving else original
+
+    # Every plan of vLLM's passes here while an engine is served: one call, the workspace's plan
+    # and the planner's (each layer between costs a few us a plan in vLLM's process, on the H200).
     def plan_decode(self, fast_plan_decode: Callable[..., Any], wrapper: Any, *args: Any,
                     **kwargs: Any) -> Any:  # fmt: skip
         """vLLM's ``fast_plan_decode(wrapper, ...)``, through the wrapper's workspace where it has
