@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import vllm_proof  # noqa: E402
 from vllm_proof import INIT_STD, MAX_OUTPUT, TRACE, VOCAB, digest  # noqa: E402
 
+from mstar_resources.calibration.deployments import calibrated_name  # noqa: E402
 from mstar_resources.replay.trace_file import read_trace  # noqa: E402
 
 PLUGIN_SETTING = "MSTAR_RESOURCES_SGLANG"
@@ -121,7 +122,7 @@ class Calibration:
         return out / f"calibrated-{limits}" / "deployment"
 
     def path(self, out: Path) -> Path:
-        return self.folder(out) / f"{DEPLOYMENT}_calibrated.yaml"
+        return self.folder(out) / f"{calibrated_name(DEPLOYMENT, self.folder(out))}.yaml"
 
     def settings(self, out: Path) -> list[str]:
         return [

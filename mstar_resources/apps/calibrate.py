@@ -5,7 +5,8 @@
 Composes the deployment, plans every label's bounding shapes through real FlashInfer wrappers
 (the deployment's ``calibration`` profile says which), prints a table of what each needs against
 what it declares today, and writes ``<deployment>_calibrated.yaml`` beside the deployment, which
-composes as ``deployment=<deployment>_calibrated``.
+composes as ``deployment=<deployment>_calibrated`` (``<deployment>_recalibrated`` for a deployment
+the package ships calibrated: a file of the shipped name would be composed as the shipped one).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ class CalibrateSettings(ComposedTree):
     device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
     """The GPU to plan on."""
     output_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
-    """Where ``<deployment>_calibrated.yaml`` goes (made if missing); null:
+    """Where ``<deployment>_calibrated.yaml`` (or ``_recalibrated``) goes (made if missing); null:
     ``calibrated/deployment`` under the working directory, found with ``--config-dir
     calibrated``."""
     progress: bool = field(default=True, metadata={"expects": "true or false"})

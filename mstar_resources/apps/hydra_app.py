@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 import importlib.metadata
+import importlib.resources
 import inspect
 import os
 import sys
@@ -250,6 +251,21 @@ class _Line:
             return path if path.is_file() else None
         return None
 
+    def shadowed_file(self) -> str | None:
+        """The user's deployment file the line picks, where a shipped deployment of its name
+        would be composed in its place (Hydra's search path has ``--config-dir`` after the
+        package's configs), so that the file would be ignored without a word."""
+        path = self.deployment_file()
+        shipped = Path(str(importlib.resources.files("mstar_resources.conf"))).resolve()
+        if path is None or self.folder == shipped:
+            return None
+        if path.stem not in _options(DEPLOYMENT_GROUP, self.config_name):
+            return None
+        return (f"{DEPLOYMENT_GROUP}={path.stem} picks the shipped deployment of that name, not "
+                f"{path}: Hydra finds the package's configs before a --config-dir's, so the file "
+                f"would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and use the new "
+                "name")  # fmt: skip
+
     def refusal(self, prog: str, invoked: str, compose_once: bool) -> str | None:
         """What in the line the app does not run, found before anything is composed."""
         line, config_dir = self.line, self.line.config_dir
@@ -335,6 +351,9 @@ class _Line:
     def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
         """The line composed (with Hydra's config where ``hydra``), a mistake in it or in a config
         file raised as ResourceConfigError."""
+        shadowed = self.shadowed_file()
+        if shadowed is not None:
+            raise ResourceConfigError(shadowed)
         try:
             overrides = [*self.line.overrides, *self.searchpath]
             return compose(self.line.config_name or self.config_name, overrides,

@@ -13,6 +13,10 @@ from .calibrate import LabelNeed, per_resource
 from .override import DEFAULT_MARGIN, OneBuffer, calibrated_yaml
 
 CALIBRATED_SUFFIX = "_calibrated"
+RECALIBRATED_SUFFIX = "_recalibrated"
+"""A calibration written outside the package of a deployment the package ships calibrated: the
+shipped ``<name>_calibrated`` would be composed in place of a file of that name (Hydra's search
+path has a ``--config-dir`` after the package's configs)."""
 
 
 DEFAULT_CONFIG_DIR = Path("calibrated")
@@ -47,8 +51,19 @@ def how_to_compose(path: Path) -> str:
 
 
 def base_deployment(name: str) -> str:
-    """Calibrating ``x_calibrated`` again recalibrates ``x``."""
-    return name.removesuffix(CALIBRATED_SUFFIX)
+    """Calibrating ``x_calibrated`` (or ``x_recalibrated``) again recalibrates ``x``."""
+    return name.removesuffix(CALIBRATED_SUFFIX).removesuffix(RECALIBRATED_SUFFIX)
+
+
+def calibrated_name(deployment: str, output_dir: Path) -> str:
+    """The name of ``deployment``'s calibration written into ``output_dir``:
+    ``<deployment>_calibrated``, or ``<deployment>_recalibrated`` where the package ships a
+    ``<deployment>_calibrated`` and ``output_dir`` is another folder."""
+    name = f"{deployment}{CALIBRATED_SUFFIX}"
+    shipped = shipped_deployments()
+    if (shipped / f"{name}.yaml").is_file() and output_dir.absolute() != shipped.absolute():
+        return f"{deployment}{RECALIBRATED_SUFFIX}"
+    return name
 
 
 def write_override(
@@ -59,9 +74,9 @@ def write_override(
     margin: float = DEFAULT_MARGIN,
     buffer: OneBuffer | None = None,
 ) -> Path:
-    """Write ``<deployment>_calibrated.yaml`` into ``output_dir`` (made if missing), whole or not
-    at all; returns its path."""
-    path = output_dir / f"{deployment}{CALIBRATED_SUFFIX}.yaml"
+    """Write ``<deployment>_calibrated.yaml`` into ``output_dir`` (made if missing; named by
+    :func:`calibrated_name`), whole or not at all; returns its path."""
+    path = output_dir / f"{calibrated_name(deployment, output_dir)}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
     write_whole(path, calibrated_yaml(deployment, per_resource(rows), provenance, margin, buffer))
     return path

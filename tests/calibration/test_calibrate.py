@@ -15,8 +15,10 @@ from mstar_resources.calibration.calibrate import LabelNeed, per_resource
 from mstar_resources.calibration.checks import check_backends, check_labels
 from mstar_resources.calibration.deployments import (
     base_deployment,
+    calibrated_name,
     default_output_dir,
     how_to_compose,
+    shipped_deployments,
     write_override,
 )
 from mstar_resources.calibration.measure import Need
@@ -153,11 +155,16 @@ def test_the_table_says_which_shapes_flashinfer_refused():
 
 
 def test_recalibrating_a_calibrated_deployment_rewrites_its_base_s_override(tmp_path):
+    """A deployment the package ships calibrated is written as ``<name>_recalibrated`` outside
+    the package: a file named as the shipped ``<name>_calibrated`` would be composed as that
+    one (Hydra's search path has a --config-dir after the package's configs)."""
     name = base_deployment("llama3-8b-h200_calibrated")
-    assert name == base_deployment("llama3-8b-h200") == "llama3-8b-h200"
+    assert name == base_deployment("llama3-8b-h200_recalibrated") == "llama3-8b-h200"
     path = write_override(name, measured_rows(), {"gpu": "NVIDIA A100"}, tmp_path)
-    assert path == tmp_path / "llama3-8b-h200_calibrated.yaml"
+    assert path == tmp_path / "llama3-8b-h200_recalibrated.yaml"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert calibrated_name(name, shipped_deployments()) == "llama3-8b-h200_calibrated"
+    assert calibrated_name("mine", tmp_path) == "mine_calibrated"  # no shipped one of its name
     written = OmegaConf.load(path)
     assert OmegaConf.to_container(written.resources) == {
         # No int need measured (the wrappers keep their own): none reserved for them.

@@ -67,12 +67,12 @@ def test_calibrated_override_composes_and_round_trips_its_numbers(tmp_path):
         base = compose("engine", overrides=["deployment=llama3-8b-h200"])
         rows = rows_for(resolve(base.resources, env={}))
         path = write_override("llama3-8b-h200", rows, PROVENANCE, config_dir / "deployment", 0.1)
-        assert path.name == "llama3-8b-h200_calibrated.yaml"
-        cfg = compose("engine", overrides=["deployment=llama3-8b-h200_calibrated"])
+        assert path.name == "llama3-8b-h200_recalibrated.yaml"  # the package ships _calibrated
+        cfg = compose("engine", overrides=["deployment=llama3-8b-h200_recalibrated"])
         again = compose(
             "engine",
             overrides=[
-                "deployment=llama3-8b-h200_calibrated",
+                "deployment=llama3-8b-h200_recalibrated",
                 "resources.attn.decode.declared_mb=7",
             ],
         )

@@ -28,7 +28,7 @@ def test_the_dry_run_calibrates_before_the_first_run_of_its_limits_and_starts_no
         "calibration.limits.max_num_seqs=128 calibration.limits.max_num_batched_tokens=4096 "
         f"calibration.limits.max_model_len=4096 output_dir={folder} progress=false"
     )
-    file = folder / "llama3-8b-h200_calibrated.yaml"
+    file = folder / "llama3-8b-h200_recalibrated.yaml"  # not the shipped _calibrated
     assert f"MSTAR_RESOURCES_SGLANG={file}, LlamaForCausalLM" in steps["llama/plugin"]
     assert f"MSTAR_RESOURCES_SGLANG={file}, Qwen3ForCausalLM" in steps["qwen3/plugin"]
     assert "MSTAR_RESOURCES_SGLANG=(unset), Qwen3ForCausalLM" in steps["qwen3/sglang"]
