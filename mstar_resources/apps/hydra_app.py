@@ -255,11 +255,9 @@ class _Line:
         """The user's deployment file the line picks, where a shipped deployment of its name
         would be composed in its place (Hydra's search path has ``--config-dir`` after the
         package's configs), so that the file would be ignored without a word."""
-        path = self.deployment_file()
-        shipped = Path(str(importlib.resources.files("mstar_resources.conf"))).resolve()
-        if path is None or self.folder == shipped:
-            return None
-        if path.stem not in _options(DEPLOYMENT_GROUP, self.config_name):
+        path, shipped = self.deployment_file(), importlib.resources.files("mstar_resources.conf")
+        if path is None or self.folder == Path(str(shipped)).resolve() or (
+                path.stem not in _options(DEPLOYMENT_GROUP, self.config_name)):  # fmt: skip
             return None
         return (f"{DEPLOYMENT_GROUP}={path.stem} picks the shipped deployment of that name, not "
                 f"{path}: Hydra finds the package's configs before a --config-dir's, so the file "
