@@ -373,6 +373,9 @@ def _ended(status: int | None, timeout: float) -> str:
 
 
 KV_LINE = re.compile(r"KV Cache is allocated\. .*#tokens: (\d+)")
+CAPTURE_LINE = re.compile(r"Capture .*CUDA graph begin\..*avail mem=([\d.]+) GB")
+"""SGLang's line as its decode graph capture begins: the GPU memory free then, after the KV pool
+and (as SGLang is) its own FlashInfer buffer, which it makes after sizing the pool."""
 
 
 def from_log(lines: list[str]) -> dict[str, Any]:
@@ -381,6 +384,8 @@ def from_log(lines: list[str]) -> dict[str, Any]:
     hook = next((x.split(HOOK_MARK, 1)[1] for x in lines if x.startswith(HOOK_MARK)), None)
     return {
         "kv_line": next((x for x in lines if KV_LINE.search(x)), None),
+        "free_at_capture_gb": next((float(m[1]) for x in lines if (m := CAPTURE_LINE.search(x))),
+                                   None),  # fmt: skip
         "hook": json.loads(hook) if hook else None,
         "mstar_lines": [x for x in lines if "mstar-resources" in x][:30],
         "overflow": next((x for x in lines if "Buffer overflow when allocating" in x), None),
@@ -459,6 +464,9 @@ def kv_cost(results: dict[str, dict[str, Any]]) -> list[str]:
                 f"({after - before:+,})")  # fmt: skip
         if None not in held:
             line += f"; workspace bytes {held[0]:,} and {held[1]:,}"
+        free = [x.get("free_at_capture_gb") for x in (own, r)]
+        if None not in free:
+            line += f"; free as graph capture begins {free[0]} and {free[1]} GB"
         found.append(line)
     return found
 

@@ -122,6 +122,7 @@ def test_a_plugin_that_served_is_read_from_its_lines_where_the_hook_did_not_run(
     ]
     found = proof.from_log(lines)
     assert found["sealed_refusals"] == 1 and found["hook"] is None
+    assert found["free_at_capture_gb"] is None  # no capture began
     assert proof.kv_tokens(found) == 7_990
     assert proof.workspace_bytes(found) == 18_874_368 + 5_242_880
 
@@ -140,3 +141,17 @@ def test_a_calibrated_files_floors_are_read_by_resource():
     text = (Path(__file__).resolve().parents[2] / "conf" / "deployment"
             / "llama3-8b-h200_calibrated.yaml").read_text()  # fmt: skip
     assert proof.declared_mb(text) == {"prefill": 17, "decode": 3}
+
+
+def test_the_free_memory_as_capture_begins_is_read_both_ways():
+    """SGLang makes its own buffer after sizing its KV pool: the KV tokens barely move, the free
+    memory at the capture does (the lines of the H200 run, 2026-12-02)."""
+    proof = load_script("sglang_proof")
+    capture = ("[2026-12-02 11:33:58] Capture target decode CUDA graph begin. backend=full, "
+               "num_tokens_per_req=1, bs=[1, 2, 4, 8], avail mem={} GB")  # fmt: skip
+    own = proof.from_log([KV.format(9_107_604), capture.format("68.60")])
+    plugin = proof.from_log([KV.format(9_105_300), capture.format("68.98")])
+    assert (own["free_at_capture_gb"], plugin["free_at_capture_gb"]) == (68.6, 68.98)
+    (line,) = proof.kv_cost({"llama/sglang": own, "llama/plugin": plugin})
+    assert line.startswith("llama: KV tokens as SGLang is 9,107,604, with the plugin 9,105,300")
+    assert line.endswith("; free as graph capture begins 68.6 and 68.98 GB")
