@@ -21,8 +21,8 @@ the same log. An SGLang forward hook (``forward_hooks``, :func:`report_hook`), w
 in its scheduler once CUDA graphs are captured, prints the size of the FlashInfer workspace SGLang
 took from its buffer registry and the plugin's report. The script prints one table and writes
 ``sglang_proof.json`` (``--out``): per run the generated tokens' digest, SGLang's own "KV Cache is
-allocated" line, the workspace bytes, the growths and sealed refusals, the time to start, and the
-error that ended a run that failed.
+allocated" line, the GPU memory free as its graph capture begins, the workspace bytes, the growths
+and sealed refusals, the time to start, and the error that ended a run that failed.
 """
 
 from __future__ import annotations
@@ -382,10 +382,10 @@ def from_log(lines: list[str]) -> dict[str, Any]:
     """What a run's log says: SGLang's KV-pool line, the hook's report, the plugin's lines,
     FlashInfer's overflow and the plugin's refusals, errors, its tail."""
     hook = next((x.split(HOOK_MARK, 1)[1] for x in lines if x.startswith(HOOK_MARK)), None)
+    free = (m[1] for x in lines if (m := CAPTURE_LINE.search(x)))
     return {
         "kv_line": next((x for x in lines if KV_LINE.search(x)), None),
-        "free_at_capture_gb": next((float(m[1]) for x in lines if (m := CAPTURE_LINE.search(x))),
-                                   None),  # fmt: skip
+        "free_at_capture_gb": next(map(float, free), None),
         "hook": json.loads(hook) if hook else None,
         "mstar_lines": [x for x in lines if "mstar-resources" in x][:30],
         "overflow": next((x for x in lines if "Buffer overflow when allocating" in x), None),
