@@ -122,8 +122,8 @@ def test_another_machine_is_named_field_by_field(machine_change):
     ((name, value),) = machine_change.items()
     assert stale.differences == (Difference(name, record[name], value),)
     assert str(stale).startswith(
-        "deployment llama3-8b-h200_calibrated was "
-        f"calibrated on {recorded_machine(record)}, and this is "
+        "deployment llama3-8b-h200's calibration was "
+        f"made on {recorded_machine(record)}, and this is "
     )
 
 

@@ -71,7 +71,7 @@ def test_a_calibration_that_no_longer_matches_its_record_is_flagged_naming_the_f
     assert done.returncode == 0
     (warning,) = done.stderr.splitlines()
     assert warning.startswith(
-        "mstar-resources: warning: deployment llama3-8b-h200_calibrated was calibrated with "
+        "mstar-resources: warning: deployment llama3-8b-h200's calibration was made with "
         "other inputs than it composes now: "
     )
     assert named in warning

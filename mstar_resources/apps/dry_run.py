@@ -99,7 +99,7 @@ def _check_calibration_inputs(
     if differences:
         deployment = str(record.get("deployment", "<deployment>"))
         print(
-            f"{PROG}: warning: deployment {deployment}_calibrated was calibrated with other "
+            f"{PROG}: warning: deployment {deployment}'s calibration was made with other "
             f"inputs than it composes now: {'; '.join(map(str, differences))}. Its floors may "
             f"not hold: recalibrate with `mstar-resources-calibrate deployment={deployment}`",
             file=sys.stderr,

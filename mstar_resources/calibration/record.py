@@ -215,7 +215,8 @@ class StaleCalibration:
     the warning :func:`check_calibration` logs."""
 
     deployment: str
-    """The deployment that was calibrated (its override is ``<deployment>_calibrated``)."""
+    """The deployment that was calibrated (its override is ``<deployment>_calibrated``, or
+    ``_recalibrated``)."""
     differences: tuple[Difference, ...]
     """Each input that differs, in the record's order."""
     recorded_on: str
@@ -231,7 +232,7 @@ class StaleCalibration:
     def __str__(self) -> str:
         differs = "; ".join(map(str, self.differences))
         return (
-            f"deployment {self.deployment}_calibrated was calibrated on {self.recorded_on}, and "
+            f"deployment {self.deployment}'s calibration was made on {self.recorded_on}, and "
             f"this is {self.running_on}; what differs: {differs}. Its floors may not hold here: "
             f"recalibrate with `mstar-resources-calibrate deployment={self.deployment}` on this "
             "machine"
