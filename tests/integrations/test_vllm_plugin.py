@@ -628,6 +628,24 @@ def test_a_later_engine_of_the_process_gets_workspaces_of_its_own(vllm_stand_in)
     assert served.sealed
 
 
+def test_an_engine_freed_after_the_next_one_profiled_leaves_the_next_ones_workspaces(
+    vllm_stand_in,
+):
+    """Something kept the last engine alive past the next one's profile: freeing it later lets
+    nothing of the engine now served go."""
+    import gc
+
+    served, first = vllm_stand_in.served, vllm_stand_in.runner
+    first.profile_run()
+    later = type(first)()
+    later.profile_run()  # the first engine's workspaces let go here, at the latest
+    workspace = served.pools["attn.decode"].get("decode", 0)
+    del first, vllm_stand_in.runner, vllm_stand_in.worker
+    gc.collect()
+    assert served.pools["attn.decode"].get("decode", 0) is workspace
+    assert served.serving and served.held_bytes == 6 * MIB
+
+
 def test_an_engine_started_after_the_setting_is_unset_runs_as_vllm_makes_it(
     vllm_stand_in, monkeypatch, caplog
 ):
