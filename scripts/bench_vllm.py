@@ -20,14 +20,22 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import itertools
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_proof import DEPTHS, Case, digest, kv_count, launch, launch_in_turn, write_summary
+from vllm_proof import (
+    DEPTHS,
+    Case,
+    digest,
+    kv_count,
+    launch,
+    launch_in_turn,
+    time_left,
+    write_summary,
+)
 
 from _args import positive_int, run_main
 
@@ -126,14 +134,10 @@ def pair_ratios(config: Config, results: dict[str, dict[str, Any]]) -> list[floa
     """The plugin's generation time over vLLM's in each round whose two runs both finished: the
     two ran one right after the other, so a drift of the host's speed over the runs (seen on the
     H200's host: FlashInfer's own plan 185 to 357 us within one process) cancels in each."""
-    ratios: list[float] = []
-    for i in itertools.count():
-        a, b = (results.get(f"{config.group}/{side}-{i}") for side in ("vllm", "plugin"))
-        if a is None and b is None:
-            return ratios
-        if a and b and a.get("ok") and b.get("ok"):
-            ratios.append(b["generate_s"] / a["generate_s"])
-    return ratios
+    finished = {name: r["generate_s"] for name, r in results.items() if r.get("ok")}
+    rounds = (tuple(f"{config.group}/{side}-{i}" for side in ("vllm", "plugin"))
+              for i in range(len(results)))  # fmt: skip
+    return [finished[b] / finished[a] for a, b in rounds if a in finished and b in finished]
 
 
 def _plan_clock(sides: dict[str, list[dict[str, Any]]]) -> tuple[str, str, str]:
@@ -212,18 +216,16 @@ def main(argv: list[str] | None = None) -> int:
         mine = [case for c, case in runs if c == config]
         if args.in_turn:
             timed = [case for case in mine if not case.plan_parts]
-            left = deadline - time.perf_counter()
-            if left < 60:
-                print(f"{config.name}: left out, {left:.0f} s of the budget left", flush=True)
+            left = time_left(config.name, deadline)
+            if left is None:
                 continue
             found = launch_in_turn(timed, args.out, args.models, left)
             results.update(found)
             write_summary(results, summary)
             mine = [case for case in mine if case.plan_parts]
         for case in mine:
-            left = deadline - time.perf_counter()
-            if left < 60:
-                print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
+            left = time_left(case.name, deadline)
+            if left is None:
                 continue
             result = launch(case, args.out, args.models, min(args.timeout, left))
             results[case.name] = result

@@ -508,9 +508,8 @@ def main() -> None:
     deadline = time.perf_counter() + args.budget
     results: dict[str, dict[str, Any]] = {}
     for step in steps:
-        left = deadline - time.perf_counter()
-        if left < 60:
-            print(f"{step.name}: left out, {left:.0f} s of the budget left", flush=True)
+        left = vllm_proof.time_left(step.name, deadline)
+        if left is None:
             continue
         timeout = min(args.timeout, left)
         if isinstance(step, Calibration):

@@ -613,6 +613,16 @@ def _environment(case: Case, setting: str | None) -> dict[str, str]:
     return env
 
 
+def time_left(name: str, deadline: float) -> float | None:
+    """Seconds before ``deadline`` (``time.perf_counter``'s) for step ``name``; None, said on
+    stdout, where less than a minute is left to start it."""
+    left = deadline - time.perf_counter()
+    if left < 60:
+        print(f"{name}: left out, {left:.0f} s of the budget left", flush=True)
+        return None
+    return left
+
+
 def run_logged(
     command: list[str], env: dict[str, str], log_path: Path, timeout: float,
     cwd: Path | None = None,
@@ -761,9 +771,8 @@ def main() -> None:
     deadline = time.perf_counter() + args.budget
     results: dict[str, dict[str, Any]] = {}
     for case in order:
-        left = deadline - time.perf_counter()
-        if left < 60:
-            print(f"{case.name}: left out, {left:.0f} s of the budget left", flush=True)
+        left = time_left(case.name, deadline)
+        if left is None:
             continue
         results[case.name] = launch(case, args.out, args.models, min(args.timeout, left))
         if case.name == "crash/plugin" and "vllm-raised" in args.sides:

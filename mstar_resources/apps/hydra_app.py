@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import functools
 import importlib.metadata
-import importlib.resources
 import inspect
 import os
 import sys
@@ -34,6 +33,7 @@ from hydra.version import VersionBase
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from ..calibration.deployments import shipped_deployments
 from ..errors import ResourceConfigError
 from . import hydra_errors
 from .hydra_errors import DEPLOYMENT_GROUP, not_a_choice
@@ -255,8 +255,8 @@ class _Line:
         """The user's deployment file the line picks, where a shipped deployment of its name
         would be composed in its place (Hydra's search path has ``--config-dir`` after the
         package's configs), so that the file would be ignored without a word."""
-        path, shipped = self.deployment_file(), importlib.resources.files("mstar_resources.conf")
-        if path is None or self.folder == Path(str(shipped)).resolve() or (
+        path = self.deployment_file()
+        if path is None or path.parent == shipped_deployments().resolve() or (
                 path.stem not in _options(DEPLOYMENT_GROUP, self.config_name)):  # fmt: skip
             return None
         return (f"{DEPLOYMENT_GROUP}={path.stem} picks the shipped deployment of that name, not "
