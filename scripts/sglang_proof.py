@@ -83,7 +83,8 @@ class Case:
     name: str
     model: str
     plugin: bool
-    """``MSTAR_RESOURCES_SGLANG`` set to the file calibrated for this run's limits; False: unset."""
+    """``MSTAR_RESOURCES_SGLANG`` set to the file calibrated for this run's limits, or to ``auto``
+    (the ``auto`` side); False: unset."""
     max_running_requests: int = 128
     """SGLang's most running requests, and its largest decode graph batch
     (``cuda_graph_max_bs_decode``): the calibration's ``max_num_seqs``."""
@@ -96,8 +97,19 @@ class Case:
 
     @property
     def side(self) -> str:
-        """What the run is of its group: ``sglang`` or ``plugin``."""
+        """What the run is of its group: ``sglang``, ``plugin`` or ``auto``."""
         return self.name.split("/")[-1]
+
+    def setting(self, out: Path) -> str | None:
+        """``MSTAR_RESOURCES_SGLANG`` in this run (None: unset)."""
+        if not self.plugin:
+            return None
+        return "auto" if self.side == "auto" else str(self.calibration.path(out).resolve())
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the run takes a file calibrated before it."""
+        return self.plugin and self.side != "auto"
 
     @property
     def calibration(self) -> Calibration:
@@ -135,7 +147,8 @@ class Calibration:
         ]  # fmt: skip
 
 
-SIDES = ("sglang", "plugin")
+SIDES = ("sglang", "plugin", "auto")
+"""As SGLang is, with a deployment file calibrated for the run's limits, and with ``auto``."""
 
 LARGE_GRAPH = {"model": "llama", "max_running_requests": 512, "requests": 512}
 """Decode graphs up to 512 requests, and enough requests to fill them (480 of the trace's rows
@@ -149,15 +162,15 @@ GROUPS: dict[str, dict[str, Any]] = {
 
 
 def group_cases(group: str) -> list[Case]:
-    """``group`` as SGLang runs it, then with the plugin."""
-    return [Case(f"{group}/{side}", plugin=side == "plugin", **GROUPS[group]) for side in SIDES]
+    """``group`` as SGLang runs it, then with the plugin: a calibrated file, then ``auto``."""
+    return [Case(f"{group}/{side}", plugin=side != "sglang", **GROUPS[group]) for side in SIDES]
 
 
 def plan(cases: list[Case]) -> list[Case | Calibration]:
     """``cases`` in order, each calibration just before the first run that uses its file."""
     steps: list[Case | Calibration] = []
     for case in cases:
-        if case.plugin and case.calibration not in steps:
+        if case.calibrated and case.calibration not in steps:
             steps.append(case.calibration)
         steps.append(case)
     return steps
@@ -192,7 +205,7 @@ def describe(step: Case | Calibration, out: Path) -> str:
     if isinstance(step, Calibration):
         return f"{step.name}: mstar-resources-calibrate {' '.join(step.settings(out))}"
     lengths = prompts(step)
-    setting = str(step.calibration.path(out)) if step.plugin else "(unset)"
+    setting = step.setting(out) or "(unset)"
     settings = ", ".join(f"{k}={v}" for k, v in engine_args(step).items())
     return (
         f"{step.name}: {PLUGIN_SETTING}={setting}, {MODELS[step.model].architecture}, {settings}, "
@@ -309,7 +322,7 @@ def _run_here(args: argparse.Namespace) -> None:
 def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any]:
     """``case`` in a process of its own; its result, with what its log says."""
     result_path = out / f"{case.name.replace('/', '-')}.json"
-    setting = str(case.calibration.path(out).resolve()) if case.plugin else None
+    setting = case.setting(out)
     command = [sys.executable, __file__, "--run", json.dumps(asdict(case)), "--result",
                str(result_path), "--models", str(models)]  # fmt: skip
     log = result_path.with_suffix(".log")
@@ -452,15 +465,15 @@ def kv_cost(results: dict[str, dict[str, Any]]) -> list[str]:
     and the workspace bytes each held."""
     found = []
     for name, r in results.items():
-        if not name.endswith("/plugin"):
+        group, _, side = name.rpartition("/")
+        if side not in ("plugin", "auto"):
             continue
-        group = name.removesuffix("/plugin")
         own = results.get(f"{group}/sglang", {})
         before, after = kv_tokens(own), kv_tokens(r)
         if before is None or after is None:
             continue
         held = [workspace_bytes(x) for x in (own, r)]
-        line = (f"{group}: KV tokens as SGLang is {before:,}, with the plugin {after:,} "
+        line = (f"{name}: KV tokens as SGLang is {before:,}, with the plugin {after:,} "
                 f"({after - before:+,})")  # fmt: skip
         if None not in held:
             line += f"; workspace bytes {held[0]:,} and {held[1]:,}"
@@ -514,7 +527,7 @@ def main() -> None:
         timeout = min(args.timeout, left)
         if isinstance(step, Calibration):
             results[step.name] = calibrate(step, args.out, timeout)
-        elif step.plugin and not results.get(step.calibration.name, {}).get("ok"):
+        elif step.calibrated and not results.get(step.calibration.name, {}).get("ok"):
             results[step.name] = {"ok": False, "error": f"no {step.calibration.name} file"}
         else:
             results[step.name] = launch(step, args.out, args.models, timeout)

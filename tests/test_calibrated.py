@@ -100,8 +100,11 @@ def test_each_input_that_changes_a_need_is_named(deployment, overrides, differen
     for field in stale.fields:
         assert field in str(stale)
     assert str(stale).endswith(
-        f"recalibrate with `mstar-resources-calibrate deployment={base}` on this machine"
+        f"recalibrate with `mstar-resources-calibrate deployment={base}` on this machine, with "
+        "the settings in use"
     )
+    # The same machine is said once.
+    assert "was made on this machine (NVIDIA H200" in str(stale) and "this is" not in str(stale)
 
 
 @pytest.mark.parametrize(

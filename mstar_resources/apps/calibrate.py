@@ -12,9 +12,10 @@ the package ships calibrated: a file of the shipped name would be composed as th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .._internal import limits
 from .._internal.devices import cuda_device
@@ -74,7 +75,8 @@ def main(cfg: DictConfig) -> None:
     print(table(rows, margin, buffer))
     name = base_deployment(str(deployment))
     record = provenance(profile, device, name, records)
-    path = write_override(name, rows, record, output_dir, margin, buffer)
+    measured_for = cast(dict[str, Any], OmegaConf.to_container(cfg[PROFILE_KEY], resolve=True))
+    path = write_override(name, rows, record, output_dir, margin, buffer, measured_for)
     print(f"wrote {path}: {how_to_compose(path)}")
 
 

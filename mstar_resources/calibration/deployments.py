@@ -3,11 +3,11 @@ the override a calibration produces."""
 
 from __future__ import annotations
 
-import importlib.resources
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..compose import shipped_deployments as shipped_deployments
 from ..files import write_whole
 from .calibrate import LabelNeed, per_resource
 from .override import DEFAULT_MARGIN, OneBuffer, calibrated_yaml
@@ -23,12 +23,6 @@ DEFAULT_CONFIG_DIR = Path("calibrated")
 """Where calibrated deployments go by default: a config folder under the working directory,
 never the installed package. Hydra finds ``calibrated/deployment/<name>_calibrated.yaml`` through
 ``--config-dir calibrated`` or ``hydra.searchpath: [file://calibrated]``."""
-
-
-def shipped_deployments() -> Path:
-    """The ``deployment`` group of the installed ``conf`` (the source tree's, when editable):
-    where the shipped deployments, calibrated ones included, are."""
-    return Path(str(importlib.resources.files("mstar_resources.conf"))) / "deployment"
 
 
 def default_output_dir() -> Path:
@@ -73,10 +67,13 @@ def write_override(
     output_dir: Path,
     margin: float = DEFAULT_MARGIN,
     buffer: OneBuffer | None = None,
+    profile: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``<deployment>_calibrated.yaml`` into ``output_dir`` (made if missing; named by
-    :func:`calibrated_name`), whole or not at all; returns its path."""
+    :func:`calibrated_name`), whole or not at all, with the ``calibration`` node ``profile``
+    where given (:func:`~.override.calibrated_yaml`); returns its path."""
     path = output_dir / f"{calibrated_name(deployment, output_dir)}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
-    write_whole(path, calibrated_yaml(deployment, per_resource(rows), provenance, margin, buffer))
+    text = calibrated_yaml(deployment, per_resource(rows), provenance, margin, buffer, profile)
+    write_whole(path, text)
     return path

@@ -2,8 +2,11 @@
 
 ``<name>_calibrated.yaml`` in the ``deployment`` group pulls in ``<name>`` and sets each measured
 resource's ``declared_mb`` to its need (plus a margin, none by default), rounded up to a whole
-MB, and its ``int_declared_mb`` to its int need the same way (where that was measured). The
-measurements themselves go under the root key ``calibrated``, so a program can read them back.
+MB, and its ``int_declared_mb`` to its int need the same way (where that was measured). It sets
+the ``calibration`` profile to the one measured (the deployment's, with the settings the
+calibration was given), so that the file composes the profile its floors hold for, and a check
+of the calibration compares what runs with that. The measurements themselves go under the root
+key ``calibrated``, so a program can read them back.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from omegaconf import OmegaConf
 
 from .._internal.floor import INT_DEFAULT_MB
 from ..units import MIB
+from .profile import PROFILE_KEY
 from .record import RECORD_KEY, declared_mb_for
 
 DEFAULT_MARGIN = 0.0
@@ -106,8 +110,10 @@ def calibrated_yaml(
     provenance: Mapping[str, object],
     margin: float = DEFAULT_MARGIN,
     buffer: OneBuffer | None = None,
+    profile: Mapping[str, Any] | None = None,
 ) -> str:
-    """The text of ``<deployment>_calibrated.yaml``."""
+    """The text of ``<deployment>_calibrated.yaml``; ``profile``: the ``calibration`` node the
+    needs were measured for, as composed (None: the deployment's own, unchanged)."""
     resources: dict[str, Any] = {}
     for m in measured:
         node = resources
@@ -122,6 +128,7 @@ def calibrated_yaml(
     body = {
         "defaults": [deployment, "_self_"],
         "resources": resources,
+        **({} if profile is None else {PROFILE_KEY: dict(profile)}),
         RECORD_KEY: {
             "margin": margin,
             **dict(provenance),

@@ -231,11 +231,15 @@ class StaleCalibration:
 
     def __str__(self) -> str:
         differs = "; ".join(map(str, self.differences))
+        where = (
+            f"was made on this machine ({self.running_on})"
+            if self.recorded_on == self.running_on
+            else f"was made on {self.recorded_on}, and this is {self.running_on}"
+        )
         return (
-            f"deployment {self.deployment}'s calibration was made on {self.recorded_on}, and "
-            f"this is {self.running_on}; what differs: {differs}. Its floors may not hold here: "
-            f"recalibrate with `mstar-resources-calibrate deployment={self.deployment}` on this "
-            "machine"
+            f"deployment {self.deployment}'s calibration {where}; what differs: {differs}. Its "
+            f"floors may not hold here: recalibrate with `mstar-resources-calibrate "
+            f"deployment={self.deployment}` on this machine, with the settings in use"
         )
 
 
@@ -281,14 +285,19 @@ def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
 
 
 def check_calibration(
-    cfg: DictConfig, device: Device | str, *, resolved: Sequence[Declared] | None = None
+    cfg: DictConfig,
+    device: Device | str,
+    *,
+    resolved: Sequence[Declared] | None = None,
+    warn: bool = True,
 ) -> StaleCalibration | None:
     """Log one WARNING, and return what differs, when the composed config ``cfg`` (holding
     ``resources``, ``calibration`` and ``calibrated``) was calibrated with other inputs than
     those running on ``device``; None when it holds, or when ``cfg`` is not calibrated. The apps
     ask it wherever they build pools on a GPU; an engine asks it once, beside ``build_pools``.
     ``resolved``: what :func:`~mstar_resources.resolve` gave for ``cfg.resources``, where the
-    caller has it (else it is resolved here)."""
+    caller has it (else it is resolved here). ``warn=False``: return it, logging nothing (a
+    caller that says it in a warning of its own)."""
     import torch
 
     profile, record = calibration_nodes(cfg)
@@ -303,22 +312,22 @@ def check_calibration(
         )
     if resolved is None:
         resolved = resolve(cfg.get(RESOURCES_KEY) or {})
-    return warn_if_stale(record, profile, resolved, device)
+    return warn_if_stale(record, profile, resolved, device, warn=warn)
 
 
 def warn_if_stale(
-    record: Any, profile: Any, resources: Sequence[Declared], device: Device
+    record: Any, profile: Any, resources: Sequence[Declared], device: Device, *, warn: bool = True
 ) -> StaleCalibration | None:
-    """Log one WARNING, and return what differs, when a calibrated deployment's ``record`` (its
-    ``calibrated`` node) was measured with other inputs than ``profile`` (its ``calibration``
-    node) and ``resources`` have on ``device``; None when it holds, or when either node is
-    missing (a deployment that was not calibrated)."""
+    """Log one WARNING (unless not ``warn``), and return what differs, when a calibrated
+    deployment's ``record`` (its ``calibrated`` node) was measured with other inputs than
+    ``profile`` (its ``calibration`` node) and ``resources`` have on ``device``; None when it
+    holds, or when either node is missing (a deployment that was not calibrated)."""
     if record is None or profile is None:
         return None
     running = calibration_inputs(Machine.here(device), load_profile(profile), resources)
     plain = OmegaConf.to_container(record) if isinstance(record, DictConfig) else record
     stale = stale_calibration(cast(Mapping[str, Any], plain), running)
-    if stale is not None:
+    if stale is not None and warn:
         logger.warning("%s", stale)
     return stale
 

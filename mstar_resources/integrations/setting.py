@@ -50,9 +50,10 @@ class Setting:
         return f"{self.name}={self.value}"
 
     def stale_calibration(self, device: Any) -> Any:
-        """What differs on ``device`` (a GPU) from where the deployment was calibrated, logged
-        once (:func:`~mstar_resources.check_calibration`); None where it holds, where the
-        deployment is not calibrated, and off a GPU (no calibration is checked there)."""
+        """What differs on ``device`` (a GPU) from where the deployment was calibrated
+        (:func:`~mstar_resources.check_calibration`), for the plugin to say in its own warning;
+        None where it holds, where the deployment is not calibrated, and off a GPU (no
+        calibration is checked there)."""
         from ..calibration.record import check_calibration
 
         root = self.root
@@ -62,7 +63,7 @@ class Setting:
             or getattr(device, "type", None) != "cuda"
         ):
             return None
-        return check_calibration(root, device, resolved=list(self.records))
+        return check_calibration(root, device, resolved=list(self.records), warn=False)
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,6 @@ class PluginSetting:
     """The engine, as errors name it (``vLLM``)."""
     roles: tuple[str, ...]
     """The labels the engine's FlashInfer wrappers plan as: each must be served."""
-    measures: bool = True
-    """Whether the plugin measures the engine's plans in the worker (``auto``)."""
 
     @property
     def off(self) -> str:
@@ -92,15 +91,8 @@ class PluginSetting:
         value = env.get(self.env_var, "").strip()
         if not value:
             return None
-        if value == AUTO and self.measures:
-            return Setting(self.env_var, value)
         if value == AUTO:
-            raise ResourceConfigError(
-                f"{self.assignment(value)}: the plugin does not measure {self.engine}'s plans in "
-                "the worker; calibrate the deployment on this GPU (mstar-resources-calibrate "
-                "deployment=<name>) and set the file it writes, or name a shipped deployment; "
-                f"{self.off}"
-            )
+            return Setting(self.env_var, value)
         root = self.compose(value)
         try:
             records = tuple(resolve(root.get("resources") or {}, env=env))
@@ -122,9 +114,9 @@ class PluginSetting:
         """The shipped tree composed with deployment ``value``: a name of the shipped
         deployments, or the path of a deployment file in a ``deployment/`` folder of a config
         dir."""
-        from ..apps.hydra_app import compose_deployment, deployment_options
-        from ..apps.hydra_errors import NO_DEPLOYMENT
         from ..apps.settings import ComposedTree
+        from ..compose import compose_deployment, deployment_options
+        from ..compose_errors import NO_DEPLOYMENT
 
         named, off = self.assignment(value), self.off
         if _looks_like_a_path(value):
@@ -134,17 +126,16 @@ class PluginSetting:
             if value == NO_DEPLOYMENT:
                 raise ResourceConfigError(
                     f"{named} names the shipped tree's empty deployment, which declares no floor "
-                    f"(each would be MSTAR_WORKSPACE_BUFFER_MB, else 512 MB); "
-                    + (f"set {AUTO} to measure {self.engine}'s plans, or " if self.measures else "")
-                    + f"name a deployment with floors; {off}"
+                    f"(each would be MSTAR_WORKSPACE_BUFFER_MB, else 512 MB); set {AUTO} to "
+                    f"measure {self.engine}'s plans, or name a deployment with floors; {off}"
                 )
             if value not in options:
                 shipped = [o for o in options if o != NO_DEPLOYMENT]
-                choices = [AUTO, *shipped] if self.measures else shipped
+                choices = [AUTO, *shipped]
                 close = did_you_mean(value.lower(), choices) or did_you_mean(value, choices)
-                measured = f"{AUTO} (measure {self.engine}'s plans), " if self.measures else ""
                 raise ResourceConfigError(
-                    f"{named} is not a setting the plugin takes{close}: it takes {measured}a "
+                    f"{named} is not a setting the plugin takes{close}: it takes {AUTO} (measure "
+                    f"{self.engine}'s plans), a "
                     f"shipped deployment ({', '.join(shipped)}) or the path of a deployment file "
                     f"(e.g. calibrated/deployment/mine.yaml); {off}"
                 )

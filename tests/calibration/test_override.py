@@ -12,7 +12,13 @@ from mstar_resources import resolve
 from mstar_resources.calibration.calibrate import LabelNeed, per_resource
 from mstar_resources.calibration.deployments import write_override
 from mstar_resources.calibration.measure import Need
-from mstar_resources.calibration.record import declared_mb_for
+from mstar_resources.calibration.profile import load_profile
+from mstar_resources.calibration.record import (
+    Machine,
+    calibration_inputs,
+    declared_mb_for,
+    stale_calibration,
+)
 from mstar_resources.calibration.report import table
 from mstar_resources.calibration.shapes import Shape
 from mstar_resources.units import MIB
@@ -135,3 +141,35 @@ def test_an_unmeasured_int_need_declares_no_int_floor():
     (measured,) = per_resource(rows)
     assert measured.int_need_bytes is None
     assert "int_declared_mb" not in table(rows)
+
+
+def test_a_calibration_made_with_profile_settings_composes_the_profile_it_holds_for(tmp_path):
+    """Calibrating a deployment for other limits or another engine's plans (settings of
+    ``calibration`` on the command line) writes that profile into the file: composed again, its
+    record holds there, and a composition that changes a limit is told apart."""
+    config_dir = engine_config_dir(tmp_path)
+    settings = ["calibration.engine=sglang", "calibration.model.page_size=1",
+                "calibration.limits.max_num_seqs=128"]  # fmt: skip
+    machine = Machine("NVIDIA H200", 132, "0.6.15.post1", "2.11.0+cu130", "13.0")
+    with initialize_config_dir(str(config_dir), version_base="1.3"):
+        base = compose("engine", overrides=["deployment=llama3-8b-h200", *settings])
+        records = resolve(base.resources, env={})
+        profile = load_profile(base.calibration)
+        record = {"deployment": "llama3-8b-h200", **calibration_inputs(machine, profile, records)}
+        path = write_override(
+            "llama3-8b-h200", rows_for(records), record, config_dir / "deployment",
+            profile=OmegaConf.to_container(base.calibration, resolve=True),
+        )  # fmt: skip
+        cfg = compose("engine", overrides=[f"deployment={path.stem}"])
+        changed = compose(
+            "engine", overrides=[f"deployment={path.stem}", "calibration.limits.max_num_seqs=256"]
+        )
+
+    def stale(composed):
+        running = load_profile(composed.calibration)
+        inputs = calibration_inputs(machine, running, resolve(composed.resources, env={}))
+        return stale_calibration(OmegaConf.to_container(composed.calibrated), inputs)
+
+    assert load_profile(cfg.calibration) == profile
+    assert stale(cfg) is None
+    assert stale(changed).fields == ("profile.limits.max_num_seqs", "profile.cuda_graph_batch_sizes")

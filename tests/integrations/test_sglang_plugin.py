@@ -20,6 +20,8 @@ import torch
 from mstar_resources import ResourceConfigError, WorkspaceSealedError
 from mstar_resources.integrations import sglang as plugin
 from mstar_resources.integrations.sglang import seams, workspaces
+from mstar_resources.integrations.sglang.measure import SglangPlans
+from mstar_resources.resolver import resolve
 from tests.attn.fake_allocator import FakePlanner
 
 ROOT = Path(__file__).parents[2]
@@ -66,7 +68,7 @@ def test_a_bad_setting_stops_the_process_with_status_2_and_one_paragraph():
     assert f"unset {plugin.ENV_VAR}" in done.stderr
 
 
-@pytest.mark.parametrize("value", ["auto", "none", "/nowhere/deployment/x.yaml"])
+@pytest.mark.parametrize("value", ["none", "/nowhere/deployment/x.yaml"])
 def test_each_bad_setting_exits_2_naming_the_setting_and_its_value(value, monkeypatch, capsys):
     monkeypatch.setenv(plugin.ENV_VAR, value)
     with pytest.raises(SystemExit) as stopped:
@@ -76,13 +78,12 @@ def test_each_bad_setting_exits_2_naming_the_setting_and_its_value(value, monkey
     assert err.startswith(f"mstar-resources: {plugin.ENV_VAR}={value!r}") and err.count("\n") == 1
 
 
-def test_auto_is_refused_since_the_plugin_measures_no_sglang_plan():
-    with pytest.raises(ResourceConfigError) as refused:
-        plugin.SGLANG.read({plugin.ENV_VAR: "auto"})
-    assert "mstar-resources-calibrate" in str(refused.value)
+def test_auto_is_taken_and_offered_where_a_setting_is_close():
+    setting = plugin.SGLANG.read({plugin.ENV_VAR: "auto"})
+    assert setting is not None and setting.auto and setting.records == ()
     with pytest.raises(ResourceConfigError) as unknown:
-        plugin.SGLANG.read({plugin.ENV_VAR: "llama3-8b"})
-    assert "did you mean" in str(unknown.value) and "auto" not in str(unknown.value)
+        plugin.SGLANG.read({plugin.ENV_VAR: "aut"})
+    assert "did you mean auto?" in str(unknown.value)
 
 
 # -- the seams, in SGLang's source ---------------------------------------------------------------
@@ -379,3 +380,67 @@ def test_a_seal_with_no_flashinfer_backend_built_says_what_is_held_for_nothing(w
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     message = caplog.records[0].getMessage()
     assert "no FlashInfer backend" in message and "3,145,728 bytes held for nothing" in message
+
+
+# -- auto: the floors measured in the worker -----------------------------------------------------
+
+PLANS = SglangPlans(32, 8, 128, 1, "bfloat16", "bfloat16", 128, 4096, 4096, (1, 2, 4), False)
+
+
+@pytest.fixture
+def auto_worker(monkeypatch):
+    """A worker with ``auto`` set, its runner's parallel context the stand-in's; the measurement
+    (FlashInfer's plans on the GPU, ``scripts/sglang_proof.py``) gives 3 and 5 MB here."""
+    setting = plugin.SGLANG.read({plugin.ENV_VAR: "auto"})
+    assert setting is not None
+    served = workspaces.SglangWorkspaces(setting)
+    registry = Registry()
+    runner_module, backend_module = _stand_ins(registry, served)
+    context = types.ModuleType(seams.CONTEXT)
+    context.get_buffer = registry.get_buffer  # type: ignore[attr-defined]
+    context.get_parallel = lambda: types.SimpleNamespace(attn_tp_size=1)  # type: ignore[attr-defined]
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, seams.CONTEXT, context)
+    measured: list[SglangPlans] = []
+
+    def measure(plans: SglangPlans, device: Any) -> tuple[list[Any], dict[str, str]]:
+        measured.append(plans)
+        tree = plans.tree()
+        tree["attn"]["prefill"]["declared_mb"], tree["attn"]["decode"]["declared_mb"] = 3, 5
+        return resolve(tree, env={}), {"attn.decode": "measured here: need 5,000,000 bytes"}
+
+    monkeypatch.setattr(workspaces, "measure", measure)
+    seams._patch_runner(served, runner_module)
+    seams._patch_backend(served, backend_module)
+    return served, registry, runner_module, measured
+
+
+def test_auto_reserves_the_measured_floors_before_sglang_sizes_its_kv_pool(
+    auto_worker, monkeypatch, caplog
+):
+    served, registry, runner_module, measured = auto_worker
+    monkeypatch.setattr(workspaces, "sglang_plans", lambda runner, tp: PLANS)
+    runner = runner_module.ModelRunner()
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        runner.alloc_memory_pool()
+    assert measured == [PLANS]
+    assert runner.held_at_kv_sizing == served.held_bytes == 8 * MIB
+    assert registry.buffers["flashinfer_workspace"] is served.workspaces["decode"].tensor
+    decode_line = next(r.getMessage() for r in caplog.records if ":decode" in r.getMessage())
+    assert "5,242,880 bytes" in decode_line and "measured here: need 5,000,000" in decode_line
+    assert served.report()["provenance"] == {"attn.decode": "measured here: need 5,000,000 bytes"}
+
+
+def test_auto_leaves_a_model_it_cannot_plan_to_sglang_saying_why(auto_worker, monkeypatch, caplog):
+    served, registry, runner_module, measured = auto_worker
+    monkeypatch.setattr(
+        workspaces, "sglang_plans", lambda runner, tp: "the model has sliding-window layers"
+    )
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        runner_module.ModelRunner().alloc_memory_pool()
+    assert measured == [] and registry.buffers == {} and served.held_bytes == 0
+    assert not served.serving
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "MSTAR_RESOURCES_SGLANG=auto set, but the model has sliding-window layers" in message
+    assert "SGLang keeps its own FlashInfer workspace" in message

@@ -18,8 +18,9 @@ def test_the_dry_run_calibrates_before_the_first_run_of_its_limits_and_starts_no
     assert done.returncode == 0, done.stderr
     steps = {line.split(":")[0]: line for line in done.stdout.splitlines()}
     assert list(steps) == [
-        "llama/sglang", "calibrate/128", "llama/plugin", "qwen3/sglang", "qwen3/plugin",
-        "large-graph/sglang", "calibrate/512", "large-graph/plugin",
+        "llama/sglang", "calibrate/128", "llama/plugin", "llama/auto", "qwen3/sglang",
+        "qwen3/plugin", "qwen3/auto", "large-graph/sglang", "calibrate/512", "large-graph/plugin",
+        "large-graph/auto",
     ]  # fmt: skip
     folder = out / "calibrated-128-4096-4096" / "deployment"
     assert steps["calibrate/128"] == (
@@ -32,6 +33,7 @@ def test_the_dry_run_calibrates_before_the_first_run_of_its_limits_and_starts_no
     assert f"MSTAR_RESOURCES_SGLANG={file}, LlamaForCausalLM" in steps["llama/plugin"]
     assert f"MSTAR_RESOURCES_SGLANG={file}, Qwen3ForCausalLM" in steps["qwen3/plugin"]
     assert "MSTAR_RESOURCES_SGLANG=(unset), Qwen3ForCausalLM" in steps["qwen3/sglang"]
+    assert "MSTAR_RESOURCES_SGLANG=auto, LlamaForCausalLM" in steps["llama/auto"]
     for name in ("llama/sglang", "qwen3/plugin"):
         assert "attention_backend=flashinfer" in steps[name]
         assert "max_running_requests=128, cuda_graph_max_bs_decode=128" in steps[name]
@@ -102,7 +104,7 @@ def test_the_table_compares_tokens_in_a_group_and_reads_kv_tokens_and_workspaces
     assert rows["large-graph/sglang"][1] == "no"
     assert "Buffer overflow when allocating" in text
     assert proof.kv_cost(results) == [
-        f"llama: KV tokens as SGLang is 8,000, with the plugin 7,997 (-3); workspace bytes "
+        f"llama/plugin: KV tokens as SGLang is 8,000, with the plugin 7,997 (-3); workspace bytes "
         f"{384 << 20:,} and {23 << 20:,}"
     ]
 
@@ -153,5 +155,7 @@ def test_the_free_memory_as_capture_begins_is_read_both_ways():
     plugin = proof.from_log([KV.format(9_105_300), capture.format("68.98")])
     assert (own["free_at_capture_gb"], plugin["free_at_capture_gb"]) == (68.6, 68.98)
     (line,) = proof.kv_cost({"llama/sglang": own, "llama/plugin": plugin})
-    assert line.startswith("llama: KV tokens as SGLang is 9,107,604, with the plugin 9,105,300")
+    assert line.startswith(
+        "llama/plugin: KV tokens as SGLang is 9,107,604, with the plugin 9,105,300"
+    )
     assert line.endswith("; free as graph capture begins 68.6 and 68.98 GB")

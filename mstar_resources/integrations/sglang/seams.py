@@ -35,6 +35,9 @@ SEAMS = (
     Seam(RUNNER, "ModelRunner.init_cuda_graphs"),
     Seam(RUNNER, "ModelRunner.use_mla_backend", instance=True),
     Seam(CONTEXT, "get_buffer"),
+    Seam(CONTEXT, "get_parallel"),  # auto: the attention TP ranks its heads are split over
+    *(Seam(RUNNER, f"ModelRunner.{name}", instance=True)
+      for name in ("model_config", "server_args", "page_size")),
     Seam(BACKEND, "FlashInferAttnBackend.__init__"),
     *(Seam(BACKEND, f"FlashInferAttnBackend.{name}", instance=True)
       for name in ("workspace_buffer", "prefill_wrapper_ragged", "prefill_wrappers_paged",

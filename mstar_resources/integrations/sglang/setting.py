@@ -1,7 +1,6 @@
 """``MSTAR_RESOURCES_SGLANG``, the SGLang plugin's setting: a :class:`~..setting.PluginSetting`
-that takes a shipped deployment or a deployment file (every refusal one paragraph that starts
-with the setting and its value). It does not take ``auto``: the plugin reads no SGLang plan to
-measure, so a deployment calibrated on the GPU gives the floors."""
+that takes ``auto`` (each floor measured in the worker: ``measure.py``), a shipped deployment or a
+deployment file (every refusal one paragraph that starts with the setting and its value)."""
 
 from __future__ import annotations
 
@@ -10,11 +9,11 @@ from ..setting import PluginSetting, Setting
 __all__ = ["ENV_VAR", "ROLES", "SGLANG", "Setting"]
 
 ENV_VAR = "MSTAR_RESOURCES_SGLANG"
-"""The setting that enables the plugin: a deployment's name, or a deployment file."""
+"""The setting that enables the plugin: ``auto``, a deployment's name, or a deployment file."""
 
 ROLES = ("prefill", "decode")
 """The labels SGLang's FlashInfer wrappers plan as: the ragged and paged prefill (and verify)
 wrappers, and the decode wrappers."""
 
-SGLANG = PluginSetting(ENV_VAR, "mstar_resources_sglang", "SGLang", ROLES, measures=False)
+SGLANG = PluginSetting(ENV_VAR, "mstar_resources_sglang", "SGLang", ROLES)
 """What the setting takes; its deployments compose with ``conf/mstar_resources_sglang.yaml``."""

@@ -13,7 +13,9 @@ from typing import Any
 from ...attn._flashinfer import FLOAT_BUFFER, RECORDED_SIZE
 from ...attn.workspace import Workspace, WorkspacePool
 from ...errors import WorkspaceSealedError
-from ...resolver import build_pools
+from ...resolver import ResolvedResource, build_pools
+from ..setting import AUTO
+from .measure import measure, sglang_plans
 from .setting import SGLANG, Setting
 
 __all__ = ["BUFFER_NAME", "SglangWorkspaces"]
@@ -47,6 +49,8 @@ class SglangWorkspaces:
         self.own_workspaces = 0
         """Backends that made a workspace of their own (``init_new_workspace``)."""
         self.sealed_overflows = 0
+        self.provenance: dict[str, str] = {}
+        """Where each floor measured with ``auto`` came from, by resource path."""
 
     @property
     def serving(self) -> bool:
@@ -71,12 +75,19 @@ class SglangWorkspaces:
         if reason is not None:
             self.leave_untouched(reason)
             return
-        self._check_calibration(_device(runner))
-        keys = SGLANG.serving_keys(self.setting.records, self.setting.describe())
+        device = _device(runner)
+        if self.setting.auto:
+            measured = self._measure(runner, device)
+            if measured is None:
+                return
+        else:
+            measured = list(self.setting.records)
+            self._check_calibration(device)
+        keys = SGLANG.serving_keys(measured, self.setting.describe())
         # SGLang's wrappers keep their own int workspaces (several are planned before any runs),
         # so the pools reserve none.
         records = {r.path: dataclasses.replace(r, int_floor_mb=0) for r, _ in keys.values()}
-        self.pools = build_pools(list(records.values()), _device(runner))
+        self.pools = build_pools(list(records.values()), device)
         for role, (record, cg_slot) in keys.items():
             workspace = self.pools[record.path].get(role, cg_slot)
             self.workspaces[role] = workspace
@@ -90,10 +101,30 @@ class SglangWorkspaces:
         for role, workspace in self.workspaces.items():
             record, _ = keys[role]
             logger.info(
-                "mstar-resources: %s: %s bytes for SGLang's FlashInfer %s wrappers (floor from "
-                "%s), before SGLang sizes its KV pool",
-                workspace.name, f"{workspace.tensor.numel():,}", role, record.floor_setting,
+                "mstar-resources: %s: %s bytes for SGLang's FlashInfer %s wrappers (floor %s), "
+                "before SGLang sizes its KV pool",
+                workspace.name, f"{workspace.tensor.numel():,}", role,
+                self.provenance.get(record.path) or f"from {record.floor_setting}",
             )  # fmt: skip
+
+    def _measure(self, runner: Any, device: Any) -> list[ResolvedResource] | None:
+        """``auto``: the workspaces' floors, measured here for the plans SGLang will make (None:
+        SGLang keeps its own workspace, and the log says why). What the measurement allocates
+        is given back before SGLang reads the memory free for its KV pool."""
+        from sglang.srt.runtime_context import get_parallel
+
+        plans = sglang_plans(runner, get_parallel().attn_tp_size)
+        if isinstance(plans, str):
+            self.leave_untouched(f"{plans}, which {AUTO} does not measure")
+            return None
+        try:
+            records, self.provenance = measure(plans, device)
+        finally:
+            if device.type == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()
+        return records
 
     def _check_calibration(self, device: Any) -> None:
         """A calibrated deployment names what differs here (FlashInfer's version, the GPU): its
@@ -101,10 +132,9 @@ class SglangWorkspaces:
         stale = self.setting.stale_calibration(device)
         if stale is not None:
             logger.warning(
-                "mstar-resources: %s was calibrated elsewhere (%s); its floors may not hold "
-                "here: calibrate on this GPU with this FlashInfer (mstar-resources-calibrate "
-                "deployment=<name> calibration.engine=sglang) and set the file it writes",
-                self.setting.describe(), stale,
+                "mstar-resources: %s: %s (with calibration.engine=sglang); or set %s=%s to "
+                "measure SGLang's plans in the worker",
+                self.setting.describe(), stale, self.setting.name, AUTO,
             )  # fmt: skip
 
     @property
@@ -181,6 +211,7 @@ class SglangWorkspaces:
             "sealed_before": self.sealed_before,
             "growths": sum(s.times_grown for p in self.pools.values() for s in p.stats()),
             "sealed_overflows": self.sealed_overflows,
+            "provenance": dict(self.provenance),
         }
 
 

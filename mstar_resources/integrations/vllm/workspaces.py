@@ -235,9 +235,7 @@ class VllmWorkspaces:
         stale = self.setting.stale_calibration(device)
         if stale is not None:
             logger.warning(
-                "mstar-resources: %s was calibrated elsewhere (%s); its floors may not hold "
-                "here: recalibrate on this GPU, or set %s=%s to measure vLLM's plans in the "
-                "worker",
+                "mstar-resources: %s: %s; or set %s=%s to measure vLLM's plans in the worker",
                 self.setting.describe(), stale, ENV_VAR, AUTO,
             )  # fmt: skip
 

@@ -1,0 +1,180 @@
+"""``MSTAR_RESOURCES_SGLANG=auto``: each workspace's floor measured in SGLang's worker, on its GPU
+and its FlashInfer, for the model it loaded and the limits it was given, as SGLang starts to size
+its KV pool.
+
+What SGLang's FlashInfer backend plans, read in SGLang 0.5.17 (``flashinfer_backend.py``,
+``mem_cache/kv_cache_configurator.py``, ``server_args.py``) and planned here with calibration's
+SGLang profile (``calibration.engine=sglang``):
+
+- its query heads (the most of any layer) and KV heads over the attention TP ranks, the head
+  dimension, the KV pool's page size and dtype, the model's dtype for queries;
+- prefill: a ragged wrapper for a batch's new tokens and a paged one for its cached prefix, on one
+  workspace, each batch at most ``max_prefill_tokens`` tokens, or one whole prompt up to the
+  context length where that is more (a chunk where chunked prefill is on);
+- decode: one wrapper per captured graph batch size (``cuda_graph_config.decode.bs``), and eager
+  batches of up to the most running requests: ``--max-running-requests`` per data-parallel rank
+  where set, else at most 4096 (SGLang's cap where unset; a smaller KV pool allows fewer).
+
+A model whose attention the profile does not hold (a sliding window, cross-attention, an FP4
+cache's FP8 stand-in) or prefill under CUDA graphs is left to SGLang, and the log says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ...calibration.profile import CalibrationProfile, load_profile
+from ...resolver import ResolvedResource, resolve
+
+__all__ = ["MOST_RUNNING_REQUESTS", "SglangPlans", "measure", "sglang_plans"]
+
+MOST_RUNNING_REQUESTS = 4096
+"""SGLang's most running requests a data-parallel rank where ``--max-running-requests`` is unset
+(0.5.17 ``resolve_max_num_reqs``)."""
+
+PREFILL_LABELS = {"prefill": "paged_prefill", "ragged_prefill": "ragged_prefill"}
+"""The prefill workspace's labels, each planned as its wrappers' kind: SGLang plans both
+prefill wrappers of a batch on the one workspace."""
+
+
+@dataclass(frozen=True)
+class SglangPlans:
+    """What SGLang's FlashInfer backend will plan in this worker."""
+
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    q_dtype: str
+    kv_dtype: str
+    max_running_requests: int
+    """The most requests in a decode batch (an upper bound, known before the KV pool)."""
+    max_prefill_tokens: int
+    """The most tokens in one prefill plan."""
+    context_len: int
+    decode_graph_batch_sizes: tuple[int, ...]
+    """Empty where SGLang captures no decode graphs."""
+    deterministic: bool
+
+    def describe(self) -> str:
+        graphs = self.decode_graph_batch_sizes
+        captured = f"decode graphs up to {max(graphs)}" if graphs else "no decode graphs"
+        return (
+            f"{self.num_qo_heads}/{self.num_kv_heads} heads of {self.head_dim}, page "
+            f"{self.page_size}, KV {self.kv_dtype}; {self.max_running_requests} requests, "
+            f"{self.max_prefill_tokens} prefill tokens, context {self.context_len}; {captured}"
+        )
+
+    def profile(self) -> CalibrationProfile:
+        """Calibration's profile of these plans, planned as SGLang plans them."""
+        node = {
+            "engine": "sglang",
+            "deterministic": self.deterministic,
+            "model": {
+                "num_qo_heads": self.num_qo_heads,
+                "num_kv_heads": self.num_kv_heads,
+                "head_dim": self.head_dim,
+                "page_size": self.page_size,
+                "q_dtype": self.q_dtype,
+                "kv_dtype": self.kv_dtype,
+            },
+            "limits": {
+                "max_num_seqs": self.max_running_requests,
+                "max_num_batched_tokens": self.max_prefill_tokens,
+                "max_model_len": self.context_len,
+            },
+            "plans": {
+                **{label: {"kind": kind} for label, kind in PREFILL_LABELS.items()},
+                "decode": {"kind": "decode"},
+            },
+        }
+        profile = load_profile(node)
+        sizes = list(self.decode_graph_batch_sizes) or [1]
+        return dataclasses.replace(profile, cuda_graph_batch_sizes=sizes)
+
+    def tree(self) -> dict[str, Any]:
+        """The resources measured: the prefill workspace (both prefill labels) and the decode
+        one, under CUDA graphs where SGLang captures them."""
+        graphs = [0] if self.decode_graph_batch_sizes else []
+        return {
+            "attn": {
+                "prefill": {"owner": "attention", "labels": list(PREFILL_LABELS)},
+                "decode": {"owner": "attention", "labels": ["decode"], "cg_slots": graphs},
+            }
+        }
+
+
+def _dtype(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def sglang_plans(runner: Any, attn_tp_size: int) -> SglangPlans | str:
+    """What SGLang's FlashInfer backend of ``runner`` (its ``ModelRunner``, before it sizes its
+    KV pool) will plan with ``attn_tp_size`` attention TP ranks; a string where the profile cannot
+    hold it: why."""
+    model, args = runner.model_config, runner.server_args
+    if getattr(runner, "sliding_window_size", None) is not None:
+        return "the model has sliding-window layers, planned on a second wrapper"
+    if getattr(model, "is_encoder_decoder", False):
+        return "the model has cross-attention, planned on a second wrapper"
+    kv_dtype = _dtype(runner.kv_cache_dtype)
+    if "float4" in kv_dtype or kv_dtype == "uint8":
+        return f"its KV cache ({kv_dtype}) is planned through an FP8 stand-in"
+    graphs = args.cuda_graph_config
+    if _captures(graphs.prefill):
+        return "SGLang captures prefill CUDA graphs, which the plugin does not measure"
+    requests = args.max_running_requests
+    data_parallel = args.dp_size if args.enable_dp_attention else 1
+    most = MOST_RUNNING_REQUESTS if requests is None else max(1, requests // data_parallel)
+    chunk = args.chunked_prefill_size
+    prompt = chunk if chunk is not None and chunk > 0 else model.context_len
+    return SglangPlans(
+        num_qo_heads=model.get_max_num_attention_heads() // attn_tp_size,
+        num_kv_heads=model.get_num_kv_heads(attn_tp_size),
+        head_dim=model.head_dim,
+        page_size=runner.page_size,
+        q_dtype=_dtype(model.dtype),
+        kv_dtype=kv_dtype,
+        max_running_requests=most,
+        max_prefill_tokens=max(args.max_prefill_tokens, prompt),
+        context_len=model.context_len,
+        decode_graph_batch_sizes=_graph_batch_sizes(graphs.decode, most),
+        deterministic=bool(args.enable_deterministic_inference),
+    )
+
+
+def _graph_batch_sizes(decode: Any, most: int) -> tuple[int, ...]:
+    """The decode batch sizes SGLang captures, as its ``get_batch_sizes_to_capture`` clamps them
+    to the most running requests (adding that one where a larger size is dropped)."""
+    if not _captures(decode):
+        return ()
+    sizes = set(decode.bs or ())
+    if sizes and max(sizes) > most:
+        sizes = {b for b in sizes if b < most} | {most}
+    return tuple(sorted(sizes))
+
+
+def _captures(phase: Any) -> bool:
+    """Whether SGLang captures CUDA graphs for a phase of its ``cuda_graph_config``."""
+    return str(getattr(phase.backend, "value", phase.backend)).lower() != "disabled"
+
+
+def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], dict[str, str]]:
+    """The prefill and decode resources of ``plans``, each floor what FlashInfer's plans need on
+    ``device`` (measured, in whole MB), and where each came from, in words."""
+    from ...calibration.calibrate import measure_all, per_resource
+    from ...calibration.record import declared_mb_for
+
+    tree = plans.tree()
+    rows = measure_all(resolve(tree), plans.profile(), device, show_progress=False)
+    provenance = {}
+    for need in per_resource(rows):
+        node = tree["attn"][need.path.removeprefix("attn.")]
+        node["declared_mb"] = declared_mb_for(need.need_bytes)
+        provenance[need.path] = (
+            f"measured here: need {need.need_bytes:,} bytes, worst {need.worst}, by "
+            f"{need.method}, for {plans.describe()}"
+        )
+    return resolve(tree), provenance

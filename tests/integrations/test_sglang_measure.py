@@ -1,0 +1,123 @@
+"""``MSTAR_RESOURCES_SGLANG=auto``: what the plugin reads of SGLang's model runner to plan as its
+FlashInfer backend will, on stand-ins holding the attributes SGLang 0.5.17 has when it starts to
+size its KV pool; the measurement itself runs in SGLang on the GPU (``scripts/sglang_proof.py``)."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from mstar_resources.calibration.engine_plans import Engine, uses_tensor_cores
+from mstar_resources.calibration.profile import PlanKind
+from mstar_resources.integrations.sglang.measure import (
+    MOST_RUNNING_REQUESTS,
+    SglangPlans,
+    sglang_plans,
+)
+from mstar_resources.resolver import resolve, serving
+
+
+def phase(backend: str = "full", bs: list[int] | None = None) -> Any:
+    return types.SimpleNamespace(backend=backend, bs=bs)
+
+
+def runner(**server: Any) -> Any:
+    """SGLang's ``ModelRunner`` of a Llama 3 8B-shaped model (32 / 8 heads of 128, bf16) with
+    SGLang's defaults, ``server`` overriding its server arguments."""
+    model = types.SimpleNamespace(
+        get_max_num_attention_heads=lambda: 32,
+        get_num_kv_heads=lambda tp: max(1, 8 // tp),
+        head_dim=128, dtype=torch.bfloat16, context_len=8192, is_encoder_decoder=False,
+    )  # fmt: skip
+    graphs = types.SimpleNamespace(
+        decode=phase(bs=[1, 2, 4, 8, 12, 16, 24, 32]), prefill=phase("disabled")
+    )
+    args = {
+        "max_running_requests": None, "dp_size": 1, "enable_dp_attention": False,
+        "chunked_prefill_size": 4096, "max_prefill_tokens": 16384, "cuda_graph_config": graphs,
+        "enable_deterministic_inference": False, **server,
+    }  # fmt: skip
+    return types.SimpleNamespace(
+        model_config=model, server_args=types.SimpleNamespace(**args), page_size=1,
+        kv_cache_dtype=torch.bfloat16, sliding_window_size=None, tp_size=1,
+    )  # fmt: skip
+
+
+def test_sglangs_defaults_plan_its_most_requests_and_largest_prefill_batch():
+    plans = sglang_plans(runner(), attn_tp_size=2)
+    assert isinstance(plans, SglangPlans)
+    assert (plans.num_qo_heads, plans.num_kv_heads, plans.head_dim) == (16, 4, 128)
+    assert (plans.q_dtype, plans.kv_dtype, plans.page_size) == ("bfloat16", "bfloat16", 1)
+    # No --max-running-requests: SGLang's cap; a prefill batch of max_prefill_tokens.
+    assert plans.max_running_requests == MOST_RUNNING_REQUESTS
+    assert plans.max_prefill_tokens == 16384
+    assert plans.decode_graph_batch_sizes == (1, 2, 4, 8, 12, 16, 24, 32)
+
+
+@pytest.mark.parametrize(
+    ("server", "requests", "tokens", "graphs"),
+    [
+        # Its limit, and the graphs SGLang captures clamped to it (plus the limit itself).
+        ({"max_running_requests": 20}, 20, 16384, (1, 2, 4, 8, 12, 16, 20)),
+        # Per data-parallel rank of DP attention; without DP attention, each worker's own.
+        ({"max_running_requests": 64, "dp_size": 4, "enable_dp_attention": True}, 16, 16384,
+         (1, 2, 4, 8, 12, 16)),
+        ({"max_running_requests": 64, "dp_size": 4}, 64, 16384, (1, 2, 4, 8, 12, 16, 24, 32)),
+        # Chunked prefill off: a whole prompt of the context length, where that is more.
+        ({"chunked_prefill_size": -1, "max_prefill_tokens": 4096}, 4096, 8192,
+         (1, 2, 4, 8, 12, 16, 24, 32)),
+        # No decode graphs captured.
+        ({"cuda_graph_config": types.SimpleNamespace(decode=phase("disabled", [1, 2]),
+                                                     prefill=phase("disabled"))},
+         4096, 16384, ()),
+    ],
+)  # fmt: skip
+def test_the_limits_sglang_was_given_are_the_limits_planned(server, requests, tokens, graphs):
+    plans = sglang_plans(runner(**server), attn_tp_size=1)
+    assert isinstance(plans, SglangPlans)
+    assert plans.max_running_requests == requests
+    assert plans.max_prefill_tokens == tokens
+    assert plans.decode_graph_batch_sizes == graphs
+
+
+def test_the_profile_plans_both_prefill_wrappers_and_decode_as_sglang_does():
+    plans = sglang_plans(runner(), attn_tp_size=1)
+    assert isinstance(plans, SglangPlans)
+    profile = plans.profile()
+    assert profile.engine is Engine.sglang
+    assert {label: p.kind for label, p in profile.plans.items()} == {
+        "prefill": PlanKind.paged_prefill,
+        "ragged_prefill": PlanKind.ragged_prefill,
+        "decode": PlanKind.decode,
+    }
+    # SGLang's own choice of tensor cores for this GQA group (4), and its captured sizes.
+    assert profile.plans["decode"].tensor_cores == uses_tensor_cores(
+        Engine.sglang, 32, 8, "bfloat16"
+    )
+    assert profile.cuda_graph_batch_sizes == [1, 2, 4, 8, 12, 16, 24, 32]
+    assert (profile.limits.max_num_seqs, profile.limits.max_model_len) == (4096, 8192)
+    # The tree measured serves both of SGLang's roles, decode under its graphs.
+    records = resolve(plans.tree(), env={})
+    assert serving(records, "prefill").labels == ("prefill", "ragged_prefill")
+    assert serving(records, "decode").cg_slots == (0,)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"sliding_window_size": 4096}, "sliding-window"),
+        ({"kv_cache_dtype": torch.uint8}, "FP8 stand-in"),
+        ({"server_args.cuda_graph_config": types.SimpleNamespace(
+            decode=phase(bs=[1]), prefill=phase("full", [8]))}, "prefill CUDA graphs"),
+    ],
+)  # fmt: skip
+def test_attention_the_profile_cannot_hold_is_left_to_sglang_saying_why(change, why):
+    stand_in = runner()
+    for name, value in change.items():
+        owner, _, attribute = name.rpartition(".")
+        setattr(stand_in.server_args if owner else stand_in, attribute, value)
+    reason = sglang_plans(stand_in, attn_tp_size=1)
+    assert isinstance(reason, str) and why in reason
