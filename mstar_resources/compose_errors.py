@@ -1,6 +1,7 @@
 """Hydra's, OmegaConf's and PyYAML's compose errors as one sentence, built from the exceptions'
 fields (the full key, the value, the node it was meant for, a group's options): the setting, the
-bad value, what it takes and the closest valid name, never Hydra's advice to append with ``+``."""
+bad value, what it takes and the closest valid name, never Hydra's advice to append with ``+``.
+What :mod:`~mstar_resources.compose` raises, for the apps and the engines' plugins alike."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, ValidationError
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
-from .._internal import limits
-from ..errors import did_you_mean
-from ..schema import Resource
+from ._internal import limits
+from .errors import did_you_mean
+from .schema import Resource
 
 __all__ = ["DEPLOYMENT_GROUP", "NO_DEPLOYMENT", "explain", "not_a_choice", "not_a_primary_config",
            "not_utf8", "not_yaml"]  # fmt: skip

@@ -289,13 +289,14 @@ def test_what_there_is_to_pick_reads_well(tmp_path, python, prog, args, named):
 INTERRUPTED_COMPOSE = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from mstar_resources.apps import dry_run as cli, hydra_app as hydra_apps
+from mstar_resources import compose as composing
+from mstar_resources.apps import dry_run as cli
 
 def compose(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while composing
     raise AssertionError("not interrupted")
 
-hydra_apps.compose = compose
+composing.compose = compose
 sys.argv = ["mstar-resources"]
 cli.main()
 """

@@ -12,7 +12,7 @@ ROOT = Path(__file__).parents[1]
 LAYERS = {
     "errors and units": "errors units files _internal",
     "the core": "attn testing",
-    "config": "schema resolver",
+    "config": "schema resolver compose compose_errors",
     "calibration's terms": "calibration.profile calibration.record calibration.engine_plans "
     "calibration.engine_buffers calibration.versions conf",
     "calibration's measuring": "calibration",

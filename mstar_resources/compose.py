@@ -1,0 +1,218 @@
+"""Composing the config tree as a Hydra command line composes it, for the apps and for what is no
+app (an engine's plugin): Hydra initialised on the tree's search path, a user's ``--config-dir``
+after it, and a mistake in the overrides or in a config file raised as one paragraph
+(:class:`~mstar_resources.ResourceConfigError`, in the words of ``compose_errors``). On Hydra's
+public API only; the core and the resolver do not import it."""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+from hydra import compose, initialize_config_dir, initialize_config_module
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.version import VersionBase
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from . import compose_errors
+from .compose_errors import DEPLOYMENT_GROUP, not_a_choice
+from .errors import ResourceConfigError
+
+__all__ = ["SHIPPED_CONF", "Composition", "compose_deployment", "deployment_options",
+           "group_options", "hydra_on", "register_settings", "shipped_deployments"]  # fmt: skip
+
+SHIPPED_CONF = "pkg://mstar_resources.conf"
+COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError,
+                  RecursionError)  # fmt: skip
+
+
+def shipped_deployments() -> Path:
+    """The ``deployment`` group of the installed ``conf`` (the source tree's, when editable):
+    where the shipped deployments, calibrated ones included, are."""
+    return Path(str(importlib.resources.files("mstar_resources.conf"))) / DEPLOYMENT_GROUP
+
+
+def register_settings(config_name: str, settings: type) -> None:
+    """Store the schema of an app's own settings as ``<config_name>_settings``, which its primary
+    config ``config_name`` lists first."""
+    ConfigStore.instance().store(f"{config_name}_settings", settings, provider="mstar-resources")
+
+
+def compose_deployment(
+    config_name: str, deployment: str, config_dir: Path | None = None, *, settings: type
+) -> DictConfig:
+    """The shipped primary config ``config_name`` composed as ``mstar-resources --config-dir
+    <config_dir> deployment=<deployment>`` composes it, for a program that is no app (an engine's
+    plugin): a mistake raises :class:`ResourceConfigError`; the program's own Hydra is kept."""
+    register_settings(config_name, settings)
+    with hydra_on(SHIPPED_CONF, compose_deployment):
+        on = Composition(config_name, [f"{DEPLOYMENT_GROUP}={deployment}"], config_dir)
+        return on.config(hydra=False)
+
+
+def deployment_options(config_name: str) -> list[str]:
+    """The shipped deployments, by name (those starting with ``_`` left out)."""
+    with hydra_on(SHIPPED_CONF, compose_deployment):
+        return group_options(DEPLOYMENT_GROUP, config_name)
+
+
+@contextmanager
+def hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
+    """Hydra initialised on ``config_path`` as ``@hydra.main`` over ``run`` finds it; the program's
+    own Hydra, which ``initialize_*`` refuse to run beside, given back after."""
+    instance, base = GlobalHydra.instance(), VersionBase.instance().version_base
+    program_hydra, instance.hydra = instance.hydra, None
+    pkg = config_path.removeprefix("pkg://")
+    folder = str((Path(inspect.getfile(run)).parent / config_path).resolve())
+    try:
+        with initialize_config_module(pkg, version_base="1.3") if pkg != config_path else (
+            initialize_config_dir(folder, version_base="1.3")
+        ):  # fmt: skip
+            yield
+    finally:  # initialize_*'s exit leaves a copy of the instance it found
+        GlobalHydra.set_instance(instance)
+        instance.hydra, VersionBase.instance().version_base = program_hydra, base
+
+
+def group_options(group: str, config_name: str | None, searchpath: Sequence[str] = ()) -> list[str]:
+    """The options of config group ``group`` ("": primary configs), as Hydra's ``--help`` lists
+    them, those starting with ``_`` left out."""
+    try:
+        loader = GlobalHydra.instance().config_loader()
+        names = loader.get_group_options(group, config_name=config_name, overrides=[*searchpath])
+    except (HydraException, OSError):  # a key too long for a folder's name, ...
+        return []
+    return sorted(name for name in names if not name.startswith("_"))
+
+
+class Composition:
+    """Overrides as a command line gives them (``texts``), composed over the primary config
+    ``config_name`` (or the ``--config-name`` given, ``given_name``) with a user's ``config_dir``
+    on the search path: the config, and what composing it raises as one paragraph. Only the
+    user's files are looked into: the shipped ones are tested."""
+
+    def __init__(
+        self, config_name: str, texts: Sequence[str], config_dir: str | Path | None = None,
+        given_name: str | None = None,
+    ) -> None:  # fmt: skip
+        self.config_name, self.texts, self.given_name = config_name, list(texts), given_name
+        self.folder = Path(config_dir).resolve() if config_dir else None
+        try:
+            self.overrides = OverridesParser.create().parse_overrides(self.texts)
+        except (HydraException, ValueError):  # no override Hydra can read: composing says so
+            self.overrides = []
+
+    def options(self, group: str) -> list[str]:
+        return group_options(group, self.config_name, self.searchpath)
+
+    @functools.cached_property
+    def searchpath(self) -> tuple[str, ...]:
+        """The override that adds ``--config-dir`` to the primary config's search path."""
+        if not self.folder:
+            return ()
+        try:
+            path = list(compose(self.config_name, return_hydra_config=True).hydra.searchpath)
+        except COMPOSE_ERRORS:
+            path = []
+        return (f"hydra.searchpath=[{','.join([*path, f'file://{self.folder}'])}]",)
+
+    def deployment_file(self) -> Path | None:
+        """The file of the deployment the overrides pick, where the user's ``--config-dir`` has
+        it."""
+        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
+        if self.folder and names and isinstance(names[0], str):
+            path = self.folder / DEPLOYMENT_GROUP / f"{names[0]}.yaml"
+            return path if path.is_file() else None
+        return None
+
+    def shadowed_file(self) -> str | None:
+        """The user's deployment file the overrides pick, where a shipped deployment of its name
+        would be composed in its place (Hydra's search path has ``--config-dir`` after the
+        package's configs), so that the file would be ignored without a word."""
+        path = self.deployment_file()
+        if path is None or path.parent == shipped_deployments().resolve() or (
+                path.stem not in group_options(DEPLOYMENT_GROUP, self.config_name)):  # fmt: skip
+            return None
+        return (f"{DEPLOYMENT_GROUP}={path.stem} picks the shipped deployment of that name, not "
+                f"{path}: Hydra finds the package's configs before a --config-dir's, so the file "
+                f"would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and use the new "
+                "name")  # fmt: skip
+
+    def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
+        """The overrides composed (with Hydra's config where ``hydra``), a mistake in them or in a
+        config file raised as ResourceConfigError (where ``full_error``, as Hydra raised it)."""
+        shadowed = self.shadowed_file()
+        if shadowed is not None:
+            raise ResourceConfigError(shadowed)
+        try:
+            overrides = [*self.texts, *self.searchpath]
+            return compose(self.given_name or self.config_name, overrides,
+                           return_hydra_config=hydra)  # fmt: skip
+        except COMPOSE_ERRORS as error:
+            paragraph = None if full_error else self.paragraph(error)
+            if paragraph is None:
+                raise
+            raise ResourceConfigError(paragraph) from None
+
+    def paragraph(self, error: BaseException) -> str | None:
+        """``error``, raised composing the overrides, as one paragraph; None where it is no mistake
+        in them or in a config file (a ``ValueError`` or ``OSError`` no override explains)."""
+        if isinstance(error, yaml.YAMLError):
+            return compose_errors.not_yaml(error)
+        if isinstance(error, RecursionError):
+            given = " ".join(self.texts) or "the config"
+            return (f"composing {given} never ends: a defaults list names a config that lists it "
+                    "again, itself or through others (a deployment whose defaults list names that "
+                    "deployment, say); remove the name from that list")  # fmt: skip
+        if isinstance(error, UnicodeDecodeError) and self.folder:
+            # ``error.object`` is the chunk of the file that Hydra's reader was decoding.
+            found = [p for p in sorted(self.folder.rglob("*.yaml")) if error.object
+                     and bytes(error.object) in p.read_bytes()]  # fmt: skip
+            return compose_errors.not_utf8(found[0], error) if found else None
+        if name := self.given_name:  # not the other apps' configs, nor the settings'
+            mine = {p.stem for p in self.folder.glob("*.yaml")} if self.folder else set()
+            configs = [c for c in self.options("") if c == self.config_name or c in mine]
+            if name.removesuffix(".yaml") not in configs:  # not there, or another app's
+                return compose_errors.not_a_primary_config(name, configs)
+        if isinstance(error, HydraException | OmegaConfBaseException):
+            return compose_errors.explain(error, self.deployment_file())
+        if type(error) is ValueError:  # OmegaConf's int() of a list's index
+            return self.list_index_problem()
+        filename = str(error.filename) if isinstance(error, OSError) and error.filename else ""
+        for override in self.overrides if filename else []:
+            # Hydra looks a key up as a config group on disk first, and a group's value as a file.
+            key, value = override.key_or_group, override.value()
+            if isinstance(value, str) and len(value) > 80 and value in filename:
+                shown = f"{value[:80]}... ({len(value):,} characters)"
+                why = ": no option has so long a name"
+                return not_a_choice(key, shown, self.options(key), why, closest=False)
+            if key in filename:
+                shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key):,} characters)"
+                return f"{shown} is not a setting: no setting or config group has so long a name"
+        return None
+
+    def list_index_problem(self) -> str | None:
+        """The first override that sets an item of a list by a name, not a position."""
+        for i, override in enumerate(self.overrides):
+            parts = override.key_or_group.split(".")
+            try:
+                cfg = compose(self.given_name or self.config_name,
+                              [*self.texts[:i], *self.searchpath])  # fmt: skip
+            except COMPOSE_ERRORS:
+                return None
+            for depth, part in enumerate(parts[1:], 1):
+                path = ".".join(parts[:depth])
+                if isinstance(OmegaConf.select(cfg, path), ListConfig) and not part.isdigit():
+                    return (f"{override.input_line} is not a setting: {path} is a list, whose "
+                            f"items are set by position ({path}.0=...) or all at once "
+                            f"({path}=[...])")  # fmt: skip
+        return None
