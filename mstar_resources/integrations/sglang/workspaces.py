@@ -5,6 +5,7 @@ its KV pool is sized, handed to its FlashInfer backends, every plan on them thro
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import types
 from collections.abc import Callable
@@ -123,6 +124,7 @@ class SglangWorkspaces:
             if device.type == "cuda":
                 import torch
 
+                gc.collect()  # the measurement's wrappers, in cycles, with what they hold
                 torch.cuda.empty_cache()
         return records
 
