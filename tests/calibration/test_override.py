@@ -172,4 +172,5 @@ def test_a_calibration_made_with_profile_settings_composes_the_profile_it_holds_
 
     assert load_profile(cfg.calibration) == profile
     assert stale(cfg) is None
-    assert stale(changed).fields == ("profile.limits.max_num_seqs", "profile.cuda_graph_batch_sizes")
+    fields = ("profile.limits.max_num_seqs", "profile.cuda_graph_batch_sizes")
+    assert stale(changed).fields == fields

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from mstar_resources import ResourceConfigError, WorkspaceSealedError
+from mstar_resources import ResourceConfigError, WorkspacePlanError, WorkspaceSealedError
 from mstar_resources.integrations import sglang as plugin
 from mstar_resources.integrations.sglang import seams, workspaces
 from mstar_resources.integrations.sglang.measure import SglangPlans
@@ -143,7 +143,7 @@ def _deployment(tmp_path: Path, prefill_mb: int = 1, decode_mb: int = 2) -> Path
     path.write_text(
         "# @package _global_\nresources:\n  attn:\n"
         f"    prefill:\n      declared_mb: {prefill_mb}\n"
-        f"    decode:\n      declared_mb: {decode_mb}\n"
+        f"    decode:\n      declared_mb: {decode_mb}\n      int_declared_mb: 1\n"
     )
     return path
 
@@ -161,6 +161,12 @@ class Wrapper:
     def __init__(self, float_workspace_buffer: torch.Tensor, layout: str = "NHD", **_: Any):
         self._float_workspace_buffer = float_workspace_buffer
         self._workspace_size = float_workspace_buffer.numel()
+        # FlashInfer's own 8 MiB int workspace and its pinned mirror (smaller here).
+        self._int_workspace_buffer = torch.empty(64, dtype=torch.uint8)
+        self._pin_memory_int_workspace_buffer = torch.empty(64, dtype=torch.uint8)
+
+    def run(self, *args: Any, **kwargs: Any) -> str:
+        return "ran"
 
     def begin_forward(self, *args: Any, need: int = 0, **kwargs: Any) -> str:
         FakePlanner(self._float_workspace_buffer, [("batch_prefill_tmp_v", need, 16)])()
@@ -222,7 +228,10 @@ def _stand_ins(
             self.captured = True
 
     class FlashInferAttnBackend:
-        def __init__(self, runner: Any, init_new_workspace: bool = False) -> None:
+        def __init__(
+            self, runner: Any, init_new_workspace: bool = False, num_wrappers: int = 1
+        ) -> None:
+            self.num_wrappers = num_wrappers
             # SGLang 0.5.23 sets 512 MiB for Qwen3 before it asks the registry.
             shared = registry.get_buffer(
                 "flashinfer_workspace", lambda: torch.empty(512 * MIB, dtype=torch.uint8)
@@ -238,7 +247,17 @@ def _stand_ins(
             self.prefill_wrappers_verify = [module.BatchPrefillWithPagedKVCacheWrapper(
                 self.workspace_buffer) for _ in range(2)]  # fmt: skip
             self.decode_wrappers = [module.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace_buffer) for _ in range(2)]  # fmt: skip
+                self.workspace_buffer) for _ in range(num_wrappers)]  # fmt: skip
+            self.decode_cuda_graph_metadata: dict[int, list[Any]] = {}
+
+        def _create_decode_wrappers(self, bs: int, num_tokens: int) -> list[Any]:
+            return [
+                backend_module.BatchDecodeWithPagedKVCacheWrapper(self.workspace_buffer)
+                for _ in range(self.num_wrappers)
+            ]
+
+        def capture(self, bs: int) -> None:  # a decode graph of ``bs`` requests
+            self.decode_cuda_graph_metadata[bs] = self._create_decode_wrappers(bs, bs)
 
     runner_module.ModelRunner = ModelRunner  # type: ignore[attr-defined]
     backend_module.FlashInferAttnBackend = FlashInferAttnBackend  # type: ignore[attr-defined]
@@ -380,6 +399,52 @@ def test_a_seal_with_no_flashinfer_backend_built_says_what_is_held_for_nothing(w
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     message = caplog.records[0].getMessage()
     assert "no FlashInfer backend" in message and "3,145,728 bytes held for nothing" in message
+
+
+def test_the_decode_wrappers_share_one_int_workspace_and_the_prefill_wrappers_keep_theirs(
+    worker,
+):
+    served, _, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+    backend = backend_module.FlashInferAttnBackend(runner)
+    for bs in (8, 16):
+        backend.capture(bs)
+    shared = served.workspaces["decode"].int_workspace
+    assert shared is not None and shared.tensor.numel() == MIB  # the deployment's 1 MB
+    decodes = [*backend.decode_wrappers, *backend.decode_cuda_graph_metadata[8],
+               *backend.decode_cuda_graph_metadata[16]]  # fmt: skip
+    assert all(w._int_workspace_buffer is shared.tensor for w in decodes)
+    assert all(w._pin_memory_int_workspace_buffer.numel() == MIB for w in decodes)
+    prefills = [backend.prefill_wrapper_ragged, *backend.prefill_wrappers_paged]
+    assert all(w._int_workspace_buffer.numel() == 64 for w in prefills)  # their own
+    assert served.report()["shared_int_wrappers"] == 3
+    assert served.report()["int_workspace_bytes"] == MIB
+    # Planned, then run: a wrapper runs on its own plan; one whose plan was overwritten is
+    # refused rather than reading another's indices.
+    graph8, graph16 = (
+        backend.decode_cuda_graph_metadata[8][0],
+        backend.decode_cuda_graph_metadata[16][0],
+    )
+    backend_module.fast_decode_plan(graph8, need=1024)
+    assert graph8.run() == "ran"
+    with pytest.raises(WorkspacePlanError):
+        graph16.run()
+
+
+@pytest.mark.parametrize("second", ["another backend", "a pair of wrappers a batch"])
+def test_wrappers_planned_several_before_they_run_keep_their_own_int_workspace(worker, second):
+    _, _, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+    if second == "another backend":  # a multi-step draft's backends, after the target's
+        backend_module.FlashInferAttnBackend(runner)
+        backend = backend_module.FlashInferAttnBackend(runner)
+    else:  # a sliding-window model's: one wrapper for each kind of layer
+        backend = backend_module.FlashInferAttnBackend(runner, num_wrappers=2)
+    backend.capture(8)
+    for wrapper in [*backend.decode_wrappers, *backend.decode_cuda_graph_metadata[8]]:
+        assert wrapper._int_workspace_buffer.numel() == 64
 
 
 # -- auto: the floors measured in the worker -----------------------------------------------------

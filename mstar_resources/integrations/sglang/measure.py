@@ -173,6 +173,8 @@ def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], di
     for need in per_resource(rows):
         node = tree["attn"][need.path.removeprefix("attn.")]
         node["declared_mb"] = declared_mb_for(need.need_bytes)
+        if need.int_need_bytes is not None:  # what the decode wrappers' shared one needs
+            node["int_declared_mb"] = declared_mb_for(need.int_need_bytes)
         provenance[need.path] = (
             f"measured here: need {need.need_bytes:,} bytes, worst {need.worst}, by "
             f"{need.method}, for {plans.describe()}"

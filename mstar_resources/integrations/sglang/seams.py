@@ -41,7 +41,8 @@ SEAMS = (
     Seam(BACKEND, "FlashInferAttnBackend.__init__"),
     *(Seam(BACKEND, f"FlashInferAttnBackend.{name}", instance=True)
       for name in ("workspace_buffer", "prefill_wrapper_ragged", "prefill_wrappers_paged",
-                   "prefill_wrappers_verify", "decode_wrappers")),
+                   "prefill_wrappers_verify", "decode_wrappers", "num_wrappers")),
+    Seam(BACKEND, "FlashInferAttnBackend._create_decode_wrappers"),
     Seam(BACKEND, "fast_decode_plan"),
     *(Seam(BACKEND, name) for name in WRAPPERS),
 )  # fmt: skip
@@ -93,14 +94,20 @@ def _patch_backend(workspaces: SglangWorkspaces, module: ModuleType) -> None:
     if not _has_seams(workspaces, module):
         return
     backend = module.FlashInferAttnBackend
-    init = backend.__init__
+    init, create_decode_wrappers = backend.__init__, backend._create_decode_wrappers
 
     @functools.wraps(init)
     def adopted(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         workspaces.adopt(self)
 
-    backend.__init__ = adopted
+    @functools.wraps(create_decode_wrappers)
+    def created(self: Any, *args: Any, **kwargs: Any) -> Any:
+        wrappers = create_decode_wrappers(self, *args, **kwargs)  # one CUDA graph's
+        workspaces.share_int(self, wrappers)
+        return wrappers
+
+    backend.__init__, backend._create_decode_wrappers = adopted, created
     # FlashInfer's own: a wrapper on no workspace of the plugin's plans as it did.
     _route(workspaces, module, "fast_decode_plan")
     for name in WRAPPERS:

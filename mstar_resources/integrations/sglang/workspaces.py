@@ -8,10 +8,12 @@ import dataclasses
 import gc
 import logging
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ...attn._flashinfer import FLOAT_BUFFER, RECORDED_SIZE
+from ...attn.float_workspace import install_int_workspace
 from ...attn.workspace import Workspace, WorkspacePool
 from ...errors import WorkspaceSealedError
 from ...resolver import ResolvedResource, build_pools
@@ -50,6 +52,10 @@ class SglangWorkspaces:
         self.own_workspaces = 0
         """Backends that made a workspace of their own (``init_new_workspace``)."""
         self.sealed_overflows = 0
+        self._int_sharer: weakref.ref[Any] | None = None
+        """The backend whose decode wrappers share the decode workspace's int workspace."""
+        self.shared_int_wrappers = 0
+        """Decode wrappers given that int workspace in place of their own."""
         self.provenance: dict[str, str] = {}
         """Where each floor measured with ``auto`` came from, by resource path."""
 
@@ -85,9 +91,14 @@ class SglangWorkspaces:
             measured = list(self.setting.records)
             self._check_calibration(device)
         keys = SGLANG.serving_keys(measured, self.setting.describe())
-        # SGLang's wrappers keep their own int workspaces (several are planned before any runs),
-        # so the pools reserve none.
-        records = {r.path: dataclasses.replace(r, int_floor_mb=0) for r, _ in keys.values()}
+        # Only the decode wrappers share an int workspace (one is planned, then run, at a time);
+        # SGLang plans both prefill wrappers of a batch before it runs either, so each keeps its
+        # own.
+        decode_path = keys["decode"][0].path
+        records = {
+            r.path: r if r.path == decode_path else dataclasses.replace(r, int_floor_mb=0)
+            for r, _ in keys.values()
+        }
         self.pools = build_pools(list(records.values()), device)
         for role, (record, cg_slot) in keys.items():
             workspace = self.pools[record.path].get(role, cg_slot)
@@ -101,11 +112,14 @@ class SglangWorkspaces:
         self.reserved = True
         for role, workspace in self.workspaces.items():
             record, _ = keys[role]
+            shared = workspace.int_workspace
             logger.info(
-                "mstar-resources: %s: %s bytes for SGLang's FlashInfer %s wrappers (floor %s), "
+                "mstar-resources: %s: %s bytes for SGLang's FlashInfer %s wrappers (floor %s)%s, "
                 "before SGLang sizes its KV pool",
                 workspace.name, f"{workspace.tensor.numel():,}", role,
                 self.provenance.get(record.path) or f"from {record.floor_setting}",
+                "" if shared is None or role != "decode" else
+                f", and an int workspace of {shared.tensor.numel():,} bytes its wrappers share",
             )  # fmt: skip
 
     def _measure(self, runner: Any, device: Any) -> list[ResolvedResource] | None:
@@ -161,6 +175,9 @@ class SglangWorkspaces:
                 )
             return
         self.backends += 1
+        if self._int_sharer is None and backend.num_wrappers == 1:
+            self._int_sharer = weakref.ref(backend)
+            self.share_int(backend, backend.decode_wrappers)
         if prefill is decode:
             return
         for name in PREFILL_WRAPPERS:
@@ -168,6 +185,21 @@ class SglangWorkspaces:
             for wrapper in held if isinstance(held, list) else [held]:
                 if wrapper is not None:
                     _move_to(wrapper, prefill)
+
+    def share_int(self, backend: Any, wrappers: Any) -> None:
+        """Give ``wrappers``, decode wrappers ``backend`` made (its eager ones, or those of one
+        CUDA-graph batch size), the decode workspace's int workspace in place of the 8 MiB each
+        made for itself (and as many pinned), where ``backend`` is the one whose decode
+        wrappers share it: the first FlashInfer backend on the plugin's workspace that plans
+        one decode wrapper a batch. Any other (a multi-step draft's, a sliding-window model's
+        pair) plans several before it runs them, so its wrappers keep their own."""
+        sharer = self._int_sharer
+        if sharer is None or sharer() is not backend:
+            return
+        decode = self.workspaces["decode"]
+        for wrapper in wrappers or ():
+            if install_int_workspace(wrapper, decode):
+                self.shared_int_wrappers += 1
 
     def plan(self, plan: Callable[..., Any], wrapper: Any, *args: Any, **kwargs: Any) -> Any:
         """``plan(wrapper, *args, **kwargs)``, through the workspace ``wrapper`` plans on where it
@@ -213,6 +245,11 @@ class SglangWorkspaces:
             "sealed_before": self.sealed_before,
             "growths": sum(s.times_grown for p in self.pools.values() for s in p.stats()),
             "sealed_overflows": self.sealed_overflows,
+            "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
+            "shared_int_wrappers": self.shared_int_wrappers,
+            "fence_waits": sum(
+                w.fence_waits for p in self.pools.values() for w in p.int_workspaces().values()
+            ),
             "provenance": dict(self.provenance),
         }
 
