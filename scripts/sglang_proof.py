@@ -21,7 +21,8 @@ the same log. An SGLang forward hook (``forward_hooks``, :func:`report_hook`), w
 in its scheduler once CUDA graphs are captured, prints the size of the FlashInfer workspace SGLang
 took from its buffer registry and the plugin's report. The script prints one table and writes
 ``sglang_proof.json`` (``--out``): per run the generated tokens' digest, SGLang's own "KV Cache is
-allocated" line, the GPU memory free as its graph capture begins, the workspace bytes, the growths
+allocated" line, the GPU memory free as its graph capture begins and what the capture took, the
+workspace bytes, the growths
 and sealed refusals, the time to start, and the error that ended a run that failed.
 """
 
@@ -389,6 +390,9 @@ KV_LINE = re.compile(r"KV Cache is allocated\. .*#tokens: (\d+)")
 CAPTURE_LINE = re.compile(r"Capture .*CUDA graph begin\..*avail mem=([\d.]+) GB")
 """SGLang's line as its decode graph capture begins: the GPU memory free then, after the KV pool
 and (as SGLang is) its own FlashInfer buffer, which it makes after sizing the pool."""
+CAPTURED_LINE = re.compile(r"Capture .*CUDA graph end\..*mem usage=([\d.]+) GB")
+"""SGLang's line as its decode graph capture ends: the GPU memory the capture took, the decode
+wrappers' own int workspaces (8 MiB each, one wrapper a graph) among it."""
 
 
 def from_log(lines: list[str]) -> dict[str, Any]:
@@ -396,9 +400,11 @@ def from_log(lines: list[str]) -> dict[str, Any]:
     FlashInfer's overflow and the plugin's refusals, errors, its tail."""
     hook = next((x.split(HOOK_MARK, 1)[1] for x in lines if x.startswith(HOOK_MARK)), None)
     free = (m[1] for x in lines if (m := CAPTURE_LINE.search(x)))
+    taken = (m[1] for x in lines if (m := CAPTURED_LINE.search(x)))
     return {
         "kv_line": next((x for x in lines if KV_LINE.search(x)), None),
         "free_at_capture_gb": next(map(float, free), None),
+        "capture_took_gb": next(map(float, taken), None),
         "hook": json.loads(hook) if hook else None,
         "mstar_lines": [x for x in lines if "mstar-resources" in x][:30],
         "overflow": next((x for x in lines if "Buffer overflow when allocating" in x), None),
@@ -480,6 +486,9 @@ def kv_cost(results: dict[str, dict[str, Any]]) -> list[str]:
         free = [x.get("free_at_capture_gb") for x in (own, r)]
         if None not in free:
             line += f"; free as graph capture begins {free[0]} and {free[1]} GB"
+        took = [x.get("capture_took_gb") for x in (own, r)]
+        if None not in took:
+            line += f"; the capture took {took[0]} and {took[1]} GB"
         found.append(line)
     return found
 

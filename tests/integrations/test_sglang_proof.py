@@ -159,3 +159,16 @@ def test_the_free_memory_as_capture_begins_is_read_both_ways():
         "llama/plugin: KV tokens as SGLang is 9,107,604, with the plugin 9,105,300"
     )
     assert line.endswith("; free as graph capture begins 68.6 and 68.98 GB")
+
+
+def test_what_the_capture_took_is_read_both_ways():
+    """The decode wrappers' own int workspaces are taken as SGLang captures (the lines of the
+    H200 runs of the large graph batch, 2026-12-02)."""
+    proof = load_script("sglang_proof")
+    captured = ("[2026-12-02 13:09:43] Capture target decode CUDA graph end. elapsed=32.59 s, "
+                "mem usage={} GB, avail mem=68.92 GB.")  # fmt: skip
+    own = proof.from_log([KV.format(9_107_604), captured.format("0.59")])
+    plugin = proof.from_log([KV.format(9_078_420), captured.format("0.07")])
+    (line,) = proof.kv_cost({"large-graph/sglang": own, "large-graph/auto": plugin})
+    assert line.startswith("large-graph/auto: KV tokens as SGLang is 9,107,604")
+    assert line.endswith("; the capture took 0.59 and 0.07 GB")
