@@ -22,8 +22,8 @@ in its scheduler once CUDA graphs are captured, prints the size of the FlashInfe
 took from its buffer registry and the plugin's report. The script prints one table and writes
 ``sglang_proof.json`` (``--out``): per run the generated tokens' digest, SGLang's own "KV Cache is
 allocated" line, the GPU memory free as its graph capture begins and what the capture took, the
-workspace bytes, the growths
-and sealed refusals, the time to start, and the error that ended a run that failed.
+workspace bytes, the growths and sealed refusals, the time to start, and the error that ended a
+run that failed.
 """
 
 from __future__ import annotations
