@@ -293,15 +293,17 @@ def test_vllm_plans_decode_with_tensor_cores_at_its_graph_sizes():
     assert profile.plans["prefill"] == load_profile(GOOD).plans["prefill"]
 
 
-def test_sglang_plans_tensor_core_decode_from_a_gqa_group_of_4_or_an_fp8_cache():
-    def tensor_cores(qo: int, kv: int, kv_dtype: str = "bfloat16") -> bool:
-        node = dense(engine="sglang")
+def test_sglang_plans_tensor_core_decode_from_a_gqa_group_of_4_an_fp8_cache_or_deterministic():
+    def tensor_cores(qo: int, kv: int, kv_dtype: str = "bfloat16", **top: object) -> bool:
+        node = dense(engine="sglang", **top)
         node["model"] = {**node["model"], "num_qo_heads": qo, "num_kv_heads": kv,
                          "kv_dtype": kv_dtype}  # fmt: skip
         return load_profile(node).plans["decode"].tensor_cores
 
     assert (tensor_cores(32, 8), tensor_cores(24, 8)) == (True, False)  # groups of 4 and 3
     assert tensor_cores(32, 32, "float8_e4m3fn") is True
+    # SGLang's deterministic mode plans every decode with tensor cores, a group of 3's too.
+    assert tensor_cores(24, 8, deterministic=True) is True
     sizes = load_profile(dense(engine="sglang")).cuda_graph_batch_sizes
     assert sizes[:6] == [1, 2, 4, 8, 12, 16] and sizes[-1] == 256 and 24 in sizes
 

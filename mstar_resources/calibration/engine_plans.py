@@ -96,9 +96,12 @@ def decode_graph_batch_sizes(
     return sorted({s // q_len_per_req for s in tokens if s <= decode_cap and s >= q_len_per_req})
 
 
-def uses_tensor_cores(engine: Engine, num_qo_heads: int, num_kv_heads: int, kv_dtype: str) -> bool:
-    """Whether ``engine`` plans decode with tensor cores (FlashInfer's prefill scheduler)."""
-    if engine is Engine.vllm:
+def uses_tensor_cores(
+    engine: Engine, num_qo_heads: int, num_kv_heads: int, kv_dtype: str, deterministic: bool = False
+) -> bool:
+    """Whether ``engine`` plans decode with tensor cores (FlashInfer's prefill scheduler), in its
+    deterministic mode or not."""
+    if engine is Engine.vllm or deterministic:
         return True
     group = num_qo_heads // num_kv_heads
     return kv_dtype in FP8_DTYPES or group >= SGLANG_TENSOR_CORE_GROUP

@@ -337,7 +337,7 @@ def as_engine_plans(profile: CalibrationProfile) -> CalibrationProfile:
         return profile
     model, limits = profile.model, profile.limits
     tensor_cores = engine_uses_tensor_cores(
-        engine, model.num_qo_heads, model.num_kv_heads, model.kv_dtype
+        engine, model.num_qo_heads, model.num_kv_heads, model.kv_dtype, profile.deterministic
     )
     plans: dict[str, PlanProfile] = {}
     for label, plan in profile.plans.items():
