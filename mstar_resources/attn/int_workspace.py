@@ -238,11 +238,11 @@ def checked_run(
     """``run``, which first checks that ``int_workspace`` holds ``wrapper``'s own plan."""
 
     @functools.wraps(run)
-    def checked(*args: Any, **kwargs: Any) -> T:
+    def check_then_run(*args: Any, **kwargs: Any) -> T:
         int_workspace.check_planned_by(wrapper)
         return run(*args, **kwargs)
 
     # Not functools' __wrapped__: FlashInfer 0.7 decorates run() itself, and its __wrapped__ is
     # the undecorated, unbound function.
-    checked._unchecked = run  # type: ignore[attr-defined]
-    return checked
+    check_then_run._unchecked = run  # type: ignore[attr-defined]
+    return check_then_run

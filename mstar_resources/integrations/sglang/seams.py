@@ -71,7 +71,7 @@ def _patch_runner(workspaces: SglangWorkspaces, module: ModuleType) -> None:
     alloc_memory_pool, init_cuda_graphs = runner.alloc_memory_pool, runner.init_cuda_graphs
 
     @functools.wraps(alloc_memory_pool)
-    def allocated(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def reserve_then_allocate(self: Any, *args: Any, **kwargs: Any) -> Any:
         from sglang.srt.runtime_context import get_buffer
 
         try:
@@ -81,11 +81,11 @@ def _patch_runner(workspaces: SglangWorkspaces, module: ModuleType) -> None:
         return alloc_memory_pool(self, *args, **kwargs)
 
     @functools.wraps(init_cuda_graphs)
-    def captured(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
         workspaces.seal("captures CUDA graphs (or, with none, serves)")
         return init_cuda_graphs(self, *args, **kwargs)
 
-    runner.alloc_memory_pool, runner.init_cuda_graphs = allocated, captured
+    runner.alloc_memory_pool, runner.init_cuda_graphs = reserve_then_allocate, seal_then_capture
 
 
 def _patch_backend(workspaces: SglangWorkspaces, module: ModuleType) -> None:
@@ -97,17 +97,17 @@ def _patch_backend(workspaces: SglangWorkspaces, module: ModuleType) -> None:
     init, create_decode_wrappers = backend.__init__, backend._create_decode_wrappers
 
     @functools.wraps(init)
-    def adopted(self: Any, *args: Any, **kwargs: Any) -> None:
+    def build_then_adopt(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         workspaces.adopt(self)
 
     @functools.wraps(create_decode_wrappers)
-    def created(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def create_then_share_int(self: Any, *args: Any, **kwargs: Any) -> Any:
         wrappers = create_decode_wrappers(self, *args, **kwargs)  # one CUDA graph's
         workspaces.share_int(self, wrappers)
         return wrappers
 
-    backend.__init__, backend._create_decode_wrappers = adopted, created
+    backend.__init__, backend._create_decode_wrappers = build_then_adopt, create_then_share_int
     # FlashInfer's own: a wrapper on no workspace of the plugin's plans as it did.
     _route(workspaces, module, "fast_decode_plan")
     for name in WRAPPERS:
@@ -122,11 +122,11 @@ def _route(workspaces: SglangWorkspaces, owner: Any, name: str) -> None:
         return
 
     @functools.wraps(plan)
-    def planned(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+    def plan_on_workspace(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
         return workspaces.plan(plan, wrapper, *args, **kwargs)
 
-    planned._mstar_resources = True  # type: ignore[attr-defined]
-    setattr(owner, name, planned)
+    plan_on_workspace._mstar_resources = True  # type: ignore[attr-defined]
+    setattr(owner, name, plan_on_workspace)
 
 
 _active: SglangWorkspaces | None = None

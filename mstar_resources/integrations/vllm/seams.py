@@ -125,17 +125,17 @@ def _patch_runner(workspaces: VllmWorkspaces, module: ModuleType) -> None:
     profile_run, capture_model = runner.profile_run, runner.capture_model
 
     @functools.wraps(profile_run)
-    def profiled(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def reserve_then_profile(self: Any, *args: Any, **kwargs: Any) -> Any:
         workspaces.reserve(self)
         return profile_run(self, *args, **kwargs)
 
     @functools.wraps(capture_model)
-    def captured(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not kwargs.get("profile_only"):  # 0.33's V2 captures once to measure, then again
             workspaces.seal("captures CUDA graphs")
         return capture_model(self, *args, **kwargs)
 
-    runner.profile_run, runner.capture_model = profiled, captured
+    runner.profile_run, runner.capture_model = reserve_then_profile, seal_then_capture
 
 
 def _patch_worker(workspaces: VllmWorkspaces, module: ModuleType) -> None:

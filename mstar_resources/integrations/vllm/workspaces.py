@@ -139,7 +139,7 @@ class VllmWorkspaces:
             if self._engine() is runner:
                 return
             self._start_engine()
-        self._engine = _reference(runner, self._engine_freed)
+        self._engine = _reference(runner, self._on_engine_freed)
         if self.untouched is not None or not self._read_setting_again():
             return
         config, device = runner.vllm_config, runner.device
@@ -175,7 +175,7 @@ class VllmWorkspaces:
         self._set_decode_planner()
         self._log_reserved(keys, vllm_how)
 
-    def _engine_freed(self, runner: weakref.ref[Any]) -> None:
+    def _on_engine_freed(self, runner: weakref.ref[Any]) -> None:
         """Let the workspaces go with the engine whose profile made them, as vLLM frees it: its
         memory is back before another engine of the process measures what is free (vLLM's
         profile fails where memory is freed while it measures)."""
@@ -381,14 +381,14 @@ class VllmWorkspaces:
         """``plan`` (a prefill wrapper's own) through ``workspace``; a sealed refusal counted."""
 
         @functools.wraps(plan)
-        def planned(*args: Any, **kwargs: Any) -> Any:
+        def plan_on_workspace(*args: Any, **kwargs: Any) -> Any:
             try:
                 return workspace.plan(plan, *args, **kwargs)
             except WorkspaceSealedError:
                 self.sealed_overflows += 1
                 raise
 
-        return planned
+        return plan_on_workspace
 
     # Step 3: before vLLM captures CUDA graphs, or, where it captures none, before it serves.
     def seal(self, before: str) -> None:
