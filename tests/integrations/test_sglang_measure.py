@@ -24,30 +24,40 @@ def phase(backend: str = "full", bs: list[int] | None = None) -> Any:
     return types.SimpleNamespace(backend=backend, bs=bs)
 
 
-def runner(**server: Any) -> Any:
-    """SGLang's ``ModelRunner`` of a Llama 3 8B-shaped model (32 / 8 heads of 128, bf16) with
-    SGLang's defaults, ``server`` overriding its server arguments."""
+def runner() -> Any:
+    """SGLang's ``ModelRunner`` of a Llama 3 8B-shaped model (32 / 8 heads of 128, bf16)."""
     model = types.SimpleNamespace(
         get_max_num_attention_heads=lambda: 32,
         get_num_kv_heads=lambda tp: max(1, 8 // tp),
         head_dim=128, dtype=torch.bfloat16, context_len=8192, is_encoder_decoder=False,
     )  # fmt: skip
-    graphs = types.SimpleNamespace(
-        decode=phase(bs=[1, 2, 4, 8, 12, 16, 24, 32]), prefill=phase("disabled")
-    )
-    args = {
-        "max_running_requests": None, "dp_size": 1, "enable_dp_attention": False,
-        "chunked_prefill_size": 4096, "max_prefill_tokens": 16384, "cuda_graph_config": graphs,
-        "enable_deterministic_inference": False, **server,
-    }  # fmt: skip
     return types.SimpleNamespace(
-        model_config=model, server_args=types.SimpleNamespace(**args), page_size=1,
-        kv_cache_dtype=torch.bfloat16, sliding_window_size=None, tp_size=1,
-    )  # fmt: skip
+        model_config=model, page_size=1, kv_cache_dtype=torch.bfloat16, sliding_window_size=None
+    )
+
+
+def context(tp: int = 1, dp: int = 1, graphs: Any = None, **schedule: Any) -> Any:
+    """SGLang's ``runtime_context``: the settings in effect, SGLang's defaults but ``schedule``'s,
+    in its bags (``get_schedule()``, ``get_exec()``, ``get_parallel()``)."""
+    if graphs is None:
+        graphs = types.SimpleNamespace(
+            decode=phase(bs=[1, 2, 4, 8, 12, 16, 24, 32]), prefill=phase("disabled")
+        )
+    limits = {"max_running_requests": None, "chunked_prefill_size": 4096,
+              "max_prefill_tokens": 16384, **schedule}  # fmt: skip
+    execution = types.SimpleNamespace(
+        graph=types.SimpleNamespace(cuda_graph_config=graphs),
+        deterministic=types.SimpleNamespace(enable_deterministic_inference=False),
+    )
+    return types.SimpleNamespace(
+        get_parallel=lambda: types.SimpleNamespace(attn_tp_size=tp, attn_dp_size=dp),
+        get_schedule=lambda: types.SimpleNamespace(**limits),
+        get_exec=lambda: execution,
+    )
 
 
 def test_sglangs_defaults_plan_its_most_requests_and_largest_prefill_batch():
-    plans = sglang_plans(runner(), attn_tp_size=2)
+    plans = sglang_plans(runner(), context(tp=2))
     assert isinstance(plans, SglangPlans)
     assert (plans.num_qo_heads, plans.num_kv_heads, plans.head_dim) == (16, 4, 128)
     assert (plans.q_dtype, plans.kv_dtype, plans.page_size) == ("bfloat16", "bfloat16", 1)
@@ -58,25 +68,23 @@ def test_sglangs_defaults_plan_its_most_requests_and_largest_prefill_batch():
 
 
 @pytest.mark.parametrize(
-    ("server", "requests", "tokens", "graphs"),
+    ("settings", "requests", "tokens", "graphs"),
     [
         # Its limit, and the graphs SGLang captures clamped to it (plus the limit itself).
         ({"max_running_requests": 20}, 20, 16384, (1, 2, 4, 8, 12, 16, 20)),
-        # Per data-parallel rank of DP attention; without DP attention, each worker's own.
-        ({"max_running_requests": 64, "dp_size": 4, "enable_dp_attention": True}, 16, 16384,
-         (1, 2, 4, 8, 12, 16)),
-        ({"max_running_requests": 64, "dp_size": 4}, 64, 16384, (1, 2, 4, 8, 12, 16, 24, 32)),
+        # Per attention data-parallel rank.
+        ({"max_running_requests": 64, "dp": 4}, 16, 16384, (1, 2, 4, 8, 12, 16)),
         # Chunked prefill off: a whole prompt of the context length, where that is more.
         ({"chunked_prefill_size": -1, "max_prefill_tokens": 4096}, 4096, 8192,
          (1, 2, 4, 8, 12, 16, 24, 32)),
         # No decode graphs captured.
-        ({"cuda_graph_config": types.SimpleNamespace(decode=phase("disabled", [1, 2]),
-                                                     prefill=phase("disabled"))},
+        ({"graphs": types.SimpleNamespace(decode=phase("disabled", [1, 2]),
+                                          prefill=phase("disabled"))},
          4096, 16384, ()),
     ],
 )  # fmt: skip
-def test_the_limits_sglang_was_given_are_the_limits_planned(server, requests, tokens, graphs):
-    plans = sglang_plans(runner(**server), attn_tp_size=1)
+def test_the_limits_in_effect_are_the_limits_planned(settings, requests, tokens, graphs):
+    plans = sglang_plans(runner(), context(**settings))
     assert isinstance(plans, SglangPlans)
     assert plans.max_running_requests == requests
     assert plans.max_prefill_tokens == tokens
@@ -84,7 +92,7 @@ def test_the_limits_sglang_was_given_are_the_limits_planned(server, requests, to
 
 
 def test_the_profile_plans_both_prefill_wrappers_and_decode_as_sglang_does():
-    plans = sglang_plans(runner(), attn_tp_size=1)
+    plans = sglang_plans(runner(), context())
     assert isinstance(plans, SglangPlans)
     profile = plans.profile()
     assert profile.engine is Engine.sglang
@@ -106,18 +114,17 @@ def test_the_profile_plans_both_prefill_wrappers_and_decode_as_sglang_does():
 
 
 @pytest.mark.parametrize(
-    ("change", "why"),
+    ("change", "settings", "why"),
     [
-        ({"sliding_window_size": 4096}, "sliding-window"),
-        ({"kv_cache_dtype": torch.uint8}, "FP8 stand-in"),
-        ({"server_args.cuda_graph_config": types.SimpleNamespace(
-            decode=phase(bs=[1]), prefill=phase("full", [8]))}, "prefill CUDA graphs"),
+        ({"sliding_window_size": 4096}, {}, "sliding-window"),
+        ({"kv_cache_dtype": torch.uint8}, {}, "FP8 stand-in"),
+        ({}, {"graphs": types.SimpleNamespace(decode=phase(bs=[1]), prefill=phase("full", [8]))},
+         "prefill CUDA graphs"),
     ],
 )  # fmt: skip
-def test_attention_the_profile_cannot_hold_is_left_to_sglang_saying_why(change, why):
+def test_attention_the_profile_cannot_hold_is_left_to_sglang_saying_why(change, settings, why):
     stand_in = runner()
     for name, value in change.items():
-        owner, _, attribute = name.rpartition(".")
-        setattr(stand_in.server_args if owner else stand_in, attribute, value)
-    reason = sglang_plans(stand_in, attn_tp_size=1)
+        setattr(stand_in, name, value)
+    reason = sglang_plans(stand_in, context(**settings))
     assert isinstance(reason, str) and why in reason

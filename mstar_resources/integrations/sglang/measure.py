@@ -2,9 +2,10 @@
 and its FlashInfer, for the model it loaded and the limits it was given, as SGLang starts to size
 its KV pool.
 
-What SGLang's FlashInfer backend plans, read in SGLang 0.5.17 (``flashinfer_backend.py``,
-``mem_cache/kv_cache_configurator.py``, ``server_args.py``) and planned here with calibration's
-SGLang profile (``calibration.engine=sglang``):
+What SGLang's FlashInfer backend plans, read in SGLang 0.5.17 and 0.5.23
+(``flashinfer_backend.py``, ``mem_cache/kv_cache_configurator.py``, ``runtime_context.py``: the
+settings in effect, which both read from the runtime context's bags) and planned here with
+calibration's SGLang profile (``calibration.engine=sglang``):
 
 - its query heads (the most of any layer) and KV heads over the attention TP ranks, the head
   dimension, the KV pool's page size and dtype, the model's dtype for queries;
@@ -12,8 +13,9 @@ SGLang profile (``calibration.engine=sglang``):
   workspace, each batch at most ``max_prefill_tokens`` tokens, or one whole prompt up to the
   context length where that is more (a chunk where chunked prefill is on);
 - decode: one wrapper per captured graph batch size (``cuda_graph_config.decode.bs``), and eager
-  batches of up to the most running requests: ``--max-running-requests`` per data-parallel rank
-  where set, else at most 4096 (SGLang's cap where unset; a smaller KV pool allows fewer).
+  batches of up to the most running requests: ``--max-running-requests`` per attention
+  data-parallel rank where set, else at most 4096 (SGLang's cap where unset; a smaller KV pool
+  allows fewer).
 
 A model whose attention the profile does not hold (a sliding window, cross-attention, an FP4
 cache's FP8 stand-in) or prefill under CUDA graphs is left to SGLang, and the log says why.
@@ -110,11 +112,17 @@ def _dtype(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def sglang_plans(runner: Any, attn_tp_size: int) -> SglangPlans | str:
+def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     """What SGLang's FlashInfer backend of ``runner`` (its ``ModelRunner``, before it sizes its
-    KV pool) will plan with ``attn_tp_size`` attention TP ranks; a string where the profile cannot
-    hold it: why."""
-    model, args = runner.model_config, runner.server_args
+    KV pool) will plan, with the settings in effect as SGLang's ``context`` (its
+    ``runtime_context`` module: ``get_parallel()``, ``get_schedule()``, ``get_exec()``, the same
+    in 0.5.17 and 0.5.23) holds them; a string where the profile cannot hold it: why."""
+    model = runner.model_config
+    parallel, schedule, execution = (
+        context.get_parallel(),
+        context.get_schedule(),
+        context.get_exec(),
+    )
     if getattr(runner, "sliding_window_size", None) is not None:
         return "the model has sliding-window layers, planned on a second wrapper"
     if getattr(model, "is_encoder_decoder", False):
@@ -122,26 +130,26 @@ def sglang_plans(runner: Any, attn_tp_size: int) -> SglangPlans | str:
     kv_dtype = _dtype(runner.kv_cache_dtype)
     if "float4" in kv_dtype or kv_dtype == "uint8":
         return f"its KV cache ({kv_dtype}) is planned through an FP8 stand-in"
-    graphs = args.cuda_graph_config
+    graphs = execution.graph.cuda_graph_config
     if _captures(graphs.prefill):
         return "SGLang captures prefill CUDA graphs, which the plugin does not measure"
-    requests = args.max_running_requests
-    data_parallel = args.dp_size if args.enable_dp_attention else 1
-    most = MOST_RUNNING_REQUESTS if requests is None else max(1, requests // data_parallel)
-    chunk = args.chunked_prefill_size
+    requests = schedule.max_running_requests
+    most = MOST_RUNNING_REQUESTS if requests is None else max(1, requests // parallel.attn_dp_size)
+    chunk = schedule.chunked_prefill_size
     prompt = chunk if chunk is not None and chunk > 0 else model.context_len
+    tp = parallel.attn_tp_size
     return SglangPlans(
-        num_qo_heads=model.get_max_num_attention_heads() // attn_tp_size,
-        num_kv_heads=model.get_num_kv_heads(attn_tp_size),
+        num_qo_heads=model.get_max_num_attention_heads() // tp,
+        num_kv_heads=model.get_num_kv_heads(tp),
         head_dim=model.head_dim,
         page_size=runner.page_size,
         q_dtype=_dtype(model.dtype),
         kv_dtype=kv_dtype,
         max_running_requests=most,
-        max_prefill_tokens=max(args.max_prefill_tokens, prompt),
+        max_prefill_tokens=max(schedule.max_prefill_tokens, prompt),
         context_len=model.context_len,
         decode_graph_batch_sizes=_graph_batch_sizes(graphs.decode, most),
-        deterministic=bool(args.enable_deterministic_inference),
+        deterministic=bool(execution.deterministic.enable_deterministic_inference),
     )
 
 

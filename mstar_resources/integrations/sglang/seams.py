@@ -35,9 +35,9 @@ SEAMS = (
     Seam(RUNNER, "ModelRunner.init_cuda_graphs"),
     Seam(RUNNER, "ModelRunner.use_mla_backend", instance=True),
     Seam(CONTEXT, "get_buffer"),
-    Seam(CONTEXT, "get_parallel"),  # auto: the attention TP ranks its heads are split over
-    *(Seam(RUNNER, f"ModelRunner.{name}", instance=True)
-      for name in ("model_config", "server_args", "page_size")),
+    # auto: the settings in effect (the parallel widths, the scheduler's limits, the graphs)
+    *(Seam(CONTEXT, name) for name in ("get_parallel", "get_schedule", "get_exec")),
+    *(Seam(RUNNER, f"ModelRunner.{name}", instance=True) for name in ("model_config", "page_size")),
     Seam(BACKEND, "FlashInferAttnBackend.__init__"),
     *(Seam(BACKEND, f"FlashInferAttnBackend.{name}", instance=True)
       for name in ("workspace_buffer", "prefill_wrapper_ragged", "prefill_wrappers_paged",

@@ -126,9 +126,9 @@ class SglangWorkspaces:
         """``auto``: the workspaces' floors, measured here for the plans SGLang will make (None:
         SGLang keeps its own workspace, and the log says why). What the measurement allocates
         is given back before SGLang reads the memory free for its KV pool."""
-        from sglang.srt.runtime_context import get_parallel
+        from sglang.srt import runtime_context
 
-        plans = sglang_plans(runner, get_parallel().attn_tp_size)
+        plans = sglang_plans(runner, runtime_context)
         if isinstance(plans, str):
             self.leave_untouched(f"{plans}, which {AUTO} does not measure")
             return None
