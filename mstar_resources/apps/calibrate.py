@@ -12,10 +12,9 @@ the package ships calibrated: a file of the shipped name would be composed as th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
@@ -27,6 +26,7 @@ from ..calibration.deployments import (
     how_to_compose,
     write_override,
 )
+from ..calibration.override import profile_settings
 from ..calibration.profile import PROFILE_KEY, load_profile
 from ..calibration.report import one_buffer, provenance, table
 from ..errors import ResourceConfigError
@@ -75,8 +75,8 @@ def main(cfg: DictConfig) -> None:
     print(table(rows, margin, buffer))
     name = base_deployment(str(deployment))
     record = provenance(profile, device, name, records)
-    measured_for = cast(dict[str, Any], OmegaConf.to_container(cfg[PROFILE_KEY], resolve=True))
-    path = write_override(name, rows, record, output_dir, margin, buffer, measured_for)
+    given = profile_settings(cfg, HydraConfig.get().overrides.task)
+    path = write_override(name, rows, record, output_dir, margin, buffer, given)
     print(f"wrote {path}: {how_to_compose(path)}")
 
 

@@ -3,24 +3,24 @@
 ``<name>_calibrated.yaml`` in the ``deployment`` group pulls in ``<name>`` and sets each measured
 resource's ``declared_mb`` to its need (plus a margin, none by default), rounded up to a whole
 MB, and its ``int_declared_mb`` to its int need the same way (where that was measured). It sets
-the ``calibration`` profile to the one measured (the deployment's, with the settings the
-calibration was given), so that the file composes the profile its floors hold for, and a check
-of the calibration compares what runs with that. The measurements themselves go under the root
+the settings of the ``calibration`` profile the calibration was given on its command line, so
+that the file composes the profile its floors hold for, and a check of the calibration compares
+what runs with that. The measurements themselves go under the root
 key ``calibrated``, so a program can read them back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .._internal.floor import INT_DEFAULT_MB
 from ..units import MIB
 from .profile import PROFILE_KEY
-from .record import RECORD_KEY, declared_mb_for
+from .record import RECORD_KEY, declared_mb_for, plain_values
 
 DEFAULT_MARGIN = 0.0
 """Added to a measured need before it is declared. None by default: the need calibration measures
@@ -104,6 +104,28 @@ class OneBuffer:
         return lines
 
 
+def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | None:
+    """The settings of the ``calibration`` profile that ``overrides`` (a command line's, as
+    Hydra's ``key=value`` strings) gave the composed ``cfg``, with the values composed, nested
+    as the profile holds them; None where it gave none. A calibration writes them into its file,
+    so that the file composes the profile its floors hold for, and the rest of the profile stays
+    the deployment's, which a check of the calibration then compares with the record."""
+    settings = OmegaConf.create({})
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+")
+        if override.startswith("~") or not (
+            key == PROFILE_KEY or key.startswith(f"{PROFILE_KEY}.")
+        ):
+            continue
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, DictConfig | ListConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+        OmegaConf.update(settings, key, value, merge=True)
+    found = plain_values(OmegaConf.to_container(settings, resolve=True))
+    profile = found.get(PROFILE_KEY) if isinstance(found, dict) else None
+    return profile if isinstance(profile, dict) and profile else None
+
+
 def calibrated_yaml(
     deployment: str,
     measured: list[Measured],
@@ -112,8 +134,8 @@ def calibrated_yaml(
     buffer: OneBuffer | None = None,
     profile: Mapping[str, Any] | None = None,
 ) -> str:
-    """The text of ``<deployment>_calibrated.yaml``; ``profile``: the ``calibration`` node the
-    needs were measured for, as composed (None: the deployment's own, unchanged)."""
+    """The text of ``<deployment>_calibrated.yaml``; ``profile``: settings of the ``calibration``
+    node the needs were measured with (:func:`profile_settings`; None: the deployment's own)."""
     resources: dict[str, Any] = {}
     for m in measured:
         node = resources

@@ -187,7 +187,7 @@ def calibration_inputs(
     records under ``calibrated`` (besides :data:`NOT_INPUTS`), and what runs is compared with."""
     return {
         **asdict(machine),
-        "profile": _plain(asdict(profile)),
+        "profile": plain_values(asdict(profile)),
         "resources": {
             r.path: {"labels": list(r.labels), "cg_slots": list(r.cg_slots)} for r in resources
         },
@@ -348,14 +348,14 @@ def _flat(
             yield f"{prefix}{name}", value
 
 
-def _plain(value: Any) -> Any:
+def plain_values(value: Any) -> Any:
     """``value`` with its enums as their values, as YAML writes them."""
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_values(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain_values(v) for v in value]
     return value
 
 

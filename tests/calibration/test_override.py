@@ -12,6 +12,7 @@ from mstar_resources import resolve
 from mstar_resources.calibration.calibrate import LabelNeed, per_resource
 from mstar_resources.calibration.deployments import write_override
 from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.override import profile_settings
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import (
     Machine,
@@ -145,32 +146,46 @@ def test_an_unmeasured_int_need_declares_no_int_floor():
 
 def test_a_calibration_made_with_profile_settings_composes_the_profile_it_holds_for(tmp_path):
     """Calibrating a deployment for other limits or another engine's plans (settings of
-    ``calibration`` on the command line) writes that profile into the file: composed again, its
-    record holds there, and a composition that changes a limit is told apart."""
+    ``calibration`` on the command line) writes those settings into the file: composed again,
+    its record holds there; a composition that changes a limit is told apart, and so is the
+    deployment edited since, whose other settings the file leaves to it."""
     config_dir = engine_config_dir(tmp_path)
-    settings = ["calibration.engine=sglang", "calibration.model.page_size=1",
-                "calibration.limits.max_num_seqs=128"]  # fmt: skip
+    mine = config_dir / "deployment" / "mine.yaml"  # a deployment of the user's, shipped's text
+    mine.write_text((Path(__file__).parents[2] / "conf/deployment/llama3-8b-h200.yaml").read_text())
+    settings = [
+        "calibration.engine=sglang", "calibration.model.page_size=1",
+        "++calibration.limits.max_num_seqs=128", "resources.attn.decode.declared_mb=9",
+    ]  # fmt: skip
     machine = Machine("NVIDIA H200", 132, "0.6.15.post1", "2.11.0+cu130", "13.0")
-    with initialize_config_dir(str(config_dir), version_base="1.3"):
-        base = compose("engine", overrides=["deployment=llama3-8b-h200", *settings])
-        records = resolve(base.resources, env={})
-        profile = load_profile(base.calibration)
-        record = {"deployment": "llama3-8b-h200", **calibration_inputs(machine, profile, records)}
-        path = write_override(
-            "llama3-8b-h200", rows_for(records), record, config_dir / "deployment",
-            profile=OmegaConf.to_container(base.calibration, resolve=True),
-        )  # fmt: skip
-        cfg = compose("engine", overrides=[f"deployment={path.stem}"])
-        changed = compose(
-            "engine", overrides=[f"deployment={path.stem}", "calibration.limits.max_num_seqs=256"]
-        )
 
     def stale(composed):
         running = load_profile(composed.calibration)
         inputs = calibration_inputs(machine, running, resolve(composed.resources, env={}))
         return stale_calibration(OmegaConf.to_container(composed.calibrated), inputs)
 
-    assert load_profile(cfg.calibration) == profile
-    assert stale(cfg) is None
-    fields = ("profile.limits.max_num_seqs", "profile.cuda_graph_batch_sizes")
-    assert stale(changed).fields == fields
+    with initialize_config_dir(str(config_dir), version_base="1.3"):
+        base = compose("engine", overrides=["deployment=mine", *settings])
+        records = resolve(base.resources, env={})
+        profile = load_profile(base.calibration)
+        record = {"deployment": "mine", **calibration_inputs(machine, profile, records)}
+        given = profile_settings(base, settings)
+        assert given == {"engine": "sglang", "model": {"page_size": 1},
+                         "limits": {"max_num_seqs": 128}}  # fmt: skip
+        path = write_override("mine", rows_for(records), record, mine.parent, profile=given)
+        calibrated = [f"deployment={path.stem}"]
+        cfg = compose("engine", overrides=calibrated)
+        assert load_profile(cfg.calibration) == profile
+        assert stale(cfg) is None
+        changed = compose("engine", overrides=[*calibrated, "calibration.limits.max_num_seqs=256"])
+        fields = ("profile.limits.max_num_seqs", "profile.cuda_graph_batch_sizes")
+        assert stale(changed).fields == fields
+        # The deployment edited since (its model's head dim): the calibrated file, which set
+        # none of its model but the page size, composes the edit, and the record is told apart.
+        mine.write_text(mine.read_text().replace("head_dim: 128", "head_dim: 64"))
+        edited = compose("engine", overrides=calibrated)
+        assert stale(edited).fields == ("profile.model.head_dim",)
+
+
+def test_no_profile_setting_on_the_command_line_writes_none():
+    cfg = OmegaConf.create({"calibration": {"engine": "vllm"}, "margin": 0.1})
+    assert profile_settings(cfg, ["margin=0.1", "~calibration.engine", "device=cuda"]) is None

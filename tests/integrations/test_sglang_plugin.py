@@ -449,13 +449,14 @@ def test_wrappers_planned_several_before_they_run_keep_their_own_int_workspace(w
 
 # -- auto: the floors measured in the worker -----------------------------------------------------
 
-PLANS = SglangPlans(32, 8, 128, 1, "bfloat16", "bfloat16", 128, 4096, 4096, (1, 2, 4), False)
+PLANS = SglangPlans(32, 8, 128, 1, "bfloat16", "bfloat16", 128, 4096, 4096, (1, 2, 4))
 
 
 @pytest.fixture
 def auto_worker(monkeypatch):
-    """A worker with ``auto`` set, its runner's parallel context the stand-in's; the measurement
-    (FlashInfer's plans on the GPU, ``scripts/sglang_proof.py``) gives 3 and 5 MB here."""
+    """A worker with ``auto`` set; the measurement (FlashInfer's plans on the GPU,
+    ``scripts/sglang_proof.py``) gives 3 and 5 MB here, or fails where ``measured`` holds an
+    error first."""
     setting = plugin.SGLANG.read({plugin.ENV_VAR: "auto"})
     assert setting is not None
     served = workspaces.SglangWorkspaces(setting)
@@ -463,13 +464,14 @@ def auto_worker(monkeypatch):
     runner_module, backend_module = _stand_ins(registry, served)
     context = types.ModuleType(seams.CONTEXT)
     context.get_buffer = registry.get_buffer  # type: ignore[attr-defined]
-    context.get_parallel = lambda: types.SimpleNamespace(attn_tp_size=1)  # type: ignore[attr-defined]
     for name in ("sglang", "sglang.srt"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, seams.CONTEXT, context)
-    measured: list[SglangPlans] = []
+    measured: list[Any] = []
 
     def measure(plans: SglangPlans, device: Any) -> tuple[list[Any], dict[str, str]]:
+        if measured and isinstance(measured[0], Exception):
+            raise measured[0]
         measured.append(plans)
         tree = plans.tree()
         tree["attn"]["prefill"]["declared_mb"], tree["attn"]["decode"]["declared_mb"] = 3, 5
@@ -485,7 +487,7 @@ def test_auto_reserves_the_measured_floors_before_sglang_sizes_its_kv_pool(
     auto_worker, monkeypatch, caplog
 ):
     served, registry, runner_module, measured = auto_worker
-    monkeypatch.setattr(workspaces, "sglang_plans", lambda runner, tp: PLANS)
+    monkeypatch.setattr(workspaces, "sglang_plans", lambda runner, context: PLANS)
     runner = runner_module.ModelRunner()
     with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
         runner.alloc_memory_pool()
@@ -500,7 +502,7 @@ def test_auto_reserves_the_measured_floors_before_sglang_sizes_its_kv_pool(
 def test_auto_leaves_a_model_it_cannot_plan_to_sglang_saying_why(auto_worker, monkeypatch, caplog):
     served, registry, runner_module, measured = auto_worker
     monkeypatch.setattr(
-        workspaces, "sglang_plans", lambda runner, tp: "the model has sliding-window layers"
+        workspaces, "sglang_plans", lambda runner, context: "the model has sliding-window layers"
     )
     with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
         runner_module.ModelRunner().alloc_memory_pool()
@@ -509,3 +511,15 @@ def test_auto_leaves_a_model_it_cannot_plan_to_sglang_saying_why(auto_worker, mo
     (message,) = [r.getMessage() for r in caplog.records]
     assert "MSTAR_RESOURCES_SGLANG=auto set, but the model has sliding-window layers" in message
     assert "SGLang keeps its own FlashInfer workspace" in message
+
+
+def test_auto_whose_measurement_fails_leaves_sglang_as_it_is(auto_worker, monkeypatch, caplog):
+    served, registry, runner_module, measured = auto_worker
+    monkeypatch.setattr(workspaces, "sglang_plans", lambda runner, context: PLANS)
+    measured.append(ResourceConfigError("calibration.model.head_dim=96 is not valid"))
+    runner = runner_module.ModelRunner()
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        runner.alloc_memory_pool()  # SGLang goes on and sizes its KV pool
+    assert runner.held_at_kv_sizing == 0 and registry.buffers == {} and not served.serving
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "head_dim=96" in message and "SGLang keeps its own FlashInfer workspace" in message

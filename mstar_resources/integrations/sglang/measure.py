@@ -15,10 +15,14 @@ calibration's SGLang profile (``calibration.engine=sglang``):
 - decode: one wrapper per captured graph batch size (``cuda_graph_config.decode.bs``), and eager
   batches of up to the most running requests: ``--max-running-requests`` per attention
   data-parallel rank where set, else at most 4096 (SGLang's cap where unset; a smaller KV pool
-  allows fewer).
+  allows fewer), rounded up to the largest alignment SGLang pads batches to.
 
-A model whose attention the profile does not hold (a sliding window, cross-attention, an FP4
-cache's FP8 stand-in) or prefill under CUDA graphs is left to SGLang, and the log says why.
+What the profile does not hold is left to SGLang, and the log says why: a sliding window,
+cross-attention, layers of different query heads, an FP4 cache's FP8 stand-in, speculative
+decoding (draft and verify batches on the decode workspace) and deterministic inference (eager
+and graph decode split KV differently). A breakable prefill graph runs attention eagerly on the
+same prefill wrappers, padded to its captured token counts, which bound the prefill plans too;
+a full one plans on a workspace of its own.
 """
 
 from __future__ import annotations
@@ -58,7 +62,6 @@ class SglangPlans:
     context_len: int
     decode_graph_batch_sizes: tuple[int, ...]
     """Empty where SGLang captures no decode graphs."""
-    deterministic: bool
 
     def describe(self) -> str:
         graphs = self.decode_graph_batch_sizes
@@ -73,7 +76,6 @@ class SglangPlans:
         """Calibration's profile of these plans, planned as SGLang plans them."""
         node = {
             "engine": "sglang",
-            "deterministic": self.deterministic,
             "model": {
                 "num_qo_heads": self.num_qo_heads,
                 "num_kv_heads": self.num_kv_heads,
@@ -93,6 +95,8 @@ class SglangPlans:
             },
         }
         profile = load_profile(node)
+        # No graphs: the decode resource has no graph slot, so no graph plan is measured; the
+        # profile still wants a list.
         sizes = list(self.decode_graph_batch_sizes) or [1]
         return dataclasses.replace(profile, cuda_graph_batch_sizes=sizes)
 
@@ -115,52 +119,81 @@ def _dtype(dtype: Any) -> str:
 def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     """What SGLang's FlashInfer backend of ``runner`` (its ``ModelRunner``, before it sizes its
     KV pool) will plan, with the settings in effect as SGLang's ``context`` (its
-    ``runtime_context`` module: ``get_parallel()``, ``get_schedule()``, ``get_exec()``, the same
-    in 0.5.17 and 0.5.23) holds them; a string where the profile cannot hold it: why."""
+    ``runtime_context`` module: ``get_parallel()``, ``get_schedule()``, ``get_exec()``,
+    ``get_spec()``, the same in 0.5.17 and 0.5.23) holds them; a string where the profile cannot
+    hold it: why."""
     model = runner.model_config
     parallel, schedule, execution = (
         context.get_parallel(),
         context.get_schedule(),
         context.get_exec(),
     )
-    if getattr(runner, "sliding_window_size", None) is not None:
-        return "the model has sliding-window layers, planned on a second wrapper"
-    if getattr(model, "is_encoder_decoder", False):
-        return "the model has cross-attention, planned on a second wrapper"
-    kv_dtype = _dtype(runner.kv_cache_dtype)
-    if "float4" in kv_dtype or kv_dtype == "uint8":
-        return f"its KV cache ({kv_dtype}) is planned through an FP8 stand-in"
+    reason = _not_planned(runner, context, execution)
+    if reason is not None:
+        return reason
     graphs = execution.graph.cuda_graph_config
-    if _captures(graphs.prefill):
-        return "SGLang captures prefill CUDA graphs, which the plugin does not measure"
     requests = schedule.max_running_requests
     most = MOST_RUNNING_REQUESTS if requests is None else max(1, requests // parallel.attn_dp_size)
+    # SGLang pads its batches (graph and eager) to an alignment of at most 2 (two-batch overlap)
+    # x the attention TP ranks (a gathered buffer) x the context-parallel ranks: the largest
+    # batch it can plan is the most requests rounded up to that.
+    padded = _round_up(most, 2 * parallel.attn_tp_size * parallel.attn_cp_size)
     chunk = schedule.chunked_prefill_size
     prompt = chunk if chunk is not None and chunk > 0 else model.context_len
+    # A prefill graph (breakable: attention eager, on the same wrappers) pads a batch up to its
+    # largest captured token count.
+    prefill = graphs.prefill
+    prefill_graph = max([*(prefill.bs or ()), prefill.max_bs or 0]) if _captures(prefill) else 0
     tp = parallel.attn_tp_size
     return SglangPlans(
-        num_qo_heads=model.get_max_num_attention_heads() // tp,
+        num_qo_heads=model.num_attention_heads // tp,
         num_kv_heads=model.get_num_kv_heads(tp),
         head_dim=model.head_dim,
         page_size=runner.page_size,
         q_dtype=_dtype(model.dtype),
-        kv_dtype=kv_dtype,
-        max_running_requests=most,
-        max_prefill_tokens=max(schedule.max_prefill_tokens, prompt),
+        kv_dtype=_dtype(runner.kv_cache_dtype),
+        max_running_requests=padded,
+        max_prefill_tokens=max(schedule.max_prefill_tokens, prompt, prefill_graph),
         context_len=model.context_len,
-        decode_graph_batch_sizes=_graph_batch_sizes(graphs.decode, most),
-        deterministic=bool(execution.deterministic.enable_deterministic_inference),
+        decode_graph_batch_sizes=_graph_batch_sizes(graphs.decode, most, padded),
     )
 
 
-def _graph_batch_sizes(decode: Any, most: int) -> tuple[int, ...]:
-    """The decode batch sizes SGLang captures, as its ``get_batch_sizes_to_capture`` clamps them
-    to the most running requests (adding that one where a larger size is dropped)."""
+def _not_planned(runner: Any, context: Any, execution: Any) -> str | None:
+    """Why the profile cannot hold what SGLang will plan (None: it can)."""
+    model = runner.model_config
+    if runner.sliding_window_size is not None:
+        return "the model has sliding-window layers, planned on a second wrapper"
+    if model.is_encoder_decoder:
+        return "the model has cross-attention, planned on a second wrapper"
+    if model.get_max_num_attention_heads() != model.num_attention_heads:
+        return "its layers have different numbers of query heads"
+    kv_dtype = _dtype(runner.kv_cache_dtype)
+    if "float4" in kv_dtype or kv_dtype == "uint8":
+        return f"its KV cache ({kv_dtype}) is planned through an FP8 stand-in"
+    speculative = context.get_spec().speculative_algorithm
+    if speculative is not None and str(getattr(speculative, "name", speculative)).upper() != "NONE":
+        return f"speculative decoding ({speculative}) plans draft and verify batches on it"
+    if execution.deterministic.enable_deterministic_inference:
+        # Its eager decode splits KV in fixed chunks and its graphs do not: two plans of one
+        # label that the profile plans as one.
+        return "deterministic inference plans decode with two KV splits"
+    return None
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _graph_batch_sizes(decode: Any, most: int, padded: int) -> tuple[int, ...]:
+    """The decode batch sizes SGLang may capture, as its ``get_batch_sizes_to_capture`` clamps
+    them to the most running requests (adding that one, aligned, where a larger size is
+    dropped): those up to ``most``, and ``padded``, the most rounded up to any alignment."""
     if not _captures(decode):
         return ()
     sizes = set(decode.bs or ())
     if sizes and max(sizes) > most:
-        sizes = {b for b in sizes if b < most} | {most}
+        sizes = {b for b in sizes if b <= most} | {padded}
     return tuple(sorted(sizes))
 
 

@@ -36,7 +36,7 @@ SEAMS = (
     Seam(RUNNER, "ModelRunner.use_mla_backend", instance=True),
     Seam(CONTEXT, "get_buffer"),
     # auto: the settings in effect (the parallel widths, the scheduler's limits, the graphs)
-    *(Seam(CONTEXT, name) for name in ("get_parallel", "get_schedule", "get_exec")),
+    *(Seam(CONTEXT, name) for name in ("get_parallel", "get_schedule", "get_exec", "get_spec")),
     *(Seam(RUNNER, f"ModelRunner.{name}", instance=True) for name in ("model_config", "page_size")),
     Seam(BACKEND, "FlashInferAttnBackend.__init__"),
     *(Seam(BACKEND, f"FlashInferAttnBackend.{name}", instance=True)
