@@ -25,7 +25,9 @@ SGLang 0.5.23 (``layers/attention/flashinfer_backend.py``, ``arg_groups/cuda_gra
 - Decode graph sizes: ``[1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 512, 16) +
   range(512, max_bs + 1, 32)``, with ``max_bs`` the most sequences in a batch.
 - Deterministic mode: tensor-core decode with ``fixed_split_size=2048``, prefill 4096, no KV
-  split under CUDA graphs (its decode graphs).
+  split under CUDA graphs (its decode graphs). Its eager decode splits in those chunks, which a
+  profile of decode under graphs does not plan (FlashInfer refuses a fixed split under a graph):
+  such a profile measures the graphs' decode, and SGLang's eager decode can need more.
 """
 
 from __future__ import annotations
