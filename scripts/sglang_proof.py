@@ -1,6 +1,6 @@
 """The SGLang plugin in real SGLang: the same generation with and without it, side by side.
 
-    python scripts/sglang_proof.py                      # both models, then the large graph batch
+    python scripts/sglang_proof.py                      # every group, each three ways
     python scripts/sglang_proof.py --cases llama        # one model
     python scripts/sglang_proof.py --dry-run            # what it would run, without SGLang
 
@@ -15,6 +15,8 @@ deployment=llama3-8b-h200 calibration.engine=sglang`` and the runs' limits (SGLa
 of 1 token, its most running requests as the largest graph batch, its prefill chunk, its context
 length). The large graph batch (``large-graph``) is the Llama model with 512 running requests and
 decode graphs up to 512: SGLang's own 384 MiB may fall short of what FlashInfer 0.6.15 plans there.
+``prefill-graphs`` is the Llama model with SGLang's default prefill CUDA graphs (breakable on
+CUDA), which the other groups turn off.
 
 Each run is a process of its own (``--run``); SGLang's scheduler, which SGLang spawns, writes to
 the same log. An SGLang forward hook (``forward_hooks``, :func:`report_hook`), which SGLang calls
@@ -95,6 +97,9 @@ class Case:
     context_length: int = 4096
     """The calibration's ``max_model_len``."""
     requests: int = 128
+    prefill_graphs: bool = False
+    """SGLang's default prefill CUDA graphs (breakable on CUDA: attention eager between the
+    graph's segments, on the same prefill wrappers); False: none."""
 
     @property
     def side(self) -> str:
@@ -159,6 +164,7 @@ GROUPS: dict[str, dict[str, Any]] = {
     "llama": {"model": "llama"},
     "qwen3": {"model": "qwen3"},
     "large-graph": LARGE_GRAPH,
+    "prefill-graphs": {"model": "llama", "prefill_graphs": True},
 }
 
 
@@ -179,15 +185,16 @@ def plan(cases: list[Case]) -> list[Case | Calibration]:
 
 def engine_args(case: Case) -> dict[str, Any]:
     """``sglang.Engine``'s arguments for ``case`` (SGLang 0.5.17's ``ServerArgs``), but the
-    model's path. Decode graphs up to the most running requests; no prefill graph (the kit's smoke
-    test runs so; SGLang's prefill graph keeps a FlashInfer workspace of its own)."""
+    model's path. Decode graphs up to the most running requests; no prefill graph but in the
+    ``prefill-graphs`` group, which keeps SGLang's default ones."""
     return {
         "attention_backend": "flashinfer", "dtype": "bfloat16", "skip_tokenizer_init": True,
         "mem_fraction_static": MEM_FRACTION, "context_length": case.context_length,
         "max_running_requests": case.max_running_requests,
         "cuda_graph_max_bs_decode": case.max_running_requests,
         "chunked_prefill_size": case.prefill_tokens, "max_prefill_tokens": case.prefill_tokens,
-        "disable_prefill_cuda_graph": True, "random_seed": 0, "log_level": "info",
+        "disable_prefill_cuda_graph": not case.prefill_graphs, "random_seed": 0,
+        "log_level": "info",
     }  # fmt: skip
 
 

@@ -20,8 +20,10 @@ def test_the_dry_run_calibrates_before_the_first_run_of_its_limits_and_starts_no
     assert list(steps) == [
         "llama/sglang", "calibrate/128", "llama/plugin", "llama/auto", "qwen3/sglang",
         "qwen3/plugin", "qwen3/auto", "large-graph/sglang", "calibrate/512", "large-graph/plugin",
-        "large-graph/auto",
+        "large-graph/auto", "prefill-graphs/sglang", "prefill-graphs/plugin", "prefill-graphs/auto",
     ]  # fmt: skip
+    assert "disable_prefill_cuda_graph=False" in steps["prefill-graphs/auto"]
+    assert "disable_prefill_cuda_graph=True" in steps["llama/auto"]
     folder = out / "calibrated-128-4096-4096" / "deployment"
     assert steps["calibrate/128"] == (
         "calibrate/128: mstar-resources-calibrate deployment=llama3-8b-h200 "
