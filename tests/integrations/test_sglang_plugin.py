@@ -191,6 +191,12 @@ def fast_decode_plan(wrapper: Any, *args: Any, need: int = 0, **kwargs: Any) -> 
     return "fast"
 
 
+def fast_prefill_plan(wrapper: Any, *args: Any, need: int = 0, **kwargs: Any) -> str:
+    """SGLang's graph-mode prefill plan (verify and draft-extend graphs)."""
+    FakePlanner(wrapper._float_workspace_buffer, [("batch_prefill_tmp_v", need, 16)])()
+    return "fast prefill"
+
+
 class Registry:
     """SGLang's process-level buffers (``runtime_context.get_buffer``)."""
 
@@ -262,6 +268,7 @@ def _stand_ins(
     runner_module.ModelRunner = ModelRunner  # type: ignore[attr-defined]
     backend_module.FlashInferAttnBackend = FlashInferAttnBackend  # type: ignore[attr-defined]
     backend_module.fast_decode_plan = fast_decode_plan  # type: ignore[attr-defined]
+    backend_module.fast_prefill_plan = fast_prefill_plan  # type: ignore[attr-defined]
     # Classes of their own, so that patching them leaves the next test's unpatched.
     for name, base in zip(seams.WRAPPERS, (Ragged, Paged, Decode), strict=True):
         setattr(backend_module, name, type(name, (base,), {}))
@@ -327,7 +334,12 @@ def test_a_plan_grows_its_workspace_in_place_before_the_seal_and_is_refused_afte
     assert refused.value.setting == "resources.attn.decode.declared_mb"
     assert refused.value.suggested_mb is not None and refused.value.suggested_mb >= 5
     assert decode.tensor.data_ptr() == address and decode.tensor.numel() == 2 * MIB
-    assert served.report()["sealed_overflows"] == 1
+    # So do its verify graphs' prefill wrappers, made on the decode workspace, with its own.
+    verify = backend_module.BatchPrefillWithPagedKVCacheWrapper(backend.workspace_buffer)
+    assert backend_module.fast_prefill_plan(verify, need=MIB) == "fast prefill"
+    with pytest.raises(WorkspaceSealedError):
+        backend_module.fast_prefill_plan(verify, need=5 * MIB)
+    assert served.report()["sealed_overflows"] == 2
     assert served.report()["growths"] == 1
 
 
@@ -375,11 +387,14 @@ def test_a_registry_that_already_holds_sglangs_buffer_leaves_sglang_as_it_is(wor
 
 def test_the_plans_are_patched_once_if_the_backend_is_patched_again(worker):
     served, _, _, backend_module = worker
-    planned = (backend_module.BatchDecodeWithPagedKVCacheWrapper.begin_forward,
-               backend_module.fast_decode_plan)  # fmt: skip
+
+    def planners() -> tuple[Any, ...]:
+        return (backend_module.BatchDecodeWithPagedKVCacheWrapper.begin_forward,
+                backend_module.fast_decode_plan, backend_module.fast_prefill_plan)  # fmt: skip
+
+    planned = planners()
     seams._patch_backend(served, backend_module)
-    assert (backend_module.BatchDecodeWithPagedKVCacheWrapper.begin_forward,
-            backend_module.fast_decode_plan) == planned  # fmt: skip
+    assert planners() == planned
 
 
 def test_an_mla_model_leaves_sglang_as_it_is(worker):

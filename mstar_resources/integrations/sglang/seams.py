@@ -44,6 +44,7 @@ SEAMS = (
                    "prefill_wrappers_verify", "decode_wrappers", "num_wrappers")),
     Seam(BACKEND, "FlashInferAttnBackend._create_decode_wrappers"),
     Seam(BACKEND, "fast_decode_plan"),
+    Seam(BACKEND, "fast_prefill_plan"),
     *(Seam(BACKEND, name) for name in WRAPPERS),
 )  # fmt: skip
 """Every name of SGLang's the plugin relies on; ``tests/integrations`` checks each in the source
@@ -110,6 +111,7 @@ def _patch_backend(workspaces: SglangWorkspaces, module: ModuleType) -> None:
     backend.__init__, backend._create_decode_wrappers = build_then_adopt, create_then_share_int
     # FlashInfer's own: a wrapper on no workspace of the plugin's plans as it did.
     _route(workspaces, module, "fast_decode_plan")
+    _route(workspaces, module, "fast_prefill_plan")  # SGLang's, for its prefill graph wrappers
     for name in WRAPPERS:
         _route(workspaces, getattr(module, name), "begin_forward")
 
