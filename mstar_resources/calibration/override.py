@@ -126,6 +126,25 @@ def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | Non
     return profile if isinstance(profile, dict) and profile else None
 
 
+def declared_floors(
+    measured: Sequence[Measured], margin: float = DEFAULT_MARGIN, into: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A resource tree (``into``, else a new one) whose measured resources declare their needs
+    as floors: ``declared_mb`` the need plus ``margin`` in whole MB, and ``int_declared_mb`` the
+    int need the same way, or 0 where none was measured (the wrappers keep their own, as
+    FlashInfer 0.7's MLA wrappers do, so none is reserved for them)."""
+    resources = {} if into is None else into
+    for m in measured:
+        node = resources
+        for part in m.path.split("."):
+            node = node.setdefault(part, {})
+        node["declared_mb"] = declared_mb_for(m.need_bytes, margin)
+        node["int_declared_mb"] = (
+            0 if m.int_need_bytes is None else declared_mb_for(m.int_need_bytes, margin)
+        )
+    return resources
+
+
 def calibrated_yaml(
     deployment: str,
     measured: list[Measured],
@@ -136,20 +155,9 @@ def calibrated_yaml(
 ) -> str:
     """The text of ``<deployment>_calibrated.yaml``; ``profile``: settings of the ``calibration``
     node the needs were measured with (:func:`profile_settings`; None: the deployment's own)."""
-    resources: dict[str, Any] = {}
-    for m in measured:
-        node = resources
-        for part in m.path.split("."):
-            node = node.setdefault(part, {})
-        node["declared_mb"] = declared_mb_for(m.need_bytes, margin)
-        # No int need measured: the wrappers keep their own (FlashInfer 0.7's MLA), so none is
-        # reserved for them.
-        node["int_declared_mb"] = (
-            0 if m.int_need_bytes is None else declared_mb_for(m.int_need_bytes, margin)
-        )
     body = {
         "defaults": [deployment, "_self_"],
-        "resources": resources,
+        "resources": declared_floors(measured, margin),
         **({} if profile is None else {PROFILE_KEY: dict(profile)}),
         RECORD_KEY: {
             "margin": margin,

@@ -279,8 +279,16 @@ def _stand_ins(
 def worker(tmp_path, monkeypatch):
     """A worker with the plugin's patches applied to the stand-ins, its runtime context's
     ``get_buffer`` the stand-in registry's."""
-    registry = Registry()
     served = _served(tmp_path)
+    return (served, *_patched_stand_ins(served, monkeypatch))
+
+
+def _patched_stand_ins(
+    served: workspaces.SglangWorkspaces, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Registry, types.ModuleType, types.ModuleType]:
+    """The stand-ins of SGLang's modules, patched by the plugin for ``served``, SGLang's runtime
+    context's ``get_buffer`` the stand-in registry's."""
+    registry = Registry()
     runner_module, backend_module = _stand_ins(registry, served)
     context = types.ModuleType(seams.CONTEXT)
     context.get_buffer = registry.get_buffer  # type: ignore[attr-defined]
@@ -289,7 +297,7 @@ def worker(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, seams.CONTEXT, context)
     seams._patch_runner(served, runner_module)
     seams._patch_backend(served, backend_module)
-    return served, registry, runner_module, backend_module
+    return registry, runner_module, backend_module
 
 
 def test_the_workspaces_are_made_before_sglang_sizes_its_kv_pool_and_taken_from_its_registry(
@@ -475,13 +483,6 @@ def auto_worker(monkeypatch):
     setting = plugin.SGLANG.read({plugin.ENV_VAR: "auto"})
     assert setting is not None
     served = workspaces.SglangWorkspaces(setting)
-    registry = Registry()
-    runner_module, backend_module = _stand_ins(registry, served)
-    context = types.ModuleType(seams.CONTEXT)
-    context.get_buffer = registry.get_buffer  # type: ignore[attr-defined]
-    for name in ("sglang", "sglang.srt"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, seams.CONTEXT, context)
     measured: list[Any] = []
 
     def measure(plans: SglangPlans, device: Any) -> tuple[list[Any], dict[str, str]]:
@@ -493,8 +494,7 @@ def auto_worker(monkeypatch):
         return resolve(tree, env={}), {"attn.decode": "measured here: need 5,000,000 bytes"}
 
     monkeypatch.setattr(workspaces, "measure", measure)
-    seams._patch_runner(served, runner_module)
-    seams._patch_backend(served, backend_module)
+    registry, runner_module, _ = _patched_stand_ins(served, monkeypatch)
     return served, registry, runner_module, measured
 
 

@@ -206,18 +206,13 @@ def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], di
     """The prefill and decode resources of ``plans``, each floor what FlashInfer's plans need on
     ``device`` (measured, in whole MB), and where each came from, in words."""
     from ...calibration.calibrate import measure_all, per_resource
-    from ...calibration.record import declared_mb_for
+    from ...calibration.override import declared_floors
 
     tree = plans.tree()
-    rows = measure_all(resolve(tree), plans.profile(), device, show_progress=False)
-    provenance = {}
-    for need in per_resource(rows):
-        node = tree["attn"][need.path.removeprefix("attn.")]
-        node["declared_mb"] = declared_mb_for(need.need_bytes)
-        if need.int_need_bytes is not None:  # what the decode wrappers' shared one needs
-            node["int_declared_mb"] = declared_mb_for(need.int_need_bytes)
-        provenance[need.path] = (
-            f"measured here: need {need.need_bytes:,} bytes, worst {need.worst}, by "
-            f"{need.method}, for {plans.describe()}"
-        )
-    return resolve(tree), provenance
+    needs = per_resource(measure_all(resolve(tree), plans.profile(), device, show_progress=False))
+    provenance = {
+        need.path: f"measured here: need {need.need_bytes:,} bytes, worst {need.worst}, by "
+        f"{need.method}, for {plans.describe()}"
+        for need in needs
+    }
+    return resolve(declared_floors(needs, into=tree)), provenance
