@@ -22,10 +22,10 @@ SCRIPT = Path(sys.executable).parent / "mstar-resources"
 DEFAULT_TABLE = """\
 path          owner      labels   slots  floor MB  source   workspaces  reserved MB  int MB  int source  int reserved MB  pinned MB
 ------------  ---------  -------  -----  --------  -------  ----------  -----------  ------  ----------  ---------------  ---------
-attn.prefill  attention  prefill  eager       512  default           1          512       8  default                   8         32
-attn.decode   attention  decode   0,1         512  default           2        1,024       8  default                  16         64
+attn.prefill  attention  prefill  eager       512  default           1          512       8  default                   8         80
+attn.decode   attention  decode   0,1         512  default           2        1,024       8  default                  16        160
 ------------  ---------  -------  -----  --------  -------  ----------  -----------  ------  ----------  ---------------  ---------
-total                                                                3        1,536                                   24         96
+total                                                                3        1,536                                   24        240
 """  # noqa: E501
 
 
@@ -67,12 +67,12 @@ def test_json_is_one_document_on_stdout_and_nothing_else(tmp_path):
         "int_floor_source": "default",
         "int_floor_setting": "MSTAR_INT_WORKSPACE_BUFFER_MB",
         "int_reserved_bytes": 16 * MIB,
-        "pinned_bytes": 4 * 16 * MIB,
+        "pinned_bytes": 10 * 16 * MIB,
     }
     assert report["total_reserved_bytes"] == (256 + 256) * MIB
-    # One int workspace a float one, 3 x 8 MiB on the GPU, each with 4 pinned mirrors on the host.
+    # One int workspace a float one, 3 x 8 MiB on the GPU, each with 10 pinned mirrors on the host.
     assert report["total_int_reserved_bytes"] == 3 * 8 * MIB
-    assert report["total_pinned_bytes"] == 4 * 3 * 8 * MIB
+    assert report["total_pinned_bytes"] == 10 * 3 * 8 * MIB
     assert list(tmp_path.iterdir()) == []
 
 

@@ -17,6 +17,7 @@ from mstar_resources import (
     build_pools,
     resolve,
 )
+from mstar_resources._internal.floor import PINNED_MIRRORS
 from mstar_resources.units import MIB
 
 from .attn.fake_allocator import FakePlanner
@@ -68,7 +69,7 @@ def test_record_fields_are_the_json_keys_and_derive_their_sizes():
         "int_floor_source": "default",
         "int_floor_setting": "MSTAR_INT_WORKSPACE_BUFFER_MB",
         "int_reserved_bytes": 16 * MIB,
-        "pinned_bytes": 64 * MIB,  # 4 mirrors of each int workspace
+        "pinned_bytes": PINNED_MIRRORS * 16 * MIB,  # the mirrors of each int workspace
     }
     assert (prefill.workspaces, prefill.reserved_bytes) == (1, 256 * MIB)  # eager: one per label
     with pytest.raises(dataclasses.FrozenInstanceError):

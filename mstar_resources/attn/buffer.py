@@ -72,6 +72,8 @@ class WorkspaceStats:
     """Bytes added at a group seal to match what other ranks hold (0 without a group)."""
     kind: str = "float"
     """``float`` or ``int`` (an :class:`IntWorkspace`, whose pinned mirrors each hold as many)."""
+    sealed_refusals: int = 0
+    """Plans it refused, sealed, for want of room (each raised :class:`WorkspaceSealedError`)."""
 
     def __str__(self) -> str:
         grown = (
@@ -83,6 +85,8 @@ class WorkspaceStats:
         if self.grown_to_agree_bytes:
             grown += f", +{self.grown_to_agree_bytes:,} to agree with other ranks"
         sealed = "sealed" if self.sealed else "growable"
+        if self.sealed_refusals:
+            sealed += f", refused {self.sealed_refusals} plan{'s' * (self.sealed_refusals != 1)}"
         return (
             f"{self.name}: {self.bytes:,} bytes (floor {self.floor_bytes:,} from "
             f"{self.floor_setting}), {grown}, {sealed}"
@@ -127,6 +131,8 @@ class GrowableBuffer:
                 f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
             )
         self.tensor = tensor
+        self.nbytes = tensor.numel()
+        """Bytes it holds now (``tensor``'s, kept as a number for the plan's check)."""
         self.name = name
         self.sealed = sealed
         self.floor = floor
@@ -138,6 +144,7 @@ class GrowableBuffer:
         self._times_grown = 0
         self._largest_growth: tuple[int, str | None] = (0, None)  # (bytes added, allocation)
         self._grown_to_agree = 0  # bytes added to match other ranks at a group seal
+        self._sealed_refusals = 0  # plans refused for want of room once sealed
 
     def seal(self) -> None:
         with self.lock:
@@ -163,6 +170,7 @@ class GrowableBuffer:
                 self.sealed,
                 self._grown_to_agree,
                 self.kind.kind,
+                self._sealed_refusals,
             )
 
     def grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
@@ -205,7 +213,8 @@ class GrowableBuffer:
 
     def sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceSealedError:
         """The refusal of a sealed buffer to fit ``overflow`` (``whole``: what the whole plan
-        needs, where FlashInfer's ``workspace_size()`` said)."""
+        needs, where FlashInfer's ``workspace_size()`` said), counted in its stats."""
+        self._sealed_refusals += 1
         have = self.tensor.numel()
         need = overflow.bytes_needed(have)
         failed = (
@@ -300,6 +309,7 @@ class GrowableBuffer:
         self.tensor.set_(grown.untyped_storage())
         for mirror, grown_mirror in zip(self.mirrors, grown_mirrors, strict=True):
             mirror.set_(grown_mirror.untyped_storage())
+        self.nbytes = need
         return need - have
 
 

@@ -74,13 +74,14 @@ class Workspace:
         self._int = int_workspace
         self._by_kind = {"float": self._buffer}
         """The buffers a plan through this workspace may grow, by the kind of overflow."""
-        if int_workspace is not None:
-            self._by_kind["int"] = int_workspace.buffer
+        self._int_buffer = None if int_workspace is None else int_workspace.buffer
+        if self._int_buffer is not None:
+            self._by_kind["int"] = self._int_buffer
         # The wrappers whose attributes were checked for views of this buffer (_refuse_views).
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._last_wrapper: tuple[weakref.ref[Any], dict[str, Any] | None] | None = None
-        """The wrapper the last plan planned, found and checked, and its attributes
-        (:meth:`_wrapper`)."""
+        self._routes: dict[int, _Route] = {}
+        """By the id of each wrapper planned so far (one that takes a weak reference): the
+        wrapper, its attributes and the int workspace's tensor (:meth:`_route`)."""
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -125,32 +126,62 @@ class Workspace:
         once the copy that last read that one has run (:class:`IntWorkspace` says how that
         costs no wait in an engine's steady state).
         """
-        wrapper, attributes = self._wrapper(plan, args)
-        int_workspace = self._int
-        # The mirrors are this int workspace's to hand out only to a wrapper planning on it.
-        fenced = (
-            int_workspace is not None
-            and attributes is not None
-            and attributes.get(INT_BUFFER) is int_workspace.tensor
-        )
-        buffer, int_buffer = self._buffer, self._by_kind.get("int")
+        # The common case costs a lookup: a wrapper planned before, a plan that fits.
+        owner = getattr(plan, "__self__", None)
+        key = owner if owner is not None else args[0] if args else None
+        route = self._routes.get(id(key))
+        if route is not None and route[0]() is key:
+            wrapper, attributes, int_tensor = key, route[1], route[2]
+        else:
+            wrapper, attributes, int_tensor = self._route(plan, args, key)
+        # The mirrors are the int workspace's to hand out only to a wrapper planning on it.
+        fenced = int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor  # type: ignore[union-attr]
+        buffer, int_buffer = self._buffer, self._int_buffer
+        # What the plan sees, whatever another thread does.
+        have = buffer.nbytes
+        have_int = None if int_buffer is None else int_buffer.nbytes
+        if fenced:
+            self._int.before_plan(attributes)  # type: ignore[union-attr, arg-type]
+        try:
+            planned = plan(*args, **kwargs)
+        except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+            seen = {"float": have, **({} if have_int is None else {"int": have_int})}
+            return self._plan_after_overflow(error, (plan, args, kwargs), wrapper, seen)
+        if fenced:
+            self._int.after_plan(wrapper)  # type: ignore[union-attr]
+        if have != buffer.floor_bytes:  # grown, by any plan
+            refresh_recorded_size(plan, buffer.tensor)
+        return planned
+
+    def _plan_after_overflow(
+        self, error: Exception, call: tuple[Callable[..., T], Any, Any], wrapper: Any,
+        seen: dict[str, int],
+    ) -> T:  # fmt: skip
+        """:meth:`plan`, after its first try raised ``error`` on ``seen`` bytes (by kind): grow
+        the buffer it ran short of and plan again, until it fits (or raise)."""
+        plan, args, kwargs = call
+        buffer, int_buffer = self._buffer, self._int_buffer
         growths, last = 0, None
         while True:
-            # What the plan sees, whatever another thread does.
-            have = buffer.tensor.numel()
-            have_int = None if int_buffer is None else int_buffer.tensor.numel()
+            last = self._grow_for(error, call, wrapper, seen, growths, last)
+            growths += 1
+            seen = {kind: grown.nbytes for kind, grown in self._by_kind.items()}
+            attributes = None if wrapper is None else own_buffers(wrapper)
+            fenced = (
+                int_buffer is not None
+                and attributes is not None
+                and attributes.get(INT_BUFFER) is int_buffer.tensor
+            )
             if fenced:
-                int_workspace.before_plan(attributes)  # type: ignore[union-attr, arg-type]
+                self._int.before_plan(attributes)  # type: ignore[union-attr, arg-type]
             try:
                 planned = plan(*args, **kwargs)
-            except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-                seen = {"float": have, **({} if have_int is None else {"int": have_int})}
-                last = self._grow_for(error, (plan, args, kwargs), wrapper, seen, growths, last)
-                growths += 1
+            except (RuntimeError, ValueError) as again:
+                error = again
                 continue
             if fenced:
-                int_workspace.after_plan(wrapper)  # type: ignore[union-attr]
-            if have != buffer.floor_bytes:  # grown, by any plan
+                self._int.after_plan(wrapper)  # type: ignore[union-attr]
+            if seen["float"] != buffer.floor_bytes:
                 refresh_recorded_size(plan, buffer.tensor)
             return planned
 
@@ -189,29 +220,26 @@ class Workspace:
         short.grow(overflow, planned_on, error)
         return overflow
 
-    def _wrapper(
-        self, plan: Callable[..., Any], args: tuple[Any, ...]
-    ) -> tuple[Any, dict[str, Any] | None]:
+    def _route(
+        self, plan: Callable[..., Any], args: tuple[Any, ...], key: Any
+    ) -> tuple[Any, dict[str, Any] | None, torch.Tensor | None]:
         """The wrapper ``plan`` plans (:func:`_wrapper_of`), its views refused first
-        (:meth:`_refuse_views`), and its attributes (None where it is not found). The last one
-        found is remembered, and a plan of the same wrapper costs one comparison: an engine plans
-        the same few wrappers every step."""
-        remembered = self._last_wrapper
-        if remembered is not None:
-            known, attributes = remembered[0](), remembered[1]
-            if known is not None and (
-                getattr(plan, "__self__", None) is known or (args and args[0] is known)
-            ):
-                return known, attributes
+        (:meth:`_refuse_views`), its attributes (None where it is not found) and the int
+        workspace's tensor (None: none to fence). Remembered by the wrapper's id where the wrapper
+        is ``key`` (the plan's object, else its first argument), as :meth:`plan` looks it up."""
         self._refuse_views(plan)
         wrapper, attributes = _wrapper_of(plan, args)
         if wrapper is None:
-            return None, None
-        try:
-            self._last_wrapper = (weakref.ref(wrapper), attributes)
-        except TypeError:  # no weak references to it: looked up at every plan
-            self._last_wrapper = None
-        return wrapper, attributes
+            return None, None, None
+        int_tensor = None if self._int is None else self._int.tensor
+        if wrapper is key:
+            routes, wrapper_id = self._routes, id(wrapper)
+            try:
+                ref = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
+            except TypeError:  # no weak references to it: looked up at every plan
+                return wrapper, attributes, int_tensor
+            routes[wrapper_id] = (ref, attributes, int_tensor)
+        return wrapper, attributes, int_tensor
 
     def _refuse_views(self, plan: Callable[..., Any]) -> None:
         """Refuse, before it plans on this growable workspace, a wrapper that holds a view of its
@@ -258,6 +286,11 @@ class Workspace:
 
     def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
         return self._buffer.grow_to_agree(nbytes, ranks)
+
+
+_Route = tuple[weakref.ref[Any], "dict[str, Any] | None", "torch.Tensor | None"]
+"""A wrapper planned on a workspace: a weak reference to it, its attributes, and the int
+workspace's tensor, which it plans on where its int buffer is that tensor."""
 
 
 def _short_of(

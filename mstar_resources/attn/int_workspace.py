@@ -12,20 +12,18 @@ from typing import Any, TypeVar
 
 import torch
 
-from .._internal.floor import INT, PINNED_MIRRORS
+from .._internal.floor import INT, PINNED_MIRRORS, PLANS_PER_EVENT
 from ..errors import ResourceUsageError, WorkspacePlanError
 from ._flashinfer import INT_BUFFER, PINNED_MIRROR, own_buffers
 from .buffer import GrowableBuffer, WorkspaceStats, host_mirror
 
-__all__ = ["PLANS_PER_EVENT", "IntWorkspace", "checked_run", "int_buffers"]
+__all__ = ["FENCE_EVENTS", "IntWorkspace", "checked_run", "int_buffers"]
 
 T = TypeVar("T")
 
-PLANS_PER_EVENT = 2
-"""Plans between two CUDA events of the fence: each event marks that the copies of the plans
-before it have run. With :data:`PINNED_MIRRORS` mirrors, a plan waits for the event after the
-plan that last wrote its mirror, recorded at most ``PINNED_MIRRORS - PLANS_PER_EVENT + 1`` (3)
-plans before it."""
+FENCE_EVENTS = -(-PINNED_MIRRORS // PLANS_PER_EVENT) + 1
+"""The CUDA events of an int workspace's fence, recorded in turn, one every
+:data:`PLANS_PER_EVENT` plans: enough that an event is queried before it is recorded again."""
 
 
 class IntWorkspace:
@@ -40,13 +38,16 @@ class IntWorkspace:
 
     **The fence.** A plan writes a mirror, then queues the copy from it to the GPU buffer, which
     runs when the stream reaches it. Plans through :meth:`Workspace.plan` write the
-    :data:`~mstar_resources._internal.floor.PINNED_MIRRORS` mirrors in turn (:meth:`before_plan`
-    hands the wrapper the next one), and every :data:`PLANS_PER_EVENT` plans a CUDA event is
-    recorded behind their copies. A plan about to write a mirror asks the event recorded after
-    that mirror's last plan, three plans back at most; only a host more than that many plans
-    ahead of its GPU waits. An engine planning one wrapper a step never is: vLLM keeps one step
-    in flight while it prepares the next. So a plan costs one event query and one record every
-    two plans, and no wait on the GPU; :attr:`fence_waits` counts the plans that did wait.
+    :data:`~mstar_resources._internal.floor.PINNED_MIRRORS` (10) mirrors in turn
+    (:meth:`before_plan` hands the wrapper the next one), and after every
+    :data:`~mstar_resources._internal.floor.PLANS_PER_EVENT` (8) plans a CUDA event is recorded
+    behind their copies. Before a plan writes a mirror, the event recorded after that mirror's
+    last plan, :data:`~mstar_resources._internal.floor.PLANS_BACK` (3) or more plans back, must
+    say its copy has run: it is queried once for the 8 plans it covers, and waited for only where
+    the host is that far ahead of its GPU. An engine planning one wrapper a step never is: vLLM
+    and SGLang keep one step in flight while they prepare the next. So 8 plans cost one event
+    record and one event query between them, and no wait on the GPU; :attr:`fence_waits` counts
+    the plans that did wait.
 
     Args:
         tensor: the GPU buffer, 1-D ``torch.uint8``.
@@ -55,8 +56,8 @@ class IntWorkspace:
         floor: the setting that sizes its floor (``MSTAR_INT_WORKSPACE_BUFFER_MB`` by default).
         mirrors: its host mirrors (keyword only): ``PINNED_MIRRORS`` 1-D ``torch.uint8`` CPU
             tensors of the same bytes, pinned where ``tensor`` is on a GPU. Default: fresh ones.
-        events: the fence's events (keyword only), ``PINNED_MIRRORS // PLANS_PER_EVENT + 1``
-            objects with CUDA events' ``record(stream)``, ``query()`` and ``synchronize()``.
+        events: the fence's events (keyword only), :data:`FENCE_EVENTS` objects with CUDA
+            events' ``record(stream)``, ``query()`` and ``synchronize()``.
             Default: CUDA events where ``tensor`` is on a GPU; none on a CPU, where a plan queues
             no copy and nothing is fenced.
     """
@@ -88,23 +89,32 @@ class IntWorkspace:
         buffer.mirrors = list(mirrors)
         self.buffer = buffer
         """Its GPU buffer and mirrors, which grow and seal together."""
+        self._mirrors = buffer.mirrors
+        """The mirrors, in the order plans write them (each grows in place, the list stays)."""
         self._plans = 0
         """Plans made through :meth:`before_plan` and :meth:`after_plan`; the next writes mirror
         ``_plans % PINNED_MIRRORS``."""
-        count = PINNED_MIRRORS // PLANS_PER_EVENT + 1
         if events is None and tensor.is_cuda:
-            events = [torch.cuda.Event() for _ in range(count)]
-        elif events is not None and len(events) != count:
-            raise ResourceUsageError(f"int workspace {name!r}: events must be {count} events")
+            events = [torch.cuda.Event() for _ in range(FENCE_EVENTS)]
+        elif events is not None and len(events) != FENCE_EVENTS:
+            raise ResourceUsageError(
+                f"int workspace {name!r}: events must be {FENCE_EVENTS} events"
+            )
         self._events = None if events is None else list(events)
-        """One per group of :data:`PLANS_PER_EVENT` plans still to be found run, in turn."""
-        self._confirmed = -1
-        """The last group of plans whose copies were found run."""
+        """Event ``g % FENCE_EVENTS`` is recorded after group ``g`` of plans (plans
+        ``g * PLANS_PER_EVENT`` to ``g * PLANS_PER_EVENT + PLANS_PER_EVENT - 1``)."""
+        self._confirm_at = PINNED_MIRRORS
+        """The plan that must first find the next group of plans' copies run: the first to
+        write a mirror that group wrote."""
+        self._record_after = PLANS_PER_EVENT - 1
+        """The plan after which the next event is recorded: the last of its group."""
         self._device_index = tensor.device.index
         """The GPU of the buffer, which growth never moves it from."""
-        self._stream: tuple[int, torch.cuda.Stream | None] = (-1, None)
-        """The stream of the last plan, by its raw handle (``torch.cuda.current_stream`` costs
+        self._stream_handle = -1
+        """The raw handle of the stream of the last plan (``torch.cuda.current_stream`` costs
         several us a call)."""
+        self._stream: torch.cuda.Stream | None = None
+        """That stream, which events are recorded on."""
         self._last_planner: weakref.ref[Any] | None = None
         """The wrapper whose plan the workspace holds now (its last plan through Workspace.plan)."""
         self.fence_waits = 0
@@ -152,47 +162,56 @@ class IntWorkspace:
         """A snapshot of this int workspace: bytes now, floor, growth history, sealed or not."""
         return self.buffer.stats()
 
+    # before_plan and after_plan run at every plan of an engine's steps: each line costs.
     def before_plan(self, attributes: dict[str, Any]) -> None:
         """Hand the wrapper whose ``attributes`` (its ``__dict__``) are given the mirror its plan
         writes next, once the copy that last read that mirror has run."""
         plans = self._plans
-        events = self._events
-        if events is not None:
+        if self._events is not None:
             handle = torch._C._cuda_getCurrentRawStream(self._device_index)
-            if handle != self._stream[0]:
+            if handle != self._stream_handle:
                 self._follow_stream(handle)
-            group = (plans - PINNED_MIRRORS) // PLANS_PER_EVENT
-            if group > self._confirmed:
-                event = events[group % len(events)]
-                if not event.query():
-                    self.fence_waits += 1
-                    event.synchronize()
-                self._confirmed = group
-        attributes[PINNED_MIRROR] = self.buffer.mirrors[plans % PINNED_MIRRORS]
+            if plans >= self._confirm_at:
+                self._confirm(plans)
+        attributes[PINNED_MIRROR] = self._mirrors[plans % PINNED_MIRRORS]
 
     def after_plan(self, planner: Any) -> None:
         """Mark the plan just made (by wrapper ``planner``) as the one the workspace holds, and,
-        every :data:`PLANS_PER_EVENT` plans, record an event behind the copies they queued."""
+        after the last plan of a group, record an event behind the copies the group queued."""
         last = self._last_planner
         if last is None or last() is not planner:
             self._last_planner = weakref.ref(planner)
         plans = self._plans
         self._plans = plans + 1
-        events = self._events
-        if events is not None and plans % PLANS_PER_EVENT == PLANS_PER_EVENT - 1:
-            events[plans // PLANS_PER_EVENT % len(events)].record(self._stream[1])
+        if plans == self._record_after:
+            self._record_after = plans + PLANS_PER_EVENT
+            if self._events is not None:
+                self._events[plans // PLANS_PER_EVENT % FENCE_EVENTS].record(self._stream)
+
+    def _confirm(self, plans: int) -> None:
+        """Before plan ``plans``: find the copies of the group of plans that last wrote its
+        mirror run, waiting for them where they are not."""
+        assert self._events is not None
+        group = (plans - PINNED_MIRRORS) // PLANS_PER_EVENT
+        event = self._events[group % FENCE_EVENTS]
+        if not event.query():
+            self.fence_waits += 1
+            event.synchronize()
+        self._confirm_at = (group + 1) * PLANS_PER_EVENT + PINNED_MIRRORS
 
     def _follow_stream(self, handle: int) -> None:
         """Plans move to the stream of raw ``handle``: the events recorded so far say nothing of
         copies queued on it, so every copy queued before is waited for (an engine plans on one
         stream, and seldom moves: twice in each vLLM run measured, against some 1,000 plans)."""
-        previous = self._stream[1]
+        previous = self._stream
         if previous is not None:
             previous.synchronize()
             self.fence_waits += 1
         # Every group begun before is run; the one in progress is recorded on the new stream.
-        self._confirmed = self._plans // PLANS_PER_EVENT - 1
-        self._stream = (handle, torch.cuda.current_stream(self.tensor.device))
+        done = self._plans // PLANS_PER_EVENT - 1
+        self._confirm_at = max(self._confirm_at, (done + 1) * PLANS_PER_EVENT + PINNED_MIRRORS)
+        self._stream_handle = handle
+        self._stream = torch.cuda.current_stream(self.tensor.device)
 
     def check_planned_by(self, wrapper: Any) -> None:
         """Raise :class:`WorkspacePlanError` unless the last plan this workspace holds is

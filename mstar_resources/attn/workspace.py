@@ -15,8 +15,8 @@ What is shared, and on what condition (``docs/workspaces-and-ranks.md`` says it 
 - Its **pinned mirrors** are shared with it: a plan writes its indices to one, then queues an
   asynchronous copy to the int workspace. A plan that rewrote a mirror before that copy ran
   would hand the earlier wrapper the later one's indices, so plans through
-  :meth:`Workspace.plan` write four mirrors in turn, and one waits only for the copy that last
-  read its mirror, three plans back at most (:class:`IntWorkspace` says how). That is enforced
+  :meth:`Workspace.plan` write ten mirrors in turn, and one waits only for the copy that last
+  read its mirror, three or more plans back (:class:`IntWorkspace` says how). That is enforced
   for every plan made through :meth:`Workspace.plan` of a wrapper it finds on the int
   workspace; a plan called on the wrapper directly skips it.
 """

@@ -21,7 +21,7 @@ from mstar_resources import (
     resolve,
 )
 from mstar_resources._internal.floor import PINNED_MIRRORS
-from mstar_resources.attn.int_workspace import PLANS_PER_EVENT
+from mstar_resources.attn.int_workspace import FENCE_EVENTS
 from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.units import MIB
 
@@ -268,7 +268,9 @@ def _good_mirrors() -> list[torch.Tensor]:
     ids=["short", "int32", "not-a-tensor", "too-few", "the-same-one"],
 )
 def test_mirrors_unlike_their_workspace_are_refused(mirrors):
-    with pytest.raises(ResourceUsageError, match=r"mirrors must be 4 distinct 1-D torch\.uint8"):
+    with pytest.raises(
+        ResourceUsageError, match=rf"mirrors must be {PINNED_MIRRORS} distinct 1-D torch\.uint8"
+    ):
         IntWorkspace(torch.zeros(1024, dtype=torch.uint8), "w:int", mirrors=mirrors)
 
 
@@ -280,11 +282,13 @@ def test_plans_of_wrappers_on_the_int_workspace_write_its_mirrors_in_turn():
     workspace = pool.get("decode")
     first, second = (pool.build(FakeWrapper, label="decode") for _ in range(2))
     written = []
-    for wrapper in [first, second, second, first, first, second]:
+    order = [first, second, second, first, first, second]
+    for wrapper in order * (PINNED_MIRRORS // 2):
         workspace.plan(wrapper.plan)
         written.append(wrapper._pin_memory_int_workspace_buffer)
     mirrors = workspace.int_workspace.mirrors
-    assert [[m is n for n in mirrors].index(True) for m in written] == [0, 1, 2, 3, 0, 1]
+    expected = [i % PINNED_MIRRORS for i in range(len(order) * (PINNED_MIRRORS // 2))]
+    assert [[m is n for n in mirrors].index(True) for m in written] == expected
     assert workspace.int_workspace.fence_waits == 0
 
 
@@ -396,7 +400,7 @@ def test_the_fence_never_lets_a_plan_rewrite_a_mirror_a_queued_copy_still_reads(
     stream = _Stream()
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1, raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
-    events = [_Event(stream) for _ in range(PINNED_MIRRORS // PLANS_PER_EVENT + 1)]
+    events = [_Event(stream) for _ in range(FENCE_EVENTS)]
     int_workspace = IntWorkspace(torch.zeros(64, dtype=torch.uint8), "w:int", events=events)
     workspace = Workspace(torch.zeros(1024, dtype=torch.uint8), "w", int_workspace=int_workspace)
     rewritten, step_done = [], []

@@ -258,6 +258,12 @@ def test_sealed_overflow_names_workspace_bytes_and_setting_and_never_moves():
         2 * MIB,
     )
     assert (error.setting, error.suggested_mb) == ("resources.attn.decode.declared_mb", 2)
+    # Each refusal is counted where an engine's report reads it.
+    with pytest.raises(WorkspaceSealedError):
+        workspace.plan(planner)
+    stats = workspace.stats()
+    assert (stats.sealed_refusals, stats.times_grown) == (2, 0)
+    assert str(stats).endswith("never grew, sealed, refused 2 plans")
 
 
 def test_sealed_overflow_of_a_wrapper_plan_says_what_the_whole_plan_needs():
@@ -529,7 +535,7 @@ def test_pool_summary_is_logged_at_seal(caplog):
     assert caplog.messages == [pool.summary()]
     assert pool.summary().splitlines() == [
         "llama: 2 workspaces, 4,194,304 bytes (+2,097,152 over their floors), sealed; their "
-        "int workspaces 16,777,216 bytes (+0), and 4 times as many pinned on the host",
+        "int workspaces 16,777,216 bytes (+0), and 10 times as many pinned on the host",
         "  llama:decode:cg0: 3,145,728 bytes (floor 1,048,576 from size_mb), grew 1x, "
         "largest +2,097,152 for batch_decode_tmp_v, sealed",
         "  llama:prefill: 1,048,576 bytes (floor 1,048,576 from size_mb), never grew, sealed",

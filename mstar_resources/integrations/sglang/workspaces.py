@@ -15,7 +15,6 @@ from typing import Any
 from ...attn._flashinfer import FLOAT_BUFFER, RECORDED_SIZE
 from ...attn.float_workspace import install_int_workspace
 from ...attn.workspace import Workspace, WorkspacePool
-from ...errors import WorkspaceSealedError
 from ...resolver import ResolvedResource, build_pools
 from ..setting import AUTO
 from .measure import measure, sglang_plans
@@ -51,7 +50,6 @@ class SglangWorkspaces:
         """SGLang FlashInfer backends given the workspaces."""
         self.own_workspaces = 0
         """Backends that made a workspace of their own (``init_new_workspace``)."""
-        self.sealed_overflows = 0
         self._int_sharer: weakref.ref[Any] | None = None
         """The backend whose decode wrappers share the decode workspace's int workspace."""
         self.shared_int_wrappers = 0
@@ -207,11 +205,7 @@ class SglangWorkspaces:
         workspace = self._by_tensor.get(id(getattr(wrapper, FLOAT_BUFFER, None)))
         if workspace is None:
             return plan(wrapper, *args, **kwargs)
-        try:
-            return workspace.plan(types.MethodType(plan, wrapper), *args, **kwargs)
-        except WorkspaceSealedError:
-            self.sealed_overflows += 1
-            raise
+        return workspace.plan(types.MethodType(plan, wrapper), *args, **kwargs)
 
     # Step 3: before SGLang captures CUDA graphs (ModelRunner.init_cuda_graphs).
     def seal(self, before: str) -> None:
@@ -244,7 +238,9 @@ class SglangWorkspaces:
             "own_workspaces": self.own_workspaces,
             "sealed_before": self.sealed_before,
             "growths": sum(s.times_grown for p in self.pools.values() for s in p.stats()),
-            "sealed_overflows": self.sealed_overflows,
+            "sealed_overflows": sum(
+                s.sealed_refusals for p in self.pools.values() for s in [*p.stats(), *p.int_stats()]
+            ),
             "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
             "shared_int_wrappers": self.shared_int_wrappers,
             "fence_waits": sum(

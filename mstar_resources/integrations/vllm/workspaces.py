@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ResourceConfigError, WorkspaceSealedError
+from ...errors import ResourceConfigError
 from ...resolver import ResolvedResource, build_pools, resolve
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, Role
@@ -53,8 +53,8 @@ class VllmWorkspaces:
         self._engine: Callable[[], Any] | None = None
         """The model runner whose profile the workspaces were made at (a weak reference where
         it takes one): a profile of another starts afresh."""
-        self._decode_seam: tuple[Any, Callable[..., Any], Callable[..., Any]] | None = None
-        """vLLM's FlashInfer backend module, its ``fast_plan_decode``, and the plugin's
+        self._decode_seam: tuple[Any, Callable[..., Any]] | None = None
+        """vLLM's FlashInfer backend module and its own ``fast_plan_decode``
         (:meth:`take_decode_plans`)."""
         self._start_engine()
 
@@ -63,9 +63,9 @@ class VllmWorkspaces:
         as vLLM frees the engine, or when another engine of the process profiles."""
         self.pools: dict[str, WorkspacePool] = {}
         self._workspaces: dict[Role, Workspace] = {}
-        # By the wrapper's id (a wrapper need not be hashable), with a weak reference to it, so a
-        # wrapper vLLM drops is not kept alive here.
-        self._routed: dict[int, tuple[weakref.ref[Any], Workspace]] = {}
+        # The wrappers routed, by id (a wrapper need not be hashable), each a weak reference, so
+        # a wrapper vLLM drops is not kept alive here.
+        self._routed: dict[int, weakref.ref[Any]] = {}
         self._keys: dict[Role, tuple[str, int | None]] = {}
         """Each role's pool (by resource path) and cg slot."""
         self._int_builder: weakref.ref[Any] | None = None
@@ -84,8 +84,6 @@ class VllmWorkspaces:
         one a builder)."""
         self.trtllm_bytes = 0
         """vLLM's own TRT-LLM workspace (XQA, trtllm-gen), made at the profile; 0: none runs."""
-        self.sealed_overflows = 0
-        """Plans refused by a sealed workspace (each raised its error to vLLM)."""
         self.sealed_before: str | None = None
         """What the workspaces were sealed before: vLLM's graph capture, or its first request."""
         self.unexpected: list[str] = []
@@ -317,12 +315,13 @@ class VllmWorkspaces:
 
     def route(self, wrapper: Any, role: Role, builder: Any = None) -> None:
         """Send ``wrapper``'s plans through its workspace: a decode wrapper's through vLLM's
-        ``fast_plan_decode`` (:meth:`plan_decode`), a prefill wrapper's through its own ``plan``,
-        rebound on the wrapper itself (FlashInfer's wrappers have no hook, and vLLM checks their
-        type, so the object stays FlashInfer's). A decode wrapper of the first ``builder`` is
-        given the decode int workspace in place of its own."""
+        ``fast_plan_decode``, which plans on the decode workspace while an engine is served
+        (:meth:`take_decode_plans`), a prefill wrapper's through its own ``plan``, rebound on the
+        wrapper itself (FlashInfer's wrappers have no hook, and vLLM checks their type, so the
+        object stays FlashInfer's). A decode wrapper of the first ``builder`` is given the
+        decode int workspace in place of its own."""
         workspace = self._workspaces.get(role)
-        if wrapper is None or workspace is None or self._routed_to(wrapper) is not None:
+        if wrapper is None or workspace is None or self._routed_to(wrapper):
             return
         from ...attn._flashinfer import own_buffers
 
@@ -331,9 +330,11 @@ class VllmWorkspaces:
             self.pools[path].install(wrapper, role, cg_slot)
             self.shared_int_wrappers += 1
         key = id(wrapper)
-        self._routed[key] = (weakref.ref(wrapper, lambda _: self._routed.pop(key, None)), workspace)
+        self._routed[key] = weakref.ref(wrapper, lambda _: self._routed.pop(key, None))
         if role == "prefill":
-            wrapper.plan = self._through(workspace, wrapper.plan)
+            # A partial, not a function around it: no frame of Python's between vLLM's call and
+            # the workspace's plan.
+            wrapper.plan = functools.partial(workspace.plan, wrapper.plan)
 
     def _shares_int(self, builder: Any) -> bool:
         """Whether ``builder``'s decode wrappers share the int workspace: the first builder's."""
@@ -343,52 +344,28 @@ class VllmWorkspaces:
             self._int_builder = weakref.ref(builder)
         return self._int_builder() is builder
 
-    def _routed_to(self, wrapper: Any) -> Workspace | None:
+    def _routed_to(self, wrapper: Any) -> bool:
         found = self._routed.get(id(wrapper))
-        return found[1] if found is not None and found[0]() is wrapper else None
+        return found is not None and found() is wrapper
 
     def take_decode_plans(self, backend: Any) -> None:
-        """Plan vLLM's decode wrappers through the workspaces while an engine is served: the
-        plugin's :meth:`plan_decode` in place of ``backend.fast_plan_decode`` then, vLLM's own
-        function back while none is, so that an engine the plugin leaves as it is plans without
+        """Plan vLLM's decode wrappers on the decode workspace while an engine is served with
+        one: ``backend.fast_plan_decode(wrapper, ...)`` is then the workspace's plan of vLLM's
+        own (every native decode wrapper vLLM builds then is on that workspace), and vLLM's own
+        function again while none is, so that an engine the plugin leaves as it is plans without
         a frame of the plugin's."""
-        original = backend.fast_plan_decode
-        # A partial, not a function around it: no frame of Python's between vLLM's call and ours.
-        self._decode_seam = (backend, original, functools.partial(self.plan_decode, original))
+        self._decode_seam = (backend, backend.fast_plan_decode)
         self._set_decode_planner()
 
     def _set_decode_planner(self) -> None:
         if self._decode_seam is not None:
-            backend, original, planned = self._decode_seam
-            backend.fast_plan_decode = planned if self.serving else original
-
-    # Every plan of vLLM's passes here while an engine is served: one call, the workspace's plan
-    # and the planner's (each layer between costs a few us a plan in vLLM's process, on the H200).
-    def plan_decode(self, fast_plan_decode: Callable[..., Any], wrapper: Any, *args: Any,
-                    **kwargs: Any) -> Any:  # fmt: skip
-        """vLLM's ``fast_plan_decode(wrapper, ...)``, through the wrapper's workspace where it has
-        one; a sealed refusal counted."""
-        found = self._routed.get(id(wrapper))
-        if found is None or found[0]() is not wrapper:
-            return fast_plan_decode(wrapper, *args, **kwargs)
-        try:
-            return found[1].plan(fast_plan_decode, wrapper, *args, **kwargs)
-        except WorkspaceSealedError:
-            self.sealed_overflows += 1
-            raise
-
-    def _through(self, workspace: Workspace, plan: Callable[..., Any]) -> Callable[..., Any]:
-        """``plan`` (a prefill wrapper's own) through ``workspace``; a sealed refusal counted."""
-
-        @functools.wraps(plan)
-        def plan_on_workspace(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return workspace.plan(plan, *args, **kwargs)
-            except WorkspaceSealedError:
-                self.sealed_overflows += 1
-                raise
-
-        return plan_on_workspace
+            backend, original = self._decode_seam
+            decode = self._workspaces.get("decode")
+            # A partial, not a function around it: each layer of Python between vLLM's call (16
+            # keyword arguments) and FlashInfer's plan costs a few us a plan in vLLM's process.
+            backend.fast_plan_decode = (
+                original if decode is None else functools.partial(decode.plan, original)
+            )
 
     # Step 3: before vLLM captures CUDA graphs, or, where it captures none, before it serves.
     def seal(self, before: str) -> None:
@@ -429,7 +406,7 @@ class VllmWorkspaces:
             "sealed": self.sealed,
             "sealed_before": self.sealed_before,
             "growths": sum(s.times_grown for s in stats),
-            "sealed_overflows": self.sealed_overflows,
+            "sealed_overflows": sum(s.sealed_refusals for s in stats),
             "unexpected_wrappers": list(self.unexpected),
             "workspaces": [dataclasses.asdict(s) for s in stats],
             "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
