@@ -20,7 +20,7 @@ from mstar_resources import (
     build_pools,
     resolve,
 )
-from mstar_resources._internal.floor import PINNED_MIRRORS
+from mstar_resources._internal.floor import PINNED_MIRRORS, PLANS_PER_EVENT
 from mstar_resources.attn.int_workspace import FENCE_EVENTS
 from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.units import MIB
@@ -386,6 +386,42 @@ class _Event:
     def synchronize(self) -> None:
         while not self.done:
             self.stream.run(1)
+
+
+def test_the_fence_makes_one_event_record_and_one_query_every_eight_plans(monkeypatch):
+    """An engine's steady state (each plan's copy run before the next step): every
+    PLANS_PER_EVENT plans share one event record and one event query, and none waits."""
+    stream = _Stream()
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    calls = {"record": 0, "query": 0}
+
+    class Counted(_Event):
+        def record(self, stream) -> None:
+            calls["record"] += 1
+            super().record(stream)
+
+        def query(self) -> bool:
+            calls["query"] += 1
+            return super().query()
+
+    int_workspace = IntWorkspace(
+        torch.zeros(64, dtype=torch.uint8),
+        "w:int",
+        events=[Counted(stream) for _ in range(FENCE_EVENTS)],
+    )
+    workspace = Workspace(torch.zeros(1024, dtype=torch.uint8), "w", int_workspace=int_workspace)
+    wrapper = FakeWrapper(workspace.tensor)
+    install_int_workspace(wrapper, workspace)
+    plans = 800
+    for _ in range(plans):
+        workspace.plan(wrapper.plan)
+        stream.run(len(stream.queue))  # the GPU keeps up
+    assert PLANS_PER_EVENT == 8 and PINNED_MIRRORS == 10
+    assert calls["record"] == plans // 8
+    # The first group is asked for by plan 10, the last by plan 794: one query each.
+    assert calls["query"] == (plans - PINNED_MIRRORS) // 8 + 1
+    assert int_workspace.fence_waits == 0
 
 
 @pytest.mark.parametrize("engine_lead", [None, 2], ids=["host-unbounded", "host-two-steps-ahead"])
