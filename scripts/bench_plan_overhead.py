@@ -6,7 +6,9 @@
 
 The planners: a real FlashInfer decode plan (batch 64, 4096 tokens each, its inputs in pinned
 host memory as an engine's are), its wrapper given the pool's int workspace (its plans write the
-pinned mirrors in turn, behind the fence) and on an int workspace of its own; and a no-op wrapper
+pinned mirrors in turn, behind the fence), the same plan through a Python function that does
+nothing else (the least any layer of Python adds beside a real plan, whose work leaves the host's
+caches cold), the plan on an int workspace of its own; and a no-op wrapper
 on the shared int workspace, which leaves Workspace.plan's own cost on the GPU, the fence's CUDA
 calls included. These GPU rows only where there are a CUDA GPU and FlashInfer, else they are
 left out and stderr says why, or, asked for alone with ``--device cuda``, the run is refused with
@@ -116,6 +118,11 @@ def host_row(case: str, planner: Callable[..., object], rounds: int, t: float) -
     )
 
 
+def call_through(plan: Callable[..., object], *args: object, **kwargs: object) -> object:
+    """``plan(*args, **kwargs)``: the least any layer of Python around a plan adds."""
+    return plan(*args, **kwargs)
+
+
 def noop(*args: object, **kwargs: object) -> None:
     """A planner that does nothing: what remains around it is Workspace.plan's own cost."""
 
@@ -173,10 +180,13 @@ def gpu_rows(rounds: int, t: float) -> tuple[list[Row], list[str]]:
         plan = wrapper.plan
         workspace.plan(plan, *args, **kwargs)  # builds the kernel and grows once, untimed
         wrapped = functools.partial(workspace.plan, plan, *args, **kwargs)
-        rows.append(measure(
-            f"FlashInfer decode plan, {case} ({name})",
-            functools.partial(plan, *args, **kwargs), wrapped, rounds, t,
-        ))  # fmt: skip
+        direct = functools.partial(plan, *args, **kwargs)
+        rows.append(measure(f"FlashInfer decode plan, {case} ({name})", direct, wrapped, rounds, t))
+        if shared:  # the floor under any layer of Python, on the same plan and host
+            rows.append(measure(
+                "the same, through a Python function that only calls it",
+                direct, functools.partial(call_through, plan, *args, **kwargs), rounds, t,
+            ))  # fmt: skip
         int_workspace = workspace.int_workspace
         if shared and int_workspace is not None:
             notes.append(_idle_waits(int_workspace, wrapped))

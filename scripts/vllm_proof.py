@@ -448,6 +448,16 @@ class _GcClock:
         return {"gc_collections": self.collections, "gc_ms": round(self.total_ns / 1e6, 2)}
 
 
+def _stolen_s() -> float:
+    """Seconds the hypervisor has run other machines on this one's CPUs (all CPUs together; the
+    ``steal`` column of ``/proc/stat``), 0.0 where the system does not say."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, Any]:
     """One vLLM engine: start it, generate, say what it held, and shut it down. ``clock``: the
     process's decode-plan clock, set around the plugin already (engines one after another in one
@@ -485,13 +495,16 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
         for _, n in requests
     ]
-    times = []
+    times, cpu_times, stolen = [], [], []
     for _ in range(case.generations):
         clock.reset()
         collections.reset()
+        steal, cpu = _stolen_s(), time.process_time()
         begin = time.perf_counter()
         outputs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], params)
         times.append(time.perf_counter() - begin)
+        cpu_times.append(time.process_time() - cpu)
+        stolen.append(_stolen_s() - steal)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     config = llm.llm_engine.vllm_config
     result: dict[str, Any] = {
@@ -504,6 +517,10 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
         # The first generation warms up; the others' median is the figure.
         "generate_s": round(statistics.median(times[1:] or times), 3),
         "generate_each_s": [round(t, 3) for t in times],
+        # The process's CPU time, and the time the hypervisor gave this machine's CPUs to others
+        # (all CPUs together), during each generation: how loud the host was.
+        "generate_cpu_s": [round(t, 3) for t in cpu_times],
+        "host_steal_s": [round(t, 3) for t in stolen],
         "decode_plan_clock": clock.report(times[-1]),
         "gc": collections.report(),
     }

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -106,15 +105,11 @@ def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:
     return found
 
 
-def refresh_recorded_size(plan: Callable[..., Any], tensor: torch.Tensor) -> None:
-    """Bring the wrapper whose ``plan`` ran up to date with its float buffer's size
-    (:data:`RECORDED_SIZE`), where it records one and plans on ``tensor``; others are left alone.
-
-    Called once a workspace has grown, possibly through another wrapper: the recorded figure
-    would otherwise understate the buffer."""
-    # Looked up in the wrapper's __dict__: a getattr that misses raises inside, which costs more
-    # than the rest of Workspace.plan together.
-    attributes = getattr(getattr(plan, "__self__", None), "__dict__", None) or {}
+def refresh_recorded_size(attributes: dict[str, Any], tensor: torch.Tensor) -> None:
+    """Bring a wrapper (its ``attributes``, its ``__dict__``) up to date with its float buffer's
+    size (:data:`RECORDED_SIZE`), where it records one and plans on ``tensor``; others are left
+    alone. Called once a workspace has grown, possibly through another wrapper: the recorded
+    figure would otherwise understate the buffer."""
     recorded = attributes.get(RECORDED_SIZE)
     if is_int(recorded) and attributes.get(FLOAT_BUFFER) is tensor:
         now = tensor.numel()

@@ -56,6 +56,8 @@ class Workspace:
             each wrapper keeps the int buffer it made, and an int overflow reaches the caller.
     """
 
+    __slots__ = ("__weakref__", "_buffer", "_by_kind", "_checked", "_int", "_routes")
+
     def __init__(
         self,
         tensor: torch.Tensor,
@@ -74,9 +76,8 @@ class Workspace:
         self._int = int_workspace
         self._by_kind = {"float": self._buffer}
         """The buffers a plan through this workspace may grow, by the kind of overflow."""
-        self._int_buffer = None if int_workspace is None else int_workspace.buffer
-        if self._int_buffer is not None:
-            self._by_kind["int"] = self._int_buffer
+        if int_workspace is not None:
+            self._by_kind["int"] = int_workspace.buffer
         # The wrappers whose attributes were checked for views of this buffer (_refuse_views).
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._routes: dict[int, _Route] = {}
@@ -126,52 +127,53 @@ class Workspace:
         once the copy that last read that one has run (:class:`IntWorkspace` says how that
         costs no wait in an engine's steady state).
         """
-        # The common case costs a lookup: a wrapper planned before, a plan that fits.
+        # The common case: a wrapper planned before, a plan that fits. Beside FlashInfer's plan,
+        # which leaves the host's caches cold, each object read here costs: a few are read.
         owner = getattr(plan, "__self__", None)
         key = owner if owner is not None else args[0] if args else None
-        route = self._routes.get(id(key))
-        if route is not None and route[0]() is key:
-            wrapper, attributes, int_tensor = key, route[1], route[2]
-        else:
-            wrapper, attributes, int_tensor = self._route(plan, args, key)
+        # A route is dropped as its wrapper dies, before its id can be another object's.
+        route = self._routes.get(id(key)) or self._route(plan, args, key)
+        have = self._buffer.nbytes  # what the plan sees, whatever another thread grows
+        int_tensor = route.int_tensor
         # The mirrors are the int workspace's to hand out only to a wrapper planning on it.
-        fenced = int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor  # type: ignore[union-attr]
-        buffer, int_buffer = self._buffer, self._int_buffer
-        # What the plan sees, whatever another thread does.
-        have = buffer.nbytes
-        have_int = None if int_buffer is None else int_buffer.nbytes
-        if fenced:
-            self._int.before_plan(attributes)  # type: ignore[union-attr, arg-type]
+        if int_tensor is None or route.attributes.get(INT_BUFFER) is not int_tensor:  # type: ignore[union-attr]
+            try:
+                return plan(*args, **kwargs)
+            except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+                return self._plan_after_overflow(error, (plan, args, kwargs), route, have)
+        int_workspace: IntWorkspace = self._int  # type: ignore[assignment]
+        have_int = int_workspace.buffer.nbytes
+        int_workspace.before_plan(route.attributes)  # type: ignore[arg-type]
         try:
             planned = plan(*args, **kwargs)
-        except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-            seen = {"float": have, **({} if have_int is None else {"int": have_int})}
-            return self._plan_after_overflow(error, (plan, args, kwargs), wrapper, seen)
-        if fenced:
-            self._int.after_plan(wrapper)  # type: ignore[union-attr]
-        if have != buffer.floor_bytes:  # grown, by any plan
-            refresh_recorded_size(plan, buffer.tensor)
+        except (RuntimeError, ValueError) as error:
+            return self._plan_after_overflow(error, (plan, args, kwargs), route, have, have_int)
+        int_workspace.after_plan(route.planner)
         return planned
 
     def _plan_after_overflow(
-        self, error: Exception, call: tuple[Callable[..., T], Any, Any], wrapper: Any,
-        seen: dict[str, int],
+        self, error: Exception, call: tuple[Callable[..., T], Any, Any], route: _Route,
+        have: int, have_int: int | None = None,
     ) -> T:  # fmt: skip
-        """:meth:`plan`, after its first try raised ``error`` on ``seen`` bytes (by kind): grow
-        the buffer it ran short of and plan again, until it fits (or raise)."""
+        """:meth:`plan`, after its first try (of the wrapper of ``route``) raised ``error`` on
+        ``have`` float and ``have_int`` int bytes (None: not planning on the int workspace,
+        whose size is read now): grow the buffer it ran short of and plan again, until it fits
+        (or raise)."""
         plan, args, kwargs = call
-        buffer, int_buffer = self._buffer, self._int_buffer
+        attributes, int_tensor = route.attributes, route.int_tensor
+        wrapper = route.planner()
+        seen = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
+        seen["float"] = have
+        if have_int is not None:
+            seen["int"] = have_int
         growths, last = 0, None
         while True:
             last = self._grow_for(error, call, wrapper, seen, growths, last)
             growths += 1
+            self._refresh_recorded_sizes(plan, attributes)
             seen = {kind: grown.nbytes for kind, grown in self._by_kind.items()}
-            attributes = None if wrapper is None else own_buffers(wrapper)
-            fenced = (
-                int_buffer is not None
-                and attributes is not None
-                and attributes.get(INT_BUFFER) is int_buffer.tensor
-            )
+            # Growth keeps the int workspace's tensor: the wrapper plans on it as it did.
+            fenced = int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor  # type: ignore[union-attr]
             if fenced:
                 self._int.before_plan(attributes)  # type: ignore[union-attr, arg-type]
             try:
@@ -180,10 +182,24 @@ class Workspace:
                 error = again
                 continue
             if fenced:
-                self._int.after_plan(wrapper)  # type: ignore[union-attr]
-            if seen["float"] != buffer.floor_bytes:
-                refresh_recorded_size(plan, buffer.tensor)
+                self._int.after_plan(route.planner)  # type: ignore[union-attr]
             return planned
+
+    def _refresh_recorded_sizes(
+        self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
+    ) -> None:
+        """After a growth: bring every wrapper planned on this workspace up to date with its
+        size, where it records one (:func:`refresh_recorded_size`), and ``plan``'s object and
+        the wrapper of ``attributes`` too (planning now, perhaps not remembered). A wrapper's
+        first plan brings it up to date (:meth:`_route`), so no plan pays for it."""
+        tensor = self._buffer.tensor
+        found = [attributes, getattr(getattr(plan, "__self__", None), "__dict__", None)]
+        for route in list(self._routes.values()):
+            if route.planner() is not None:
+                found.append(route.attributes)
+        for each in found:
+            if each is not None:
+                refresh_recorded_size(each, tensor)
 
     def _grow_for(
         self, error: Exception, call: tuple[Callable[..., Any], Any, Any], wrapper: Any,
@@ -220,26 +236,31 @@ class Workspace:
         short.grow(overflow, planned_on, error)
         return overflow
 
-    def _route(
-        self, plan: Callable[..., Any], args: tuple[Any, ...], key: Any
-    ) -> tuple[Any, dict[str, Any] | None, torch.Tensor | None]:
-        """The wrapper ``plan`` plans (:func:`_wrapper_of`), its views refused first
-        (:meth:`_refuse_views`), its attributes (None where it is not found) and the int
-        workspace's tensor (None: none to fence). Remembered by the wrapper's id where the wrapper
-        is ``key`` (the plan's object, else its first argument), as :meth:`plan` looks it up."""
+    def _route(self, plan: Callable[..., Any], args: tuple[Any, ...], key: Any) -> _Route:
+        """The route of the wrapper ``plan`` plans (:func:`_wrapper_of`), its views refused
+        first (:meth:`_refuse_views`) and its recorded size brought up to date: what
+        :meth:`plan` needs of it. Remembered by the wrapper's id where the wrapper is ``key``
+        (the plan's object, else its first argument), as :meth:`plan` looks it up, until the
+        wrapper dies."""
         self._refuse_views(plan)
+        tensor = self._buffer.tensor
+        owner = getattr(getattr(plan, "__self__", None), "__dict__", None)
+        if owner is not None:  # a wrapper not found may still record a size
+            refresh_recorded_size(owner, tensor)
         wrapper, attributes = _wrapper_of(plan, args)
         if wrapper is None:
-            return None, None, None
+            return _NOBODY
+        refresh_recorded_size(attributes, tensor)  # type: ignore[arg-type]
         int_tensor = None if self._int is None else self._int.tensor
+        routes, wrapper_id = self._routes, id(wrapper)
+        try:
+            planner = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
+        except TypeError:  # no weak references to it: found again at every plan
+            return _Route(lambda: wrapper, attributes, int_tensor)
+        route = _Route(planner, attributes, int_tensor)
         if wrapper is key:
-            routes, wrapper_id = self._routes, id(wrapper)
-            try:
-                ref = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
-            except TypeError:  # no weak references to it: looked up at every plan
-                return wrapper, attributes, int_tensor
-            routes[wrapper_id] = (ref, attributes, int_tensor)
-        return wrapper, attributes, int_tensor
+            routes[wrapper_id] = route
+        return route
 
     def _refuse_views(self, plan: Callable[..., Any]) -> None:
         """Refuse, before it plans on this growable workspace, a wrapper that holds a view of its
@@ -285,12 +306,34 @@ class Workspace:
             buffer.refuse_growth(refused)
 
     def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
-        return self._buffer.grow_to_agree(nbytes, ranks)
+        added = self._buffer.grow_to_agree(nbytes, ranks)
+        if added:
+            self._refresh_recorded_sizes()
+        return added
 
 
-_Route = tuple[weakref.ref[Any], "dict[str, Any] | None", "torch.Tensor | None"]
-"""A wrapper planned on a workspace: a weak reference to it, its attributes, and the int
-workspace's tensor, which it plans on where its int buffer is that tensor."""
+class _Route:
+    """A wrapper planned on a workspace, as :meth:`Workspace.plan` finds it again."""
+
+    __slots__ = ("attributes", "int_tensor", "planner")
+
+    def __init__(
+        self,
+        planner: Callable[[], Any],
+        attributes: dict[str, Any] | None,
+        int_tensor: torch.Tensor | None,
+    ) -> None:
+        self.planner = planner
+        """A weak reference to the wrapper (called: the wrapper, or None once it died)."""
+        self.attributes = attributes
+        """The wrapper's ``__dict__`` (None: no wrapper found), where its buffers are kept."""
+        self.int_tensor = int_tensor
+        """The int workspace's tensor (None: none), which the wrapper plans on where its int
+        buffer is that tensor."""
+
+
+_NOBODY = _Route(lambda: None, None, None)
+"""The route of a plan whose wrapper is not found: nothing to fence, nothing to remember."""
 
 
 def _short_of(

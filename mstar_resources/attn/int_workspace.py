@@ -6,7 +6,6 @@ notes say when sharing is safe)."""
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -62,6 +61,22 @@ class IntWorkspace:
             no copy and nothing is fenced.
     """
 
+    # Slots: a plan reads its fence's state beside FlashInfer's, in as few places as there are.
+    __slots__ = (
+        "__weakref__",
+        "_confirm_at",
+        "_device_index",
+        "_events",
+        "_last_planner",
+        "_mirrors",
+        "_plans",
+        "_record_after",
+        "_stream",
+        "_stream_handle",
+        "buffer",
+        "fence_waits",
+    )
+
     def __init__(
         self,
         tensor: torch.Tensor,
@@ -111,12 +126,14 @@ class IntWorkspace:
         self._device_index = tensor.device.index
         """The GPU of the buffer, which growth never moves it from."""
         self._stream_handle = -1
-        """The raw handle of the stream of the last plan (``torch.cuda.current_stream`` costs
-        several us a call)."""
+        """The raw handle of the stream of the last plan, compared at each plan with the current
+        one's (:data:`_current_raw_stream`; ``torch.cuda.current_stream`` costs several us a
+        call)."""
         self._stream: torch.cuda.Stream | None = None
         """That stream, which events are recorded on."""
-        self._last_planner: weakref.ref[Any] | None = None
-        """The wrapper whose plan the workspace holds now (its last plan through Workspace.plan)."""
+        self._last_planner: Callable[[], Any] | None = None
+        """The wrapper whose plan the workspace holds now (its last plan through Workspace.plan),
+        by a weak reference."""
         self.fence_waits = 0
         """How many plans found the copy from their mirror not yet run, and waited for it."""
 
@@ -168,19 +185,17 @@ class IntWorkspace:
         writes next, once the copy that last read that mirror has run."""
         plans = self._plans
         if self._events is not None:
-            handle = torch._C._cuda_getCurrentRawStream(self._device_index)
-            if handle != self._stream_handle:
-                self._follow_stream(handle)
+            if _current_raw_stream(self._device_index) != self._stream_handle:
+                self._follow_stream()
             if plans >= self._confirm_at:
                 self._confirm(plans)
         attributes[PINNED_MIRROR] = self._mirrors[plans % PINNED_MIRRORS]
 
-    def after_plan(self, planner: Any) -> None:
-        """Mark the plan just made (by wrapper ``planner``) as the one the workspace holds, and,
-        after the last plan of a group, record an event behind the copies the group queued."""
-        last = self._last_planner
-        if last is None or last() is not planner:
-            self._last_planner = weakref.ref(planner)
+    def after_plan(self, planner: Callable[[], Any]) -> None:
+        """Mark the plan just made as the one the workspace holds (``planner``: a weak reference
+        to its wrapper), and, after the last plan of a group, record an event behind the copies
+        the group queued."""
+        self._last_planner = planner
         plans = self._plans
         self._plans = plans + 1
         if plans == self._record_after:
@@ -199,8 +214,8 @@ class IntWorkspace:
             event.synchronize()
         self._confirm_at = (group + 1) * PLANS_PER_EVENT + PINNED_MIRRORS
 
-    def _follow_stream(self, handle: int) -> None:
-        """Plans move to the stream of raw ``handle``: the events recorded so far say nothing of
+    def _follow_stream(self) -> None:
+        """Plans move to the current stream: the events recorded so far say nothing of
         copies queued on it, so every copy queued before is waited for (an engine plans on one
         stream, and seldom moves: twice in each vLLM run measured, against some 1,000 plans)."""
         previous = self._stream
@@ -210,8 +225,8 @@ class IntWorkspace:
         # Every group begun before is run; the one in progress is recorded on the new stream.
         done = self._plans // PLANS_PER_EVENT - 1
         self._confirm_at = max(self._confirm_at, (done + 1) * PLANS_PER_EVENT + PINNED_MIRRORS)
-        self._stream_handle = handle
         self._stream = torch.cuda.current_stream(self.tensor.device)
+        self._stream_handle = self._stream.cuda_stream
 
     def check_planned_by(self, wrapper: Any) -> None:
         """Raise :class:`WorkspacePlanError` unless the last plan this workspace holds is
@@ -230,6 +245,13 @@ class IntWorkspace:
                 workspace=self.name,
                 held_bytes=self.tensor.numel(),
             )
+
+
+_current_raw_stream: Callable[[int | None], int] = getattr(
+    torch._C, "_cuda_getCurrentRawStream", lambda device: -1
+)
+"""The raw handle of the current CUDA stream of a device index, as PyTorch's own CUDA code reads
+it: one C call (a CPU-only build of torch has none, and no events to fence with either)."""
 
 
 def _is_mirror_of(mirror: object, tensor: torch.Tensor) -> bool:

@@ -21,6 +21,7 @@ from mstar_resources import (
     resolve,
 )
 from mstar_resources._internal.floor import PINNED_MIRRORS, PLANS_PER_EVENT
+from mstar_resources.attn import int_workspace as int_workspace_module
 from mstar_resources.attn.int_workspace import FENCE_EVENTS
 from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.units import MIB
@@ -358,6 +359,8 @@ def test_an_int_floor_of_zero_reserves_no_int_workspace_and_the_wrappers_keep_th
 class _Stream:
     """A CUDA stream in miniature: what is queued on it runs in order when :meth:`run` says."""
 
+    cuda_stream = 1  # its raw handle
+
     def __init__(self) -> None:
         self.queue: list = []
 
@@ -392,7 +395,9 @@ def test_the_fence_makes_one_event_record_and_one_query_every_eight_plans(monkey
     """An engine's steady state (each plan's copy run before the next step): every
     PLANS_PER_EVENT plans share one event record and one event query, and none waits."""
     stream = _Stream()
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1, raising=False)
+    monkeypatch.setattr(
+        int_workspace_module, "_current_raw_stream", lambda index: stream.cuda_stream
+    )
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     calls = {"record": 0, "query": 0}
 
@@ -434,7 +439,9 @@ def test_the_fence_never_lets_a_plan_rewrite_a_mirror_a_queued_copy_still_reads(
     import random
 
     stream = _Stream()
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1, raising=False)
+    monkeypatch.setattr(
+        int_workspace_module, "_current_raw_stream", lambda index: stream.cuda_stream
+    )
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     events = [_Event(stream) for _ in range(FENCE_EVENTS)]
     int_workspace = IntWorkspace(torch.zeros(64, dtype=torch.uint8), "w:int", events=events)
