@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ def order(configs: list[Config], rounds: int, parts: bool = False) -> list[tuple
     return runs
 
 
-PARTS = ("workspace_plan", "before_plan", "after_plan", "event_query", "event_record")
+PARTS = ("workspace_plan", "plan_fenced", "event_query", "event_record")
 """The plugin's layers a ``parts`` run times (``vllm_proof._PlanClock``), outermost first."""
 
 
@@ -94,6 +95,38 @@ def parts_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> li
             lines.append(f"{config.name}, the plugin's layers timed (median a call): "
                          f"{'; '.join(found)}; a plan adds {clock['added_median_us']} us "
                          "(median) with these timers in")  # fmt: skip
+    return lines
+
+
+def host_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> list[str]:
+    """For each configuration: the process's CPU time in its timed generations (medians, each
+    side, and their ratio), and the share of the machine's CPU time its hypervisor gave to other
+    machines meanwhile (``steal``): how loud the host was, where the wall times disagree."""
+    lines = []
+    cpus = os.cpu_count() or 1
+    for config in configs:
+        cpu: dict[str, list[float]] = {"vllm": [], "plugin": []}
+        steal: dict[str, list[float]] = {"vllm": [], "plugin": []}
+        for side in cpu:
+            for name, r in results.items():
+                timed = slice(1, None)  # the first generation warms up
+                if not (name.startswith(f"{config.group}/{side}-") and r.get("ok")):
+                    continue
+                if r.get("generate_cpu_s"):
+                    cpu[side].append(statistics.median(r["generate_cpu_s"][timed]))
+                if r.get("host_steal_s"):
+                    wall = sum(r["generate_each_s"][timed]) * cpus
+                    steal[side].append(sum(r["host_steal_s"][timed]) / wall)
+        if not (cpu["vllm"] and cpu["plugin"]):
+            continue
+        median = statistics.median
+        lines.append(
+            f"{config.name}: CPU time of a generation {median(cpu['vllm']):.3f} s (vLLM) and "
+            f"{median(cpu['plugin']):.3f} s (plugin), ratio "
+            f"{median(cpu['plugin']) / median(cpu['vllm']):.3f}; the host's steal "
+            + "/".join(f"{median(steal[s]):.1%}" if steal[s] else "-" for s in steal)
+            + " of the CPUs' time (vLLM/plugin, medians)"
+        )
     return lines
 
 
@@ -231,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             results[case.name] = result
             write_summary(results, summary)
     print(table(configs, results))
-    print("\n".join(parts_lines(configs, results)))
+    print("\n".join(parts_lines(configs, results) + host_lines(configs, results)))
     return 0 if all(r.get("ok") for r in results.values()) and results else 1
 
 

@@ -327,7 +327,7 @@ class _PlanClock:
     same process, plan by plan: their difference is what the plugin adds to each plan, free of the
     noise between runs. Without the plugin the difference is the clock's own cost. With
     ``parts``, the plugin's layers are timed too (each timer adding its own cost):
-    ``Workspace.plan`` around FlashInfer's plan, the fence before and after it, and the fence's
+    ``Workspace.plan`` around FlashInfer's plan, the fenced plan within it, and the fence's
     CUDA event calls."""
 
     def __init__(self, parts: bool = False) -> None:
@@ -342,8 +342,7 @@ class _PlanClock:
             from mstar_resources.attn.int_workspace import IntWorkspace
 
             Workspace.plan = self._timed(Workspace.plan, "workspace_plan")  # type: ignore[method-assign]
-            IntWorkspace.before_plan = self._timed(IntWorkspace.before_plan, "before_plan")  # type: ignore[method-assign]
-            IntWorkspace.after_plan = self._timed(IntWorkspace.after_plan, "after_plan")  # type: ignore[method-assign]
+            IntWorkspace.plan_fenced = self._timed(IntWorkspace.plan_fenced, "plan_fenced")  # type: ignore[method-assign]
         self.parts = parts
 
     def _timed(self, call: Any, name: str) -> Any:

@@ -143,13 +143,10 @@ class Workspace:
                 return self._plan_after_overflow(error, (plan, args, kwargs), route, have)
         int_workspace: IntWorkspace = self._int  # type: ignore[assignment]
         have_int = int_workspace.buffer.nbytes
-        int_workspace.before_plan(route.attributes)  # type: ignore[arg-type]
         try:
-            planned = plan(*args, **kwargs)
+            return int_workspace.plan_fenced(plan, args, kwargs, route.attributes, route.planner)  # type: ignore[arg-type]
         except (RuntimeError, ValueError) as error:
             return self._plan_after_overflow(error, (plan, args, kwargs), route, have, have_int)
-        int_workspace.after_plan(route.planner)
-        return planned
 
     def _plan_after_overflow(
         self, error: Exception, call: tuple[Callable[..., T], Any, Any], route: _Route,
@@ -172,18 +169,13 @@ class Workspace:
             growths += 1
             self._refresh_recorded_sizes(plan, attributes)
             seen = {kind: grown.nbytes for kind, grown in self._by_kind.items()}
-            # Growth keeps the int workspace's tensor: the wrapper plans on it as it did.
-            fenced = int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor  # type: ignore[union-attr]
-            if fenced:
-                self._int.before_plan(attributes)  # type: ignore[union-attr, arg-type]
             try:
-                planned = plan(*args, **kwargs)
+                # Growth keeps the int workspace's tensor: the wrapper plans on it as it did.
+                if int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor:  # type: ignore[union-attr]
+                    return self._int.plan_fenced(plan, args, kwargs, attributes, route.planner)  # type: ignore[union-attr, arg-type]
+                return plan(*args, **kwargs)
             except (RuntimeError, ValueError) as again:
                 error = again
-                continue
-            if fenced:
-                self._int.after_plan(route.planner)  # type: ignore[union-attr]
-            return planned
 
     def _refresh_recorded_sizes(
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None

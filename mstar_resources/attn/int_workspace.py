@@ -38,7 +38,7 @@ class IntWorkspace:
     **The fence.** A plan writes a mirror, then queues the copy from it to the GPU buffer, which
     runs when the stream reaches it. Plans through :meth:`Workspace.plan` write the
     :data:`~mstar_resources._internal.floor.PINNED_MIRRORS` (10) mirrors in turn
-    (:meth:`before_plan` hands the wrapper the next one), and after every
+    (:meth:`plan_fenced` hands the wrapper the next one), and after every
     :data:`~mstar_resources._internal.floor.PLANS_PER_EVENT` (8) plans a CUDA event is recorded
     behind their copies. Before a plan writes a mirror, the event recorded after that mirror's
     last plan, :data:`~mstar_resources._internal.floor.PLANS_BACK` (3) or more plans back, must
@@ -107,7 +107,7 @@ class IntWorkspace:
         self._mirrors = buffer.mirrors
         """The mirrors, in the order plans write them (each grows in place, the list stays)."""
         self._plans = 0
-        """Plans made through :meth:`before_plan` and :meth:`after_plan`; the next writes mirror
+        """Plans made through :meth:`plan_fenced`; the next writes mirror
         ``_plans % PINNED_MIRRORS``."""
         if events is None and tensor.is_cuda:
             events = [torch.cuda.Event() for _ in range(FENCE_EVENTS)]
@@ -179,29 +179,33 @@ class IntWorkspace:
         """A snapshot of this int workspace: bytes now, floor, growth history, sealed or not."""
         return self.buffer.stats()
 
-    # before_plan and after_plan run at every plan of an engine's steps: each line costs.
-    def before_plan(self, attributes: dict[str, Any]) -> None:
-        """Hand the wrapper whose ``attributes`` (its ``__dict__``) are given the mirror its plan
-        writes next, once the copy that last read that mirror has run."""
+    # Runs at every plan of an engine's steps: each line costs.
+    def plan_fenced(
+        self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
+        attributes: dict[str, Any], planner: Callable[[], Any],
+    ) -> T:  # fmt: skip
+        """``plan(*args, **kwargs)``, the plan of the wrapper whose ``attributes`` (its
+        ``__dict__``) are given and that ``planner`` (a weak reference) refers to, on this int
+        workspace: the wrapper is handed the mirror the plan writes next, once the copy that last
+        read that mirror has run; the plan made is marked as the one the workspace holds; after
+        the last plan of a group, an event is recorded behind the copies the group queued. A plan
+        that raises counts for nothing: the next one writes the same mirror."""
         plans = self._plans
-        if self._events is not None:
+        events = self._events
+        if events is not None:
             if _current_raw_stream(self._device_index) != self._stream_handle:
                 self._follow_stream()
             if plans >= self._confirm_at:
                 self._confirm(plans)
         attributes[PINNED_MIRROR] = self._mirrors[plans % PINNED_MIRRORS]
-
-    def after_plan(self, planner: Callable[[], Any]) -> None:
-        """Mark the plan just made as the one the workspace holds (``planner``: a weak reference
-        to its wrapper), and, after the last plan of a group, record an event behind the copies
-        the group queued."""
+        planned = plan(*args, **kwargs)
         self._last_planner = planner
-        plans = self._plans
         self._plans = plans + 1
         if plans == self._record_after:
             self._record_after = plans + PLANS_PER_EVENT
-            if self._events is not None:
-                self._events[plans // PLANS_PER_EVENT % FENCE_EVENTS].record(self._stream)
+            if events is not None:
+                events[plans // PLANS_PER_EVENT % FENCE_EVENTS].record(self._stream)
+        return planned
 
     def _confirm(self, plans: int) -> None:
         """Before plan ``plans``: find the copies of the group of plans that last wrote its

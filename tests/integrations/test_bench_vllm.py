@@ -98,14 +98,35 @@ def test_parts_runs_follow_each_configuration_and_their_layers_are_listed():
     names = [case.name for _, case in bench.order(configs, 2, parts=True)]
     runs = ("vllm-0", "plugin-0", "plugin-1", "vllm-1", "parts-0")
     assert names == [f"{g}/{run}" for g in ("L3-S256", "L16-S512") for run in runs]
-    clock = {"added_median_us": 9.5, "before_plan_median_us": 3.25, "before_plan_calls": 256,
+    clock = {"added_median_us": 9.5, "plan_fenced_median_us": 3.25, "plan_fenced_calls": 256,
              "event_record_median_us": 1.5, "event_record_calls": 128}  # fmt: skip
     parts = _result(1.0, "aa", 1000) | {"decode_plan_clock": clock}
     results = {"L3-S256/parts-0": parts, "L3-S256/plugin-0": _clocked(1.0, 65.0, 12.0, 0.002)}
     (line,) = bench.parts_lines(configs, results)
     assert line.startswith("3 layers, max_num_seqs 256")
-    assert "before_plan 3.25 us x 256; event_record 1.5 us x 128" in line
+    assert "plan_fenced 3.25 us x 256; event_record 1.5 us x 128" in line
     assert "a plan adds 9.5 us" in line
     # a parts run is not one of the plugin's timed runs
     row = bench.table(configs[:1], results).splitlines()[1].split()
     assert row[4] == "0+1"
+
+
+def test_the_host_lines_give_each_sides_cpu_time_and_the_hosts_steal(monkeypatch):
+    bench = load_script("bench_vllm")
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 4)
+
+    def timed(cpu: list[float], steal: list[float]) -> dict:
+        # The first generation warms up: its figures are left out.
+        seconds = {"generate_each_s": [9.0, 1.0, 1.0], "generate_cpu_s": cpu, "host_steal_s": steal}
+        return _result(1.0, "aa", 1000) | seconds
+
+    results = {
+        "L3-S256/vllm-0": timed([9.0, 1.0, 1.2], [9.0, 0.4, 0.4]),
+        "L3-S256/plugin-0": timed([9.0, 1.2, 1.2], [9.0, 0.0, 0.0]),
+        "L3-S256/vllm-1": {"ok": False, "error": "no result within 400 s"},
+    }
+    configs = [bench.Config(3, 256), bench.Config(16, 512)]
+    (line,) = bench.host_lines(configs, results)  # nothing measured at 16 layers: no line
+    assert line.startswith("3 layers, max_num_seqs 256: CPU time of a generation 1.100 s (vLLM)")
+    assert "1.200 s (plugin), ratio 1.091" in line
+    assert "steal 10.0%/0.0% of the CPUs' time" in line  # 0.8 s of 2 s on 4 CPUs
