@@ -132,32 +132,38 @@ class Workspace:
         owner = getattr(plan, "__self__", None)
         key = owner if owner is not None else args[0] if args else None
         # A route is dropped as its wrapper dies, before its id can be another object's.
-        route = self._routes.get(id(key)) or self._route(plan, args, key)
+        route = self._routes.get(id(key))
+        if route is not None:
+            attributes = key.__dict__  # a remembered route's wrapper is the key
+        else:
+            route, attributes = self._route(plan, args, key)
         have = self._buffer.nbytes  # what the plan sees, whatever another thread grows
         int_tensor = route.int_tensor
         # The mirrors are the int workspace's to hand out only to a wrapper planning on it.
-        if int_tensor is None or route.attributes.get(INT_BUFFER) is not int_tensor:  # type: ignore[union-attr]
+        if int_tensor is None or attributes.get(INT_BUFFER) is not int_tensor:
             try:
                 return plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-                return self._plan_after_overflow(error, (plan, args, kwargs), route, have)
+                call = (plan, args, kwargs)
+                return self._plan_after_overflow(error, call, route, attributes, have)
         int_workspace: IntWorkspace = self._int  # type: ignore[assignment]
         have_int = int_workspace.buffer.nbytes
         try:
-            return int_workspace.plan_fenced(plan, args, kwargs, route.attributes, route.planner)  # type: ignore[arg-type]
+            return int_workspace.plan_fenced(plan, args, kwargs, attributes, route.planner)
         except (RuntimeError, ValueError) as error:
-            return self._plan_after_overflow(error, (plan, args, kwargs), route, have, have_int)
+            call = (plan, args, kwargs)
+            return self._plan_after_overflow(error, call, route, attributes, have, have_int)
 
     def _plan_after_overflow(
         self, error: Exception, call: tuple[Callable[..., T], Any, Any], route: _Route,
-        have: int, have_int: int | None = None,
+        attributes: dict[str, Any] | None, have: int, have_int: int | None = None,
     ) -> T:  # fmt: skip
-        """:meth:`plan`, after its first try (of the wrapper of ``route``) raised ``error`` on
-        ``have`` float and ``have_int`` int bytes (None: not planning on the int workspace,
-        whose size is read now): grow the buffer it ran short of and plan again, until it fits
-        (or raise)."""
+        """:meth:`plan`, after its first try (of the wrapper of ``route``, whose ``attributes``
+        are given) raised ``error`` on ``have`` float and ``have_int`` int bytes (None: not
+        planning on the int workspace, whose size is read now): grow the buffer it ran short of
+        and plan again, until it fits (or raise)."""
         plan, args, kwargs = call
-        attributes, int_tensor = route.attributes, route.int_tensor
+        int_tensor = route.int_tensor
         wrapper = route.planner()
         seen = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
         seen["float"] = have
@@ -187,8 +193,9 @@ class Workspace:
         tensor = self._buffer.tensor
         found = [attributes, getattr(getattr(plan, "__self__", None), "__dict__", None)]
         for route in list(self._routes.values()):
-            if route.planner() is not None:
-                found.append(route.attributes)
+            wrapper = route.planner()
+            if wrapper is not None:
+                found.append(wrapper.__dict__)
         for each in found:
             if each is not None:
                 refresh_recorded_size(each, tensor)
@@ -228,12 +235,14 @@ class Workspace:
         short.grow(overflow, planned_on, error)
         return overflow
 
-    def _route(self, plan: Callable[..., Any], args: tuple[Any, ...], key: Any) -> _Route:
-        """The route of the wrapper ``plan`` plans (:func:`_wrapper_of`), its views refused
-        first (:meth:`_refuse_views`) and its recorded size brought up to date: what
-        :meth:`plan` needs of it. Remembered by the wrapper's id where the wrapper is ``key``
-        (the plan's object, else its first argument), as :meth:`plan` looks it up, until the
-        wrapper dies."""
+    def _route(
+        self, plan: Callable[..., Any], args: tuple[Any, ...], key: Any
+    ) -> tuple[_Route, dict[str, Any] | None]:
+        """The route of the wrapper ``plan`` plans (:func:`_wrapper_of`), and the wrapper's
+        attributes (None: no wrapper found); its views refused first (:meth:`_refuse_views`)
+        and its recorded size brought up to date. Remembered by the wrapper's id where the
+        wrapper is ``key`` (the plan's object, else its first argument), as :meth:`plan` looks
+        it up, until the wrapper dies."""
         self._refuse_views(plan)
         tensor = self._buffer.tensor
         owner = getattr(getattr(plan, "__self__", None), "__dict__", None)
@@ -241,18 +250,18 @@ class Workspace:
             refresh_recorded_size(owner, tensor)
         wrapper, attributes = _wrapper_of(plan, args)
         if wrapper is None:
-            return _NOBODY
+            return _NOBODY, None
         refresh_recorded_size(attributes, tensor)  # type: ignore[arg-type]
         int_tensor = None if self._int is None else self._int.tensor
         routes, wrapper_id = self._routes, id(wrapper)
         try:
             planner = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
         except TypeError:  # no weak references to it: found again at every plan
-            return _Route(lambda: wrapper, attributes, int_tensor)
-        route = _Route(planner, attributes, int_tensor)
+            return _Route(lambda: wrapper, int_tensor), attributes
+        route = _Route(planner, int_tensor)
         if wrapper is key:
             routes[wrapper_id] = route
-        return route
+        return route, attributes
 
     def _refuse_views(self, plan: Callable[..., Any]) -> None:
         """Refuse, before it plans on this growable workspace, a wrapper that holds a view of its
@@ -305,26 +314,21 @@ class Workspace:
 
 
 class _Route:
-    """A wrapper planned on a workspace, as :meth:`Workspace.plan` finds it again."""
+    """A wrapper planned on a workspace, as :meth:`Workspace.plan` finds it again. It holds
+    nothing of the wrapper's strongly: an engine's wrapper often refers to itself through its
+    attributes (a bound method put there), and a route holding them would keep it alive."""
 
-    __slots__ = ("attributes", "int_tensor", "planner")
+    __slots__ = ("int_tensor", "planner")
 
-    def __init__(
-        self,
-        planner: Callable[[], Any],
-        attributes: dict[str, Any] | None,
-        int_tensor: torch.Tensor | None,
-    ) -> None:
+    def __init__(self, planner: Callable[[], Any], int_tensor: torch.Tensor | None) -> None:
         self.planner = planner
         """A weak reference to the wrapper (called: the wrapper, or None once it died)."""
-        self.attributes = attributes
-        """The wrapper's ``__dict__`` (None: no wrapper found), where its buffers are kept."""
         self.int_tensor = int_tensor
         """The int workspace's tensor (None: none), which the wrapper plans on where its int
         buffer is that tensor."""
 
 
-_NOBODY = _Route(lambda: None, None, None)
+_NOBODY = _Route(lambda: None, None)
 """The route of a plan whose wrapper is not found: nothing to fence, nothing to remember."""
 
 

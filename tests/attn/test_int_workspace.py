@@ -303,6 +303,25 @@ def test_a_wrapper_with_its_own_int_workspace_keeps_its_own_mirror():
     assert own._pin_memory_int_workspace_buffer is mirror
 
 
+def test_a_wrapper_planned_on_the_int_workspace_and_then_given_its_own_keeps_its_own_mirror():
+    """Whether a wrapper plans on the int workspace is asked at every plan, not only its first:
+    one given an int buffer of its own later (FlashInfer's ``reset_workspace_buffer``) is handed
+    no more of the int workspace's mirrors, which its plan would overrun."""
+    pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
+    workspace = pool.get("decode")
+    wrapper = pool.build(FakeWrapper, label="decode")
+    workspace.plan(wrapper.plan)
+    assert wrapper._pin_memory_int_workspace_buffer is workspace.int_workspace.mirrors[0]
+    own_int, own_mirror = (
+        torch.empty(2 * MIB, dtype=torch.uint8),
+        torch.empty(2 * MIB, dtype=torch.uint8),
+    )
+    wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer = own_int, own_mirror
+    for _ in range(3):
+        workspace.plan(wrapper.plan)
+    assert wrapper._pin_memory_int_workspace_buffer is own_mirror
+
+
 def test_int_workspace_must_be_an_int_workspace():
     with pytest.raises(ResourceUsageError, match=r"int_workspace=.* must be an IntWorkspace"):
         Workspace(torch.zeros(8, dtype=torch.uint8), "w", int_workspace=torch.zeros(8))

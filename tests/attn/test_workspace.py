@@ -4,11 +4,13 @@ checked in test_workspace_gpu.py."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import pickle
 import re
 import threading
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -177,6 +179,29 @@ def test_a_wrapper_that_recorded_its_buffers_size_learns_the_grown_size():
     assert grows._workspace_size == workspace.tensor.numel() == 3 * MIB
     workspace.plan(before.plan)  # built before the growth, plans without growing
     assert before._workspace_size == 3 * MIB
+
+
+def test_a_growth_brings_the_recorded_size_of_every_wrapper_planned_before_it_up_to_date():
+    # Each wrapper is brought up to date when the workspace grows, not at each of its plans.
+    workspace = make_workspace()
+    planned_before = FakeWrapper(workspace.tensor)
+    planned_before._workspace_size = MIB  # as FlashInfer's paged prefill wrapper records it
+    workspace.plan(planned_before.plan)
+    grows = FakeWrapper(workspace.tensor, float_allocations=[("batch_prefill_tmp_v", 3 * MIB, 16)])
+    workspace.plan(grows.plan)
+    assert workspace.tensor.numel() == 3 * MIB
+    assert planned_before._workspace_size == 3 * MIB  # without planning again
+
+
+def test_a_workspace_keeps_no_wrapper_alive_that_planned_through_it():
+    pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
+    workspace = pool.get("decode")
+    wrapper = pool.build(FakeWrapper, label="decode")  # on the int workspace: its plans fenced
+    workspace.plan(wrapper.plan)
+    gone = weakref.ref(wrapper)
+    del wrapper
+    gc.collect()
+    assert gone() is None
 
 
 def test_a_wrapper_on_another_buffer_keeps_its_recorded_size():
