@@ -104,12 +104,12 @@ def host_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> lis
     machines meanwhile (``steal``): how loud the host was, where the wall times disagree."""
     lines = []
     cpus = os.cpu_count() or 1
+    timed = slice(1, None)  # the first generation warms up
     for config in configs:
         cpu: dict[str, list[float]] = {"vllm": [], "plugin": []}
         steal: dict[str, list[float]] = {"vllm": [], "plugin": []}
         for side in cpu:
             for name, r in results.items():
-                timed = slice(1, None)  # the first generation warms up
                 if not (name.startswith(f"{config.group}/{side}-") and r.get("ok")):
                     continue
                 if r.get("generate_cpu_s"):

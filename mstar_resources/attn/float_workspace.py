@@ -165,10 +165,10 @@ class Workspace:
         plan, args, kwargs = call
         int_tensor = route.int_tensor
         wrapper = route.planner()
-        seen = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
-        seen["float"] = have
-        if have_int is not None:
-            seen["int"] = have_int
+        seen = {"float": have}
+        int_buffer = self._by_kind.get("int")
+        if int_buffer is not None:
+            seen["int"] = int_buffer.nbytes if have_int is None else have_int
         growths, last = 0, None
         while True:
             last = self._grow_for(error, call, wrapper, seen, growths, last)
@@ -244,14 +244,14 @@ class Workspace:
         wrapper is ``key`` (the plan's object, else its first argument), as :meth:`plan` looks
         it up, until the wrapper dies."""
         self._refuse_views(plan)
-        tensor = self._buffer.tensor
-        owner = getattr(getattr(plan, "__self__", None), "__dict__", None)
-        if owner is not None:  # a wrapper not found may still record a size
-            refresh_recorded_size(owner, tensor)
         wrapper, attributes = _wrapper_of(plan, args)
+        # The plan's object records a size even where it is no wrapper found (a cascade level).
+        owner = getattr(getattr(plan, "__self__", None), "__dict__", None)
+        for found in (attributes, None if owner is attributes else owner):
+            if found is not None:
+                refresh_recorded_size(found, self._buffer.tensor)
         if wrapper is None:
             return _NOBODY, None
-        refresh_recorded_size(attributes, tensor)  # type: ignore[arg-type]
         int_tensor = None if self._int is None else self._int.tensor
         routes, wrapper_id = self._routes, id(wrapper)
         try:

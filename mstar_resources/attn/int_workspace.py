@@ -70,7 +70,6 @@ class IntWorkspace:
         "_last_planner",
         "_mirrors",
         "_plans",
-        "_record_after",
         "_stream",
         "_stream_handle",
         "buffer",
@@ -121,8 +120,6 @@ class IntWorkspace:
         self._confirm_at = PINNED_MIRRORS
         """The plan that must first find the next group of plans' copies run: the first to
         write a mirror that group wrote."""
-        self._record_after = PLANS_PER_EVENT - 1
-        """The plan after which the next event is recorded: the last of its group."""
         self._device_index = tensor.device.index
         """The GPU of the buffer, which growth never moves it from."""
         self._stream_handle = -1
@@ -201,10 +198,8 @@ class IntWorkspace:
         planned = plan(*args, **kwargs)
         self._last_planner = planner
         self._plans = plans + 1
-        if plans == self._record_after:
-            self._record_after = plans + PLANS_PER_EVENT
-            if events is not None:
-                events[plans // PLANS_PER_EVENT % FENCE_EVENTS].record(self._stream)
+        if events is not None and plans % PLANS_PER_EVENT == PLANS_PER_EVENT - 1:  # a group's last
+            events[plans // PLANS_PER_EVENT % FENCE_EVENTS].record(self._stream)
         return planned
 
     def _confirm(self, plans: int) -> None:
