@@ -103,8 +103,8 @@ class IntWorkspace:
         buffer.mirrors = list(mirrors)
         self.buffer = buffer
         """Its GPU buffer and mirrors, which grow and seal together."""
-        self._mirrors = buffer.mirrors
-        """The mirrors, in the order plans write them (each grows in place, the list stays)."""
+        self._mirrors = tuple(buffer.mirrors)
+        """The mirrors, in the order plans write them (each grows in place: the same objects)."""
         self._plans = 0
         """Plans made through :meth:`plan_fenced`; the next writes mirror
         ``_plans % PINNED_MIRRORS``."""

@@ -322,6 +322,27 @@ def test_a_wrapper_planned_on_the_int_workspace_and_then_given_its_own_keeps_its
     assert wrapper._pin_memory_int_workspace_buffer is own_mirror
 
 
+def test_a_wrapper_moved_to_another_workspace_is_fenced_by_the_one_it_plans_on():
+    """A wrapper remembers the workspace it planned on last: given another key's workspaces and
+    planned there, it writes that int workspace's mirrors and none of the first's; given the
+    first's back, it writes the first's again, where their turn left off."""
+    pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
+    first, second = pool.get("decode", 0), pool.get("decode", 1)
+    wrapper = pool.build(FakeWrapper, label="decode", cg_slot=0)
+    written = []
+    for workspace, slot in ((first, 0), (second, 1), (first, 0)):
+        wrapper._float_workspace_buffer = workspace.tensor
+        pool.install(wrapper, "decode", slot)
+        for _ in range(2):
+            workspace.plan(wrapper.plan)
+            written.append(wrapper._pin_memory_int_workspace_buffer)
+    where = {id(mirror): (i, n) for i, workspace in enumerate((first, second))
+             for n, mirror in enumerate(workspace.int_workspace.mirrors)}  # fmt: skip
+    found = [where.get(id(mirror)) for mirror in written]
+    assert found == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3)]
+    assert wrapper.run("q") == "ran"
+
+
 def test_int_workspace_must_be_an_int_workspace():
     with pytest.raises(ResourceUsageError, match=r"int_workspace=.* must be an IntWorkspace"):
         Workspace(torch.zeros(8, dtype=torch.uint8), "w", int_workspace=torch.zeros(8))
