@@ -37,17 +37,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-def non_negative_int(text: str) -> int:
-    """A count where 0 means none or off: a whole number of 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 or more")
-    return value
-
-
 def non_negative_float(text: str) -> float:
     """A duration or size that may be zero: a finite number of 0 or more."""
     try:

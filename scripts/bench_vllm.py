@@ -14,10 +14,6 @@ table gives, per configuration, the median generation time both ways and their r
 over vLLM's), the median of each round's ratio (its two runs back to back, so the host's drift
 cancels), whether every run generated the same tokens, and vLLM's own count of KV-cache tokens
 both ways. It writes ``bench_vllm.json`` (``--out``).
-
-The runs are pinned to four of the machine's CPUs (``--cpus``; 0: not pinned). On the H200's
-host an engine's generations, unpinned, took from 1.2 to 2.3 s within one process for the same
-work; pinned, eight of ten engines' medians fell within 1.15 to 1.26 s (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ from vllm_proof import (
     write_summary,
 )
 
-from _args import non_negative_int, positive_int, run_main
+from _args import positive_int, run_main
 
 AUTO = "auto"
 
@@ -82,13 +78,6 @@ def order(configs: list[Config], rounds: int, parts: bool = False) -> list[tuple
         if parts:
             runs.append((config, config.case(AUTO, 0, parts=True)))
     return runs
-
-
-def pinned_cpus(available: set[int], count: int) -> set[int]:
-    """The CPUs the runs are pinned to: the last ``count`` of ``available`` (the first ones
-    take more of the machine's interrupts); all of them where ``count`` is 0 or more than there
-    are."""
-    return set(sorted(available)[-count:]) if 0 < count < len(available) else set(available)
 
 
 PARTS = ("workspace_plan", "plan_fenced", "event_query", "event_record")
@@ -237,10 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", action="store_true",
                         help="after each configuration's runs, one with the plugin's layers of "
                         "each decode plan timed, to see where its cost goes")  # fmt: skip
-    parser.add_argument("--cpus", type=non_negative_int, default=4,
-                        help="pin the runs to this many CPUs, the same for every run, so the "
-                        "host's scheduler moves no engine between CPUs (0: not pinned; "
-                        "default 4)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds a run may take")
     parser.add_argument("--out", type=Path, default=Path("bench-vllm"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))
@@ -248,8 +233,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configs = [Config(d, n) for d in args.depths for n in args.max_num_seqs]
     runs = order(configs, args.rounds, args.parts)
-    cpus = pinned_cpus(os.sched_getaffinity(0), args.cpus)
-    print(f"runs on CPUs {','.join(map(str, sorted(cpus)))}", flush=True)
     if args.dry_run:
         for _, case in runs:
             print(f"{case.name}: {case.shape}, MSTAR_RESOURCES_VLLM={case.plugin or '(unset)'}, "
@@ -258,7 +241,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if importlib.util.find_spec("vllm") is None:
         parser.error("vLLM is not installed here; run where it is, or --dry-run for the runs")
-    os.sched_setaffinity(0, cpus)  # the runs' processes inherit it
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + args.budget
     results: dict[str, dict[str, Any]] = {}

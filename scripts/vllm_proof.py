@@ -191,14 +191,17 @@ def crash_cases(group: str = "crash") -> list[Case]:
 
 
 def floors_file(auto: dict[str, Any], path: Path) -> Path:
-    """A deployment file of the floors an ``auto`` run measured (its float workspaces'; the int
-    workspaces' are the default, as under ``auto``), for the run that checks that ``auto`` costs
-    the KV cache what it holds."""
-    lines = ["# @package _global_", "resources:", "  attn:"]
+    """A deployment file of the floors an ``auto`` run measured, float and int (0 where a role
+    has no int workspace: its wrappers keep their own), for the run that checks that ``auto``
+    costs the KV cache what it holds."""
+    floors: dict[str, dict[str, int]] = {}
     for workspace in (auto.get("plugin") or {}).get("workspaces", []):
         _, role, *rest = workspace["name"].split(":")
-        if rest[-1:] != ["int"]:
-            lines += [f"    {role}:", f"      declared_mb: {workspace['floor_bytes'] >> 20}"]
+        key = "int_declared_mb" if rest[-1:] == ["int"] else "declared_mb"
+        floors.setdefault(role, {"int_declared_mb": 0})[key] = workspace["floor_bytes"] >> 20
+    lines = ["# @package _global_", "resources:", "  attn:"]
+    for role, floor in floors.items():
+        lines += [f"    {role}:", *(f"      {key}: {mb}" for key, mb in sorted(floor.items()))]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -56,7 +56,7 @@ class Workspace:
             each wrapper keeps the int buffer it made, and an int overflow reaches the caller.
     """
 
-    __slots__ = ("__weakref__", "_buffer", "_by_kind", "_checked", "_int", "_planned", "_sizes")
+    __slots__ = ("__weakref__", "_buffer", "_by_kind", "_checked", "_int", "_routes", "_sizes")
 
     def __init__(
         self,
@@ -83,9 +83,9 @@ class Workspace:
         self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
         """The bytes of each buffer, by kind, as a plan that starts now sees them: replaced,
         never changed, at each growth, so a plan reads them once, as it starts."""
-        self._planned: dict[int, Callable[[], Any]] = {}
-        """A weak reference to each wrapper planned here so far, by its id: a growth brings
-        them up to date with its size."""
+        self._routes: dict[int, _Route] = {}
+        """By the id of each wrapper planned so far (one that takes a weak reference): the
+        wrapper, its attributes and the int workspace's tensor (:meth:`_route`)."""
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -130,39 +130,42 @@ class Workspace:
         once the copy that last read that one has run (:class:`IntWorkspace` says how that
         costs no wait in an engine's steady state).
         """
-        # The common case: a wrapper planned here before, a plan that fits. Beside FlashInfer's
-        # plan, which leaves the host's caches cold, each object read costs more than the Python
-        # does: besides the wrapper's attributes, which the plan reads next anyway, this reads
-        # its route and the int workspace.
+        # The common case: a wrapper planned before, a plan that fits. Beside FlashInfer's plan,
+        # which leaves the host's caches cold, each object read here costs: a few are read.
         owner = getattr(plan, "__self__", None)
         key = owner if owner is not None else args[0] if args else None
-        attributes = getattr(key, "__dict__", None)
-        route = None if attributes is None else attributes.get(_ROUTE)
-        if route is None or route.workspace is not self:
+        # A route is dropped as its wrapper dies, before its id can be another object's.
+        route = self._routes.get(id(key))
+        if route is not None:
+            attributes = key.__dict__  # a remembered route's wrapper is the key
+        else:
             route, attributes = self._route(plan, args, key)
         sizes = self._sizes  # what the plan sees, whatever another thread grows
         int_tensor = route.int_tensor
         # The mirrors are the int workspace's to hand out only to a wrapper planning on it.
-        if int_tensor is None or attributes.get(INT_BUFFER) is not int_tensor:  # type: ignore[union-attr]
+        if int_tensor is None or attributes.get(INT_BUFFER) is not int_tensor:
             try:
                 return plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-                return self._plan_after_overflow(error, (plan, args, kwargs), route, sizes)
+                call = (plan, args, kwargs)
+                return self._plan_after_overflow(error, call, route, attributes, sizes)
+        int_workspace: IntWorkspace = self._int  # type: ignore[assignment]
         try:
-            return self._int.plan_fenced(plan, args, kwargs, attributes, route.planner)  # type: ignore[union-attr, arg-type]
+            return int_workspace.plan_fenced(plan, args, kwargs, attributes, route.planner)
         except (RuntimeError, ValueError) as error:
-            return self._plan_after_overflow(error, (plan, args, kwargs), route, sizes)
+            call = (plan, args, kwargs)
+            return self._plan_after_overflow(error, call, route, attributes, sizes)
 
     def _plan_after_overflow(
         self, error: Exception, call: tuple[Callable[..., T], Any, Any], route: _Route,
-        sizes: dict[str, int],
+        attributes: dict[str, Any] | None, sizes: dict[str, int],
     ) -> T:  # fmt: skip
-        """:meth:`plan`, after its first try (of the wrapper of ``route``) raised ``error`` on
-        the buffers' ``sizes``: grow the buffer it ran short of and plan again, until it fits
-        (or raise)."""
+        """:meth:`plan`, after its first try (of the wrapper of ``route``, whose ``attributes``
+        are given) raised ``error`` on buffers of ``sizes`` bytes (by kind): grow the buffer it
+        ran short of and plan again, until it fits (or raise)."""
         plan, args, kwargs = call
+        int_tensor = route.int_tensor
         wrapper = route.planner()
-        attributes = getattr(wrapper, "__dict__", None)
         seen, growths, last = sizes, 0, None
         while True:
             last = self._grow_for(error, call, wrapper, seen, growths, last)
@@ -171,7 +174,6 @@ class Workspace:
             seen = self._sizes
             try:
                 # Growth keeps the int workspace's tensor: the wrapper plans on it as it did.
-                int_tensor = route.int_tensor
                 if int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor:  # type: ignore[union-attr]
                     return self._int.plan_fenced(plan, args, kwargs, attributes, route.planner)  # type: ignore[union-attr, arg-type]
                 return plan(*args, **kwargs)
@@ -181,15 +183,18 @@ class Workspace:
     def _grown(
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
     ) -> None:
-        """After a growth of either buffer: the sizes the next plan sees, and each wrapper planned
-        on this workspace brought up to date with its size where it records one
-        (:func:`refresh_recorded_size`): those remembered, ``plan``'s object and the wrapper of
-        ``attributes`` (planning now, perhaps not remembered). A wrapper's first plan brings it
-        up to date (:meth:`_route`), so no plan pays for it."""
+        """After a growth of either buffer: the sizes the next plan sees, and every wrapper
+        planned on this workspace brought up to date with its size where it records one
+        (:func:`refresh_recorded_size`), ``plan``'s object and the wrapper of ``attributes``
+        too (planning now, perhaps not remembered). A wrapper's first plan brings it up to date
+        (:meth:`_route`), so no plan pays for it."""
         self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
         tensor = self._buffer.tensor
         found = [attributes, getattr(getattr(plan, "__self__", None), "__dict__", None)]
-        found += [getattr(planner(), "__dict__", None) for planner in list(self._planned.values())]
+        for route in list(self._routes.values()):
+            wrapper = route.planner()
+            if wrapper is not None:
+                found.append(wrapper.__dict__)
         for each in found:
             if each is not None:
                 refresh_recorded_size(each, tensor)
@@ -234,9 +239,9 @@ class Workspace:
     ) -> tuple[_Route, dict[str, Any] | None]:
         """The route of the wrapper ``plan`` plans (:func:`_wrapper_of`), and the wrapper's
         attributes (None: no wrapper found); its views refused first (:meth:`_refuse_views`)
-        and its recorded size brought up to date. Kept in the wrapper's attributes where the
+        and its recorded size brought up to date. Remembered by the wrapper's id where the
         wrapper is ``key`` (the plan's object, else its first argument), as :meth:`plan` looks
-        it up, until it plans on another workspace."""
+        it up, until the wrapper dies."""
         self._refuse_views(plan)
         wrapper, attributes = _wrapper_of(plan, args)
         # The plan's object records a size even where it is no wrapper found (a cascade level).
@@ -244,18 +249,17 @@ class Workspace:
         for found in (attributes, None if owner is attributes else owner):
             if found is not None:
                 refresh_recorded_size(found, self._buffer.tensor)
-        if wrapper is None or attributes is None:
+        if wrapper is None:
             return _NOBODY, None
         int_tensor = None if self._int is None else self._int.tensor
-        planned, wrapper_id = self._planned, id(wrapper)
+        routes, wrapper_id = self._routes, id(wrapper)
         try:
-            planner = weakref.ref(wrapper, lambda _: planned.pop(wrapper_id, None))
+            planner = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
         except TypeError:  # no weak references to it: found again at every plan
-            return _Route(self, lambda: wrapper, int_tensor), attributes
-        route = _Route(self, planner, int_tensor)
-        planned[wrapper_id] = planner
+            return _Route(lambda: wrapper, int_tensor), attributes
+        route = _Route(planner, int_tensor)
         if wrapper is key:
-            attributes[_ROUTE] = route
+            routes[wrapper_id] = route
         return route, attributes
 
     def _refuse_views(self, plan: Callable[..., Any]) -> None:
@@ -309,19 +313,13 @@ class Workspace:
 
 
 class _Route:
-    """A wrapper planned on a workspace, as :meth:`Workspace.plan` finds it again: kept in the
-    wrapper's own attributes (:data:`_ROUTE`), which its plan reads anyway. It holds nothing of
-    the wrapper's strongly: an engine's wrapper often refers to itself through its attributes (a
-    bound method put there), and a route that did would keep it alive."""
+    """A wrapper planned on a workspace, as :meth:`Workspace.plan` finds it again. It holds
+    nothing of the wrapper's strongly: an engine's wrapper often refers to itself through its
+    attributes (a bound method put there), and a route holding them would keep it alive."""
 
-    __slots__ = ("int_tensor", "planner", "workspace")
+    __slots__ = ("int_tensor", "planner")
 
-    def __init__(
-        self, workspace: Workspace | None, planner: Callable[[], Any],
-        int_tensor: torch.Tensor | None,
-    ) -> None:  # fmt: skip
-        self.workspace = workspace
-        """The workspace it plans on (a wrapper planning on another is routed again)."""
+    def __init__(self, planner: Callable[[], Any], int_tensor: torch.Tensor | None) -> None:
         self.planner = planner
         """A weak reference to the wrapper (called: the wrapper, or None once it died)."""
         self.int_tensor = int_tensor
@@ -329,10 +327,7 @@ class _Route:
         buffer is that tensor."""
 
 
-_ROUTE = "_mstar_resources_route"
-"""The attribute of a wrapper that holds its :class:`_Route`."""
-
-_NOBODY = _Route(None, lambda: None, None)
+_NOBODY = _Route(lambda: None, None)
 """The route of a plan whose wrapper is not found: nothing to fence, nothing to remember."""
 
 

@@ -455,7 +455,9 @@ def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
     vllm_stand_in, monkeypatch
 ):
     """``auto``: each builder's plans measured (once for builders alike), the floor the largest,
-    and the log names the group that set it."""
+    and the log names the group that set it. The decode wrappers' int workspace holds the most
+    any builder's decode plans need of it; vLLM's prefill wrappers keep their own, so the
+    prefill workspace has none."""
     from mstar_resources.calibration.override import Measured
 
     wide = replace(PLANS, group=1, layers=("l1",), num_qo_heads=64, num_kv_heads=4)
@@ -465,7 +467,8 @@ def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
     def need(profile, role, graphs, device):
         measured.append((role, profile.model.num_qo_heads, graphs))
         heads = profile.model.num_qo_heads
-        return Measured(f"attn.{role}", heads * MIB, f"{role}: bs={heads}", "query")
+        int_need = heads * 40_000  # 64 heads: 2,560,000 bytes, held in 3 MiB
+        return Measured(f"attn.{role}", heads * MIB, f"{role}: bs={heads}", "query", int_need)
 
     monkeypatch.setattr(workspaces, "measured_need", need)
     monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
@@ -475,11 +478,15 @@ def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
     served.reserve(runner)
     assert sorted(measured) == [("decode", 32, True), ("decode", 64, True),
                                 ("prefill", 32, False), ("prefill", 64, False)]  # fmt: skip
-    assert served.pools["attn.decode"].get("decode", 0).tensor.numel() == 64 * MIB
+    decode = served.pools["attn.decode"].get("decode", 0)
+    assert decode.tensor.numel() == 64 * MIB
+    assert decode.int_workspace is not None and decode.int_workspace.tensor.numel() == 3 * MIB
+    assert served.pools["attn.prefill"].get("prefill").int_workspace is None
     assert served.provenance["attn.decode"].endswith(
         "for KV-cache group 1 (1 layer: 64/4 heads of 128, page 16, KV bfloat16), the most of 2 "
-        "builders"
+        "builders, int need 2,560,000 bytes"
     )
+    assert served.provenance["attn.prefill"].endswith("no int workspace")
 
 
 def test_each_tensor_parallel_rank_measures_its_own_heads_and_the_ranks_agree(monkeypatch):

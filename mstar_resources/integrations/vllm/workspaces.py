@@ -220,11 +220,18 @@ class VllmWorkspaces:
             need, plans, graphs = max(measured.values(), key=lambda m: m[0].need_bytes)
             node = vllm_plans.serving_tree(role, graphs)["attn"][role]
             node["declared_mb"] = declared_mb_for(need.need_bytes)
+            # Only decode wrappers are given the int workspace (route()); vLLM's prefill wrappers
+            # keep their own, so none is reserved for them, nor where no int need was measured.
+            int_needs = [m.int_need_bytes for m, _, _ in measured.values()]
+            shared_int = role == "decode" and None not in int_needs
+            int_need = max((n for n in int_needs if n is not None), default=0)
+            node["int_declared_mb"] = declared_mb_for(int_need) if shared_int else 0
             tree["attn"][role] = node
             others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
+            int_held = f", int need {int_need:,} bytes" if shared_int else ", no int workspace"
             self.provenance[f"attn.{role}"] = (
                 f"measured here ({ENV_VAR}={AUTO}): need {need.need_bytes:,} bytes, worst "
-                f"{need.worst}, by {need.method}, for {plans.describe()}{others}"
+                f"{need.worst}, by {need.method}, for {plans.describe()}{others}{int_held}"
             )
         return tuple(resolve(tree))
 
@@ -325,7 +332,12 @@ class VllmWorkspaces:
             return
         from ...attn._flashinfer import own_buffers
 
-        if role == "decode" and self._shares_int(builder) and own_buffers(wrapper) is not None:
+        if (
+            role == "decode"
+            and workspace.int_workspace is not None
+            and self._shares_int(builder)
+            and own_buffers(wrapper) is not None
+        ):
             path, cg_slot = self._keys[role]
             self.pools[path].install(wrapper, role, cg_slot)
             self.shared_int_wrappers += 1
