@@ -323,9 +323,9 @@ def test_a_wrapper_planned_on_the_int_workspace_and_then_given_its_own_keeps_its
 
 
 def test_a_wrapper_moved_to_another_workspace_is_fenced_by_the_one_it_plans_on():
-    """A wrapper remembers the workspace it planned on last: given another key's workspaces and
-    planned there, it writes that int workspace's mirrors and none of the first's; given the
-    first's back, it writes the first's again, where their turn left off."""
+    """A wrapper given another key's workspaces and planned there writes that int workspace's
+    mirrors and none of the first's; given the first's back, it writes the first's again, where
+    their turn left off."""
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     first, second = pool.get("decode", 0), pool.get("decode", 1)
     wrapper = pool.build(FakeWrapper, label="decode", cg_slot=0)

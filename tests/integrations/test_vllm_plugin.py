@@ -523,6 +523,8 @@ def test_each_tensor_parallel_rank_measures_its_own_heads_and_the_ranks_agree(mo
         "KV-cache group 0 (2 layers: 16/4 heads of 128, page 16, KV bfloat16)"
     ] * 2
     assert ranks[0].held_bytes == ranks[1].held_bytes == 2 * 16 * MIB  # prefill, decode
+    # No int need measured: no int workspace reserved, the wrappers keep their own.
+    assert ranks[0].pools["attn.decode"].get("decode", 0).int_workspace is None
     assert ranks[0].report()["workspaces"] == ranks[1].report()["workspaces"]
     assert "16/4 heads of 128" in ranks[1].provenance["attn.decode"]
 
@@ -732,6 +734,26 @@ def test_a_callback_waits_for_the_import_and_the_module_keeps_its_loader(tmp_pat
     when_imported("late_module_for_the_hook", lambda m: seen.append(m.VALUE + 1))
     assert seen == [41, 42]  # already imported: at once
     monkeypatch.delitem(sys.modules, "late_module_for_the_hook")
+
+
+def test_decode_wrappers_keep_their_own_int_workspace_where_none_is_reserved(vllm_stand_in):
+    """An int floor of 0 (what ``auto`` declares for prefill, and for decode where no int need
+    was measured): no int workspace, and vLLM's decode wrappers keep FlashInfer's own pair,
+    none counted as sharing."""
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    records = tuple(
+        replace(r, int_declared_mb=0, int_floor_mb=0, int_floor_source="declared")
+        for r in served.setting.records
+    )
+    served.setting = plugin.Setting(plugin.ENV_VAR, served.setting.value, records)
+    runner.profile_run()
+    assert served.pools["attn.decode"].get("decode", 0).int_workspace is None
+    builder = vllm_stand_in.Builder()
+    builder.indexed = True  # its wrappers keep an int workspace, as FlashInfer's do
+    decode = builder._get_decode_wrapper(8, True)
+    assert decode._int_workspace_buffer.numel() == 8 * MIB  # FlashInfer's own
+    report = served.report()
+    assert report["shared_int_wrappers"] == 0 and report["int_workspace_bytes"] == 0
 
 
 def test_the_first_builders_decode_wrappers_share_the_decode_int_workspace(vllm_stand_in):
