@@ -98,6 +98,13 @@ def parts_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> li
     return lines
 
 
+def finished_runs(config: Config, results: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
+    """The results of ``config``'s runs that finished, of each side (``vllm``, ``plugin``)."""
+    return {side: [r for name, r in results.items()
+                   if name.startswith(f"{config.group}/{side}-") and r.get("ok")]
+            for side in ("vllm", "plugin")}  # fmt: skip
+
+
 def host_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> list[str]:
     """For each configuration: the process's CPU time in its timed generations (medians, each
     side, and their ratio), and the share of the machine's CPU time its hypervisor gave to other
@@ -108,10 +115,8 @@ def host_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> lis
     for config in configs:
         cpu: dict[str, list[float]] = {"vllm": [], "plugin": []}
         steal: dict[str, list[float]] = {"vllm": [], "plugin": []}
-        for side in cpu:
-            for name, r in results.items():
-                if not (name.startswith(f"{config.group}/{side}-") and r.get("ok")):
-                    continue
+        for side, runs in finished_runs(config, results).items():
+            for r in runs:
                 if r.get("generate_cpu_s"):
                     cpu[side].append(statistics.median(r["generate_cpu_s"][timed]))
                 if r.get("host_steal_s"):
@@ -137,8 +142,7 @@ def table(configs: list[Config], results: dict[str, dict[str, Any]]) -> str:
             "added us vLLM/plugin", "plugin's path of generation")  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
     for config in configs:
-        sides = {side: [r for n, r in results.items() if n.startswith(f"{config.group}/{side}-")
-                        and r.get("ok")] for side in ("vllm", "plugin")}  # fmt: skip
+        sides = finished_runs(config, results)
         times = {side: [r["generate_s"] for r in runs] for side, runs in sides.items()}
         medians = {side: statistics.median(t) if t else None for side, t in times.items()}
         ratio = (

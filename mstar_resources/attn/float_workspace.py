@@ -84,8 +84,8 @@ class Workspace:
         """The bytes of each buffer, by kind, as a plan that starts now sees them: replaced,
         never changed, at each growth, so a plan reads them once, as it starts."""
         self._routes: dict[int, _Route] = {}
-        """By the id of each wrapper planned so far (one that takes a weak reference): the
-        wrapper, its attributes and the int workspace's tensor (:meth:`_route`)."""
+        """By the id of each wrapper planned so far (one that takes a weak reference): a weak
+        reference to it and the int workspace's tensor (:meth:`_route`)."""
 
     @property
     def int_workspace(self) -> IntWorkspace | None:

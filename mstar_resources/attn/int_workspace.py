@@ -143,13 +143,13 @@ class IntWorkspace:
     def mirror(self) -> torch.Tensor:
         """The first of :attr:`mirrors`, which :func:`install_int_workspace` gives a wrapper
         in place of its own."""
-        return self.buffer.mirrors[0]
+        return self._mirrors[0]
 
     @property
     def mirrors(self) -> tuple[torch.Tensor, ...]:
         """The pinned host buffers plans write their indices to in turn before they are copied
         to :attr:`tensor`: the same objects, each as many bytes as it, for the workspace's life."""
-        return tuple(self.buffer.mirrors)
+        return self._mirrors
 
     @property
     def name(self) -> str:
@@ -193,7 +193,7 @@ class IntWorkspace:
             if _current_raw_stream(self._device_index) != self._stream_handle:
                 self._follow_stream()
             if plans >= self._confirm_at:
-                self._confirm(plans)
+                self._confirm(plans, events)
         attributes[PINNED_MIRROR] = self._mirrors[plans % PINNED_MIRRORS]
         planned = plan(*args, **kwargs)
         self._last_planner = planner
@@ -202,12 +202,11 @@ class IntWorkspace:
             events[plans // PLANS_PER_EVENT % FENCE_EVENTS].record(self._stream)
         return planned
 
-    def _confirm(self, plans: int) -> None:
+    def _confirm(self, plans: int, events: list[Any]) -> None:
         """Before plan ``plans``: find the copies of the group of plans that last wrote its
-        mirror run, waiting for them where they are not."""
-        assert self._events is not None
+        mirror run (``events``: the fence's), waiting for them where they are not."""
         group = (plans - PINNED_MIRRORS) // PLANS_PER_EVENT
-        event = self._events[group % FENCE_EVENTS]
+        event = events[group % FENCE_EVENTS]
         if not event.query():
             self.fence_waits += 1
             event.synchronize()
@@ -222,8 +221,8 @@ class IntWorkspace:
             previous.synchronize()
             self.fence_waits += 1
         # Every group begun before is run; the one in progress is recorded on the new stream.
-        done = self._plans // PLANS_PER_EVENT - 1
-        self._confirm_at = max(self._confirm_at, (done + 1) * PLANS_PER_EVENT + PINNED_MIRRORS)
+        begun = self._plans // PLANS_PER_EVENT * PLANS_PER_EVENT  # the group in progress's first
+        self._confirm_at = max(self._confirm_at, begun + PINNED_MIRRORS)
         self._stream = torch.cuda.current_stream(self.tensor.device)
         self._stream_handle = self._stream.cuda_stream
 
