@@ -5,7 +5,6 @@ registry and FlashInfer backend, whose wrappers fail as FlashInfer's allocator d
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import logging
 import os
 import subprocess
@@ -19,6 +18,7 @@ import torch
 
 from mstar_resources import ResourceConfigError, WorkspacePlanError, WorkspaceSealedError
 from mstar_resources.integrations import sglang as plugin
+from mstar_resources.integrations.plugin import patch_module
 from mstar_resources.integrations.sglang import seams, workspaces
 from mstar_resources.integrations.sglang.measure import SglangPlans
 from mstar_resources.resolver import resolve
@@ -86,51 +86,13 @@ def test_auto_is_taken_and_offered_where_a_setting_is_close():
     assert "did you mean auto?" in str(unknown.value)
 
 
-# -- the seams, in SGLang's source ---------------------------------------------------------------
-
-
-def _read_seams() -> list[dict]:
-    return json.loads(SEAMS_FILE.read_text())
-
-
-def test_every_supported_sglang_has_each_seam_the_plugin_takes():
-    read = {wheel["version"]: wheel["modules"] for wheel in _read_seams()}
-    assert sorted(read) == sorted(plugin.SUPPORTED_SGLANG)
-    for version, modules in read.items():
-        missing = [f"{s.module}.{s.name}" for s in plugin.SEAMS if s.name not in modules[s.module]]
-        assert missing == [], version
-
-
-def test_the_seams_file_is_what_the_wheels_hold():
-    folder = os.environ.get("MSTAR_SGLANG_WHEELS")
-    if not folder:
-        pytest.skip("set MSTAR_SGLANG_WHEELS to a folder of SGLang's wheels to read them again")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import engine_seams
-    finally:
-        sys.path.pop(0)
-    for wheel in _read_seams():
-        assert engine_seams.read_wheel(Path(folder) / wheel["wheel"]) == wheel
-
-
-def test_an_sglang_not_read_is_one_warning_and_left_as_it_is(monkeypatch, caplog, tmp_path):
-    monkeypatch.setenv(plugin.ENV_VAR, str(_deployment(tmp_path)))
-    monkeypatch.setattr(seams, "sglang_version", lambda: "0.5.99")
-    monkeypatch.setattr(seams, "_active", None)
-    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
-        plugin.register()
-    assert plugin.active() is None
-    assert [r.getMessage() for r in caplog.records] == [
-        f"mstar-resources: {plugin.ENV_VAR}={_deployment(tmp_path)} set, but SGLang 0.5.99 is not "
-        "one this plugin was read in (0.5.17, 0.5.23); SGLang keeps its own FlashInfer workspace"
-    ]
+# -- the seams (every release's: test_plugin.py) ------------------------------------------------
 
 
 def test_a_module_that_lacks_a_seam_is_left_unpatched(tmp_path):
     served = _served(tmp_path)
     module = types.ModuleType(seams.RUNNER)
-    seams._patch_runner(served, module)
+    patch_module(served, seams.SEAMS, module)
     assert served.untouched is not None and "ModelRunner.alloc_memory_pool" in served.untouched
 
 
@@ -295,8 +257,8 @@ def _patched_stand_ins(
     for name in ("sglang", "sglang.srt"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, seams.CONTEXT, context)
-    seams._patch_runner(served, runner_module)
-    seams._patch_backend(served, backend_module)
+    patch_module(served, seams.SEAMS, runner_module)
+    patch_module(served, seams.SEAMS, backend_module)
     return registry, runner_module, backend_module
 
 
@@ -401,7 +363,7 @@ def test_the_plans_are_patched_once_if_the_backend_is_patched_again(worker):
                 backend_module.fast_decode_plan, backend_module.fast_prefill_plan)  # fmt: skip
 
     planned = planners()
-    seams._patch_backend(served, backend_module)
+    patch_module(served, seams.SEAMS, backend_module)
     assert planners() == planned
 
 

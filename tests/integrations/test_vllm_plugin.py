@@ -11,7 +11,6 @@ and planned by a fake FlashInfer planner that overflows with FlashInfer's own te
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import logging
 import os
 import subprocess
@@ -25,6 +24,7 @@ import torch
 
 from mstar_resources.errors import WorkspaceSealedError
 from mstar_resources.integrations import vllm as plugin
+from mstar_resources.integrations.plugin import patch_module
 from mstar_resources.integrations.vllm import plans as vllm_plans
 from mstar_resources.integrations.vllm import seams, workspaces
 from mstar_resources.integrations.vllm.plans import NATIVE, BuilderPlans, VllmFunctions
@@ -32,7 +32,6 @@ from mstar_resources.units import MIB
 from tests.attn.fake_allocator import FakePlanner, FakePrefillWrapper, FakeWrapper
 
 ROOT = Path(__file__).parents[2]
-SEAMS_FILE = Path(__file__).with_name("data") / "vllm_seams.json"
 
 
 # -- the entry point -------------------------------------------------------------------------
@@ -42,12 +41,6 @@ def test_the_entry_point_is_registered_for_vllms_general_plugins():
     found = {e.name: e for e in importlib.metadata.entry_points(group="vllm.general_plugins")}
     assert found["mstar_resources"].value == "mstar_resources.integrations.vllm:register"
     assert found["mstar_resources"].load() is plugin.register
-
-
-def test_the_vllm_extra_is_declared_and_not_a_dependency():
-    requires = importlib.metadata.requires("mstar-resources") or []
-    assert any(r.startswith("vllm") and 'extra == "vllm"' in r for r in requires)
-    assert not any(r.startswith("vllm") and "extra" not in r for r in requires)
 
 
 def test_without_its_setting_the_plugin_does_nothing_and_imports_no_vllm():
@@ -67,56 +60,14 @@ def test_without_its_setting_the_plugin_does_nothing_and_imports_no_vllm():
         assert done.stdout.split() == ["None", "[]", "[]"]
 
 
-# -- the seams, in vLLM's source ---------------------------------------------------------------
-
-
-def _read_seams() -> list[dict]:
-    return json.loads(SEAMS_FILE.read_text())
-
-
-def test_every_supported_vllm_has_each_seam_the_plugin_takes():
-    read = {wheel["version"]: wheel["modules"] for wheel in _read_seams()}
-    assert sorted(read) == sorted(plugin.SUPPORTED_VLLM)
-    for version, modules in read.items():
-        missing = [
-            f"{seam.module}.{seam.name}"
-            for seam in plugin.SEAMS
-            if seam.required and seam.name not in modules[seam.module]
-        ]
-        assert missing == [], version
-        # vLLM's KV-cache groups: one of the two ways there is.
-        grouped = "get_kv_cache_groups" in modules["vllm.v1.core.kv_cache_utils"] or (
-            "get_kv_cache_groups_from_builder" in modules["vllm.v1.core.kv_cache_planning"]
-            and "get_kv_cache_config_builder" in modules["vllm.v1.core.kv_cache_config_builder"]
-        )
-        assert grouped, version
-    # What is optional is so because one version lacks it.
-    optional = [s for s in plugin.SEAMS if not s.required]
-    assert all(any(s.name not in m[s.module] for m in read.values()) for s in optional)
-    # Every decision the plugin reads from a builder is one vLLM's __init__ makes, in both.
-    decisions = {f"FlashInferMetadataBuilder.{name}" for name in seams.BUILDER_DECISIONS}
-    assert all(decisions <= set(m[seams.BACKEND]) for m in read.values())
-
-
-def test_the_seams_file_is_what_the_wheels_hold():
-    folder = os.environ.get("MSTAR_VLLM_WHEELS")
-    if not folder:
-        pytest.skip("set MSTAR_VLLM_WHEELS to a folder of vLLM's wheels to read them again")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import engine_seams as vllm_seams
-    finally:
-        sys.path.pop(0)
-    for wheel in _read_seams():
-        again = vllm_seams.read_wheel(Path(folder) / wheel["wheel"])
-        assert again == wheel
+# -- the seams (every release's: test_plugin.py) ------------------------------------------------
 
 
 def test_a_module_that_lacks_a_seam_is_left_unpatched(caplog):
     served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
     module = types.ModuleType(seams.BACKEND)
     with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
-        seams._patch_backend(served, module)
+        patch_module(served, seams.SEAMS, module)
     assert "FlashInferMetadataBuilder._get_workspace_buffer" in served.untouched
     assert [r.name for r in caplog.records] == ["vllm.plugins.mstar_resources"]  # under vLLM's
 
@@ -378,7 +329,7 @@ def vllm_stand_in(monkeypatch):
     backend._get_trtllm_workspace_buffer = lambda: TRTLLM
     backend.FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM = 16
     backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT = 2 << 30
-    runner = types.ModuleType(seams.RUNNERS[1])
+    runner = types.ModuleType(workspaces.V2_RUNNER)
     runner.GPUModelRunner = type("GPUModelRunner", (StandInRunner,), {})
     worker = types.ModuleType(seams.WORKER)
     worker.Worker = type("Worker", (StandInWorker,), {})
@@ -395,9 +346,9 @@ def vllm_stand_in(monkeypatch):
     )  # fmt: skip
     monkeypatch.setenv(plugin.ENV_VAR, setting.value)  # as vLLM loaded the plugin
     served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, setting.value, records))
-    seams._patch_backend(served, backend)
-    seams._patch_runner(served, runner)
-    seams._patch_worker(served, worker)
+    patch_module(served, seams.SEAMS, backend)
+    patch_module(served, seams.SEAMS, runner)
+    patch_module(served, seams.SEAMS, worker)
     made_runner = runner.GPUModelRunner()
     state.served, state.Builder, state.runner = (
         served,

@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources.errors import ResourceConfigError
+from mstar_resources.integrations import plugin as engine_plugin
 from mstar_resources.integrations import vllm as plugin
 from mstar_resources.integrations.vllm import seams
 from tests.apps import run_app
@@ -177,7 +178,7 @@ def test_the_plugins_settings_are_copied_to_vllms_ray_workers(monkeypatch):
     ray_env.DEFAULT_EXTRA_ENV_VARS = {"PYTHONHASHSEED"}
     monkeypatch.setitem(__import__("sys").modules, seams.RAY_ENV, ray_env)
     monkeypatch.setenv(ENV, "auto")
-    monkeypatch.setattr(seams, "vllm_version", lambda: "0.26.0")
+    monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: "0.26.0")
     monkeypatch.setattr(seams, "_active", None)
     plugin.register()
     assert plugin.active() is not None
@@ -186,20 +187,9 @@ def test_the_plugins_settings_are_copied_to_vllms_ray_workers(monkeypatch):
     } == ray_env.DEFAULT_EXTRA_ENV_VARS  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("version", "served"),
-    [("0.26.0", True), ("0.26.1", True), ("0.33.2", True), ("0.27.0", False), ("1.0.0", False)],
-)
-def test_a_patch_release_of_a_version_read_is_served_and_another_minor_warns(version, served):
-    problem = seams.version_problem(version)
-    assert (problem is None) is served
-    if not served:
-        assert problem == f"vLLM {version} is not one this plugin was read in (0.26.0, 0.33.0)"
-
-
 def test_without_vllm_the_warning_says_vllm_is_not_installed(monkeypatch, caplog):
     monkeypatch.setenv(ENV, "auto")
-    monkeypatch.setattr(seams, "vllm_version", lambda: None)
+    monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: None)
     monkeypatch.setattr(seams, "_active", None)
     with caplog.at_level(logging.WARNING, logger="vllm.plugins.mstar_resources"):
         plugin.register()

@@ -26,27 +26,31 @@ holds the workspaces):
    captures none) the pools are sealed: a plan after that which does not fit raises
    :class:`~mstar_resources.WorkspaceSealedError`, naming the setting to raise and to what.
 
-On an SGLang this package was not read in (:data:`SUPPORTED_SGLANG`), or one that lacks a seam,
-the plugin logs one WARNING and leaves SGLang as it is; so does a failure of its own. A backend
+The releases it serves (:data:`READ_IN`, read in their wheels; :func:`version_problem`): every
+release from the first read, a release not read served where each seam it needs is there (one
+line says so), and one that lacks a seam left as it is, with one WARNING naming the seam; so is
+a failure of its own. A backend
 that makes a workspace of its own (``init_new_workspace``: speculative workers) keeps it, with a
 WARNING.
 """
 
 from __future__ import annotations
 
-from .seams import SEAMS, SUPPORTED_SGLANG, active, missing_seams, register
+from .seams import PLUGIN, READ_IN, SEAMS, active, missing_seams, register, version_problem
 from .setting import ENV_VAR, ROLES, SGLANG
 from .workspaces import BUFFER_NAME, SglangWorkspaces
 
 __all__ = [
     "BUFFER_NAME",
     "ENV_VAR",
+    "PLUGIN",
+    "READ_IN",
     "ROLES",
     "SEAMS",
     "SGLANG",
-    "SUPPORTED_SGLANG",
     "SglangWorkspaces",
     "active",
     "missing_seams",
     "register",
+    "version_problem",
 ]

@@ -1,27 +1,25 @@
-"""The names of SGLang's the plugin takes or reads, the versions they were read in, and the
-patches. Each patch waits for its module's import (``_post_import``): an SGLang process that never
-builds a model (the tokenizer, the detokenizer) never imports SGLang's model runner for it."""
+"""The names of SGLang's the plugin takes or reads, each with the releases it was read in, and the
+patches, as data (:class:`~..plugin.Seam`); the plugin's entry point (:func:`register`). Each patch
+waits for its module's import (``_post_import``): an SGLang process that never builds a model (the
+tokenizer, the detokenizer, the data-parallel controller) never imports SGLang's model runner for
+it."""
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 from typing import Any
 
-from ...errors import ResourceConfigError
-from .._post_import import when_imported
-from ..seam import Seam, installed_version, lacking
-from ..seam import missing_seams as _missing
+from ..plugin import PATCHED, EnginePlugin, Seam
+from ..plugin import missing_seams as _missing
 from .setting import SGLANG
-from .workspaces import SglangWorkspaces, logger
+from .workspaces import SglangWorkspaces
 
-__all__ = ["SEAMS", "SUPPORTED_SGLANG", "active", "missing_seams", "register"]
+__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "missing_seams", "register", "version_problem"]
 
-SUPPORTED_SGLANG = ("0.5.17", "0.5.23")
-"""The SGLang versions whose source the seams below were read in. SGLang's patch releases move
-its internals, so another version, a patch release included, is left as it is."""
+READ_IN = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+"""The SGLang releases whose wheels every seam below was read in. Any later release, or one
+between, is served where each seam it needs is there."""
 
 BACKEND = "sglang.srt.layers.attention.flashinfer_backend"
 RUNNER = "sglang.srt.model_executor.model_runner"
@@ -30,46 +28,12 @@ WRAPPERS = ("BatchPrefillWithRaggedKVCacheWrapper", "BatchPrefillWithPagedKVCach
             "BatchDecodeWithPagedKVCacheWrapper")  # fmt: skip
 """FlashInfer's wrappers, as SGLang's backend imports them: each plans with ``begin_forward``."""
 
-SEAMS = (
-    Seam(RUNNER, "ModelRunner.alloc_memory_pool"),
-    Seam(RUNNER, "ModelRunner.init_cuda_graphs"),
-    Seam(RUNNER, "ModelRunner.use_mla_backend", instance=True),
-    Seam(CONTEXT, "get_buffer"),
-    # auto: the settings in effect (the parallel widths, the scheduler's limits, the graphs)
-    *(Seam(CONTEXT, name) for name in ("get_parallel", "get_schedule", "get_exec", "get_spec")),
-    *(Seam(RUNNER, f"ModelRunner.{name}", instance=True) for name in ("model_config", "page_size")),
-    Seam(BACKEND, "FlashInferAttnBackend.__init__"),
-    *(Seam(BACKEND, f"FlashInferAttnBackend.{name}", instance=True)
-      for name in ("workspace_buffer", "prefill_wrapper_ragged", "prefill_wrappers_paged",
-                   "prefill_wrappers_verify", "decode_wrappers", "num_wrappers")),
-    Seam(BACKEND, "FlashInferAttnBackend._create_decode_wrappers"),
-    Seam(BACKEND, "fast_decode_plan"),
-    Seam(BACKEND, "fast_prefill_plan"),
-    *(Seam(BACKEND, name) for name in WRAPPERS),
-)  # fmt: skip
-"""Every name of SGLang's the plugin relies on; ``tests/integrations`` checks each in the source
-of every version in :data:`SUPPORTED_SGLANG` (``scripts/engine_seams.py``)."""
+
+# -- the patches: each (state, SGLang's original, its owner) -> what replaces it -----------------
 
 
-def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam] = SEAMS) -> list[Seam]:
-    """The required seams of SGLang's that ``modules`` lack (:func:`..seam.missing_seams`)."""
-    return _missing(modules, seams)
-
-
-def _has_seams(workspaces: SglangWorkspaces, module: ModuleType) -> bool:
-    lacks = lacking(module, SEAMS)
-    if lacks is not None:
-        workspaces.leave_untouched(f"this SGLang lacks {lacks}")
-    return lacks is None
-
-
-def _patch_runner(workspaces: SglangWorkspaces, module: ModuleType) -> None:
-    """SGLang's model runner: the workspaces made before it sizes its KV pool, sealed before it
-    captures CUDA graphs."""
-    if not _has_seams(workspaces, module):
-        return
-    runner = module.ModelRunner
-    alloc_memory_pool, init_cuda_graphs = runner.alloc_memory_pool, runner.init_cuda_graphs
+def _reserve_before_kv_pool(workspaces: SglangWorkspaces, alloc_memory_pool: Any, _: Any) -> Any:
+    """The model runner's KV pool: the workspaces made before it is sized from what is free."""
 
     @functools.wraps(alloc_memory_pool)
     def reserve_then_allocate(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -81,55 +45,89 @@ def _patch_runner(workspaces: SglangWorkspaces, module: ModuleType) -> None:
             workspaces.leave_untouched(f"it failed ({type(error).__name__}: {error})")
         return alloc_memory_pool(self, *args, **kwargs)
 
+    return reserve_then_allocate
+
+
+def _seal_before_graphs(workspaces: SglangWorkspaces, init_cuda_graphs: Any, owner: Any) -> Any:
+    """The model runner's CUDA graphs (called also where it captures none): sealed first."""
+
     @functools.wraps(init_cuda_graphs)
     def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
         workspaces.seal("captures CUDA graphs (or, with none, serves)")
         return init_cuda_graphs(self, *args, **kwargs)
 
-    runner.alloc_memory_pool, runner.init_cuda_graphs = reserve_then_allocate, seal_then_capture
+    return seal_then_capture
 
 
-def _patch_backend(workspaces: SglangWorkspaces, module: ModuleType) -> None:
-    """SGLang's FlashInfer backend: its prefill wrappers on the prefill workspace, and every plan
-    of a wrapper on a workspace of the plugin's through it."""
-    if not _has_seams(workspaces, module):
-        return
-    backend = module.FlashInferAttnBackend
-    init, create_decode_wrappers = backend.__init__, backend._create_decode_wrappers
+def _adopt_when_built(workspaces: SglangWorkspaces, init: Any, owner: Any) -> Any:
+    """A FlashInfer backend: its prefill wrappers on the prefill workspace once built."""
 
     @functools.wraps(init)
     def build_then_adopt(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         workspaces.adopt(self)
 
+    return build_then_adopt
+
+
+def _share_int(workspaces: SglangWorkspaces, create_decode_wrappers: Any, owner: Any) -> Any:
+    """One CUDA graph's decode wrappers, given the shared int workspace."""
+
     @functools.wraps(create_decode_wrappers)
     def create_then_share_int(self: Any, *args: Any, **kwargs: Any) -> Any:
-        wrappers = create_decode_wrappers(self, *args, **kwargs)  # one CUDA graph's
+        wrappers = create_decode_wrappers(self, *args, **kwargs)
         workspaces.share_int(self, wrappers)
         return wrappers
 
-    backend.__init__, backend._create_decode_wrappers = build_then_adopt, create_then_share_int
-    # FlashInfer's own: a wrapper on no workspace of the plugin's plans as it did.
-    _route(workspaces, module, "fast_decode_plan")
-    _route(workspaces, module, "fast_prefill_plan")  # SGLang's, for its prefill graph wrappers
-    for name in WRAPPERS:
-        _route(workspaces, getattr(module, name), "begin_forward")
+    return create_then_share_int
 
 
-def _route(workspaces: SglangWorkspaces, owner: Any, name: str) -> None:
-    """``owner.name`` (a planner taking the wrapper first) through :meth:`SglangWorkspaces.plan`,
-    unless it already is."""
-    plan = getattr(owner, name)
-    if getattr(plan, "_mstar_resources", False):
-        return
+def _through_workspace(workspaces: SglangWorkspaces, plan: Any, owner: Any) -> Any:
+    """A planner taking the wrapper first (FlashInfer's ``begin_forward``, SGLang's
+    ``fast_decode_plan`` and ``fast_prefill_plan``): through the workspace of the wrapper where
+    it is one of the plugin's; as it was for any other wrapper."""
 
     @functools.wraps(plan)
     def plan_on_workspace(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
         return workspaces.plan(plan, wrapper, *args, **kwargs)
 
-    plan_on_workspace._mstar_resources = True  # type: ignore[attr-defined]
-    setattr(owner, name, plan_on_workspace)
+    return plan_on_workspace
 
+
+def _begin_forward_through_workspace(workspaces: SglangWorkspaces, wrapper_class: Any,
+                                    owner: Any) -> Any:  # fmt: skip
+    """A FlashInfer wrapper class as SGLang's backend imports it: its ``begin_forward`` through
+    the plugin's workspace, for a wrapper on one (the class is FlashInfer's: any other wrapper of
+    the process plans as it did, after one lookup)."""
+    plan = wrapper_class.begin_forward
+    if not getattr(plan, PATCHED, False):
+        replacement = _through_workspace(workspaces, plan, wrapper_class)
+        setattr(replacement, PATCHED, True)
+        wrapper_class.begin_forward = replacement
+    return wrapper_class
+
+
+SEAMS = (
+    Seam(RUNNER, "ModelRunner.alloc_memory_pool", patch=_reserve_before_kv_pool),
+    Seam(RUNNER, "ModelRunner.init_cuda_graphs", patch=_seal_before_graphs),
+    Seam(RUNNER, "ModelRunner.use_mla_backend", instance=True),
+    Seam(CONTEXT, "get_buffer"),
+    # auto: the settings in effect (the parallel widths, the scheduler's limits, the graphs)
+    *(Seam(CONTEXT, name) for name in ("get_parallel", "get_schedule", "get_exec", "get_spec")),
+    *(Seam(RUNNER, f"ModelRunner.{name}", instance=True) for name in ("model_config", "page_size")),
+    Seam(BACKEND, "FlashInferAttnBackend.__init__", patch=_adopt_when_built),
+    *(Seam(BACKEND, f"FlashInferAttnBackend.{name}", instance=True)
+      for name in ("workspace_buffer", "prefill_wrapper_ragged", "prefill_wrappers_paged",
+                   "prefill_wrappers_verify", "decode_wrappers", "num_wrappers")),
+    Seam(BACKEND, "FlashInferAttnBackend._create_decode_wrappers", patch=_share_int),
+    Seam(BACKEND, "fast_decode_plan", patch=_through_workspace),
+    Seam(BACKEND, "fast_prefill_plan", patch=_through_workspace),
+    *(Seam(BACKEND, name, patch=_begin_forward_through_workspace) for name in WRAPPERS),
+)  # fmt: skip
+"""Every name of SGLang's the plugin relies on; ``tests/integrations`` checks each against the
+wheel of every release in :data:`READ_IN` (``scripts/engine_seams.py``)."""
+
+PLUGIN = EnginePlugin(SGLANG, "sglang", READ_IN, SEAMS, SglangWorkspaces)
 
 _active: SglangWorkspaces | None = None
 
@@ -139,43 +137,24 @@ def active() -> SglangWorkspaces | None:
     return _active
 
 
-def sglang_version() -> str | None:
-    return installed_version("sglang")
-
-
 def version_problem(version: str | None) -> str | None:
     """Why the plugin does not serve SGLang ``version`` (None: it does, seams permitting)."""
-    if version is None:
-        return "SGLang is not installed here"
-    if version.split("+")[0] not in SUPPORTED_SGLANG:
-        return (
-            f"SGLang {version} is not one this plugin was read in ({', '.join(SUPPORTED_SGLANG)})"
-        )
-    return None
+    return PLUGIN.version_problem(version)
 
 
 def register() -> None:
-    """SGLang's entry point (``sglang.srt.plugins``): in every SGLang process, read the setting
-    and, where it is set and this SGLang is one the seams were read in, patch them as their
-    modules are imported. Once per process; without the setting it does nothing at all. A bad
-    setting ends the process with status 2 and one paragraph naming the setting and its value
-    (SGLang would log an exception of a plugin's and start without it)."""
+    """SGLang's entry point (``sglang.srt.plugins``), in every SGLang process
+    (:meth:`~..plugin.EnginePlugin.register`): once a process, and nothing at all without the
+    setting."""
     global _active
-    try:
-        setting = SGLANG.read()
-    except ResourceConfigError as error:
-        # SGLang logs a plugin's exception and starts without it; a bad setting stops the start.
-        print(f"mstar-resources: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    if setting is None or _active is not None:
-        return
-    workspaces = SglangWorkspaces(setting)
-    problem = version_problem(sglang_version())
-    if problem is not None:
-        workspaces.leave_untouched(problem)
-        return
-    _active = workspaces
-    logger.info("mstar-resources: %s: SGLang's FlashInfer workspaces from its pools",
-                setting.describe())  # fmt: skip
-    when_imported(RUNNER, functools.partial(_patch_runner, workspaces))
-    when_imported(BACKEND, functools.partial(_patch_backend, workspaces))
+    _active = PLUGIN.register(_active)  # type: ignore[assignment]
+    if _active is not None and _active.blocked is None:
+        _active.logger.info(
+            "mstar-resources: %s: SGLang's FlashInfer workspaces from its pools",
+            _active.setting.describe(),
+        )
+
+
+def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam] = SEAMS) -> list[Seam]:
+    """The required seams of SGLang's that ``modules`` lack (:func:`..plugin.missing_seams`)."""
+    return _missing(modules, seams)

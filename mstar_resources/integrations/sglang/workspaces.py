@@ -16,6 +16,7 @@ from ...attn._flashinfer import FLOAT_BUFFER, RECORDED_SIZE
 from ...attn.float_workspace import install_int_workspace
 from ...attn.workspace import Workspace, WorkspacePool
 from ...resolver import ResolvedResource, build_pools
+from ..plugin import PluginState
 from ..setting import AUTO
 from .measure import measure, sglang_plans
 from .setting import SGLANG, Setting
@@ -33,17 +34,18 @@ PREFILL_WRAPPERS = ("prefill_wrapper_ragged", "prefill_wrappers_paged", "prefill
 list); its decode wrappers, and those it makes for each CUDA graph, stay on its workspace."""
 
 
-class SglangWorkspaces:
+class SglangWorkspaces(PluginState):
     """The plugin's state in one SGLang process."""
 
+    engine = "SGLang"
+    logger = logger
+
     def __init__(self, setting: Setting) -> None:
-        self.setting = setting
+        super().__init__(setting)
         self.pools: dict[str, WorkspacePool] = {}
         self.workspaces: dict[str, Workspace] = {}
         """By role: the workspace its wrappers plan on."""
         self._by_tensor: dict[int, Workspace] = {}
-        self.untouched: str | None = None
-        """Why SGLang keeps its own workspace (None: the plugin serves)."""
         self.reserved = False
         self.sealed_before: str | None = None
         self.backends = 0
@@ -60,14 +62,6 @@ class SglangWorkspaces:
     @property
     def serving(self) -> bool:
         return self.reserved and self.untouched is None
-
-    def leave_untouched(self, reason: str) -> None:
-        if self.untouched is None and not self.reserved:
-            self.untouched = reason
-            logger.warning(
-                "mstar-resources: %s set, but %s; SGLang keeps its own FlashInfer workspace",
-                self.setting.describe(), reason,
-            )  # fmt: skip
 
     # Step 1: before SGLang sizes its KV pool (ModelRunner.alloc_memory_pool).
     def reserve(self, runner: Any, get_buffer: Callable[[str, Callable[[], Any]], Any]) -> None:
@@ -87,7 +81,7 @@ class SglangWorkspaces:
                 return
         else:
             measured = list(self.setting.records)
-            self._check_calibration(device)
+            self.check_calibration(device)
         keys = SGLANG.serving_keys(measured, self.setting.describe())
         # Only the decode wrappers share an int workspace (one is planned, then run, at a time);
         # SGLang plans both prefill wrappers of a batch before it runs either, so each keeps its
@@ -139,17 +133,6 @@ class SglangWorkspaces:
                 gc.collect()  # the measurement's wrappers, in cycles, with what they hold
                 torch.cuda.empty_cache()
         return records
-
-    def _check_calibration(self, device: Any) -> None:
-        """A calibrated deployment names what differs here (FlashInfer's version, the GPU): its
-        floors may fall short, and a sealed workspace then refuses SGLang's capture."""
-        stale = self.setting.stale_calibration(device)
-        if stale is not None:
-            logger.warning(
-                "mstar-resources: %s: %s (with calibration.engine=sglang); or set %s=%s to "
-                "measure SGLang's plans in the worker",
-                self.setting.describe(), stale, self.setting.name, AUTO,
-            )  # fmt: skip
 
     @property
     def held_bytes(self) -> int:

@@ -30,26 +30,29 @@ Enabled, in each worker (:mod:`.seams` patches vLLM; :mod:`.workspaces` holds th
    it captures none (``enforce_eager``), after its warm-up and before its first request, the pools
    are sealed.
 
-On a vLLM this package was not read in (:data:`SUPPORTED_VLLM`), a model whose attention is not
-FlashInfer's, or FlashInfer's MLA backend, the plugin logs one WARNING saying what and why and
-leaves vLLM as it is; so does a failure of its own. A bad setting fails vLLM's start with one
-paragraph naming the setting and its value.
+The releases it serves (:data:`READ_IN`, read in their wheels; :func:`version_problem`): every
+release from the first read, a release not read served where each seam it needs is there (one
+line says so), and one that lacks a seam left as it is, the seam named. On a model whose
+attention is not FlashInfer's, or FlashInfer's MLA backend, the plugin logs one WARNING saying
+what and why and leaves vLLM as it is; so does a failure of its own. A bad setting ends vLLM's
+start with one paragraph naming the setting and its value, and status 2.
 """
 
 from __future__ import annotations
 
-from ..seam import Seam
+from ..plugin import Seam
 from .plans import ROLES, BuilderPlans, Role, builder_plans, plans_of_groups
-from .seams import SEAMS, SUPPORTED_VLLM, active, missing_seams, register
+from .seams import PLUGIN, READ_IN, SEAMS, active, missing_seams, register, version_problem
 from .setting import AUTO, ENV_VAR, Setting, read_setting
 from .workspaces import VllmWorkspaces
 
 __all__ = [
     "AUTO",
     "ENV_VAR",
+    "PLUGIN",
+    "READ_IN",
     "ROLES",
     "SEAMS",
-    "SUPPORTED_VLLM",
     "BuilderPlans",
     "Role",
     "Seam",
@@ -61,4 +64,5 @@ __all__ = [
     "plans_of_groups",
     "read_setting",
     "register",
+    "version_problem",
 ]

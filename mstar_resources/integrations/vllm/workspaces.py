@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError
 from ...resolver import ResolvedResource, build_pools, resolve
+from ..plugin import PluginState
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, Role
 from .setting import AUTO, ENV_VAR, Setting, read_setting, serving_keys
@@ -37,19 +38,20 @@ ROLE: ContextVar[Role | None] = ContextVar("mstar_resources_vllm_role", default=
 """The role of the wrapper vLLM is building, while one of the builder's wrapper getters runs."""
 
 
-class VllmWorkspaces:
+class VllmWorkspaces(PluginState):
     """The workspaces vLLM's FlashInfer wrappers plan on in one process, and their life: made at
     each engine's memory profile, handed to each wrapper as it is built, sealed before serving,
     let go with the engine (or, where vLLM keeps it, when another engine of the process
     profiles)."""
 
+    engine = "vLLM"
+    logger = logger
+
     def __init__(self, setting: Setting) -> None:
-        self.setting = setting
+        super().__init__(setting)
         self._loaded_value = os.environ.get(ENV_VAR, "").strip()
         """The setting's value when the plugin was loaded: an engine started after it changed
         reads it again."""
-        self.blocked: str | None = None
-        """Why no engine of this process is served (this vLLM lacks a seam), or None."""
         self._engine: Callable[[], Any] | None = None
         """The model runner whose profile the workspaces were made at (a weak reference where
         it takes one): a profile of another starts afresh."""
@@ -72,7 +74,7 @@ class VllmWorkspaces:
         """The metadata builder whose decode wrappers share the decode int workspace."""
         self.shared_int_wrappers = 0
         """Decode wrappers given the shared int workspace in place of their own."""
-        self.untouched: str | None = self.blocked
+        self.untouched = self.blocked
         """Why vLLM runs as it is (None: the plugin serves it)."""
         self.plans: list[BuilderPlans] = []
         """What each of vLLM's FlashInfer metadata builders will plan and run."""
@@ -111,20 +113,6 @@ class VllmWorkspaces:
         """The float workspaces' stats, then the int workspaces'."""
         return [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
 
-    def block(self, reason: str) -> None:
-        """Leave every engine of this process as vLLM makes it, for ``reason``."""
-        self.blocked = self.blocked or reason
-        self.leave_untouched(reason)
-
-    def leave_untouched(self, reason: str) -> None:
-        if self.untouched is None and not self.serving:
-            self.untouched = reason
-            logger.warning(
-                "mstar-resources: %s set, but %s; vLLM keeps its own FlashInfer workspace",
-                self.setting.describe(),
-                reason,
-            )
-
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
         """Make the workspaces vLLM's native wrappers will take, and vLLM's TRT-LLM workspace
@@ -153,7 +141,7 @@ class VllmWorkspaces:
                     records = self._measure(config, device, roles)
             else:
                 records = self.setting.records
-                self._check_calibration(device)
+                self.check_calibration(device)
             keys = serving_keys(records, roles, self.setting.describe())
             self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
             self.vllm_outside_budget = _made_after_kv_sizing(runner)
@@ -234,15 +222,6 @@ class VllmWorkspaces:
                 f"{need.worst}, by {need.method}, for {plans.describe()}{others}{int_held}"
             )
         return tuple(resolve(tree))
-
-    def _check_calibration(self, device: torch.device) -> None:
-        """A calibrated deployment names what differs here (FlashInfer's version, the GPU)."""
-        stale = self.setting.stale_calibration(device)
-        if stale is not None:
-            logger.warning(
-                "mstar-resources: %s: %s; or set %s=%s to measure vLLM's plans in the worker",
-                self.setting.describe(), stale, ENV_VAR, AUTO,
-            )  # fmt: skip
 
     def _log_reserved(self, keys: Mapping[Role, tuple[ResolvedResource, int | None]],
                       vllm_how: str) -> None:  # fmt: skip
@@ -360,14 +339,16 @@ class VllmWorkspaces:
         found = self._routed.get(id(wrapper))
         return found is not None and found() is wrapper
 
-    def take_decode_plans(self, backend: Any) -> None:
+    def take_decode_plans(self, backend: Any, fast_plan_decode: Callable[..., Any]) -> Any:
         """Plan vLLM's decode wrappers on the decode workspace while an engine is served with
-        one: ``backend.fast_plan_decode(wrapper, ...)`` is then the workspace's plan of vLLM's
-        own (every native decode wrapper vLLM builds then is on that workspace), and vLLM's own
-        function again while none is, so that an engine the plugin leaves as it is plans without
-        a frame of the plugin's."""
-        self._decode_seam = (backend, backend.fast_plan_decode)
+        one: ``backend.fast_plan_decode(wrapper, ...)`` (vLLM's own, ``fast_plan_decode``) is
+        then the workspace's plan of vLLM's own (every native decode wrapper vLLM builds then
+        is on that workspace), and vLLM's own function again while none is, so that an engine
+        the plugin leaves as it is plans without a frame of the plugin's. Returns the planner
+        in place now."""
+        self._decode_seam = (backend, fast_plan_decode)
         self._set_decode_planner()
+        return backend.fast_plan_decode
 
     def _set_decode_planner(self) -> None:
         if self._decode_seam is not None:
