@@ -44,7 +44,7 @@ def runner(**changes: Any) -> Any:
 
 
 def context(
-    tp: int = 1, dp: int = 1, cp: int = 1, prefill: Any = None, decode: Any = None,
+    tp: int = 1, dp: int = 1, cp: int = 1, dcp: int = 1, prefill: Any = None, decode: Any = None,
     speculative: Any = None, deterministic: bool = False, **schedule: Any,
 ) -> Any:  # fmt: skip
     """SGLang's ``runtime_context``: the settings in effect, SGLang's defaults but those given,
@@ -58,7 +58,9 @@ def context(
         graph=types.SimpleNamespace(cuda_graph_config=graphs),
         deterministic=types.SimpleNamespace(enable_deterministic_inference=deterministic),
     )
-    parallel = types.SimpleNamespace(attn_tp_size=tp, attn_dp_size=dp, attn_cp_size=cp)
+    parallel = types.SimpleNamespace(
+        attn_tp_size=tp, attn_dp_size=dp, attn_cp_size=cp, attn_dcp_size=dcp
+    )
     return types.SimpleNamespace(
         get_parallel=lambda: parallel,
         get_schedule=lambda: types.SimpleNamespace(**limits),
@@ -133,6 +135,7 @@ def test_the_profile_plans_both_prefill_wrappers_and_decode_as_sglang_does():
         ({"kv_cache_dtype": torch.float4_e2m1fn_x2}, {}, "FP8 stand-in"),
         ({}, {"speculative": "EAGLE"}, "speculative decoding (EAGLE)"),
         ({}, {"deterministic": True}, "deterministic inference"),
+        ({}, {"dcp": 2}, "decode-context parallelism (attn_dcp_size 2)"),
     ],
 )  # fmt: skip
 def test_what_the_profile_cannot_hold_is_left_to_sglang_saying_why(model, settings, why):

@@ -283,6 +283,23 @@ def test_the_workspaces_are_made_before_sglang_sizes_its_kv_pool_and_taken_from_
     assert served.report()["backends"] == 1
 
 
+def test_sglangs_trtllm_mha_backend_built_on_its_flashinfer_backend_is_not_adopted(worker, caplog):
+    """SGLang's TRT-LLM MHA backend subclasses its FlashInfer backend, runs XQA and FMHA-v2 on a
+    zeroed workspace of its own, and plans no FlashInfer wrapper: not counted as served."""
+    served, _, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+    trtllm = type("TRTLLMHAAttnBackend", (backend_module.FlashInferAttnBackend,), {})
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        trtllm(runner)
+        trtllm(runner)
+    report = served.report()
+    assert report["backends"] == 0 and report["other_backends"] == ["TRTLLMHAAttnBackend"]
+    assert caplog.text.count("TRTLLMHAAttnBackend runs TRT-LLM's kernels") == 1
+    backend_module.FlashInferAttnBackend(runner)
+    assert served.report()["backends"] == 1
+
+
 def test_a_plan_grows_its_workspace_in_place_before_the_seal_and_is_refused_after(worker):
     served, _, runner_module, backend_module = worker
     runner = runner_module.ModelRunner()

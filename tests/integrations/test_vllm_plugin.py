@@ -136,6 +136,7 @@ def vllm_config(**attention):
         scheduler_config=types.SimpleNamespace(max_num_batched_tokens=8192, max_num_seqs=256),
         model_config=types.SimpleNamespace(max_model_len=32768, dtype="torch.bfloat16"),
         compilation_config=types.SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 256, 512]),
+        cache_config=types.SimpleNamespace(),  # before 0.34: no extensible KV cache
     )
 
 
@@ -205,6 +206,40 @@ def test_the_kernels_and_query_dtypes_are_the_builders_own():
     trtllm = replace(plans, kernels={"prefill": "trtllm-gen", "decode": "trtllm-gen"})
     assert not trtllm.native("prefill")
     assert replace(trtllm, non_causal=True).native("prefill")
+
+
+def test_a_dcp_prefill_on_trtllm_gen_needs_vllms_trtllm_workspace_beside_native_wrappers():
+    """vLLM 0.33+: a builder with ``use_trtllm_dcp_prefill`` runs its DCP context on trtllm-gen
+    (vLLM's TRT-LLM workspace, which ``fits_workspace`` makes at the first such plan: after KV
+    sizing, unless made before) and keeps its native prefill wrappers."""
+    groups = [types.SimpleNamespace(layer_names=["l0"], kv_cache_spec=Spec(8, 128, 16))]
+    made: list = []
+    dcp = functions(made)
+    original = dcp.make_builder
+
+    def make_builder(spec, layer_names):
+        builder = original(spec, layer_names)
+        builder.use_trtllm_dcp_prefill = True
+        return builder
+
+    dcp = replace(dcp, make_builder=make_builder)
+    (plans,) = plugin.plans_of_groups(vllm_config(), groups, {"l0": Layer()}, dcp)
+    assert plans.trtllm_dcp_prefill and plans.native("prefill")
+    assert [(role, kernel) for _, role, kernel in vllm_plans.trtllm_kernels([plans])] == [
+        ("prefill", "trtllm-gen (DCP context)")
+    ]
+    assert list(vllm_plans.trtllm_kernels([PLANS])) == []
+
+
+def test_auto_leaves_an_nvfp4_kv_cache_on_native_wrappers_as_vllm_makes_it():
+    """vLLM 0.32+ plans an NVFP4 KV cache on FlashInfer's native wrappers as uint8 pages, which
+    no calibration profile holds."""
+    nvfp4 = replace(PLANS, kv_dtype="uint8")
+    reason = vllm_plans.unmeasured_kv([PLANS, nvfp4])
+    assert reason is not None and "NVFP4" in reason and "page 16, KV uint8" in reason
+    assert vllm_plans.unmeasured_kv([PLANS]) is None
+    on_xqa = replace(nvfp4, kernels={"prefill": "trtllm-gen", "decode": "trtllm-gen"})
+    assert vllm_plans.unmeasured_kv([on_xqa]) is None  # no native wrapper plans it
 
 
 PLANS = BuilderPlans(
@@ -288,14 +323,21 @@ class StandInBuilder:
 
 class StandInRunner:
     def __init__(self) -> None:
-        self.vllm_config, self.device = object(), torch.device("cpu")
+        # 0.26-0.33's cache config: no extensible KV cache
+        self.vllm_config = types.SimpleNamespace(cache_config=types.SimpleNamespace())
+        self.device = torch.device("cpu")
         self.profiled = self.captured = 0
+        self.in_capture: list[object] = []
+        """What runs inside ``capture_model``, after vLLM's own capture: 0.34's adaptive
+        verification (callables)."""
 
     def profile_run(self):
         self.profiled += 1
 
     def capture_model(self, **kwargs):
         self.captured += 1
+        for step in self.in_capture:
+            step()
 
     def get_kv_cache_spec(self):
         return {}
@@ -512,6 +554,57 @@ def test_capture_seals_and_a_plan_that_no_longer_fits_names_the_setting(vllm_sta
     assert raised.value.suggested_mb == 9
     assert decode.tensor.data_ptr() == address and decode.tensor.numel() == 6 * MIB
     assert served.report()["sealed_overflows"] == 1
+
+
+def test_vllm_034s_worker_order_reserves_at_the_profile_and_seals_before_capture(
+    vllm_stand_in, caplog
+):
+    """vLLM 0.34 with its extensible KV cache (on by default on CUDA): the profile, then the
+    builders (V2 hands the first one's buffer to the others), warm-ups that plan (a growth is
+    still allowed), the capture (sealed first), adaptive verification inside the capture and the
+    sampler's warm-up after it (both planning on the sealed workspaces), then the KV cache sized
+    from the memory then free: vLLM's own buffer would be counted there too, and the plugin
+    says so."""
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    runner.vllm_config.cache_config.enable_extensible_kv_cache = True
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        runner.profile_run()  # determine_available_memory
+    assert served.held_bytes == 6 * MIB
+    first, second = vllm_stand_in.Builder(), vllm_stand_in.Builder()  # initialize_kv_cache
+    second._workspace_buffer = first._get_workspace_buffer()  # set_workspace_buffer
+    first.build(8)  # warm-ups: kernel_warmup, warmup_kernels, the KV-sizing warm-up
+    decode = served.pools["attn.decode"].get("decode", 0)
+    assert decode.tensor.numel() == 6 * MIB and not served.sealed  # grown before the seal
+    sealed_at_capture = []
+    runner.in_capture = [lambda: sealed_at_capture.append(served.sealed), lambda: second.build(8)]
+    vllm_stand_in.worker.compile_or_warm_up_model()  # capture, verification inside it
+    first.build(8)  # the sampler's warm-up, after the capture
+    assert sealed_at_capture == [True] and served.sealed_before == "captures CUDA graphs"
+    report = served.report()
+    assert report["growths"] == 3 and report["sealed_overflows"] == 0
+    assert report["kv_cache_sized"].startswith("after graph capture")
+    assert report["vllm_bytes_outside_budget"] == 0
+    assert "before it sizes its extensible KV cache after graph capture" in caplog.text
+    assert "outside its budget" not in caplog.text
+    second.decode_chain = [("batch_decode_tmp_v", 9 * MIB, 16)]  # verification past the floor
+    with pytest.raises(WorkspaceSealedError) as raised:
+        second.build(16)
+    assert raised.value.setting == "resources.attn.decode.declared_mb"
+
+
+def test_at_the_profile_vllms_v2_buffer_is_said_outside_its_budget(
+    vllm_stand_in, caplog, monkeypatch
+):
+    """Before 0.34 (or with the extensible KV cache off), the V2 runner makes its buffer after
+    it sizes the KV cache at the profile: the plugin's report counts it outside the budget."""
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    monkeypatch.setattr(type(runner), "__module__", workspaces.V2_RUNNER)
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        runner.profile_run()
+    report = served.report()
+    assert report["kv_cache_sized"] == "at the memory profile"
+    assert report["vllm_bytes_outside_budget"] == VLLM_BYTES
+    assert "after it sizes its KV cache: outside its budget" in caplog.text
 
 
 def test_without_graph_capture_the_workspaces_are_sealed_before_the_first_request(vllm_stand_in):

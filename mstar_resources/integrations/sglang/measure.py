@@ -162,6 +162,9 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
 def _not_planned(runner: Any, context: Any, execution: Any) -> str | None:
     """Why the profile cannot hold what SGLang will plan (None: it can)."""
     model = runner.model_config
+    dcp = getattr(context.get_parallel(), "attn_dcp_size", 1) or 1
+    if dcp > 1:  # 0.5.18+: the backend plans get_num_kv_heads(attn_tp_size, attn_dcp_size)
+        return f"attention decode-context parallelism (attn_dcp_size {dcp}) splits its KV heads"
     if runner.sliding_window_size is not None:
         return "the model has sliding-window layers, planned on a second wrapper"
     if model.is_encoder_decoder:

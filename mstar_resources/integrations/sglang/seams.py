@@ -60,12 +60,16 @@ def _seal_before_graphs(workspaces: SglangWorkspaces, init_cuda_graphs: Any, own
 
 
 def _adopt_when_built(workspaces: SglangWorkspaces, init: Any, owner: Any) -> Any:
-    """A FlashInfer backend: its prefill wrappers on the prefill workspace once built."""
+    """A FlashInfer backend: its prefill wrappers on the prefill workspace once built. A subclass
+    (SGLang's TRT-LLM MHA backend) runs other kernels on a workspace of its own: not adopted."""
 
     @functools.wraps(init)
     def build_then_adopt(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        workspaces.adopt(self)
+        if type(self) is owner:
+            workspaces.adopt(self)
+        else:
+            workspaces.not_adopted(type(self).__name__)
 
     return build_then_adopt
 

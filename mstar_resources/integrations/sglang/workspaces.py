@@ -52,6 +52,8 @@ class SglangWorkspaces(PluginState):
         """SGLang FlashInfer backends given the workspaces."""
         self.own_workspaces = 0
         """Backends that made a workspace of their own (``init_new_workspace``)."""
+        self.other_backends: list[str] = []
+        """Backends built on SGLang's FlashInfer backend that run other kernels, by class."""
         self._int_sharer: weakref.ref[Any] | None = None
         """The backend whose decode wrappers share the decode workspace's int workspace."""
         self.shared_int_wrappers = 0
@@ -167,6 +169,18 @@ class SglangWorkspaces(PluginState):
                 if wrapper is not None:
                     _move_to(wrapper, prefill)
 
+    def not_adopted(self, backend: str) -> None:
+        """A backend built on SGLang's FlashInfer backend that runs other kernels (its TRT-LLM MHA
+        backend: XQA and FMHA-v2 on a zeroed workspace of its own, ``trtllm_mha_zero_workspace``)
+        is not served; said once."""
+        if backend not in self.other_backends:
+            self.other_backends.append(backend)
+            logger.info(
+                "mstar-resources: SGLang's %s runs TRT-LLM's kernels on a workspace of its own, "
+                "which the plugin does not size; its FlashInfer wrappers plan nothing",
+                backend,
+            )
+
     def share_int(self, backend: Any, wrappers: Any) -> None:
         """Give ``wrappers``, decode wrappers ``backend`` made (its eager ones, or those of one
         CUDA-graph batch size), the decode workspace's int workspace in place of the 8 MiB each
@@ -219,6 +233,7 @@ class SglangWorkspaces(PluginState):
             "workspaces": {w.name: w.tensor.numel() for w in self.workspaces.values()},
             "backends": self.backends,
             "own_workspaces": self.own_workspaces,
+            "other_backends": list(self.other_backends),
             "sealed_before": self.sealed_before,
             "growths": sum(s.times_grown for p in self.pools.values() for s in p.stats()),
             "sealed_overflows": sum(

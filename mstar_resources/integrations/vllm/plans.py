@@ -68,6 +68,9 @@ class BuilderPlans:
     non_causal: bool = False
     """vLLM also builds a native non-causal prefill wrapper (``attention_config.use_non_causal``),
     whatever kernel its causal prefill runs."""
+    trtllm_dcp_prefill: bool = False
+    """Its decode-context-parallel prefill runs trtllm-gen's context kernel on vLLM's TRT-LLM
+    workspace where that fits (``use_trtllm_dcp_prefill``, 0.33+), beside its native wrappers."""
 
     def native(self, role: Role) -> bool:
         """Whether a ``role`` plan of this builder runs on FlashInfer's native wrappers."""
@@ -166,6 +169,7 @@ def read_builder(
         if builder.enable_cuda_graph
         else None,
         non_causal=bool(getattr(attention, "use_non_causal", False)),
+        trtllm_dcp_prefill=bool(getattr(builder, "use_trtllm_dcp_prefill", False)),
     )
 
 
@@ -331,3 +335,14 @@ def trtllm_kernels(plans: Sequence[BuilderPlans]) -> Iterator[tuple[BuilderPlans
         for role in ROLES:
             if builder.kernels[role] != NATIVE:
                 yield builder, role, builder.kernels[role]
+            elif role == "prefill" and builder.trtllm_dcp_prefill:
+                yield builder, role, "trtllm-gen (DCP context)"
+
+
+def unmeasured_kv(plans: Sequence[BuilderPlans]) -> str | None:
+    """Why ``auto`` cannot measure a builder's plans (None: it can): an NVFP4 KV cache, which
+    vLLM 0.32+ plans on FlashInfer's native wrappers as ``uint8`` pages."""
+    packed = [p for p in plans if p.kv_dtype == "uint8" and any(p.native(r) for r in ROLES)]
+    if packed:
+        return f"the KV cache of {packed[0].describe()} is NVFP4, planned as uint8 pages"
+    return None

@@ -144,6 +144,8 @@ SEAMS = (
          patch=_built_as("prefill"), until="0.31.0"),
     *(Seam(BACKEND, f"FlashInferMetadataBuilder.{name}", instance=True)
       for name in BUILDER_DECISIONS),
+    Seam(BACKEND, "FlashInferMetadataBuilder.use_trtllm_dcp_prefill", instance=True,
+         required=False, since="0.33.0"),
     Seam(BACKEND, "fast_plan_decode", patch=_decode_plans),
     Seam(BACKEND, "_get_trtllm_workspace_buffer"),
     Seam(BACKEND, "FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM"),

@@ -82,8 +82,12 @@ class VllmWorkspaces(PluginState):
         """What vLLM would have made for each FlashInfer metadata builder."""
         self.vllm_outside_budget = False
         """Whether vLLM as it is makes that buffer after it sizes its KV cache, uncounted (its V2
-        model runner, which shares one among the builders), rather than inside its profile (V1,
-        one a builder)."""
+        model runner, which shares one among the builders, where the KV cache is sized at the
+        memory profile), rather than inside its budget (V1: one a builder, inside its profile;
+        an extensible KV cache: sized after capture from the memory then free)."""
+        self.kv_cache_extensible = False
+        """Whether vLLM sizes this engine's KV cache after its warm-up and graph capture, from
+        the memory then free (0.34's extensible KV cache), rather than at its memory profile."""
         self.trtllm_bytes = 0
         """vLLM's own TRT-LLM workspace (XQA, trtllm-gen), made at the profile; 0: none runs."""
         self.sealed_before: str | None = None
@@ -135,6 +139,10 @@ class VllmWorkspaces(PluginState):
                 self.leave_untouched(reason)
                 return
             self.plans = vllm_plans.builder_plans(runner)
+            unmeasured = vllm_plans.unmeasured_kv(self.plans) if self.setting.auto else None
+            if unmeasured is not None:
+                self.leave_untouched(f"{unmeasured}, which {AUTO} does not measure")
+                return
             roles = self.native_roles()
             if self.setting.auto:
                 with left_out_of_peak(device):
@@ -144,7 +152,10 @@ class VllmWorkspaces(PluginState):
                 self.check_calibration(device)
             keys = serving_keys(records, roles, self.setting.describe())
             self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
-            self.vllm_outside_budget = _made_after_kv_sizing(runner)
+            self.kv_cache_extensible = _kv_cache_extensible(config)
+            self.vllm_outside_budget = not self.kv_cache_extensible and _made_after_kv_sizing(
+                runner
+            )
             if any(vllm_plans.trtllm_kernels(self.plans)):
                 self.trtllm_bytes = vllm_trtllm_workspace().numel()
         except ResourceConfigError as error:
@@ -260,11 +271,15 @@ class VllmWorkspaces(PluginState):
                 "its kernels require (%s)",
                 f"{self.trtllm_bytes:,}", used,
             )  # fmt: skip
-        where = (
-            "once, shared by its builders, after it sizes its KV cache: outside its budget"
-            if self.vllm_outside_budget
-            else "for each FlashInfer metadata builder, inside its memory profile"
-        )
+        if self.kv_cache_extensible:
+            where = (
+                "before it sizes its extensible KV cache after graph capture, from the memory "
+                "then free: inside its budget, as these workspaces are"
+            )
+        elif self.vllm_outside_budget:
+            where = "once, shared by its builders, after it sizes its KV cache: outside its budget"
+        else:
+            where = "for each FlashInfer metadata builder, inside its memory profile"
         logger.info(
             "mstar-resources: reserved %s bytes in %d FlashInfer workspaces (%s) and %s bytes of "
             "vLLM's TRT-LLM workspace before vLLM sizes its KV cache, where vLLM as it is would "
@@ -395,6 +410,11 @@ class VllmWorkspaces(PluginState):
             "trtllm_workspace_bytes": self.trtllm_bytes,
             "vllm_bytes_per_builder": self.vllm_bytes,
             "vllm_bytes_outside_budget": self.vllm_bytes if self.vllm_outside_budget else 0,
+            "kv_cache_sized": (
+                "after graph capture, from the memory then free (extensible KV cache)"
+                if self.kv_cache_extensible
+                else "at the memory profile"
+            ),
             "builders": len(self._builders),
             "sealed": self.sealed,
             "sealed_before": self.sealed_before,
@@ -418,6 +438,12 @@ def _reference(runner: Any, freed: Callable[[Any], None]) -> Callable[[], Any]:
         return weakref.ref(runner, freed)
     except TypeError:
         return lambda: runner
+
+
+def _kv_cache_extensible(config: Any) -> bool:
+    """Whether vLLM sizes its KV cache after warm-up and capture (``enable_extensible_kv_cache``,
+    settled before the profile; 0.34, on by default on CUDA), not at its memory profile."""
+    return getattr(config.cache_config, "enable_extensible_kv_cache", None) is True
 
 
 def _made_after_kv_sizing(runner: Any) -> bool:
