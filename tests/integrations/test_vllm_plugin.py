@@ -180,6 +180,19 @@ def test_each_kv_cache_group_gets_its_builder_at_the_kernels_block_size():
     )
 
 
+def test_a_spec_without_layer_views_keeps_the_managers_block_size():
+    """vLLM 0.30+ splits a manager block into kernel blocks only where the spec has layer views;
+    without, the kernels plan with the manager's block size."""
+    spec = Spec(8, 128, 528)
+    unsplit = type("Unsplit", (Spec,), {"has_layer_views": False})(8, 128, 528)
+    groups = [types.SimpleNamespace(layer_names=["l0"], kv_cache_spec=s) for s in (spec, unsplit)]
+    pages = [
+        plugin.plans_of_groups(vllm_config(), [g], {"l0": Layer()}, functions([]))[0].page_size
+        for g in groups
+    ]
+    assert pages == [16, 528]
+
+
 def test_one_group_of_two_layer_specs_gets_a_builder_for_each():
     """vLLM's UniformTypeKVCacheSpecs: one group, a spec per layer (here two head sizes)."""
     small, large = Spec(8, 64, 16), Spec(8, 256, 16)
@@ -554,6 +567,17 @@ def test_capture_seals_and_a_plan_that_no_longer_fits_names_the_setting(vllm_sta
     assert raised.value.suggested_mb == 9
     assert decode.tensor.data_ptr() == address and decode.tensor.numel() == 6 * MIB
     assert served.report()["sealed_overflows"] == 1
+
+
+def test_a_builder_made_with_pages_not_planned_is_said_once(vllm_stand_in, caplog):
+    vllm_stand_in.runner.profile_run()
+    odd = vllm_stand_in.Builder()
+    odd.page_size = 64
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        odd._get_decode_wrapper(8, True)
+        odd._get_prefill_wrapper()
+        vllm_stand_in.Builder()._get_decode_wrapper(8, True)
+    assert caplog.text.count("with pages of 64 tokens, where the plugin planned 16") == 1
 
 
 def test_vllm_034s_worker_order_reserves_at_the_profile_and_seals_before_capture(

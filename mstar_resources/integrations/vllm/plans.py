@@ -112,7 +112,7 @@ def plans_of_groups(
         if not ours:
             continue
         distinct = list({b.__qualname__: b for b in backends.values()}.values())
-        kernel_block = vllm.select_block_size(group.kv_cache_spec.block_size, distinct)
+        kernel_block = _kernel_block_size(group.kv_cache_spec, distinct, vllm)
         builders: dict[tuple[Any, int], list[str]] = {}
         for name in ours:
             spec = group.kv_cache_spec
@@ -123,6 +123,18 @@ def plans_of_groups(
             builder = vllm.make_builder(spec.copy_with_new_block_size(kernel_block), layer_names)
             found.append(read_builder(builder, group_id, layer_names, vllm_config, vllm))
     return found
+
+
+def _kernel_block_size(spec: Any, backends: list[Any], vllm: VllmFunctions) -> int:
+    """The block size a group's kernels plan with, as vLLM's ``prepare_kernel_block_sizes``
+    picks it: the manager's block size where its spec has no layer views (0.30+: no virtual
+    split), else the largest the group's backends all support that divides it."""
+    first = (
+        next(iter(spec.kv_cache_specs.values())) if isinstance(spec, vllm.uniform_type) else spec
+    )
+    if getattr(first, "has_layer_views", True) is False:
+        return int(spec.block_size)
+    return vllm.select_block_size(spec.block_size, backends)
 
 
 def read_builder(

@@ -94,6 +94,7 @@ class VllmWorkspaces(PluginState):
         """What the workspaces were sealed before: vLLM's graph capture, or its first request."""
         self.unexpected: list[str] = []
         """Wrappers vLLM built for a phase its builders said they would not run natively."""
+        self._unplanned_pages: set[int] = set()
         self._builders: weakref.WeakSet[Any] = weakref.WeakSet()
         """The FlashInfer metadata builders served (each would have made its own buffer in V1)."""
         self.provenance: dict[str, str] = {}
@@ -295,13 +296,31 @@ class VllmWorkspaces(PluginState):
         buffer: the plugin leaves vLLM as it is, or no workspace serves the role."""
         if not self.serving:
             return None
-        self._builders.add(builder)
+        if builder not in self._builders:
+            self._builders.add(builder)
+            self._check_page_size(builder)
         if role is None:  # any of them: the caller hands it to builders that build on it
             return next(iter(self._workspaces.values()))
         found = self._workspaces.get(role)
         if found is None:
             self._not_planned_for(role)
         return found
+
+    def _check_page_size(self, builder: Any) -> None:
+        """A builder vLLM made with a page size the plugin did not plan for (0.32+ keeps the
+        manager's block size for block-outermost packed KV tensors, which the profile cannot
+        see): said once, as ``auto``'s floors were measured at the page sizes planned."""
+        page = getattr(builder, "page_size", None)
+        planned = {p.page_size for p in self.plans}
+        if page is None or not planned or page in planned or page in self._unplanned_pages:
+            return
+        self._unplanned_pages.add(page)
+        logger.warning(
+            "mstar-resources: vLLM made a FlashInfer metadata builder with pages of %d tokens, "
+            "where the plugin planned %s; a plan past a floor grows its workspace before the "
+            "seal, and one after it is refused naming the setting to raise",
+            page, ", ".join(str(p) for p in sorted(planned)),
+        )  # fmt: skip
 
     def _not_planned_for(self, role: Role) -> None:
         """vLLM built a native ``role`` wrapper, though its builders said none would run."""
