@@ -14,13 +14,13 @@ import contextlib
 import functools
 import importlib.metadata
 import logging
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from ..calibration.versions import release
 from ..errors import ResourceConfigError
 from ._post_import import when_imported
 from .setting import AUTO, PluginSetting, Setting
@@ -32,7 +32,6 @@ __all__ = [
     "installed_version",
     "lacking",
     "missing_seams",
-    "release_key",
 ]
 
 Patch = Callable[[Any, Any, Any], Any]
@@ -118,17 +117,6 @@ PATCHED = "__mstar_resources_patch__"
 """Set on each replacement, so that a seam reached twice is patched once."""
 
 
-def release_key(version: str) -> tuple[int, ...]:
-    """``0.34.0rc1+cu130`` as ``(0, 34, 0)``: the numeric release, for ordering versions."""
-    parts = []
-    for part in version.split("+")[0].split(".")[:3]:
-        digits = re.match(r"\d+", part)
-        if digits is None:
-            break
-        parts.append(int(digits.group()))
-    return tuple(parts)
-
-
 def installed_version(distribution: str) -> str | None:
     """The version of the installed ``distribution`` (an engine), None where it is not."""
     try:
@@ -207,7 +195,7 @@ class EnginePlugin:
         there): not installed, or older than every release read."""
         if version is None:
             return f"{self.engine} is not installed here"
-        if release_key(version) < release_key(self.releases[0]):
+        if release(version) < release(self.releases[0]):
             return (
                 f"{self.engine} {version} is older than every release this plugin was read in "
                 f"({self.read_in()})"

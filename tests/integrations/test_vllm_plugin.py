@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mstar_resources.attn import trtllm_workspace
 from mstar_resources.errors import WorkspaceSealedError
 from mstar_resources.integrations import vllm as plugin
 from mstar_resources.integrations.plugin import patch_module
@@ -336,8 +337,7 @@ class StandInBuilder:
 
 class StandInRunner:
     def __init__(self) -> None:
-        # 0.26-0.33's cache config: no extensible KV cache
-        self.vllm_config = types.SimpleNamespace(cache_config=types.SimpleNamespace())
+        self.vllm_config = vllm_config()  # 0.26-0.33's: no extensible KV cache
         self.device = torch.device("cpu")
         self.profiled = self.captured = 0
         self.in_capture: list[object] = []
@@ -370,6 +370,7 @@ class StandInWorker:
 backend = types.ModuleType(seams.BACKEND)
 TRTLLM = torch.zeros(4 * MIB, dtype=torch.uint8)
 """vLLM's TRT-LLM workspace, as its ``_get_trtllm_workspace_buffer()`` would make it."""
+H200_SMS = 132
 
 
 @pytest.fixture
@@ -392,7 +393,7 @@ def vllm_stand_in(monkeypatch):
     monkeypatch.setattr(vllm_plans, "uncovered_attention", lambda config: None)
     monkeypatch.setattr(vllm_plans, "builder_plans", lambda runner: state.plans)
     monkeypatch.setattr(vllm_plans, "vllm_buffer_bytes", lambda config, plans: (VLLM_BYTES, "-"))
-    monkeypatch.setattr(workspaces, "vllm_trtllm_workspace", backend._get_trtllm_workspace_buffer)
+    monkeypatch.setattr(workspaces, "_sm_count", lambda device: H200_SMS)
     setting = plugin.read_setting({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
     records = tuple(
         type(r)(**{**{f: getattr(r, f) for f in ("path", "owner", "labels", "cg_slots",
@@ -431,9 +432,12 @@ def test_the_profile_reserves_both_workspaces_and_vllms_buffer_is_never_made(vll
     assert served.report()["builders"] == 2
 
 
-def test_where_xqa_decodes_no_decode_workspace_is_made_and_vllms_trtllm_one_is_counted(
+def test_where_xqa_decodes_its_workspace_is_the_bound_of_what_xqa_touches_zeroed_and_sealed(
     vllm_stand_in, caplog
 ):
+    """No native decode workspace; vLLM's TRT-LLM workspace, made before vLLM sizes its KV
+    cache, at the bound of what XQA touches for these heads, vLLM's largest batch and any page
+    table on this GPU's SMs, in place of vLLM's buffer; zeroed, and sealed with the others."""
     xqa = replace(PLANS, kernels={"prefill": NATIVE, "decode": "xqa"})
     vllm_stand_in.plans = [xqa]
     served, runner = vllm_stand_in.served, vllm_stand_in.runner
@@ -441,13 +445,21 @@ def test_where_xqa_decodes_no_decode_workspace_is_made_and_vllms_trtllm_one_is_c
         runner.profile_run()
     assert list(served.pools) == ["attn.prefill"]
     assert served.held_bytes == 2 * MIB
-    assert served.trtllm_bytes == TRTLLM.numel()
+    bound = trtllm_workspace.xqa_workspace_bytes(
+        batch=256, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+        max_seq_len=H200_SMS * trtllm_workspace.XQA_MHA_TILE_TOKENS, sm_count=H200_SMS,
+    )  # fmt: skip
+    assert served.trtllm_bytes == bound < 9 * MIB
+    held = backend._get_trtllm_workspace_buffer()  # vLLM's function, as its kernels call it
+    assert held is served.trtllm_workspace.tensor and held is not TRTLLM
+    assert held.numel() == bound and not held.any()
     report = served.report()
     assert report["native_roles"] == ["prefill"]
-    assert report["trtllm_workspace_bytes"] == 4 * MIB
+    assert report["trtllm_workspace_bytes"] == bound
+    assert report["provenance"]["attn.trtllm"].startswith("the bound of what the kernels touch")
     text = caplog.text
     assert "decode on xqa" in text and "no decode workspace" in text
-    assert "vLLM's TRT-LLM workspace: 4,194,304 bytes" in text
+    assert f"attn.trtllm: {bound:,} bytes for vLLM's TRT-LLM kernels, zeroed" in text
     # A native decode wrapper vLLM builds all the same takes vLLM's own buffer, with a warning.
     builder = vllm_stand_in.Builder()
     with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
@@ -455,6 +467,53 @@ def test_where_xqa_decodes_no_decode_workspace_is_made_and_vllms_trtllm_one_is_c
     assert decode.buffer is builder._workspace_buffer
     assert report["unexpected_wrappers"] == [] and served.unexpected == ["decode"]
     assert "though its builders run decode on xqa" in caplog.text
+    vllm_stand_in.worker.compile_or_warm_up_model()
+    assert served.sealed and served.trtllm_workspace.sealed
+
+
+def test_trtllm_gens_bound_holds_a_dcp_decodes_softmax_stats_and_0_6_14s_counters(monkeypatch):
+    """trtllm-gen (SM100, both phases) cannot run on an H200: its bound is checked here on the
+    arithmetic. A DCP decode returns LSE, whose stats (all DCP ranks' heads) come first; FlashInfer
+    0.6.14 keeps 8 MiB of counters at the head, later releases a buffer apart; a DCP context run
+    checks its own fit (vLLM's ``fits_workspace``) and is given vLLM's size."""
+    gen = replace(PLANS, kernels={"prefill": "trtllm-gen", "decode": "trtllm-gen"})
+    config = vllm_config()
+    plain, _ = vllm_plans.trtllm_workspace_bound([gen], config, 148, "0.7.4")
+    scratch = 148 * trtllm_workspace.TRTLLM_GEN_MAX_STEP_Q * (8 + 2 * 128)
+    assert plain == scratch
+    older, how = vllm_plans.trtllm_workspace_bound([gen], config, 148, "0.6.14")
+    assert older == scratch + 8 * MIB and "FlashInfer 0.6.14" in how
+    dcp, _ = vllm_plans.trtllm_workspace_bound(
+        [replace(gen, dcp_world_size=2)], config, 148, "0.7.4"
+    )
+    stats = 32 * 2 * 256 * 256 * 8 + MIB  # heads x DCP ranks x max_num_seqs x one 256-row tile
+    assert dcp == stats + scratch
+    context = replace(PLANS, dcp_world_size=2, trtllm_dcp_prefill=True)
+    envs = types.SimpleNamespace(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE=394 * MIB)
+    monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: envs)
+    own, _ = vllm_plans.trtllm_workspace_bound([context], config, 148, "0.7.4")
+    assert own == 394 * MIB
+
+
+@pytest.mark.parametrize(("declared_mb", "wins"), [(64, "declared"), (1, "bound")])
+def test_a_deployments_trtllm_floor_is_kept_where_it_is_above_the_bound(
+    vllm_stand_in, declared_mb, wins
+):
+    from mstar_resources.resolver import resolve
+
+    served = vllm_stand_in.served
+    trtllm = resolve({"attn": {"trtllm": {"owner": "attention", "labels": ["trtllm"],
+                                          "declared_mb": declared_mb}}}, env={})  # fmt: skip
+    served.setting = replace(served.setting, records=(*served.setting.records, *trtllm))
+    vllm_stand_in.plans = [replace(PLANS, kernels={"prefill": NATIVE, "decode": "xqa"})]
+    vllm_stand_in.runner.profile_run()
+    provenance = served.report()["provenance"]["attn.trtllm"]
+    if wins == "declared":
+        assert served.trtllm_bytes == 64 * MIB
+        assert provenance.startswith("resources.attn.trtllm.declared_mb (64 MB), above the bound")
+    else:
+        assert MIB < served.trtllm_bytes < 9 * MIB
+        assert provenance.startswith("the bound")
 
 
 def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(

@@ -351,6 +351,51 @@ def trtllm_kernels(plans: Sequence[BuilderPlans]) -> Iterator[tuple[BuilderPlans
                 yield builder, role, "trtllm-gen (DCP context)"
 
 
+def trtllm_workspace_bound(
+    plans: Sequence[BuilderPlans], vllm_config: Any, sm_count: int, flashinfer: str
+) -> tuple[int, str]:
+    """The most vLLM's TRT-LLM kernels can touch of their workspace, for every builder that runs
+    one (:mod:`~mstar_resources.attn.trtllm_workspace`, derived from FlashInfer's own code), and
+    how: XQA over every decode batch up to ``max_num_seqs`` and any page-table width;
+    trtllm-gen's decode and context runs at ``max_num_seqs`` requests and up to
+    ``max_num_batched_tokens`` query tokens, with a decode's softmax stats where it returns LSE
+    (decode-context parallelism), and the 8 MiB of counters FlashInfer 0.6.14 keeps at the head;
+    a DCP context run (0.33+) checks its stats against the buffer itself (``fits_workspace``)
+    and otherwise runs on native wrappers, so it is given vLLM's own size, as it has now."""
+    from ...attn import trtllm_workspace as bound
+    from ...calibration.versions import release
+
+    scheduler = vllm_config.scheduler_config
+    batch, tokens = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
+    counters = release(flashinfer) < (0, 6, 16)
+    sizes: list[tuple[int, str]] = []
+    for builder, role, kernel in trtllm_kernels(plans):
+        heads = builder.num_qo_heads * builder.dcp_world_size
+        if kernel == "xqa":
+            need = bound.xqa_workspace_bytes(
+                batch=batch, num_qo_heads=builder.num_qo_heads,
+                num_kv_heads=builder.num_kv_heads, head_dim=builder.head_dim,
+                # the worst over every page-table width: the split is capped by the SMs
+                max_seq_len=sm_count * bound.XQA_MHA_TILE_TOKENS, sm_count=sm_count,
+                q_len_per_req=builder.decode_q_len,
+                hopper_fp8_kv=builder.kv_dtype.startswith("float8"),
+            )  # fmt: skip
+        elif kernel == "trtllm-gen":
+            need = bound.trtllm_gen_workspace_bytes(
+                batch=batch, num_qo_heads=heads, head_dim_vo=builder.head_dim,
+                sm_count=sm_count,
+                max_q_len=tokens if role == "prefill" else builder.decode_q_len,
+                # LSE: a DCP decode's (its prefill runs the DCP context, below)
+                return_lse=role == "decode" and builder.dcp_world_size > 1,
+                counters_in_workspace=counters,
+            )  # fmt: skip
+        else:  # the DCP context, which checks its own fit
+            need = vllm_envs().VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE
+        sizes.append((need, f"{kernel} {role} for {builder.describe()}: {need:,}"))
+    most = max(need for need, _ in sizes)
+    return most, "; ".join(how for _, how in sizes) + f" (SMs {sm_count}, FlashInfer {flashinfer})"
+
+
 def unmeasured_kv(plans: Sequence[BuilderPlans]) -> str | None:
     """Why ``auto`` cannot measure a builder's plans (None: it can): an NVFP4 KV cache, which
     vLLM 0.32+ plans on FlashInfer's native wrappers as ``uint8`` pages."""

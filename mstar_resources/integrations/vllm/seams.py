@@ -78,6 +78,17 @@ def _built_as(role: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
     return patch
 
 
+def _trtllm_workspace(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -> Any:
+    """vLLM's TRT-LLM kernels' workspace: the plugin's, at their bound, where it made one."""
+
+    @functools.wraps(own_buffer)
+    def _get_trtllm_workspace_buffer() -> Any:
+        held = workspaces.trtllm_workspace
+        return own_buffer() if held is None else held.tensor
+
+    return _get_trtllm_workspace_buffer
+
+
 def _decode_plans(workspaces: VllmWorkspaces, fast_plan_decode: Any, module: Any) -> Any:
     """vLLM's ``fast_plan_decode``: the decode workspace's plan of it while an engine is served."""
     return workspaces.take_decode_plans(module, fast_plan_decode)
@@ -147,7 +158,7 @@ SEAMS = (
     Seam(BACKEND, "FlashInferMetadataBuilder.use_trtllm_dcp_prefill", instance=True,
          required=False, since="0.33.0"),
     Seam(BACKEND, "fast_plan_decode", patch=_decode_plans),
-    Seam(BACKEND, "_get_trtllm_workspace_buffer"),
+    Seam(BACKEND, "_get_trtllm_workspace_buffer", patch=_trtllm_workspace),
     Seam(BACKEND, "FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM"),
     Seam(BACKEND, "FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT"),
     *_runner_seams(V1_RUNNER, until="0.33.0"),

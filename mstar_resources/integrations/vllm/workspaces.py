@@ -15,7 +15,8 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError
-from ...resolver import ResolvedResource, build_pools, resolve
+from ...resolver import ResolvedResource, build_pools, resolve, serving
+from ...units import MIB
 from ..plugin import PluginState
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, Role
@@ -30,6 +31,12 @@ if TYPE_CHECKING:
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 """The module of vLLM's V2 model runner."""
+
+TRTLLM_LABEL = "trtllm"
+"""The label a deployment's resource declares to set the TRT-LLM kernels' floor."""
+TRTLLM_PATH = "attn.trtllm"
+TRTLLM_SETTING = "resources.attn.trtllm.declared_mb"
+"""What raises the TRT-LLM kernels' workspace above its bound."""
 
 # Under vLLM's logger, so its handler prints these lines with its own.
 logger = logging.getLogger("vllm.plugins.mstar_resources")
@@ -88,8 +95,9 @@ class VllmWorkspaces(PluginState):
         self.kv_cache_extensible = False
         """Whether vLLM sizes this engine's KV cache after its warm-up and graph capture, from
         the memory then free (0.34's extensible KV cache), rather than at its memory profile."""
-        self.trtllm_bytes = 0
-        """vLLM's own TRT-LLM workspace (XQA, trtllm-gen), made at the profile; 0: none runs."""
+        self.trtllm_workspace: Workspace | None = None
+        """The workspace of vLLM's TRT-LLM kernels (XQA, trtllm-gen), where a phase runs one:
+        zeroed, at the bound of what they touch, in place of vLLM's 394 MiB buffer."""
         self.sealed_before: str | None = None
         """What the workspaces were sealed before: vLLM's graph capture, or its first request."""
         self.unexpected: list[str] = []
@@ -103,12 +111,16 @@ class VllmWorkspaces(PluginState):
 
     @property
     def serving(self) -> bool:
-        return bool(self._workspaces)
+        return bool(self._workspaces) or self.trtllm_workspace is not None
 
     @property
     def sealed(self) -> bool:
         """Whether the workspaces keep their addresses from now on."""
-        return bool(self.pools) and all(pool.sealed for pool in self.pools.values())
+        return (
+            self.serving
+            and all(pool.sealed for pool in self.pools.values())
+            and (self.trtllm_workspace is None or self.trtllm_workspace.sealed)
+        )
 
     def native_roles(self) -> list[Role]:
         """The phases some builder runs on FlashInfer's native wrappers."""
@@ -157,21 +169,46 @@ class VllmWorkspaces(PluginState):
             self.vllm_outside_budget = not self.kv_cache_extensible and _made_after_kv_sizing(
                 runner
             )
-            if any(vllm_plans.trtllm_kernels(self.plans)):
-                self.trtllm_bytes = vllm_trtllm_workspace().numel()
+            trtllm = self._trtllm_size(config, device, records)
         except ResourceConfigError as error:
             self.leave_untouched(f"it cannot size the workspaces: {error}")
             return
         except Exception as error:  # the plugin's own failure must not stop vLLM
             self.leave_untouched(f"it failed ({type(error).__name__}: {error})")
             return
-        serving = [r for r in records if any(role in r.labels for role in roles)]
-        self.pools = build_pools(serving, device) if serving else {}
+        native = [r for r in records if any(role in r.labels for role in roles)]
+        self.pools = build_pools(native, device) if native else {}
+        if trtllm is not None:
+            self.trtllm_workspace = _zeroed_workspace(*trtllm, device)
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
             self._keys[role] = (record.path, cg_slot)
         self._set_decode_planner()
         self._log_reserved(keys, vllm_how)
+
+    def _trtllm_size(
+        self, config: Any, device: torch.device, records: Sequence[ResolvedResource]
+    ) -> tuple[int, str] | None:
+        """The bytes of the TRT-LLM kernels' workspace, where a phase runs one (None: none does),
+        and the setting that raises them: the bound of what the kernels touch, or a deployment's
+        floor for the label ``trtllm`` where that is more (:attr:`provenance` says which)."""
+        if not any(vllm_plans.trtllm_kernels(self.plans)):
+            return None
+        from ...calibration.versions import installed_flashinfer
+
+        need, how = vllm_plans.trtllm_workspace_bound(
+            self.plans, config, _sm_count(device), installed_flashinfer() or "unknown"
+        )
+        self.provenance[TRTLLM_PATH] = f"the bound of what the kernels touch: {how}"
+        declared = serving(records, TRTLLM_LABEL)
+        if declared is None:
+            return need, TRTLLM_SETTING
+        floor = declared.floor_mb * MIB
+        if floor > need:
+            self.provenance[TRTLLM_PATH] = (
+                f"{declared.floor_setting} ({declared.floor_mb} MB), above the bound {need:,}"
+            )
+        return max(need, floor), declared.floor_setting
 
     def _on_engine_freed(self, runner: weakref.ref[Any]) -> None:
         """Let the workspaces go with the engine whose profile made them, as vLLM frees it: its
@@ -260,17 +297,12 @@ class VllmWorkspaces(PluginState):
                     "mstar-resources: no %s workspace: no FlashInfer native %s wrapper runs "
                     "(%s runs it)", role, role, ", ".join(kernels),
                 )  # fmt: skip
-        if self.trtllm_bytes:
-            used = "; ".join(
-                f"{kernel} {role} for {plans.describe()}"
-                for plans, role, kernel in vllm_plans.trtllm_kernels(self.plans)
-            )
+        if self.trtllm_workspace is not None:
             logger.info(
-                "mstar-resources: vLLM's TRT-LLM workspace: %s bytes "
-                "(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE), made now, before vLLM sizes its KV "
-                "cache, so that its memory profile counts it; vLLM keeps it, zero-initialised as "
-                "its kernels require (%s)",
-                f"{self.trtllm_bytes:,}", used,
+                "mstar-resources: %s: %s bytes for vLLM's TRT-LLM kernels, zeroed, in place of "
+                "vLLM's VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE buffer, before vLLM sizes its KV "
+                "cache; floor from %s",
+                TRTLLM_PATH, f"{self.trtllm_bytes:,}", self.provenance[TRTLLM_PATH],
             )  # fmt: skip
         if self.kv_cache_extensible:
             where = (
@@ -282,8 +314,8 @@ class VllmWorkspaces(PluginState):
         else:
             where = "for each FlashInfer metadata builder, inside its memory profile"
         logger.info(
-            "mstar-resources: reserved %s bytes in %d FlashInfer workspaces (%s) and %s bytes of "
-            "vLLM's TRT-LLM workspace before vLLM sizes its KV cache, where vLLM as it is would "
+            "mstar-resources: reserved %s bytes in %d FlashInfer workspaces (%s) and %s bytes for "
+            "vLLM's TRT-LLM kernels before vLLM sizes its KV cache, where vLLM as it is would "
             "make %s bytes (%s) %s",
             f"{self.held_bytes:,}", len(self._workspaces), self.setting.describe(),
             f"{self.trtllm_bytes:,}", f"{self.vllm_bytes:,}", vllm_how, where,
@@ -401,6 +433,8 @@ class VllmWorkspaces(PluginState):
             return
         for pool in self.pools.values():
             pool.seal()
+        if self.trtllm_workspace is not None:
+            self.trtllm_workspace.seal()
         self.sealed_before = before
         stats = self._stats()
         logger.info(
@@ -412,7 +446,12 @@ class VllmWorkspaces(PluginState):
 
     @property
     def held_bytes(self) -> int:
+        """The native wrappers' float and int workspaces (the TRT-LLM one apart)."""
         return sum(pool.held_bytes for pool in self.pools.values())
+
+    @property
+    def trtllm_bytes(self) -> int:
+        return 0 if self.trtllm_workspace is None else self.trtllm_workspace.tensor.numel()
 
     def report(self) -> dict[str, Any]:
         """What the plugin did in this process, as plain data."""
@@ -507,9 +546,19 @@ def measured_need(
     return per_resource(measure_all(records, profile, device, show_progress=False))[0]
 
 
-def vllm_trtllm_workspace() -> Any:
-    """vLLM's own workspace of its TRT-LLM kernels (XQA, trtllm-gen), made by vLLM's function if
-    it is not yet: zero-initialised, ``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE`` bytes."""
-    import vllm.v1.attention.backends.flashinfer as backend
+def _sm_count(device: torch.device) -> int:
+    """The streaming multiprocessors of ``device``, which bound the TRT-LLM kernels' split."""
+    import torch
 
-    return backend._get_trtllm_workspace_buffer()
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def _zeroed_workspace(nbytes: int, setting: str, device: torch.device) -> Workspace:
+    """The TRT-LLM kernels' workspace: ``nbytes`` of zeros (their semaphores must start at zero,
+    and they reset them), never grown (nothing plans on it), sealed with the others."""
+    import torch
+
+    from ...attn.workspace import Workspace
+
+    tensor = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    return Workspace(tensor, TRTLLM_PATH, floor=setting)
