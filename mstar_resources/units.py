@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import TypeGuard
 
-__all__ = ["ALIGNMENT", "MIB", "is_int", "is_positive_int", "mb_to_hold", "plural", "round_up"]
+__all__ = [
+    "ALIGNMENT", "MIB", "is_int", "is_positive_int", "mb_to_hold", "plural", "release", "round_up",
+]  # fmt: skip
 
 MIB = 1 << 20
 """One MB as engines size workspaces, and as every setting here counts it: a mebibyte."""
@@ -36,3 +39,10 @@ def is_positive_int(value: object) -> TypeGuard[int]:
 def plural(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless ``n`` is 1: ``1 workspace``, ``1,024 requests``."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers at the start of ``version``, for ordering versions of FlashInfer or an
+    engine: ``0.7.2.post1`` is ``(0, 7, 2)``, ``0.35.0rc1+cu130`` is ``(0, 35, 0)``."""
+    match = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in match.group().split(".")) if match else ()

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import re
 
 from ..attn._flashinfer import plain_decode_groups
 from ..errors import ResourceConfigError
+from ..units import release
 from .profile import CalibrationProfile, PlanKind
 
 __all__ = [
@@ -46,12 +46,6 @@ def installed_flashinfer() -> str | None:
         return importlib.metadata.version("flashinfer-python")
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def release(version: str) -> tuple[int, ...]:
-    """The release numbers at the start of ``version`` (``0.7.2.post1`` -> ``(0, 7, 2)``)."""
-    match = re.match(r"\d+(\.\d+)*", version)
-    return tuple(int(part) for part in match.group().split(".")) if match else ()
 
 
 def _release(numbers: tuple[int, ...]) -> str:

@@ -11,6 +11,7 @@ that lacks a required one is left as it is, the seam named.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
 import logging
@@ -18,12 +19,15 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..calibration.versions import release
 from ..errors import ResourceConfigError
+from ..units import release
 from ._post_import import when_imported
 from .setting import AUTO, PluginSetting, Setting
+
+if TYPE_CHECKING:
+    from ..attn.workspace import WorkspacePool
 
 __all__ = [
     "EnginePlugin",
@@ -139,10 +143,43 @@ class PluginState:
         """Why no engine of this process is served (this release lacks a seam), or None."""
         self.untouched: str | None = None
         """Why the engine runs as it is (None: the plugin serves it, or has not decided)."""
+        self.pools: dict[str, WorkspacePool] = {}
+        """The engine's workspaces, by resource path."""
+        self.sealed_before: str | None = None
+        """What the workspaces were sealed before (the engine's graph capture...), once sealed."""
+        self.shared_int_wrappers = 0
+        """Decode wrappers given a shared int workspace in place of their own."""
+        self.provenance: dict[str, str] = {}
+        """By resource path: where a floor measured or derived here came from, in words."""
 
     @property
     def serving(self) -> bool:
         raise NotImplementedError
+
+    @property
+    def held_bytes(self) -> int:
+        """What the pools hold on the GPU: float and int workspaces."""
+        return sum(pool.held_bytes for pool in self.pools.values())
+
+    def report(self) -> dict[str, Any]:
+        """What the plugin did in this process, as plain data: these keys in every engine's,
+        then the engine's own."""
+        stats = [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
+        return {
+            "setting": self.setting.describe(),
+            "untouched": self.untouched,
+            "workspace_bytes": self.held_bytes,
+            "workspaces": [dataclasses.asdict(s) for s in stats],
+            "sealed_before": self.sealed_before,
+            "growths": sum(s.times_grown for s in stats),
+            "sealed_overflows": sum(s.sealed_refusals for s in stats),
+            "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
+            "shared_int_wrappers": self.shared_int_wrappers,
+            "fence_waits": sum(
+                w.fence_waits for p in self.pools.values() for w in p.int_workspaces().values()
+            ),
+            "provenance": dict(self.provenance),
+        }
 
     def block(self, reason: str) -> None:
         """Leave every engine of this process as it is, for ``reason``."""

@@ -20,8 +20,8 @@ from mstar_resources.calibration.measure import Planner
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import declared_mb_for
 from mstar_resources.calibration.shapes import Shape
-from mstar_resources.calibration.versions import installed_flashinfer, release
-from mstar_resources.units import MIB
+from mstar_resources.calibration.versions import installed_flashinfer
+from mstar_resources.units import MIB, release
 
 from ..conftest import compose_shipped
 from ..sealing import assert_sealed

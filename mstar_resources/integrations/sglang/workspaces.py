@@ -14,7 +14,7 @@ from typing import Any
 
 from ...attn._flashinfer import FLOAT_BUFFER, RECORDED_SIZE
 from ...attn.float_workspace import install_int_workspace
-from ...attn.workspace import Workspace, WorkspacePool
+from ...attn.workspace import Workspace
 from ...resolver import ResolvedResource, build_pools
 from ..plugin import PluginState
 from ..setting import AUTO
@@ -42,12 +42,10 @@ class SglangWorkspaces(PluginState):
 
     def __init__(self, setting: Setting) -> None:
         super().__init__(setting)
-        self.pools: dict[str, WorkspacePool] = {}
         self.workspaces: dict[str, Workspace] = {}
         """By role: the workspace its wrappers plan on."""
         self._by_tensor: dict[int, Workspace] = {}
         self.reserved = False
-        self.sealed_before: str | None = None
         self.backends = 0
         """SGLang FlashInfer backends given the workspaces."""
         self.own_workspaces = 0
@@ -56,10 +54,6 @@ class SglangWorkspaces(PluginState):
         """Backends built on SGLang's FlashInfer backend that run other kernels, by class."""
         self._int_sharer: weakref.ref[Any] | None = None
         """The backend whose decode wrappers share the decode workspace's int workspace."""
-        self.shared_int_wrappers = 0
-        """Decode wrappers given that int workspace in place of their own."""
-        self.provenance: dict[str, str] = {}
-        """Where each floor measured with ``auto`` came from, by resource path."""
 
     @property
     def serving(self) -> bool:
@@ -135,10 +129,6 @@ class SglangWorkspaces(PluginState):
                 gc.collect()  # the measurement's wrappers, in cycles, with what they hold
                 torch.cuda.empty_cache()
         return records
-
-    @property
-    def held_bytes(self) -> int:
-        return sum(pool.held_bytes for pool in self.pools.values())
 
     # Step 2: as SGLang builds each FlashInfer backend.
     def adopt(self, backend: Any) -> None:
@@ -227,24 +217,10 @@ class SglangWorkspaces(PluginState):
     def report(self) -> dict[str, Any]:
         """What the plugin did in this process, for logs and proofs."""
         return {
-            "setting": self.setting.describe(),
-            "untouched": self.untouched,
-            "workspace_bytes": self.held_bytes,
-            "workspaces": {w.name: w.tensor.numel() for w in self.workspaces.values()},
+            **super().report(),
             "backends": self.backends,
             "own_workspaces": self.own_workspaces,
             "other_backends": list(self.other_backends),
-            "sealed_before": self.sealed_before,
-            "growths": sum(s.times_grown for p in self.pools.values() for s in p.stats()),
-            "sealed_overflows": sum(
-                s.sealed_refusals for p in self.pools.values() for s in [*p.stats(), *p.int_stats()]
-            ),
-            "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
-            "shared_int_wrappers": self.shared_int_wrappers,
-            "fence_waits": sum(
-                w.fence_waits for p in self.pools.values() for w in p.int_workspaces().values()
-            ),
-            "provenance": dict(self.provenance),
         }
 
 

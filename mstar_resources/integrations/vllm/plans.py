@@ -363,7 +363,7 @@ def trtllm_workspace_bound(
     a DCP context run (0.33+) checks its stats against the buffer itself (``fits_workspace``)
     and otherwise runs on native wrappers, so it is given vLLM's own size, as it has now."""
     from ...attn import trtllm_workspace as bound
-    from ...calibration.versions import release
+    from ...units import release
 
     scheduler = vllm_config.scheduler_config
     batch, tokens = scheduler.max_num_seqs, scheduler.max_num_batched_tokens

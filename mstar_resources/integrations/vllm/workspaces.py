@@ -4,7 +4,6 @@ native wrappers run, handed to each wrapper as vLLM builds it, sealed before ser
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import gc
 import logging
@@ -80,7 +79,6 @@ class VllmWorkspaces(PluginState):
         self._int_builder: weakref.ref[Any] | None = None
         """The metadata builder whose decode wrappers share the decode int workspace."""
         self.shared_int_wrappers = 0
-        """Decode wrappers given the shared int workspace in place of their own."""
         self.untouched = self.blocked
         """Why vLLM runs as it is (None: the plugin serves it)."""
         self.plans: list[BuilderPlans] = []
@@ -98,15 +96,13 @@ class VllmWorkspaces(PluginState):
         self.trtllm_workspace: Workspace | None = None
         """The workspace of vLLM's TRT-LLM kernels (XQA, trtllm-gen), where a phase runs one:
         zeroed, at the bound of what they touch, in place of vLLM's 394 MiB buffer."""
-        self.sealed_before: str | None = None
-        """What the workspaces were sealed before: vLLM's graph capture, or its first request."""
+        self.sealed_before = None
         self.unexpected: list[str] = []
         """Wrappers vLLM built for a phase its builders said they would not run natively."""
         self._unplanned_pages: set[int] = set()
         self._builders: weakref.WeakSet[Any] = weakref.WeakSet()
         """The FlashInfer metadata builders served (each would have made its own buffer in V1)."""
-        self.provenance: dict[str, str] = {}
-        """By resource path: where its floor came from, in words."""
+        self.provenance = {}
         self._set_decode_planner()
 
     @property
@@ -445,26 +441,18 @@ class VllmWorkspaces(PluginState):
         )  # fmt: skip
 
     @property
-    def held_bytes(self) -> int:
-        """The native wrappers' float and int workspaces (the TRT-LLM one apart)."""
-        return sum(pool.held_bytes for pool in self.pools.values())
-
-    @property
     def trtllm_bytes(self) -> int:
         return 0 if self.trtllm_workspace is None else self.trtllm_workspace.tensor.numel()
 
     def report(self) -> dict[str, Any]:
         """What the plugin did in this process, as plain data."""
-        stats = self._stats()
         return {
-            "setting": self.setting.describe(),
-            "untouched": self.untouched,
+            **super().report(),
             "builders_planned": [
                 {"group": p.describe(), "kernels": dict(p.kernels), "q_dtypes": dict(p.q_dtypes)}
                 for p in self.plans
             ],
             "native_roles": self.native_roles(),
-            "workspace_bytes": self.held_bytes,
             "trtllm_workspace_bytes": self.trtllm_bytes,
             "vllm_bytes_per_builder": self.vllm_bytes,
             "vllm_bytes_outside_budget": self.vllm_bytes if self.vllm_outside_budget else 0,
@@ -475,17 +463,7 @@ class VllmWorkspaces(PluginState):
             ),
             "builders": len(self._builders),
             "sealed": self.sealed,
-            "sealed_before": self.sealed_before,
-            "growths": sum(s.times_grown for s in stats),
-            "sealed_overflows": sum(s.sealed_refusals for s in stats),
             "unexpected_wrappers": list(self.unexpected),
-            "workspaces": [dataclasses.asdict(s) for s in stats],
-            "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
-            "shared_int_wrappers": self.shared_int_wrappers,
-            "fence_waits": sum(
-                w.fence_waits for p in self.pools.values() for w in p.int_workspaces().values()
-            ),
-            "provenance": dict(self.provenance),
         }
 
 

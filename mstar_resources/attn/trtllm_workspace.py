@@ -1,0 +1,188 @@
+"""Upper bounds on the workspace of FlashInfer's TRT-LLM decode kernels, XQA (Hopper, SM120) and
+trtllm-gen (SM100), as read in FlashInfer 0.6.14, 0.6.16.post3, 0.6.18.post1, 0.7.0.post1,
+0.7.2.post1 and 0.7.4 (paths under ``flashinfer/``; the same arithmetic in each unless said).
+
+Each bound covers every launch of up to ``batch`` requests: the kernels lay out their scratch by
+the launch grid (requests, heads, page-table width), never by the sequences' actual lengths.
+"""
+
+from __future__ import annotations
+
+MIB = 1 << 20
+# decode.py xqa_batch_decode_with_kv_cache: workspace[:8 MiB] is the semaphores, the rest scratch.
+XQA_SEMAPHORE_BYTES = 8 * MIB
+# data/csrc/xqa/mha.cu: ctaTile.x = warpTile.x (64) * ctaShapeInWarps.x (4) KV tokens per CTA tile.
+XQA_MHA_TILE_TOKENS = 256
+# data/csrc/xqa/mha_sm90.cu: gemm0CtaTileNbTokens = 64.
+XQA_SM90_TILE_TOKENS = 64
+# data/csrc/xqa/defines.h M_TILESIZE: rows (query head x token) per CTA under SPEC_DEC in mha.cu.
+XQA_SPEC_DEC_ROWS = 32
+# data/csrc/xqa/mha_sm90.cu Q_HEADS_PER_CTA: rows per CTA under SPEC_DEC without SWAP_AB.
+XQA_SM90_SPEC_DEC_ROWS = 64
+# data/csrc/trtllm_fmha_kernel_launcher.cu kTrtllmGenSoftmaxStatsGuardBytes.
+TRTLLM_GEN_STATS_GUARD_BYTES = 1 * MIB
+# include/flashinfer/trtllm/fmha/fmhaKernels.cuh: every tileSizeQ the kernel selection sets is at
+# most 128 (GQA candidates {128, 64, 32, 16, 8}; MLA 8 to 64, sparse MLA its heads, <= 128).
+TRTLLM_GEN_MAX_STEP_Q = 128
+# 0.6.14 trtllm_fmha_kernel_launcher.cu: counters of 8192 x 256 uint32 at the workspace's head.
+TRTLLM_GEN_COUNTER_BYTES_0_6_14 = 8192 * 256 * 4
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _cdiv(a, b) * b
+
+
+def _positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def xqa_sub_seqs_per_seq(*, batch: int, num_kv_heads: int, max_seq_len: int, sm_count: int) -> int:
+    """``nbSubSeqPerSeq`` of ``launchMHAFlashInfer`` (mha.cu): CTAs splitting one sequence."""
+    return min(max(1, sm_count // (batch * num_kv_heads)), _cdiv(max_seq_len, XQA_MHA_TILE_TOKENS))
+
+
+def _mha_scratch(b: int, hkv: int, group: int, head_dim: int, seq: int, sms: int, q: int) -> int:
+    # mha.cu kernel_mha, multi-block branch: MemSegmenter (utils.h; each segment aligned to its
+    # element size) carves rowMax[n], rowSum[n] (SMemWarpRowMax: 128 B per 32 rows) then n
+    # Vec<ScratchBuf, nbHeadSlices>: rows x padded head (headElems, mha.h) x 2-byte input elements.
+    n = xqa_sub_seqs_per_seq(batch=b, num_kv_heads=hkv, max_seq_len=seq, sm_count=sms)
+    if n == 1:  # isMultiBlock is gridDim.x != 1: no scratch, no semaphore
+        return 0
+    rows, seqs = group, b * hkv
+    if q > 1:  # SPEC_DEC: rowsPerBlock rows; gridDim.y = kv heads x token blocks
+        rows, seqs = XQA_SPEC_DEC_ROWS, b * hkv * _cdiv(q * group, XQA_SPEC_DEC_ROWS)
+    head_elems = next(e for e in (64, 128, 256, 512) if head_dim <= e)
+    buf, row_max, sub = rows * head_elems * 2, 128 * _cdiv(rows, 32), n * seqs
+    return _round_up(2 * sub * row_max, buf) + sub * buf
+
+
+def _sm90_scratch(b: int, hkv: int, group: int, head_dim: int, seq: int, sms: int, q: int) -> int:
+    # launchHopperF8MHAFlashInfer (mha_sm90.cu): round(floor(3 SMs / (b x kv heads)) x 0.25),
+    # capped by the 64-token tiles; ScratchMem: rowSumMax (8 B per row) then tokens, both aligned
+    # to one chunk of rows x head_dim x 2 B, over maxNbSubSeq x kv heads x b x nbInputSeqSplit.
+    n = min(max(1, (3 * sms // (b * hkv) + 2) // 4), _cdiv(seq, XQA_SM90_TILE_TOKENS))
+    if n == 1:
+        return 0
+    shapes = [(group, 1)]  # (ctaNbValidQHeads, nbInputSeqSplit)
+    if q > 1:  # SWAP_AB (q x group <= 32) or Q_HEADS_PER_CTA rows of 64 // group tokens
+        rows = XQA_SM90_SPEC_DEC_ROWS
+        shapes = [(q * group, 1)] if q * group <= 32 else []
+        shapes.append((rows, _cdiv(q, max(1, rows // group))))
+    out = 0
+    for rows, split in shapes:
+        chunk, chunks = rows * head_dim * 2, n * hkv * b * split
+        out = max(out, _round_up(chunks * 8 * rows, chunk) + chunks * chunk)
+    return out
+
+
+def xqa_workspace_bytes(
+    *,
+    batch: int,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_seq_len: int,
+    sm_count: int,
+    q_len_per_req: int = 1,
+    hopper_fp8_kv: bool = False,
+) -> int:
+    """Bytes of ``workspace_buffer`` ``xqa_batch_decode_with_kv_cache`` can touch: the 8 MiB
+    semaphore region plus the largest multi-block scratch over every batch size up to ``batch``.
+
+    Parameters
+    ----------
+    batch : int
+        Largest number of requests in one call.
+    num_qo_heads, num_kv_heads : int
+        Query and KV heads of the layer (per rank).
+    head_dim : int
+        Head dimension (16 to 512, a multiple of 16).
+    max_seq_len : int
+        Widest page table in tokens (``block_tables.shape[-1] * page_size``: xqa.py reads the
+        length from the table's width, not from ``seq_lens`` or the ``max_seq_len`` argument).
+    sm_count : int
+        Streaming multiprocessors of the device (``get_device_sm_count``).
+    q_len_per_req : int
+        Query tokens per request (speculative decoding when above 1).
+    hopper_fp8_kv : bool
+        An fp8 KV cache on SM90, where xqa.py may run ``mha_sm90.cu``: the bound then covers both.
+    """
+    _positive(batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+              head_dim=head_dim, max_seq_len=max_seq_len, sm_count=sm_count,
+              q_len_per_req=q_len_per_req)  # fmt: skip
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of "
+                         f"num_kv_heads={num_kv_heads}")  # fmt: skip
+    if head_dim % 16 or head_dim > 512:
+        raise ValueError(f"head_dim must be a multiple of 16 up to 512, got {head_dim!r}")
+    group = num_qo_heads // num_kv_heads
+    kernels = [_mha_scratch] + ([_sm90_scratch] if hopper_fp8_kv else [])
+    args = (num_kv_heads, group, head_dim, max_seq_len, sm_count, q_len_per_req)
+    # Splitting needs b x kv heads <= SMs / 2, so larger batches add no scratch.
+    scratch = max(k(b, *args) for k in kernels for b in range(1, min(batch, sm_count) + 1))
+    return XQA_SEMAPHORE_BYTES + scratch
+
+
+def trtllm_gen_softmax_stats_bytes(*, batch: int, num_qo_heads: int, max_q_len: int) -> int:
+    """The LSE softmax-stats allocation of trtllm_fmha_kernel_launcher.cu (made only when LSE is
+    returned, in context and generation runs): heads x batch x round_up(max_q_len, 256) float2
+    plus a 1 MiB guard."""
+    _positive(batch=batch, num_qo_heads=num_qo_heads, max_q_len=max_q_len)
+    return num_qo_heads * batch * _round_up(max_q_len, 256) * 8 + TRTLLM_GEN_STATS_GUARD_BYTES
+
+
+def trtllm_gen_workspace_bytes(
+    *,
+    batch: int,
+    num_qo_heads: int,
+    head_dim_vo: int,
+    sm_count: int,
+    max_q_len: int = 1,
+    return_lse: bool = False,
+    counters_in_workspace: bool = False,
+    max_step_q: int = TRTLLM_GEN_MAX_STEP_Q,
+) -> int:
+    """Bytes of ``workspace_buffer`` ``trtllm_batch_decode_with_kv_cache`` (trtllm-gen) can touch.
+
+    Layout (trtllm_fmha_kernel_launcher.cu, AlignedAllocator of 16-byte steps): [counters] |
+    [softmax stats, with LSE] | multi-CTA KV scratch. The scratch holds partial stats for
+    max(SMs, CTAs) x stepQ float2 and partial O of CTAs x stepQ x headDimPerCtaV x 2 B
+    (kernelParams.h setKernelParams, fmhaReduction.cu). Without the opt-in multi-wave split the
+    KV split is min(.., SMs // base CTAs) (fmhaKernels.cuh computeCtaAndClusterConfig), so a split
+    launch has at most SMs CTAs, each with headDimPerCtaV (x2 for 2-CTA MMA) <= head_dim_vo; the
+    multi-wave split checks its partials against the scratch left and otherwise falls back.
+
+    Parameters
+    ----------
+    batch : int
+        Largest number of requests in one call.
+    num_qo_heads : int
+        Query heads of the layer (per rank).
+    head_dim_vo : int
+        Head dimension of V and the output.
+    sm_count : int
+        Streaming multiprocessors of the device.
+    max_q_len : int
+        Query tokens per request.
+    return_lse : bool
+        Whether the call returns LSE (or passes ``lse``), which adds the softmax stats.
+    counters_in_workspace : bool
+        FlashInfer 0.6.14 keeps 8 MiB of multi-CTA counters at the workspace's head; from
+        0.6.16.post3 they are a separate ``multi_ctas_kv_counter_buffer``.
+    max_step_q : int
+        Largest query tile of the kernels that may run.
+    """
+    _positive(batch=batch, num_qo_heads=num_qo_heads, head_dim_vo=head_dim_vo,
+              sm_count=sm_count, max_q_len=max_q_len, max_step_q=max_step_q)  # fmt: skip
+    head = TRTLLM_GEN_COUNTER_BYTES_0_6_14 if counters_in_workspace else 0
+    if return_lse:
+        head += trtllm_gen_softmax_stats_bytes(
+            batch=batch, num_qo_heads=num_qo_heads, max_q_len=max_q_len
+        )
+    return _round_up(head, 16) + sm_count * max_step_q * (8 + 2 * head_dim_vo)

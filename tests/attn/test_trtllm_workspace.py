@@ -1,0 +1,152 @@
+"""The TRT-LLM decode workspace bounds: the kernels' layouts worked by hand, their properties over
+batch and length sweeps, and trtllm-gen's LSE carve-out against vLLM's own check of it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from mstar_resources.attn.trtllm_workspace import (
+    MIB,
+    XQA_SEMAPHORE_BYTES,
+    trtllm_gen_softmax_stats_bytes,
+    trtllm_gen_workspace_bytes,
+    xqa_sub_seqs_per_seq,
+    xqa_workspace_bytes,
+)
+
+H200_SMS = 132
+B200_SMS = 148
+
+
+def xqa(**kwargs: int | bool) -> int:
+    args: dict[str, int | bool] = dict(batch=512, num_qo_heads=40, num_kv_heads=8, head_dim=128,
+                                       max_seq_len=32768, sm_count=H200_SMS)  # fmt: skip
+    return xqa_workspace_bytes(**{**args, **kwargs})
+
+
+def test_xqa_hand_computed_mha_layout():
+    # 40/8 heads: 5 query rows per CTA. 132 SMs over 8 KV heads split a request into at most
+    # 132 // (8 b) sub-sequences: b = 1, 2, 4, 8 give 16, 8, 4, 2 of them, 128 in all.
+    sub_seqs = 128
+    row_max = 32 * 4  # SMemWarpRowMax: float[1][8 quads][4] for up to 32 rows
+    partial = 5 * 128 * 2  # ScratchBuf x nbHeadSlices: 5 rows x 128 elements x 2 B
+    rows_end = 2 * sub_seqs * row_max  # rowMax then rowSum
+    aligned = -(-rows_end // partial) * partial  # the partials' segment aligns to its size
+    assert aligned == 33280
+    assert xqa() == XQA_SEMAPHORE_BYTES + aligned + sub_seqs * partial == 8_585_728
+
+
+def test_xqa_hand_computed_sm90_layout():
+    # One request, a 512-token table, fp8 KV on Hopper: mha_sm90.cu splits into
+    # min(round((3 x 132 // 8) / 4), 512 / 64) = min(12, 8) = 8 sub-sequences per KV head, where
+    # mha.cu's 256-token tiles allow only 2; its chunks are 5 rows x 128 x 2 B with 8 B of stats
+    # a row, the stats segment rounded up to a chunk.
+    chunks, chunk = 8 * 8, 5 * 128 * 2
+    sm90 = -(-(chunks * 8 * 5) // chunk) * chunk + chunks * chunk
+    mha = xqa(batch=1, max_seq_len=512)
+    assert mha == XQA_SEMAPHORE_BYTES + 5120 + 16 * chunk  # 2 x 8 sub-sequences
+    assert xqa(batch=1, max_seq_len=512, hopper_fp8_kv=True) == XQA_SEMAPHORE_BYTES + sm90 > mha
+
+
+def test_xqa_speculative_tokens_share_the_split_count():
+    # q_len 16 x group 4 = 64 rows: two 32-row token blocks per KV head, each its own sequence
+    # for the scratch, while the split count still counts only requests x KV heads.
+    blocks, sub_seqs = 2, 128
+    partial = 32 * 128 * 2  # the row stats (2 x 256 x 128 B) end on a multiple of it
+    expected = XQA_SEMAPHORE_BYTES + 2 * blocks * sub_seqs * 128 + blocks * sub_seqs * partial
+    assert xqa(num_qo_heads=32, q_len_per_req=16) == expected
+
+
+def test_xqa_no_split_leaves_only_the_semaphores():
+    assert xqa(max_seq_len=256) == XQA_SEMAPHORE_BYTES  # one tile: nothing to split
+    assert xqa(sm_count=15) == XQA_SEMAPHORE_BYTES  # 15 // 8 < 2 CTAs a sequence
+    assert xqa(sm_count=16) > XQA_SEMAPHORE_BYTES
+
+
+@pytest.mark.parametrize("heads", [(32, 8), (40, 8), (64, 8), (8, 1), (128, 16), (16, 2)])
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
+def test_xqa_bound_is_monotone_and_holds_the_semaphores(heads, head_dim):
+    qo, kv = heads
+    batches, lens = [1, 2, 3, 7, 8, 16, 33, 512], [16, 256, 257, 1024, 4096, 32768, 131072]
+    for hopper_fp8_kv, q_len in itertools.product((False, True), (1, 3)):
+        if head_dim > 256 and (hopper_fp8_kv or q_len > 1):
+            continue
+        grid = [[xqa(batch=b, max_seq_len=n, num_qo_heads=qo, num_kv_heads=kv, head_dim=head_dim,
+                     hopper_fp8_kv=hopper_fp8_kv, q_len_per_req=q_len) for n in lens]
+                for b in batches]  # fmt: skip
+        for row in grid:
+            assert row == sorted(row) and row[0] >= XQA_SEMAPHORE_BYTES
+        for column in zip(*grid, strict=True):
+            assert list(column) == sorted(column)
+        assert grid[-1][-1] < XQA_SEMAPHORE_BYTES + 64 * MIB
+
+
+def test_xqa_split_count_never_exceeds_the_sms():
+    for b, kv, n in itertools.product(range(1, 70), (1, 2, 8), (16, 4096, 131072)):
+        split = xqa_sub_seqs_per_seq(batch=b, num_kv_heads=kv, max_seq_len=n, sm_count=H200_SMS)
+        assert split == 1 or (split * b * kv <= H200_SMS and 2 * b * kv <= H200_SMS)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"batch": 0}, "batch must be a positive integer, got 0"),
+        ({"num_qo_heads": 36}, "num_qo_heads=36 is not a multiple of num_kv_heads=8"),
+        ({"head_dim": 100}, "head_dim must be a multiple of 16 up to 512, got 100"),
+        ({"sm_count": -1}, "sm_count must be a positive integer, got -1"),
+    ],
+)
+def test_xqa_errors_name_the_setting(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        xqa(**kwargs)
+
+
+def vllm_fits_workspace(q_lens: list[int], num_qo_heads: int, nbytes: int) -> bool:
+    """vLLM 0.33.0 and 0.34.0, vllm/v1/attention/backends/flashinfer.py,
+    TrtllmDCPContextWrapper.fits_workspace, on plain lists."""
+    batch_size = len(q_lens)
+    max_q_len = max(q_lens)
+    stats_bytes = num_qo_heads * batch_size * (-(-max_q_len // 256) * 256) * 8
+    return stats_bytes + (1 << 20) <= nbytes
+
+
+@pytest.mark.parametrize("heads", [1, 8, 32, 40, 128])
+def test_trtllm_gen_stats_match_vllm_fits_workspace(heads):
+    for batch, q_len in itertools.product((1, 7, 512, 1024), (1, 4, 255, 256, 257, 8192)):
+        need = trtllm_gen_softmax_stats_bytes(batch=batch, num_qo_heads=heads, max_q_len=q_len)
+        q_lens = [1] * (batch - 1) + [q_len]
+        assert vllm_fits_workspace(q_lens, heads, need)
+        assert not vllm_fits_workspace(q_lens, heads, need - 1)
+
+
+def test_trtllm_gen_hand_computed_layout():
+    # 40 heads, head dim 128, 148 SMs: at most 148 split CTAs of up to 128 query rows, each with
+    # a float2 of partial stats and 128 two-byte partial outputs a row.
+    scratch = 148 * 128 * (8 + 128 * 2)
+    assert scratch == 5_001_216
+    base = dict(batch=512, num_qo_heads=40, head_dim_vo=128, sm_count=B200_SMS)
+    assert trtllm_gen_workspace_bytes(**base) == scratch
+    stats = 40 * 512 * 256 * 8 + MIB
+    assert trtllm_gen_workspace_bytes(**base, return_lse=True) == stats + scratch
+    counters = 8192 * 256 * 4
+    with_counters = trtllm_gen_workspace_bytes(**base, counters_in_workspace=True)
+    assert with_counters == counters + scratch
+
+
+def test_trtllm_gen_bound_is_monotone():
+    for lse in (False, True):
+        grid = [[trtllm_gen_workspace_bytes(batch=b, num_qo_heads=32, head_dim_vo=128,
+                                            sm_count=sms, max_q_len=q, return_lse=lse)
+                 for b in (1, 8, 512) for q in (1, 4, 300)] for sms in (78, 132, 148)]  # fmt: skip
+        for row in grid:  # batch and query length add softmax stats only
+            assert row == sorted(row) and (lse or len(set(row)) == 1)
+        for column in zip(*grid, strict=True):
+            assert list(column) == sorted(column)
+
+
+def test_trtllm_gen_errors_name_the_setting():
+    with pytest.raises(ValueError, match="max_q_len must be a positive integer, got 0"):
+        trtllm_gen_workspace_bytes(batch=1, num_qo_heads=8, head_dim_vo=128, sm_count=1,
+                                   max_q_len=0)  # fmt: skip
