@@ -46,10 +46,9 @@ SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(ROOT))
 
 import vllm_proof  # noqa: E402
-from vllm_proof import INIT_STD, MAX_OUTPUT, TRACE, VOCAB, digest  # noqa: E402
+from vllm_proof import INIT_STD, VOCAB, digest, trace_requests  # noqa: E402
 
 from mstar_resources.calibration.deployments import calibrated_name  # noqa: E402
-from mstar_resources.replay.trace_file import read_trace  # noqa: E402
 
 PLUGIN_SETTING = "MSTAR_RESOURCES_SGLANG"
 SGLANG_SIZE = "SGLANG_FLASHINFER_WORKSPACE_SIZE"
@@ -201,11 +200,7 @@ def engine_args(case: Case) -> dict[str, Any]:
 def prompts(case: Case) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) for each request: the trace's first rows that fit,
     seeded ids, outputs capped at ``vllm_proof.MAX_OUTPUT``."""
-    trace = read_trace(
-        TRACE, max_model_len=min(case.context_length, 2048), vocab_size=VOCAB, seed=0,
-        step_ms=1.0, limit=case.requests,
-    )  # fmt: skip
-    return [(list(r.prompt()), min(r.output_len, MAX_OUTPUT)) for r in trace.requests()]
+    return trace_requests(min(case.context_length, 2048), case.requests)
 
 
 def describe(step: Case | Calibration, out: Path) -> str:
