@@ -59,7 +59,7 @@ from mstar_resources.errors import ResourceConfigError
 from mstar_resources.resolver import ResolvedResource
 from mstar_resources.units import MIB
 
-from _args import one_of, positive_int, refuse, run_main
+from _args import count, one_of, refuse, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 if TYPE_CHECKING:  # imported where the curve is measured: its arguments are checked without it
@@ -68,6 +68,7 @@ if TYPE_CHECKING:  # imported where the curve is measured: its arguments are che
 DEPLOYMENT = "llama3-8b-h200"
 TOKENS = [8192, 16384, 32768, 65536]
 SEQS = [256, 1024]
+MOST_TOKENS, MOST_SEQS = 1 << 20, 1 << 16  # far past any engine's limits
 ENGINES = ["vLLM", "SGLang"]
 CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
 
@@ -399,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--tokens",
-        type=positive_int,
+        type=count(MOST_TOKENS),
         nargs="+",
         default=TOKENS,
         metavar="N",
@@ -407,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--seqs",
-        type=positive_int,
+        type=count(MOST_SEQS),
         nargs="+",
         default=SEQS,
         metavar="N",

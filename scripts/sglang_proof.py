@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -49,6 +50,8 @@ import vllm_proof  # noqa: E402
 from vllm_proof import INIT_STD, VOCAB, digest, trace_requests  # noqa: E402
 
 from mstar_resources.calibration.deployments import calibrated_name  # noqa: E402
+
+from _args import DAY, output_folder, run_main, seconds  # noqa: E402
 
 PLUGIN_SETTING = "MSTAR_RESOURCES_SGLANG"
 SGLANG_SIZE = "SGLANG_FLASHINFER_WORKSPACE_SIZE"
@@ -506,12 +509,13 @@ def main() -> None:
     )
     parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES,
                         help="which runs of each group (default: both)")  # fmt: skip
-    parser.add_argument("--budget", type=float, default=float("inf"),
+    parser.add_argument("--budget", type=seconds(math.inf), default=math.inf,
                         help="seconds for all steps: a step that would start later is left "
                         "out")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("sglang-proof"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-sglang-models"))
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a step may take")
+    parser.add_argument("--timeout", type=seconds(DAY), default=300.0,
+                        help="seconds a step may take, at most a day")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the steps, start none")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -519,6 +523,7 @@ def main() -> None:
     if args.run:
         _run_here(args)
         return
+    output_folder(parser, "--out", args.out)
     cases = [c for group in args.cases for c in group_cases(group) if c.side in args.sides]
     steps = plan(cases)
     if args.dry_run:
@@ -552,4 +557,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -44,7 +44,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mstar_resources.files import write_whole  # noqa: E402
 from mstar_resources.units import mb_to_hold  # noqa: E402
+
+from _args import DAY, count, output_folder, run_main, seconds  # noqa: E402
 
 TRACE = ROOT / "scripts" / "data" / "azure-conv-2023-first-2000.csv"
 """Prompt and output lengths of a public trace (scripts/data/README.md)."""
@@ -756,14 +759,16 @@ def main() -> None:
                         f"({', '.join(USERS_CASES)})")  # fmt: skip
     parser.add_argument(
         "--budget",
-        type=float,
+        type=seconds(math.inf),
         default=math.inf,
         help="seconds for all runs: a run that would start later is left out",
     )
-    parser.add_argument("--requests", type=int, default=128, help="trace rows a shape serves")
+    parser.add_argument("--requests", type=count(1 << 16), default=128,
+                        help="trace rows a shape serves")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("vllm-proof"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))
-    parser.add_argument("--timeout", type=float, default=400.0, help="seconds a run may take")
+    parser.add_argument("--timeout", type=seconds(DAY), default=400.0,
+                        help="seconds a run may take, at most a day")  # fmt: skip
     parser.add_argument("--file-floors", nargs="*", default=[], metavar="GROUP",
                         help="in these groups (crash, llama3-8b...), after the run with the "
                         "plugin's auto, one with the floors it measured as a deployment file: "
@@ -780,6 +785,7 @@ def main() -> None:
     if args.run:
         _run_here(args)
         return
+    output_folder(parser, "--out", args.out)
     if args.in_turn:
         cases = [Case(**c) for c in json.loads(args.in_turn)]
         run_in_turn(cases, Path(args.models), Path(args.result))
@@ -856,8 +862,8 @@ def write_summary(results: dict[str, dict[str, Any]], path: Path) -> None:
         | {"digest": digest(r["tokens"]) if r.get("tokens") else None}
         for name, r in results.items()
     }
-    path.write_text(json.dumps(summary, indent=1))
+    write_whole(path, json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)
