@@ -56,6 +56,7 @@ from mstar_resources.calibration.engine_buffers import engine_buffers_mb
 from mstar_resources.calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from mstar_resources.calibration.record import Machine
 from mstar_resources.errors import ResourceConfigError
+from mstar_resources.files import write_whole
 from mstar_resources.resolver import ResolvedResource
 from mstar_resources.units import MIB
 
@@ -470,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     machine = Machine.here(device)
     print(f"measured on {machine}")
     if options.json:
-        options.json.write_text(json.dumps(as_json(deployment, results, asdict(machine)), indent=2))
+        write_whole(
+            options.json, json.dumps(as_json(deployment, results, asdict(machine)), indent=2)
+        )
         print(f"json: {options.json}")
     if options.png:
         plot(deployment, results, options.png)
