@@ -11,7 +11,9 @@ import importlib.resources
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir, initialize_config_module
@@ -27,12 +29,27 @@ from . import compose_errors
 from .compose_errors import DEPLOYMENT_GROUP, not_a_choice
 from .errors import ResourceConfigError
 
-__all__ = ["SHIPPED_CONF", "Composition", "compose_deployment", "deployment_options",
-           "group_options", "hydra_on", "register_settings", "shipped_deployments"]  # fmt: skip
+__all__ = ["SHIPPED_CONF", "ComposedTree", "Composition", "compose_deployment",
+           "deployment_options", "group_options", "hydra_on", "register_settings",
+           "shipped_deployments"]  # fmt: skip
 
 SHIPPED_CONF = "pkg://mstar_resources.conf"
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError,
                   RecursionError)  # fmt: skip
+
+
+@dataclass
+class ComposedTree:
+    """The keys the shipped tree composes at the top, typed node by node by their own schemas: the
+    schema a program that is no app (an engine's plugin) composes with, and the base of each app's
+    settings."""
+
+    resources: Any = None
+    """The resource tree (``conf/resources``), each resource typed as ``Resource``."""
+    calibration: Any = None
+    """The deployment's calibration profile, if it has one (``CalibrationProfile``)."""
+    calibrated: Any = None
+    """What calibration measured, in a ``..._calibrated`` deployment."""
 
 
 def shipped_deployments() -> Path:

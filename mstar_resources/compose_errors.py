@@ -26,7 +26,7 @@ DEPLOYMENT_GROUP = "deployment"  # its options are `# @package _global_`: keys o
 OPTION_NOUNS = {"resources": "resource tree"}  # what one option is called, if not the group's name
 NO_DEPLOYMENT = "none"
 """The shipped tree's empty deployment: listed among the options, never offered as the closest to
-a misspelt name (it is no deployment, and calibration and the replay refuse it)."""
+a misspelt name (it is no deployment, and calibration refuses it)."""
 NODE_EXPECTS: dict[type, str] = {BooleanNode: "true or false", IntegerNode: "a whole number",
                                  FloatNode: "a number", StringNode: "a string",
                                  ListConfig: "a list, e.g. [a, b]",

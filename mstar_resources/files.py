@@ -1,4 +1,4 @@
-"""Files this library writes (a calibrated deployment, a replay's report): whole or not at all,
+"""Files this library writes (a calibrated deployment): whole or not at all,
 into a folder checked before any GPU work."""
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ def serving(
 ) -> ResolvedResource | None:
     """The first of ``records`` that serves ``label`` in CUDA-graph slot ``cg_slot`` (None:
     eagerly; :data:`ANY_SLOT`: in any), or None where none does. The one answer to which
-    resource serves a plan: the replay's and the engines' plugins ask it."""
+    resource serves a plan: the engines' plugins ask it."""
     for record in records:
         if label in record.labels and (
             cg_slot == ANY_SLOT or cg_slot in (record.cg_slots or (None,))

@@ -16,36 +16,68 @@ from typing import NoReturn
 
 from mstar_resources.apps.stdout import guarded_stdout
 from mstar_resources.errors import did_you_mean
+from mstar_resources.files import folder_problem
+
+DAY = 86_400.0
+"""The longest a run may be given (``--timeout``), in seconds."""
+INTERRUPTED = 130
+"""The status of a run that Ctrl-C ended: 128 + SIGINT, as a shell reports it (and the apps)."""
 
 
 def run_main(main: Callable[[], int | None]) -> NoReturn:
-    """A benchmark's entry point: ``main()``'s status, and a stdout that fails (``> /dev/full``,
-    ``| head``) ended in one line, as the apps end it (``mstar_resources/apps/stdout.py``)."""
-    with guarded_stdout(Path(sys.argv[0]).name):
-        status = main()
+    """A benchmark's entry point: ``main()``'s status; a stdout that fails (``> /dev/full``,
+    ``| head``) ended in one line, as the apps end it (``mstar_resources/apps/stdout.py``), and
+    Ctrl-C in one line too, status 130, once the temporary files are gone (each benchmark keeps
+    them in a ``with`` block, which an interruption leaves as any exception does)."""
+    prog = Path(sys.argv[0]).name
+    try:
+        with guarded_stdout(prog):
+            status = main()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED)
     sys.exit(status)
 
 
-def positive_int(text: str) -> int:
-    """A count (rounds, repeats, resources, ranks): a whole number of 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return value
+def count(most: int) -> Callable[[str], int]:
+    """A count (rounds, repeats, resources, ranks): a whole number from 1 to ``most``, the bound
+    that keeps a typo from running for hours or filling the memory."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= most:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {most:,}")
+        return value
+
+    return whole
 
 
-def non_negative_float(text: str) -> float:
-    """A duration or size that may be zero: a finite number of 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of 0 or more")
-    return value
+def seconds(most: float) -> Callable[[str], float]:
+    """A duration: a number of seconds from 0 to ``most`` (``inf``: no bound, and ``inf`` too)."""
+
+    def duration(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 <= value <= most:  # nan is in no range
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number of seconds from 0 to {most:g}"
+            )
+        return value
+
+    return duration
+
+
+def output_folder(parser: argparse.ArgumentParser, flag: str, folder: Path) -> None:
+    """Ends the run (:func:`refuse`) where files could not be written into ``folder``, made if
+    missing, before anything runs; it leaves nothing behind."""
+    problem = folder_problem(folder)
+    if problem is not None:
+        refuse(parser, flag, folder, problem)
 
 
 def one_of(options: Collection[str], what: str, fix: str = "") -> Callable[[str], str]:

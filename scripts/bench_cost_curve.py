@@ -56,10 +56,11 @@ from mstar_resources.calibration.engine_buffers import engine_buffers_mb
 from mstar_resources.calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from mstar_resources.calibration.record import Machine
 from mstar_resources.errors import ResourceConfigError
+from mstar_resources.files import write_whole
 from mstar_resources.resolver import ResolvedResource
 from mstar_resources.units import MIB
 
-from _args import one_of, positive_int, refuse, run_main
+from _args import count, one_of, refuse, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 if TYPE_CHECKING:  # imported where the curve is measured: its arguments are checked without it
@@ -68,6 +69,7 @@ if TYPE_CHECKING:  # imported where the curve is measured: its arguments are che
 DEPLOYMENT = "llama3-8b-h200"
 TOKENS = [8192, 16384, 32768, 65536]
 SEQS = [256, 1024]
+MOST_TOKENS, MOST_SEQS = 1 << 20, 1 << 16  # far past any engine's limits
 ENGINES = ["vLLM", "SGLang"]
 CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
 
@@ -399,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--tokens",
-        type=positive_int,
+        type=count(MOST_TOKENS),
         nargs="+",
         default=TOKENS,
         metavar="N",
@@ -407,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--seqs",
-        type=positive_int,
+        type=count(MOST_SEQS),
         nargs="+",
         default=SEQS,
         metavar="N",
@@ -469,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     machine = Machine.here(device)
     print(f"measured on {machine}")
     if options.json:
-        options.json.write_text(json.dumps(as_json(deployment, results, asdict(machine)), indent=2))
+        write_whole(
+            options.json, json.dumps(as_json(deployment, results, asdict(machine)), indent=2)
+        )
         print(f"json: {options.json}")
     if options.png:
         plot(deployment, results, options.png)

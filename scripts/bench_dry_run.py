@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _args import positive_int, run_main
+from _args import count, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 GOAL_RATIO = 2.0
@@ -113,7 +113,7 @@ def plot(medians: dict[str, float], png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--rounds", type=positive_int, default=7, help="interleaved rounds (default 7)"
+        "--rounds", type=count(1000), default=7, help="interleaved rounds (default 7)"
     )
     add_png_option(parser)
     options = parser.parse_args(argv)

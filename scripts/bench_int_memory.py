@@ -24,7 +24,7 @@ import torch
 from mstar_resources import WorkspacePool
 from mstar_resources.units import MIB
 
-from _args import positive_int, run_main
+from _args import count, run_main
 
 QO, KV, HEAD_DIM, PAGE, CONTEXT = 32, 8, 128, 16, 1024
 VLLM_GRAPH_SIZES = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
@@ -105,12 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--batch-sizes",
-        type=positive_int,
+        type=count(1 << 16),
         nargs="+",
         default=VLLM_GRAPH_SIZES,
         help="the decode wrappers' CUDA-graph batch sizes (default: vLLM 0.33's 51)",
     )
-    parser.add_argument("--int-mb", type=positive_int, default=1, help="the shared int floor")
+    parser.add_argument("--int-mb", type=count(1 << 10), default=1, help="the shared int floor")
     options = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_int_memory: needs a CUDA GPU with FlashInfer", file=sys.stderr)

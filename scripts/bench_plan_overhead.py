@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _args import non_negative_float, positive_int, refuse, run_main
+from _args import count, refuse, run_main, seconds
 from _plot import add_png_option, check_png, pyplot, save
 
 DECODE_PLAN_US = 220.0  # FlashInfer's decode plan on an H200 (see the FlashInfer notes)
@@ -279,12 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     # Many short rounds: a drift in the machine's speed within a round is small, and the median
     # over rounds leaves out the rounds that something else on the machine disturbed.
-    parser.add_argument("--rounds", type=positive_int, default=41, help="ABBA rounds (default 41)")
+    parser.add_argument("--rounds", type=count(1000), default=41, help="ABBA rounds (default 41)")
     parser.add_argument(
         "--min-run-time",
-        type=non_negative_float,
+        type=seconds(1.0),
         default=0.02,
-        help="seconds per measurement (default 0.02)",
+        help="seconds per measurement, at most 1 (default 0.02)",
     )
     add_png_option(parser)
     options = parser.parse_args(argv)

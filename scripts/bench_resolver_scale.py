@@ -28,7 +28,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mstar_resources import build_pools, resolve
 
-from _args import positive_int, run_main
+from _args import count, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 SIZES = [10, 100, 1_000]
@@ -99,16 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--sizes",
-        type=positive_int,
+        type=count(FULL_SIZE),
         nargs="+",
         default=SIZES,
-        help="tree sizes (default 10 100 1000)",
+        help=f"tree sizes, at most {FULL_SIZE:,} (default 10 100 1000)",
     )
     parser.add_argument(
         "--full", action="store_true", help=f"the full sweep: also {FULL_SIZE:,} resources"
     )
     parser.add_argument(
-        "--repeats", type=positive_int, default=5, help="repeats per median (default 5)"
+        "--repeats", type=count(1000), default=5, help="repeats per median (default 5)"
     )
     add_png_option(parser)
     options = parser.parse_args(argv)

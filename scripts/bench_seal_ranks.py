@@ -42,11 +42,12 @@ import torch.multiprocessing as mp
 from mstar_resources import WorkspacePool
 from mstar_resources.units import MIB
 
-from _args import positive_int, refuse, run_main
+from _args import count, refuse, run_main
 from _plot import add_png_option, check_png, pyplot, save
 
 RANKS = [2, 4]
 FULL_RANKS = 8  # 8 processes importing torch: only in the full sweep
+MOST_RANKS = 64  # a process each
 WARMUP_ROUNDS = 3
 GROWN_BYTES = 2 * MIB
 """What rank 0's planned overflow grows one workspace to (twice the floor)."""
@@ -264,7 +265,11 @@ def plot(rows: list[Row], png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--ranks", type=positive_int, nargs="+", default=RANKS, help="world sizes (default 2 4)"
+        "--ranks",
+        type=count(MOST_RANKS),
+        nargs="+",
+        default=RANKS,
+        help=f"world sizes, at most {MOST_RANKS} (default 2 4)",
     )
     parser.add_argument("--full", action="store_true", help=f"also {FULL_RANKS} ranks")
     parser.add_argument(
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         default="gloo",
         help="gloo: pools on the CPU (default); nccl: rank r on cuda:r, one GPU per rank",
     )
-    parser.add_argument("--rounds", type=positive_int, default=30, help="timed rounds (default 30)")
+    parser.add_argument("--rounds", type=count(1000), default=30, help="timed rounds (default 30)")
     add_png_option(parser)
     options = parser.parse_args(argv)
     check_png(parser, options.png)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import statistics
 import time
@@ -38,7 +39,7 @@ from vllm_proof import (
     write_summary,
 )
 
-from _args import positive_int, run_main
+from _args import DAY, count, output_folder, run_main, seconds
 
 AUTO = "auto"
 
@@ -206,20 +207,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="model depths, in layers")  # fmt: skip
     parser.add_argument(
         "--max-num-seqs",
-        type=positive_int,
+        type=count(1 << 16),
         nargs="+",
         default=[256, 512],
         help="vLLM's max_num_seqs (each run serves as many requests)",
     )
     parser.add_argument(
         "--rounds",
-        type=positive_int,
+        type=count(100),
         default=5,
         help="runs each way, per configuration (at least 5 for the median)",
     )
     parser.add_argument(
         "--budget",
-        type=float,
+        type=seconds(math.inf),
         default=float("inf"),
         help="seconds for all runs: a run that would start later is left out",
     )
@@ -230,11 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", action="store_true",
                         help="after each configuration's runs, one with the plugin's layers of "
                         "each decode plan timed, to see where its cost goes")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=400.0, help="seconds a run may take")
+    parser.add_argument("--timeout", type=seconds(DAY), default=400.0,
+                        help="seconds a run may take, at most a day")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench-vllm"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))
     parser.add_argument("--dry-run", action="store_true", help="print the runs, start none")
     args = parser.parse_args(argv)
+    output_folder(parser, "--out", args.out)
     configs = [Config(d, n) for d in args.depths for n in args.max_num_seqs]
     runs = order(configs, args.rounds, args.parts)
     if args.dry_run:

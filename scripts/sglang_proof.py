@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -46,10 +47,11 @@ SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(ROOT))
 
 import vllm_proof  # noqa: E402
-from vllm_proof import INIT_STD, MAX_OUTPUT, TRACE, VOCAB, digest  # noqa: E402
+from vllm_proof import INIT_STD, VOCAB, digest, trace_requests  # noqa: E402
 
 from mstar_resources.calibration.deployments import calibrated_name  # noqa: E402
-from mstar_resources.replay.trace_file import read_trace  # noqa: E402
+
+from _args import DAY, output_folder, run_main, seconds  # noqa: E402
 
 PLUGIN_SETTING = "MSTAR_RESOURCES_SGLANG"
 SGLANG_SIZE = "SGLANG_FLASHINFER_WORKSPACE_SIZE"
@@ -201,11 +203,7 @@ def engine_args(case: Case) -> dict[str, Any]:
 def prompts(case: Case) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) for each request: the trace's first rows that fit,
     seeded ids, outputs capped at ``vllm_proof.MAX_OUTPUT``."""
-    trace = read_trace(
-        TRACE, max_model_len=min(case.context_length, 2048), vocab_size=VOCAB, seed=0,
-        step_ms=1.0, limit=case.requests,
-    )  # fmt: skip
-    return [(list(r.prompt()), min(r.output_len, MAX_OUTPUT)) for r in trace.requests()]
+    return trace_requests(min(case.context_length, 2048), case.requests)
 
 
 def describe(step: Case | Calibration, out: Path) -> str:
@@ -511,12 +509,13 @@ def main() -> None:
     )
     parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES,
                         help="which runs of each group (default: both)")  # fmt: skip
-    parser.add_argument("--budget", type=float, default=float("inf"),
+    parser.add_argument("--budget", type=seconds(math.inf), default=math.inf,
                         help="seconds for all steps: a step that would start later is left "
                         "out")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("sglang-proof"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-sglang-models"))
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a step may take")
+    parser.add_argument("--timeout", type=seconds(DAY), default=300.0,
+                        help="seconds a step may take, at most a day")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the steps, start none")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -524,6 +523,7 @@ def main() -> None:
     if args.run:
         _run_here(args)
         return
+    output_folder(parser, "--out", args.out)
     cases = [c for group in args.cases for c in group_cases(group) if c.side in args.sides]
     steps = plan(cases)
     if args.dry_run:
@@ -557,4 +557,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

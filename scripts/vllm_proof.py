@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import functools
 import hashlib
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -42,10 +44,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mstar_resources.replay.trace_file import read_trace  # noqa: E402
+from mstar_resources.files import write_whole  # noqa: E402
 from mstar_resources.units import mb_to_hold  # noqa: E402
 
-TRACE = ROOT / "tests" / "replay" / "data" / "azure-conv-2023-first-2000.csv"
+from _args import DAY, count, output_folder, run_main, seconds  # noqa: E402
+
+TRACE = ROOT / "scripts" / "data" / "azure-conv-2023-first-2000.csv"
+"""Prompt and output lengths of a public trace (scripts/data/README.md)."""
 VOCAB = 1024
 MAX_OUTPUT = 256
 """Output lengths of the trace are capped here, so a run takes seconds."""
@@ -267,14 +272,28 @@ def build_model(shape: Shape, folder: Path) -> Path:
     return path
 
 
+def trace_requests(max_model_len: int, rows: int) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) of the trace's first ``rows`` rows, as an engine serves
+    them: a prompt of ``max_model_len`` tokens or more is left out, an output cut to end there and
+    capped at ``MAX_OUTPUT``. The trace holds lengths only: each prompt's ids are drawn from
+    ``random.Random`` seeded by the next 64 bits of ``random.Random(0)``, in the file's order."""
+    with TRACE.open(newline="") as file:
+        lengths = [(int(row["ContextTokens"]), int(row["GeneratedTokens"]))
+                   for row in itertools.islice(csv.DictReader(file), rows)]  # fmt: skip
+    seeds = random.Random(0)
+    found = []
+    for prompt_len, output_len in lengths:
+        if prompt_len < max_model_len:
+            ids = random.Random(seeds.getrandbits(64)).choices(range(VOCAB), k=prompt_len)
+            found.append((ids, min(output_len, max_model_len - prompt_len, MAX_OUTPUT)))
+    return found
+
+
 def prompts(case: Case) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) for each request: lengths from the trace's first rows;
     every ``long_every``-th prompt as long as ``max_model_len`` lets it, seeded ids."""
     longest = case.max_model_len if case.long_every else min(case.max_model_len, 2048)
-    trace = read_trace(
-        TRACE, max_model_len=longest, vocab_size=VOCAB, seed=0, step_ms=1.0, limit=case.requests
-    )  # fmt: skip
-    found = [(list(r.prompt()), min(r.output_len, MAX_OUTPUT)) for r in trace.requests()]
+    found = trace_requests(longest, case.requests)
     if case.long_every:
         draw = random.Random(1)
         # The trace file's rows that fit, then their lengths again with other ids, up to the count.
@@ -740,14 +759,16 @@ def main() -> None:
                         f"({', '.join(USERS_CASES)})")  # fmt: skip
     parser.add_argument(
         "--budget",
-        type=float,
+        type=seconds(math.inf),
         default=math.inf,
         help="seconds for all runs: a run that would start later is left out",
     )
-    parser.add_argument("--requests", type=int, default=128, help="trace rows a shape serves")
+    parser.add_argument("--requests", type=count(1 << 16), default=128,
+                        help="trace rows a shape serves")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("vllm-proof"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))
-    parser.add_argument("--timeout", type=float, default=400.0, help="seconds a run may take")
+    parser.add_argument("--timeout", type=seconds(DAY), default=400.0,
+                        help="seconds a run may take, at most a day")  # fmt: skip
     parser.add_argument("--file-floors", nargs="*", default=[], metavar="GROUP",
                         help="in these groups (crash, llama3-8b...), after the run with the "
                         "plugin's auto, one with the floors it measured as a deployment file: "
@@ -764,6 +785,7 @@ def main() -> None:
     if args.run:
         _run_here(args)
         return
+    output_folder(parser, "--out", args.out)
     if args.in_turn:
         cases = [Case(**c) for c in json.loads(args.in_turn)]
         run_in_turn(cases, Path(args.models), Path(args.result))
@@ -840,8 +862,8 @@ def write_summary(results: dict[str, dict[str, Any]], path: Path) -> None:
         | {"digest": digest(r["tokens"]) if r.get("tokens") else None}
         for name, r in results.items()
     }
-    path.write_text(json.dumps(summary, indent=1))
+    write_whole(path, json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

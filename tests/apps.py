@@ -51,7 +51,7 @@ def run_cli(
 def run_help(python: list[str] | None = None) -> subprocess.CompletedProcess:
     """``python --help`` (default: the dry run) as :func:`run_cli` runs it, in an empty folder that
     it must leave empty; run once a test process, for every test that reads that help (the help of
-    the calibration and of the replay composes each deployment to list those with a profile: some
+    calibration composes each deployment to list those with a profile: some
     1.5 s of CPU a run)."""
     return _help(tuple(python or DRY_RUN))
 

@@ -42,8 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """What is alive once the tests are collected (torch, Hydra, every test module and item:
     some 230,000 objects) lives to the end: frozen out of the garbage collector's sight, so that
-    each full collection while the tests run (the replay's ``gc.collect()`` after each run, and
-    the interpreter's own) walks only what was made since."""
+    each full collection while the tests run walks only what was made since."""
     gc.collect()
     gc.freeze()
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from mstar_resources.apps.calibrate_settings import CalibrateSettings
-from mstar_resources.apps.replay_settings import ReplaySettings
 from mstar_resources.apps.settings import DryRunSettings
 
 from .apps import run_cli, run_help
@@ -23,12 +22,10 @@ from .apps import run_cli, run_help
 ROOT = Path(__file__).parents[1]
 DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]
 CALIBRATE = [sys.executable, "-m", "mstar_resources.apps.calibrate"]
-REPLAY = [sys.executable, str(ROOT / "scripts" / "replay.py")]
 ENGINE = [sys.executable, "-m", "tests.engine.app"]
 APPS = [
     pytest.param(DRY_RUN, "mstar-resources", DryRunSettings, id="dry-run"),
     pytest.param(CALIBRATE, "mstar-resources-calibrate", CalibrateSettings, id="calibrate"),
-    pytest.param(REPLAY, "replay", ReplaySettings, id="replay"),
 ]
 TREE = {"resources", "calibration", "calibrated"}  # the composed tree, not the app's settings
 
@@ -60,9 +57,8 @@ def test_help_lists_every_setting_of_the_app(python, prog, settings):
     assert "deployment=" in done.stdout and "resources.<path>.<field>=" in done.stdout
 
 
-@pytest.mark.parametrize("python", [CALIBRATE, REPLAY], ids=["calibrate", "replay"])
-def test_help_offers_only_deployments_with_a_profile(python):
-    done = run_help(python)
+def test_calibration_s_help_offers_only_deployments_with_a_profile():
+    done = run_help(CALIBRATE)
     offered = next(line for line in done.stdout.splitlines() if "deepseek-v3-tp8-h200," in line)
     assert "llama3-8b-h200_calibrated" in offered
     assert "none" not in offered.split(": ", 1)[1].split(", ")
@@ -89,12 +85,10 @@ def test_a_reader_that_goes_away_ends_it_quietly(tmp_path, python, flag):
     assert status == 0  # whether or not it had something left to print
 
 
-@pytest.mark.parametrize("python", [CALIBRATE, REPLAY], ids=["calibrate", "replay"])
-def test_errors_point_at_a_command_that_exists(tmp_path, python):
-    done = run_cli("deployment=nope", cwd=tmp_path, python=python)
-    command = "mstar-resources-calibrate" if python is CALIBRATE else "python scripts/replay.py"
+def test_calibration_s_errors_point_at_a_command_that_exists(tmp_path):
+    done = run_cli("deployment=nope", cwd=tmp_path, python=CALIBRATE)
     assert done.returncode == 2
-    assert f"`{command} --help` lists the settings" in done.stderr
+    assert "`mstar-resources-calibrate --help` lists the settings" in done.stderr
 
 
 BUGGY_APP = """

@@ -22,16 +22,13 @@ from .conftest import VAR
 ROOT = Path(__file__).parents[1]
 DRY_RUN = [sys.executable, "-m", "mstar_resources.apps.dry_run"]
 CALIBRATE = [sys.executable, "-m", "mstar_resources.apps.calibrate"]
-REPLAY = [sys.executable, str(ROOT / "scripts" / "replay.py")]
 APPS = [
     pytest.param(DRY_RUN, "mstar-resources", id="dry-run"),
     pytest.param(CALIBRATE, "mstar-resources-calibrate", id="calibrate"),
-    pytest.param(REPLAY, "replay", id="replay"),
 ]
 PRIMARY_CONFIG = {
     "mstar-resources": "mstar_resources",
     "mstar-resources-calibrate": "mstar_resources_calibrate",
-    "replay": "replay",
 }
 D = "resources.attn.decode.declared_mb"
 A_DEPLOYMENT = "llama3-8b-h200"  # listed in every app's choices
@@ -380,9 +377,8 @@ def test_a_reader_that_reads_one_line_gets_status_0_every_time(tmp_path, args):
 
 @pytest.mark.parametrize(
     ("python", "setting"),
-    [(None, "format: json"), (None, "device: cuda"), (CALIBRATE, "margin: 0.5"),
-     (REPLAY, "layers: 2")],
-    ids=["dry-run-format", "dry-run-device", "calibrate-margin", "replay-layers"],
+    [(None, "format: json"), (None, "device: cuda"), (CALIBRATE, "margin: 0.5")],
+    ids=["dry-run-format", "dry-run-device", "calibrate-margin"],
 )  # fmt: skip
 def test_a_deployment_file_that_sets_an_apps_setting_is_refused_naming_it(
     tmp_path: Path, python: list[str] | None, setting: str

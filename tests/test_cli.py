@@ -194,8 +194,9 @@ BAD_INPUT = [
     pytest.param(["--config-name=nope"], {},
                  r"--config-name=nope is not a config of this app; pick one of mstar_resources, "
                  r"or add --config-dir DIR for one of your own", id="config-name-unknown"),
-    pytest.param(["--config-name=replay"], {},  # the replay's, in the same search path
-                 r"--config-name=replay is not a config of this app; pick one of mstar_resources,",
+    pytest.param(["--config-name=mstar_resources_calibrate"], {},  # calibration's, same path
+                 r"--config-name=mstar_resources_calibrate is not a config of this app \(did you "
+                 r"mean mstar_resources\?\); pick one of mstar_resources,",
                  id="config-name-another-apps"),
     pytest.param(["deployment=llama3-8b-h100"], {},
                  r"deployment=llama3-8b-h100 is not a deployment \(did you mean "

@@ -16,12 +16,12 @@ LAYERS = {
     "calibration's terms": "calibration.profile calibration.record calibration.engine_plans "
     "calibration.engine_buffers calibration.versions conf",
     "calibration's measuring": "calibration",
-    "the replay": "replay",
-    "the apps": "__init__ apps",
     "the engine integrations": "integrations",
+    "the apps": "__init__ apps",
 }
 """Bottom to top. A module is in the layer of its name, else of its folder's (a new module of
-``calibration/`` is measuring until listed); ``__init__`` is the package's: the facade."""
+``calibration/`` is measuring until listed); ``__init__`` is the package's: the facade. The
+engines' plugins sit below the apps: what an engine loads imports no app."""
 LAYER_OF = {name: i for i, names in enumerate(LAYERS.values()) for name in names.split()}
 PATHS = {".".join(p.relative_to(ROOT / "mstar_resources").with_suffix("").parts)
          .removesuffix(".__init__"): p for p in ROOT.glob("mstar_resources/**/*.py")}  # fmt: skip
@@ -91,10 +91,12 @@ def test_no_import_runs_upward_nor_in_a_circle_of_modules_or_rooms():
 
 def test_the_checks_find_an_upward_import_and_circles():
     graph = {"errors": {"apps.dry_run"}, "apps.dry_run": set(),  # upward
+             "integrations.setting": {"apps.settings"}, "apps.settings": set(),  # a plugin: too
              "attn.pool": {"attn.buffer", "_internal.floor"}, "attn.buffer": {"attn.pool"},
              "_internal.floor": set(), "_internal.limits": {"attn.buffer"}}  # fmt: skip
     assert upward(graph) == ["_internal.limits imports attn.buffer (the core)",
-                             "errors imports apps.dry_run (the apps)"]  # fmt: skip
+                             "errors imports apps.dry_run (the apps)",
+                             "integrations.setting imports apps.settings (the apps)"]  # fmt: skip
     assert circles(graph) == ["attn.buffer", "attn.pool"]
     assert circles(rooms(graph)) == ["_internal", "attn"]  # no module circle, a room circle
 
@@ -112,5 +114,5 @@ def test_every_app_is_in_the_apps_folder():
         if (isinstance(node, ast.Call) and ast.unparse(node.func) in ("hydra_app", "hydra.main"))
         or (isinstance(node, ast.Compare) and ast.unparse(node) == "__name__ == '__main__'")
     }  # fmt: skip
-    assert {"apps.dry_run", "apps.calibrate", "apps.replay"} <= apps
+    assert {"apps.dry_run", "apps.calibrate"} <= apps
     assert [app for app in sorted(apps) if not app.startswith("apps.")] == []

@@ -469,7 +469,7 @@ def test_build_pools_takes_the_tree_or_the_records_resolve_gave():
 
 
 def test_serving_finds_the_resource_of_a_label_in_a_slot_eagerly_or_in_any():
-    """The one lookup of which resource serves a plan (the replay's and the vLLM plugin's)."""
+    """The one lookup of which resource serves a plan (the engines' plugins')."""
     from mstar_resources.resolver import serving
 
     records = resolve(

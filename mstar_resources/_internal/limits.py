@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import Problem
 from .floor import number_text
 
-__all__ = ["MAX_NAME", "argument_problem", "bounds", "expects", "name_problem", "problems"]
+__all__ = ["MAX_NAME", "bounds", "expects", "name_problem", "problems"]
 
 MAX_NAME = 128
 """The most characters an owner or a label may have: each is printed in every table row, log line
@@ -101,27 +101,6 @@ def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
             )
         )
     return found
-
-
-_SYMBOLS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
-
-
-def argument_problem(
-    name: str, value: object, *, whole: bool = False, of: str = "", note: str = "", **bounds: float
-) -> str | None:
-    """What is wrong with a function's argument ``name``, the same rule as a field's: a number
-    (a whole one where ``whole``; never a bool) within ``bounds``; None if it is fine. ``of``
-    names its unit (``milliseconds``), ``note`` ends the sentence (``, or None``)."""
-    accepted = int if whole else int | float
-    if isinstance(value, accepted) and not isinstance(value, bool) and _within(value, bounds):
-        return None
-    if whole and bounds == {"ge": 1}:
-        takes = f"a positive whole number{f' of {of}' if of else ''}"
-    else:
-        kind = "whole number" if whole else "finite number"
-        limits = "".join(f" {_SYMBOLS[bound]} {_text(limit)}" for bound, limit in bounds.items())
-        takes = f"a {kind}{f' of {of}' if of else ''}{limits}"
-    return f"{name}={value!r} must be {takes}{note}"
 
 
 def name_problem(setting: str, value: object) -> str | None:

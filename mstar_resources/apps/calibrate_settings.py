@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from .._internal.limits import bounds
 from ..calibration.override import DEFAULT_MARGIN
-from .settings import ComposedTree
+from ..compose import ComposedTree
 
 __all__ = ["CalibrateSettings"]
 

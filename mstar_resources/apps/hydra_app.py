@@ -26,10 +26,16 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ..compose import SHIPPED_CONF, Composition, group_options, hydra_on, register_settings
+from ..compose import (
+    SHIPPED_CONF,
+    ComposedTree,
+    Composition,
+    group_options,
+    hydra_on,
+    register_settings,
+)
 from ..compose_errors import DEPLOYMENT_GROUP, not_a_choice
 from ..errors import ResourceConfigError
-from .settings import ComposedTree
 from .stdout import guarded_stdout
 
 __all__ = ["fail", "hydra_app", "package_version", "register_options_resolver",

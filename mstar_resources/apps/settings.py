@@ -1,9 +1,10 @@
-"""The dry run's settings, and the tree every app's settings compose at the top.
+"""The dry run's settings.
 
-Each app's settings are the schema of its primary config and sit beside the app
-(``calibrate_settings.py``, ``replay_settings.py``). Each app registers its own in Hydra's
-ConfigStore when it runs, as ``<primary config>_settings`` (``mstar_resources_settings``,
-``mstar_resources_calibrate_settings``, ``replay_settings``: see ``hydra_app.hydra_app``), and its
+Each app's settings are the schema of its primary config, extend the composed tree
+(:class:`~mstar_resources.compose.ComposedTree`) and sit beside the app
+(``calibrate_settings.py``). Each app registers its own in Hydra's ConfigStore when it runs, as
+``<primary config>_settings`` (``mstar_resources_settings``,
+``mstar_resources_calibrate_settings``: see ``hydra_app.hydra_app``), and its
 primary config in ``conf/`` lists it first, so a bad value (``format=xml``, ``margin=lots``) or a
 misspelled setting fails while Hydra composes, naming the key. Each field's ``expects`` is how an
 error says what it takes.
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
-__all__ = ["ComposedTree", "DryRunSettings", "OutputFormat"]
+from ..compose import ComposedTree
+
+__all__ = ["DryRunSettings", "OutputFormat"]
 
 
 class OutputFormat(Enum):
@@ -25,18 +27,6 @@ class OutputFormat(Enum):
     """Aligned columns, for people."""
     json = "json"
     """One JSON document on stdout and nothing else, for programs."""
-
-
-@dataclass
-class ComposedTree:
-    """The keys the shipped tree composes at the top: typed node by node by their own schemas."""
-
-    resources: Any = None
-    """The resource tree (``conf/resources``), each resource typed as ``Resource``."""
-    calibration: Any = None
-    """The deployment's calibration profile, if it has one (``CalibrationProfile``)."""
-    calibrated: Any = None
-    """What calibration measured, in a ``..._calibrated`` deployment."""
 
 
 @dataclass

@@ -131,8 +131,14 @@ def declared_floors(
 ) -> dict[str, Any]:
     """A resource tree (``into``, else a new one) whose measured resources declare their needs
     as floors: ``declared_mb`` the need plus ``margin`` in whole MB, and ``int_declared_mb`` the
-    int need the same way, or 0 where none was measured (the wrappers keep their own, as
-    FlashInfer 0.7's MLA wrappers do, so none is reserved for them)."""
+    int need the same way, or 0 where it is None (the wrappers keep their own int workspaces, as
+    FlashInfer 0.7's MLA wrappers and an engine's prefill wrappers do, so none is reserved).
+
+    The one conversion of measured needs to floors: calibration writes its file with it, and an
+    engine plugin's ``auto`` builds its tree with it (``margin`` 0), a resource whose wrappers
+    keep their own int workspace given ``int_need_bytes=None``. Each value is rounded by
+    :func:`~mstar_resources.calibration.record.declared_mb_for`, which a calibrated record is
+    checked against."""
     resources = {} if into is None else into
     for m in measured:
         node = resources

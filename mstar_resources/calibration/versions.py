@@ -1,7 +1,7 @@
 """Which FlashInfer versions can plan what a profile asks for. Torch-free: checked before any GPU
 work, naming the feature, the version it needs and the version installed.
 
-Calibration and the replay run on FlashInfer 0.6.6 and newer: every kind but ``mla`` plans there
+Calibration runs on FlashInfer 0.6.6 and newer: every kind but ``mla`` plans there
 (measured by growth, as 0.6.x wrappers have no ``workspace_size()`` query). FlashInfer 0.7.2 brought
 the MLA planning API this project uses (``MLAPlanMetadata``) and ``q_len_per_req`` on the decode
 wrapper's ``plan()``.
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 OLDEST = (0, 6, 6)
-"""The oldest FlashInfer calibration and the replay are checked on."""
+"""The oldest FlashInfer calibration is checked on."""
 
 MLA_SINCE = (0, 7, 2)
 """FlashInfer's MLA wrapper takes an ``MLAPlanMetadata`` from this version on."""

@@ -114,8 +114,7 @@ class PluginSetting:
         """The shipped tree composed with deployment ``value``: a name of the shipped
         deployments, or the path of a deployment file in a ``deployment/`` folder of a config
         dir."""
-        from ..apps.settings import ComposedTree
-        from ..compose import compose_deployment, deployment_options
+        from ..compose import ComposedTree, compose_deployment, deployment_options
         from ..compose_errors import NO_DEPLOYMENT
 
         named, off = self.assignment(value), self.off

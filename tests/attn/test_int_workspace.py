@@ -462,10 +462,10 @@ def test_the_fence_makes_one_event_record_and_one_query_every_eight_plans(monkey
     for _ in range(plans):
         workspace.plan(wrapper.plan)
         stream.run(len(stream.queue))  # the GPU keeps up
-    assert PLANS_PER_EVENT == 8 and PINNED_MIRRORS == 10
-    assert calls["record"] == plans // 8
-    # The first group is asked for by plan 10, the last by plan 794: one query each.
-    assert calls["query"] == (plans - PINNED_MIRRORS) // 8 + 1
+    assert calls["record"] == plans // PLANS_PER_EVENT
+    # A group of plans is asked about once, by the first plan that comes back to its first
+    # mirror (plan PINNED_MIRRORS for the first group), and never again.
+    assert calls["query"] == (plans - PINNED_MIRRORS) // PLANS_PER_EVENT + 1
     assert int_workspace.fence_waits == 0
 
 

@@ -69,7 +69,7 @@ class Decode:
     def float_bytes(self, wrapper) -> int:
         """FlashInfer's own figure for what this plan needs, from its counting allocator; a test
         that compares with it skips where FlashInfer has no such query (0.6.x, whose needs
-        tests/attn/test_plan_options_gpu.py measures by growth)."""
+        tests/attn/test_wrapper_kinds_gpu.py measures by growth)."""
         if not hasattr(wrapper, "workspace_size"):
             pytest.skip("needs FlashInfer's workspace_size() query, which 0.6.x wrappers lack")
         return wrapper.workspace_size(*self.plan_args, **self.plan_kwargs)[0]

@@ -1,9 +1,13 @@
-"""Every wrapper kind an engine plans grows its workspace from a small floor and then runs exactly
-as on a large buffer: paged and ragged prefill (fa2, fa3), MLA (fa2, fa3, auto) and POD.
+"""Every wrapper kind and plan option an engine uses grows its workspace from a small floor and then
+runs exactly as on a large buffer: paged and ragged prefill (fa2, fa3; a fixed KV split, no KV
+split, planned for a CUDA graph), tensor-core decode (eager and under a CUDA graph, several query
+tokens a request, a fixed KV split, no KV split), MLA (fa2, fa3, auto) and POD.
 
-The dense kinds use test_workspace_gpu.py's heads (bf16, 32 query and 8 KV heads, head dim 128,
-page 16); MLA uses DeepSeek-V3's rank of TP8 (16 heads, compressed KV 512, rotary 64, page 64).
-Each case prints what its workspace did, for the record.
+The dense kinds use bf16, 32 query and 8 KV heads, head dim 128, page 16 (tensor-core decode and
+paged prefill share FlashInfer's prefill module, one kernel build); MLA uses DeepSeek-V3's rank of
+TP8 (16 heads, compressed KV 512, rotary 64, page 64). Runs on FlashInfer 0.6.6 and newer; the
+option that needs 0.7.2 skips on older versions, saying so. Each case prints what its workspace
+did, for the record.
 """
 
 from __future__ import annotations
@@ -17,15 +21,20 @@ import torch
 
 from mstar_resources import Workspace
 from mstar_resources.calibration.bounds import mla_bytes
+from mstar_resources.calibration.versions import (
+    MULTI_TOKEN_DECODE_SINCE,
+    installed_flashinfer,
+    release,
+)
 from mstar_resources.units import MIB
 
 pytestmark = pytest.mark.gpu
 
-KIB = 1 << 10
 QO_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 MLA_HEADS, CKV, KPE, MLA_PAGE = 16, 512, 64, 64
 DTYPE = torch.bfloat16
-SMALL_FLOOR = 64 * KIB
+DTYPES = {"q_data_type": DTYPE, "kv_data_type": DTYPE}
+SMALL_FLOOR = 64 << 10
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
@@ -37,36 +46,53 @@ def _indptr(batch: int, step: int) -> torch.Tensor:
     return torch.arange(batch + 1, dtype=torch.int32, device="cuda") * step
 
 
+def _paged(batch: int, kv_len: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    pages = -(-kv_len // PAGE)
+    last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32, device="cuda")
+    indices = torch.arange(batch * pages, dtype=torch.int32, device="cuda")
+    cache = _randn(batch * pages, 2, PAGE, KV_HEADS, HEAD_DIM, seed=kv_len)
+    return (_indptr(batch, pages), indices, last), cache
+
+
 @dataclass
 class Case:
-    """One wrapper kind: how to build it on a buffer, its plan's arguments, and its run."""
+    """One wrapper kind and its options: how to build it on a buffer, its plan's arguments, its
+    run, and whether its plan must grow a 64 KiB workspace (None: it may or may not)."""
 
     build: Callable[[torch.Tensor], Any]
     plan_args: tuple
     plan_kwargs: dict
     run: Callable[[Any], Any]
+    grows: bool | None
 
 
-def _paged(batch: int, q_len: int, kv_len: int) -> tuple[tuple, torch.Tensor]:
-    pages = -(-kv_len // PAGE)
-    last = torch.full((batch,), kv_len - (pages - 1) * PAGE, dtype=torch.int32, device="cuda")
-    indices = torch.arange(batch * pages, dtype=torch.int32, device="cuda")
-    cache = _randn(batch * pages, 2, PAGE, KV_HEADS, HEAD_DIM, seed=kv_len)
-    return (_indptr(batch, pages), indices, last, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE), cache
-
-
-def paged_prefill(backend: str) -> Case:
+def paged_prefill(
+    batch: int, q_len: int, kv_len: int, *, backend: str = "fa2", graph: bool = False, **split: Any
+) -> Case:
     import flashinfer
 
-    # A chunked-prefill tail: a few query rows over a long context split KV across the grid.
-    batch, q_len, kv_len = 1, 32, 65_536
-    paged, cache = _paged(batch, q_len, kv_len)
-    q = _randn(batch * q_len, QO_HEADS, HEAD_DIM, seed=1)
+    paged, cache = _paged(batch, kv_len)
+    qo = _indptr(batch, q_len)
+    q = _randn(batch * q_len, QO_HEADS, HEAD_DIM, seed=q_len)
+    graph_buffers: dict[str, Any] = {}
+    if graph:
+        graph_buffers = {
+            "use_cuda_graph": True,
+            "qo_indptr_buf": qo,
+            "paged_kv_indptr_buf": paged[0],
+            "paged_kv_indices_buf": paged[1],
+            "paged_kv_last_page_len_buf": paged[2],
+        }
+    # fa3 prefill may plan without the float workspace: it then need not grow.
+    grows = None if backend == "fa3" else not split.get("disable_split_kv", False)
     return Case(
-        lambda buf: flashinfer.BatchPrefillWithPagedKVCacheWrapper(buf, "NHD", backend=backend),
-        (_indptr(batch, q_len), *paged),
-        {"causal": True, "q_data_type": DTYPE, "kv_data_type": DTYPE},
+        lambda buf: flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            buf, "NHD", backend=backend, **graph_buffers
+        ),
+        (qo, *paged, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE),
+        {"causal": True, **DTYPES, **split},
         lambda wrapper: wrapper.run(q, cache),
+        grows,
     )
 
 
@@ -81,12 +107,40 @@ def ragged_prefill(backend: str) -> Case:
     return Case(
         lambda buf: flashinfer.BatchPrefillWithRaggedKVCacheWrapper(buf, "NHD", backend=backend),
         (_indptr(batch, q_len), _indptr(batch, kv_len), QO_HEADS, KV_HEADS, HEAD_DIM),
-        {"causal": True, "q_data_type": DTYPE, "kv_data_type": DTYPE},
+        {"causal": True, **DTYPES},
         lambda wrapper: wrapper.run(q, k, v),
+        None if backend == "fa3" else True,
+    )
+
+
+def decode(batch: int, kv_len: int, *, graph: bool = False, q_len: int = 1, **split: Any) -> Case:
+    """Tensor-core decode, as vLLM plans it."""
+    import flashinfer
+
+    paged, cache = _paged(batch, kv_len)
+    q = _randn(batch * q_len, QO_HEADS, HEAD_DIM, seed=q_len)
+    graph_buffers: dict[str, Any] = {}
+    if graph:
+        graph_buffers = {
+            "use_cuda_graph": True,
+            "paged_kv_indptr_buffer": paged[0],
+            "paged_kv_indices_buffer": paged[1],
+            "paged_kv_last_page_len_buffer": paged[2],
+        }
+    kwargs = {**DTYPES, **split, **({"q_len_per_req": q_len} if q_len > 1 else {})}
+    return Case(
+        lambda buf: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            buf, "NHD", use_tensor_cores=True, backend="auto", **graph_buffers
+        ),
+        (*paged, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE),
+        kwargs,
+        lambda wrapper: wrapper.run(q, cache),
+        not split.get("disable_split_kv", False),
     )
 
 
 def mla(backend: str, q_len: int) -> Case:
+    """MLA always needs its grid's partials: it must grow."""
     from flashinfer.mla import BatchMLAPagedAttentionWrapper, MLAPlanMetadata
 
     batch, kv_len = (32, 4096) if q_len == 1 else (2, 8192)
@@ -111,43 +165,56 @@ def mla(backend: str, q_len: int) -> Case:
         "page_size": MLA_PAGE,
         "causal": q_len > 1,
         "sm_scale": (128 + KPE) ** -0.5,  # DeepSeek-V3's query-key head dimension, 192
-        "q_data_type": DTYPE,
-        "kv_data_type": DTYPE,
         "query_layout": "split",
         "kv_cache_layout": "split",
+        **DTYPES,
     }
     return Case(
         lambda buf: BatchMLAPagedAttentionWrapper(buf, backend=backend),
         (),
         kwargs,
         lambda wrapper: wrapper.run(query=query, kv_cache=cache),
+        True,
     )
 
 
 def pod() -> Case:
+    """POD plans its decode with fa2 on this workspace: it must grow."""
     import flashinfer
 
     # One prompt (its own kernel half, on FlashInfer's private scratch) beside a decode batch
     # over long contexts (planned on this workspace).
     batch, kv_len, prompt = 4, 65_536, 512
-    paged, cache = _paged(batch, 1, kv_len)
+    paged, cache = _paged(batch, kv_len)
     q_d = _randn(batch, QO_HEADS, HEAD_DIM, seed=9)
     q_p = _randn(prompt, QO_HEADS, HEAD_DIM, seed=10)
     k_p = _randn(prompt, KV_HEADS, HEAD_DIM, seed=11)
     v_p = _randn(prompt, KV_HEADS, HEAD_DIM, seed=12)
     return Case(
         lambda buf: flashinfer.PODWithPagedKVCacheWrapper(buf, "NHD"),
-        paged,
-        {"q_data_type": DTYPE, "kv_data_type": DTYPE},
+        (*paged, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE),
+        DTYPES,
         lambda wrapper: wrapper.run(q_p, k_p, v_p, q_d, cache, causal_p=True),
+        True,
     )
 
 
-CASES = {
-    "paged-fa2": lambda: paged_prefill("fa2"),
-    "paged-fa3": lambda: paged_prefill("fa3"),
+CASES: dict[str, Callable[[], Case]] = {
+    # A chunked-prefill tail: a few query rows over a long context split KV across the grid.
+    "paged-fa2": lambda: paged_prefill(1, 32, 65_536),
+    "paged-fa3": lambda: paged_prefill(1, 32, 65_536, backend="fa3"),
+    "paged-fixed-split": lambda: paged_prefill(2, 32, 65_536, fixed_split_size=256),
+    "paged-no-split": lambda: paged_prefill(1, 32, 65_536, disable_split_kv=True),
+    "paged-graph": lambda: paged_prefill(4, 16, 8192, graph=True),
     "ragged-fa2": lambda: ragged_prefill("fa2"),
     "ragged-fa3": lambda: ragged_prefill("fa3"),
+    "tensor-core-decode": lambda: decode(4, 65_536),
+    "tensor-core-decode-graph": lambda: decode(16, 4096, graph=True),  # within the grid: splits
+    "tensor-core-decode-q3": lambda: decode(4, 65_536, q_len=3),
+    "tensor-core-decode-fixed-split": lambda: decode(8, 16_384, fixed_split_size=64),
+    "tensor-core-decode-graph-no-split": lambda: decode(
+        8, 16_384, graph=True, fixed_split_size=2048, disable_split_kv=True
+    ),
     "mla-decode-fa2": lambda: mla("fa2", 1),
     "mla-decode-fa3": lambda: mla("fa3", 1),
     "mla-decode-auto": lambda: mla("auto", 1),
@@ -155,9 +222,6 @@ CASES = {
     "mla-prefill-fa3": lambda: mla("fa3", 64),
     "pod": pod,
 }
-# fa2 splits these shapes' KV, MLA always needs its grid's partials, POD plans its decode with
-# fa2: all must grow. fa3 prefill may plan without the float workspace; it must then not grow.
-MUST_GROW = {name for name in CASES if "fa3" not in name or name.startswith("mla")}
 
 
 def _outputs(result: Any) -> tuple[torch.Tensor, ...]:
@@ -166,26 +230,33 @@ def _outputs(result: Any) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_plan_grown_from_a_small_floor_runs_as_on_a_large_buffer(name):
+    if name.endswith("-q3"):
+        version = installed_flashinfer() or "none"
+        if release(version) < MULTI_TOKEN_DECODE_SINCE:
+            pytest.skip(
+                f"q_len_per_req in plan() needs FlashInfer 0.7.2 or newer; this is {version}"
+            )
     case = CASES[name]()
     workspace = Workspace(torch.zeros(SMALL_FLOOR, dtype=torch.uint8, device="cuda"), name)
     wrapper = case.build(workspace.tensor)
 
     workspace.plan(wrapper.plan, *case.plan_args, **case.plan_kwargs)
     grown = workspace.tensor.numel()
-    reference = case.build(torch.zeros(256 * MIB, dtype=torch.uint8, device="cuda"))
+    reference = case.build(torch.zeros(512 * MIB, dtype=torch.uint8, device="cuda"))
     reference.plan(*case.plan_args, **case.plan_kwargs)
     outputs, expected = _outputs(case.run(wrapper)), _outputs(case.run(reference))
     torch.cuda.synchronize()
 
     stats = workspace.stats()
-    print(f"{name}: {SMALL_FLOOR:,} -> {grown:,} bytes, {stats.times_grown} growths")
+    print(f"{name} (FlashInfer {installed_flashinfer()}): {SMALL_FLOOR:,} -> {grown:,} bytes, "
+          f"{stats.times_grown} growths")  # fmt: skip
     assert all(torch.equal(o, e) for o, e in zip(outputs, expected, strict=True))
-    if name in MUST_GROW:
-        assert stats.times_grown > 0
+    if case.grows is not None:
+        assert (stats.times_grown > 0) == case.grows
     if name.startswith("mla"):
         # One growth, to what bounds.py says every MLA plan on this GPU needs.
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         assert (stats.times_grown, grown) == (1, mla_bytes(CKV, sms))
-    if name.startswith("paged"):
+    if name.startswith("paged-fa"):
         # The wrapper recorded 64 KiB when it was built; it now knows the grown size.
         assert wrapper._workspace_size == grown

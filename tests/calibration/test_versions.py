@@ -1,4 +1,4 @@
-"""Which FlashInfer versions calibration and the replay take, and what they refuse on older ones:
+"""Which FlashInfer versions calibration takes, and what they refuse on older ones:
 checked before any GPU work, naming the setting, the version it needs and the one installed."""
 
 from __future__ import annotations
