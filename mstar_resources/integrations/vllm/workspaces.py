@@ -238,7 +238,9 @@ class VllmWorkspaces(PluginState):
     ) -> tuple[ResolvedResource, ...]:
         """``auto``: a resource for each natively run phase, its floor the most any builder's
         plans of that phase need, measured here."""
-        from ...calibration.record import declared_mb_for
+        import dataclasses
+
+        from ...calibration.override import declared_floors
 
         tree: dict[str, Any] = {"attn": {}}
         for role in roles:
@@ -251,18 +253,25 @@ class VllmWorkspaces(PluginState):
                 need = measured_need(profile, role, graphs, device)
                 measured[repr(profile)] = (need, plans, graphs)
             need, plans, graphs = max(measured.values(), key=lambda m: m[0].need_bytes)
-            node = vllm_plans.serving_tree(role, graphs)["attn"][role]
-            node["declared_mb"] = declared_mb_for(need.need_bytes)
+            tree["attn"][role] = vllm_plans.serving_tree(role, graphs)["attn"][role]
             # Only decode wrappers are given the int workspace (route()); vLLM's prefill wrappers
             # keep their own, so none is reserved for them, nor where no int need was measured.
             int_needs = [m.int_need_bytes for m, _, _ in measured.values()]
             shared_int = role == "decode" and None not in int_needs
             int_need = max((n for n in int_needs if n is not None), default=0)
-            node["int_declared_mb"] = declared_mb_for(int_need) if shared_int else 0
-            tree["attn"][role] = node
+            path = f"attn.{role}"
+            declared_floors(
+                [
+                    dataclasses.replace(
+                        need, path=path, int_need_bytes=int_need if shared_int else None
+                    )
+                ],
+                margin=0.0,
+                into=tree,
+            )
             others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
             int_held = f", int need {int_need:,} bytes" if shared_int else ", no int workspace"
-            self.provenance[f"attn.{role}"] = (
+            self.provenance[path] = (
                 f"measured here ({ENV_VAR}={AUTO}): need {need.need_bytes:,} bytes, worst "
                 f"{need.worst}, by {need.method}, for {plans.describe()}{others}{int_held}"
             )
