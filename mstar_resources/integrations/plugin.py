@@ -207,18 +207,34 @@ class PluginState:
             )  # fmt: skip
 
 
-@dataclass(frozen=True)
 class EnginePlugin:
     """An engine's plugin: its setting, the releases its seams were read in, the seams, and the
-    state it keeps in a process."""
+    state it keeps in a process (:meth:`active`)."""
 
-    setting: PluginSetting
-    distribution: str
-    """The engine's distribution (``vllm``), whose installed version is checked."""
-    releases: tuple[str, ...]
-    """The releases whose source every seam was read in, oldest first."""
-    seams: tuple[Seam, ...]
-    state: Callable[[Setting], PluginState]
+    def __init__(
+        self,
+        setting: PluginSetting,
+        distribution: str,
+        releases: tuple[str, ...],
+        seams: tuple[Seam, ...],
+        state: Callable[[Setting], PluginState],
+    ) -> None:
+        self.setting = setting
+        self.distribution = distribution
+        """The engine's distribution (``vllm``), whose installed version is checked."""
+        self.releases = releases
+        """The releases whose source every seam was read in, oldest first."""
+        self.seams = seams
+        self.state = state
+        self._active: PluginState | None = None
+
+    def active(self) -> PluginState | None:
+        """This process's state, where the plugin is enabled in it (None: it is not)."""
+        return self._active
+
+    def missing_seams(self, modules: Mapping[str, Any]) -> list[Seam]:
+        """The required seams that ``modules`` lack (:func:`missing_seams`)."""
+        return missing_seams(modules, self.seams)
 
     @property
     def engine(self) -> str:
@@ -253,30 +269,33 @@ class EnginePlugin:
     def read_in(self) -> str:
         return ", ".join(self.releases)
 
-    def register(self, current: PluginState | None) -> PluginState | None:
+    def register(self) -> None:
         """The engine's entry point, in each of its processes: read the setting and, where it is
-        set and the release is served, patch each seam's module as it is imported. A bad
-        setting ends the process with status 2 and one paragraph naming it (an engine logs a
-        plugin's exception and goes on, or shows its traceback). Returns this process's state
-        (``current`` where there is one already; None where the setting is unset or the release
-        is not served)."""
+        set and the release is served, patch each seam's module as it is imported; once a
+        process, and nothing at all without the setting. A bad setting ends the process with
+        status 2 and one paragraph naming it (an engine logs a plugin's exception and goes on,
+        or shows its traceback)."""
         try:
             setting = self.setting.read()
         except ResourceConfigError as error:
             print(f"mstar-resources: {error}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
-        if setting is None or current is not None:
-            return current
+        if setting is None or self._active is not None:
+            return
         state = self.state(setting)
         version = self.installed()
         problem = self.version_problem(version)
         if problem is not None:
             state.block(problem)
-            return None
+            return
         assert version is not None
+        self._active = state
         note = self.version_note(version)
         if note is not None:
             state.logger.info("mstar-resources: %s", note)
+        state.logger.info(
+            "mstar-resources: %s: %s's FlashInfer workspaces from its pools",
+            setting.describe(), self.engine,
+        )  # fmt: skip
         for module in dict.fromkeys(seam.module for seam in self.seams if seam.patch):
             when_imported(module, functools.partial(patch_module, state, self.seams))
-        return state

@@ -165,7 +165,7 @@ def test_a_release_not_read_is_served_with_one_line_saying_so(
     package = vllm if version.startswith("0.35") else sglang
     monkeypatch.setenv(package.ENV_VAR, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: version)
-    monkeypatch.setattr(package.seams, "_active", None)
+    monkeypatch.setattr(package.seams.PLUGIN, "_active", None)
     monkeypatch.setattr(engine_plugin, "when_imported", lambda module, callback: None)
     with caplog.at_level(logging.INFO, logger=package.seams.PLUGIN.state.logger.name):
         package.register()
@@ -182,7 +182,7 @@ def test_a_release_older_than_every_one_read_is_one_warning_and_left_as_it_is(
     package = ENGINES[engine][0]
     monkeypatch.setenv(package.ENV_VAR, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: "0.1.0")
-    monkeypatch.setattr(package.seams, "_active", None)
+    monkeypatch.setattr(package.seams.PLUGIN, "_active", None)
     with caplog.at_level(logging.WARNING, logger=package.PLUGIN.state.logger.name):
         package.register()
     assert package.active() is None

@@ -179,7 +179,7 @@ def test_the_plugins_settings_are_copied_to_vllms_ray_workers(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, seams.RAY_ENV, ray_env)
     monkeypatch.setenv(ENV, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: "0.26.0")
-    monkeypatch.setattr(seams, "_active", None)
+    monkeypatch.setattr(seams.PLUGIN, "_active", None)
     plugin.register()
     assert plugin.active() is not None
     assert {
@@ -190,7 +190,7 @@ def test_the_plugins_settings_are_copied_to_vllms_ray_workers(monkeypatch):
 def test_without_vllm_the_warning_says_vllm_is_not_installed(monkeypatch, caplog):
     monkeypatch.setenv(ENV, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: None)
-    monkeypatch.setattr(seams, "_active", None)
+    monkeypatch.setattr(seams.PLUGIN, "_active", None)
     with caplog.at_level(logging.WARNING, logger="vllm.plugins.mstar_resources"):
         plugin.register()
     assert plugin.active() is None

@@ -7,11 +7,9 @@ it."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..plugin import PATCHED, EnginePlugin, Seam
-from ..plugin import missing_seams as _missing
 from .setting import SGLANG
 from .workspaces import SglangWorkspaces
 
@@ -133,32 +131,11 @@ wheel of every release in :data:`READ_IN` (``scripts/engine_seams.py``)."""
 
 PLUGIN = EnginePlugin(SGLANG, "sglang", READ_IN, SEAMS, SglangWorkspaces)
 
-_active: SglangWorkspaces | None = None
-
-
-def active() -> SglangWorkspaces | None:
-    """This process's workspaces, where the plugin is enabled in it (None: it is not)."""
-    return _active
-
-
-def version_problem(version: str | None) -> str | None:
-    """Why the plugin does not serve SGLang ``version`` (None: it does, seams permitting)."""
-    return PLUGIN.version_problem(version)
-
-
-def register() -> None:
-    """SGLang's entry point (``sglang.srt.plugins``), in every SGLang process
-    (:meth:`~..plugin.EnginePlugin.register`): once a process, and nothing at all without the
-    setting."""
-    global _active
-    _active = PLUGIN.register(_active)  # type: ignore[assignment]
-    if _active is not None and _active.blocked is None:
-        _active.logger.info(
-            "mstar-resources: %s: SGLang's FlashInfer workspaces from its pools",
-            _active.setting.describe(),
-        )
-
-
-def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam] = SEAMS) -> list[Seam]:
-    """The required seams of SGLang's that ``modules`` lack (:func:`..plugin.missing_seams`)."""
-    return _missing(modules, seams)
+active = PLUGIN.active
+"""This process's workspaces, where the plugin is enabled in it (None: it is not)."""
+register = PLUGIN.register
+"""SGLang's entry point (``sglang.srt.plugins``), in every SGLang process."""
+version_problem = PLUGIN.version_problem
+"""Why the plugin does not serve a release of SGLang's (None: it does, seams permitting)."""
+missing_seams = PLUGIN.missing_seams
+"""The required seams of SGLang's that modules (by name) lack."""

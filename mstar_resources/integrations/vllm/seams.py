@@ -8,12 +8,11 @@ model (the API server, the engine core's front) never imports vLLM's model runne
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
 from ..plugin import EnginePlugin, Seam
-from ..plugin import missing_seams as _missing
 from .setting import ENV_VAR, VLLM
 from .workspaces import ROLE, V2_RUNNER, VllmWorkspaces
 
@@ -185,27 +184,11 @@ wheel of every release in :data:`READ_IN` (``scripts/engine_seams.py``)."""
 
 PLUGIN = EnginePlugin(VLLM, "vllm", READ_IN, SEAMS, VllmWorkspaces)
 
-_active: VllmWorkspaces | None = None
-
-
-def active() -> VllmWorkspaces | None:
-    """This process's workspaces, where the plugin is enabled in it (None: it is not)."""
-    return _active
-
-
-def version_problem(version: str | None) -> str | None:
-    """Why the plugin does not serve vLLM ``version`` (None: it does, seams permitting)."""
-    return PLUGIN.version_problem(version)
-
-
-def register() -> None:
-    """vLLM's entry point (``vllm.general_plugins``), in every vLLM process
-    (:meth:`~..plugin.EnginePlugin.register`): once a process, and nothing at all without the
-    setting."""
-    global _active
-    _active = PLUGIN.register(_active)  # type: ignore[assignment]
-
-
-def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam] = SEAMS) -> list[Seam]:
-    """The required seams of vLLM's that ``modules`` lack (:func:`..plugin.missing_seams`)."""
-    return _missing(modules, seams)
+active = PLUGIN.active
+"""This process's workspaces, where the plugin is enabled in it (None: it is not)."""
+register = PLUGIN.register
+"""vLLM's entry point (``vllm.general_plugins``), in every vLLM process."""
+version_problem = PLUGIN.version_problem
+"""Why the plugin does not serve a release of vLLM's (None: it does, seams permitting)."""
+missing_seams = PLUGIN.missing_seams
+"""The required seams of vLLM's that modules (by name) lack."""
