@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..errors import ResourceConfigError
 from ..units import release
@@ -207,7 +207,10 @@ class PluginState:
             )  # fmt: skip
 
 
-class EnginePlugin:
+State = TypeVar("State", bound="PluginState")
+
+
+class EnginePlugin(Generic[State]):
     """An engine's plugin: its setting, the releases its seams were read in, the seams, and the
     state it keeps in a process (:meth:`active`)."""
 
@@ -217,7 +220,7 @@ class EnginePlugin:
         distribution: str,
         releases: tuple[str, ...],
         seams: tuple[Seam, ...],
-        state: Callable[[Setting], PluginState],
+        state: Callable[[Setting], State],
     ) -> None:
         self.setting = setting
         self.distribution = distribution
@@ -226,9 +229,9 @@ class EnginePlugin:
         """The releases whose source every seam was read in, oldest first."""
         self.seams = seams
         self.state = state
-        self._active: PluginState | None = None
+        self._active: State | None = None
 
-    def active(self) -> PluginState | None:
+    def active(self) -> State | None:
         """This process's state, where the plugin is enabled in it (None: it is not)."""
         return self._active
 
