@@ -291,9 +291,8 @@ class EnginePlugin(Generic[State]):
         if problem is not None:
             state.block(problem)
             return
-        assert version is not None
         self._active = state
-        note = self.version_note(version)
+        note = None if version is None else self.version_note(version)
         if note is not None:
             state.logger.info("mstar-resources: %s", note)
         state.logger.info(
