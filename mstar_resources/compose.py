@@ -6,9 +6,13 @@ public API only; the core and the resolver do not import it."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 import inspect
+import mmap
+import re
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from hydra.version import VersionBase
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -27,13 +32,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from . import compose_errors
 from .compose_errors import DEPLOYMENT_GROUP, not_a_choice
-from .errors import ResourceConfigError
+from .errors import ResourceConfigError, did_you_mean
 
 __all__ = ["SHIPPED_CONF", "ComposedTree", "Composition", "compose_deployment",
            "deployment_options", "group_options", "hydra_on", "register_settings",
            "shipped_deployments"]  # fmt: skip
 
 SHIPPED_CONF = "pkg://mstar_resources.conf"
+GLOBAL_HEADER = "# @package _global_"
+"""The first line of a deployment file: its keys are the whole tree's."""
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError,
                   RecursionError)  # fmt: skip
 
@@ -72,8 +79,17 @@ def compose_deployment(
     plugin): a mistake raises :class:`ResourceConfigError`; the program's own Hydra is kept."""
     register_settings(config_name, settings)
     with hydra_on(SHIPPED_CONF, compose_deployment):
-        on = Composition(config_name, [f"{DEPLOYMENT_GROUP}={deployment}"], config_dir)
+        # Quoted: a file named inf.yaml, null.yaml or x,y.yaml is a name, not a number or a sweep.
+        on = Composition(config_name, [f"{DEPLOYMENT_GROUP}={quoted(deployment)}"], config_dir)
         return on.config(hydra=False)
+
+
+def quoted(text: str) -> str:
+    """``text`` as a quoted value of Hydra's override grammar, read back as ``text`` whatever it
+    holds (``,``, ``=``, ``]``, quotes, non-ASCII letters): a quote escaped, and the backslashes
+    before a quote or the end doubled."""
+    escaped = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
+    return "'" + escaped.replace("${", "\\${") + "'"
 
 
 def deployment_options(config_name: str) -> list[str]:
@@ -140,15 +156,96 @@ class Composition:
             path = list(compose(self.config_name, return_hydra_config=True).hydra.searchpath)
         except COMPOSE_ERRORS:
             path = []
-        return (f"hydra.searchpath=[{','.join([*path, f'file://{self.folder}'])}]",)
+        entries = ",".join(quoted(entry) for entry in [*path, f"file://{self.folder}"])
+        return (f"hydra.searchpath=[{entries}]",)
+
+    @functools.cache  # noqa: B019 (one Composition a command line)
+    def choices(self) -> frozenset[str]:
+        """The config groups the primary config picks an option of by default."""
+        try:
+            composed = compose(self.config_name, [*self.searchpath], return_hydra_config=True)
+        except COMPOSE_ERRORS:
+            return frozenset()
+        return frozenset(str(group) for group in composed.hydra.runtime.choices)
+
+    def deletion_problem(self, override: Override) -> str | None:
+        """Why ``~KEY`` (``override``) deletes nothing: KEY is unset (null) already, or no setting
+        of the config composed without it; None where it deletes a value."""
+        others = [text for text in self.texts if text != override.input_line]
+        try:
+            composed = compose(self.given_name or self.config_name, [*others, *self.searchpath])
+        except COMPOSE_ERRORS:  # composing with the deletion says what is wrong
+            return None
+        key = override.key_or_group
+        holder, _, name = key.rpartition(".")
+        parent = OmegaConf.select(composed, holder) if holder else composed
+        if not isinstance(parent, DictConfig):
+            return None
+        if name not in parent:
+            settings = [str(k) for k in parent]
+            close = did_you_mean(name, settings, f"{holder}." if holder else "")
+            return (f"{override.input_line} deletes {key}, which is not a setting{close}; "
+                    f"{holder or 'the config'} takes {', '.join(settings)}")  # fmt: skip
+        unset = not OmegaConf.is_missing(parent, name) and parent[name] is None
+        if not dataclasses.is_dataclass(OmegaConf.get_type(parent)) and not unset:
+            return None
+        if unset:
+            return (f"{override.input_line} deletes {key}, which is unset (null) already; leave "
+                    "the deletion out")  # fmt: skip
+        return (f"{override.input_line} deletes {key}, a setting of the schema, which stays; "
+                f"leave the deletion out, or give {key} another value")  # fmt: skip
+
+    def deployment_path(self) -> Path | None:
+        """Where the user's ``--config-dir`` would hold the deployment the overrides pick."""
+        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
+        if self.folder and names and isinstance(names[0], str):
+            return self.folder / DEPLOYMENT_GROUP / f"{names[0]}.yaml"
+        return None
 
     def deployment_file(self) -> Path | None:
         """The file of the deployment the overrides pick, where the user's ``--config-dir`` has
         it."""
-        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
-        if self.folder and names and isinstance(names[0], str):
-            path = self.folder / DEPLOYMENT_GROUP / f"{names[0]}.yaml"
-            return path if path.is_file() else None
+        path = self.deployment_path()
+        return path if path is not None and path.is_file() else None
+
+    def not_a_regular_file(self) -> str | None:
+        """The deployment the overrides pick, where the user's ``--config-dir`` holds something
+        of its name that is no file to read (a folder, a FIFO, a link to a device), which Hydra
+        would fail on or read without end."""
+        path = self.deployment_path()
+        try:
+            mode = path.stat().st_mode if path is not None else None
+        except OSError:  # not there (another folder may have it), or a broken link
+            return None
+        if mode is None or stat.S_ISREG(mode):
+            return None
+        what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
+        return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is {what}; a deployment is "
+                "a YAML file: replace it with one")  # fmt: skip
+
+    def file_problem(self) -> str | None:
+        """What the deployment file the overrides pick holds that a deployment does not take,
+        which Hydra would compose without a word: nothing at all (each floor would then be the
+        variable's, else 512 MB), or Hydra's own ``hydra:`` settings (a file PyYAML can't
+        read is Hydra's to report)."""
+        path = self.deployment_file()
+        if path is None:
+            return None
+        try:
+            text = path.read_text(encoding="utf-8")
+            body = yaml.safe_load(text)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return None
+        named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
+        if not body and text.startswith(GLOBAL_HEADER):  # without it, Hydra's error says so
+            return (f"{named} declares nothing: a deployment sets resources (or lists another "
+                    "deployment under defaults), and without them every floor would be "
+                    "MSTAR_WORKSPACE_BUFFER_MB, else 512 MB; write the deployment's settings "
+                    "into the file, or pick another")  # fmt: skip
+        if isinstance(body, dict) and "hydra" in body:
+            return (f"{named} sets hydra, Hydra's own settings, which a deployment does not "
+                    "take (an app's Hydra settings are its primary config's); take the hydra: "
+                    "block out of the file")  # fmt: skip
         return None
 
     def shadowed_file(self) -> str | None:
@@ -167,9 +264,9 @@ class Composition:
     def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
         """The overrides composed (with Hydra's config where ``hydra``), a mistake in them or in a
         config file raised as ResourceConfigError (where ``full_error``, as Hydra raised it)."""
-        shadowed = self.shadowed_file()
-        if shadowed is not None:
-            raise ResourceConfigError(shadowed)
+        refused = self.not_a_regular_file() or self.shadowed_file() or self.file_problem()
+        if refused is not None:
+            raise ResourceConfigError(refused)
         try:
             overrides = [*self.texts, *self.searchpath]
             return compose(self.given_name or self.config_name, overrides,
@@ -191,10 +288,8 @@ class Composition:
                     "again, itself or through others (a deployment whose defaults list names that "
                     "deployment, say); remove the name from that list")  # fmt: skip
         if isinstance(error, UnicodeDecodeError) and self.folder:
-            # ``error.object`` is the chunk of the file that Hydra's reader was decoding.
-            found = [p for p in sorted(self.folder.rglob("*.yaml")) if error.object
-                     and bytes(error.object) in p.read_bytes()]  # fmt: skip
-            return compose_errors.not_utf8(found[0], error) if found else None
+            found = self.file_holding(bytes(error.object))
+            return compose_errors.not_utf8(found, error) if found else None
         if name := self.given_name:  # not the other apps' configs, nor the settings'
             mine = {p.stem for p in self.folder.glob("*.yaml")} if self.folder else set()
             configs = [c for c in self.options("") if c == self.config_name or c in mine]
@@ -215,6 +310,27 @@ class Composition:
             if key in filename:
                 shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key):,} characters)"
                 return f"{shown} is not a setting: no setting or config group has so long a name"
+        return None
+
+    def file_holding(self, chunk: bytes) -> Path | None:
+        """The config file of the user's ``--config-dir`` that holds ``chunk`` (what Hydra's
+        reader was decoding when it failed), the picked deployment's first: regular files only
+        (never a FIFO, a device or a folder named ``*.yaml``), searched through a memory map, so
+        no file is read whole."""
+        picked = self.deployment_file()
+        others = sorted(self.folder.rglob("*.yaml")) if self.folder else []
+        for path in [picked, *others] if picked else others:
+            try:
+                if not stat.S_ISREG(path.stat().st_mode) or not chunk:
+                    continue
+                with (
+                    open(path, "rb") as file,
+                    mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data,
+                ):
+                    if data.find(chunk) >= 0:
+                        return path
+            except (OSError, ValueError):  # unreadable, or empty (no map of 0 bytes)
+                continue
         return None
 
     def list_index_problem(self) -> str | None:

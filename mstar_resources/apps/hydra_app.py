@@ -22,11 +22,10 @@ import yaml
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
 
 from ..compose import (
+    COMPOSE_ERRORS,
     SHIPPED_CONF,
     ComposedTree,
     Composition,
@@ -110,7 +109,7 @@ def hydra_app(
             except argparse.ArgumentError:
                 return hydra_main()  # type: ignore[no-any-return]
             on = Composition(config_name, line.overrides, line.config_dir, line.config_name)
-            refusal = _refusal(line, on, prog, invoked, compose_once)
+            refusal = _refusal(line, on, prog, invoked, compose_once, config_name)
             if refusal is not None:
                 fail(prog, refusal)
             flags = [k for k, v in vars(line).items()
@@ -158,8 +157,9 @@ def hydra_app(
 
 
 def _refusal(
-    line: argparse.Namespace, on: Composition, prog: str, invoked: str, compose_once: bool
-) -> str | None:
+    line: argparse.Namespace, on: Composition, prog: str, invoked: str, compose_once: bool,
+    config_name: str,
+) -> str | None:  # fmt: skip
     """What in the command line ``line`` the app does not run, found before anything is
     composed."""
     config_dir = line.config_dir
@@ -167,6 +167,21 @@ def _refusal(
         what = "a file" if os.path.exists(config_dir) else "not there"
         return (f"--config-dir {config_dir} is {what}; it takes a folder of configs (one with "
                 "a deployment/ folder, as mstar-resources-calibrate writes it)")  # fmt: skip
+    groups = os.path.join(config_dir or "", DEPLOYMENT_GROUP)
+    if config_dir is not None and line.config_name is None and not os.path.isdir(groups):
+        inside = os.path.basename(os.path.normpath(config_dir)) == DEPLOYMENT_GROUP
+        parent = os.path.dirname(os.path.normpath(os.path.abspath(config_dir)))
+        fix = (f"it is a deployment/ folder itself: give its parent, --config-dir {parent}"
+               if inside else "point it at the folder that holds deployment/")  # fmt: skip
+        return (f"--config-dir {config_dir} holds no deployment/ folder, so it adds no "
+                f"deployment (deployment=NAME is read from DIR/deployment/NAME.yaml); "
+                f"{fix}")  # fmt: skip
+    if line.config_path is not None:
+        folder = line.config_path.removeprefix("file://")
+        if not os.path.isfile(os.path.join(folder, f"{line.config_name or config_name}.yaml")):
+            return (f"--config-path {line.config_path} replaces the folder of {prog}'s own "
+                    f"configs, and holds no {line.config_name or config_name}.yaml; add a "
+                    "folder of your own with --config-dir DIR instead")  # fmt: skip
     for override in line.overrides:
         key, _, value = override.partition("=")
         digits = value.strip().lstrip("+-")
@@ -181,6 +196,9 @@ def _refusal(
                 f'eval "$({invoked} --shell-completion install=bash)"')  # fmt: skip
     for override in [] if line.shell_completion else on.overrides:
         key = override.key_or_group
+        if not key:
+            return (f"{override.input_line} names no setting before its =; write "
+                    "SETTING=VALUE, e.g. deployment=NAME")  # fmt: skip
         if override.is_sweep_override():
             return (f"{override.input_line} is a sweep (one run per value), and {prog} runs "
                     f"once; give {key} one value and run {prog} once per value, or write a "
@@ -207,6 +225,14 @@ def _group_value_problem(on: Composition) -> str | None:
             return (f"{override.input_line} adds a key {group!r} at the top of the config, "
                     "which nothing reads; set one of the settings, or add a resource under "
                     "resources")  # fmt: skip
+        if override.is_add() and options and group in on.choices():
+            text = (override.input_line or "").partition("=")[2]
+            return (f"{override.input_line} adds a second {group}, and the config picks one "
+                    f"already; pick yours without the +: {group}={text}")  # fmt: skip
+        if override.is_delete() and not options:
+            problem = on.deletion_problem(override)
+            if problem is not None:
+                return problem
         if override.is_delete() or not options or (isinstance(value, str) and value in options):
             continue
         text = (override.input_line or "").partition("=")[2]
@@ -253,7 +279,7 @@ def register_options_resolver(config_name: str) -> None:
     def sets(group: str, option: str, key: str) -> bool:  # the config with group=option sets key
         try:
             return compose(config_name, overrides=[f"{group}={option}"]).get(key) is not None
-        except (HydraException, OmegaConfBaseException):
+        except COMPOSE_ERRORS:  # a broken option of the user's: --help lists it, unread
             return False
 
     def options(group: str, key: str | None = None) -> str:
