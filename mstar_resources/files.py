@@ -53,14 +53,25 @@ def folder_problem(folder: Path) -> str | None:
     permissions allow it)."""
     folder = Path(folder).absolute()
     existing = folder
-    while not existing.exists():
-        if existing.is_symlink():  # dangling: making the folder would fail on it
-            return f"{existing} is a symbolic link to {os.readlink(existing)}, which does not exist"
-        existing = existing.parent
+    try:
+        while not existing.exists():
+            if existing.is_symlink():  # dangling: making the folder would fail on it
+                link = os.readlink(existing)
+                return f"{existing} is a symbolic link to {link}, which does not exist"
+            existing = existing.parent
+    except OSError as error:  # a name too long for the file system, a loop of links, ...
+        return f"{error.strerror or error} ({error.filename or existing})"
     if not existing.is_dir():
         return f"{existing} is a file, not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
+    try:
+        longest = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):  # a platform that does not say
+        longest = 255
+    to_make = folder.relative_to(existing).parts
+    if too_long := [part for part in to_make if len(os.fsencode(part)) > longest]:
+        return f"the name {too_long[0][:40]}... has {len(too_long[0]):,} characters, more than {longest} the file system takes"
     try:
         os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".mstar-probe-"))
     except OSError as error:

@@ -142,7 +142,7 @@ def test_a_deployment_whose_defaults_come_back_to_it_is_one_paragraph(
 def test_a_deployment_named_as_hydra_reads_a_value_is_told_to_be_quoted(tmp_path, name, read_as):
     folder = tmp_path / "conf" / "deployment"
     folder.mkdir(parents=True)
-    (folder / f"{name}.yaml").write_text("# @package _global_\n")
+    (folder / f"{name}.yaml").write_text("# @package _global_\nresources: {}\n")
     done = run_app("--config-dir", "conf", f"deployment={name}", cwd=tmp_path)
     assert_one_paragraph(done, "mstar-resources", f"is read as {read_as}", f"deployment='{name}'")
     quoted = run_app("--config-dir", "conf", f"deployment='{name}'", cwd=tmp_path)
@@ -173,6 +173,7 @@ NOT_A_NAME = [
 @pytest.mark.parametrize(("args", "value"), NOT_A_NAME)
 @pytest.mark.parametrize(("python", "prog"), APPS)
 def test_a_deployment_is_one_plain_name(tmp_path, python, prog, args, value):
+    (tmp_path / "deployment").mkdir()  # a config dir as --config-dir takes one
     done = run_app(*args, cwd=tmp_path, python=python)
     assert_one_paragraph(done, prog, f"{value} is not a deployment", A_DEPLOYMENT)
     assert done.stdout == ""

@@ -84,9 +84,13 @@ def test_bad_profile_names_the_key_and_value(path, value, match):
                      "calibration.plans.prefill.kind='pod_batch' is not valid: ", id="not-a-kind"),
         pytest.param("cuda_graph_batch_sizes", [1, "a"],
                      "calibration.cuda_graph_batch_sizes[1]='a' is not valid: ", id="list-item"),
-        pytest.param("model.typo", 1, "calibration.model.typo: ", id="unknown-key"),
+        pytest.param("model.typo", 1, "calibration.model.typo is not a setting; calibration.model "
+                     "takes num_qo_heads, ", id="unknown-key"),
+        pytest.param("modle", {}, "calibration.modle is not a setting (did you mean "
+                     "calibration.model?); calibration takes engine, ", id="misspelt-key"),
         pytest.param("plans.prefill.cuda_graph", True,
-                     "calibration.plans.prefill.cuda_graph: ", id="key-of-another-schema"),
+                     "calibration.plans.prefill.cuda_graph is not a setting; ",
+                     id="key-of-another-schema"),
     ],
 )  # fmt: skip
 def test_a_value_the_schema_refuses_is_one_problem_naming_its_key(path, value, named):
@@ -130,12 +134,36 @@ def test_problems_come_in_the_order_of_the_profile_s_fields():
     assert raised.value.where == "the calibration profile"
 
 
-def test_missing_limits_names_the_key():
+def test_missing_limits_names_the_key_and_what_it_takes():
     bad = {k: v for k, v in GOOD.items() if k != "limits"}
     with pytest.raises(ResourceConfigError) as raised:
         load_profile(bad)
     (problem,) = raised.value.problems
-    assert problem.startswith("calibration.limits: "), problem
+    assert problem.startswith("calibration.limits is not set; set it to a mapping of "), problem
+    assert "max_num_seqs, max_num_batched_tokens, max_model_len" in problem
+
+
+def test_a_profile_written_from_scratch_is_told_every_value_it_lacks_at_once():
+    bad = {"model": {"num_qo_heads": 8}, "limits": {"max_num_seqs": 4}, "plans": GOOD["plans"]}
+    with pytest.raises(ResourceConfigError) as raised:
+        load_profile(bad)
+    assert sorted(problem.split(" ")[0] for problem in raised.value.problems) == [
+        "calibration.limits.max_model_len",
+        "calibration.limits.max_num_batched_tokens",
+        "calibration.model.num_kv_heads",
+    ]
+    assert all("is not set; set it to a whole number" in p for p in raised.value.problems)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_graph_batch_sizes_an_engine_replaces_are_refused_when_bad(engine):
+    bad = with_("cuda_graph_batch_sizes", [-1])
+    bad["engine"] = engine
+    bad["plans"] = {"decode": {"kind": "decode"}}
+    with pytest.raises(ResourceConfigError) as raised:
+        load_profile(bad)
+    (problem,) = raised.value.problems
+    assert problem.startswith("calibration.cuda_graph_batch_sizes=[-1] "), problem
 
 
 # --- shapes --------------------------------------------------------------------------------------

@@ -10,15 +10,21 @@ composed node into a checked :class:`CalibrationProfile`, reporting every proble
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, cast
 
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException, ValidationError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
-from ..errors import ResourceConfigError
+from ..errors import ResourceConfigError, did_you_mean
 from ..units import is_positive_int
 from .engine_plans import VERSIONS, Engine, decode_graph_batch_sizes, split_settings
 from .engine_plans import uses_tensor_cores as engine_uses_tensor_cores
@@ -28,6 +34,9 @@ PROFILE_KEY = "calibration"
 
 _WHERE = "the calibration profile"
 """What :func:`load_profile`'s errors say they checked (their ``where``)."""
+
+TYPE_WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+"""What a value of a schema field's type is, in words."""
 
 DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 """Query and KV dtypes a profile may name (``torch.<name>``)."""
@@ -369,25 +378,57 @@ def as_engine_plans(profile: CalibrationProfile) -> CalibrationProfile:
 
 def _schema_problem(error: OmegaConfBaseException) -> str:
     """OmegaConf's refusal of the profile's schema as one problem, from the error's fields: the
-    full key, the value where it refused one (a wrong type or choice), then its reason."""
+    full key, the value where it refused one (a wrong type or choice), a key the schema does not
+    have with the closest it has, then its reason."""
     full_key = f"{PROFILE_KEY}.{error.full_key}" if error.full_key else PROFILE_KEY
     reason = str(error).splitlines()[0]
     if isinstance(error, ValidationError):
         return f"{full_key}={error.value!r} is not valid: {reason}"
+    schema = OmegaConf.get_type(error.parent_node) if error.parent_node is not None else None
+    if isinstance(error, ConfigKeyError | ConfigAttributeError) and dataclasses.is_dataclass(
+        schema
+    ):
+        holder = full_key.rpartition(".")[0]
+        names = [f.name for f in dataclasses.fields(schema)]
+        close = did_you_mean(str(error.key), names, f"{holder}.")
+        return f"{full_key} is not a setting{close}; {holder} takes {', '.join(names)}"
     return f"{full_key}: {reason}"
+
+
+def _unset_problems(merged: DictConfig) -> list[str]:
+    """A problem for each value the profile leaves unset that the schema requires (a model or
+    limits written from scratch lacking some), all at once, each with its type."""
+    problems = []
+    for key in sorted(OmegaConf.missing_keys(merged)):
+        holder, _, name = key.rpartition(".")
+        schema = OmegaConf.get_type(OmegaConf.select(merged, holder) if holder else merged)
+        hints = typing.get_type_hints(schema) if dataclasses.is_dataclass(schema) else {}
+        hint = hints.get(name)
+        takes = TYPE_WORDS.get(hint, "a value") if isinstance(hint, type) else "a value"
+        if isinstance(hint, type) and issubclass(hint, Enum):
+            takes = "one of " + ", ".join(member.name for member in hint)
+        elif dataclasses.is_dataclass(hint):
+            takes = "a mapping of " + ", ".join(f.name for f in dataclasses.fields(hint))
+        problems.append(f"{PROFILE_KEY}.{key} is not set; set it to {takes}")
+    return problems
 
 
 def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
     """The checked profile in ``node`` (the value of the ``calibration`` key)."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(CalibrationProfile), node)
+        if unset := _unset_problems(merged):
+            raise ResourceConfigError(*unset, where=_WHERE)
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
     except OmegaConfBaseException as error:
         raise ResourceConfigError(_schema_problem(error), where=_WHERE) from None
     problems = _shape_problems(profile)
+    if profile.engine is not None:  # it replaces the graph batch sizes: bad ones are refused still
+        sizes = profile.cuda_graph_batch_sizes  # above the limits: none of the engine's are
+        problems += _graph_size_problems(sizes, 0, "max_num_seqs", "cuda_graph_batch_sizes")
     if not problems:  # the engine's plans derive from a sound model and limits
         profile = as_engine_plans(profile)
-    problems += _plans_problems(profile)
+    problems += [p for p in _plans_problems(profile) if p not in problems]
     if problems:
         raise ResourceConfigError(*problems, where=_WHERE)
     return profile
