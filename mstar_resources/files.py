@@ -71,7 +71,11 @@ def folder_problem(folder: Path) -> str | None:
         longest = 255
     to_make = folder.relative_to(existing).parts
     if too_long := [part for part in to_make if len(os.fsencode(part)) > longest]:
-        return f"the name {too_long[0][:40]}... has {len(too_long[0]):,} characters, more than {longest} the file system takes"
+        name = too_long[0]
+        return (
+            f"the name {name[:40]}... has {len(name):,} characters, more than the {longest} "
+            "the file system takes"
+        )
     try:
         os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".mstar-probe-"))
     except OSError as error:

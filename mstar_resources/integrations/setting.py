@@ -101,8 +101,39 @@ class PluginSetting:
                 f"{self.assignment(value)}: {'; '.join(error.problems)}", where=error.where
             ) from None
         setting = Setting(self.env_var, value, records, root)
+        if mla := _mla_labels(root, records, self.roles):
+            raise ResourceConfigError(self.mla_refusal(value, mla))
         self.serving_keys(records, setting.describe())  # every role served, or which is not
         return setting
+
+    def mla_refusal(self, value: str, labels: Sequence[str]) -> str:
+        """Deployment ``value``, whose resources serve FlashInfer's MLA wrapper (as ``labels``)
+        and not the engine's roles: what the plugin leaves to the engine, and what it takes."""
+        taken = ", ".join(self.deployments_served())
+        return (
+            f"{self.assignment(value)} is an MLA deployment (its resources serve "
+            f"{', '.join(labels)}, which FlashInfer's MLA wrapper plans), and the plugin leaves "
+            f"{self.engine}'s MLA attention to {self.engine}: it sizes the workspaces of "
+            f"{self.engine}'s {' and '.join(self.roles)} wrappers only; for an MLA model set "
+            f"{AUTO} (which leaves {self.engine}'s MLA buffers as they are), or name a deployment "
+            f"it takes ({taken}); {self.off}"
+        )
+
+    def deployments_served(self) -> list[str]:
+        """The shipped deployments whose resources serve every one of the engine's roles."""
+        from ..apps.settings import ComposedTree
+        from ..compose import compose_deployment, deployment_options
+        from ..compose_errors import NO_DEPLOYMENT
+
+        served = []
+        for name in deployment_options(self.config_name):
+            if name == NO_DEPLOYMENT:
+                continue
+            root = compose_deployment(self.config_name, name, settings=ComposedTree)
+            records = resolve(root.get("resources") or {}, env={})
+            if all(serving(records, role) is not None for role in self.roles):
+                served.append(name)
+        return served
 
     def assignment(self, value: str) -> str:
         """``NAME='value'``, a value too long to read cut with its length."""
@@ -162,6 +193,20 @@ class PluginSetting:
                 )
             found[role] = (record, record.cg_slots[0] if record.cg_slots else None)
         return found
+
+
+def _mla_labels(root: Any, records: Sequence[ResolvedResource], roles: Sequence[str]) -> list[str]:
+    """The labels of ``root``'s resources that its calibration profile plans with FlashInfer's
+    MLA wrapper, where its resources serve none of ``roles``; [] otherwise."""
+    if any(serving(records, role) is not None for role in roles):
+        return []
+    plans = (root.get("calibration") or {}).get("plans") or {}
+    served = {label for record in records for label in record.labels}
+    return [
+        label
+        for label, plan in plans.items()
+        if label in served and getattr(plan.get("kind"), "value", plan.get("kind")) == "mla"
+    ]
 
 
 def _looks_like_a_path(value: str) -> bool:

@@ -42,3 +42,40 @@ def test_a_role_no_resource_serves_is_named_with_the_engines_roles():
     verify = PluginSetting("MSTAR_RESOURCES_OTHER", "mstar_resources_vllm", "Other", ("verify",))
     with pytest.raises(ResourceConfigError, match=r"'verify', and Other plans its FlashInfer"):
         verify.read({"MSTAR_RESOURCES_OTHER": "llama3-8b-h200_calibrated"})
+
+
+# A deployment file's name that Hydra's grammar would read as a value or a sweep, and a config
+# dir whose path holds what the grammar reads: composed as written (the decode floor declared).
+ODD_NAMES = ["inf", "nan", "true", "1", "null", "1e3", "x,y"]
+ODD_FOLDERS = ["dë", "a,b", "a=b", "it's", "a]b"]
+
+
+@pytest.mark.parametrize(
+    ("folder", "name"),
+    [*((f"conf-{n}", n) for n in ODD_NAMES), *((f, "mine") for f in ODD_FOLDERS)],
+)
+def test_a_deployment_file_is_composed_whatever_its_path_holds(tmp_path, folder, name):
+    path = tmp_path / folder / "deployment" / f"{name}.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("# @package _global_\nresources: {attn: {decode: {declared_mb: 33}}}\n")
+    setting = OTHER.read({"MSTAR_RESOURCES_OTHER": str(path)})
+    assert setting is not None
+    floors = {record.key: record.floor_mb for record in setting.records}
+    assert floors["resources.attn.decode"] == 33
+
+
+@pytest.mark.parametrize("deployment", ["deepseek-v3-tp8-h200", "deepseek-v3-tp8-h200_calibrated"])
+def test_an_mla_deployment_is_refused_saying_mla_is_left_to_the_engine(deployment):
+    both = PluginSetting("MSTAR_RESOURCES_OTHER", "mstar_resources_sglang", "Other",
+                         ("prefill", "decode"))  # fmt: skip
+    with pytest.raises(ResourceConfigError) as caught:
+        both.read({"MSTAR_RESOURCES_OTHER": deployment})
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"MSTAR_RESOURCES_OTHER={deployment!r} is an MLA deployment")
+    assert "mla_prefill, mla_decode" in problem
+    assert "leaves Other's MLA attention to Other" in problem
+    taken = problem.partition("name a deployment it takes (")[2].partition(")")[0].split(", ")
+    assert "llama3-8b-h200_calibrated" in taken
+    assert not any(name.startswith("deepseek") for name in taken)
+    for name in taken:  # each is one the plugin takes
+        assert both.read({"MSTAR_RESOURCES_OTHER": name}) is not None
