@@ -234,3 +234,17 @@ def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:
     if none is close."""
     close = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def check_argument(
+    name: str, value: object, expected: type | tuple[type, ...], expects: str
+) -> None:
+    """Raise :class:`ResourceUsageError` naming argument ``name`` and its ``value`` where the
+    value is not of type ``expected`` (a bool counts as an int only where ``expected`` says
+    bool): ``expects`` says what it takes, e.g. ``True or False``."""
+    kinds = expected if isinstance(expected, tuple) else (expected,)
+    if isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool)):
+        return
+    raise ResourceUsageError(
+        Problem(f"{name}={value!r} must be {expects}", setting=name, value=value, expects=expects)
+    )

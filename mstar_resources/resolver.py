@@ -29,7 +29,7 @@ from ._internal.floor import (
     declared_text,
     resolve_floor,
 )
-from .errors import Problem, ResourceConfigError, ResourceUsageError, did_you_mean
+from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
 from .schema import Resource
 from .units import MIB, is_int
 
@@ -147,6 +147,7 @@ def resolve(
     the tree is collected and raised together as one :class:`ResourceConfigError`.
     """
     env = os.environ if env is None else env
+    check_argument("env", env, Mapping, "a mapping of environment variables (os.environ) or None")
     problems: list[str] = []
     declared: list[tuple[str, Resource]] = []
     for path, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
@@ -223,6 +224,7 @@ def build_pools(
     """
     from .attn.workspace import WorkspacePool
 
+    check_argument("reserve", reserve, bool, "True or False")
     env = dict(os.environ) if env is None else env  # the one environment resolve() checks
     records = _records(resources, env)
     # Each pool takes its record's floors as resolved: what resolve() said is what is built.

@@ -525,3 +525,18 @@ def test_a_floor_as_text_that_spells_no_floor_is_refused_in_both_apis(text, prob
     with pytest.raises(ResourceConfigError) as caught:
         WorkspacePool("cpu", size_mb=text)
     assert caught.value.problems[0].setting == "size_mb"
+
+
+@pytest.mark.parametrize(
+    ("call", "setting", "value"),
+    [
+        pytest.param(lambda: resolve({}, env=5), "env", 5, id="resolve-env"),
+        pytest.param(lambda: build_pools({}, "cpu", reserve="no"), "reserve", "no",
+                     id="build-pools-reserve"),
+    ],
+)  # fmt: skip
+def test_an_argument_of_the_wrong_type_is_refused_by_name(call, setting, value):
+    with pytest.raises(ResourceUsageError) as raised:
+        call()
+    (problem,) = raised.value.problems
+    assert (problem.setting, problem.value) == (setting, value)

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from .._internal.floor import FLOAT, Buffer
-from ..errors import ResourceUsageError, WorkspaceSealedError, WorkspaceShortError
+from ..errors import (
+    ResourceUsageError,
+    WorkspaceSealedError,
+    WorkspaceShortError,
+    check_argument,
+)
 from ..units import ALIGNMENT, mb_to_hold
 from ._overflow import Overflow
 
@@ -110,6 +115,7 @@ class GrowableBuffer:
         floor: str,
         kind: Buffer = FLOAT,
     ) -> None:
+        check_argument("sealed", sealed, bool, "True or False")
         if not isinstance(name, str) or not name.strip():
             raise ResourceUsageError(
                 f"name={name!r} must be a non-empty string: errors and logs name the workspace"

@@ -13,7 +13,7 @@ import torch
 
 from .._internal.floor import ENV_VAR
 from ..errors import ResourceUsageError, WorkspacePlanError
-from ..units import is_int
+from ..units import is_int, plural
 from ._flashinfer import INT_BUFFER, PINNED_MIRROR, buffer_views, own_buffers, refresh_recorded_size
 from ._overflow import Overflow, parse_overflow
 from .buffer import GrowableBuffer, WorkspaceStats
@@ -222,12 +222,19 @@ class Workspace:
                 workspace=short.name,
                 held_bytes=planned_on,
             ) from error
-        if growths == MAX_GROWTHS_PER_PLAN:
+        # Given the room it asked for, an allocation that asks again (for more) never fits: growing
+        # on would double the workspace until memory ran out. FlashInfer's chains ask once each.
+        asks_again = last is not None and (last.allocation, last.kind) == (
+            overflow.allocation,
+            overflow.kind,
+        )
+        if growths == MAX_GROWTHS_PER_PLAN or asks_again:
             raise WorkspacePlanError(
                 f"workspace {short.name!r}: the plan still overflows after "
-                f"{MAX_GROWTHS_PER_PLAN} growths (now {planned_on:,} bytes, "
-                f"{overflow.allocation} asked for {overflow.size:,} more); "
-                "the planner does not converge",
+                f"{plural(growths, 'growth')} (now {planned_on:,} bytes, "
+                f"{overflow.allocation} asked for {overflow.size:,} more"
+                f"{', again after it was given what it asked' if asks_again else ''}); "
+                "the planner does not converge, and the workspace grows no further",
                 workspace=short.name,
                 held_bytes=planned_on,
             ) from error

@@ -12,7 +12,7 @@ import torch
 
 from .._internal.floor import INT, PINNED_MIRRORS, Floor, resolve_floor
 from .._internal.limits import name_problem
-from ..errors import ResourceConfigError, ResourceUsageError
+from ..errors import ResourceConfigError, ResourceUsageError, check_argument
 from ..units import is_int, plural
 from ._flashinfer import FLOAT_BUFFER, own_buffers
 from .buffer import WorkspaceGrowthError, WorkspaceStats, host_mirror, is_out_of_memory
@@ -77,6 +77,7 @@ class WorkspacePool:
             )
         if (problem := name_problem("owner", owner)) is not None:
             raise ResourceUsageError(problem)
+        check_argument("config_key", config_key, (str, type(None)), "a config key or None")
         self._device = _device(device)
         self._size_mb = size_mb
         self._owner = owner
@@ -152,7 +153,8 @@ class WorkspacePool:
         """The workspace of plans labelled ``label`` in CUDA-graph slot ``cg_slot`` (None: eager),
         made on first use. Safe to call from several threads: one key never gets two."""
         key = (label, cg_slot)
-        workspace = self._workspaces.get(key)
+        # 0.0 and False are equal to the slot 0 as keys: only an int slot is looked up unchecked.
+        workspace = self._workspaces.get(key) if type(cg_slot) in (int, type(None)) else None
         if workspace is not None:
             return workspace
         self._check_key(label, cg_slot)
@@ -202,6 +204,11 @@ class WorkspacePool:
                                 label="decode", cg_slot=0, use_cuda_graph=True, ...)
             pool.get("decode", 0).plan(decode.plan, indptr, indices, last_page_len, ...)
         """
+        if not callable(wrapper_class):
+            raise ResourceUsageError(
+                f"wrapper_class={wrapper_class!r} must be a FlashInfer wrapper class (e.g. "
+                "flashinfer.BatchDecodeWithPagedKVCacheWrapper)"
+            )
         workspace = self.get(label, cg_slot)
         wrapper = wrapper_class(workspace.tensor, *args, **kwargs)
         self.install(wrapper, label, cg_slot)
@@ -237,6 +244,7 @@ class WorkspacePool:
         same pool, in the same order.
         """
         if group is not None:
+            _check_group(group)
             self._agree_sealing(group)
         with self._lock:
             self._sealed = True
@@ -420,3 +428,20 @@ def _pairs(serves: object) -> list[tuple[str, int | None]]:
             "('prefill', None)], or None to serve any"
         )
     return pairs
+
+
+def _check_group(group: object) -> None:
+    """``group``, a torch.distributed process group of an initialised default group, or the
+    library's error saying what it got."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
+        raise ResourceUsageError(
+            f"group={group!r} must be a torch.distributed ProcessGroup (e.g. dist.group.WORLD) "
+            "or None to seal this rank's pool alone"
+        )
+    if not dist.is_initialized():
+        raise ResourceUsageError(
+            "group= is given, and torch.distributed is not initialised; call "
+            "dist.init_process_group first, or seal without a group"
+        )

@@ -211,21 +211,43 @@ def test_a_wrapper_on_another_buffer_keeps_its_recorded_size():
     assert elsewhere._workspace_size == 4 * MIB
 
 
-def test_a_planner_that_never_fits_is_stopped():
+@pytest.mark.parametrize(
+    "more", [lambda asked: 2 * asked, lambda asked: asked + 64], ids=["doubling", "adding"]
+)
+def test_a_planner_that_asks_again_for_an_allocation_it_was_given_is_stopped(more):
+    """Doubling (or adding to) what it asks each time, however much it gets: one growth, to what
+    it first asked, then the library's error; never a workspace doubled until memory runs out."""
     workspace = make_workspace(64)
-    calls = 0
+    asked = [64]
 
-    def greedy():  # asks for more each time, however much it gets
-        nonlocal calls
-        calls += 1
-        raise RuntimeError(flashinfer_overflow_message("x_tmp_v", 64 * calls, 16, 0))
+    def greedy():
+        raise RuntimeError(flashinfer_overflow_message("x_tmp_v", asked[-1], 16, 0))
+
+    def planning():
+        try:
+            greedy()
+        finally:
+            asked.append(more(asked[-1]))
 
     with pytest.raises(WorkspacePlanError, match="does not converge") as raised:
-        workspace.plan(greedy)
-    assert calls == MAX_GROWTHS_PER_PLAN + 1
+        workspace.plan(planning)
+    assert (len(asked) - 1, workspace.stats().times_grown) == (2, 1)
+    assert raised.value.held_bytes == workspace.tensor.numel() == 64 + 64  # its first ask
     assert isinstance(raised.value.__cause__, RuntimeError)
     # A planner's logic, not a lack of memory: an engine's out-of-memory handling stays out of it.
     assert not isinstance(raised.value, torch.OutOfMemoryError)
+
+
+def test_a_chain_of_allocations_each_asked_once_is_stopped_after_the_most_growths():
+    workspace = make_workspace(16)
+    names = iter(range(MAX_GROWTHS_PER_PLAN + 1))
+
+    def chain():  # a new allocation each time, each of 16 bytes more than there is
+        raise RuntimeError(flashinfer_overflow_message(f"x{next(names)}_tmp_v", 16, 16, 0))
+
+    with pytest.raises(WorkspacePlanError, match="does not converge"):
+        workspace.plan(chain)
+    assert workspace.stats().times_grown == MAX_GROWTHS_PER_PLAN
 
 
 def test_a_planner_on_another_buffer_is_stopped_after_one_growth():
@@ -752,3 +774,44 @@ def test_a_wrapper_holding_views_plans_on_a_sealed_workspace():
     pool.seal()
     workspace.plan(wrapper.plan)
     assert wrapper.plans == 1
+
+
+# Arguments of the Python API of the wrong type: each refused by name, with its value, as the
+# calling code's mistake (ResourceUsageError), never taken for what it resembles.
+def _sealed_as_a_string() -> object:
+    return make_workspace(sealed="no")
+
+
+def _served_slot(slot: object) -> object:
+    pool = WorkspacePool("cpu", 1)
+    pool.get("decode", 0)  # 0.0 and False are equal to 0 as keys of the pool's dict
+    return pool.get("decode", slot)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("call", "setting", "value"),
+    [
+        pytest.param(_sealed_as_a_string, "sealed", "no", id="workspace-sealed"),
+        pytest.param(lambda: WorkspacePool("cpu", 1, config_key=5), "config_key", 5,
+                     id="config-key"),
+        pytest.param(lambda: WorkspacePool("cpu", 1).seal(group="x"), None, "group='x'",
+                     id="seal-group"),
+        pytest.param(lambda: WorkspacePool("cpu", 1).build(None, label="decode"), None,
+                     "wrapper_class=None", id="build-none"),
+    ],
+)  # fmt: skip
+def test_an_argument_of_the_wrong_type_is_refused_by_name(call, setting, value):
+    with pytest.raises(ResourceUsageError) as raised:
+        call()
+    (problem,) = raised.value.problems
+    if setting is not None:
+        assert (problem.setting, problem.value) == (setting, value)
+    else:
+        assert problem.startswith(value), problem
+    assert not isinstance(raised.value, ResourceConfigError)
+
+
+@pytest.mark.parametrize("slot", [0.0, False])
+def test_a_slot_of_another_type_names_its_value(slot):
+    with pytest.raises(ResourceUsageError, match=rf"cg_slot={slot!r} must be None"):
+        _served_slot(slot)
