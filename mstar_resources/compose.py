@@ -213,11 +213,13 @@ class Composition:
         of its name that is no file to read (a folder, a FIFO, a link to a device), which Hydra
         would fail on or read without end."""
         path = self.deployment_path()
+        if path is None:
+            return None
         try:
-            mode = path.stat().st_mode if path is not None else None
+            mode = path.stat().st_mode
         except OSError:  # not there (another folder may have it), or a broken link
             return None
-        if mode is None or stat.S_ISREG(mode):
+        if stat.S_ISREG(mode):
             return None
         what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
         return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is {what}; a deployment is "

@@ -416,7 +416,7 @@ def _unset_problems(merged: DictConfig) -> list[str]:
 def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
     """The checked profile in ``node`` (the value of the ``calibration`` key)."""
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(CalibrationProfile), node)
+        merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(CalibrationProfile), node))
         if unset := _unset_problems(merged):
             raise ResourceConfigError(*unset, where=_WHERE)
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
