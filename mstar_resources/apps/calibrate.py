@@ -4,7 +4,8 @@
 
 Composes the deployment, plans every label's bounding shapes through real FlashInfer wrappers
 (the deployment's ``calibration`` profile says which), prints a table of what each needs against
-what it declares today, and writes ``<deployment>_calibrated.yaml`` beside the deployment, which
+what it declares today, and writes ``<deployment>_calibrated.yaml`` (beside a deployment of the
+user's ``--config-dir``, else into ``calibrated/deployment``), which
 composes as ``deployment=<deployment>_calibrated`` (``<deployment>_recalibrated`` for a deployment
 the package ships calibrated: a file of the shipped name would be composed as the shipped one).
 """
@@ -24,6 +25,7 @@ from ..calibration.deployments import (
     base_deployment,
     default_output_dir,
     how_to_compose,
+    users_deployment_folder,
     write_override,
 )
 from ..calibration.override import profile_settings
@@ -61,19 +63,30 @@ def main(cfg: DictConfig) -> None:
     profile = load_profile(cfg[PROFILE_KEY])
     records = resolve(cfg.resources)
     check_labels(records, profile)
-    output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir()
+    name = base_deployment(str(deployment))
+    # A deployment of the user's --config-dir: the calibrated file lists it under its defaults,
+    # which Hydra finds only in a folder holding it, so it is written beside it.
+    sources = HydraConfig.get().runtime.config_sources
+    beside = users_deployment_folder(name, [s.path for s in sources if s.schema == "file"])
+    output_dir = Path(cfg.output_dir) if cfg.output_dir else beside or default_output_dir()
     problem = folder_problem(output_dir)
     if problem:
         raise ResourceConfigError(
             f"output_dir={str(output_dir)!r} can't take the calibrated deployment ({problem}); "
             "point it at a folder that exists or can be made"
         )
+    if beside is not None and not (output_dir / f"{name}.yaml").is_file():
+        raise ResourceConfigError(
+            f"output_dir={str(output_dir)!r} does not hold {name}.yaml, which the calibrated "
+            f"file lists under its defaults, and Hydra finds it only in the folder that holds "
+            f"the calibrated file; leave output_dir out to write it beside {beside / name}.yaml, "
+            f"or copy {name}.yaml into {output_dir}"
+        )
 
     device = cuda_device(cfg.device, "calibration plans on a GPU")
     rows = measure_all(records, profile, device, show_progress=cfg.progress)
     buffer = one_buffer(rows, profile, margin)
     print(table(rows, margin, buffer))
-    name = base_deployment(str(deployment))
     record = provenance(profile, device, name, records)
     given = profile_settings(cfg, HydraConfig.get().overrides.task)
     path = write_override(name, rows, record, output_dir, margin, buffer, given)

@@ -23,7 +23,8 @@ class CalibrateSettings(ComposedTree):
     """The GPU to plan on."""
     output_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
     """Where ``<deployment>_calibrated.yaml`` (or ``_recalibrated``) goes (made if missing); null:
-    ``calibrated/deployment`` under the working directory, found with ``--config-dir
-    calibrated``."""
+    beside the deployment where it is one of a ``--config-dir`` (whose ``deployment/`` folder
+    must hold it: the file lists it under its defaults), else ``calibrated/deployment`` under the
+    working directory, found with ``--config-dir calibrated``."""
     progress: bool = field(default=True, metadata={"expects": "true or false"})
     """Show a progress bar on stderr."""

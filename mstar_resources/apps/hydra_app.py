@@ -47,9 +47,9 @@ MAX_DIGITS = 4000  # Python's int() reads no more; Hydra's parser would end in i
 # one read here: any other flag, or a line this can't read, goes on to @hydra.main.
 FLAGS = argparse.ArgumentParser(add_help=False, exit_on_error=False)
 FLAGS.add_argument("-sc", "--shell-completion", action="store_true")
-for flag in ("-p --package", "-cp --config-path", "-cn --config-name", "-cd --config-dir",
-             "--experimental-rerun"):  # fmt: skip
+for flag in ("-p --package", "-cp --config-path", "-cn --config-name", "--experimental-rerun"):
     FLAGS.add_argument(*flag.split())
+FLAGS.add_argument("-cd", "--config-dir", action="append")  # Hydra takes the last: one is told
 FLAGS.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
 FLAGS.add_argument("--info", "-i", nargs="?", const="all")
 FLAGS.add_argument("overrides", nargs="*")
@@ -108,6 +108,14 @@ def hydra_app(
                 line, unknown = FLAGS.parse_known_args(args)
             except argparse.ArgumentError:
                 return hydra_main()  # type: ignore[no-any-return]
+            config_dirs = line.config_dir or []
+            if len(config_dirs) > 1:
+                fail(prog, f"--config-dir is given {len(config_dirs)} times "
+                     f"({', '.join(config_dirs)}), and Hydra reads one: put your deployments "
+                     "in one folder's deployment/ (a calibrated file beside the deployment it "
+                     "lists, as mstar-resources-calibrate writes it) and give that "
+                     "folder")  # fmt: skip
+            line.config_dir = config_dirs[0] if config_dirs else None
             on = Composition(config_name, line.overrides, line.config_dir, line.config_name)
             refusal = _refusal(line, on, prog, invoked, compose_once, config_name)
             if refusal is not None:

@@ -44,6 +44,17 @@ def how_to_compose(path: Path) -> str:
     )
 
 
+def users_deployment_folder(name: str, config_dirs: Sequence[str]) -> Path | None:
+    """The ``deployment/`` folder of the first of ``config_dirs`` (a user's ``--config-dir``s,
+    as Hydra's search path lists them) that holds deployment ``name``; None where none does (a
+    shipped deployment)."""
+    for config_dir in config_dirs:
+        folder = Path(config_dir) / "deployment"
+        if (folder / f"{name}.yaml").is_file():
+            return folder
+    return None
+
+
 def base_deployment(name: str) -> str:
     """Calibrating ``x_calibrated`` (or ``x_recalibrated``) again recalibrates ``x``."""
     return name.removesuffix(CALIBRATED_SUFFIX).removesuffix(RECALIBRATED_SUFFIX)
@@ -74,6 +85,11 @@ def write_override(
     where given (:func:`~.override.calibrated_yaml`); returns its path."""
     path = output_dir / f"{calibrated_name(deployment, output_dir)}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
-    text = calibrated_yaml(deployment, per_resource(rows), provenance, margin, buffer, profile)
+    config_dir = output_dir.parent if output_dir.name == "deployment" else None
+    shipped = output_dir.absolute() == shipped_deployments().absolute()
+    text = calibrated_yaml(
+        deployment, per_resource(rows), provenance, margin, buffer, profile,
+        config_dir=None if shipped else config_dir, name=path.stem,
+    )  # fmt: skip
     write_whole(path, text)
     return path

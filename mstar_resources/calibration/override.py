@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -158,9 +159,16 @@ def calibrated_yaml(
     margin: float = DEFAULT_MARGIN,
     buffer: OneBuffer | None = None,
     profile: Mapping[str, Any] | None = None,
+    *,
+    config_dir: Path | None = None,
+    name: str | None = None,
 ) -> str:
     """The text of ``<deployment>_calibrated.yaml``; ``profile``: settings of the ``calibration``
-    node the needs were measured with (:func:`profile_settings`; None: the deployment's own)."""
+    node the needs were measured with (:func:`profile_settings`; None: the deployment's own).
+    ``config_dir``: the config folder whose ``deployment/`` folder it is written to (None: the
+    package's), which the commands in its header name; ``name``: its name, where it is not
+    ``<deployment>_calibrated``."""
+    folder = f"--config-dir {config_dir} " if config_dir is not None else ""
     body = {
         "defaults": [deployment, "_self_"],
         "resources": declared_floors(measured, margin),
@@ -184,11 +192,11 @@ def calibrated_yaml(
     header = [
         "# @package _global_",
         f"# Calibrated {deployment}: written by",
-        f"#   mstar-resources-calibrate deployment={deployment}",
+        f"#   mstar-resources-calibrate {folder}deployment={deployment}",
         *(f"# {key}: {value}" for key, value in provenance.items() if _is_scalar(value)),
         f"# declared_mb = need{f' x {1 + margin:g}' if margin else ''}, rounded up to a whole MB "
         "(int_declared_mb: the int need, the same way). Use it with",
-        f"#   mstar-resources deployment={deployment}_calibrated",
+        f"#   mstar-resources {folder}deployment={name or f'{deployment}_calibrated'}",
     ]
     return "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(body))
 
