@@ -159,7 +159,7 @@ class Composition:
         entries = ",".join(quoted(entry) for entry in [*path, f"file://{self.folder}"])
         return (f"hydra.searchpath=[{entries}]",)
 
-    @functools.cache  # noqa: B019 (one Composition a command line)
+    @functools.cached_property
     def choices(self) -> frozenset[str]:
         """The config groups the primary config picks an option of by default."""
         try:

@@ -61,34 +61,35 @@ def test_a_config_dir_without_a_deployment_folder_is_refused(tmp_path, given, na
     assert_one_paragraph(done, PROG, *(text.format(tmp=tmp_path) for text in named))
 
 
-@pytest.mark.parametrize("odd", ["fifo", "device-link", "folder"])
+def make_odd(path: Path, odd: str) -> None:
+    """At ``path``, something named like a YAML file that is no regular file."""
+    if odd == "fifo":
+        os.mkfifo(path)
+    elif odd == "device-link":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+
+
+ODD = ["fifo", "device-link", "folder"]
+
+
+@pytest.mark.parametrize("odd", ODD)
 def test_odd_files_beside_a_file_that_is_not_utf8_are_never_read(tmp_path, odd):
     """The search for the file Hydra could not decode reads regular files only: a FIFO would
     hang it, a link to /dev/zero would read without end, a folder would raise."""
     folder = config_dir(tmp_path, "c", "# @package _global_\n# caf\xe9\n")
     (folder / "deployment" / "mine.yaml").write_bytes(b"# @package _global_\n# caf\xe9\n")
-    other = folder / "deployment" / "other.yaml"
-    if odd == "fifo":
-        os.mkfifo(other)
-    elif odd == "device-link":
-        other.symlink_to("/dev/zero")
-    else:
-        other.mkdir()
+    make_odd(folder / "deployment" / "other.yaml", odd)
     done = run_app("--config-dir", "c", "deployment=mine", cwd=tmp_path)
     mine = folder.resolve() / "deployment" / "mine.yaml"
     assert_one_paragraph(done, PROG, f"{mine} is not UTF-8 text", "line 2")
 
 
-@pytest.mark.parametrize("odd", ["fifo", "device-link", "folder"])
+@pytest.mark.parametrize("odd", ODD)
 def test_a_deployment_that_is_no_regular_file_is_refused_unread(tmp_path, odd):
     (tmp_path / "c" / "deployment").mkdir(parents=True)
-    mine = tmp_path / "c" / "deployment" / "mine.yaml"
-    if odd == "fifo":
-        os.mkfifo(mine)
-    elif odd == "device-link":
-        mine.symlink_to("/dev/zero")
-    else:
-        mine.mkdir()
+    make_odd(tmp_path / "c" / "deployment" / "mine.yaml", odd)
     done = run_app("--config-dir", "c", "deployment=mine", cwd=tmp_path)
     assert_one_paragraph(done, PROG, f"deployment=mine picks {tmp_path.resolve()}/c/", "which is")
 

@@ -233,7 +233,7 @@ def _group_value_problem(on: Composition) -> str | None:
             return (f"{override.input_line} adds a key {group!r} at the top of the config, "
                     "which nothing reads; set one of the settings, or add a resource under "
                     "resources")  # fmt: skip
-        if override.is_add() and options and group in on.choices():
+        if override.is_add() and options and group in on.choices:
             text = (override.input_line or "").partition("=")[2]
             return (f"{override.input_line} adds a second {group}, and the config picks one "
                     f"already; pick yours without the +: {group}={text}")  # fmt: skip
