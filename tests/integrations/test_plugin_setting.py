@@ -3,6 +3,8 @@ engine's plugin reads its own variable, and every refusal names that variable an
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from mstar_resources.errors import ResourceConfigError
@@ -79,3 +81,16 @@ def test_an_mla_deployment_is_refused_saying_mla_is_left_to_the_engine(deploymen
     assert not any(name.startswith("deepseek") for name in taken)
     for name in taken:  # each is one the plugin takes
         assert both.read({"MSTAR_RESOURCES_OTHER": name}) is not None
+
+
+def test_a_file_that_is_not_utf8_beside_a_fifo_is_named_without_reading_the_fifo(tmp_path):
+    folder = tmp_path / "c" / "deployment"
+    folder.mkdir(parents=True)
+    (folder / "bin.yaml").write_bytes(b"# @package _global_\n# caf\xe9\n")
+    os.mkfifo(folder / "fifo.yaml")  # read, it would never end
+    (folder / "zero.yaml").symlink_to("/dev/zero")
+    path = folder / "bin.yaml"
+    with pytest.raises(ResourceConfigError) as caught:
+        OTHER.read({"MSTAR_RESOURCES_OTHER": str(path)})
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"MSTAR_RESOURCES_OTHER={str(path)!r}: {path} is not UTF-8 text")
