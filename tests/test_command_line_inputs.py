@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from .apps import run_app
+from .engine.test_engine import run_engine
 from .test_app_inputs import CALIBRATE, assert_one_paragraph
 
 ROOT = Path(__file__).parents[1]
@@ -50,9 +51,11 @@ def test_a_config_dir_whose_path_holds_hydra_s_grammar_composes(tmp_path, name):
 @pytest.mark.parametrize(
     ("given", "named"),
     [
-        pytest.param("my-conf/deployment", ["--config-dir my-conf/deployment holds no deployment/",
-                                            "--config-dir {tmp}/my-conf"], id="deployment-folder"),
-        pytest.param("/", ["--config-dir / holds no deployment/"], id="the-root"),
+        pytest.param("my-conf/deployment",
+                     ["--config-dir my-conf/deployment holds none of the folders",
+                      "--config-dir {tmp}/my-conf"], id="deployment-folder"),
+        pytest.param("/", ["--config-dir / holds none of the folders", "deployment/"],
+                     id="the-root"),
     ],
 )  # fmt: skip
 def test_a_config_dir_without_a_deployment_folder_is_refused(tmp_path, given, named):
@@ -153,3 +156,15 @@ def test_an_output_dir_no_file_system_takes_is_refused_before_any_gpu_work(tmp_p
     )
     assert_one_paragraph(done, "mstar-resources-calibrate", f"output_dir='{output_dir[:20]}")
     assert "torch sees no CUDA device" not in done.stderr
+
+
+def test_an_engine_s_config_dir_of_its_own_groups_is_taken(tmp_path):
+    """The refusal of a --config-dir that adds nothing reads the groups the app composes: an
+    engine's folder of its own group (here the example engine's model/) is taken."""
+    (tmp_path / "mine" / "model").mkdir(parents=True)
+    (tmp_path / "mine" / "model" / "tiny.yaml").write_text(
+        "name: tiny\nnum_qo_heads: 4\nnum_kv_heads: 1\nhead_dim: 64\n"
+    )
+    done = run_engine("--config-dir", "mine", "model=tiny", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model"] == "tiny"

@@ -124,7 +124,8 @@ def hydra_app(
                      if v and k not in ("overrides", "config_dir", "config_name")]  # fmt: skip
             try:
                 with hydra_on(line.config_path or config_path, run):
-                    problem = _group_value_problem(on) or _app_settings_in_deployment(on, settings)
+                    problem = (_config_dir_problem(line, on) or _group_value_problem(on)
+                               or _app_settings_in_deployment(on, settings))  # fmt: skip
                     if problem is not None:
                         raise ResourceConfigError(problem)
                     if not line.shell_completion:  # its overrides are no config's
@@ -175,15 +176,6 @@ def _refusal(
         what = "a file" if os.path.exists(config_dir) else "not there"
         return (f"--config-dir {config_dir} is {what}; it takes a folder of configs (one with "
                 "a deployment/ folder, as mstar-resources-calibrate writes it)")  # fmt: skip
-    groups = os.path.join(config_dir or "", DEPLOYMENT_GROUP)
-    if config_dir is not None and line.config_name is None and not os.path.isdir(groups):
-        inside = os.path.basename(os.path.normpath(config_dir)) == DEPLOYMENT_GROUP
-        parent = os.path.dirname(os.path.normpath(os.path.abspath(config_dir)))
-        fix = (f"it is a deployment/ folder itself: give its parent, --config-dir {parent}"
-               if inside else "point it at the folder that holds deployment/")  # fmt: skip
-        return (f"--config-dir {config_dir} holds no deployment/ folder, so it adds no "
-                f"deployment (deployment=NAME is read from DIR/deployment/NAME.yaml); "
-                f"{fix}")  # fmt: skip
     if line.config_path is not None:
         folder = line.config_path.removeprefix("file://")
         if not os.path.isfile(os.path.join(folder, f"{line.config_name or config_name}.yaml")):
@@ -221,6 +213,25 @@ def _refusal(
                     "set-up (no log files, no output folders), so Hydra's own config groups "
                     f"stay as its config sets them; leave {key} out")  # fmt: skip
     return None
+
+
+def _config_dir_problem(line: argparse.Namespace, on: Composition) -> str | None:
+    """A ``--config-dir`` that holds none of the config groups the app composes (``deployment/``
+    above all) and is no folder of primary configs (no ``--config-name``): it would add nothing."""
+    config_dir = line.config_dir
+    if config_dir is None or line.config_name is not None:
+        return None
+    groups = sorted(g for g in on.choices if not g.startswith("hydra/")) or [DEPLOYMENT_GROUP]
+    if any(os.path.isdir(os.path.join(config_dir, group)) for group in groups):
+        return None
+    inside = os.path.basename(os.path.normpath(config_dir)) in groups
+    parent = os.path.dirname(os.path.normpath(os.path.abspath(config_dir)))
+    fix = (f"it is a group's folder itself: give its parent, --config-dir {parent}" if inside
+           else f"point it at the folder that holds {DEPLOYMENT_GROUP}/")  # fmt: skip
+    return (f"--config-dir {config_dir} holds none of the folders of the config groups "
+            f"composed here ({', '.join(g + '/' for g in groups)}), so it adds nothing "
+            f"({DEPLOYMENT_GROUP}=NAME is read from DIR/{DEPLOYMENT_GROUP}/NAME.yaml); "
+            f"{fix}")  # fmt: skip
 
 
 def _group_value_problem(on: Composition) -> str | None:
