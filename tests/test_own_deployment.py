@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from mstar_resources.apps.settings import ComposedTree
 from mstar_resources.calibration.calibrate import LabelNeed
 from mstar_resources.calibration.deployments import users_deployment_folder, write_override
 from mstar_resources.calibration.measure import Need
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import Machine, calibration_inputs
 from mstar_resources.calibration.shapes import Shape
-from mstar_resources.compose import compose_deployment
+from mstar_resources.compose import ComposedTree, compose_deployment
 from mstar_resources.errors import ResourceConfigError
 from mstar_resources.integrations.sglang.setting import SGLANG
 from mstar_resources.integrations.vllm.setting import VLLM

@@ -121,16 +121,14 @@ class PluginSetting:
 
     def deployments_served(self) -> list[str]:
         """The shipped deployments whose resources serve every one of the engine's roles."""
-        from ..apps.settings import ComposedTree
-        from ..compose import compose_deployment, deployment_options
+        from ..compose import deployment_options
         from ..compose_errors import NO_DEPLOYMENT
 
         served = []
         for name in deployment_options(self.config_name):
             if name == NO_DEPLOYMENT:
                 continue
-            root = compose_deployment(self.config_name, name, settings=ComposedTree)
-            records = resolve(root.get("resources") or {}, env={})
+            records = resolve(self.compose(name).get("resources") or {}, env={})
             if all(serving(records, role) is not None for role in self.roles):
                 served.append(name)
         return served
