@@ -495,6 +495,23 @@ def test_trtllm_gens_bound_holds_a_dcp_decodes_softmax_stats_and_0_6_14s_counter
     assert own == 394 * MIB
 
 
+def test_where_trtllm_gen_runs_both_phases_only_its_workspace_is_made_and_sealed(vllm_stand_in):
+    """Blackwell: trtllm-gen prefills and decodes, so no native workspace; the V2 runner's ask for
+    the first builder's buffer (to hand to the others) gets vLLM's own, as vLLM makes it."""
+    gen = replace(PLANS, kernels={"prefill": "trtllm-gen", "decode": "trtllm-gen"})
+    vllm_stand_in.plans = [gen]
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    runner.profile_run()
+    assert served.pools == {} and served.held_bytes == 0
+    # no FlashInfer here, so its version is unknown and 0.6.14's 8 MiB of counters are counted
+    scratch = H200_SMS * trtllm_workspace.TRTLLM_GEN_MAX_STEP_Q * (8 + 2 * 128)
+    assert served.trtllm_bytes == 8 * MIB + scratch and served.serving
+    builder = vllm_stand_in.Builder()
+    assert builder._get_workspace_buffer() is builder._workspace_buffer  # vLLM's own
+    vllm_stand_in.worker.compile_or_warm_up_model()
+    assert served.sealed and served.trtllm_workspace.sealed
+
+
 @pytest.mark.parametrize(("declared_mb", "wins"), [(64, "declared"), (1, "bound")])
 def test_a_deployments_trtllm_floor_is_kept_where_it_is_above_the_bound(
     vllm_stand_in, declared_mb, wins

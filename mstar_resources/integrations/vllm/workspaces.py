@@ -159,7 +159,8 @@ class VllmWorkspaces(PluginState):
             else:
                 records = self.setting.records
                 self.check_calibration(device)
-            keys = serving_keys(records, roles, self.setting.describe())
+            # no native phase (trtllm-gen prefills and decodes): no native workspace is served
+            keys = serving_keys(records, roles, self.setting.describe()) if roles else {}
             self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
             self.kv_cache_extensible = _kv_cache_extensible(config)
             self.vllm_outside_budget = not self.kv_cache_extensible and _made_after_kv_sizing(
@@ -337,7 +338,7 @@ class VllmWorkspaces(PluginState):
             self._builders.add(builder)
             self._check_page_size(builder)
         if role is None:  # any of them: the caller hands it to builders that build on it
-            return next(iter(self._workspaces.values()))
+            return next(iter(self._workspaces.values()), None)
         found = self._workspaces.get(role)
         if found is None:
             self._not_planned_for(role)
