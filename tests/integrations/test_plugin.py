@@ -283,3 +283,29 @@ def test_a_release_that_lacks_a_required_seam_is_left_unpatched_the_seam_named(c
         "mstar-resources: MSTAR_TEST=auto set, but this Engine lacks engine.module.Runner.profile; "
         "Engine keeps its own FlashInfer workspace"
     )
+
+
+# -- the bodies compared between releases (scripts/engine_seams.py) ----------------------------
+
+
+def _engine_seams():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import engine_seams
+    finally:
+        sys.path.pop(0)
+    return engine_seams
+
+
+def test_a_body_is_compared_without_its_docstring_and_a_change_in_it_is_seen():
+    import ast
+
+    read = _engine_seams()
+    old = 'class B:\n    def plan(self, x):\n        """Plans."""\n        return x\n'
+    reworded = old.replace("Plans.", "Plans x.")
+    changed = old.replace("return x", "return x + 1")
+    bodies = [read.body_of(ast.parse(src), "B.plan") for src in (old, reworded, changed)]
+    assert bodies[0] == bodies[1] and bodies[0] != bodies[2]
+    assert '"""' not in bodies[0]
+    assert read.body_of(ast.parse(old), "B.absent") is None
+    assert read.body_of(ast.parse(old), "B") is None  # a class is read through its __init__
