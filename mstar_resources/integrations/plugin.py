@@ -27,7 +27,7 @@ from ._post_import import when_imported
 from .setting import AUTO, PluginSetting, Setting
 
 if TYPE_CHECKING:
-    from ..attn.workspace import WorkspacePool
+    from ..attn.workspace import WorkspacePool, WorkspaceStats
 
 __all__ = [
     "EnginePlugin",
@@ -161,10 +161,14 @@ class PluginState:
         """What the pools hold on the GPU: float and int workspaces."""
         return sum(pool.held_bytes for pool in self.pools.values())
 
+    def stats(self) -> list[WorkspaceStats]:
+        """The float workspaces' stats, then the int workspaces'."""
+        return [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
+
     def report(self) -> dict[str, Any]:
         """What the plugin did in this process, as plain data: these keys in every engine's,
         then the engine's own."""
-        stats = [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
+        stats = self.stats()
         return {
             "setting": self.setting.describe(),
             "untouched": self.untouched,

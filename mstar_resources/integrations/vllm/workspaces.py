@@ -24,7 +24,7 @@ from .setting import AUTO, ENV_VAR, Setting, read_setting, serving_keys
 if TYPE_CHECKING:
     import torch
 
-    from ...attn.workspace import Workspace, WorkspacePool, WorkspaceStats
+    from ...attn.workspace import Workspace, WorkspacePool
     from ...calibration.override import Measured
     from ...calibration.profile import CalibrationProfile
 
@@ -121,10 +121,6 @@ class VllmWorkspaces(PluginState):
     def native_roles(self) -> list[Role]:
         """The phases some builder runs on FlashInfer's native wrappers."""
         return [role for role in ROLES if any(p.native(role) for p in self.plans)]
-
-    def _stats(self) -> list[WorkspaceStats]:
-        """The float workspaces' stats, then the int workspaces'."""
-        return [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
 
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
@@ -442,7 +438,7 @@ class VllmWorkspaces(PluginState):
         if self.trtllm_workspace is not None:
             self.trtllm_workspace.seal()
         self.sealed_before = before
-        stats = self._stats()
+        stats = self.stats()
         logger.info(
             "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before vLLM %s (%d "
             "growths before the seal): %s",
