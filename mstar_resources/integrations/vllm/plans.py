@@ -32,9 +32,6 @@ FLASHINFER = "FLASHINFER"
 NATIVE = "flashinfer-native"
 """FlashInfer's own wrappers (vLLM's log calls them so: ``decode_backend=flashinfer-native``)."""
 
-KV_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
-"""vLLM's ``--kv-cache-dtype`` names of FP8 caches, as the profile names their dtypes."""
-
 
 def dtype_name(dtype: Any) -> str:
     """``torch.bfloat16`` as ``bfloat16``."""
