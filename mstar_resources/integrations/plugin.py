@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import importlib.metadata
 import logging
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -119,6 +120,13 @@ def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) 
 
 PATCHED = "__mstar_resources_patch__"
 """Set on each replacement, so that a seam reached twice is patched once."""
+
+
+def _pre_release(version: str) -> bool:
+    """Whether ``version`` is a pre-release of its numbers (``0.26.0rc1``, ``0.26.0.dev3``),
+    which comes before the release itself."""
+    rest = re.sub(r"^\d+(\.\d+)*", "", version.split("+")[0]).lstrip(".").lower()
+    return rest.startswith(("a", "b", "rc", "dev"))
 
 
 def installed_version(distribution: str) -> str | None:
@@ -255,7 +263,10 @@ class EnginePlugin(Generic[State]):
         there): not installed, or older than every release read."""
         if version is None:
             return f"{self.engine} is not installed here"
-        if release(version) < release(self.releases[0]):
+        if not release(version):
+            return f"{self.engine}'s version {version!r} is not a version number"
+        first = release(self.releases[0])
+        if release(version) < first or (release(version) == first and _pre_release(version)):
             return (
                 f"{self.engine} {version} is older than every release this plugin was read in "
                 f"({self.read_in()})"

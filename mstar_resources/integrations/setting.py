@@ -24,6 +24,9 @@ from ..resolver import ResolvedResource, resolve, serving
 AUTO = "auto"
 """Measure each workspace's floor in the worker, on its GPU and its FlashInfer."""
 
+EXAMPLE_FILE = "my-conf/deployment/mine_calibrated.yaml"
+"""A deployment file's path as errors give it: where calibration writes one for ``mine``."""
+
 SHOWN_CHARACTERS = 256
 """A value longer than this is shown cut, with its length."""
 
@@ -158,14 +161,14 @@ class PluginSetting:
                     f"measure {self.engine}'s plans, or name a deployment with floors; {off}"
                 )
             if value not in options:
-                shipped = [o for o in options if o != NO_DEPLOYMENT]
+                shipped = self.deployments_served()
                 choices = [AUTO, *shipped]
                 close = did_you_mean(value.lower(), choices) or did_you_mean(value, choices)
                 raise ResourceConfigError(
                     f"{named} is not a setting the plugin takes{close}: it takes {AUTO} (measure "
                     f"{self.engine}'s plans), a "
                     f"shipped deployment ({', '.join(shipped)}) or the path of a deployment file "
-                    f"(e.g. calibrated/deployment/mine.yaml); {off}"
+                    f"(e.g. {EXAMPLE_FILE}); {off}"
                 )
             config_dir, name = None, value
         try:
@@ -219,13 +222,14 @@ def _deployment_file(value: str, named: str, off: str) -> tuple[Path, str]:
     except OSError as error:  # a name too long for the file system, ...
         is_file, reason = False, error.strerror
     else:
-        reason = "no such file" if not path.exists() else "not a file"
+        # a relative path is read from the process's working directory: say which one that was
+        reason = f"no such file as {path.absolute()}" if not path.exists() else "not a file"
     if path.suffix not in (".yaml", ".yml"):
         is_file, reason = False, f"a deployment file ends in .yaml, and this one in {path.suffix!r}"
     if not is_file:
         raise ResourceConfigError(
             f"{named} is not a deployment file ({reason}); give the path of one (e.g. "
-            f"calibrated/deployment/llama3-8b-h200_calibrated.yaml), the name of a shipped "
+            f"{EXAMPLE_FILE}, as mstar-resources-calibrate writes it), the name of a shipped "
             f"deployment, or {AUTO}; {off}"
         )
     if path.parent.name != "deployment":

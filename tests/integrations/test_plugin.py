@@ -134,6 +134,9 @@ def test_the_seams_file_is_what_the_wheels_hold(engine):
         ("vllm", "0.26.1", True, True),
         ("vllm", "0.35.0rc1+cu130", True, True),
         ("vllm", "0.25.2", False, False),
+        ("vllm", "0.26.0rc1", False, False),
+        ("vllm", "0.26.0.dev3+gabc", False, False),
+        ("vllm", "0.26.0.post1", True, True),
         ("sglang", "0.5.19", True, False),
         ("sglang", "0.5.24", True, True),
         ("sglang", "0.5.16", False, False),
@@ -156,6 +159,14 @@ def test_every_release_from_the_first_read_is_served_and_one_not_read_is_noted(
 def test_no_engine_installed_is_a_problem_named_so(engine):
     package = ENGINES[engine][0]
     assert package.version_problem(None) == f"{package.PLUGIN.engine} is not installed here"
+
+
+@pytest.mark.parametrize("version", ["", "garbage", "v1"])
+def test_a_version_that_is_no_number_is_named_so(engine, version):
+    package = ENGINES[engine][0]
+    assert package.version_problem(version) == (
+        f"{package.PLUGIN.engine}'s version {version!r} is not a version number"
+    )
 
 
 @pytest.mark.parametrize("version", ["0.35.0", "0.5.30"])

@@ -83,6 +83,27 @@ def test_an_mla_deployment_is_refused_saying_mla_is_left_to_the_engine(deploymen
         assert both.read({"MSTAR_RESOURCES_OTHER": name}) is not None
 
 
+def test_a_value_that_is_no_setting_offers_only_deployments_the_plugin_takes():
+    """The list a bad value gets holds the deployments that serve the engine's roles: no MLA one
+    (refused when named) and not the empty one."""
+    with pytest.raises(ResourceConfigError) as caught:
+        OTHER.read({"MSTAR_RESOURCES_OTHER": "nope"})
+    (problem,) = caught.value.problems
+    offered = problem.partition("a shipped deployment (")[2].partition(")")[0].split(", ")
+    assert "llama3-8b-h200" in offered and "none" not in offered
+    for name in offered:
+        assert OTHER.read({"MSTAR_RESOURCES_OTHER": name}) is not None
+
+
+def test_a_missing_deployment_file_is_named_as_the_path_read(tmp_path, monkeypatch):
+    """A relative path is read from the working directory, which the refusal names."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ResourceConfigError) as caught:
+        OTHER.read({"MSTAR_RESOURCES_OTHER": "my-conf/deployment/nothere.yaml"})
+    (problem,) = caught.value.problems
+    assert f"no such file as {tmp_path / 'my-conf/deployment/nothere.yaml'}" in problem
+
+
 def test_a_file_that_is_not_utf8_beside_a_fifo_is_named_without_reading_the_fifo(tmp_path):
     folder = tmp_path / "c" / "deployment"
     folder.mkdir(parents=True)

@@ -90,7 +90,7 @@ def test_the_floor_variable_sizes_what_a_deployment_file_leaves_undeclared(tmp_p
         pytest.param("false", "unset MSTAR_RESOURCES_VLLM", id="false"),
         pytest.param("null", "unset MSTAR_RESOURCES_VLLM", id="null"),
         pytest.param("8.5", "unset MSTAR_RESOURCES_VLLM", id="a-number"),
-        pytest.param("[a,b]", "a shipped deployment (deepseek-v3-tp8-h200,", id="a-list"),
+        pytest.param("[a,b]", "a shipped deployment (glm-4.5-air-h200,", id="a-list"),
         pytest.param("none", "declares no floor", id="none"),
         pytest.param("no/such/file.yaml", "no such file", id="missing-file"),
         pytest.param("llama3-8b-h200.json", "(did you mean llama3-8b-h200?)", id="not-yaml"),
