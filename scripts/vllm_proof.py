@@ -122,6 +122,19 @@ class Case:
         """What the run is of its group: ``vllm``, ``plugin``, ``plugin-mp``..."""
         return self.name.split("/")[-1]
 
+    def settings(self) -> str:
+        """What this run sets beside the prompts, as the dry run prints it."""
+        engine = {"shape": self.shape, "max_num_seqs": self.max_num_seqs,
+                  "max_num_batched_tokens": self.max_num_batched_tokens,
+                  "max_model_len": self.max_model_len, "kv_cache_dtype": self.kv_cache_dtype,
+                  "enforce_eager": self.eager, "max_cudagraph_capture_size": self.max_capture,
+                  "engine core in this process": self.in_process}  # fmt: skip
+        env = dict(self.env)
+        if self.buffer_bytes is not None:
+            env["VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE"] = str(self.buffer_bytes)
+        shown = [f"{k}={v}" for k, v in engine.items() if v is not None]
+        return ", ".join(shown + [f"{k}={v}" for k, v in env.items()])
+
 
 SIDES = ("vllm", "plugin", "plugin-mp", "plugin-stale", "vllm-raised")
 """The runs a group can have (``--sides``); ``plugin-file`` follows ``plugin``
@@ -766,7 +779,8 @@ def main() -> None:
     parser.add_argument("--requests", type=count(1 << 16), default=128,
                         help="trace rows a shape serves")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("vllm-proof"), help="folder of results")
-    parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"))
+    parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"),
+                        help="folder the random-weight models are saved in")  # fmt: skip
     parser.add_argument("--timeout", type=seconds(DAY), default=400.0,
                         help="seconds a run may take, at most a day")  # fmt: skip
     parser.add_argument("--file-floors", nargs="*", default=[], metavar="GROUP",
@@ -804,7 +818,7 @@ def main() -> None:
             lengths = prompts(case)
             print(f"{case.name}: MSTAR_RESOURCES_VLLM={case.plugin or '(unset)'}, "
                   f"{len(lengths)} requests, {sum(len(p) for p, _ in lengths):,} prompt tokens, "
-                  f"{sum(n for _, n in lengths):,} output tokens")  # fmt: skip
+                  f"{sum(n for _, n in lengths):,} output tokens; {case.settings()}")  # fmt: skip
         return
     if importlib.util.find_spec("vllm") is None:
         parser.error("vLLM is not installed here; run where it is, or --dry-run for the runs")
