@@ -185,8 +185,11 @@ def diff(seam: str, wheels: list[Path]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("wheels", nargs="+", type=Path, help="the wheels of one engine")
-    parser.add_argument("--diff", metavar="SEAM", help="print SEAM's body where it changed")
+    parser.add_argument("wheels", nargs="+", type=Path,
+                        help="the wheels of one engine, oldest first; their seams are printed as "
+                        "JSON on stdout")  # fmt: skip
+    parser.add_argument("--diff", metavar="SEAM", help="print the body of SEAM "
+                        "(module.Class.method or module.function) where it changed")  # fmt: skip
     args = parser.parse_args()
     if args.diff:
         print(diff(args.diff, args.wheels))
