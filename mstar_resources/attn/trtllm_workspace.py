@@ -8,7 +8,9 @@ the launch grid (requests, heads, page-table width), never by the sequences' act
 
 from __future__ import annotations
 
-MIB = 1 << 20
+from ..errors import ResourceUsageError
+from ..units import MIB, round_up
+
 # decode.py xqa_batch_decode_with_kv_cache: workspace[:8 MiB] is the semaphores, the rest scratch.
 XQA_SEMAPHORE_BYTES = 8 * MIB
 # data/csrc/xqa/mha.cu: ctaTile.x = warpTile.x (64) * ctaShapeInWarps.x (4) KV tokens per CTA tile.
@@ -32,14 +34,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _round_up(a: int, b: int) -> int:
-    return _cdiv(a, b) * b
-
-
 def _positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise ResourceUsageError(f"{name} must be a positive integer, got {value!r}")
 
 
 def xqa_sub_seqs_per_seq(*, batch: int, num_kv_heads: int, max_seq_len: int, sm_count: int) -> int:
@@ -59,7 +57,7 @@ def _mha_scratch(b: int, hkv: int, group: int, head_dim: int, seq: int, sms: int
         rows, seqs = XQA_SPEC_DEC_ROWS, b * hkv * _cdiv(q * group, XQA_SPEC_DEC_ROWS)
     head_elems = next(e for e in (64, 128, 256, 512) if head_dim <= e)
     buf, row_max, sub = rows * head_elems * 2, 128 * _cdiv(rows, 32), n * seqs
-    return _round_up(2 * sub * row_max, buf) + sub * buf
+    return round_up(2 * sub * row_max, buf) + sub * buf
 
 
 def _sm90_scratch(b: int, hkv: int, group: int, head_dim: int, seq: int, sms: int, q: int) -> int:
@@ -77,7 +75,7 @@ def _sm90_scratch(b: int, hkv: int, group: int, head_dim: int, seq: int, sms: in
     out = 0
     for rows, split in shapes:
         chunk, chunks = rows * head_dim * 2, n * hkv * b * split
-        out = max(out, _round_up(chunks * 8 * rows, chunk) + chunks * chunk)
+        out = max(out, round_up(chunks * 8 * rows, chunk) + chunks * chunk)
     return out
 
 
@@ -117,10 +115,10 @@ def xqa_workspace_bytes(
               head_dim=head_dim, max_seq_len=max_seq_len, sm_count=sm_count,
               q_len_per_req=q_len_per_req)  # fmt: skip
     if num_qo_heads % num_kv_heads:
-        raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of "
+        raise ResourceUsageError(f"num_qo_heads={num_qo_heads} is not a multiple of "
                          f"num_kv_heads={num_kv_heads}")  # fmt: skip
     if head_dim % 16 or head_dim > 512:
-        raise ValueError(f"head_dim must be a multiple of 16 up to 512, got {head_dim!r}")
+        raise ResourceUsageError(f"head_dim must be a multiple of 16 up to 512, got {head_dim!r}")
     group = num_qo_heads // num_kv_heads
     kernels = [_mha_scratch] + ([_sm90_scratch] if hopper_fp8_kv else [])
     args = (num_kv_heads, group, head_dim, max_seq_len, sm_count, q_len_per_req)
@@ -134,7 +132,7 @@ def trtllm_gen_softmax_stats_bytes(*, batch: int, num_qo_heads: int, max_q_len: 
     returned, in context and generation runs): heads x batch x round_up(max_q_len, 256) float2
     plus a 1 MiB guard."""
     _positive(batch=batch, num_qo_heads=num_qo_heads, max_q_len=max_q_len)
-    return num_qo_heads * batch * _round_up(max_q_len, 256) * 8 + TRTLLM_GEN_STATS_GUARD_BYTES
+    return num_qo_heads * batch * round_up(max_q_len, 256) * 8 + TRTLLM_GEN_STATS_GUARD_BYTES
 
 
 def trtllm_gen_workspace_bytes(
@@ -185,4 +183,4 @@ def trtllm_gen_workspace_bytes(
         head += trtllm_gen_softmax_stats_bytes(
             batch=batch, num_qo_heads=num_qo_heads, max_q_len=max_q_len
         )
-    return _round_up(head, 16) + sm_count * max_step_q * (8 + 2 * head_dim_vo)
+    return round_up(head, 16) + sm_count * max_step_q * (8 + 2 * head_dim_vo)

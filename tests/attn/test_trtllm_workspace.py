@@ -15,6 +15,7 @@ from mstar_resources.attn.trtllm_workspace import (
     xqa_sub_seqs_per_seq,
     xqa_workspace_bytes,
 )
+from mstar_resources.errors import ResourceUsageError
 
 H200_SMS = 132
 B200_SMS = 148
@@ -99,7 +100,7 @@ def test_xqa_split_count_never_exceeds_the_sms():
     ],
 )
 def test_xqa_errors_name_the_setting(kwargs, words):
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ResourceUsageError, match=words):
         xqa(**kwargs)
 
 
@@ -147,6 +148,6 @@ def test_trtllm_gen_bound_is_monotone():
 
 
 def test_trtllm_gen_errors_name_the_setting():
-    with pytest.raises(ValueError, match="max_q_len must be a positive integer, got 0"):
+    with pytest.raises(ResourceUsageError, match="max_q_len must be a positive integer, got 0"):
         trtllm_gen_workspace_bytes(batch=1, num_qo_heads=8, head_dim_vo=128, sm_count=1,
                                    max_q_len=0)  # fmt: skip
