@@ -93,6 +93,10 @@ def _find(module: Any, seam: Seam) -> Any:
     return target
 
 
+PATCHED = "__mstar_resources_patch__"
+"""Set on each replacement, so that a seam reached twice is patched once."""
+
+
 def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) -> None:
     """Apply to ``module`` each of ``seams``' patches that are its, where it has their seam; if
     it lacks a required seam, nothing of it is patched and ``state`` leaves the engine as it
@@ -116,10 +120,6 @@ def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) 
             with contextlib.suppress(AttributeError):  # a bound method: not marked
                 setattr(replacement, PATCHED, True)
             setattr(owner, attribute, replacement)
-
-
-PATCHED = "__mstar_resources_patch__"
-"""Set on each replacement, so that a seam reached twice is patched once."""
 
 
 def _pre_release(version: str) -> bool:

@@ -4,6 +4,7 @@ native wrappers run, handed to each wrapper as vLLM builds it, sealed before ser
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import logging
@@ -235,8 +236,6 @@ class VllmWorkspaces(PluginState):
     ) -> tuple[ResolvedResource, ...]:
         """``auto``: a resource for each natively run phase, its floor the most any builder's
         plans of that phase need, measured here."""
-        import dataclasses
-
         from ...calibration.override import declared_floors
 
         tree: dict[str, Any] = {"attn": {}}
@@ -257,15 +256,10 @@ class VllmWorkspaces(PluginState):
             shared_int = role == "decode" and None not in int_needs
             int_need = max((n for n in int_needs if n is not None), default=0)
             path = f"attn.{role}"
-            declared_floors(
-                [
-                    dataclasses.replace(
-                        need, path=path, int_need_bytes=int_need if shared_int else None
-                    )
-                ],
-                margin=0.0,
-                into=tree,
+            held = dataclasses.replace(
+                need, path=path, int_need_bytes=int_need if shared_int else None
             )
+            declared_floors([held], margin=0.0, into=tree)
             others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
             int_held = f", int need {int_need:,} bytes" if shared_int else ", no int workspace"
             self.provenance[path] = (
