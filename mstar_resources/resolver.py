@@ -23,7 +23,6 @@ from ._internal import limits
 from ._internal.floor import (
     FLOAT,
     INT,
-    PINNED_MIRRORS,
     Floor,
     FloorSource,
     declared_text,
@@ -82,7 +81,7 @@ class ResolvedResource:
     floor_bytes``."""
     int_declared_mb: int | None = None
     int_floor_mb: int = INT.default_mb
-    """The floor of each int workspace (and of each of its pinned mirrors), in MB: declared,
+    """The floor of each int workspace (and of its host mirror), in MB: declared,
     else from ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8."""
     int_floor_bytes: int = field(init=False)
     int_floor_source: FloorSource = "default"
@@ -92,9 +91,6 @@ class ResolvedResource:
     int_reserved_bytes: int = field(init=False)
     """What the pool's int workspaces hold on the GPU once every one is made:
     ``workspaces * int_floor_bytes``."""
-    pinned_bytes: int = field(init=False)
-    """What their pinned host mirrors hold: ``PINNED_MIRRORS`` (4) of each int workspace's bytes,
-    which plans write in turn (``attn/int_workspace.py``)."""
 
     def __post_init__(self) -> None:
         derived = {
@@ -104,7 +100,6 @@ class ResolvedResource:
         }
         derived["reserved_bytes"] = derived["workspaces"] * derived["floor_bytes"]
         derived["int_reserved_bytes"] = derived["workspaces"] * derived["int_floor_bytes"]
-        derived["pinned_bytes"] = PINNED_MIRRORS * derived["int_reserved_bytes"]
         for name, value in derived.items():
             object.__setattr__(self, name, value)
 

@@ -32,7 +32,7 @@ class Resource:
     """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot).
 
     Each key holds the two buffers its wrappers plan on: a float workspace (``declared_mb``) and
-    an int workspace with its pinned host mirror (``int_declared_mb``)."""
+    an int workspace with its host mirror (``int_declared_mb``)."""
 
     owner: str = field(default="attention", metadata={"expects": "a non-empty string"})
     """Who the resource belongs to, as workspaces name it in logs and errors (``owner:label:cgN``).
@@ -47,7 +47,7 @@ class Resource:
     int_declared_mb: int | None = field(
         default=None, metadata={"expects": f"a whole number of MB from 0 to {MAX_MB:,}, or null"}
     )
-    """The floor of each int workspace, and of its pinned host mirror, in MB; 0: none, each
+    """The floor of each int workspace, and of its host mirror, in MB; 0: none, each
     wrapper keeps its own (what calibration writes where a wrapper makes its own at each plan,
     FlashInfer 0.7's MLA). Default null:
     ``MSTAR_INT_WORKSPACE_BUFFER_MB`` if set, else 8 (what each FlashInfer wrapper makes for

@@ -6,14 +6,14 @@
 
 The planners: a real FlashInfer decode plan (batch 64, 4096 tokens each, its inputs in pinned
 host memory as an engine's are), its wrapper given the pool's int workspace (its plans write the
-pinned mirrors in turn, behind the fence), the same plan through a Python function that does
+pageable host mirror), the same plan through a Python function that does
 nothing else (the least any layer of Python adds beside a real plan, whose work leaves the host's
 caches cold), the plan on an int workspace of its own; and a no-op wrapper
-on the shared int workspace, which leaves Workspace.plan's own cost on the GPU, the fence's CUDA
-calls included. These GPU rows only where there are a CUDA GPU and FlashInfer, else they are
-left out and stderr says why, or, asked for alone with ``--device cuda``, the run is refused with
-status 2. With them, lines saying how many plans the fence made wait: in a row on an idle GPU,
-and in an engine's loop on a busy one. On the CPU: a planner of similar cost (host work
+on the shared int workspace, which leaves Workspace.plan's own cost on the GPU. These GPU rows
+only where there are a CUDA GPU and FlashInfer, else they are left out and stderr says why, or,
+asked for alone with ``--device cuda``, the run is refused with status 2
+(``scripts/bench_int_mirror.py`` times the int workspace's host side in an engine's loop). On
+the CPU: a planner of similar cost (host work
 calibrated to the decode plan's ~220 us), and a no-op planner, which leaves only Workspace.plan's
 own cost. Each round calls the planner directly and through the workspace in turn, one call each
 a pair, the pair's order swapped every time (ABBA, so a drift in the machine's speed cancels out),
@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from _args import count, refuse, run_main, seconds
 from _plot import add_png_option, check_png, pyplot, save
@@ -129,7 +128,7 @@ def noop(*args: object, **kwargs: object) -> None:
 
 class _NoOpWrapper:
     """A wrapper whose plan does nothing, with the buffers FlashInfer's wrappers keep: given the
-    pool's int workspace, Workspace.plan fences its plans as it does a real wrapper's."""
+    pool's int workspace, Workspace.plan treats its plans as it does a real wrapper's."""
 
     def __init__(self, float_workspace_buffer: object) -> None:
         import torch
@@ -145,13 +144,11 @@ class _NoOpWrapper:
         pass
 
 
-def gpu_rows(rounds: int, t: float) -> tuple[list[Row], list[str]]:
+def gpu_rows(rounds: int, t: float) -> list[Row]:
     """The FlashInfer decode plan through a workspace, its wrapper given the pool's int workspace
-    (as the vLLM plugin's decode wrappers are: its plans write the pinned mirrors in turn, behind
-    the fence) and on an int workspace of its own (no fence); and Workspace.plan around a no-op
-    wrapper on the shared int workspace, which leaves its own cost on the GPU, the fence's CUDA
-    calls included. With them, lines saying how many plans the fence made wait: 2,000 plans in a
-    row on an idle GPU, and an engine's loop on a busy one."""
+    (as the vLLM plugin's decode wrappers are) and on an int workspace of its own; and
+    Workspace.plan around a no-op wrapper on the shared int workspace, which leaves its own cost
+    on the GPU."""
     import flashinfer
     import torch
 
@@ -167,7 +164,7 @@ def gpu_rows(rounds: int, t: float) -> tuple[list[Row], list[str]]:
     args = (indptr, indices, last_page_len, 32, 8, 128, page)
     kwargs = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
     name = f"bs={batch}, kv={kv_len}, {torch.cuda.get_device_name()}"
-    rows, notes = [], []
+    rows = []
     for case, shared in (("shared int workspace", True), ("its own int workspace", False)):
         pool = WorkspacePool("cuda", size_mb=1, int_size_mb=1)
         workspace = pool.get("decode")
@@ -187,57 +184,14 @@ def gpu_rows(rounds: int, t: float) -> tuple[list[Row], list[str]]:
                 "the same, through a Python function that only calls it",
                 direct, functools.partial(call_through, plan, *args, **kwargs), rounds, t,
             ))  # fmt: skip
-        int_workspace = workspace.int_workspace
-        if shared and int_workspace is not None:
-            notes.append(_idle_waits(int_workspace, wrapped))
-            notes.append(_busy_waits(int_workspace, wrapped))
     pool = WorkspacePool("cuda", size_mb=1, int_size_mb=1)
     noop_wrapper = pool.build(_NoOpWrapper, label="decode")
     workspace = pool.get("decode")
     rows.append(measure(
-        "no-op wrapper on the shared int workspace (Workspace.plan's own cost, fence included)",
+        "no-op wrapper on the shared int workspace (Workspace.plan's own cost)",
         noop_wrapper.plan, functools.partial(workspace.plan, noop_wrapper.plan), rounds, t,
     ))  # fmt: skip
-    return rows, notes
-
-
-def _idle_waits(int_workspace: Any, plan: Callable[[], object], plans: int = 2000) -> str:
-    """How many of ``plans`` plans in a row, the GPU idle, the fence made wait."""
-    before = int_workspace.fence_waits
-    for _ in range(plans):
-        plan()
-    waited = int_workspace.fence_waits - before
-    return f"the shared row's fence waited in {waited:,} of {plans:,} plans in a row, GPU idle"
-
-
-def _busy_waits(
-    int_workspace: Any, plan: Callable[[], object], steps: int = 500, run_us: float = 300.0
-) -> str:
-    """An engine's loop on a busy GPU: each step plans, then queues its run (a kernel of
-    ``run_us``, longer than the plan), and, as vLLM's async scheduling does with its queue of
-    two batches, waits for the step before the last one before it goes on."""
-    import torch
-
-    rate_khz = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate
-    cycles = int(run_us * rate_khz / 1000)
-    done = [torch.cuda.Event() for _ in range(steps)]
-    torch.cuda.synchronize()
-    before = int_workspace.fence_waits
-    begin = time.perf_counter()
-    for step in range(steps):
-        if step >= 2:
-            done[step - 2].synchronize()  # the engine's own wait for an earlier step's output
-        plan()
-        torch.cuda._sleep(cycles)  # the step's run
-        done[step].record()
-    torch.cuda.synchronize()
-    per_step = (time.perf_counter() - begin) / steps * 1e6
-    waited = int_workspace.fence_waits - before
-    return (
-        f"an engine's loop, each step's run {run_us:.0f} us on the GPU, the host two steps "
-        f"ahead at most: the fence waited in {waited:,} of {steps:,} plans ({per_step:.0f} us "
-        "a step)"
-    )
+    return rows
 
 
 def gpu_missing() -> str | None:
@@ -293,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing and options.device == "cuda":
         # The only row asked for is one this machine cannot measure: nothing is left to run.
         refuse(parser, "--device", "cuda", f"{missing}; --device cpu measures the CPU rows")
-    rows, notes = [], []
+    rows = []
     if options.device in ("cpu", "all"):
         planners = {
             "no-op planner (Workspace.plan's own cost)": noop,
@@ -305,17 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"no FlashInfer decode row: {missing}", file=sys.stderr)
         else:
-            gpu, gpu_notes = gpu_rows(options.rounds, options.min_run_time)
-            rows.extend(gpu)
-            notes.extend(gpu_notes)
+            rows.extend(gpu_rows(options.rounds, options.min_run_time))
     print(f"{'planner':<62} {'direct us':>10} {'via plan us':>12} {'added us':>9} {'ratio':>7}")
     for row in rows:
         print(
             f"{row.case:<62} {row.direct_us:>10.1f} {row.wrapped_us:>12.1f} "
             f"{row.added_us:>9.2f} {row.ratio:>7.4f}"
         )
-    for note in notes:
-        print(note)
     if options.png:
         plot(rows, options.png)
     return 0

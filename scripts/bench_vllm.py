@@ -81,7 +81,7 @@ def order(configs: list[Config], rounds: int, parts: bool = False) -> list[tuple
     return runs
 
 
-PARTS = ("workspace_plan", "plan_fenced", "event_query", "event_record")
+PARTS = ("workspace_plan", "plan_on")
 """The plugin's layers a ``parts`` run times (``vllm_proof._PlanClock``), outermost first."""
 
 

@@ -362,8 +362,7 @@ class _PlanClock:
     same process, plan by plan: their difference is what the plugin adds to each plan, free of the
     noise between runs. Without the plugin the difference is the clock's own cost. With
     ``parts``, the plugin's layers are timed too (each timer adding its own cost):
-    ``Workspace.plan`` around FlashInfer's plan, the fenced plan within it, and the fence's
-    CUDA event calls."""
+    ``Workspace.plan`` around FlashInfer's plan, and the int workspace's plan within it."""
 
     def __init__(self, parts: bool = False) -> None:
         import vllm.v1.attention.backends.flashinfer as backend
@@ -377,7 +376,7 @@ class _PlanClock:
             from mstar_resources.attn.int_workspace import IntWorkspace
 
             Workspace.plan = self._timed(Workspace.plan, "workspace_plan")  # type: ignore[method-assign]
-            IntWorkspace.plan_fenced = self._timed(IntWorkspace.plan_fenced, "plan_fenced")  # type: ignore[method-assign]
+            IntWorkspace.plan_on = self._timed(IntWorkspace.plan_on, "plan_on")  # type: ignore[method-assign]
         self.parts = parts
 
     def _timed(self, call: Any, name: str) -> Any:
@@ -403,15 +402,6 @@ class _PlanClock:
         if name == "outer":  # an earlier engine's, still in place
             call = timed
         self.backend.fast_plan_decode = self._timed(call, "outer")
-        from mstar_resources.integrations import vllm as plugin
-
-        workspaces = plugin.active()
-        if not self.parts or workspaces is None:
-            return
-        for workspace in workspaces._workspaces.values():  # the fence's own events, vLLM's not
-            fence = workspace.int_workspace
-            if fence is not None and fence._events is not None:
-                fence._events = [_TimedEvent(e, self) for e in fence._events]
 
     def reset(self) -> None:
         for spans in self.spans.values():
@@ -442,15 +432,6 @@ class _PlanClock:
 def _quantile(values: list[int], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class _TimedEvent:
-    """One of the fence's CUDA events, its calls timed by ``clock``."""
-
-    def __init__(self, event: Any, clock: _PlanClock) -> None:
-        self.query = clock._timed(event.query, "event_query")
-        self.record = clock._timed(event.record, "event_record")
-        self.synchronize = clock._timed(event.synchronize, "event_synchronize")
 
 
 class _GcClock:

@@ -104,6 +104,14 @@ REFUSED = [
         ),
     ),
     pytest.param("bench_dry_run.py", ["--rounds", "0"], "--rounds", "0", "", id="dry-run-rounds"),
+    pytest.param("bench_int_mirror.py", ["--steps", "0"], "--steps", "0", "1 to 100,000",
+                 id="int-mirror-steps"),
+    pytest.param(
+        "bench_int_mirror.py", [], "CUDA GPU", "FlashInfer", "", id="int-mirror-no-gpu",
+        marks=pytest.mark.skipif(
+            decode_row_measurable(), reason="CUDA and FlashInfer are here: it measures"
+        ),
+    ),
     pytest.param(
         "bench_seal_ranks.py", ["--rounds", "0"], "--rounds", "0", "", id="seal-ranks-rounds"
     ),

@@ -20,12 +20,12 @@ from .conftest import INT_VAR, VAR
 SCRIPT = Path(sys.executable).parent / "mstar-resources"
 
 DEFAULT_TABLE = """\
-path          owner      labels   slots  floor MB  source   workspaces  reserved MB  int MB  int source  int reserved MB  pinned MB
-------------  ---------  -------  -----  --------  -------  ----------  -----------  ------  ----------  ---------------  ---------
-attn.prefill  attention  prefill  eager       512  default           1          512       8  default                   8         80
-attn.decode   attention  decode   0,1         512  default           2        1,024       8  default                  16        160
-------------  ---------  -------  -----  --------  -------  ----------  -----------  ------  ----------  ---------------  ---------
-total                                                                3        1,536                                   24        240
+path          owner      labels   slots  floor MB  source   workspaces  reserved MB  int MB  int source  int reserved MB
+------------  ---------  -------  -----  --------  -------  ----------  -----------  ------  ----------  ---------------
+attn.prefill  attention  prefill  eager       512  default           1          512       8  default                   8
+attn.decode   attention  decode   0,1         512  default           2        1,024       8  default                  16
+------------  ---------  -------  -----  --------  -------  ----------  -----------  ------  ----------  ---------------
+total                                                                3        1,536                                   24
 """  # noqa: E501
 
 
@@ -47,7 +47,7 @@ def test_json_is_one_document_on_stdout_and_nothing_else(tmp_path):
     assert (done.returncode, done.stderr) == (0, "")
     report = json.loads(done.stdout)  # fails on anything besides the one document
     assert list(report) == [
-        "resources", "total_reserved_bytes", "total_int_reserved_bytes", "total_pinned_bytes"
+        "resources", "total_reserved_bytes", "total_int_reserved_bytes"
     ]  # fmt: skip
     assert report["resources"][1] == {
         "path": "attn.decode",
@@ -67,12 +67,10 @@ def test_json_is_one_document_on_stdout_and_nothing_else(tmp_path):
         "int_floor_source": "default",
         "int_floor_setting": "MSTAR_INT_WORKSPACE_BUFFER_MB",
         "int_reserved_bytes": 16 * MIB,
-        "pinned_bytes": 10 * 16 * MIB,
     }
     assert report["total_reserved_bytes"] == (256 + 256) * MIB
-    # One int workspace a float one, 3 x 8 MiB on the GPU, each with 10 pinned mirrors on the host.
+    # One int workspace a float one, 3 x 8 MiB on the GPU.
     assert report["total_int_reserved_bytes"] == 3 * 8 * MIB
-    assert report["total_pinned_bytes"] == 10 * 3 * 8 * MIB
     assert list(tmp_path.iterdir()) == []
 
 

@@ -17,7 +17,6 @@ from mstar_resources import (
     build_pools,
     resolve,
 )
-from mstar_resources._internal.floor import PINNED_MIRRORS
 from mstar_resources.units import MIB
 
 from .attn.fake_allocator import FakePlanner
@@ -29,7 +28,7 @@ JSON_KEYS = [
     "path", "owner", "labels", "cg_slots", "declared_mb", "floor_mb", "floor_bytes",
     "floor_source", "floor_setting", "workspaces", "reserved_bytes", "int_declared_mb",
     "int_floor_mb", "int_floor_bytes", "int_floor_source", "int_floor_setting",
-    "int_reserved_bytes", "pinned_bytes",
+    "int_reserved_bytes",
 ]  # fmt: skip
 
 
@@ -69,7 +68,6 @@ def test_record_fields_are_the_json_keys_and_derive_their_sizes():
         "int_floor_source": "default",
         "int_floor_setting": "MSTAR_INT_WORKSPACE_BUFFER_MB",
         "int_reserved_bytes": 16 * MIB,
-        "pinned_bytes": PINNED_MIRRORS * 16 * MIB,  # the mirrors of each int workspace
     }
     assert (prefill.workspaces, prefill.reserved_bytes) == (1, 256 * MIB)  # eager: one per label
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -1,7 +1,7 @@
 """Where a workspace's floor comes from: its declared size, else the environment, else a default.
 
 Two buffers of a FlashInfer wrapper have floors: the float workspace (``declared_mb``, else
-``MSTAR_WORKSPACE_BUFFER_MB``, else 512 MB) and the int workspace with its pinned host mirror
+``MSTAR_WORKSPACE_BUFFER_MB``, else 512 MB) and the int workspace with its host mirror
 (``int_declared_mb``, else ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8 MB, FlashInfer's own size).
 Each :class:`Buffer` says which variable and default are its own.
 """
@@ -29,21 +29,6 @@ INT_ENV_VAR = "MSTAR_INT_WORKSPACE_BUFFER_MB"
 INT_DEFAULT_MB = 8
 """The int floor when neither a resource nor the environment sets one: what each FlashInfer
 wrapper allocates for itself (``torch.empty(8 * 1024 * 1024)`` in its ``__init__``)."""
-
-PLANS_PER_EVENT = 8
-"""Plans an int workspace's fence covers with one CUDA event (``attn/int_workspace.py``): its
-cost, one event record and one event query, is spread over this many plans."""
-
-PLANS_BACK = 3
-"""How far back the plan is whose copy a plan may wait for: the copies of the plans at least this
-many before it, never of the last ``PLANS_BACK - 1``, so a host that many plans ahead of its GPU
-never waits."""
-
-PINNED_MIRRORS = PLANS_PER_EVENT + PLANS_BACK - 1
-"""The pinned host mirrors each int workspace keeps (10), each as many bytes as it: consecutive
-plans write them in turn, so a plan rewrites a mirror only once the event recorded after that
-mirror's last plan, :data:`PLANS_BACK` or more plans before it, says its copy has run. The pinned
-bytes an int workspace holds are this many times its own."""
 
 MAX_MB = 1 << 20
 """The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a

@@ -39,10 +39,10 @@ __all__ = ["main"]
 PROG = "mstar-resources"
 _COLUMNS = (
     "path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB",
-    "int MB", "int source", "int reserved MB", "pinned MB",
+    "int MB", "int source", "int reserved MB",
 )  # fmt: skip
-"""The float workspaces' columns, then the int workspaces' (one per float one) and their pinned
-host mirrors' (four of each int workspace's bytes, on the host)."""
+"""The float workspaces' columns, then the int workspaces' (one per float one; each has a host
+mirror of as many bytes)."""
 
 
 @hydra_app(
@@ -72,7 +72,6 @@ def main(cfg: DictConfig) -> None:
         "resources": [dataclasses.asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
         "total_int_reserved_bytes": int_reserved,
-        "total_pinned_bytes": sum(record.pinned_bytes for record in records),
     }
     if calibrated:
         report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}
@@ -142,17 +141,15 @@ def _table(
             f"{record.int_floor_mb:,}",
             record.int_floor_source,
             _mb(record.int_reserved_bytes),
-            _mb(record.pinned_bytes),
         )
         for record in records
     ]
     total = report["total_reserved_bytes"]
     int_total = report["total_int_reserved_bytes"]
     workspaces = sum(record.workspaces for record in records)
-    footer = ["total", "", "", "", "", "", str(workspaces), _mb(total), "", "", _mb(int_total),
-              _mb(report["total_pinned_bytes"])]  # fmt: skip
+    footer = ["total", "", "", "", "", "", str(workspaces), _mb(total), "", "", _mb(int_total)]
     table = [_COLUMNS, None, *rows, None, footer]
-    lines = [format_table(table, right={4, 6, 7, 8, 10, 11})]
+    lines = [format_table(table, right={4, 6, 7, 8, 10})]
     for path, c in calibrated.items():
         lines.append(
             f"{path}: declared by calibration, need {c.need_bytes:,} bytes + {c.margin:.0%} "

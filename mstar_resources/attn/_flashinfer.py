@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLOAT_BUFFER",
+    "HOST_MIRROR",
     "INT_BUFFER",
-    "PINNED_MIRROR",
     "RECORDED_SIZE",
     "REFUSAL",
     "buffer_views",
@@ -40,11 +40,11 @@ decode, paged and ragged prefill, POD and MLA wrappers; each plan and run reads 
 which is what lets a workspace grow in place."""
 
 INT_BUFFER = "_int_workspace_buffer"
-PINNED_MIRROR = "_pin_memory_int_workspace_buffer"
-"""Where a wrapper keeps its int workspace and that buffer's pinned host mirror (8 MiB each, made
-by the wrapper itself). Read in 0.6.6, 0.7.2.post1 and 0.7.4: decode, paged and ragged prefill, POD;
-MLA in 0.6, and in 0.7 only once a plan made a fresh pair (so 0.7's MLA keeps its own). A cascade
-wrapper keeps none (one per level, in wrappers of its own)."""
+HOST_MIRROR = "_pin_memory_int_workspace_buffer"
+"""Where a wrapper keeps its int workspace and that buffer's host mirror (8 MiB each, made by the
+wrapper itself, the mirror pinned). Read in 0.6.6, 0.7.2.post1 and 0.7.4: decode, paged and ragged
+prefill, POD; MLA in 0.6, and in 0.7 only once a plan made a fresh pair (so 0.7's MLA keeps its
+own). A cascade wrapper keeps none (one per level, in wrappers of its own)."""
 
 RECORDED_SIZE = "_workspace_size"
 """The float workspace's size in bytes, as FlashInfer's paged prefill wrapper records it once, at
@@ -75,7 +75,7 @@ def own_buffers(wrapper: Any) -> dict[str, Any] | None:
     if (
         own is None
         or not isinstance(own.get(INT_BUFFER), torch.Tensor)
-        or not isinstance(own.get(PINNED_MIRROR), torch.Tensor)
+        or not isinstance(own.get(HOST_MIRROR), torch.Tensor)
     ):
         return None
     return cast(dict[str, Any], own)

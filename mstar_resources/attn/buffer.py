@@ -1,7 +1,7 @@
 """One growable buffer of a workspace: its tensor, moved in place onto a larger block when a plan
 overflows it, and never again once sealed; its growth history; its refusals. A float workspace
 holds one (:class:`~mstar_resources.attn.workspace.Workspace`), an int workspace one with its
-pinned host mirrors (:class:`~mstar_resources.attn.int_workspace.IntWorkspace`)."""
+host mirror (:class:`~mstar_resources.attn.int_workspace.IntWorkspace`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._internal.floor import FLOAT, Buffer
+from .._internal.floor import FLOAT, INT, Buffer
 from ..errors import (
     ResourceUsageError,
     WorkspaceSealedError,
@@ -42,18 +42,12 @@ _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """How torch's CPU allocator says it ran out (``c10/core/impl/alloc_cpu.cpp``): a plain
 ``RuntimeError``, where a GPU raises ``torch.OutOfMemoryError``."""
 
-_PINNED_ALLOCATOR_FAILED = "CUDA error: out of memory"
-"""How torch's pinned host allocator says it ran out (``cudaHostAlloc`` failing, raised through
-``C10_CUDA_CHECK``): a ``RuntimeError`` (``torch.AcceleratorError`` in newer torch)."""
-
 
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is an allocator running out of memory, and nothing else."""
     if isinstance(error, torch.OutOfMemoryError):
         return True
-    if type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error):
-        return True
-    return isinstance(error, RuntimeError) and _PINNED_ALLOCATOR_FAILED in str(error)
+    return type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error)
 
 
 @dataclass(frozen=True)
@@ -76,7 +70,7 @@ class WorkspaceStats:
     grown_to_agree_bytes: int = 0
     """Bytes added at a group seal to match what other ranks hold (0 without a group)."""
     kind: str = "float"
-    """``float`` or ``int`` (an :class:`IntWorkspace`, whose pinned mirrors each hold as many)."""
+    """``float`` or ``int`` (an :class:`IntWorkspace`, whose host mirror holds as many)."""
     sealed_refusals: int = 0
     """Plans it refused, sealed, for want of room (each raised :class:`WorkspaceSealedError`)."""
 
@@ -100,8 +94,8 @@ class WorkspaceStats:
 
 class GrowableBuffer:
     """A workspace's device buffer: ``tensor`` keeps its identity while it grows, so every wrapper
-    built on it sees the larger buffer; once sealed it never moves. Its ``mirrors`` (an int
-    workspace's pinned host buffers) each hold as many bytes, and grow with it.
+    built on it sees the larger buffer; once sealed it never moves. An int workspace's has a
+    ``mirror`` on the host of as many bytes, which grows with it.
 
     Every change of size or state is made under :attr:`lock`, so a buffer sealed while a plan
     runs never moves.
@@ -143,7 +137,10 @@ class GrowableBuffer:
         self.sealed = sealed
         self.floor = floor
         self.kind = kind
-        self.mirrors: list[torch.Tensor] = []
+        self.mirror: torch.Tensor | None = (
+            torch.zeros(tensor.numel(), dtype=torch.uint8) if kind is INT else None
+        )
+        """An int workspace's pageable host mirror (:class:`IntWorkspace` says why pageable)."""
         self.floor_bytes = tensor.numel()
         self.lock = threading.Lock()
         self._growth_refused = False  # its group is agreeing: plans may no longer grow it
@@ -265,7 +262,7 @@ class GrowableBuffer:
         )
 
     def _resize(self, need: int, cause: str) -> int:
-        """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed, the mirrors
+        """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed, the mirror
         with it; returns the bytes added (0 if it holds that many already). If any cannot be
         had, all keep their buffers. The caller holds the lock."""
         have = self.tensor.numel()
@@ -278,17 +275,19 @@ class GrowableBuffer:
                 f"{have:,}-byte buffer. The plan's arguments are likely wrong",
                 needed=need,
             )
-        try:
-            grown_mirrors = [host_mirror(need, self.tensor) for _ in self.mirrors]
-        except RuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            raise self._growth_refusal(
-                f"int workspace {self.name!r}: could not grow its pinned host mirrors from "
-                f"{have:,} to {need:,} bytes for {cause}; all keep their {have:,}-byte buffers. "
-                f"Set {self.floor} so the workspace is reserved up front. ({error})",
-                needed=need,
-            ) from error
+        grown_mirror = None
+        if self.mirror is not None:
+            try:
+                grown_mirror = torch.empty(need, dtype=torch.uint8)
+            except RuntimeError as error:
+                if not is_out_of_memory(error):
+                    raise
+                raise self._growth_refusal(
+                    f"int workspace {self.name!r}: could not grow its host mirror from {have:,} "
+                    f"to {need:,} bytes for {cause}; both keep their {have:,}-byte buffers. "
+                    f"Set {self.floor} so the workspace is reserved up front. ({error})",
+                    needed=need,
+                ) from error
         try:
             # A failed resize_() leaves the tensor claiming storage it does not have, so the
             # new buffer is made whole before the tensor moves onto it.
@@ -309,20 +308,13 @@ class GrowableBuffer:
         grown[have:].zero_()
         # The copy is queued on the current stream, and the old block goes back to the stream it
         # was made on as soon as the tensor lets go of it: waited for first, or another tensor of
-        # that stream could take the block while the copy still reads it (or a queued copy from
-        # a mirror still reads the old mirror).
+        # that stream could take the block while the copy still reads it.
         wait_for_every_stream(self.tensor)
         self.tensor.set_(grown.untyped_storage())
-        for mirror, grown_mirror in zip(self.mirrors, grown_mirrors, strict=True):
-            mirror.set_(grown_mirror.untyped_storage())
+        if self.mirror is not None and grown_mirror is not None:
+            self.mirror.set_(grown_mirror.untyped_storage())
         self.nbytes = need
         return need - have
-
-
-def host_mirror(nbytes: int, like: torch.Tensor) -> torch.Tensor:
-    """A host buffer of ``nbytes`` for an int workspace like ``like``: pinned where ``like`` is on
-    a GPU (an asynchronous copy needs it), plain memory on a CPU (where nothing is pinned)."""
-    return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=like.is_cuda)
 
 
 def wait_for_every_stream(tensor: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ import torch
 from .._internal.floor import ENV_VAR
 from ..errors import ResourceUsageError, WorkspacePlanError
 from ..units import is_int, plural
-from ._flashinfer import INT_BUFFER, PINNED_MIRROR, buffer_views, own_buffers, refresh_recorded_size
+from ._flashinfer import HOST_MIRROR, INT_BUFFER, buffer_views, own_buffers, refresh_recorded_size
 from ._overflow import Overflow, parse_overflow
 from .buffer import GrowableBuffer, WorkspaceStats
 from .int_workspace import IntWorkspace, checked_run
@@ -51,8 +51,7 @@ class Workspace:
             floor; errors and logs name it as the one to raise.
         int_workspace: the int workspace the same wrappers plan their indices into (keyword
             only). Given, a plan through :meth:`plan` that overflows it grows it too, and a
-            wrapper planning on it writes its pinned mirrors in turn, behind the int
-            workspace's fence; :meth:`seal` seals it. None:
+            wrapper planning on it writes its host mirror; :meth:`seal` seals it. None:
             each wrapper keeps the int buffer it made, and an int overflow reaches the caller.
     """
 
@@ -119,16 +118,16 @@ class Workspace:
     def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``plan(*args, **kwargs)``. One that runs short of room grows this workspace to the bytes
         it had taken plus the allocation that failed, and runs again; so does one that runs short
-        of the :attr:`int_workspace`, which grows it (and its pinned mirrors) the same way.
+        of the :attr:`int_workspace`, which grows it (and its host mirror) the same way.
 
         MLA's check of the whole buffer before it plans (FlashInfer 0.7.4) counts as running
         short too, and grows the workspace to what it asked for. Any other error reaches the caller
         unchanged: an int overflow without an int workspace, or from a wrapper the library cannot
         find planning on this one's int workspace, included (it grows nothing).
 
-        A wrapper planning on the int workspace is handed the next of its pinned mirrors first,
-        once the copy that last read that one has run (:class:`IntWorkspace` says how that
-        costs no wait in an engine's steady state).
+        A wrapper planning on the int workspace writes its indices to the int workspace's host
+        mirror (:class:`IntWorkspace` says why one serves them all), and its plan is marked as
+        the one the int workspace holds.
         """
         # The common case: a wrapper planned before, a plan that fits. Beside FlashInfer's plan,
         # which leaves the host's caches cold, each object read here costs: a few are read.
@@ -142,7 +141,7 @@ class Workspace:
             route, attributes = self._route(plan, args, key)
         sizes = self._sizes  # what the plan sees, whatever another thread grows
         int_tensor = route.int_tensor
-        # The mirrors are the int workspace's to hand out only to a wrapper planning on it.
+        # The mirror is the int workspace's to hand out only to a wrapper planning on it.
         if int_tensor is None or attributes.get(INT_BUFFER) is not int_tensor:
             try:
                 return plan(*args, **kwargs)
@@ -151,7 +150,7 @@ class Workspace:
                 return self._plan_after_overflow(error, call, route, attributes, sizes)
         int_workspace: IntWorkspace = self._int  # type: ignore[assignment]
         try:
-            return int_workspace.plan_fenced(plan, args, kwargs, attributes, route.planner)
+            return int_workspace.plan_on(plan, args, kwargs, attributes, route.planner)
         except (RuntimeError, ValueError) as error:
             call = (plan, args, kwargs)
             return self._plan_after_overflow(error, call, route, attributes, sizes)
@@ -175,7 +174,7 @@ class Workspace:
             try:
                 # Growth keeps the int workspace's tensor: the wrapper plans on it as it did.
                 if int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor:  # type: ignore[union-attr]
-                    return self._int.plan_fenced(plan, args, kwargs, attributes, route.planner)  # type: ignore[union-attr, arg-type]
+                    return self._int.plan_on(plan, args, kwargs, attributes, route.planner)  # type: ignore[union-attr, arg-type]
                 return plan(*args, **kwargs)
             except (RuntimeError, ValueError) as again:
                 error = again
@@ -335,7 +334,7 @@ class _Route:
 
 
 _NOBODY = _Route(lambda: None, None)
-"""The route of a plan whose wrapper is not found: nothing to fence, nothing to remember."""
+"""The route of a plan whose wrapper is not found: nothing to mark, nothing to remember."""
 
 
 def _short_of(
@@ -397,7 +396,7 @@ def install_int_workspace(wrapper: Any, workspace: Workspace) -> bool:
         return False
     # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
     own[INT_BUFFER] = int_workspace.tensor
-    own[PINNED_MIRROR] = int_workspace.mirror
+    own[HOST_MIRROR] = int_workspace.mirror
     run = own.get("run") or getattr(wrapper, "run", None)
     run = getattr(run, "_unchecked", run)  # given another int workspace before: not that check
     if callable(run):

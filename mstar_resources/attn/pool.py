@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from .._internal.floor import INT, PINNED_MIRRORS, Floor, resolve_floor
+from .._internal.floor import INT, Floor, resolve_floor
 from .._internal.limits import name_problem
 from ..errors import ResourceConfigError, ResourceUsageError, check_argument
 from ..units import is_int, plural
 from ._flashinfer import FLOAT_BUFFER, own_buffers
-from .buffer import WorkspaceGrowthError, WorkspaceStats, host_mirror, is_out_of_memory
+from .buffer import WorkspaceGrowthError, WorkspaceStats, is_out_of_memory
 from .float_workspace import Workspace, install_int_workspace
 from .int_workspace import IntWorkspace
 
@@ -37,7 +37,7 @@ class WorkspacePool:
     ``MSTAR_WORKSPACE_BUFFER_MB``, else 512) on ``device``. ``owner`` names the resource in what a
     workspace reports.
 
-    Each key also holds an int workspace and its pinned host mirror (:class:`IntWorkspace`, at the
+    Each key also holds an int workspace and its host mirror (:class:`IntWorkspace`, at the
     floor ``int_size_mb`` resolves to: else ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8), which the
     wrappers of the key share in place of the 8 MiB pair each FlashInfer wrapper makes for
     itself. :meth:`build` makes a wrapper on both; :meth:`install` gives them to one an engine
@@ -146,7 +146,7 @@ class WorkspacePool:
 
     @property
     def int_floor_bytes(self) -> int:
-        """The bytes each int workspace, and each of its pinned mirrors, starts with."""
+        """The bytes each int workspace, and its host mirror, starts with."""
         return self._int_floor.bytes
 
     def get(self, label: str, cg_slot: int | None = None) -> Workspace:
@@ -180,8 +180,7 @@ class WorkspacePool:
 
     @property
     def int_held_bytes(self) -> int:
-        """The GPU bytes of every int workspace made so far; their pinned mirrors on the host hold
-        ``PINNED_MIRRORS`` (4) times as many."""
+        """The GPU bytes of every int workspace made so far (their host mirrors hold as many)."""
         return sum(w.tensor.numel() for w in self.int_workspaces().values())
 
     def int_workspaces(self) -> dict[tuple[str, int | None], IntWorkspace]:
@@ -197,7 +196,7 @@ class WorkspacePool:
         **kwargs: Any,
     ) -> T:
         """``wrapper_class(float workspace, *args, **kwargs)``: a FlashInfer wrapper built on the
-        float workspace of (``label``, ``cg_slot``) and given its int workspace and pinned mirror
+        float workspace of (``label``, ``cg_slot``) and given its int workspace and host mirror
         (:meth:`install`). Plan it through ``pool.get(label, cg_slot).plan``::
 
             decode = pool.build(flashinfer.BatchDecodeWithPagedKVCacheWrapper, "NHD",
@@ -216,7 +215,7 @@ class WorkspacePool:
 
     def install(self, wrapper: Any, label: str, cg_slot: int | None = None) -> None:
         """Give ``wrapper``, a FlashInfer wrapper built on the float workspace of (``label``,
-        ``cg_slot``), that key's int workspace and pinned mirror in place of its own (which it
+        ``cg_slot``), that key's int workspace and host mirror in place of its own (which it
         then drops). Its plans must go through that float workspace's :meth:`Workspace.plan`,
         each right before the wrapper runs (the module's notes say why)."""
         where = self._name(label, cg_slot)
@@ -324,8 +323,8 @@ class WorkspacePool:
         head = (
             f"{self.owner}: {plural(len(stats), 'workspace')}, {total:,} bytes "
             f"({total - floors:+,} over their floors), {'sealed' if self._sealed else 'growable'}; "
-            f"their int workspaces {int_total:,} bytes ({int_total - int_floors:+,}), and "
-            f"{PINNED_MIRRORS} times as many pinned on the host"
+            f"their int workspaces {int_total:,} bytes ({int_total - int_floors:+,}), and as "
+            "many on the host"
         )
         return "\n".join([head, *(f"  {s}" for s in [*stats, *int_stats])])
 
@@ -379,13 +378,7 @@ class WorkspacePool:
 
     def _make_int(self, name: str) -> IntWorkspace:
         tensor = self._allocate(name, self._int_floor)
-        try:
-            mirrors = [host_mirror(tensor.numel(), tensor) for _ in range(PINNED_MIRRORS)]
-        except RuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            raise self._short(name, self._int_floor, error, "pinned host memory") from error
-        return IntWorkspace(tensor, name, self._sealed, self._int_floor.setting, mirrors=mirrors)
+        return IntWorkspace(tensor, name, self._sealed, self._int_floor.setting)
 
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
         try:

@@ -1,5 +1,5 @@
 """FlashInfer's workspaces: the scratch a plan reserves its split-KV partials in, and the int
-workspace (with its pinned host mirror) it writes its indices to.
+workspace (with its host mirror) it writes its indices to.
 
 What is shared, and on what condition (``docs/workspaces-and-ranks.md`` says it at length):
 
@@ -12,13 +12,10 @@ What is shared, and on what condition (``docs/workspaces-and-ranks.md`` says it 
   replays over its fixed addresses. vLLM and SGLang plan their decode wrapper of a graph size
   right before each replay, one wrapper a step; a wrapper that plans several levels before it
   runs them (FlashInfer's cascade) cannot share, and :meth:`WorkspacePool.install` refuses it.
-- Its **pinned mirrors** are shared with it: a plan writes its indices to one, then queues an
-  asynchronous copy to the int workspace. A plan that rewrote a mirror before that copy ran
-  would hand the earlier wrapper the later one's indices, so plans through
-  :meth:`Workspace.plan` write ten mirrors in turn, and one waits only for the copy that last
-  read its mirror, three or more plans back (:class:`IntWorkspace` says how). That is enforced
-  for every plan made through :meth:`Workspace.plan` of a wrapper it finds on the int
-  workspace; a plan called on the wrapper directly skips it.
+- Its **host mirror** is shared with it: a plan writes its indices there, then queues a copy to
+  the int workspace. The mirror is pageable memory, which the copy reads before it is queued, so
+  the next plan may rewrite it at once (a pinned one would be read when the stream reaches the
+  copy: :class:`IntWorkspace` says why that races).
 """
 
 from __future__ import annotations

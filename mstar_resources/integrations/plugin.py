@@ -187,9 +187,6 @@ class PluginState:
             "sealed_overflows": sum(s.sealed_refusals for s in stats),
             "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
             "shared_int_wrappers": self.shared_int_wrappers,
-            "fence_waits": sum(
-                w.fence_waits for p in self.pools.values() for w in p.int_workspaces().values()
-            ),
             "provenance": dict(self.provenance),
         }
 

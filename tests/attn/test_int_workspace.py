@@ -20,10 +20,6 @@ from mstar_resources import (
     build_pools,
     resolve,
 )
-from mstar_resources._internal.floor import PINNED_MIRRORS, PLANS_PER_EVENT
-from mstar_resources.attn import int_workspace as int_workspace_module
-from mstar_resources.attn.int_workspace import FENCE_EVENTS
-from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.units import MIB
 
 from ..conftest import INT_VAR, compose_shipped
@@ -84,17 +80,15 @@ def test_a_bad_int_variable_is_reported_with_the_trees_problems():
     assert raised.value.problems[1].startswith(f"{INT_VAR}='lots' is not a positive whole number")
 
 
-def test_each_key_of_a_pool_has_an_int_workspace_with_mirrors_of_its_size():
+def test_each_key_of_a_pool_has_an_int_workspace_with_a_mirror_of_its_size():
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=2)
     workspace = pool.get("decode", 0)
     int_workspace = workspace.int_workspace
     assert isinstance(int_workspace, IntWorkspace)
     assert (int_workspace.name, int_workspace.floor) == ("attention:decode:cg0:int", "int_size_mb")
-    mirrors = int_workspace.mirrors
-    assert len({id(m) for m in mirrors}) == len(mirrors) == PINNED_MIRRORS
-    assert {m.numel() for m in mirrors} == {int_workspace.tensor.numel()} == {2 * MIB}
-    assert {m.device.type for m in mirrors} == {"cpu"}
-    assert int_workspace.mirror is mirrors[0]
+    mirror = int_workspace.mirror
+    assert (mirror.device.type, mirror.dtype, mirror.numel()) == ("cpu", torch.uint8, 2 * MIB)
+    assert int_workspace.tensor.numel() == 2 * MIB
     assert pool.get("prefill").int_workspace is not int_workspace  # one per key
     assert (pool.held_bytes, pool.int_held_bytes) == (2 * MIB, 4 * MIB)
 
@@ -156,13 +150,13 @@ def test_an_int_overflow_grows_the_int_workspace_and_its_mirror_in_place():
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("prefill")
     int_workspace = workspace.int_workspace
-    tensor, mirrors = int_workspace.tensor, int_workspace.mirrors
+    tensor, mirror = int_workspace.tensor, int_workspace.mirror
     wrapper = pool.build(FakeWrapper, INDICES, label="prefill")
 
     workspace.plan(wrapper.plan)
 
-    assert int_workspace.tensor is tensor and int_workspace.mirrors == mirrors
-    assert {m.numel() for m in mirrors} == {tensor.numel()} == {INDEX_BYTES}
+    assert int_workspace.tensor is tensor and int_workspace.mirror is mirror
+    assert mirror.numel() == tensor.numel() == INDEX_BYTES
     stats = int_workspace.stats()
     assert (stats.kind, stats.times_grown, stats.largest_growth_allocation) == (
         "int",
@@ -249,48 +243,21 @@ def test_an_int_workspace_that_cannot_grow_keeps_both_buffers():
         "w:int",
         "MSTAR_INT_WORKSPACE_BUFFER_MB",
     )
-    assert {m.numel() for m in int_workspace.mirrors} == {int_workspace.tensor.numel()} == {1024}
+    assert int_workspace.mirror.numel() == int_workspace.tensor.numel() == 1024
 
 
-def _good_mirrors() -> list[torch.Tensor]:
-    return [torch.zeros(1024, dtype=torch.uint8) for _ in range(PINNED_MIRRORS)]
-
-
-@pytest.mark.parametrize(
-    "mirrors",
-    [
-        # smaller than the workspace: overrun on the host
-        [*_good_mirrors()[1:], torch.zeros(512, dtype=torch.uint8)],
-        [*_good_mirrors()[1:], torch.zeros(1024, dtype=torch.int32)],
-        [*_good_mirrors()[1:], "host"],
-        _good_mirrors()[1:],
-        [_good_mirrors()[0]] * PINNED_MIRRORS,  # one buffer, written by every plan
-    ],
-    ids=["short", "int32", "not-a-tensor", "too-few", "the-same-one"],
-)
-def test_mirrors_unlike_their_workspace_are_refused(mirrors):
-    with pytest.raises(
-        ResourceUsageError, match=rf"mirrors must be {PINNED_MIRRORS} distinct 1-D torch\.uint8"
-    ):
-        IntWorkspace(torch.zeros(1024, dtype=torch.uint8), "w:int", mirrors=mirrors)
-
-
-def test_plans_of_wrappers_on_the_int_workspace_write_its_mirrors_in_turn():
-    """Each plan through Workspace.plan hands its wrapper the next mirror, whichever wrapper
-    plans; the copy from a mirror has then PINNED_MIRRORS - 1 plans' time to run before a
-    plan writes that mirror again (the fence waits for it only where it has not)."""
+def test_every_wrapper_on_the_int_workspace_plans_into_its_one_mirror():
+    """Plans through Workspace.plan, whichever wrapper of the key makes them, write the int
+    workspace's mirror: a wrapper whose mirror was set to another buffer is given it back."""
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
     first, second = (pool.build(FakeWrapper, label="decode") for _ in range(2))
+    second._pin_memory_int_workspace_buffer = torch.zeros(MIB, dtype=torch.uint8)
     written = []
-    order = [first, second, second, first, first, second]
-    for wrapper in order * (PINNED_MIRRORS // 2):
+    for wrapper in [first, second, second, first]:
         workspace.plan(wrapper.plan)
         written.append(wrapper._pin_memory_int_workspace_buffer)
-    mirrors = workspace.int_workspace.mirrors
-    expected = [i % PINNED_MIRRORS for i in range(len(order) * (PINNED_MIRRORS // 2))]
-    assert [[m is n for n in mirrors].index(True) for m in written] == expected
-    assert workspace.int_workspace.fence_waits == 0
+    assert all(mirror is workspace.int_workspace.mirror for mirror in written)
 
 
 def test_a_wrapper_with_its_own_int_workspace_keeps_its_own_mirror():
@@ -306,12 +273,12 @@ def test_a_wrapper_with_its_own_int_workspace_keeps_its_own_mirror():
 def test_a_wrapper_planned_on_the_int_workspace_and_then_given_its_own_keeps_its_own_mirror():
     """Whether a wrapper plans on the int workspace is asked at every plan, not only its first:
     one given an int buffer of its own later (FlashInfer's ``reset_workspace_buffer``) is handed
-    no more of the int workspace's mirrors, which its plan would overrun."""
+    no more of the int workspace's mirror, which its plan would overrun."""
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
     wrapper = pool.build(FakeWrapper, label="decode")
     workspace.plan(wrapper.plan)
-    assert wrapper._pin_memory_int_workspace_buffer is workspace.int_workspace.mirrors[0]
+    assert wrapper._pin_memory_int_workspace_buffer is workspace.int_workspace.mirror
     own_int, own_mirror = (
         torch.empty(2 * MIB, dtype=torch.uint8),
         torch.empty(2 * MIB, dtype=torch.uint8),
@@ -322,10 +289,9 @@ def test_a_wrapper_planned_on_the_int_workspace_and_then_given_its_own_keeps_its
     assert wrapper._pin_memory_int_workspace_buffer is own_mirror
 
 
-def test_a_wrapper_moved_to_another_workspace_is_fenced_by_the_one_it_plans_on():
+def test_a_wrapper_moved_to_another_workspace_writes_the_mirror_of_the_one_it_plans_on():
     """A wrapper given another key's workspaces and planned there writes that int workspace's
-    mirrors and none of the first's; given the first's back, it writes the first's again, where
-    their turn left off."""
+    mirror and not the first's; given the first's back, it writes the first's again."""
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     first, second = pool.get("decode", 0), pool.get("decode", 1)
     wrapper = pool.build(FakeWrapper, label="decode", cg_slot=0)
@@ -336,10 +302,8 @@ def test_a_wrapper_moved_to_another_workspace_is_fenced_by_the_one_it_plans_on()
         for _ in range(2):
             workspace.plan(wrapper.plan)
             written.append(wrapper._pin_memory_int_workspace_buffer)
-    where = {id(mirror): (i, n) for i, workspace in enumerate((first, second))
-             for n, mirror in enumerate(workspace.int_workspace.mirrors)}  # fmt: skip
-    found = [where.get(id(mirror)) for mirror in written]
-    assert found == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3)]
+    where = {id(workspace.int_workspace.mirror): i for i, workspace in enumerate((first, second))}
+    assert [where.get(id(mirror)) for mirror in written] == [0, 0, 1, 1, 0, 0]
     assert wrapper.run("q") == "ran"
 
 
@@ -394,119 +358,3 @@ def test_an_int_floor_of_zero_reserves_no_int_workspace_and_the_wrappers_keep_th
     assert wrapper._int_workspace_buffer is own
     workspace.plan(wrapper.plan)
     assert wrapper.plans == 1
-
-
-class _Stream:
-    """A CUDA stream in miniature: what is queued on it runs in order when :meth:`run` says."""
-
-    cuda_stream = 1  # its raw handle
-
-    def __init__(self) -> None:
-        self.queue: list = []
-
-    def run(self, items: int) -> None:
-        for item in self.queue[:items]:
-            if isinstance(item, _Event):
-                item.done = True
-        del self.queue[:items]
-
-    def copies_reading(self, mirror) -> list:
-        return [item for item in self.queue if isinstance(item, tuple) and item[1] is mirror]
-
-
-class _Event:
-    def __init__(self, stream: _Stream) -> None:
-        self.stream, self.done = stream, True
-
-    def record(self, stream) -> None:
-        assert stream is self.stream
-        self.done = False
-        stream.queue.append(self)
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        while not self.done:
-            self.stream.run(1)
-
-
-def test_the_fence_makes_one_event_record_and_one_query_every_eight_plans(monkeypatch):
-    """An engine's steady state (each plan's copy run before the next step): every
-    PLANS_PER_EVENT plans share one event record and one event query, and none waits."""
-    stream = _Stream()
-    monkeypatch.setattr(
-        int_workspace_module, "_current_raw_stream", lambda index: stream.cuda_stream
-    )
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
-    calls = {"record": 0, "query": 0}
-
-    class Counted(_Event):
-        def record(self, stream) -> None:
-            calls["record"] += 1
-            super().record(stream)
-
-        def query(self) -> bool:
-            calls["query"] += 1
-            return super().query()
-
-    int_workspace = IntWorkspace(
-        torch.zeros(64, dtype=torch.uint8),
-        "w:int",
-        events=[Counted(stream) for _ in range(FENCE_EVENTS)],
-    )
-    workspace = Workspace(torch.zeros(1024, dtype=torch.uint8), "w", int_workspace=int_workspace)
-    wrapper = FakeWrapper(workspace.tensor)
-    install_int_workspace(wrapper, workspace)
-    plans = 800
-    for _ in range(plans):
-        workspace.plan(wrapper.plan)
-        stream.run(len(stream.queue))  # the GPU keeps up
-    assert calls["record"] == plans // PLANS_PER_EVENT
-    # A group of plans is asked about once, by the first plan that comes back to its first
-    # mirror (plan PINNED_MIRRORS for the first group), and never again.
-    assert calls["query"] == (plans - PINNED_MIRRORS) // PLANS_PER_EVENT + 1
-    assert int_workspace.fence_waits == 0
-
-
-@pytest.mark.parametrize("engine_lead", [None, 2], ids=["host-unbounded", "host-two-steps-ahead"])
-def test_the_fence_never_lets_a_plan_rewrite_a_mirror_a_queued_copy_still_reads(
-    monkeypatch, engine_lead
-):
-    """Thousands of plans against a stream that runs behind by a random number of items: no plan
-    writes a mirror while a copy queued from it is still to run. An engine that waits for its
-    output two steps back (vLLM's async scheduling) is never made to wait by the fence."""
-    import random
-
-    stream = _Stream()
-    monkeypatch.setattr(
-        int_workspace_module, "_current_raw_stream", lambda index: stream.cuda_stream
-    )
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
-    events = [_Event(stream) for _ in range(FENCE_EVENTS)]
-    int_workspace = IntWorkspace(torch.zeros(64, dtype=torch.uint8), "w:int", events=events)
-    workspace = Workspace(torch.zeros(1024, dtype=torch.uint8), "w", int_workspace=int_workspace)
-    rewritten, step_done = [], []
-
-    class Copying(FakeWrapper):
-        def plan(self) -> None:  # as FlashInfer's: write the mirror, then queue the copy from it
-            mirror = self._pin_memory_int_workspace_buffer
-            rewritten.extend(stream.copies_reading(mirror))
-            stream.queue.append(("copy", mirror))
-
-    wrapper = Copying(workspace.tensor)
-    install_int_workspace(wrapper, workspace)
-    rng = random.Random(7)
-    for step in range(5000):
-        if engine_lead is not None and step >= engine_lead:
-            step_done[step - engine_lead].synchronize()  # the engine's own wait for its output
-        workspace.plan(wrapper.plan)
-        step_done.append(_Event(stream))
-        stream.queue.append(("run", step))
-        step_done[-1].record(stream)
-        stream.run(rng.randrange(0, 5))  # the GPU, behind by a random amount
-    assert rewritten == []
-    if engine_lead is None:
-        assert int_workspace.fence_waits > 0  # the host ran ahead: the fence held it back
-    else:
-        assert int_workspace.fence_waits == 0

@@ -1,12 +1,14 @@
-"""Int workspaces and their pinned mirrors against real FlashInfer decode wrappers on a CUDA GPU:
+"""Int workspaces and their host mirror against real FlashInfer decode wrappers on a CUDA GPU:
 growth on an int overflow, the sealed refusal, graph wrappers of several batch sizes sharing one
-int workspace bit for bit, and the race shared pinned mirrors would run without the fence.
+int workspace bit for bit, and the race a pinned mirror runs, which the pageable one does not.
 
 One kernel configuration throughout, test_workspace_gpu's (bf16, head dim 128, 32 query and 8 KV
 heads, page 16, fa2 CUDA-core decode), so FlashInfer builds it once per run.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -18,7 +20,6 @@ from mstar_resources import (
     WorkspacePool,
     WorkspaceSealedError,
 )
-from mstar_resources._internal.floor import PINNED_MIRRORS
 from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.units import MIB
 
@@ -94,7 +95,8 @@ def test_an_int_workspace_grows_from_empty_and_the_output_is_bit_identical(kv_ca
     workspace.plan(wrapper.plan, *args, **kwargs)
 
     grown = int_workspace.tensor.numel()
-    assert grown > 0 and all(m.numel() == grown and m.is_pinned() for m in int_workspace.mirrors)
+    mirror = int_workspace.mirror
+    assert grown > 0 and mirror.numel() == grown and not mirror.is_pinned()
     assert wrapper._int_workspace_buffer is int_workspace.tensor
     if hasattr(wrapper, "workspace_size"):  # FlashInfer 0.7: its own figure, exactly
         assert grown == wrapper.workspace_size(*args, **kwargs)[1]
@@ -175,19 +177,20 @@ def _sleep_gpu(ms: float) -> None:
     torch.cuda._sleep(int(ms * rate))
 
 
-def test_a_shared_pinned_mirror_races_without_the_fence_and_holds_with_it():
-    """Two wrappers on one int workspace, each planned from pinned host indices while the GPU is
-    busy. Planned directly, both write one mirror: the second plan rewrites it before the first
-    plan's copy from it has run, so what the first wrapper's run would read is the second's
-    indices. Through Workspace.plan the second plan writes the next mirror, and the first run
-    reads its own with no wait; a host that laps the mirrors while the GPU is still busy waits,
-    once, for the copy that last read the mirror it is about to write."""
+def test_a_pinned_mirror_races_and_the_int_workspaces_pageable_one_holds_without_a_wait():
+    """Two wrappers on one int workspace, planned from pinned host indices while the GPU is busy:
+    the first plans, the copy its run would read is queued, then the second plans and the first
+    plans again (other indices), as a host a step ahead of its GPU does. On one pinned mirror the
+    queued copy reads it when the stream reaches it, by then rewritten: the first run would read
+    another plan's indices. Through Workspace.plan, on the int workspace's pageable mirror, it
+    reads its own, and no plan waited for the GPU."""
     pool = WorkspacePool("cuda", size_mb=64, int_size_mb=1)
     workspace = pool.get("decode")
     first, second = (pool.build(decode_wrapper, label="decode") for _ in range(2))
     first_args, second_args = plan_args(64, 4096, device="cpu"), plan_args(8, 1000, device="cpu")
-    int_workspace = workspace.int_workspace
-    int_buffer = int_workspace.tensor
+    again_args = plan_args(30, 2000, device="cpu", offset=5)
+    int_buffer = workspace.int_workspace.tensor
+    assert not workspace.int_workspace.mirror.is_pinned()
 
     expected = decode_wrapper(torch.zeros(64 * MIB, dtype=torch.uint8, device="cuda"))
     expected.plan(*first_args[0], **first_args[1])
@@ -195,29 +198,26 @@ def test_a_shared_pinned_mirror_races_without_the_fence_and_holds_with_it():
     nbytes = 64 * 4  # the head of the int workspace: the first plan's 64+ request indices
     its_own = expected._int_workspace_buffer[:nbytes].clone()
 
-    def what_the_first_run_reads(plan, seconds: int = 1) -> torch.Tensor:
+    def what_the_first_run_reads(plan) -> tuple[torch.Tensor, float]:
         _sleep_gpu(200)
+        begin = time.perf_counter()
         plan(first.plan, *first_args[0], **first_args[1])
         seen = int_buffer[:nbytes].clone()  # queued where the first wrapper's run would be
-        for _ in range(seconds):
-            plan(second.plan, *second_args[0], **second_args[1])
+        plan(second.plan, *second_args[0], **second_args[1])
+        plan(first.plan, *again_args[0], **again_args[1])
+        planned_s = time.perf_counter() - begin
         torch.cuda.synchronize()
-        return seen
+        return seen, planned_s
 
-    unfenced = what_the_first_run_reads(lambda plan, *a, **k: plan(*a, **k))
-    assert not torch.equal(unfenced, its_own), "the race was not reproduced"
-    assert int_workspace.fence_waits == 0
-    assert torch.equal(what_the_first_run_reads(workspace.plan), its_own)
-    assert int_workspace.fence_waits == 0  # the second plan wrote another mirror
-    # Around the ring and back to the first plan's mirror, the GPU still busy: one wait.
-    lapped = what_the_first_run_reads(workspace.plan, seconds=PINNED_MIRRORS)
-    assert torch.equal(lapped, its_own)
-    assert int_workspace.fence_waits == 1
-    # With the GPU idle, the copies have run by the next plans: the fence waits for nothing.
-    for _ in range(20):
-        workspace.plan(first.plan, *first_args[0], **first_args[1])
-        torch.cuda.synchronize()
-    assert int_workspace.fence_waits == 1
+    pinned = torch.zeros(MIB, dtype=torch.uint8).pin_memory()
+    for wrapper in (first, second):
+        wrapper._pin_memory_int_workspace_buffer = pinned
+    raced, _ = what_the_first_run_reads(lambda plan, *a, **k: plan(*a, **k))
+    assert not torch.equal(raced, its_own), "the race was not reproduced"
+    seen, planned_s = what_the_first_run_reads(workspace.plan)
+    assert torch.equal(seen, its_own)
+    assert first._pin_memory_int_workspace_buffer is workspace.int_workspace.mirror
+    assert planned_s < 0.1  # the GPU is busy for 0.2 s: no plan waited for it
 
 
 def test_calibration_measures_the_int_need_the_plans_take():

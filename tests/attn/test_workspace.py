@@ -582,7 +582,7 @@ def test_pool_summary_is_logged_at_seal(caplog):
     assert caplog.messages == [pool.summary()]
     assert pool.summary().splitlines() == [
         "llama: 2 workspaces, 4,194,304 bytes (+2,097,152 over their floors), sealed; their "
-        "int workspaces 16,777,216 bytes (+0), and 10 times as many pinned on the host",
+        "int workspaces 16,777,216 bytes (+0), and as many on the host",
         "  llama:decode:cg0: 3,145,728 bytes (floor 1,048,576 from size_mb), grew 1x, "
         "largest +2,097,152 for batch_decode_tmp_v, sealed",
         "  llama:prefill: 1,048,576 bytes (floor 1,048,576 from size_mb), never grew, sealed",
