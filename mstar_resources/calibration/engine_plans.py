@@ -1,35 +1,17 @@
-"""The plans vLLM and SGLang make, so that a calibration measures them and not a guess.
+"""The plans vLLM and SGLang make, so that a calibration (``calibration.engine``) measures them
+and not a guess: their decode graph batch sizes, tensor-core choice and KV split, as read in the
+wheels of the versions below. Torch-free, like the profile.
 
-``calibration.engine`` names one of :class:`Engine`; the profile then plans its labels and
-captures its graph batch sizes as that engine version does (:func:`decode_graph_batch_sizes`,
-:func:`uses_tensor_cores`, :func:`split_settings`), from the engine's limits and the model's heads
-and KV dtype. Read in the wheels of the versions named below; torch-free, like the profile.
-
-vLLM 0.33.0 (``v1/attention/backends/flashinfer.py``, ``config/vllm.py``):
-
-- Decode is always ``BatchDecodeWithPagedKVCacheWrapper(..., use_tensor_cores=True,
-  backend="auto")``, one wrapper per CUDA-graph size, re-planned each step with
-  ``fixed_split_size=-1`` and ``disable_split_kv=False``.
-- Graph sizes (in tokens) are ``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)`` with
-  ``max = min(max_num_seqs x q_len_per_req x 2, 512)``, none above ``max_num_batched_tokens``;
-  decode graphs serve batches of up to ``min(q_len_per_req x max_num_seqs, max)`` tokens, each of
-  ``q_len_per_req`` tokens a request.
-- Batch-invariant mode: decode passes ``fixed_split_size=2048``, prefill 4096, and
-  ``disable_split_kv=True`` turns the split off for both.
-- vLLM plans no FlashInfer MLA on SM90 GPUs, so a vLLM profile with ``mla`` plans is refused.
+vLLM 0.33.0 (``v1/attention/backends/flashinfer.py``, ``config/vllm.py``): decode always on
+tensor cores with backend ``auto``, one wrapper per graph size; graph sizes in tokens, capped at
+512; batch-invariant mode splits KV in fixed chunks and turns the split off. It plans no
+FlashInfer MLA on SM90 GPUs. Its buffer is the larger of ``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE``
+and :func:`vllm_formula`.
 
 SGLang 0.5.23 (``layers/attention/flashinfer_backend.py``, ``arg_groups/cuda_graph_hook.py``):
-
-- Decode uses tensor cores when the KV cache is fp8, or when the GQA group (query heads per KV
-  head) is 4 or more (``should_use_tensor_core``); backend ``auto``.
-- Decode graph sizes: ``[1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 512, 16) +
-  range(512, max_bs + 1, 32)``, with ``max_bs`` the most sequences in a batch.
-- Deterministic mode: tensor-core decode with ``fixed_split_size=2048``, prefill 4096, no KV
-  split under CUDA graphs (its decode graphs). Its eager decode splits in those chunks, which a
-  profile of decode under graphs does not plan (FlashInfer refuses a fixed split under a graph):
-  such a profile measures the graphs' decode, and SGLang's eager decode can need more.
-- vLLM's buffer is the larger of ``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE`` and
-  :func:`vllm_formula`.
+decode on tensor cores for an fp8 KV cache or GQA groups of 4 or more (``should_use_tensor_core``),
+backend ``auto``. Its deterministic mode splits in fixed chunks eagerly and not at all under
+graphs; a profile of decode under graphs measures the graphs, and its eager decode can need more.
 """
 
 from __future__ import annotations

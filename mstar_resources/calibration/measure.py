@@ -185,25 +185,21 @@ class Planner:
         return Need(best, worst if best else None, "workspace_size", int_bytes=most_int)
 
     def need_by_growth(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
+        """The need as planning on empty workspaces grows them; a refused shape that bounds the
+        need, or every shape refused, is a :class:`ResourceConfigError`."""
         empty = torch.zeros(0, dtype=torch.uint8, device=self.device)
         int_workspace = IntWorkspace(empty.clone(), "calibration:int", floor="none")
         workspace = Workspace(empty, "calibration", floor="none", int_workspace=int_workspace)
-        wrappers = self.wrappers(plan, workspace.tensor)
+        wrapper_for = self.wrappers(plan, workspace.tensor)
         int_measured = True  # until a wrapper keeps no int workspace to replace
-
-        def wrapper_for(shape: Shape) -> Any:
-            nonlocal int_measured
-            wrapper = wrappers(shape)
-            if int_measured and not install_int_workspace(wrapper, workspace):
-                int_measured = False
-            return wrapper
-
         worst, refused = None, []
         for shape in shapes:
             before = workspace.tensor.numel()
             args, kwargs = self.plan_args(plan, shape)
             try:
-                workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
+                wrapper = wrapper_for(shape)
+                int_measured = int_measured and install_int_workspace(wrapper, workspace)
+                workspace.plan(wrapper.plan, *args, **kwargs)
             except self.refusals as error:  # FlashInfer refuses the shape itself
                 if is_bounding(shape, plan, self.profile):
                     raise ResourceConfigError(

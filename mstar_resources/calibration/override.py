@@ -9,7 +9,7 @@ profile its floors hold for), and keeps the measurements under the root key ``ca
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +36,10 @@ DEFAULT_OUTPUT_DIR = Path("calibrated", "deployment")
 """Where calibrated deployments go by default: the ``deployment`` group of the config folder
 ``calibrated`` under the working directory (``--config-dir calibrated``), never the package."""
 
-SGLANG_OVERWRITES = (
+SGLANG_OVERWRITES = (  # layers/attention/flashinfer_backend.py
     "SGLang 0.5.23 replaces this setting with 512 MiB for Qwen2, Qwen3, MiMo and Qwen3-VL models "
     "and with 2 GiB in deterministic mode, whatever it is set to"
 )
-"""``layers/attention/flashinfer_backend.py``: for those models and modes the setting is moot."""
 
 
 @dataclass(frozen=True)
@@ -68,14 +67,13 @@ class OneBuffer:
     worst: str
     """The label and shape that need it."""
     vllm_formula_bytes: int | None
-    """vLLM 0.33's own floor under its setting, or None where vLLM plans no FlashInfer for it."""
+    """vLLM 0.33's own floor under its setting (None: vLLM plans no FlashInfer for it)."""
     int_need_bytes: int | None = None
-    """The most int workspace any one plan needs (None: not measured)."""
 
     def record(self) -> dict[str, Any]:
         """The fields the calibrated record keeps."""
-        int_need = {} if self.int_need_bytes is None else {"int_need_bytes": self.int_need_bytes}
-        return {"need_bytes": self.need_bytes, "bytes": self.bytes, "worst": self.worst, **int_need}
+        kept = asdict(self).items()
+        return {k: v for k, v in kept if k != "vllm_formula_bytes" and v is not None}
 
     def advice(self) -> list[str]:
         """The engines' settings, for people."""

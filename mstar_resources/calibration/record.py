@@ -11,7 +11,6 @@ compares a record with what runs, field by field, every field but :data:`NOT_INP
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,6 +24,7 @@ from ..errors import ResourceConfigError
 from ..resolver import RESOURCES_KEY, ResolvedResource, resolve
 from ..units import mb_to_hold
 from .profile import PROFILE_KEY, CalibrationProfile, load_profile
+from .versions import installed_flashinfer
 
 if TYPE_CHECKING:
     from torch import device as Device  # a field below is named torch
@@ -103,13 +103,9 @@ class Machine:
         import torch
 
         gpu = torch.cuda.get_device_properties(device)
-        try:
-            flashinfer = importlib.metadata.version("flashinfer-python")
-        except importlib.metadata.PackageNotFoundError:
-            flashinfer = "none"
         return cls(
-            gpu.name, gpu.multi_processor_count, flashinfer, str(torch.__version__),
-            str(torch.version.cuda),
+            gpu.name, gpu.multi_processor_count, installed_flashinfer() or "none",
+            str(torch.__version__), str(torch.version.cuda),
         )  # fmt: skip
 
     @classmethod
@@ -241,10 +237,15 @@ def record_differences(
     the machine aside: the check any CPU can make (the dry run's). Empty where either is None."""
     if record is None or profile is None:
         return ()
-    plain = _plain(record)
-    running = calibration_inputs(Machine.of(plain), load_profile(profile), resources)
-    stale = stale_calibration(plain, running)
+    stale = _stale(record, profile, resources, Machine.of(_plain(record)))
     return () if stale is None else stale.differences
+
+
+def _stale(
+    record: Any, profile: Any, resources: Sequence[ResolvedResource], machine: Machine
+) -> StaleCalibration | None:
+    running = calibration_inputs(machine, load_profile(profile), resources)
+    return stale_calibration(_plain(record), running)
 
 
 def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
@@ -285,8 +286,7 @@ def check_calibration(
         )
     if resolved is None:
         resolved = resolve(cfg.get(RESOURCES_KEY) or {})
-    running = calibration_inputs(Machine.here(device), load_profile(profile), resolved)
-    stale = stale_calibration(_plain(record), running)
+    stale = _stale(record, profile, resolved, Machine.here(device))
     if stale is not None and warn:
         logger.warning("%s", stale)
     return stale
