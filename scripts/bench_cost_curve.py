@@ -50,9 +50,13 @@ from omegaconf import DictConfig
 from mstar_resources import resolve
 from mstar_resources.apps.hydra_app import register_settings
 from mstar_resources.apps.settings import DryRunSettings
-from mstar_resources.calibration.calibrate import LabelNeed, measure_all, per_resource
-from mstar_resources.calibration.checks import check_backends, check_labels
-from mstar_resources.calibration.engine_buffers import engine_buffers_mb
+from mstar_resources.calibration.calibrate import (
+    LabelNeed,
+    check_backends,
+    check_labels,
+    measure_all,
+    per_resource,
+)
 from mstar_resources.calibration.profile import PROFILE_KEY, CalibrationProfile, load_profile
 from mstar_resources.calibration.record import Machine
 from mstar_resources.errors import ResourceConfigError
@@ -61,6 +65,7 @@ from mstar_resources.resolver import ResolvedResource
 from mstar_resources.units import MIB
 
 from _args import count, one_of, refuse, run_main
+from _engines import engine_buffers_mb
 from _plot import add_png_option, check_png, pyplot, save
 
 if TYPE_CHECKING:  # imported where the curve is measured: its arguments are checked without it

@@ -10,7 +10,7 @@ per label and CUDA-graph slot, none aliased):
 - need: what calibration measured (the floor no one can beat without aliasing);
 - reserved: what its pools hold with the calibrated floors, and its ratio to the need;
 - what each engine really reserves for that deployment: one buffer, shared by all its wrappers,
-  of the size its current release gives it (``mstar_resources/calibration/engine_buffers.py``
+  of the size its current release gives it (``scripts/_engines.py``
   says where each figure comes from);
 - int workspaces: what calibration measured the plans to need of them (``int need KiB``, over
   all workspaces), what the pools hold on the GPU with the calibrated ``int_declared_mb`` (and as
@@ -34,12 +34,13 @@ from hydra.core.global_hydra import GlobalHydra
 from mstar_resources import resolve
 from mstar_resources.apps.hydra_app import register_settings
 from mstar_resources.apps.settings import DryRunSettings
-from mstar_resources.calibration.deployments import CALIBRATED_SUFFIX, shipped_deployments
-from mstar_resources.calibration.engine_buffers import engine_buffers_mb, own_int_mb
+from mstar_resources.calibration.override import CALIBRATED_SUFFIX
 from mstar_resources.calibration.profile import load_profile
+from mstar_resources.compose import shipped_deployments
 from mstar_resources.units import MIB
 
 from _args import one_of, run_main
+from _engines import engine_buffers_mb, own_int_mb
 from _plot import add_png_option, check_png, pyplot, save
 
 ENGINES = ["vLLM", "SGLang", "TensorRT-LLM", "MLC-LLM"]

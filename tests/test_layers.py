@@ -14,7 +14,7 @@ LAYERS = {
     "the core": "attn testing",
     "config": "schema resolver compose compose_errors",
     "calibration's terms": "calibration.profile calibration.record calibration.engine_plans "
-    "calibration.engine_buffers calibration.versions conf",
+    "calibration.versions conf",
     "calibration's measuring": "calibration",
     "the engine integrations": "integrations",
     "the apps": "__init__ apps",

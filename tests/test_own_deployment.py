@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mstar_resources.calibration.calibrate import LabelNeed
-from mstar_resources.calibration.deployments import users_deployment_folder, write_override
+from mstar_resources.calibration.calibrate import LabelNeed, per_resource
 from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.override import users_deployment_folder, write_override
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import Machine, calibration_inputs
 from mstar_resources.calibration.shapes import Shape
@@ -79,7 +79,7 @@ def calibrate_on_the_cpu(folder: Path, deployment: str, searchpath: list[str]) -
     record = {"deployment": deployment, **inputs}
     output_dir = users_deployment_folder(deployment, searchpath)
     assert output_dir is not None
-    return write_override(deployment, rows, record, output_dir, margin=0.0)
+    return write_override(deployment, per_resource(rows), record, output_dir, margin=0.0)
 
 
 def floors_of(done) -> dict[str, int]:

@@ -19,18 +19,23 @@ from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
-from ..calibration.calibrate import measure_all
-from ..calibration.checks import check_labels
-from ..calibration.deployments import (
+from ..calibration.calibrate import (
+    check_labels,
+    measure_all,
+    one_buffer,
+    per_resource,
+    provenance,
+    table,
+)
+from ..calibration.override import (
+    DEFAULT_OUTPUT_DIR,
     base_deployment,
-    default_output_dir,
     how_to_compose,
+    profile_settings,
     users_deployment_folder,
     write_override,
 )
-from ..calibration.override import profile_settings
 from ..calibration.profile import PROFILE_KEY, load_profile
-from ..calibration.report import one_buffer, provenance, table
 from ..errors import ResourceConfigError
 from ..files import folder_problem
 from ..resolver import resolve
@@ -68,7 +73,7 @@ def main(cfg: DictConfig) -> None:
     # which Hydra finds only in a folder holding it, so it is written beside it.
     sources = HydraConfig.get().runtime.config_sources
     beside = users_deployment_folder(name, [s.path for s in sources if s.schema == "file"])
-    output_dir = Path(cfg.output_dir) if cfg.output_dir else beside or default_output_dir()
+    output_dir = Path(cfg.output_dir) if cfg.output_dir else beside or DEFAULT_OUTPUT_DIR
     problem = folder_problem(output_dir)
     if problem:
         raise ResourceConfigError(
@@ -89,7 +94,7 @@ def main(cfg: DictConfig) -> None:
     print(table(rows, margin, buffer))
     record = provenance(profile, device, name, records)
     given = profile_settings(cfg, HydraConfig.get().overrides.task)
-    path = write_override(name, rows, record, output_dir, margin, buffer, given)
+    path = write_override(name, per_resource(rows), record, output_dir, margin, buffer, given)
     print(f"wrote {path}: {how_to_compose(path)}")
 
 

@@ -1,17 +1,21 @@
-"""Measuring a deployment's workspaces on this GPU: each resource's labels planned on FlashInfer's
-wrappers, and their needs by label (the calibration table's rows). The checks before it are in
-``checks``, the report of what it found in ``report``, and writing it down in ``deployments``."""
+"""Calibrating a deployment on this GPU: the checks before any GPU work, each resource's labels
+planned on FlashInfer's wrappers, and the report of their needs against today's floors."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .._internal.table import format_table
+from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
-from .checks import check_backends, check_labels
-from .override import Measured
-from .profile import CalibrationProfile
+from ..units import MIB
+from .engine_plans import vllm_formula
+from .override import DEFAULT_MARGIN, Measured, OneBuffer
+from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
+from .record import Machine, calibration_inputs, declared_mb_for
 from .shapes import shapes_for
 from .versions import check_flashinfer
 
@@ -33,6 +37,73 @@ class LabelNeed:
     def surplus_bytes(self) -> int:
         """Today's floor less the need: waste if positive, shortfall if negative."""
         return self.resource.floor_bytes - self.need.bytes
+
+
+def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfile) -> None:
+    """Refuse, naming every problem, resources that cannot be calibrated as they run: a label
+    without a plan, graph slots on a kind not calibrated under graphs, a prefill graph without
+    token counts, a fixed KV split under graphs, a label served by resources of several owners."""
+    missing = [f"calibration.plans.{label} (for resources.{r.path})"
+               for r in records for label in r.labels if label not in profile.plans]  # fmt: skip
+    problems = []
+    if missing:
+        problems.append(
+            f"the profile does not say how these labels are planned; add {', '.join(missing)} "
+            f"with a kind ({', '.join(kind.value for kind in PlanKind)})"
+        )
+    graph_kinds = ", ".join(k.value for k in PlanKind if k in GRAPH_KINDS)
+    for r in (r for r in records if r.cg_slots):
+        slots = f"resources.{r.path}.cg_slots={list(r.cg_slots)}"
+        for label in r.labels:
+            plan = profile.plans.get(label)
+            key = f"calibration.plans.{label}"
+            if plan is None:
+                continue
+            if plan.kind not in GRAPH_KINDS:
+                problems.append(
+                    f"{slots} puts {label} under CUDA graphs, but {key}.kind={plan.kind.value}: "
+                    f"only {graph_kinds} plans are calibrated under graphs"
+                )
+            if plan.kind is PlanKind.paged_prefill and not profile.cuda_graph_prefill_tokens:
+                problems.append(
+                    f"{slots} puts the paged_prefill {label} under CUDA graphs, and "
+                    "calibration.cuda_graph_prefill_tokens is empty; list the token counts the "
+                    "engine captures prefill graphs for"
+                )
+            if plan.fixed_split_size > 0 and not plan.disable_split_kv:
+                problems.append(
+                    f"{key}.fixed_split_size={plan.fixed_split_size} under CUDA graphs "
+                    f"(resources.{r.path} has cg_slots): FlashInfer cannot pad a fixed split to a "
+                    f"graph; set {key}.disable_split_kv=true, as engines do under graphs"
+                )
+    owners: dict[str, dict[str, str]] = {}  # label -> owner -> the first resource of it
+    for r in records:
+        for label in r.labels:
+            owners.setdefault(label, {}).setdefault(r.owner, r.path)
+    problems += [
+        f"calibration.plans.{label} would plan "
+        f"{', '.join(f'resources.{p} (owner {o})' for o, p in by_owner.items())} alike; give "
+        "their plans different labels"
+        for label, by_owner in owners.items()
+        if len(by_owner) > 1
+    ]
+    if problems:
+        raise ResourceConfigError("cannot calibrate: " + "; ".join(problems))
+
+
+def check_backends(profile: CalibrationProfile, device: torch.device) -> None:
+    """Refuse a ``fa3`` plan on a GPU other than SM90 (Hopper), the only one it runs on."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    fa3 = [f"calibration.plans.{label}.backend=fa3" for label, plan in profile.plans.items()
+           if plan.backend == "fa3"]  # fmt: skip
+    if fa3 and (major, minor) != (9, 0):
+        name = torch.cuda.get_device_name(device)
+        raise ResourceConfigError(
+            f"cannot calibrate on {device} ({name}, SM{major}{minor}): {', '.join(fa3)} needs "
+            "an SM90 GPU; calibrate on the GPU the engine runs, or plan with fa2 or auto"
+        )
 
 
 def measure_all(
@@ -64,16 +135,20 @@ def measure_all(
     return rows
 
 
+def _larger(a: int | None, b: int | None) -> int | None:
+    """The larger of two needs, either of which may be unmeasured (None)."""
+    return b if a is None else a if b is None else max(a, b)
+
+
 def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
-    """A resource's need is the most any of its labels needs: all share one floor. So is its int
-    need (None where no label's was measured)."""
+    """Each resource's needs: the most any of its labels needs (they share one floor)."""
     worst: dict[str, LabelNeed] = {}
     int_needs: dict[str, int | None] = {}
     for row in rows:
         path = row.resource.path
         if path not in worst or row.need.bytes > worst[path].need.bytes:
             worst[path] = row
-        int_needs[path] = larger_need(int_needs.get(path), row.need.int_bytes)
+        int_needs[path] = _larger(int_needs.get(path), row.need.int_bytes)
     return [
         Measured(
             path,
@@ -86,6 +161,82 @@ def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
     ]
 
 
-def larger_need(a: int | None, b: int | None) -> int | None:
-    """The larger of two needs, either of which may be unmeasured (None)."""
-    return b if a is None else a if b is None else max(a, b)
+def vllm_formula_bytes(profile: CalibrationProfile) -> int | None:
+    """vLLM 0.33's per-token floor under its buffer setting, in bytes; None for MLA models, which
+    vLLM runs without FlashInfer on the GPUs calibrated here (SM90)."""
+    if any(plan.kind is PlanKind.mla for plan in profile.plans.values()):
+        return None
+    model = profile.model
+    return vllm_formula(profile.limits.max_num_batched_tokens, model.num_qo_heads, model.head_dim)
+
+
+def one_buffer(
+    rows: Sequence[LabelNeed], profile: CalibrationProfile, margin: float = DEFAULT_MARGIN
+) -> OneBuffer:
+    """What an engine that keeps one buffer for every wrapper and graph size must reserve."""
+    worst = max(rows, key=lambda row: row.need.bytes, default=None)
+    need = worst.need.bytes if worst else 0
+    where = f"{worst.label}: {worst.need.worst}" if worst and worst.need.worst else "-"
+    int_need = None
+    for row in rows:
+        int_need = _larger(int_need, row.need.int_bytes)
+    return OneBuffer(
+        need, declared_mb_for(need, margin) * MIB, where, vllm_formula_bytes(profile), int_need
+    )
+
+
+def provenance(
+    profile: CalibrationProfile,
+    device: torch.device,
+    deployment: str,
+    records: Sequence[ResolvedResource],
+) -> dict[str, Any]:
+    """What the calibration of ``deployment`` depends on, as its override records it."""
+    return {
+        "deployment": deployment,
+        **calibration_inputs(Machine.here(device), profile, records),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def table(
+    rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN, buffer: OneBuffer | None = None
+) -> str:
+    """The calibration table, the floors to declare and, given ``buffer``, the one-buffer
+    engines' settings."""
+    head = ("resource", "label", "worst shape", "need bytes", "declared today", "waste(+)/short(-)",
+            "int need bytes", "int declared today")  # fmt: skip
+    body = [
+        (
+            row.resource.path,
+            row.label,
+            str(row.need.worst or "-"),
+            f"{row.need.bytes:,}",
+            f"{row.resource.floor_bytes:,} ({row.resource.floor_source})",
+            f"{row.surplus_bytes:+,}",
+            "-" if row.need.int_bytes is None else f"{row.need.int_bytes:,}",
+            f"{row.resource.int_floor_bytes:,} ({row.resource.int_floor_source})",
+        )
+        for row in rows
+    ]
+    lines = [format_table([head, None, *body]), ""]
+    lines += [
+        f"{row.resource.path}/{row.label}: FlashInfer refused {len(row.need.refused)} of its "
+        f"shapes (an engine cannot plan them either), e.g. {row.need.refused[0]}"
+        for row in rows
+        if row.need.refused
+    ]
+    for m in per_resource(rows):
+        lines.append(
+            f"resources.{m.path}.declared_mb = {declared_mb_for(m.need_bytes, margin)}"
+            f"  (need {m.need_bytes:,} bytes + {margin:.0%})"
+        )
+        if m.int_need_bytes is not None:
+            lines.append(
+                f"resources.{m.path}.int_declared_mb = "
+                f"{declared_mb_for(m.int_need_bytes, margin)}  (int need {m.int_need_bytes:,} "
+                f"bytes + {margin:.0%})"
+            )
+    if buffer is not None:
+        lines += ["", *buffer.advice()]
+    return "\n".join(lines)

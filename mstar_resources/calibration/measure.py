@@ -1,11 +1,10 @@
 """Measuring on the GPU what a label's plans need of the float and int workspaces, through
-FlashInfer.
+FlashInfer: the one set of wrapper factories and plan arguments.
 
-Where a wrapper can say (``workspace_size()``: decode and paged prefill, FlashInfer 0.7), it is
-asked, and answers both; where it cannot (ragged prefill, MLA, POD, a backend without the query,
-FlashInfer 0.6), the shapes are planned on a float and an int workspace that start empty and
-grow, which end at exactly the largest needs. FlashInfer 0.7's MLA wrapper makes a fresh int
-workspace at each plan, which cannot be replaced, so its int need is not measured (None).
+A wrapper's ``workspace_size()`` is asked where it has one (decode and paged prefill, FlashInfer
+0.7); elsewhere the shapes are planned on float and int workspaces that start empty and grow to
+exactly the largest needs. FlashInfer 0.7's MLA wrapper makes a fresh int workspace at each plan,
+so its int need is not measured (None).
 """
 
 from __future__ import annotations
@@ -33,24 +32,15 @@ class Need:
     method: str
     """``workspace_size`` (FlashInfer's own query) or ``growth`` (planned on a growing buffer)."""
     refused: tuple[str, ...] = ()
-    """Shapes FlashInfer refused to plan for a reason of its own, not the workspace (MLA's
-    work-item capacity, say), each with its reason: an engine cannot plan them either. None of
-    them bounds the need (a bounding shape refused stops calibration instead)."""
+    """Shapes FlashInfer refused for a reason of its own (MLA's work-item capacity, say), with
+    the reason: an engine cannot plan them either. None bounds the need."""
     int_bytes: int | None = None
-    """The most int workspace any of the shapes needs (the plan's indices); None where the
-    wrapper keeps no int workspace that could be measured (FlashInfer 0.7's MLA)."""
-
-
-ASKS_WORKSPACE_SIZE = frozenset({PlanKind.decode, PlanKind.paged_prefill})
-"""Kinds whose wrapper answers ``workspace_size()`` (on some backends)."""
+    """The most int workspace any shape needs; None where it cannot be measured."""
 
 
 class Planner:
-    """Builds FlashInfer wrappers and plan arguments for one profile on one device.
-
-    FlashInfer caches a built kernel module per configuration for the life of the process, and
-    every wrapper here of one kind shares a configuration, so each kernel is built once per run.
-    """
+    """Builds FlashInfer wrappers and plan arguments for one profile on one device (each kernel
+    is built once a process: FlashInfer caches it by configuration)."""
 
     def __init__(
         self,
@@ -62,7 +52,7 @@ class Planner:
         self.profile = profile
         self.device = device
         self.refusals = _flashinfer.refusals() if refusals is None else refusals
-        """The errors by which FlashInfer refuses a shape; any other error propagates."""
+        """The errors by which FlashInfer refuses a shape; any other propagates."""
         model = profile.model
         self.dtypes = {
             "q_data_type": getattr(torch, model.q_dtype),
@@ -71,7 +61,6 @@ class Planner:
         self.output = (
             {} if model.o_dtype is None else {"o_data_type": getattr(torch, model.o_dtype)}
         )
-        """The output dtype where the profile names one (MLA plans take none)."""
 
     def _indptr(self, batch: int, step: int) -> torch.Tensor:
         return torch.arange(batch + 1, dtype=torch.int32, device=self.device) * step
@@ -83,9 +72,7 @@ class Planner:
         return pages, self._indptr(shape.batch, pages), indices
 
     def plan_args(self, plan: PlanProfile, shape: Shape) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``plan()``'s arguments (also ``workspace_size()``'s) for ``shape``, with ``plan``'s
-        options (those left at FlashInfer's defaults are not passed, so that every FlashInfer
-        version calibration runs on takes them)."""
+        """``plan()``'s (and ``workspace_size()``'s) arguments for ``shape`` and ``plan``."""
         kind = plan.kind
         model = self.profile.model
         heads = (model.num_qo_heads, model.num_kv_heads, model.head_dim)
@@ -107,8 +94,7 @@ class Planner:
                 "page_size": model.page_size,
                 "causal": shape.q_len > 1,
                 "sm_scale": 1.0,  # a kernel argument: the plan does not depend on it
-                # Two tensors each for the query and the cache (no-PE and PE parts), as the
-                # engines keep them.
+                # The query and the cache each in no-PE and PE tensors, as the engines keep them.
                 "query_layout": "split",
                 "kv_cache_layout": "split",
                 **self.dtypes,
@@ -129,40 +115,25 @@ class Planner:
         if kind is PlanKind.ragged_prefill:
             return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(buffer, "NHD", backend=backend)
         graph: dict[str, Any] = {}
+        if shape.cuda_graph:  # the wrapper holds the plan's index buffers, at their sizes
+            args, kwargs = self.plan_args(plan, shape)
+            paged = ("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len")
+            if kind is PlanKind.mla:
+                mla = ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr")
+                graph = {name: getattr(kwargs["metadata"], name) for name in mla}
+            elif kind is PlanKind.paged_prefill:
+                graph = dict(zip((f"{n}_buf" for n in ("qo_indptr", *paged)), args, strict=False))
+            else:
+                graph = dict(zip((f"{n}_buffer" for n in paged), args, strict=False))
+            graph["use_cuda_graph"] = True
         if kind is PlanKind.paged_prefill:
-            if shape.cuda_graph:
-                (qo, indptr, indices, last_page_len, *_), _ = self.plan_args(plan, shape)
-                graph = {
-                    "use_cuda_graph": True,
-                    "qo_indptr_buf": qo,
-                    "paged_kv_indptr_buf": indptr,
-                    "paged_kv_indices_buf": indices,
-                    "paged_kv_last_page_len_buf": last_page_len,
-                }
             return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
                 buffer, "NHD", backend=backend, **graph
             )
         if kind is PlanKind.mla:
-            if shape.cuda_graph:
-                metadata = self.plan_args(plan, shape)[1]["metadata"]
-                graph = {
-                    "use_cuda_graph": True,
-                    "qo_indptr": metadata.qo_indptr,
-                    "kv_indptr": metadata.kv_indptr,
-                    "kv_indices": metadata.kv_indices,
-                    "kv_len_arr": metadata.kv_len_arr,
-                }
             from flashinfer.mla import BatchMLAPagedAttentionWrapper
 
             return BatchMLAPagedAttentionWrapper(buffer, backend=backend, **graph)
-        if shape.cuda_graph:
-            (indptr, indices, last_page_len, *_), _ = self.plan_args(plan, shape)
-            graph = {
-                "use_cuda_graph": True,
-                "paged_kv_indptr_buffer": indptr,
-                "paged_kv_indices_buffer": indices,
-                "paged_kv_last_page_len_buffer": last_page_len,
-            }
         if kind is PlanKind.pod:  # fa2 only: the wrapper takes no backend
             return flashinfer.PODWithPagedKVCacheWrapper(buffer, "NHD", **graph)
         if plan.tensor_cores:
@@ -187,7 +158,7 @@ class Planner:
 
     def need(self, plan: PlanProfile, shapes: list[Shape], progress: Any = None) -> Need:
         """The largest need over ``shapes``; ``progress`` (a tqdm bar) advances once a shape."""
-        if plan.kind in ASKS_WORKSPACE_SIZE:
+        if plan.kind in (PlanKind.decode, PlanKind.paged_prefill):
             try:
                 return self.need_by_query(plan, shapes, progress)
             except NotImplementedError:  # this backend has no workspace_size()
@@ -195,8 +166,8 @@ class Planner:
         return self.need_by_growth(plan, shapes, progress)
 
     def need_by_query(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
-        """The need as the wrappers' ``workspace_size()`` answers it; ``NotImplementedError``
-        where a wrapper has no such query (FlashInfer before 0.7.2, some backends)."""
+        """The need as ``workspace_size()`` answers it; ``NotImplementedError`` where a wrapper
+        has no such query (FlashInfer before 0.7.2, some backends)."""
         selector = torch.empty(0, dtype=torch.uint8, device=self.device)  # device selector only
         wrapper_for = self.wrappers(plan, selector)
         best, worst, most_int = 0, None, 0
@@ -214,25 +185,21 @@ class Planner:
         return Need(best, worst if best else None, "workspace_size", int_bytes=most_int)
 
     def need_by_growth(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
+        """The need as planning on empty workspaces grows them; a refused shape that bounds the
+        need, or every shape refused, is a :class:`ResourceConfigError`."""
         empty = torch.zeros(0, dtype=torch.uint8, device=self.device)
         int_workspace = IntWorkspace(empty.clone(), "calibration:int", floor="none")
         workspace = Workspace(empty, "calibration", floor="none", int_workspace=int_workspace)
-        wrappers = self.wrappers(plan, workspace.tensor)
+        wrapper_for = self.wrappers(plan, workspace.tensor)
         int_measured = True  # until a wrapper keeps no int workspace to replace
-
-        def wrapper_for(shape: Shape) -> Any:
-            nonlocal int_measured
-            wrapper = wrappers(shape)
-            if int_measured and not install_int_workspace(wrapper, workspace):
-                int_measured = False
-            return wrapper
-
         worst, refused = None, []
         for shape in shapes:
             before = workspace.tensor.numel()
             args, kwargs = self.plan_args(plan, shape)
             try:
-                workspace.plan(wrapper_for(shape).plan, *args, **kwargs)
+                wrapper = wrapper_for(shape)
+                int_measured = int_measured and install_int_workspace(wrapper, workspace)
+                workspace.plan(wrapper.plan, *args, **kwargs)
             except self.refusals as error:  # FlashInfer refuses the shape itself
                 if is_bounding(shape, plan, self.profile):
                     raise ResourceConfigError(

@@ -1,33 +1,45 @@
-"""Writing what calibration measured as a deployment override that composes like any other.
+"""What calibration measured, written as a deployment override that composes like any other.
 
-``<name>_calibrated.yaml`` in the ``deployment`` group pulls in ``<name>`` and sets each measured
-resource's ``declared_mb`` to its need (plus a margin, none by default), rounded up to a whole
-MB, and its ``int_declared_mb`` to its int need the same way (where that was measured). It sets
-the settings of the ``calibration`` profile the calibration was given on its command line, so
-that the file composes the profile its floors hold for, and a check of the calibration compares
-what runs with that. The measurements themselves go under the root
-key ``calibrated``, so a program can read them back.
+``<name>_calibrated.yaml`` in the ``deployment`` group pulls in ``<name>``, sets each measured
+resource's ``declared_mb`` and ``int_declared_mb`` to its needs (plus a margin, none by default)
+in whole MB, sets the ``calibration`` settings its command line gave (so the file composes the
+profile its floors hold for), and keeps the measurements under the root key ``calibrated``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .._internal.floor import INT_DEFAULT_MB
+from ..compose import shipped_deployments
+from ..files import write_whole
 from ..units import MIB
 from .profile import PROFILE_KEY
 from .record import RECORD_KEY, declared_mb_for, plain_values
 
 DEFAULT_MARGIN = 0.0
-"""Added to a measured need before it is declared. None by default: the need calibration measures
-is the most any plan within the profile's limits can ask for (``bounds.py`` says why), so the
-floor is that need rounded up to a whole MB. A margin stays possible (``margin=0.1``) for a GPU or
+"""Added to a measured need before it is declared: none, since the need is the most any plan
+within the profile's limits can ask for (``docs/calibration.md``); ``margin=0.1`` is for a GPU or
 FlashInfer build the bound was not checked on."""
+
+CALIBRATED_SUFFIX = "_calibrated"
+RECALIBRATED_SUFFIX = "_recalibrated"
+"""A calibration written outside the package of a deployment the package ships calibrated: Hydra
+finds the shipped ``<name>_calibrated`` before a ``--config-dir``'s file of that name."""
+
+DEFAULT_OUTPUT_DIR = Path("calibrated", "deployment")
+"""Where calibrated deployments go by default: the ``deployment`` group of the config folder
+``calibrated`` under the working directory (``--config-dir calibrated``), never the package."""
+
+SGLANG_OVERWRITES = (  # layers/attention/flashinfer_backend.py
+    "SGLang 0.5.23 replaces this setting with 512 MiB for Qwen2, Qwen3, MiMo and Qwen3-VL models "
+    "and with 2 GiB in deterministic mode, whatever it is set to"
+)
 
 
 @dataclass(frozen=True)
@@ -43,41 +55,25 @@ class Measured:
     """The most int workspace its plans need; None where it was not measured."""
 
 
-SGLANG_OVERWRITES = (
-    "SGLang 0.5.23 replaces this setting with 512 MiB for Qwen2, Qwen3, MiMo and Qwen3-VL models "
-    "and with 2 GiB in deterministic mode, whatever it is set to"
-)
-"""What SGLang does to its setting (``layers/attention/flashinfer_backend.py``; its PR 30244, open,
-would stop it): for those models and modes the setting printed has no effect."""
-
-
 @dataclass(frozen=True)
 class OneBuffer:
     """What an engine that shares one float workspace among all its wrappers and graph sizes
-    (vLLM, SGLang) must reserve for this deployment: every plan carves that buffer from offset
-    0, so the most any single plan needs, across prefill and every graph size."""
+    (vLLM, SGLang) must reserve: every plan carves it from offset 0, so the most any one plan
+    needs."""
 
     need_bytes: int
-    """The most any one plan needs."""
     bytes: int
-    """What to reserve: the need plus the margin, in whole MB (at least 1)."""
+    """What to reserve: the need plus the margin, in whole MB."""
     worst: str
     """The label and shape that need it."""
     vllm_formula_bytes: int | None
-    """vLLM 0.33's own floor under its setting (``max_num_batched_tokens x query heads x head
-    dim x 16``), or None where vLLM plans no FlashInfer for the deployment."""
+    """vLLM 0.33's own floor under its setting (None: vLLM plans no FlashInfer for it)."""
     int_need_bytes: int | None = None
-    """The most int workspace any one plan needs (None: not measured). One-buffer engines give
-    every wrapper an int workspace of FlashInfer's own 8 MiB, and no setting changes it."""
 
     def record(self) -> dict[str, Any]:
         """The fields the calibrated record keeps."""
-        return {
-            "need_bytes": self.need_bytes,
-            "bytes": self.bytes,
-            "worst": self.worst,
-            **({} if self.int_need_bytes is None else {"int_need_bytes": self.int_need_bytes}),
-        }
+        kept = asdict(self).items()
+        return {k: v for k, v in kept if k != "vllm_formula_bytes" and v is not None}
 
     def advice(self) -> list[str]:
         """The engines' settings, for people."""
@@ -105,41 +101,13 @@ class OneBuffer:
         return lines
 
 
-def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | None:
-    """The settings of the ``calibration`` profile that ``overrides`` (a command line's, as
-    Hydra's ``key=value`` strings) gave the composed ``cfg``, with the values composed, nested
-    as the profile holds them; None where it gave none. A calibration writes them into its file,
-    so that the file composes the profile its floors hold for, and the rest of the profile stays
-    the deployment's, which a check of the calibration then compares with the record."""
-    settings = OmegaConf.create({})
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+")
-        if override.startswith("~") or not (
-            key == PROFILE_KEY or key.startswith(f"{PROFILE_KEY}.")
-        ):
-            continue
-        value = OmegaConf.select(cfg, key)
-        if isinstance(value, DictConfig | ListConfig):
-            value = OmegaConf.to_container(value, resolve=True)
-        OmegaConf.update(settings, key, value, merge=True)
-    found = plain_values(OmegaConf.to_container(settings, resolve=True))
-    profile = found.get(PROFILE_KEY) if isinstance(found, dict) else None
-    return profile if isinstance(profile, dict) and profile else None
-
-
 def declared_floors(
     measured: Sequence[Measured], margin: float = DEFAULT_MARGIN, into: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A resource tree (``into``, else a new one) whose measured resources declare their needs
-    as floors: ``declared_mb`` the need plus ``margin`` in whole MB, and ``int_declared_mb`` the
-    int need the same way, or 0 where it is None (the wrappers keep their own int workspaces, as
-    FlashInfer 0.7's MLA wrappers and an engine's prefill wrappers do, so none is reserved).
-
-    The one conversion of measured needs to floors: calibration writes its file with it, and an
-    engine plugin's ``auto`` builds its tree with it (``margin`` 0), a resource whose wrappers
-    keep their own int workspace given ``int_need_bytes=None``. Each value is rounded by
-    :func:`~mstar_resources.calibration.record.declared_mb_for`, which a calibrated record is
-    checked against."""
+    """The one conversion of measured needs to floors, for calibration's file and the plugins'
+    ``auto``: a resource tree (``into``, else a new one) whose measured resources declare
+    ``declared_mb`` and ``int_declared_mb`` by :func:`~.record.declared_mb_for`, the latter 0
+    where the int need is None (the wrappers keep their own int workspaces)."""
     resources = {} if into is None else into
     for m in measured:
         node = resources
@@ -152,40 +120,92 @@ def declared_floors(
     return resources
 
 
-def calibrated_yaml(
+def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | None:
+    """The settings of the ``calibration`` profile that ``overrides`` (a command line's
+    ``key=value`` strings) gave the composed ``cfg``, with their composed values, nested as the
+    profile holds them; None where it gave none."""
+    settings = OmegaConf.create({})
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+")
+        if override.startswith("~") or key.split(".")[0] != PROFILE_KEY:
+            continue
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, DictConfig | ListConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+        OmegaConf.update(settings, key, value, merge=True)
+    found = plain_values(OmegaConf.to_container(settings, resolve=True))
+    return found.get(PROFILE_KEY) or None
+
+
+def how_to_compose(path: Path) -> str:
+    """How a config composes the calibrated deployment written at ``path``."""
+    name = path.stem
+    if path.parent.name != "deployment":
+        return f"move it into the deployment/ folder of a config dir, then use deployment={name}"
+    if path.parent.absolute() == shipped_deployments().absolute():
+        return f"use it with deployment={name}"
+    config_dir = path.parent.parent
+    return (
+        f"use it with --config-dir {config_dir} deployment={name} (or list "
+        f"file://{config_dir.absolute()} under hydra.searchpath)"
+    )
+
+
+def users_deployment_folder(name: str, config_dirs: Sequence[str]) -> Path | None:
+    """The ``deployment/`` folder of the first of ``config_dirs`` (a user's ``--config-dir``s)
+    that holds deployment ``name``; None where none does (a shipped deployment)."""
+    for config_dir in config_dirs:
+        folder = Path(config_dir) / "deployment"
+        if (folder / f"{name}.yaml").is_file():
+            return folder
+    return None
+
+
+def base_deployment(name: str) -> str:
+    """Calibrating ``x_calibrated`` (or ``x_recalibrated``) again recalibrates ``x``."""
+    return name.removesuffix(CALIBRATED_SUFFIX).removesuffix(RECALIBRATED_SUFFIX)
+
+
+def calibrated_name(deployment: str, output_dir: Path) -> str:
+    """``<deployment>_calibrated``, or ``<deployment>_recalibrated`` where the package ships a
+    ``<deployment>_calibrated`` and ``output_dir`` is not the package's folder."""
+    name = f"{deployment}{CALIBRATED_SUFFIX}"
+    shipped = shipped_deployments()
+    if (shipped / f"{name}.yaml").is_file() and output_dir.absolute() != shipped.absolute():
+        return f"{deployment}{RECALIBRATED_SUFFIX}"
+    return name
+
+
+def write_override(
     deployment: str,
-    measured: list[Measured],
-    provenance: Mapping[str, object],
+    measured: Sequence[Measured],
+    provenance: Mapping[str, Any],
+    output_dir: Path,
     margin: float = DEFAULT_MARGIN,
     buffer: OneBuffer | None = None,
     profile: Mapping[str, Any] | None = None,
-    *,
-    config_dir: Path | None = None,
-    name: str | None = None,
-) -> str:
-    """The text of ``<deployment>_calibrated.yaml``; ``profile``: settings of the ``calibration``
-    node the needs were measured with (:func:`profile_settings`; None: the deployment's own).
-    ``config_dir``: the config folder whose ``deployment/`` folder it is written to (None: the
-    package's), which the commands in its header name; ``name``: its name, where it is not
-    ``<deployment>_calibrated``."""
-    folder = f"--config-dir {config_dir} " if config_dir is not None else ""
+) -> Path:
+    """Write ``deployment``'s calibration into ``output_dir`` (made if missing; named by
+    :func:`calibrated_name`), whole or not at all, with the ``calibration`` settings ``profile``
+    (:func:`profile_settings`) where given; returns its path."""
+    path = output_dir / f"{calibrated_name(deployment, output_dir)}.yaml"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    shipped = output_dir.absolute() == shipped_deployments().absolute()
+    in_config_dir = output_dir.name == "deployment" and not shipped
+    folder = f"--config-dir {output_dir.parent} " if in_config_dir else ""
+    needs = [
+        {"path": m.path, "need_bytes": m.need_bytes, "worst": m.worst, "method": m.method,
+         **({} if m.int_need_bytes is None else {"int_need_bytes": m.int_need_bytes})}
+        for m in measured
+    ]  # fmt: skip
     body = {
         "defaults": [deployment, "_self_"],
         "resources": declared_floors(measured, margin),
         **({} if profile is None else {PROFILE_KEY: dict(profile)}),
         RECORD_KEY: {
             "margin": margin,
-            **dict(provenance),
-            "needs": [
-                {
-                    "path": m.path,
-                    "need_bytes": m.need_bytes,
-                    "worst": m.worst,
-                    "method": m.method,
-                    **({} if m.int_need_bytes is None else {"int_need_bytes": m.int_need_bytes}),
-                }
-                for m in measured
-            ],
+            **provenance,
+            "needs": needs,
             **({"one_buffer": buffer.record()} if buffer is not None else {}),
         },
     }
@@ -193,13 +213,11 @@ def calibrated_yaml(
         "# @package _global_",
         f"# Calibrated {deployment}: written by",
         f"#   mstar-resources-calibrate {folder}deployment={deployment}",
-        *(f"# {key}: {value}" for key, value in provenance.items() if _is_scalar(value)),
+        *(f"# {key}: {value}" for key, value in provenance.items()
+          if isinstance(value, str | int | float | bool)),
         f"# declared_mb = need{f' x {1 + margin:g}' if margin else ''}, rounded up to a whole MB "
         "(int_declared_mb: the int need, the same way). Use it with",
-        f"#   mstar-resources {folder}deployment={name or f'{deployment}_calibrated'}",
-    ]
-    return "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(body))
-
-
-def _is_scalar(value: object) -> bool:
-    return isinstance(value, str | int | float | bool)
+        f"#   mstar-resources {folder}deployment={path.stem}",
+    ]  # fmt: skip
+    write_whole(path, "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(body)))
+    return path

@@ -1,11 +1,7 @@
-"""The calibration profile: what a deployment plans, so its workspaces can be measured on a GPU.
-
-It lives under the config's root key ``calibration`` (each shipped deployment carries one) and is
-read by ``mstar-resources-calibrate``. The config tree registers it in Hydra's ConfigStore as
-``mstar_resources/calibration``, so a deployment types it by listing
-``- /mstar_resources/calibration@calibration`` in its defaults. :func:`load_profile` turns a
-composed node into a checked :class:`CalibrationProfile`, reporting every problem at once.
-"""
+"""The calibration profile (config key ``calibration``): what a deployment plans, so that its
+workspaces can be measured on a GPU. Registered in Hydra's ConfigStore as
+``mstar_resources/calibration``; :func:`load_profile` checks a composed node, reporting every
+problem at once."""
 
 from __future__ import annotations
 
@@ -30,24 +26,16 @@ from .engine_plans import VERSIONS, Engine, decode_graph_batch_sizes, split_sett
 from .engine_plans import uses_tensor_cores as engine_uses_tensor_cores
 
 PROFILE_KEY = "calibration"
-"""The config key the profile lives under."""
-
 _WHERE = "the calibration profile"
-"""What :func:`load_profile`'s errors say they checked (their ``where``)."""
-
 TYPE_WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
-"""What a value of a schema field's type is, in words."""
 
 DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 """Query and KV dtypes a profile may name (``torch.<name>``)."""
 
 
 class PlanKind(Enum):
-    """Which FlashInfer wrapper plans a label.
-
-    ``BatchPODWithPagedKVCacheWrapper`` is not one: it splits its float buffer into two views
-    when it is built, so it cannot follow a workspace that grows (build it on a sealed one).
-    """
+    """Which FlashInfer wrapper plans a label. (``BatchPODWithPagedKVCacheWrapper`` is not one:
+    it splits its float buffer into two views when built, so it cannot follow a growing one.)"""
 
     decode = "decode"  # BatchDecodeWithPagedKVCacheWrapper
     paged_prefill = "paged_prefill"  # BatchPrefillWithPagedKVCacheWrapper
@@ -63,14 +51,11 @@ BACKENDS: dict[PlanKind, tuple[str, ...]] = {
     PlanKind.mla: ("fa2", "fa3", "auto"),
     PlanKind.pod: ("fa2",),
 }
-"""The backends calibration can plan each kind with: those an SM80 or SM90 GPU runs (``fa3``
-needs SM90). Others (``trtllm-gen``, ``cudnn``, ``cutlass``...) are refused by name, not guessed;
-POD plans its decode with ``fa2`` only."""
+"""The backends each kind is calibrated with: those an SM80 or SM90 GPU runs (``fa3`` needs
+SM90); others are refused by name, not guessed."""
 
 GRAPH_KINDS = frozenset({PlanKind.decode, PlanKind.mla, PlanKind.pod, PlanKind.paged_prefill})
-"""Kinds calibrated under CUDA graphs: each graph batch size is one decode batch, planned once;
-a paged prefill under graphs is planned once per captured token count
-(``cuda_graph_prefill_tokens``), as SGLang captures its prefill graphs."""
+"""Kinds calibrated under CUDA graphs (a paged prefill at each ``cuda_graph_prefill_tokens``)."""
 
 SPLIT_KINDS = frozenset({PlanKind.decode, PlanKind.paged_prefill, PlanKind.ragged_prefill})
 """Kinds whose plans take FlashInfer's ``fixed_split_size`` and ``disable_split_kv``."""
@@ -97,9 +82,8 @@ class ModelShape:
     kv_dtype: str = "bfloat16"
     """KV-cache dtype, a ``torch`` dtype name (fp8 caches plan differently)."""
     o_dtype: str | None = None
-    """Output dtype, a ``torch`` dtype name; None: the query's, as FlashInfer defaults. An engine
-    that queries an FP8 cache in FP8 writes the model's dtype (vLLM), which FlashInfer's fa2 and
-    fa3 require. Not taken by ``mla`` plans."""
+    """Output dtype, a ``torch`` dtype name; None: the query's, as FlashInfer defaults (vLLM
+    queries an FP8 cache in FP8 and writes the model's dtype). Not taken by ``mla`` plans."""
 
 
 @dataclass
@@ -119,33 +103,27 @@ class PlanProfile:
     """How one plan label is planned."""
 
     kind: PlanKind = MISSING
-    """The FlashInfer wrapper that plans it. Whether it runs under CUDA graphs is not said here:
-    the resources that serve the label say so, by their ``cg_slots``."""
+    """The FlashInfer wrapper that plans it (under CUDA graphs where its resources have
+    ``cg_slots``)."""
     backend: str = "fa2"
-    """The FlashInfer backend the engine plans it with (see ``BACKENDS``); ``auto`` lets
-    FlashInfer pick per plan, as it does for the engine. A backend that uses no float workspace
-    measures 0, and its floor is the smallest there is, 1 MB."""
+    """The FlashInfer backend the engine plans it with (``BACKENDS``; ``auto``: FlashInfer picks
+    per plan). A backend that uses no float workspace measures 0: the smallest floor, 1 MB."""
     tensor_cores: bool = False
-    """``decode`` only: plan with ``use_tensor_cores=True``, i.e. through FlashInfer's prefill
-    scheduler with one query row a request, as vLLM always does and SGLang does for GQA groups of
-    4 or more. Under CUDA graphs its need grows with the graph batch and the GQA group, where the
-    plain decode plan's is bounded by the SM count."""
+    """``decode`` only: plan with ``use_tensor_cores=True`` (FlashInfer's prefill scheduler, one
+    query row a request), as vLLM always does and SGLang for GQA groups of 4 or more."""
     q_len_per_req: int = 1
-    """``decode`` with ``tensor_cores`` only: query tokens a request per step (1 + the speculative
-    tokens verified at once). More than 1 needs FlashInfer 0.7.2 or newer."""
+    """``decode`` with ``tensor_cores`` only: query tokens a request per step (1 + speculative
+    tokens); more than 1 needs FlashInfer 0.7.2."""
     fixed_split_size: int = -1
     """``decode`` with ``tensor_cores``, or a prefill: split each request's KV into chunks of this
-    many KV-cache pages (FlashInfer's ``fixed_split_size``); -1 lets the scheduler pick. Engines
-    set it in their deterministic / batch-invariant modes. A fixed split is not capped by the
-    grid: the need grows with the batch and its contexts."""
+    many pages (-1: the scheduler picks), as engines' deterministic modes do; not capped by the
+    grid, so the need grows with the batch and its contexts."""
     disable_split_kv: bool = False
-    """``decode`` or a prefill: never split KV (FlashInfer's ``disable_split_kv``); such plans
-    need no float workspace at all."""
+    """``decode`` or a prefill: never split KV; such plans need no float workspace."""
 
     def plan_options(self) -> dict[str, Any]:
-        """The KV-split and query-length options as FlashInfer ``plan()`` keywords, those at
-        FlashInfer's defaults left out (FlashInfer before 0.7.2 takes no ``q_len_per_req``, and a
-        decode plan without tensor cores no ``fixed_split_size``)."""
+        """The KV-split and query-length ``plan()`` keywords, those at FlashInfer's defaults left
+        out (FlashInfer before 0.7.2 takes no ``q_len_per_req``)."""
         options: dict[str, Any] = {}
         if self.fixed_split_size > 0:
             options["fixed_split_size"] = self.fixed_split_size
@@ -161,27 +139,23 @@ class CalibrationProfile:
     """Everything calibration needs to know about a deployment's plans."""
 
     engine: Engine | None = None
-    """Plan as this engine does (``vllm``: vLLM 0.33.0, ``sglang``: SGLang 0.5.23; see
-    ``engine_plans.py``): its decode plans' ``tensor_cores``, ``backend`` and KV split, and its
-    decode graph batch sizes, are derived from the limits and the model, replacing what the
-    profile declares for them. None: the plans and graph sizes as declared."""
+    """Plan as this engine does (``engine_plans.py``): its decode plans' ``tensor_cores``,
+    ``backend`` and KV split, and its decode graph batch sizes, replace what the profile declares.
+    None: as declared."""
     deterministic: bool = False
-    """With an ``engine``: plan as its deterministic / batch-invariant mode does (fixed KV
-    split sizes, no split under graphs)."""
+    """With an ``engine``: plan as its deterministic / batch-invariant mode does."""
     model: ModelShape = MISSING
     limits: EngineLimits = MISSING
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     """Batch sizes the engine captures decode graphs for; each is planned."""
     cuda_graph_prefill_tokens: list[int] = field(default_factory=list)
-    """Token counts the engine captures prefill graphs for (SGLang's prefill graphs); each is
-    planned, for every batch that fits it, for a ``paged_prefill`` label served in CUDA-graph
-    slots. Empty: prefill runs eagerly."""
+    """Token counts the engine captures prefill graphs for (SGLang's), for a ``paged_prefill``
+    label served in CUDA-graph slots. Empty: prefill runs eagerly."""
     plans: dict[str, PlanProfile] = field(default_factory=dict)
     """By plan label (as in the resources' ``labels``): which wrapper plans it."""
 
 
 def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str]:
-    """A problem for each of ``node``'s fields ``names`` that is not a positive whole number."""
     return [
         f"{prefix}.{name}={getattr(node, name)!r} must be a positive whole number"
         for name in names
@@ -189,10 +163,22 @@ def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str
     ]
 
 
-def _model_problems(model: ModelShape) -> list[str]:
-    """What is wrong with the model's shape: sizes, the head grouping, the dtypes."""
-    key = f"{PROFILE_KEY}.model"
-    problems = _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
+def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
+    """What is wrong with the engine preset, the model's shape and the limits."""
+    problems, key, model = [], f"{PROFILE_KEY}.model", profile.model
+    if profile.deterministic and profile.engine is None:
+        problems.append(
+            f"{PROFILE_KEY}.deterministic=true is an engine's mode; name the engine "
+            f"({PROFILE_KEY}.engine={' or '.join(e.value for e in Engine)})"
+        )
+    mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
+    if profile.engine is Engine.vllm and mla:  # vLLM runs MLA without FlashInfer on SM90
+        problems.append(
+            f"{PROFILE_KEY}.engine=vllm: {VERSIONS[Engine.vllm]} plans no FlashInfer MLA on SM90 "
+            f"GPUs, and {', '.join(f'{PROFILE_KEY}.plans.{x}' for x in mla)} are mla plans; use "
+            f"{PROFILE_KEY}.engine=sglang, or null to plan as declared"
+        )
+    problems += _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
     heads = (model.num_qo_heads, model.num_kv_heads)
     if all(is_positive_int(h) for h in heads) and model.num_qo_heads % model.num_kv_heads:
         problems.append(
@@ -205,18 +191,12 @@ def _model_problems(model: ModelShape) -> list[str]:
         for name in named
         if getattr(model, name) not in DTYPES
     ]
-    return problems
-
-
-def _limits_problems(limits: EngineLimits) -> list[str]:
-    """What is wrong with the engine's limits: each is a positive whole number."""
-    names = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
-    return _not_positive(f"{PROFILE_KEY}.limits", limits, names)
+    limits = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
+    return problems + _not_positive(f"{PROFILE_KEY}.limits", profile.limits, limits)
 
 
 def _graph_size_problems(sizes: list[int], limit: int, limit_name: str, name: str) -> list[str]:
-    """What is wrong with a list of graph sizes: they are distinct positive whole numbers, none
-    above the limit ``limit_name`` (of ``calibration.limits``)."""
+    """Graph sizes must be distinct positive whole numbers, none above ``limit``."""
     key = f"{PROFILE_KEY}.{name}"
     if any(not is_positive_int(s) for s in sizes) or len(set(sizes)) != len(sizes):
         return [f"{key}={sizes!r} must be distinct positive whole numbers"]
@@ -226,7 +206,7 @@ def _graph_size_problems(sizes: list[int], limit: int, limit_name: str, name: st
 
 
 def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
-    """What is wrong with one plan's options: each goes with the kinds FlashInfer takes it for."""
+    """Each option of one plan goes with the kinds FlashInfer takes it for."""
     key = f"{PROFILE_KEY}.plans.{label}"
     decode, tensor_cores = plan.kind is PlanKind.decode, plan.tensor_cores
     problems = []
@@ -258,11 +238,17 @@ def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
     return problems
 
 
-def _plan_problems(plans: dict[str, PlanProfile]) -> list[str]:
-    """What is wrong with the plans: none at all, or a backend calibration cannot plan the kind
-    with."""
-    key = f"{PROFILE_KEY}.plans"
-    problems = [] if plans else [f"{key} is empty: name the wrapper kind of every plan label"]
+def _plans_problems(profile: CalibrationProfile) -> list[str]:
+    """What is wrong with the graph sizes and the plans (an engine's, where it names one)."""
+    limits, plans, key = profile.limits, profile.plans, f"{PROFILE_KEY}.plans"
+    problems = [
+        *_graph_size_problems(profile.cuda_graph_batch_sizes, limits.max_num_seqs,
+                              "max_num_seqs", "cuda_graph_batch_sizes"),
+        *_graph_size_problems(profile.cuda_graph_prefill_tokens, limits.max_num_batched_tokens,
+                              "max_num_batched_tokens", "cuda_graph_prefill_tokens"),
+    ]  # fmt: skip
+    if not plans:
+        problems.append(f"{key} is empty: name the wrapper kind of every plan label")
     problems += [
         f"{key}.{label}.backend={plan.backend!r} cannot be calibrated for kind "
         f"{plan.kind.value}; use one of {', '.join(BACKENDS[plan.kind])}"
@@ -271,103 +257,36 @@ def _plan_problems(plans: dict[str, PlanProfile]) -> list[str]:
     ]
     for label, plan in plans.items():
         problems += _plan_option_problems(label, plan)
-    return problems
-
-
-def _engine_problems(profile: CalibrationProfile) -> list[str]:
-    """What an engine preset cannot follow: a deterministic mode without an engine, vLLM with
-    FlashInfer MLA plans (it runs MLA without FlashInfer on SM90)."""
-    problems = []
-    if profile.deterministic and profile.engine is None:
-        problems.append(
-            f"{PROFILE_KEY}.deterministic=true is an engine's mode; name the engine "
-            f"({PROFILE_KEY}.engine={' or '.join(e.value for e in Engine)})"
-        )
-    mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
-    if profile.engine is Engine.vllm and mla:
-        problems.append(
-            f"{PROFILE_KEY}.engine=vllm: {VERSIONS[Engine.vllm]} plans no FlashInfer MLA on SM90 "
-            f"GPUs, and {', '.join(f'{PROFILE_KEY}.plans.{x}' for x in mla)} are mla plans; use "
-            f"{PROFILE_KEY}.engine=sglang, or null to plan as declared"
-        )
-    return problems
-
-
-def _mla_dimension_problems(plans: dict[str, PlanProfile], model: ModelShape) -> list[str]:
-    """The model dimensions that ``mla`` plans need and the model leaves unset (or bad)."""
     mla = [label for label, plan in plans.items() if plan.kind is PlanKind.mla]
-    if not mla:
-        return []
-    return [
-        f"{PROFILE_KEY}.model.{name}={getattr(model, name)!r} must be a positive whole number "
-        f"for the mla plans ({', '.join(mla)}); DeepSeek-V3 has head_dim_ckv=512, "
+    return problems + [
+        f"{PROFILE_KEY}.model.{name}={getattr(profile.model, name)!r} must be a positive whole "
+        f"number for the mla plans ({', '.join(mla)}); DeepSeek-V3 has head_dim_ckv=512, "
         "head_dim_kpe=64"
         for name in ("head_dim_ckv", "head_dim_kpe")
-        if not is_positive_int(getattr(model, name))
-    ]
-
-
-def _shape_problems(profile: CalibrationProfile) -> list[str]:
-    """What is wrong with the engine, the model and the limits, which the plans derive from."""
-    return [
-        *_engine_problems(profile),
-        *_model_problems(profile.model),
-        *_limits_problems(profile.limits),
-    ]
-
-
-def _plans_problems(profile: CalibrationProfile) -> list[str]:
-    """What is wrong with the graph sizes and the plans (an engine's, where it names one)."""
-    limits = profile.limits
-    return [
-        *_graph_size_problems(
-            profile.cuda_graph_batch_sizes,
-            limits.max_num_seqs,
-            "max_num_seqs",
-            "cuda_graph_batch_sizes",
-        ),
-        *_graph_size_problems(
-            profile.cuda_graph_prefill_tokens,
-            limits.max_num_batched_tokens,
-            "max_num_batched_tokens",
-            "cuda_graph_prefill_tokens",
-        ),
-        *_plan_problems(profile.plans),
-        *_mla_dimension_problems(profile.plans, profile.model),
+        if mla and not is_positive_int(getattr(profile.model, name))
     ]
 
 
 def as_engine_plans(profile: CalibrationProfile) -> CalibrationProfile:
-    """``profile`` with the plans and decode graph batch sizes its ``engine`` makes (the profile
-    itself when it names none). Decode labels take the engine's tensor-core choice, backend
-    ``auto`` and KV split; prefill labels its KV split; ``q_len_per_req`` stays as declared."""
-    engine = profile.engine
+    """``profile`` with the plans and decode graph batch sizes its ``engine`` makes, if any:
+    decode labels take its tensor-core choice, backend ``auto`` and KV split, prefill labels its
+    KV split; ``q_len_per_req`` stays as declared."""
+    engine, model, limits = profile.engine, profile.model, profile.limits
     if engine is None:
         return profile
-    model, limits = profile.model, profile.limits
     tensor_cores = engine_uses_tensor_cores(
         engine, model.num_qo_heads, model.num_kv_heads, model.kv_dtype, profile.deterministic
     )
     plans: dict[str, PlanProfile] = {}
     for label, plan in profile.plans.items():
-        if plan.kind is PlanKind.decode:
-            split = split_settings(engine, profile.deterministic, decode=True)
-            plans[label] = dataclasses.replace(
-                plan,
-                tensor_cores=tensor_cores or plan.q_len_per_req > 1,
-                backend="auto",
-                fixed_split_size=split.fixed_split_size,
-                disable_split_kv=split.disable_split_kv,
-            )
-        elif plan.kind in SPLIT_KINDS:
-            split = split_settings(engine, profile.deterministic, decode=False)
-            plans[label] = dataclasses.replace(
-                plan,
-                fixed_split_size=split.fixed_split_size,
-                disable_split_kv=split.disable_split_kv,
-            )
-        else:
-            plans[label] = plan
+        if plan.kind in SPLIT_KINDS:
+            decode = plan.kind is PlanKind.decode
+            size, off = split_settings(engine, profile.deterministic, decode=decode)
+            plan = dataclasses.replace(plan, fixed_split_size=size, disable_split_kv=off)
+            if decode:
+                tensor = tensor_cores or plan.q_len_per_req > 1
+                plan = dataclasses.replace(plan, tensor_cores=tensor, backend="auto")
+        plans[label] = plan
     q_lens = [p.q_len_per_req for p in plans.values() if p.kind is PlanKind.decode]
     q_len = max((q for q in q_lens if is_positive_int(q)), default=1)  # a bad one is named later
     sizes = decode_graph_batch_sizes(
@@ -377,9 +296,8 @@ def as_engine_plans(profile: CalibrationProfile) -> CalibrationProfile:
 
 
 def _schema_problem(error: OmegaConfBaseException) -> str:
-    """OmegaConf's refusal of the profile's schema as one problem, from the error's fields: the
-    full key, the value where it refused one (a wrong type or choice), a key the schema does not
-    have with the closest it has, then its reason."""
+    """OmegaConf's refusal of the profile's schema as one problem: the full key, the value it
+    refused or the closest key the schema has, then its reason."""
     full_key = f"{PROFILE_KEY}.{error.full_key}" if error.full_key else PROFILE_KEY
     reason = str(error).splitlines()[0]
     if isinstance(error, ValidationError):
@@ -396,8 +314,7 @@ def _schema_problem(error: OmegaConfBaseException) -> str:
 
 
 def _unset_problems(merged: DictConfig) -> list[str]:
-    """A problem for each value the profile leaves unset that the schema requires (a model or
-    limits written from scratch lacking some), all at once, each with its type."""
+    """A problem for each required value the profile leaves unset, each with its type."""
     problems = []
     for key in sorted(OmegaConf.missing_keys(merged)):
         holder, _, name = key.rpartition(".")
@@ -422,7 +339,7 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
     except OmegaConfBaseException as error:
         raise ResourceConfigError(_schema_problem(error), where=_WHERE) from None
-    problems = _shape_problems(profile)
+    problems = _model_and_limits_problems(profile)
     if profile.engine is not None:  # it replaces the graph batch sizes: bad ones are refused still
         sizes = profile.cuda_graph_batch_sizes  # above the limits: none of the engine's are
         problems += _graph_size_problems(sizes, 0, "max_num_seqs", "cuda_graph_batch_sizes")

@@ -1,34 +1,25 @@
 """The plan shapes that bound what a label's workspace can need under a profile.
 
-FlashInfer splits the KV of a request into chunks, and the float workspace holds one partial
-result per chunk, so the need grows with the number of chunks in flight, up to a maximum the
-scheduler pads to (``bounds.py``): few query rows against long contexts. Under a CUDA graph the
-split is padded to that maximum, so one plan per graph batch size fixes the need exactly, and a
-graph plan also bounds every eager decode plan. Eager prefill plans (paged or ragged) are swept
-over batch sizes, query lengths and short and long contexts, and include the bounding
-configurations: one full query tile per request over the longest context, for batches up to the
-grid. MLA's need does not depend on the shape at all (``bounds.mla_bytes``); its shapes are the
-decode or prefill ones all the same, so that the measurement shows it.
-
-A tensor-core decode plan is a prefill plan of ``q_len_per_req`` query rows a request
-(``bounds.py``). Under a graph its padded work grows with the graph's batch, which one plan per
-graph batch size at the longest context measures; eagerly it splits within the grid, which its
-graph plan of one request bounds, as for plain decode. A fixed KV split (``fixed_split_size``)
-lifts the grid's cap on eager plans: the work then grows with the batch and every request's
-context, so the largest batch over the longest context bounds it, and the sweep includes it. A
-prefill graph of ``T`` tokens pads its work by its batch (one extra tile a request), so it is
-planned for every power-of-two batch up to ``T`` requests, ``T // batch`` tokens each.
+The float workspace holds one partial result per split work item, and FlashInfer's scheduler caps
+the split at its grid (``docs/calibration.md``, "Why the need is a bound"). Under a CUDA graph the
+split is padded to that cap, so one plan per graph batch size fixes the need, and a graph plan
+bounds every eager decode plan too. Eager prefills are swept over batches, query lengths and
+contexts, including one full query tile a request over the longest context; a fixed KV split
+lifts the grid's cap, so the largest batch over the longest context bounds it. MLA's need does not
+depend on the shape; its shapes are planned all the same, so that the measurement shows it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .bounds import MAX_CTA_TILE_Q
 from .profile import CalibrationProfile, PlanKind, PlanProfile
 
 SHORT_CONTEXT = 1024
 """Tokens of context in the short-context shapes (or the model's limit, if lower)."""
+
+MAX_CTA_TILE_Q = 128
+"""The most query rows one prefill work item holds (FlashInfer's ``FA2DetermineCtaTileQ``)."""
 
 DECODE_LIKE = frozenset({PlanKind.decode, PlanKind.pod})
 """Kinds whose plans have one query token a request (POD plans its decode batch)."""
@@ -62,42 +53,34 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
     contexts = sorted({min(SHORT_CONTEXT, long), long})
     q = plan.q_len_per_req
     if cuda_graph and plan.kind in (PlanKind.paged_prefill, PlanKind.ragged_prefill):
-        return _prefill_graph_shapes(profile)
+        # A prefill graph of T tokens pads its work by its batch: every batch up to T requests.
+        graphs = {
+            Shape(batch, tokens // batch, max(long, tokens // batch), cuda_graph=True)
+            for tokens in profile.cuda_graph_prefill_tokens
+            for batch in _powers_of_two_up_to(min(limits.max_num_seqs, tokens))
+        }
+        return sorted(graphs, key=lambda s: (s.batch, s.q_len))
     if cuda_graph:  # a graph replays one decode batch of its size
         return [Shape(b, q, max(q, long), cuda_graph=True) for b in profile.cuda_graph_batch_sizes]
     if plan.kind in DECODE_LIKE:
         batches = _powers_of_two_up_to(min(limits.max_num_seqs, limits.max_num_batched_tokens // q))
         eager = [Shape(b, q, max(q, kv)) for b in batches for kv in contexts]
         if plan.kind is PlanKind.decode and not _fixed_split(plan):
-            # The bounding configuration: a graph plan, padded to the most any decode plan
-            # splits to.
+            # The bounding configuration: a graph plan, padded to the most any plan splits to.
             eager.insert(0, Shape(1, q, max(q, long), cuda_graph=True))
         return eager
     budget = limits.max_num_batched_tokens
     shapes: list[Shape] = []
     for batch in _powers_of_two_up_to(min(limits.max_num_seqs, budget)):
-        # Query lengths from a chunked-prefill tail (a few tokens) up to the whole budget, over
-        # a short and the longest context (a prompt attends at least to itself).
+        # From a chunked-prefill tail to the whole budget, over a short and the longest context.
         for q_len in _powers_of_two_up_to(min(budget // batch, long)):
             shapes.extend(Shape(batch, q_len, max(kv, q_len)) for kv in contexts)
     if plan.kind is not PlanKind.mla:
-        # One full 128-row query tile per request (the packed rows of all query heads of a KV
-        # head), over the longest context: the split fills the grid.
+        # One full query tile a request over the longest context: the split fills the grid.
         tile_q = _full_tile_q(profile)
         for batch in _powers_of_two_up_to(min(limits.max_num_seqs, budget // tile_q)):
             shapes.append(Shape(batch, tile_q, long))
     return sorted(set(shapes), key=lambda s: (s.batch, s.q_len, s.kv_len, s.cuda_graph))
-
-
-def _prefill_graph_shapes(profile: CalibrationProfile) -> list[Shape]:
-    """One prefill graph plan per captured token count and batch that fits it."""
-    long = profile.limits.max_model_len
-    shapes = {
-        Shape(batch, tokens // batch, max(long, tokens // batch), cuda_graph=True)
-        for tokens in profile.cuda_graph_prefill_tokens
-        for batch in _powers_of_two_up_to(min(profile.limits.max_num_seqs, tokens))
-    }
-    return sorted(shapes, key=lambda s: (s.batch, s.q_len))
 
 
 def _fixed_split(plan: PlanProfile) -> bool:
@@ -106,17 +89,15 @@ def _fixed_split(plan: PlanProfile) -> bool:
 
 
 def is_bounding(shape: Shape, plan: PlanProfile, profile: CalibrationProfile) -> bool:
-    """Whether ``shape`` is one of the configurations that reach the most a label can need (see
-    ``bounds.py``), so that a floor measured without it may fall short: every graph plan, a
-    prefill's full query tiles over the longest context, a POD decode batch over it. MLA's need
-    is the same for every shape, so no one MLA shape bounds it."""
+    """Whether ``shape`` reaches the most a label can need, so that a floor measured without it
+    may fall short: every graph plan, a prefill's full query tiles (or, with a fixed split, any
+    shape) over the longest context, a POD or fixed-split decode batch over it. No MLA shape is."""
     if shape.cuda_graph:
         return True
     long = profile.limits.max_model_len
     if plan.kind in (PlanKind.paged_prefill, PlanKind.ragged_prefill):
-        if _fixed_split(plan) and shape.kv_len == long:
-            return True
-        return shape.kv_len == long and shape.q_len == _full_tile_q(profile)
+        full_tile = _fixed_split(plan) or shape.q_len == _full_tile_q(profile)
+        return shape.kv_len == long and full_tile
     if plan.kind is PlanKind.decode and _fixed_split(plan):
         return shape.kv_len >= long
     return plan.kind is PlanKind.pod and shape.kv_len == long

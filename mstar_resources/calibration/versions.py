@@ -1,43 +1,23 @@
-"""Which FlashInfer versions can plan what a profile asks for. Torch-free: checked before any GPU
-work, naming the feature, the version it needs and the version installed.
+"""Which FlashInfer versions can plan what a profile asks for, checked before any GPU work.
 
-Calibration runs on FlashInfer 0.6.6 and newer: every kind but ``mla`` plans there
-(measured by growth, as 0.6.x wrappers have no ``workspace_size()`` query). FlashInfer 0.7.2 brought
-the MLA planning API this project uses (``MLAPlanMetadata``) and ``q_len_per_req`` on the decode
-wrapper's ``plan()``.
-
-FlashInfer's plain (CUDA-core) decode kernels are compiled for a fixed set of GQA group sizes
-(query heads per KV head), listed in ``DISPATCH_GQA_GROUP_SIZE`` of its ``utils.cuh``: 1, 2, 3, 4
-and 8 in 0.6.6; 0.7.4 adds 6 and 16. A plain decode plan of another group fails in FlashInfer
-("Unsupported group_size"), which is one reason engines plan such models with tensor cores; the
-group sizes are read from the installed headers and the plan refused before any GPU work.
+Calibration runs on FlashInfer 0.6.6 and newer (0.6.x measured by growth: its wrappers have no
+``workspace_size()``); 0.7.2 brought ``MLAPlanMetadata`` and ``q_len_per_req``. FlashInfer's
+plain decode kernels are compiled for a fixed set of GQA groups (``DISPATCH_GQA_GROUP_SIZE``: 1,
+2, 3, 4 and 8 in 0.6.6; 0.7.4 adds 6 and 16), read from the installed headers.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 
 from ..attn._flashinfer import plain_decode_groups
 from ..errors import ResourceConfigError
 from ..units import release
 from .profile import CalibrationProfile, PlanKind
 
-__all__ = [
-    "OLDEST",
-    "check_flashinfer",
-    "installed_flashinfer",
-    "version_problems",
-]
-
 OLDEST = (0, 6, 6)
-"""The oldest FlashInfer calibration is checked on."""
-
 MLA_SINCE = (0, 7, 2)
-"""FlashInfer's MLA wrapper takes an ``MLAPlanMetadata`` from this version on."""
-
 MULTI_TOKEN_DECODE_SINCE = (0, 7, 2)
-"""The decode wrapper's ``plan()`` takes ``q_len_per_req`` from this version on."""
 
 
 def installed_flashinfer() -> str | None:

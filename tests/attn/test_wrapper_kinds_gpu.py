@@ -20,13 +20,14 @@ import pytest
 import torch
 
 from mstar_resources import Workspace
-from mstar_resources.calibration.bounds import mla_bytes
 from mstar_resources.calibration.versions import (
     MULTI_TOKEN_DECODE_SINCE,
     installed_flashinfer,
     release,
 )
 from mstar_resources.units import MIB
+
+from ..calibration.bounds import mla_bytes
 
 pytestmark = pytest.mark.gpu
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mstar_resources.calibration.bounds import (
+from .bounds import (
     decode_bytes,
     mla_bytes,
     prefill_bound_bytes,

@@ -17,7 +17,6 @@ import torch
 from omegaconf import OmegaConf
 
 from mstar_resources import build_pools
-from mstar_resources.calibration.bounds import mla_bytes
 from mstar_resources.calibration.measure import Planner
 from mstar_resources.calibration.profile import PlanKind, load_profile
 from mstar_resources.calibration.shapes import Shape, shapes_for
@@ -25,6 +24,7 @@ from mstar_resources.calibration.versions import installed_flashinfer
 
 from ..conftest import compose_shipped
 from ..sealing import assert_sealed
+from .bounds import mla_bytes
 
 pytestmark = pytest.mark.gpu
 

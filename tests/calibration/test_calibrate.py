@@ -11,20 +11,25 @@ import torch
 from omegaconf import OmegaConf
 
 from mstar_resources import ResourceConfigError, resolve
-from mstar_resources.calibration.calibrate import LabelNeed, per_resource
-from mstar_resources.calibration.checks import check_backends, check_labels
-from mstar_resources.calibration.deployments import (
-    base_deployment,
-    calibrated_name,
-    default_output_dir,
-    how_to_compose,
-    shipped_deployments,
-    write_override,
+from mstar_resources.calibration.calibrate import (
+    LabelNeed,
+    check_backends,
+    check_labels,
+    one_buffer,
+    per_resource,
+    table,
 )
 from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.override import (
+    DEFAULT_OUTPUT_DIR,
+    base_deployment,
+    calibrated_name,
+    how_to_compose,
+    write_override,
+)
 from mstar_resources.calibration.profile import load_profile
-from mstar_resources.calibration.report import one_buffer, table
 from mstar_resources.calibration.shapes import Shape
+from mstar_resources.compose import shipped_deployments
 from mstar_resources.resolver import ResolvedResource
 
 from ..test_profile import GOOD, dense, with_
@@ -160,7 +165,7 @@ def test_recalibrating_a_calibrated_deployment_rewrites_its_base_s_override(tmp_
     one (Hydra's search path has a --config-dir after the package's configs)."""
     name = base_deployment("llama3-8b-h200_calibrated")
     assert name == base_deployment("llama3-8b-h200_recalibrated") == "llama3-8b-h200"
-    path = write_override(name, measured_rows(), {"gpu": "NVIDIA A100"}, tmp_path)
+    path = write_override(name, per_resource(measured_rows()), {"gpu": "NVIDIA A100"}, tmp_path)
     assert path == tmp_path / "llama3-8b-h200_recalibrated.yaml"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     assert calibrated_name(name, shipped_deployments()) == "llama3-8b-h200_calibrated"
@@ -177,7 +182,7 @@ def test_recalibrating_a_calibrated_deployment_rewrites_its_base_s_override(tmp_
 
 
 def test_overrides_go_under_the_working_directory_by_default_never_the_package():
-    assert default_output_dir() == Path("calibrated", "deployment")
+    assert Path("calibrated", "deployment") == DEFAULT_OUTPUT_DIR
     path = Path("calibrated", "deployment", "x_calibrated.yaml")
     assert how_to_compose(path) == (
         f"use it with --config-dir calibrated deployment=x_calibrated (or list "
@@ -193,7 +198,7 @@ def test_an_override_outside_a_deployment_folder_says_where_it_must_go(tmp_path)
 
 def test_the_output_folder_is_made_when_the_override_is_written(tmp_path):
     folder = tmp_path / "conf" / "deployment"
-    path = write_override("x", measured_rows(), {"gpu": "NVIDIA H200"}, folder)
+    path = write_override("x", per_resource(measured_rows()), {"gpu": "NVIDIA H200"}, folder)
     assert path.parent == folder and path.is_file()
     assert [p.name for p in folder.iterdir()] == ["x_calibrated.yaml"]  # no temporary left
 
@@ -233,7 +238,9 @@ def test_an_mla_deployment_gets_no_vllm_setting():
 
 def test_the_record_keeps_the_one_buffer_size(tmp_path):
     buffer = one_buffer(measured_rows(), load_profile(GOOD))
-    path = write_override("x", measured_rows(), {"gpu": "NVIDIA H200"}, tmp_path, buffer=buffer)
+    path = write_override(
+        "x", per_resource(measured_rows()), {"gpu": "NVIDIA H200"}, tmp_path, buffer=buffer
+    )
     record = OmegaConf.load(path).calibrated.one_buffer
     assert OmegaConf.to_container(record) == {
         "need_bytes": 3_000_000,

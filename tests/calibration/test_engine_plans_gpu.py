@@ -13,9 +13,7 @@ import pytest
 import torch
 
 from mstar_resources import Workspace, resolve
-from mstar_resources.calibration.bounds import tensor_core_graph_bytes
 from mstar_resources.calibration.calibrate import measure_all
-from mstar_resources.calibration.engine_buffers import vllm_buffer_mb
 from mstar_resources.calibration.measure import Planner
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import declared_mb_for
@@ -24,7 +22,9 @@ from mstar_resources.calibration.versions import installed_flashinfer
 from mstar_resources.units import MIB, release
 
 from ..conftest import compose_shipped
+from ..scripts import load_script
 from ..sealing import assert_sealed
+from .bounds import tensor_core_graph_bytes
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +42,7 @@ def test_vllms_decode_plans_are_calibrated_to_the_bound_and_hold_the_largest_gra
     version = installed_flashinfer() or "none"
     heads = (model.num_qo_heads, model.num_kv_heads, model.head_dim)
     by_batch = {b: tensor_core_graph_bytes(*heads, b, sms, release(version)) for b in sizes}
-    vllm_default = vllm_buffer_mb(profile) * MIB  # type: ignore[operator]
+    vllm_default = load_script("_engines").vllm_buffer_mb(profile) * MIB  # type: ignore[operator]
     print(f"\nFlashInfer {version}: {DEPLOYMENT} decode needs {row.need.bytes:,} bytes at "
           f"{row.need.worst}; vLLM's buffer {vllm_default:,}; bound by batch "
           f"{ {b: by_batch[b] for b in sizes[-3:]} }")  # fmt: skip

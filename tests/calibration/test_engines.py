@@ -13,47 +13,41 @@ from __future__ import annotations
 
 import pytest
 
-from mstar_resources.calibration.engine_buffers import (
-    engine_buffers_mb,
-    vllm_buffer_mb,
-    vllm_formula_bytes,
-)
+from mstar_resources.calibration.calibrate import vllm_formula_bytes
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.units import MIB
 
 from ..conftest import compose_shipped
+from ..scripts import load_script
+
+engines = load_script("_engines")
 
 VLLM_DEFAULT_BYTES = 413_138_944
 """vLLM's default FlashInfer buffer, 394 MiB (394 x 1,048,576)."""
 
 
 @pytest.mark.parametrize(
-    ("overrides", "ranks", "formula_bytes", "buffer_bytes"),
+    ("overrides", "formula_bytes", "buffer_bytes"),
     [
         # 8,192 tokens x 32 heads x 128 x 16 B = 8,192 x 65,536 = 536,870,912 = 512 MiB exactly,
         # above 413,138,944: the formula's.
-        pytest.param(["deployment=llama3-8b-h200"], 1, 536_870_912, 536_870_912, id="8b"),
-        # 8,192 x 16 heads a rank x 128 x 16 = 268,435,456 (256 MiB), under vLLM's default.
-        pytest.param(
-            ["deployment=llama3-8b-h200"], 2, 268_435_456, VLLM_DEFAULT_BYTES, id="8b-two-ranks"
-        ),
+        pytest.param(["deployment=llama3-8b-h200"], 536_870_912, 536_870_912, id="8b"),
         # 16,384 x 8 heads (one rank of TP8) x 128 x 16 = 268,435,456, under vLLM's default.
         pytest.param(
-            ["deployment=llama3-70b-tp8-h200"], 1, 268_435_456, VLLM_DEFAULT_BYTES, id="70b-tp8"
+            ["deployment=llama3-70b-tp8-h200"], 268_435_456, VLLM_DEFAULT_BYTES, id="70b-tp8"
         ),
         # 16,384 x 96 x 128 x 16 = 16,384 x 196,608 = 3,221,225,472 = 3,072 MiB (README's table).
         pytest.param(
-            ["deployment=glm-4.5-air-h200"], 1, 3_221_225_472, 3_221_225_472, id="glm-4.5-air"
+            ["deployment=glm-4.5-air-h200"], 3_221_225_472, 3_221_225_472, id="glm-4.5-air"
         ),
         # 8,192 x 32 x 256 x 16 = 8,192 x 131,072 = 1,073,741,824 = 1,024 MiB (README's table).
         pytest.param(
-            ["deployment=qwen3.5-122b-a10b-h200"], 1, 1_073_741_824, 1_073_741_824, id="qwen3.5"
+            ["deployment=qwen3.5-122b-a10b-h200"], 1_073_741_824, 1_073_741_824, id="qwen3.5"
         ),
         # 8,193 x 65,536 = 536,936,448 = 512 MiB + 64 KiB: the buffer is 513 whole MiB,
         # 537,919,488 bytes.
         pytest.param(
             ["deployment=llama3-8b-h200", "calibration.limits.max_num_batched_tokens=8193"],
-            1,
             536_936_448,
             537_919_488,
             id="8b-rounded-up-to-whole-mib",
@@ -61,21 +55,21 @@ VLLM_DEFAULT_BYTES = 413_138_944
     ],
 )
 def test_the_engines_buffer_is_vllm_s_size_for_the_deployment(
-    overrides, ranks, formula_bytes, buffer_bytes
+    overrides, formula_bytes, buffer_bytes
 ):
     profile = load_profile(compose_shipped(overrides).calibration)
-    assert vllm_formula_bytes(profile, ranks) == formula_bytes
-    assert vllm_buffer_mb(profile, ranks) * MIB == buffer_bytes
+    assert vllm_formula_bytes(profile) == formula_bytes
+    assert engines.vllm_buffer_mb(profile) * MIB == buffer_bytes
 
 
 def test_vllm_plans_no_flashinfer_mla_on_an_h200():
     profile = load_profile(compose_shipped(["deployment=deepseek-v3-tp8-h200"]).calibration)
-    assert (vllm_formula_bytes(profile), vllm_buffer_mb(profile)) == (None, None)
+    assert (vllm_formula_bytes(profile), engines.vllm_buffer_mb(profile)) == (None, None)
 
 
 def test_each_engine_reserves_one_buffer_for_all_its_wrappers():
     profile = load_profile(compose_shipped(["deployment=llama3-8b-h200"]).calibration)
-    buffers = engine_buffers_mb(profile)
+    buffers = engines.engine_buffers_mb(profile)
     assert {engine: mb * MIB for engine, mb in buffers.items() if mb is not None} == {
         "vLLM": 536_870_912, "SGLang": 402_653_184, "TensorRT-LLM": 335_544_320,
         "MLC-LLM": 805_306_368,

@@ -9,10 +9,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mstar_resources import resolve
-from mstar_resources.calibration.calibrate import LabelNeed, per_resource
-from mstar_resources.calibration.deployments import write_override
+from mstar_resources.calibration.calibrate import LabelNeed, per_resource, table
 from mstar_resources.calibration.measure import Need
-from mstar_resources.calibration.override import profile_settings
+from mstar_resources.calibration.override import profile_settings, write_override
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import (
     Machine,
@@ -20,7 +19,6 @@ from mstar_resources.calibration.record import (
     declared_mb_for,
     stale_calibration,
 )
-from mstar_resources.calibration.report import table
 from mstar_resources.calibration.shapes import Shape
 from mstar_resources.units import MIB
 
@@ -73,7 +71,9 @@ def test_calibrated_override_composes_and_round_trips_its_numbers(tmp_path):
     with initialize_config_dir(str(config_dir), version_base="1.3"):
         base = compose("engine", overrides=["deployment=llama3-8b-h200"])
         rows = rows_for(resolve(base.resources, env={}))
-        path = write_override("llama3-8b-h200", rows, PROVENANCE, config_dir / "deployment", 0.1)
+        path = write_override(
+            "llama3-8b-h200", per_resource(rows), PROVENANCE, config_dir / "deployment", 0.1
+        )
         assert path.name == "llama3-8b-h200_recalibrated.yaml"  # the package ships _calibrated
         cfg = compose("engine", overrides=["deployment=llama3-8b-h200_recalibrated"])
         again = compose(
@@ -171,7 +171,9 @@ def test_a_calibration_made_with_profile_settings_composes_the_profile_it_holds_
         given = profile_settings(base, settings)
         assert given == {"engine": "sglang", "model": {"page_size": 1},
                          "limits": {"max_num_seqs": 128}}  # fmt: skip
-        path = write_override("mine", rows_for(records), record, mine.parent, profile=given)
+        path = write_override(
+            "mine", per_resource(rows_for(records)), record, mine.parent, profile=given
+        )
         calibrated = [f"deployment={path.stem}"]
         cfg = compose("engine", overrides=calibrated)
         assert load_profile(cfg.calibration) == profile

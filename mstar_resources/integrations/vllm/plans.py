@@ -321,7 +321,7 @@ def vllm_buffer_bytes(vllm_config: Any, plans: Sequence[BuilderPlans]) -> tuple[
     size)."""
     import vllm.v1.attention.backends.flashinfer as backend
 
-    from ...calibration.engine_buffers import vllm_formula
+    from ...calibration.engine_plans import vllm_formula
 
     if vllm_envs().VLLM_BATCH_INVARIANT:
         size = backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT

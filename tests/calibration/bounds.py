@@ -54,7 +54,7 @@ limits and find nothing above the recorded need.
 
 from __future__ import annotations
 
-from ..units import ALIGNMENT, round_up
+from mstar_resources.units import ALIGNMENT, round_up
 
 __all__ = [
     "cta_tile_q",

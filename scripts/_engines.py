@@ -1,0 +1,40 @@
+"""What inference engines reserve for FlashInfer's float workspace, for the benchmarks to compare.
+
+Each engine makes one buffer and shares it among all its FlashInfer wrappers and CUDA-graph sizes:
+
+- vLLM: ``max(394 MiB, max_num_batched_tokens x query heads per rank x head dim x 16 bytes)``
+  (``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE``'s default in ``vllm/envs.py``; the per-token scaling
+  from vLLM PR #48428). It plans FlashInfer MLA only on SM100 GPUs, so it has no figure for MLA.
+- SGLang: ``SGLANG_FLASHINFER_WORKSPACE_SIZE``, 384 MiB by default (``python/sglang/srt/
+  environ.py``; some architectures get 512 MiB), for its MLA wrappers too.
+- TensorRT-LLM (PyTorch backend): 320 MiB, hard-coded.
+- MLC-LLM / TVM: 768 MiB per KV cache.
+"""
+
+from __future__ import annotations
+
+from mstar_resources._internal.floor import INT_DEFAULT_MB
+from mstar_resources.calibration.calibrate import vllm_formula_bytes
+from mstar_resources.calibration.profile import CalibrationProfile
+from mstar_resources.units import mb_to_hold
+
+VLLM_MIN_MB = 394
+
+
+def vllm_buffer_mb(profile: CalibrationProfile) -> int | None:
+    """vLLM's shared float workspace for the deployment, in MB (None for MLA models)."""
+    formula = vllm_formula_bytes(profile)
+    return None if formula is None else max(VLLM_MIN_MB, mb_to_hold(formula))
+
+
+def engine_buffers_mb(profile: CalibrationProfile) -> dict[str, int | None]:
+    """Each engine's one shared buffer for the deployment, in MB (None: it uses no FlashInfer
+    workspace for it)."""
+    return {"vLLM": vllm_buffer_mb(profile), "SGLang": 384, "TensorRT-LLM": 320, "MLC-LLM": 768}
+
+
+def own_int_mb(profile: CalibrationProfile) -> int:
+    """What vLLM's and SGLang's wrappers make for themselves in int workspaces, in MB (and as
+    many pinned on the host): FlashInfer's 8 MiB each for a prefill, an eager decode and a decode
+    wrapper per graph batch size. No setting of theirs changes it."""
+    return (2 + len(profile.cuda_graph_batch_sizes)) * INT_DEFAULT_MB
