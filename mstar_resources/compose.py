@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import importlib.resources
 import inspect
-import mmap
 import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
@@ -135,9 +134,10 @@ class Composition:
 
     def __init__(
         self, config_name: str, texts: Sequence[str], config_dir: str | Path | None = None,
-        given_name: str | None = None,
+        given_name: str | None = None, settings: type | None = None,
     ) -> None:  # fmt: skip
         self.config_name, self.texts, self.given_name = config_name, list(texts), given_name
+        self.settings = settings
         self.folder = Path(config_dir).resolve() if config_dir else None
         try:
             self.overrides = OverridesParser.create().parse_overrides(self.texts)
@@ -226,17 +226,21 @@ class Composition:
                 "a YAML file: replace it with one")  # fmt: skip
 
     def file_problem(self) -> str | None:
-        """What the deployment file the overrides pick holds that a deployment does not take,
-        which Hydra would compose without a word: nothing at all (each floor would then be the
-        variable's, else 512 MB), or Hydra's own ``hydra:`` settings (a file PyYAML can't
-        read is Hydra's to report)."""
+        """What the deployment file the overrides pick holds that Hydra would read wrong or compose
+        without a word: bytes that are no UTF-8, nothing at all (every floor would then be the
+        variable's, else 512 MB), Hydra's own ``hydra:`` block, or one of the app's own
+        ``settings``, which its primary config would override (a file PyYAML can't read is Hydra's
+        to report)."""
         path = self.deployment_file()
         if path is None:
             return None
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
+            text = data.decode("utf-8")
             body = yaml.safe_load(text)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        except UnicodeDecodeError as error:
+            return compose_errors.not_utf8(path, data, error)
+        except (OSError, yaml.YAMLError):
             return None
         named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
         if not body and text.startswith(GLOBAL_HEADER):  # without it, Hydra's error says so
@@ -244,10 +248,19 @@ class Composition:
                     "deployment under defaults), and without them every floor would be "
                     "MSTAR_WORKSPACE_BUFFER_MB, else 512 MB; write the deployment's settings "
                     "into the file, or pick another")  # fmt: skip
-        if isinstance(body, dict) and "hydra" in body:
+        if not isinstance(body, dict):
+            return None
+        if "hydra" in body:
             return (f"{named} sets hydra, Hydra's own settings, which a deployment does not "
                     "take (an app's Hydra settings are its primary config's); take the hydra: "
                     "block out of the file")  # fmt: skip
+        tree = [field.name for field in dataclasses.fields(ComposedTree)]
+        own = [field.name for field in dataclasses.fields(self.settings or ComposedTree)]
+        if extra := [str(key) for key in body if key in own and key not in tree]:
+            return (f"{named} sets {', '.join(extra)}, the app's own settings, which its primary "
+                    f"config would override without a word: give them on the command line "
+                    f"({extra[0]}=...), and declare only {', '.join(tree)} in a deployment; take "
+                    "them out of the file")  # fmt: skip
         return None
 
     def shadowed_file(self) -> str | None:
@@ -289,14 +302,13 @@ class Composition:
             return (f"composing {given} never ends: a defaults list names a config that lists it "
                     "again, itself or through others (a deployment whose defaults list names that "
                     "deployment, say); remove the name from that list")  # fmt: skip
-        if isinstance(error, UnicodeDecodeError) and self.folder:
-            found = self.file_holding(bytes(error.object))
-            return compose_errors.not_utf8(found, error) if found else None
         if name := self.given_name:  # not the other apps' configs, nor the settings'
             mine = {p.stem for p in self.folder.glob("*.yaml")} if self.folder else set()
             configs = [c for c in self.options("") if c == self.config_name or c in mine]
             if name.removesuffix(".yaml") not in configs:  # not there, or another app's
                 return compose_errors.not_a_primary_config(name, configs)
+        if isinstance(error, UnicodeDecodeError):  # a file other than the deployment's
+            return f"a config file is not UTF-8 text ({error.reason}); save it as UTF-8"
         if isinstance(error, HydraException | OmegaConfBaseException):
             return compose_errors.explain(error, self.deployment_file())
         if type(error) is ValueError:  # OmegaConf's int() of a list's index
@@ -312,27 +324,6 @@ class Composition:
             if key in filename:
                 shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key):,} characters)"
                 return f"{shown} is not a setting: no setting or config group has so long a name"
-        return None
-
-    def file_holding(self, chunk: bytes) -> Path | None:
-        """The config file of the user's ``--config-dir`` that holds ``chunk`` (what Hydra's
-        reader was decoding when it failed), the picked deployment's first: regular files only
-        (never a FIFO, a device or a folder named ``*.yaml``), searched through a memory map, so
-        no file is read whole."""
-        picked = self.deployment_file()
-        others = sorted(self.folder.rglob("*.yaml")) if self.folder else []
-        for path in [picked, *others] if picked else others:
-            try:
-                if not stat.S_ISREG(path.stat().st_mode) or not chunk:
-                    continue
-                with (
-                    open(path, "rb") as file,
-                    mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data,
-                ):
-                    if data.find(chunk) >= 0:
-                        return path
-            except (OSError, ValueError):  # unreadable, or empty (no map of 0 bytes)
-                continue
         return None
 
     def list_index_problem(self) -> str | None:

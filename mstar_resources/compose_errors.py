@@ -110,14 +110,11 @@ def not_yaml(error: yaml.YAMLError) -> str:
             "fix the file there")  # fmt: skip
 
 
-def not_utf8(path: Path, error: UnicodeDecodeError) -> str:
-    """Config file ``path``, which Hydra's reader could not decode as UTF-8 (``error.object``, the
-    chunk it was decoding, is in the file): the byte and its line."""
-    data = path.read_bytes()
-    at = data.find(bytes(error.object)) + error.start
-    line = data.count(b"\n", 0, at) + 1
-    return (f"{path} is not UTF-8 text: byte 0x{data[at]:02x} at line {line} ({error.reason}); "
-            "save the file as UTF-8")  # fmt: skip
+def not_utf8(path: Path, data: bytes, error: UnicodeDecodeError) -> str:
+    """Config file ``path``, whose bytes ``data`` are no UTF-8: the byte and its line."""
+    line = data.count(b"\n", 0, error.start) + 1
+    return (f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} "
+            f"({error.reason}); save the file as UTF-8")  # fmt: skip
 
 
 def _unknown_key(error: OmegaConfBaseException, deployment_file: Path | None) -> str:

@@ -9,7 +9,6 @@ run with a flag (``--help``, ``--cfg job``), and any other app, go on to ``@hydr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import importlib.metadata
 import os
@@ -18,7 +17,6 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import hydra
-import yaml
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
@@ -27,7 +25,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..compose import (
     COMPOSE_ERRORS,
     SHIPPED_CONF,
-    ComposedTree,
     Composition,
     group_options,
     hydra_on,
@@ -116,7 +113,9 @@ def hydra_app(
                      "lists, as mstar-resources-calibrate writes it) and give that "
                      "folder")  # fmt: skip
             line.config_dir = config_dirs[0] if config_dirs else None
-            on = Composition(config_name, line.overrides, line.config_dir, line.config_name)
+            on = Composition(
+                config_name, line.overrides, line.config_dir, line.config_name, settings
+            )
             refusal = _refusal(line, on, prog, invoked, compose_once, config_name)
             if refusal is not None:
                 fail(prog, refusal)
@@ -124,8 +123,7 @@ def hydra_app(
                      if v and k not in ("overrides", "config_dir", "config_name")]  # fmt: skip
             try:
                 with hydra_on(line.config_path or config_path, run):
-                    problem = (_config_dir_problem(line, on) or _group_value_problem(on)
-                               or _app_settings_in_deployment(on, settings))  # fmt: skip
+                    problem = _config_dir_problem(line, on) or _group_value_problem(on)
                     if problem is not None:
                         raise ResourceConfigError(problem)
                     if not line.shell_completion:  # its overrides are no config's
@@ -268,26 +266,6 @@ def _group_value_problem(on: Composition) -> str | None:
             why = f": {group}= takes a name, not a path" if isinstance(value, str) else ""
             return not_a_choice(group, text, options, why)
     return None
-
-
-def _app_settings_in_deployment(on: Composition, settings: type | None) -> str | None:
-    """The deployment file the overrides pick, where it sets one of the app's ``settings``, which
-    its primary config would override (a file Hydra cannot read is Hydra's to report)."""
-    path = on.deployment_file()
-    if path is None or not dataclasses.is_dataclass(settings):
-        return None
-    tree = [field.name for field in dataclasses.fields(ComposedTree)]
-    taken = {field.name for field in dataclasses.fields(settings)} - set(tree)
-    try:
-        body = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    extra = [key for key in (body if isinstance(body, dict) else {}) if key in taken]
-    return None if not extra else (
-        f"{DEPLOYMENT_GROUP}={path.stem} ({path}) sets {', '.join(map(str, extra))}, the "
-        "app's own settings, which its primary config would override without a word: give "
-        f"them on the command line ({extra[0]}=...), and declare only {', '.join(tree)} in a "
-        "deployment; take them out of the file")  # fmt: skip
 
 
 def register_options_resolver(config_name: str) -> None:
