@@ -1,8 +1,7 @@
-"""Composing the config tree as a Hydra command line composes it, for the apps and for what is no
-app (an engine's plugin): Hydra initialised on the tree's search path, a user's ``--config-dir``
-after it, and a mistake in the overrides or in a config file raised as one paragraph
-(:class:`~mstar_resources.ResourceConfigError`, in the words of ``compose_errors``). On Hydra's
-public API only; the core and the resolver do not import it."""
+"""Composing the config tree as a Hydra command line does (a user's ``--config-dir`` after the
+tree's search path), for the apps and the engines' plugins, a mistake raised as one paragraph
+(:class:`~mstar_resources.ResourceConfigError`, worded by ``compose_errors``). Hydra's public API
+only; the core and the resolver do not import it."""
 
 from __future__ import annotations
 
@@ -46,9 +45,8 @@ COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueE
 
 @dataclass
 class ComposedTree:
-    """The keys the shipped tree composes at the top, typed node by node by their own schemas: the
-    schema a program that is no app (an engine's plugin) composes with, and the base of each app's
-    settings."""
+    """The keys the shipped tree composes at the top: the schema an engine's plugin composes
+    with, and the base of each app's settings."""
 
     resources: Any = None
     """The resource tree (``conf/resources``), each resource typed as ``Resource``."""
@@ -59,8 +57,7 @@ class ComposedTree:
 
 
 def shipped_deployments() -> Path:
-    """The ``deployment`` group of the installed ``conf`` (the source tree's, when editable):
-    where the shipped deployments, calibrated ones included, are."""
+    """The folder of the shipped deployments, calibrated ones included."""
     return Path(str(importlib.resources.files("mstar_resources.conf"))) / DEPLOYMENT_GROUP
 
 
@@ -74,8 +71,8 @@ def compose_deployment(
     config_name: str, deployment: str, config_dir: Path | None = None, *, settings: type
 ) -> DictConfig:
     """The shipped primary config ``config_name`` composed as ``mstar-resources --config-dir
-    <config_dir> deployment=<deployment>`` composes it, for a program that is no app (an engine's
-    plugin): a mistake raises :class:`ResourceConfigError`; the program's own Hydra is kept."""
+    <config_dir> deployment=<deployment>`` does, for an engine's plugin, whose own Hydra is kept;
+    a mistake raises :class:`ResourceConfigError`."""
     register_settings(config_name, settings)
     with hydra_on(SHIPPED_CONF, compose_deployment):
         # Quoted: a file named inf.yaml, null.yaml or x,y.yaml is a name, not a number or a sweep.
@@ -85,8 +82,7 @@ def compose_deployment(
 
 def quoted(text: str) -> str:
     """``text`` as a quoted value of Hydra's override grammar, read back as ``text`` whatever it
-    holds (``,``, ``=``, ``]``, quotes, non-ASCII letters): a quote escaped, and the backslashes
-    before a quote or the end doubled."""
+    holds: a quote escaped, and the backslashes before a quote or the end doubled."""
     escaped = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
     return "'" + escaped.replace("${", "\\${") + "'"
 
@@ -128,9 +124,9 @@ def group_options(group: str, config_name: str | None, searchpath: Sequence[str]
 
 class Composition:
     """Overrides as a command line gives them (``texts``), composed over the primary config
-    ``config_name`` (or the ``--config-name`` given, ``given_name``) with a user's ``config_dir``
+    ``config_name`` (or ``given_name``, the ``--config-name`` given) with a user's ``config_dir``
     on the search path: the config, and what composing it raises as one paragraph. Only the
-    user's files are looked into: the shipped ones are tested."""
+    user's files are looked into; ``settings`` is the app's own schema."""
 
     def __init__(
         self, config_name: str, texts: Sequence[str], config_dir: str | Path | None = None,
@@ -203,15 +199,13 @@ class Composition:
         return None
 
     def deployment_file(self) -> Path | None:
-        """The file of the deployment the overrides pick, where the user's ``--config-dir`` has
-        it."""
+        """The file of the deployment the overrides pick, in the user's ``--config-dir``."""
         path = self.deployment_path()
         return path if path is not None and path.is_file() else None
 
     def not_a_regular_file(self) -> str | None:
-        """The deployment the overrides pick, where the user's ``--config-dir`` holds something
-        of its name that is no file to read (a folder, a FIFO, a link to a device), which Hydra
-        would fail on or read without end."""
+        """The picked deployment, where the user's ``--config-dir`` holds a folder, a FIFO or a
+        link to a device of its name, which Hydra would fail on or read without end."""
         path = self.deployment_path()
         if path is None:
             return None
@@ -265,8 +259,7 @@ class Composition:
 
     def shadowed_file(self) -> str | None:
         """The user's deployment file the overrides pick, where a shipped deployment of its name
-        would be composed in its place (Hydra's search path has ``--config-dir`` after the
-        package's configs), so that the file would be ignored without a word."""
+        would be composed in its place (``--config-dir`` comes after the package's configs)."""
         path = self.deployment_file()
         if path is None or path.parent == shipped_deployments().resolve() or (
                 path.stem not in group_options(DEPLOYMENT_GROUP, self.config_name)):  # fmt: skip

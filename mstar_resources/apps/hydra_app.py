@@ -1,10 +1,10 @@
 """Hydra apps that end a user's mistake in one paragraph on stderr, status 2 (``HYDRA_FULL_ERROR=1``
 keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1.
 
-Each run is composed first with Hydra's Compose API, on the search path ``@hydra.main`` builds, so
-that a compose error is an exception to explain (:mod:`mstar_resources.compose`). A
-``compose_once`` app (its configs set no log files and no output folders) runs on that config; a
-run with a flag (``--help``, ``--cfg job``), and any other app, go on to ``@hydra.main``."""
+Each run is first composed with the Compose API, so a compose error is an exception to explain
+(:mod:`mstar_resources.compose`); a ``compose_once`` app (no log files, no output folders) runs on
+that config, and a run with a flag (``--help``, ``--cfg job``) or any other app goes on to
+``@hydra.main``."""
 
 from __future__ import annotations
 
@@ -72,11 +72,20 @@ def hydra_app(
     command: str | None = None, version: str | Callable[[], str] | None = None,
     settings: type | None = None,
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:  # fmt: skip
-    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name`` (as for
-    ``@hydra.main``). ``prog`` starts each error line; ``command``, how a user runs the app, is
-    named for ``--help``; ``--version`` prints ``version`` (or what it returns), else the
-    mstar-resources the app was built with; ``settings``, the app's own settings, are registered
-    (:func:`register_settings`) when it runs, so that no other app's ConfigStore holds them."""
+    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``.
+
+    Parameters
+    ----------
+    prog
+        What starts each error line.
+    command
+        How a user runs the app, named with ``--help`` (default ``prog``).
+    version
+        What ``--version`` prints (or a function that returns it); default: the mstar-resources
+        the app was built with.
+    settings
+        The schema of the app's own settings, registered (:func:`register_settings`) as it runs.
+    """
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -167,8 +176,7 @@ def _refusal(
     line: argparse.Namespace, on: Composition, prog: str, invoked: str, compose_once: bool,
     config_name: str,
 ) -> str | None:  # fmt: skip
-    """What in the command line ``line`` the app does not run, found before anything is
-    composed."""
+    """What in the command line ``line`` the app does not run, found before composing."""
     config_dir = line.config_dir
     if config_dir is not None and not os.path.isdir(config_dir):
         what = "a file" if os.path.exists(config_dir) else "not there"
@@ -269,9 +277,9 @@ def _group_value_problem(on: Composition) -> str | None:
 
 
 def register_options_resolver(config_name: str) -> None:
-    """Register, for the help template of the primary config ``config_name``,
-    ``${mstar_resources.options:GROUP[,KEY]}`` (a group's options, or those whose config sets KEY)
-    and ``${mstar_resources.shown:VALUE}``; an app on plain ``@hydra.main`` calls it first."""
+    """Register ``${mstar_resources.options:GROUP[,KEY]}`` (a group's options, or those whose
+    config sets KEY) and ``${mstar_resources.shown:VALUE}`` for the help template of the primary
+    config ``config_name``; an app on plain ``@hydra.main`` calls it first."""
 
     def sets(group: str, option: str, key: str) -> bool:  # the config with group=option sets key
         try:
