@@ -1,9 +1,8 @@
 """From a composed ``resources`` tree to resolved records and workspace pools.
 
-The resolver reads data only: it never composes a config (an engine may run it under
-``@hydra.main``) and never instantiates a ``_target_`` (a config file must not be able to run code).
-:func:`resolve` imports no torch, so a dry run costs what composing costs; :func:`build_pools`,
-which allocates, does.
+The resolver reads data only: it never composes (an engine may run it under ``@hydra.main``) and
+never instantiates a ``_target_`` (a config file must not run code). :func:`resolve` imports no
+torch; :func:`build_pools`, which allocates, does.
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 __all__ = ["ResolvedResource", "build_pools", "resolve", "serving"]
 
 MAX_DEPTH = 32
-"""The most levels of groups a resource may sit under (``resources.a.b...``): an engine's tree has
-two or three; a deeper one is a mistake (and would exhaust Python's recursion in OmegaConf)."""
+"""The most levels of groups a resource may sit under: a deeper tree is a mistake (and would exhaust
+Python's recursion in OmegaConf)."""
 
 RESOURCES_KEY = "resources"
 """The config key the tree lives under; a resource's full key is ``resources.<path>``."""
@@ -316,11 +315,9 @@ def _walk(
 
 
 def _is_resource(node: DictConfig) -> bool:
-    """Whether ``node`` is one resource, by the schema: typed as :class:`Resource` (composed
-    through ``/mstar_resources/resource``), or setting its required ``labels``, or a schema field
-    to a value that is no mapping (``declared_mb: 64``, whose missing labels are then reported).
-    A child that is a mapping makes a group of it, whatever its name: ``layers: {owner: {labels:
-    [x]}}`` is the resource ``layers.owner``."""
+    """Whether ``node`` is one resource: typed as :class:`Resource`, or setting ``labels``, or a
+    schema field to a value that is no mapping; a child that is a mapping makes a group of it,
+    whatever its name (``layers: {owner: {labels: [x]}}`` is the resource ``layers.owner``)."""
     if OmegaConf.get_type(node) is Resource or "labels" in node:
         return True
     return any(str(key) in _FIELDS and not _is_mapping(node, key) for key in node)
@@ -340,9 +337,7 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
     except OmegaConfBaseException as error:
         problems.append(f"{key} can't be read: {_first_line(error)}")
         return None
-    if _already_typed(node, values):
-        # OmegaConf's conversion would change nothing, and it is most of resolve()'s cost; so
-        # skip it. Resource's own checks still run.
+    if _already_typed(node, values):  # converting is most of resolve()'s cost
         return _try_make(lambda: Resource(**values), key, problems)
     typed = OmegaConf.structured(Resource)
     before = len(problems)
@@ -395,8 +390,8 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
 
 
 def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
-    """``values`` (``node``'s) hold every required field of the schema and nothing else, each of
-    its declared type: a node composed through the schema, or a plain one written as it says."""
+    """Whether ``values`` (``node``'s) hold every required field and nothing else, each of its
+    declared type, so OmegaConf's conversion can be skipped."""
     if not (_REQUIRED <= values.keys() <= _FIELDS.keys()) or MISSING in values.values():
         return False
     if OmegaConf.get_type(node) is Resource:  # OmegaConf checked each value when it was set
