@@ -1,8 +1,7 @@
 """Declarative, growable, sealable GPU scratch memory for LLM inference engines.
 
-``__all__`` lists the public names. Each loads from its home module on first use, so that
-composing ``pkg://mstar_resources.conf`` (which imports this package) costs neither torch nor the
-resolver; the imports under ``TYPE_CHECKING`` say the same to a type checker.
+Each public name loads from its home module on first use, so composing ``pkg://mstar_resources.conf``
+(which imports this package) costs neither torch nor the resolver.
 """
 
 from __future__ import annotations
@@ -53,9 +52,7 @@ __all__ = [
     "workspace_bytes",
 ]
 
-_HOMES = (".errors", ".resolver", ".calibration.record", ".attn.workspace")
-"""The modules that list the public names in their own ``__all__``: the cheapest to import first,
-the workspaces (torch) last."""
+_HOMES = (".errors", ".resolver", ".calibration.record", ".attn.workspace")  # torch's last
 
 
 def __getattr__(name: str) -> Any:

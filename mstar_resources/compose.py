@@ -1,8 +1,7 @@
-"""Composing the config tree as a Hydra command line composes it, for the apps and for what is no
-app (an engine's plugin): Hydra initialised on the tree's search path, a user's ``--config-dir``
-after it, and a mistake in the overrides or in a config file raised as one paragraph
-(:class:`~mstar_resources.ResourceConfigError`, in the words of ``compose_errors``). On Hydra's
-public API only; the core and the resolver do not import it."""
+"""Composing the config tree as a Hydra command line does (a user's ``--config-dir`` after the
+tree's search path), for the apps and the engines' plugins, a mistake raised as one paragraph
+(:class:`~mstar_resources.ResourceConfigError`, worded by ``compose_errors``). Hydra's public API
+only; the core and the resolver do not import it."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import dataclasses
 import functools
 import importlib.resources
 import inspect
-import mmap
 import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
@@ -47,9 +45,8 @@ COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueE
 
 @dataclass
 class ComposedTree:
-    """The keys the shipped tree composes at the top, typed node by node by their own schemas: the
-    schema a program that is no app (an engine's plugin) composes with, and the base of each app's
-    settings."""
+    """The keys the shipped tree composes at the top: the schema an engine's plugin composes
+    with, and the base of each app's settings."""
 
     resources: Any = None
     """The resource tree (``conf/resources``), each resource typed as ``Resource``."""
@@ -60,8 +57,7 @@ class ComposedTree:
 
 
 def shipped_deployments() -> Path:
-    """The ``deployment`` group of the installed ``conf`` (the source tree's, when editable):
-    where the shipped deployments, calibrated ones included, are."""
+    """The folder of the shipped deployments, calibrated ones included."""
     return Path(str(importlib.resources.files("mstar_resources.conf"))) / DEPLOYMENT_GROUP
 
 
@@ -75,8 +71,8 @@ def compose_deployment(
     config_name: str, deployment: str, config_dir: Path | None = None, *, settings: type
 ) -> DictConfig:
     """The shipped primary config ``config_name`` composed as ``mstar-resources --config-dir
-    <config_dir> deployment=<deployment>`` composes it, for a program that is no app (an engine's
-    plugin): a mistake raises :class:`ResourceConfigError`; the program's own Hydra is kept."""
+    <config_dir> deployment=<deployment>`` does, for an engine's plugin, whose own Hydra is kept;
+    a mistake raises :class:`ResourceConfigError`."""
     register_settings(config_name, settings)
     with hydra_on(SHIPPED_CONF, compose_deployment):
         # Quoted: a file named inf.yaml, null.yaml or x,y.yaml is a name, not a number or a sweep.
@@ -86,8 +82,7 @@ def compose_deployment(
 
 def quoted(text: str) -> str:
     """``text`` as a quoted value of Hydra's override grammar, read back as ``text`` whatever it
-    holds (``,``, ``=``, ``]``, quotes, non-ASCII letters): a quote escaped, and the backslashes
-    before a quote or the end doubled."""
+    holds: a quote escaped, and the backslashes before a quote or the end doubled."""
     escaped = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
     return "'" + escaped.replace("${", "\\${") + "'"
 
@@ -129,15 +124,16 @@ def group_options(group: str, config_name: str | None, searchpath: Sequence[str]
 
 class Composition:
     """Overrides as a command line gives them (``texts``), composed over the primary config
-    ``config_name`` (or the ``--config-name`` given, ``given_name``) with a user's ``config_dir``
+    ``config_name`` (or ``given_name``, the ``--config-name`` given) with a user's ``config_dir``
     on the search path: the config, and what composing it raises as one paragraph. Only the
-    user's files are looked into: the shipped ones are tested."""
+    user's files are looked into; ``settings`` is the app's own schema."""
 
     def __init__(
         self, config_name: str, texts: Sequence[str], config_dir: str | Path | None = None,
-        given_name: str | None = None,
+        given_name: str | None = None, settings: type | None = None,
     ) -> None:  # fmt: skip
         self.config_name, self.texts, self.given_name = config_name, list(texts), given_name
+        self.settings = settings
         self.folder = Path(config_dir).resolve() if config_dir else None
         try:
             self.overrides = OverridesParser.create().parse_overrides(self.texts)
@@ -203,15 +199,13 @@ class Composition:
         return None
 
     def deployment_file(self) -> Path | None:
-        """The file of the deployment the overrides pick, where the user's ``--config-dir`` has
-        it."""
+        """The file of the deployment the overrides pick, in the user's ``--config-dir``."""
         path = self.deployment_path()
         return path if path is not None and path.is_file() else None
 
     def not_a_regular_file(self) -> str | None:
-        """The deployment the overrides pick, where the user's ``--config-dir`` holds something
-        of its name that is no file to read (a folder, a FIFO, a link to a device), which Hydra
-        would fail on or read without end."""
+        """The picked deployment, where the user's ``--config-dir`` holds a folder, a FIFO or a
+        link to a device of its name, which Hydra would fail on or read without end."""
         path = self.deployment_path()
         if path is None:
             return None
@@ -226,17 +220,21 @@ class Composition:
                 "a YAML file: replace it with one")  # fmt: skip
 
     def file_problem(self) -> str | None:
-        """What the deployment file the overrides pick holds that a deployment does not take,
-        which Hydra would compose without a word: nothing at all (each floor would then be the
-        variable's, else 512 MB), or Hydra's own ``hydra:`` settings (a file PyYAML can't
-        read is Hydra's to report)."""
+        """What the deployment file the overrides pick holds that Hydra would read wrong or compose
+        without a word: bytes that are no UTF-8, nothing at all (every floor would then be the
+        variable's, else 512 MB), Hydra's own ``hydra:`` block, or one of the app's own
+        ``settings``, which its primary config would override (a file PyYAML can't read is Hydra's
+        to report)."""
         path = self.deployment_file()
         if path is None:
             return None
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
+            text = data.decode("utf-8")
             body = yaml.safe_load(text)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        except UnicodeDecodeError as error:
+            return compose_errors.not_utf8(path, data, error)
+        except (OSError, yaml.YAMLError):
             return None
         named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
         if not body and text.startswith(GLOBAL_HEADER):  # without it, Hydra's error says so
@@ -244,16 +242,24 @@ class Composition:
                     "deployment under defaults), and without them every floor would be "
                     "MSTAR_WORKSPACE_BUFFER_MB, else 512 MB; write the deployment's settings "
                     "into the file, or pick another")  # fmt: skip
-        if isinstance(body, dict) and "hydra" in body:
+        if not isinstance(body, dict):
+            return None
+        if "hydra" in body:
             return (f"{named} sets hydra, Hydra's own settings, which a deployment does not "
                     "take (an app's Hydra settings are its primary config's); take the hydra: "
                     "block out of the file")  # fmt: skip
+        tree = [field.name for field in dataclasses.fields(ComposedTree)]
+        own = [field.name for field in dataclasses.fields(self.settings or ComposedTree)]
+        if extra := [str(key) for key in body if key in own and key not in tree]:
+            return (f"{named} sets {', '.join(extra)}, the app's own settings, which its primary "
+                    f"config would override without a word: give them on the command line "
+                    f"({extra[0]}=...), and declare only {', '.join(tree)} in a deployment; take "
+                    "them out of the file")  # fmt: skip
         return None
 
     def shadowed_file(self) -> str | None:
         """The user's deployment file the overrides pick, where a shipped deployment of its name
-        would be composed in its place (Hydra's search path has ``--config-dir`` after the
-        package's configs), so that the file would be ignored without a word."""
+        would be composed in its place (``--config-dir`` comes after the package's configs)."""
         path = self.deployment_file()
         if path is None or path.parent == shipped_deployments().resolve() or (
                 path.stem not in group_options(DEPLOYMENT_GROUP, self.config_name)):  # fmt: skip
@@ -289,14 +295,13 @@ class Composition:
             return (f"composing {given} never ends: a defaults list names a config that lists it "
                     "again, itself or through others (a deployment whose defaults list names that "
                     "deployment, say); remove the name from that list")  # fmt: skip
-        if isinstance(error, UnicodeDecodeError) and self.folder:
-            found = self.file_holding(bytes(error.object))
-            return compose_errors.not_utf8(found, error) if found else None
         if name := self.given_name:  # not the other apps' configs, nor the settings'
             mine = {p.stem for p in self.folder.glob("*.yaml")} if self.folder else set()
             configs = [c for c in self.options("") if c == self.config_name or c in mine]
             if name.removesuffix(".yaml") not in configs:  # not there, or another app's
                 return compose_errors.not_a_primary_config(name, configs)
+        if isinstance(error, UnicodeDecodeError):  # a file other than the deployment's
+            return f"a config file is not UTF-8 text ({error.reason}); save it as UTF-8"
         if isinstance(error, HydraException | OmegaConfBaseException):
             return compose_errors.explain(error, self.deployment_file())
         if type(error) is ValueError:  # OmegaConf's int() of a list's index
@@ -312,27 +317,6 @@ class Composition:
             if key in filename:
                 shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key):,} characters)"
                 return f"{shown} is not a setting: no setting or config group has so long a name"
-        return None
-
-    def file_holding(self, chunk: bytes) -> Path | None:
-        """The config file of the user's ``--config-dir`` that holds ``chunk`` (what Hydra's
-        reader was decoding when it failed), the picked deployment's first: regular files only
-        (never a FIFO, a device or a folder named ``*.yaml``), searched through a memory map, so
-        no file is read whole."""
-        picked = self.deployment_file()
-        others = sorted(self.folder.rglob("*.yaml")) if self.folder else []
-        for path in [picked, *others] if picked else others:
-            try:
-                if not stat.S_ISREG(path.stat().st_mode) or not chunk:
-                    continue
-                with (
-                    open(path, "rb") as file,
-                    mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data,
-                ):
-                    if data.find(chunk) >= 0:
-                        return path
-            except (OSError, ValueError):  # unreadable, or empty (no map of 0 bytes)
-                continue
         return None
 
     def list_index_problem(self) -> str | None:

@@ -1,7 +1,5 @@
-"""Hydra's, OmegaConf's and PyYAML's compose errors as one sentence, built from the exceptions'
-fields (the full key, the value, the node it was meant for, a group's options): the setting, the
-bad value, what it takes and the closest valid name, never Hydra's advice to append with ``+``.
-What :mod:`~mstar_resources.compose` raises, for the apps and the engines' plugins alike."""
+"""Hydra's, OmegaConf's and PyYAML's compose errors as one sentence built from the exceptions'
+fields: the setting, the bad value, what it takes and the closest valid name."""
 
 from __future__ import annotations
 
@@ -60,8 +58,8 @@ def explain(error: BaseException, deployment_file: Path | None = None) -> str:
 
 
 def _quoting_hint(override: str) -> str:
-    """How to quote the value of ``key=value`` where it holds what Hydra reads unquoted as
-    grammar (``=``, non-ASCII characters, spaces, quotes); "" where it does not."""
+    """How to quote the value of ``key=value`` where it holds what Hydra reads as grammar, else
+    ""."""
     key, sep, value = override.partition("=")
     odd = [c for c in value if not c.isascii() or c in "= '\"\\"]
     if not sep or not value or value[0] in "'\"" or not odd:
@@ -110,14 +108,11 @@ def not_yaml(error: yaml.YAMLError) -> str:
             "fix the file there")  # fmt: skip
 
 
-def not_utf8(path: Path, error: UnicodeDecodeError) -> str:
-    """Config file ``path``, which Hydra's reader could not decode as UTF-8 (``error.object``, the
-    chunk it was decoding, is in the file): the byte and its line."""
-    data = path.read_bytes()
-    at = data.find(bytes(error.object)) + error.start
-    line = data.count(b"\n", 0, at) + 1
-    return (f"{path} is not UTF-8 text: byte 0x{data[at]:02x} at line {line} ({error.reason}); "
-            "save the file as UTF-8")  # fmt: skip
+def not_utf8(path: Path, data: bytes, error: UnicodeDecodeError) -> str:
+    """Config file ``path``, whose bytes ``data`` are no UTF-8: the byte and its line."""
+    line = data.count(b"\n", 0, error.start) + 1
+    return (f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} "
+            f"({error.reason}); save the file as UTF-8")  # fmt: skip
 
 
 def _unknown_key(error: OmegaConfBaseException, deployment_file: Path | None) -> str:
@@ -147,8 +142,7 @@ def _unknown_key(error: OmegaConfBaseException, deployment_file: Path | None) ->
 
 
 def _bad_value(error: ValidationError) -> str:
-    """``error.value`` refused for its setting: what the setting takes, the schema field's own
-    words where it has them."""
+    """``error.value`` refused for its setting, and what the setting takes."""
     parent, setting = error.parent_node, re.sub(r"\[\d+\]$", "", str(error.full_key))
     if isinstance(parent, ListConfig):  # an element of a list: the list's own field says
         parent = OmegaConf.select(parent, "..")

@@ -1,11 +1,8 @@
 """The exceptions this library raises: each names the setting to change and the value to give it.
 
 Each carries its figures as fields (as Hydra's ``MissingConfigException.options`` does), so an
-engine reacts to what happened, never to the wording; the text says the same for a person. Every
-one pickles with its fields, so a worker process can hand it to its parent whole.
-
-Torch-free, so that composing and checking a config imports no torch. The one error that is also a
-torch error, ``WorkspaceGrowthError``, lives beside the workspaces that raise it.
+engine reads fields, never the wording, and each pickles with them, so a worker can hand it to its
+parent. Torch-free: ``WorkspaceGrowthError``, also a torch error, lives beside the workspaces.
 """
 
 from __future__ import annotations
@@ -73,20 +70,12 @@ class Problem(str):
         return problem
 
     def under(self, prefix: str) -> Problem:
-        """This problem of a setting below ``prefix`` (``resources.attn.decode.``): the sentence
-        and the setting both start with it."""
+        """This problem with ``prefix`` (``resources.attn.decode.``) before its sentence and its
+        setting."""
         setting = None if self.setting is None else prefix + self.setting
         return Problem(
             prefix + self, setting=setting, value=self.value, expects=self.expects, fix=self.fix
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        fields = {"setting": self.setting, "value": self.value, "expects": self.expects}
-        return _problem, (str(self), fields, self.fix)
-
-
-def _problem(text: str, fields: dict[str, Any], fix: str | None) -> Problem:
-    return Problem(text, fix=fix, **fields)
 
 
 MAX_PROBLEMS_SHOWN = 20
@@ -119,21 +108,16 @@ class _ProblemsError(ResourceError, ValueError):
 class ResourceConfigError(_ProblemsError):
     """A setting (config key, argument or environment variable) holds an unusable value.
 
-    ``problems`` holds one :class:`Problem` per problem found, in the order found: a sentence
-    naming its setting and value, with ``setting``, ``value``, ``expects`` and ``fix`` as fields
-    where the check knew them (a plain sentence given here becomes a Problem of no one setting).
-    ``where`` is what was checked (e.g. ``the resources config``). The text is the problem itself
-    when there is one, else a count and one line each.
+    ``problems``: one :class:`Problem` per problem, in the order found (a plain sentence becomes a
+    Problem of no one setting); ``where``: what was checked (``the resources config``). The text is
+    the problem when there is one, else a count and a line each.
     """
 
 
 class ResourceUsageError(_ProblemsError):
-    """An argument of the library's API that the calling code got wrong, rather than a config:
-    a wrapper built on another buffer, a key its pool does not serve, a tensor of the wrong kind,
-    a device or ``serves`` of the wrong type. Not a :class:`ResourceConfigError`: code that tells a
-    user's mistake in one paragraph (``except ResourceConfigError``) lets the calling code's own
-    bug through with its traceback. A ``ValueError``, with ``problems`` and ``where`` as a
-    config error has them."""
+    """An argument of the library's API that the calling code got wrong (a wrapper on another
+    buffer, a key its pool does not serve), not a config: ``except ResourceConfigError`` lets it
+    through with its traceback. Fields as :class:`ResourceConfigError`'s."""
 
 
 class WorkspaceShortError(ResourceError):
@@ -166,23 +150,8 @@ class WorkspaceSealedError(WorkspaceShortError):
 
     suggested_mb: int
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        workspace: str,
-        held_bytes: int,
-        needed_bytes: int,
-        setting: str,
-        suggested_mb: int,
-    ) -> None:
-        super().__init__(
-            message,
-            workspace=workspace,
-            held_bytes=held_bytes,
-            needed_bytes=needed_bytes,
-            setting=setting,
-        )
+    def __init__(self, message: str, *, suggested_mb: int, **fields: Any) -> None:
+        super().__init__(message, **fields)
         self.suggested_mb = suggested_mb
 
 

@@ -1,5 +1,5 @@
-"""Files this library writes (a calibrated deployment): whole or not at all,
-into a folder checked before any GPU work."""
+"""Files this library writes (a calibrated deployment): whole or not at all, into a folder checked
+before any GPU work."""
 
 from __future__ import annotations
 
@@ -21,12 +21,10 @@ def write_whole(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write the new file to; when the block ends, the file
-    is flushed to disk and renamed over ``path`` (``os.replace`` is atomic on POSIX and Windows),
-    and the folder synced so the rename lasts. So a reader, or a crash at any moment, sees the old
-    file or the new one, never a part; a block that raises leaves the old file and no temporary.
-    A temporary file a crash leaves behind starts with a dot and ends in ``.tmp``; it names the
-    process and the thread, so writers of one file in several threads each have their own."""
+    """A temporary path beside ``path`` (one per process and thread) to write the new file to;
+    when the block ends it is synced and renamed over ``path``, and the folder synced, so a reader
+    or a crash sees the old file or the new one, never a part. A block that raises leaves the old
+    file and no temporary."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -47,10 +45,9 @@ def replacing(path: Path) -> Iterator[Path]:
 
 
 def folder_problem(folder: Path) -> str | None:
-    """Why files could not be written into ``folder``, made if missing, or None if they can. It
-    leaves nothing behind: the nearest folder that exists must be a writable folder, in which a
-    folder can be made (tried, and removed: a file system such as ``/proc`` refuses it where the
-    permissions allow it)."""
+    """Why files could not be written into ``folder``, made if missing, or None if they can; it
+    tries making a folder in the nearest that exists (``/proc`` refuses where permissions allow)
+    and leaves nothing behind."""
     folder = Path(folder).absolute()
     existing = folder
     try:

@@ -1,9 +1,8 @@
 """From a composed ``resources`` tree to resolved records and workspace pools.
 
-The resolver reads data only: it never composes a config (an engine may run it under
-``@hydra.main``) and never instantiates a ``_target_`` (a config file must not be able to run code).
-:func:`resolve` imports no torch, so a dry run costs what composing costs; :func:`build_pools`,
-which allocates, does.
+The resolver reads data only: it never composes (an engine may run it under ``@hydra.main``) and
+never instantiates a ``_target_`` (a config file must not run code). :func:`resolve` imports no
+torch; :func:`build_pools`, which allocates, does.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import typing
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -25,7 +24,7 @@ from ._internal.floor import (
     INT,
     Floor,
     FloorSource,
-    declared_text,
+    read_mb,
     resolve_floor,
 )
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
@@ -37,11 +36,11 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 
     from .attn.workspace import WorkspacePool
 
-__all__ = ["ANY_SLOT", "ResolvedResource", "build_pools", "resolve", "serving"]
+__all__ = ["ResolvedResource", "build_pools", "resolve", "serving"]
 
 MAX_DEPTH = 32
-"""The most levels of groups a resource may sit under (``resources.a.b...``): an engine's tree has
-two or three; a deeper one is a mistake (and would exhaust Python's recursion in OmegaConf)."""
+"""The most levels of groups a resource may sit under: a deeper tree is a mistake (and would exhaust
+Python's recursion in OmegaConf)."""
 
 RESOURCES_KEY = "resources"
 """The config key the tree lives under; a resource's full key is ``resources.<path>``."""
@@ -55,10 +54,8 @@ FLOOR_FIELDS = (FLOAT.declared_key, INT.declared_key)
 
 @dataclass(frozen=True)
 class ResolvedResource:
-    """One declared resource with its floor resolved: what its pool will reserve, and why.
-
-    The fields are the keys of ``mstar-resources format=json``.
-    """
+    """One declared resource with its floors resolved: what its pool will reserve, and why. The
+    fields are the keys of ``mstar-resources format=json``."""
 
     path: str
     """Where it sits below ``resources``, e.g. ``attn.decode``."""
@@ -77,20 +74,16 @@ class ResolvedResource:
     workspaces: int = field(init=False)
     """One per label and slot: ``len(labels) * max(1, len(cg_slots))``."""
     reserved_bytes: int = field(init=False)
-    """What the pool's float workspaces hold once every one is made: ``workspaces *
-    floor_bytes``."""
+    """``workspaces * floor_bytes``: what the pool holds once every workspace is made."""
     int_declared_mb: int | None = None
     int_floor_mb: int = INT.default_mb
-    """The floor of each int workspace (and of its host mirror), in MB: declared,
-    else from ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8."""
+    """The floor of each int workspace (and of its host mirror), in MB."""
     int_floor_bytes: int = field(init=False)
     int_floor_source: FloorSource = "default"
     int_floor_setting: str = INT.env_var
-    """What to change to move the int floor: ``resources.<path>.int_declared_mb`` or the
-    variable."""
+    """What to change to move the int floor, as ``floor_setting``."""
     int_reserved_bytes: int = field(init=False)
-    """What the pool's int workspaces hold on the GPU once every one is made:
-    ``workspaces * int_floor_bytes``."""
+    """``workspaces * int_floor_bytes``, on the GPU (and as many on the host)."""
 
     def __post_init__(self) -> None:
         derived = {
@@ -115,31 +108,19 @@ class ResolvedResource:
                 yield label, slot
 
 
-ANY_SLOT: Final = "any"
-""":func:`serving`'s ``cg_slot`` for a label served in whichever slot (or eagerly)."""
-
-
-def serving(
-    records: Iterable[ResolvedResource], label: str, cg_slot: int | str | None = ANY_SLOT
-) -> ResolvedResource | None:
-    """The first of ``records`` that serves ``label`` in CUDA-graph slot ``cg_slot`` (None:
-    eagerly; :data:`ANY_SLOT`: in any), or None where none does. The one answer to which
-    resource serves a plan: the engines' plugins ask it."""
-    for record in records:
-        if label in record.labels and (
-            cg_slot == ANY_SLOT or cg_slot in (record.cg_slots or (None,))
-        ):
-            return record
-    return None
+def serving(records: Iterable[ResolvedResource], label: str) -> ResolvedResource | None:
+    """The first of ``records`` that serves ``label`` (in any slot, or eagerly), or None: the one
+    answer to which resource serves a plan, which the engines' plugins ask."""
+    return next((record for record in records if label in record.labels), None)
 
 
 def resolve(
     resources_node: DictConfig | Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> list[ResolvedResource]:
-    """One record per resource of the composed ``resources`` tree, in tree order.
+    """One record per resource of the composed ``resources`` tree (a ``DictConfig`` or a plain
+    mapping), in tree order, floors read from ``env`` (``os.environ`` by default).
 
-    ``env`` (``os.environ`` by default) supplies ``MSTAR_WORKSPACE_BUFFER_MB``. Every problem of
-    the tree is collected and raised together as one :class:`ResourceConfigError`.
+    Raises :class:`ResourceConfigError` with every problem of the tree at once.
     """
     env = os.environ if env is None else env
     check_argument("env", env, Mapping, "a mapping of environment variables (os.environ) or None")
@@ -182,11 +163,6 @@ def resolve(
     return records
 
 
-def _description(value: object) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 60 else f"a {type(value).__name__} ({shown[:57]}...)"
-
-
 def _paths_declared_twice(paths: list[str]) -> list[str]:
     """A problem for each path two resources resolve to: a dotted key (``a.b``) and the nested
     path it spells (``a: {b: ...}``) name one resource, whose pool would keep only one of them."""
@@ -207,22 +183,25 @@ def build_pools(
 ) -> dict[str, WorkspacePool]:
     """A workspace pool on ``device`` for every resource, by path.
 
-    ``resources`` is the composed ``resources`` tree, resolved first (:func:`resolve`, floors from
-    ``env``, ``os.environ`` by default), or the records that ``resolve()`` gave (an app that prints
-    them before it builds resolves once), whose floors are built as they were resolved: ``env`` is
-    not read again. Each pool serves its resource's (label, slot) pairs only and names the setting
-    that sized it (its ``declared_mb``, or the variable). With
-    ``reserve``, every declared workspace is made now (:meth:`WorkspacePool.reserve`); without
-    it, each is made when first asked for. It reads what it is given and nothing around it:
-    whether a calibrated deployment still holds where it runs is asked of the composed root by
-    ``mstar_resources.check_calibration``, the apps on a GPU, an engine once beside this call.
+    Parameters
+    ----------
+    resources
+        The composed ``resources`` tree, resolved with ``env`` (``os.environ`` by default), or
+        the records :func:`resolve` gave, built with the floors they hold.
+    device
+        Where the workspaces are made.
+    reserve
+        Make every declared workspace now (:meth:`WorkspacePool.reserve`) rather than when first
+        asked for.
+
+    Each pool serves its resource's (label, slot) pairs only and names the setting that sized it.
+    Whether a calibration still holds is ``check_calibration``'s question, on the composed root.
     """
     from .attn.workspace import WorkspacePool
 
     check_argument("reserve", reserve, bool, "True or False")
     env = dict(os.environ) if env is None else env  # the one environment resolve() checks
     records = _records(resources, env)
-    # Each pool takes its record's floors as resolved: what resolve() said is what is built.
     pools = {
         record.path: WorkspacePool(
             device,
@@ -251,17 +230,16 @@ def _records(
     """``resources`` resolved: a tree through :func:`resolve`, resolve()'s records as they are."""
     if isinstance(resources, DictConfig | Mapping):
         return resolve(resources, env)
-    listed = list(resources) if isinstance(resources, Sequence | Iterator) else None
-    if (
-        isinstance(resources, str | bytes)
-        or listed is None
-        or not all(isinstance(record, ResolvedResource) for record in listed)
+    if isinstance(resources, list | tuple) and all(
+        isinstance(record, ResolvedResource) for record in resources
     ):
-        raise ResourceUsageError(
-            f"build_pools takes the resources tree or the list resolve() returns, and got "
-            f"{_description(resources)}; e.g. build_pools(cfg.resources, device)"
-        )
-    return listed
+        return list(resources)
+    shown = repr(resources)
+    shown = shown if len(shown) <= 60 else f"a {type(resources).__name__} ({shown[:57]}...)"
+    raise ResourceUsageError(
+        f"build_pools takes the resources tree or the list resolve() returns, and got {shown}; "
+        "e.g. build_pools(cfg.resources, device)"
+    )
 
 
 def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
@@ -333,11 +311,9 @@ def _walk(
 
 
 def _is_resource(node: DictConfig) -> bool:
-    """Whether ``node`` is one resource, by the schema: typed as :class:`Resource` (composed
-    through ``/mstar_resources/resource``), or setting its required ``labels``, or a schema field
-    to a value that is no mapping (``declared_mb: 64``, whose missing labels are then reported).
-    A child that is a mapping makes a group of it, whatever its name: ``layers: {owner: {labels:
-    [x]}}`` is the resource ``layers.owner``."""
+    """Whether ``node`` is one resource: typed as :class:`Resource`, or setting ``labels``, or a
+    schema field to a value that is no mapping; a child that is a mapping makes a group of it,
+    whatever its name (``layers: {owner: {labels: [x]}}`` is the resource ``layers.owner``)."""
     if OmegaConf.get_type(node) is Resource or "labels" in node:
         return True
     return any(str(key) in _FIELDS and not _is_mapping(node, key) for key in node)
@@ -357,9 +333,7 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
     except OmegaConfBaseException as error:
         problems.append(f"{key} can't be read: {_first_line(error)}")
         return None
-    if _already_typed(node, values):
-        # OmegaConf's conversion would change nothing, and it is most of resolve()'s cost; so
-        # skip it. Resource's own checks still run.
+    if _already_typed(node, values):  # converting is most of resolve()'s cost
         return _try_make(lambda: Resource(**values), key, problems)
     typed = OmegaConf.structured(Resource)
     before = len(problems)
@@ -380,7 +354,7 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
         else:
             if name in FLOOR_FIELDS and isinstance(value, str):  # one rule for a number as text
                 try:
-                    value = declared_text(field_key, value)
+                    value = read_mb(field_key, value, INT if name == INT.declared_key else FLOAT)
                 except ResourceConfigError as error:
                     problems.extend(error.problems)
                     continue
@@ -412,8 +386,8 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
 
 
 def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
-    """``values`` (``node``'s) hold every required field of the schema and nothing else, each of
-    its declared type: a node composed through the schema, or a plain one written as it says."""
+    """Whether ``values`` (``node``'s) hold every required field and nothing else, each of its
+    declared type, so OmegaConf's conversion can be skipped."""
     if not (_REQUIRED <= values.keys() <= _FIELDS.keys()) or MISSING in values.values():
         return False
     if OmegaConf.get_type(node) is Resource:  # OmegaConf checked each value when it was set

@@ -1,15 +1,13 @@
 """The schema of one declared resource, as engines write it under ``resources`` in their config.
 
-The config tree (``mstar_resources.conf``, what ``pkg://mstar_resources.conf`` imports) registers
-it in Hydra's ConfigStore as ``mstar_resources/resource``, so a config types a node by listing
-``- /mstar_resources/resource@attn.decode`` in its defaults list: a wrong type or an unknown key
-then fails when the config is composed. This module imports no Hydra.
+``mstar_resources.conf`` registers it in Hydra's ConfigStore as ``mstar_resources/resource``, so
+``- /mstar_resources/resource@attn.decode`` in a defaults list types a node, and a wrong type or an
+unknown key fails at compose. This module imports no Hydra.
 """
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TypeVar
 
 from omegaconf import MISSING
 
@@ -18,8 +16,6 @@ from ._internal.limits import expects, name_problem
 from .errors import Problem, ResourceConfigError
 
 __all__ = ["Resource"]
-
-T = TypeVar("T", bound=Hashable)
 
 MAX_ITEMS = 256
 """The most labels, and the most CUDA-graph slots, one resource may list: each label and slot is
@@ -47,12 +43,10 @@ class Resource:
     int_declared_mb: int | None = field(
         default=None, metadata={"expects": f"a whole number of MB from 0 to {MAX_MB:,}, or null"}
     )
-    """The floor of each int workspace, and of its host mirror, in MB; 0: none, each
-    wrapper keeps its own (what calibration writes where a wrapper makes its own at each plan,
-    FlashInfer 0.7's MLA). Default null:
-    ``MSTAR_INT_WORKSPACE_BUFFER_MB`` if set, else 8 (what each FlashInfer wrapper makes for
-    itself). The int workspace holds a plan's indices (kilobytes); a plan that overflows it grows
-    it, as the float one."""
+    """The floor of each int workspace (a plan's indices, kilobytes) and of its host mirror, in
+    MB; it grows as the float one does. 0: none, each wrapper keeps its own (calibration's
+    value where a wrapper makes its own at each plan, FlashInfer 0.7's MLA). Default null:
+    ``MSTAR_INT_WORKSPACE_BUFFER_MB`` if set, else 8 (what each FlashInfer wrapper makes)."""
 
     labels: list[str] = field(
         default=MISSING, metadata={"expects": "a list of plan labels, e.g. [decode]"}
@@ -153,6 +147,6 @@ def _slot_problems(slots: list[int]) -> list[str]:
     return problems
 
 
-def _repeats(items: list[T]) -> list[T]:
+def _repeats(items: Sequence[Hashable]) -> list[Hashable]:
     """The items listed more than once, in the order they first appear (linear time)."""
     return [item for item, count in Counter(items).items() if count > 1]

@@ -1,10 +1,9 @@
 """FlashInfer's overflow, for an engine's own tests of its growth paths on a CPU.
 
 :func:`flashinfer_overflow` is the ``RuntimeError`` FlashInfer's allocator raises when a plan's
-scratch does not fit its float workspace, worded as FlashInfer words it: rendered from the text of
-its C++ headers (``flashinfer_overflow.json`` beside the workspaces, checked against the installed
-FlashInfer's headers by this library's tests). :class:`OverflowingPlanner` is a planner that raises
-it, as a FlashInfer wrapper's ``plan`` would, for allocations that do not fit its buffer::
+scratch does not fit its float workspace, rendered from the checked fixture of its C++ headers'
+text (``attn/flashinfer_overflow.json``); :class:`OverflowingPlanner` raises it as a wrapper's
+``plan`` would::
 
     workspace = pools["attn.decode"].get("decode", cg_slot=0)
     workspace.plan(OverflowingPlanner(workspace.tensor, [("batch_decode_tmp_v", 3 << 20)]))
@@ -64,9 +63,8 @@ def flashinfer_overflow(
 
 class OverflowingPlanner:
     """A planner that takes ``allocations`` ((name, bytes) each, aligned as FlashInfer aligns
-    them) from ``buffer`` in turn, and raises :func:`flashinfer_overflow` for the first that does
-    not fit. It holds the tensor, as FlashInfer's wrappers do, so it sees a workspace that grew in
-    place. ``calls`` counts its plans."""
+    them) from ``buffer`` in turn and raises :func:`flashinfer_overflow` for the first that does
+    not fit; it holds the tensor, so it sees a workspace grown in place. ``calls`` counts plans."""
 
     def __init__(self, buffer: torch.Tensor, allocations: Sequence[tuple[str, int]]) -> None:
         self.buffer = buffer

@@ -96,7 +96,8 @@ def test_the_variable_takes_numbers_as_the_command_line_does(monkeypatch, value,
 
 @pytest.mark.parametrize(
     ("value", "said"),
-    [("0", "=0 MB is not positive"), ("1048577", "=1,048,577 MB is more than 1,048,576"),
+    [("0", "=0 is not a positive whole number of MB"),
+     ("1048577", "=1,048,577 MB is more than 1,048,576"),
      ("9" * 5000, "=<a number of 5,000 digits> MB is more than 1,048,576")],
 )  # fmt: skip
 def test_a_variable_out_of_range_says_so_and_shows_the_number_readably(monkeypatch, value, said):

@@ -106,8 +106,7 @@ BAD_TREES = [
     ),
     pytest.param(
         {"d": {"labels": ["x"], "declared_mb": "big"}}, {},
-        [r"resources\.d\.declared_mb='big' is not a whole number of MB as the command line "
-         r"writes one \(ASCII digits, an optional \+ and _ between digits\)"],
+        [r"resources\.d\.declared_mb='big' is not a positive whole number of MB; declare"],
         id="declared-wrong-type",
     ),
     pytest.param(
@@ -195,7 +194,7 @@ BAD_TREES = [
         [r"^3 problems in the resources config:\n",
          r"\n  - resources\.d\.declared_mb=0 is not",
          r"\n  - resources\.e\.labels=\[\] is empty",
-         r"\n  - MSTAR_WORKSPACE_BUFFER_MB=0 MB is not positive; set it"],
+         r"\n  - MSTAR_WORKSPACE_BUFFER_MB=0 is not a positive whole number of MB; set it"],
         id="all-problems-at-once",
     ),
 ]  # fmt: skip
@@ -466,7 +465,7 @@ def test_build_pools_takes_the_tree_or_the_records_resolve_gave():
     assert from_tree["a"].get("x").tensor.numel() == from_records["a"].get("x").tensor.numel()
 
 
-def test_serving_finds_the_resource_of_a_label_in_a_slot_eagerly_or_in_any():
+def test_serving_finds_the_resource_of_a_label():
     """The one lookup of which resource serves a plan (the engines' plugins')."""
     from mstar_resources.resolver import serving
 
@@ -479,12 +478,8 @@ def test_serving_finds_the_resource_of_a_label_in_a_slot_eagerly_or_in_any():
         },
         {},
     )
-    assert serving(records, "decode", 2).path == "attn.decode"
     assert serving(records, "decode").path == "attn.decode"
-    assert serving(records, "prefill", None).path == "attn.prefill"
-    assert serving(records, "decode", None) is None  # decode is captured only
-    assert serving(records, "decode", 1) is None
-    assert serving(records, "prefill", 0) is None
+    assert serving(records, "prefill").path == "attn.prefill"
     assert serving(records, "verify") is None
 
 
@@ -505,10 +500,10 @@ def test_a_floor_given_as_text_is_read_by_the_command_lines_rule_in_both_apis(te
     [
         (
             "\u0661\u0662",
-            "is not a whole number of MB as the command line writes one",
+            "is not a positive whole number of MB",
         ),  # Arabic-Indic
-        ("\uff11\uff12", "is not a whole number of MB as the command line writes one"),  # fullwidth
-        ("12 MB", "is not a whole number of MB as the command line writes one"),
+        ("\uff11\uff12", "is not a positive whole number of MB"),  # fullwidth
+        ("12 MB", "is not a positive whole number of MB"),
         ("9" * 70, "=<a number of 70 digits> MB is more than 1,048,576"),
     ],
 )

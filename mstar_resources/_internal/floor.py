@@ -12,19 +12,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from ..errors import Problem, ResourceConfigError
 from ..units import MIB, is_int
 
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 """The variable that sets the floor of every float workspace whose resource declares none."""
-
-DEFAULT_MB = 512
-"""The float floor when neither a resource nor the environment sets one."""
-
-INT_ENV_VAR = "MSTAR_INT_WORKSPACE_BUFFER_MB"
-"""The variable that sets the floor of every int workspace whose resource declares none."""
 
 INT_DEFAULT_MB = 8
 """The int floor when neither a resource nor the environment sets one: what each FlashInfer
@@ -54,8 +48,8 @@ class Buffer:
     """Where its bytes are in the answer of FlashInfer's ``workspace_size()`` (float, int)."""
 
 
-FLOAT = Buffer("float", ENV_VAR, DEFAULT_MB, "declared_mb", 0)
-INT = Buffer("int", INT_ENV_VAR, INT_DEFAULT_MB, "int_declared_mb", 1)
+FLOAT = Buffer("float", ENV_VAR, 512, "declared_mb", 0)
+INT = Buffer("int", "MSTAR_INT_WORKSPACE_BUFFER_MB", INT_DEFAULT_MB, "int_declared_mb", 1)
 
 
 @dataclass(frozen=True)
@@ -72,39 +66,39 @@ class Floor:
         return self.mb * MIB
 
 
-def mb_problem(setting: str, value: object, buffer: Buffer = FLOAT) -> Problem | None:
-    """What is wrong with ``value`` as a floor in MB for ``setting``, or None if it is usable."""
-    lowest = 0 if buffer.kind == "int" else 1  # an int floor of 0: the wrappers keep their own
+def mb_problem(
+    setting: str, value: object, buffer: Buffer = FLOAT, *, given: object = None
+) -> Problem | None:
+    """What is wrong with ``value`` as a floor in MB for ``setting`` (``given``: the text it was
+    read from, if any), or None if it is usable. An int floor may be 0 (each wrapper keeps its
+    own), but not through its variable."""
+    variable = setting == buffer.env_var
+    lowest = 0 if buffer is INT and not variable else 1
     if is_int(value) and lowest <= value <= MAX_MB:
         return None
-    expects = f"a whole number of MB from {lowest} to {MAX_MB:,}"
+    default = f"the default of {buffer.default_mb}"
+    fallback = default if variable else f"{buffer.env_var} or {default}"
+    advice = "set it to one" if variable else "declare the workspace's floor in MB"
     if is_int(value) and value > MAX_MB:
-        return Problem(
+        text = (
             f"{setting}={number_text(value)} MB is more than {MAX_MB:,} (1 TiB, more than any GPU "
-            f"holds); declare the workspace's floor in MB, e.g. {setting}=256",
-            setting=setting,
-            value=value,
-            expects=expects,
+            f"holds); {advice}, e.g. {setting}=256"
         )
-    what = "a positive whole number of MB" if lowest else "a whole number of MB (0: none)"
+    else:
+        what = "a positive whole number of MB" if lowest else "a whole number of MB (0: none)"
+        shown = _quote(value) if isinstance(value, str) else repr(value)
+        text = (
+            f"{setting}={shown} is not {what}; {advice}, at most {MAX_MB:,} (1 TiB, more than any "
+            f"GPU holds; e.g. {setting}=256), or {'unset it' if variable else 'leave it unset'} "
+            f"for {fallback}"
+        )
     return Problem(
-        f"{setting}={value!r} is not {what}; declare the workspace's floor in MB, at most "
-        f"{MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {setting}=256), or leave it unset "
-        f"for {buffer.env_var} or the default of {buffer.default_mb}",
+        text,
         setting=setting,
-        value=value,
-        expects=expects,
-        fix=f"unset {setting} for {buffer.env_var} or the default of {buffer.default_mb}",
+        value=value if given is None else given,
+        expects=f"a whole number of MB from {lowest} to {MAX_MB:,}",
+        fix=f"unset {setting} for {fallback}",
     )
-
-
-def _digits(text: str) -> str | None:
-    """The digits ``text`` spells by the command line's rule (:data:`WHOLE_NUMBER`; spaces
-    around it, the ``+``, the ``_`` and leading zeros left out), or None where it spells none."""
-    stripped = text.strip()
-    if not WHOLE_NUMBER.fullmatch(stripped):
-        return None
-    return stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
 
 
 def _quote(text: str) -> str:
@@ -116,58 +110,39 @@ MAX_DIGITS = 60
 """More digits than this are past any floor (and past what Python prints of an int)."""
 
 
-def declared_text(setting: str, text: str) -> int:
-    """A floor declared as text (a config value from an interpolation, ``size_mb="8"``) as the
-    whole number it spells by the command line's rule (:data:`WHOLE_NUMBER`, surrounding spaces
-    left out), the rule the variables follow too; else :class:`ResourceConfigError` naming
-    ``setting``. Arabic-Indic or fullwidth digits spell no number here, as on the command line."""
-    digits = _digits(text)
-    expects = f"a whole number of MB from 1 to {MAX_MB:,}"
-    if digits is None:
-        raise ResourceConfigError(
-            Problem(
-                f"{setting}={_quote(text)} is not a whole number of MB as the command line "
-                "writes one (ASCII digits, an optional + and _ between digits); declare the "
-                f"floor in MB, e.g. {setting}=256",
-                setting=setting,
-                value=text,
-                expects=expects,
-            )
-        )
-    if len(digits) > MAX_DIGITS:
-        raise ResourceConfigError(
-            Problem(
-                f"{setting}=<a number of {len(digits):,} digits> MB is more than {MAX_MB:,} (1 "
-                f"TiB, more than any GPU holds); declare the floor in MB, e.g. {setting}=256",
-                setting=setting,
-                value=text,
-                expects=expects,
-            )
-        )
-    return int(digits)
+def read_mb(setting: str, text: str, buffer: Buffer = FLOAT) -> int:
+    """A floor given as text (a variable, an interpolation's value, ``size_mb="8"``) as the whole
+    number of MB it spells by the command line's rule (:data:`WHOLE_NUMBER`, spaces around it
+    left out), else :class:`ResourceConfigError` naming ``setting``."""
+    stripped, number = text.strip(), None
+    if WHOLE_NUMBER.fullmatch(stripped):
+        digits = stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
+        # Past MAX_DIGITS only the count of digits is told (int() refuses 4,300 and more).
+        number = int(digits) if len(digits) <= MAX_DIGITS else 10 ** (len(digits) - 1)
+    problem = mb_problem(setting, text if number is None else number, buffer, given=text)
+    if problem is not None:
+        raise ResourceConfigError(problem)
+    return cast(int, number)
 
 
 def resolve_floor(
-    declared_mb: int | None = None,
+    declared_mb: int | str | None = None,
     env: Mapping[str, str] | None = None,
     declared_setting: str | None = None,
     buffer: Buffer = FLOAT,
 ) -> Floor:
     """The floor of a ``buffer`` (the float workspace by default) for ``declared_mb`` under
-    ``env`` (``os.environ`` by default).
-
-    ``declared_setting`` names the setting that declared it (by default the resource field,
-    ``declared_mb`` or ``int_declared_mb``), for messages and provenance.
-    """
-    declared_setting = declared_setting or buffer.declared_key
-    var = buffer.env_var
+    ``env`` (``os.environ`` by default); ``declared_setting`` names the setting that declared it
+    (default: the resource field)."""
+    setting = declared_setting or buffer.declared_key
     if isinstance(declared_mb, str):
-        declared_mb = declared_text(declared_setting, declared_mb)
+        declared_mb = read_mb(setting, declared_mb, buffer)
     if declared_mb is not None:
-        problem = mb_problem(declared_setting, declared_mb, buffer)
+        problem = mb_problem(setting, declared_mb, buffer)
         if problem is not None:
             raise ResourceConfigError(problem)
-        return Floor(declared_mb, "declared", declared_setting)
+        return Floor(declared_mb, "declared", setting)
+    var = buffer.env_var
     raw = (os.environ if env is None else env).get(var, "")
     if not isinstance(raw, str):
         raise ResourceConfigError(
@@ -181,40 +156,7 @@ def resolve_floor(
         )
     if raw.strip() == "":
         return Floor(buffer.default_mb, "default", var)
-    digits = _digits(raw)
-    expects = f"a whole number of MB from 1 to {MAX_MB:,}"
-    if digits is None:
-        raise ResourceConfigError(
-            Problem(
-                f"{var}={_quote(raw)} is not a positive whole number of MB; set it to one, "
-                f"at most {MAX_MB:,} (1 TiB, more than any GPU holds; e.g. {var}=256), or unset "
-                f"it for the default of {buffer.default_mb}",
-                setting=var,
-                value=raw,
-                expects=expects,
-                fix=f"unset {var} for the default of {buffer.default_mb}",
-            )
-        )
-    value = int(digits) if len(digits) <= MAX_DIGITS else None
-    if value is None or not 0 < value <= MAX_MB:
-        size = number_text(value) if value is not None else f"<a number of {len(digits):,} digits>"
-        raise ResourceConfigError(
-            Problem(
-                f"{var}={size} MB is "
-                + (
-                    "not positive"
-                    if value == 0
-                    else f"more than {MAX_MB:,} (1 TiB, more than any GPU holds)"
-                )
-                + f"; set it to a whole number of MB from 1 to {MAX_MB:,} (e.g. {var}=256), or "
-                f"unset it for the default of {buffer.default_mb}",
-                setting=var,
-                value=raw,
-                expects=expects,
-                fix=f"unset {var} for the default of {buffer.default_mb}",
-            )
-        )
-    return Floor(value, "env", var)
+    return Floor(read_mb(var, raw, buffer), "env", var)
 
 
 def number_text(value: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,10 +21,9 @@ __all__ = ["MAX_NAME", "bounds", "expects", "name_problem", "problems"]
 
 MAX_NAME = 128
 """The most characters an owner or a label may have: each is printed in every table row, log line
-and error that names a workspace; a longer one is a mistake (seen: a 5 MB owner made a 5 MB-wide
-table)."""
+and error that names a workspace."""
 
-_BOUNDS = ("gt", "ge", "lt", "le")
+_BOUNDS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le}
 
 
 def bounds(expects: str, **limits: float) -> dict[str, Any]:
@@ -35,8 +35,7 @@ def bounds(expects: str, **limits: float) -> dict[str, Any]:
 
 
 def _text(number: float) -> str:
-    """A bound or a value as a message writes it: a whole number with thousands separators (one
-    too long to read by its count of digits), any other as Python writes it."""
+    """A bound or a value as a message writes it: a whole number with thousands separators."""
     if isinstance(number, int) and not isinstance(number, bool):
         return number_text(number)
     return repr(number)
@@ -61,34 +60,20 @@ def expects(field: dataclasses.Field[Any]) -> str | None:
     return f"{field.metadata['expects']}, {bounds}" if bounds else str(field.metadata["expects"])
 
 
-def _within(value: float, metadata: Mapping[str, Any]) -> bool:
-    if not math.isfinite(value):
-        return False
-    return all(
-        (
-            ("gt" not in metadata or value > metadata["gt"]),
-            ("ge" not in metadata or value >= metadata["ge"]),
-            ("lt" not in metadata or value < metadata["lt"]),
-            ("le" not in metadata or value <= metadata["le"]),
-        )
-    )
-
-
 def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
     """One sentence for each bounded field of the dataclass ``schema`` whose value in ``values``
-    (an instance, or a mapping such as a DictConfig) is out of its bounds, in field order. A
-    null value is not checked: the field's type says whether null is allowed."""
+    (an instance, or a mapping such as a DictConfig) is out of its bounds, in field order; a null
+    is the field type's business."""
     found: list[str] = []
     for field in dataclasses.fields(schema):
-        if not any(bound in field.metadata for bound in _BOUNDS):
-            continue
+        limits = {name: field.metadata[name] for name in _BOUNDS if name in field.metadata}
         value = values[field.name] if isinstance(values, Mapping) else getattr(values, field.name)
-        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        if not limits or isinstance(value, bool) or not isinstance(value, int | float):
             continue
         setting, bounds = f"{prefix}{field.name}", _bounds_text(field.metadata)
         if not math.isfinite(value):
             text = f"{setting}={value!r} is not a finite number; it must be {bounds}"
-        elif not _within(value, field.metadata):
+        elif not all(_BOUNDS[name](value, limit) for name, limit in limits.items()):
             text = f"{setting}={_text(value)} must be {bounds}"
         else:
             continue

@@ -1,3 +1,2 @@
-"""The apps: the dry run (``mstar-resources``), calibration's command line, and what every app of
-the library is built on (``hydra_app``). Nothing in the core, the config layer or the engines'
-plugins imports them."""
+"""The apps: the dry run (``mstar-resources``), calibration's command line, and ``hydra_app``,
+which both are built with. Nothing below them imports them."""

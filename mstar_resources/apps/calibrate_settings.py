@@ -1,5 +1,4 @@
-"""``mstar-resources-calibrate``'s settings, the schema of its primary config
-(``mstar_resources_calibrate.yaml``); see :mod:`mstar_resources.apps.settings`."""
+"""``mstar-resources-calibrate``'s settings, the schema of its primary config."""
 
 from __future__ import annotations
 
@@ -22,9 +21,7 @@ class CalibrateSettings(ComposedTree):
     device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
     """The GPU to plan on."""
     output_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
-    """Where ``<deployment>_calibrated.yaml`` (or ``_recalibrated``) goes (made if missing); null:
-    beside the deployment where it is one of a ``--config-dir`` (whose ``deployment/`` folder
-    must hold it: the file lists it under its defaults), else ``calibrated/deployment`` under the
-    working directory, found with ``--config-dir calibrated``."""
+    """Where ``<deployment>_calibrated.yaml`` goes (made if missing); null: beside a deployment of
+    a ``--config-dir`` (the file lists it under its defaults), else ``calibrated/deployment``."""
     progress: bool = field(default=True, metadata={"expects": "true or false"})
     """Show a progress bar on stderr."""

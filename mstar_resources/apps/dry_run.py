@@ -1,12 +1,7 @@
 """``mstar-resources``: compose the resource tree, resolve it, and print what it reserves.
 
-A Hydra app over ``pkg://mstar_resources.conf`` (primary config ``mstar_resources.yaml``). On the
-CPU it is a dry run that allocates nothing and imports no FlashInfer; ``device=cuda`` (or
-``cuda:N``) also makes every declared workspace and reports what the GPU then holds.
-
-Its settings are typed by ``settings.DryRunSettings``. Bad input, Hydra's own compose errors
-included, ends in one paragraph on stderr and exit status 2 (see ``hydra_app.py``);
-``HYDRA_FULL_ERROR=1`` gives the full traceback instead. The dry run imports no torch.
+On the CPU a dry run that imports no torch; ``device=cuda`` (or ``cuda:N``) also makes every
+declared workspace and reports what the GPU then holds.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """Hydra apps that end a user's mistake in one paragraph on stderr, status 2 (``HYDRA_FULL_ERROR=1``
 keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1.
 
-Each run is composed first with Hydra's Compose API, on the search path ``@hydra.main`` builds, so
-that a compose error is an exception to explain (:mod:`mstar_resources.compose`). A
-``compose_once`` app (its configs set no log files and no output folders) runs on that config; a
-run with a flag (``--help``, ``--cfg job``), and any other app, go on to ``@hydra.main``."""
+Each run is first composed with the Compose API, so a compose error is an exception to explain
+(:mod:`mstar_resources.compose`); a ``compose_once`` app (no log files, no output folders) runs on
+that config, and a run with a flag (``--help``, ``--cfg job``) or any other app goes on to
+``@hydra.main``."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import importlib.metadata
 import os
@@ -18,7 +17,6 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import hydra
-import yaml
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
@@ -27,7 +25,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..compose import (
     COMPOSE_ERRORS,
     SHIPPED_CONF,
-    ComposedTree,
     Composition,
     group_options,
     hydra_on,
@@ -75,11 +72,20 @@ def hydra_app(
     command: str | None = None, version: str | Callable[[], str] | None = None,
     settings: type | None = None,
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:  # fmt: skip
-    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name`` (as for
-    ``@hydra.main``). ``prog`` starts each error line; ``command``, how a user runs the app, is
-    named for ``--help``; ``--version`` prints ``version`` (or what it returns), else the
-    mstar-resources the app was built with; ``settings``, the app's own settings, are registered
-    (:func:`register_settings`) when it runs, so that no other app's ConfigStore holds them."""
+    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``.
+
+    Parameters
+    ----------
+    prog
+        What starts each error line.
+    command
+        How a user runs the app, named with ``--help`` (default ``prog``).
+    version
+        What ``--version`` prints (or a function that returns it); default: the mstar-resources
+        the app was built with.
+    settings
+        The schema of the app's own settings, registered (:func:`register_settings`) as it runs.
+    """
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -116,7 +122,9 @@ def hydra_app(
                      "lists, as mstar-resources-calibrate writes it) and give that "
                      "folder")  # fmt: skip
             line.config_dir = config_dirs[0] if config_dirs else None
-            on = Composition(config_name, line.overrides, line.config_dir, line.config_name)
+            on = Composition(
+                config_name, line.overrides, line.config_dir, line.config_name, settings
+            )
             refusal = _refusal(line, on, prog, invoked, compose_once, config_name)
             if refusal is not None:
                 fail(prog, refusal)
@@ -124,8 +132,7 @@ def hydra_app(
                      if v and k not in ("overrides", "config_dir", "config_name")]  # fmt: skip
             try:
                 with hydra_on(line.config_path or config_path, run):
-                    problem = (_config_dir_problem(line, on) or _group_value_problem(on)
-                               or _app_settings_in_deployment(on, settings))  # fmt: skip
+                    problem = _config_dir_problem(line, on) or _group_value_problem(on)
                     if problem is not None:
                         raise ResourceConfigError(problem)
                     if not line.shell_completion:  # its overrides are no config's
@@ -169,8 +176,7 @@ def _refusal(
     line: argparse.Namespace, on: Composition, prog: str, invoked: str, compose_once: bool,
     config_name: str,
 ) -> str | None:  # fmt: skip
-    """What in the command line ``line`` the app does not run, found before anything is
-    composed."""
+    """What in the command line ``line`` the app does not run, found before composing."""
     config_dir = line.config_dir
     if config_dir is not None and not os.path.isdir(config_dir):
         what = "a file" if os.path.exists(config_dir) else "not there"
@@ -270,30 +276,10 @@ def _group_value_problem(on: Composition) -> str | None:
     return None
 
 
-def _app_settings_in_deployment(on: Composition, settings: type | None) -> str | None:
-    """The deployment file the overrides pick, where it sets one of the app's ``settings``, which
-    its primary config would override (a file Hydra cannot read is Hydra's to report)."""
-    path = on.deployment_file()
-    if path is None or not dataclasses.is_dataclass(settings):
-        return None
-    tree = [field.name for field in dataclasses.fields(ComposedTree)]
-    taken = {field.name for field in dataclasses.fields(settings)} - set(tree)
-    try:
-        body = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    extra = [key for key in (body if isinstance(body, dict) else {}) if key in taken]
-    return None if not extra else (
-        f"{DEPLOYMENT_GROUP}={path.stem} ({path}) sets {', '.join(map(str, extra))}, the "
-        "app's own settings, which its primary config would override without a word: give "
-        f"them on the command line ({extra[0]}=...), and declare only {', '.join(tree)} in a "
-        "deployment; take them out of the file")  # fmt: skip
-
-
 def register_options_resolver(config_name: str) -> None:
-    """Register, for the help template of the primary config ``config_name``,
-    ``${mstar_resources.options:GROUP[,KEY]}`` (a group's options, or those whose config sets KEY)
-    and ``${mstar_resources.shown:VALUE}``; an app on plain ``@hydra.main`` calls it first."""
+    """Register ``${mstar_resources.options:GROUP[,KEY]}`` (a group's options, or those whose
+    config sets KEY) and ``${mstar_resources.shown:VALUE}`` for the help template of the primary
+    config ``config_name``; an app on plain ``@hydra.main`` calls it first."""
 
     def sets(group: str, option: str, key: str) -> bool:  # the config with group=option sets key
         try:

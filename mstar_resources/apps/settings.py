@@ -1,14 +1,5 @@
-"""The dry run's settings.
-
-Each app's settings are the schema of its primary config, extend the composed tree
-(:class:`~mstar_resources.compose.ComposedTree`) and sit beside the app
-(``calibrate_settings.py``). Each app registers its own in Hydra's ConfigStore when it runs, as
-``<primary config>_settings`` (``mstar_resources_settings``,
-``mstar_resources_calibrate_settings``: see ``hydra_app.hydra_app``), and its
-primary config in ``conf/`` lists it first, so a bad value (``format=xml``, ``margin=lots``) or a
-misspelled setting fails while Hydra composes, naming the key. Each field's ``expects`` is how an
-error says what it takes.
-"""
+"""The dry run's settings: the schema of its primary config, registered as
+``mstar_resources_settings`` when it runs (``hydra_app``), so a bad value fails at compose."""
 
 from __future__ import annotations
 

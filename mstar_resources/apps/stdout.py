@@ -9,36 +9,18 @@ import errno
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any, NoReturn, TextIO, cast
+from typing import Any, TextIO, cast
 
-__all__ = ["StdoutFailed", "guarded_stdout"]
+__all__ = ["guarded_stdout"]
 
 
-class StdoutFailed(BaseException):
-    """stdout refused what was written (``error``): a BaseException, so that it passes the app's
-    own handlers and Hydra's, which catch ``Exception``."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__()
-        self.error = error
-
-    def end(self, prog: str) -> NoReturn:
-        """End the process as the module's docstring says."""
-        _stdout_to_devnull()
-        if isinstance(self.error, BrokenPipeError):
-            # The reader went away (`| head`): what it read was all it wanted.
-            raise SystemExit(0) from None
-        print(
-            f"{prog}: error: stdout can't take the output ({self.error.strerror}); send it to a "
-            "file or pipe that can, e.g. > output.txt",
-            file=sys.stderr,
-        )
-        raise SystemExit(2) from None
+class _StdoutFailed(BaseException):
+    """stdout refused a write (``args[0]``, the OSError): a BaseException, so that it passes the
+    handlers of the app and of Hydra, which catch ``Exception``."""
 
 
 class _Stdout:
-    """``sys.stdout`` while an app runs: a write or flush that fails raises :class:`StdoutFailed`,
-    so that the entry point tells stdout's failures from the app's other ``OSError``\\ s."""
+    """``sys.stdout``, whose failing writes and flushes raise :class:`_StdoutFailed`."""
 
     def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream  # None where Python started with file descriptor 1 closed
@@ -63,26 +45,14 @@ class _Stdout:
         try:
             yield
         except OSError as error:
-            raise StdoutFailed(error) from error
-
-
-def _stdout_to_devnull() -> None:
-    """What is left in stdout's buffer goes nowhere at interpreter exit, rather than failing
-    again there: Python's own advice for a closed pipe (the ``signal`` module's notes on
-    SIGPIPE). Called only on the way out of a process whose stdout failed."""
-    if sys.stdout is not None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, sys.stdout.fileno())
-        finally:
-            os.close(devnull)
+            raise _StdoutFailed(error) from error
 
 
 @contextlib.contextmanager
 def guarded_stdout(prog: str) -> Iterator[None]:
-    """``sys.stdout`` as :class:`_Stdout` inside, flushed on the way out (a closed pipe shows
-    here, not at interpreter exit), and as it was after; a failure of stdout ends the process as
-    the module's docstring says."""
+    """``sys.stdout`` guarded inside, flushed on the way out (so a closed pipe shows here, not at
+    interpreter exit), and as it was after; a failure of stdout ends the process as the module's
+    docstring says."""
     stream = sys.stdout
     sys.stdout = cast(TextIO, _Stdout(stream))
     try:
@@ -92,8 +62,20 @@ def guarded_stdout(prog: str) -> Iterator[None]:
             sys.stdout.flush()
             raise
         sys.stdout.flush()
-    except StdoutFailed as failed:
+    except _StdoutFailed as failed:
         sys.stdout = stream
-        failed.end(prog)
+        if stream is not None:  # what is left in its buffer goes nowhere at exit (Python's advice)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        error = failed.args[0]
+        if isinstance(error, BrokenPipeError):  # the reader read all it wanted
+            raise SystemExit(0) from None
+        print(
+            f"{prog}: error: stdout can't take the output ({error.strerror}); send it to a file "
+            "or pipe that can, e.g. > output.txt",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
     finally:
         sys.stdout = stream
