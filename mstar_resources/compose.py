@@ -300,8 +300,13 @@ class Composition:
             configs = [c for c in self.options("") if c == self.config_name or c in mine]
             if name.removesuffix(".yaml") not in configs:  # not there, or another app's
                 return compose_errors.not_a_primary_config(name, configs)
-        if isinstance(error, UnicodeDecodeError):  # a file other than the deployment's
-            return f"a config file is not UTF-8 text ({error.reason}); save it as UTF-8"
+        if isinstance(error, UnicodeDecodeError) and self.folder:  # not the deployment's file
+            for path in sorted(self.folder.rglob("*.yaml")):
+                data = path.read_bytes() if path.is_file() else b""  # no FIFO, device or folder
+                try:
+                    data.decode("utf-8")
+                except UnicodeDecodeError as found:
+                    return compose_errors.not_utf8(path, data, found)
         if isinstance(error, HydraException | OmegaConfBaseException):
             return compose_errors.explain(error, self.deployment_file())
         if type(error) is ValueError:  # OmegaConf's int() of a list's index

@@ -89,6 +89,16 @@ def test_odd_files_beside_a_file_that_is_not_utf8_are_never_read(tmp_path, odd):
     assert_one_paragraph(done, PROG, f"{mine} is not UTF-8 text", "line 2")
 
 
+def test_another_config_file_that_is_not_utf8_is_named(tmp_path):
+    """A deployment whose defaults list composes a file that is not UTF-8: that file is named,
+    with the byte's line."""
+    folder = config_dir(tmp_path, "c", "# @package _global_\ndefaults:\n  - other\n")
+    (folder / "deployment" / "other.yaml").write_bytes(b"# @package _global_\n# caf\xe9\n")
+    done = run_app("--config-dir", "c", "deployment=mine", cwd=tmp_path)
+    other = folder.resolve() / "deployment" / "other.yaml"
+    assert_one_paragraph(done, PROG, f"{other} is not UTF-8 text", "line 2")
+
+
 @pytest.mark.parametrize("odd", ODD)
 def test_a_deployment_that_is_no_regular_file_is_refused_unread(tmp_path, odd):
     (tmp_path / "c" / "deployment").mkdir(parents=True)
