@@ -245,20 +245,19 @@ class WorkspacePool:
         """Agree with ``group`` while no plan can grow a workspace here (a growth after the sizes
         are gathered would leave this rank at a size the others never saw). If it fails,
         nothing is sealed and plans may grow again."""
-        with self._lock:
-            self._sealing = True
-            workspaces = list(self._workspaces.values())
-        for workspace in workspaces:
-            workspace._refuse_growth()
+        self._set_sealing(True)
         try:
             self._agree(group)
         except BaseException:
-            with self._lock:
-                self._sealing = False
-                workspaces = list(self._workspaces.values())
-            for workspace in workspaces:
-                workspace._refuse_growth(False)
+            self._set_sealing(False)
             raise
+
+    def _set_sealing(self, sealing: bool) -> None:
+        with self._lock:
+            self._sealing = sealing
+            workspaces = list(self._workspaces.values())
+        for workspace in workspaces:
+            workspace._refuse_growth(sealing)
 
     def _agree(self, group: ProcessGroup) -> None:
         import torch.distributed as dist
