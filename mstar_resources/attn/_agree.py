@@ -1,19 +1,18 @@
 """Agreeing on a pool across the ranks of a torch.distributed group, before it is sealed.
 
 Ranks see different batches (data-parallel attention, uneven micro-batches), so a workspace can
-grow on one rank and not on another. Engines size the KV cache from the smallest free memory of
-any rank, so the largest rank's growth is lost on every rank anyway; agreeing makes it visible and
-symmetric: every rank ends with the same keys, each as large as the largest any rank holds.
+grow on one rank and not another. Engines size the KV cache from the smallest free memory of any
+rank, so that growth is lost on every rank anyway; agreeing makes it visible and symmetric: every
+rank ends with the same keys, each as large as the largest any rank holds.
 
-Two ``all_gather_object`` calls on the group's own backend (gloo on CPUs, NCCL on GPUs: there,
-each rank must have set its CUDA device), at seal time only:
+Two ``all_gather_object`` calls on the group's own backend (NCCL needs each rank's CUDA device
+set), at seal time only:
 
-1. every rank's pool identity (owner, config key, served keys) and the bytes of each workspace it
-   made. Pools that differ fail on every rank alike, since every rank sees the same gathered
-   list: none waits for another.
+1. every rank's pool identity and the bytes of each workspace it made. Pools that differ fail on
+   every rank alike, since every rank sees the same gathered list: none waits for another.
 2. after each rank made what it lacked and grew to the agreed sizes, whether it could. A rank
-   that could not raises its own error (``WorkspaceGrowthError``: its buffers kept, intact) and
-   every other rank raises ``WorkspaceAgreementError`` naming it; then no rank seals.
+   that could not raises its own error and every other rank a ``WorkspaceAgreementError`` naming
+   it; then no rank seals.
 """
 
 from __future__ import annotations
@@ -37,9 +36,8 @@ Identity = tuple[str, str | None, tuple[Key, ...] | None]
 def gather_held(
     identity: Identity, held: Mapping[Key, int], group: ProcessGroup
 ) -> dict[int, dict[Key, int]]:
-    """Step 1: every rank's bytes of each workspace, by rank, from this rank's pool ``identity``
-    and the bytes it ``held``; raises on every rank alike when the ranks are sealing different
-    pools."""
+    """Step 1: each rank's ``held`` bytes by key, by rank; raises on every rank alike when the
+    ranks' pool ``identity`` differs."""
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     gathered: list[tuple[int, Identity, dict[Key, int]] | None] = [None] * ranks
     dist.all_gather_object(gathered, (rank, identity, dict(held)), group=group)
@@ -74,9 +72,9 @@ def share_outcome(
     every_held: Mapping[int, Mapping[Key, int]],
     group: ProcessGroup,
 ) -> None:
-    """Step 2, once this rank made and grew what it lacked: tell every rank whether it could. A
-    rank that could not raises its own ``failure``; the others raise one naming it, holding the
-    error it raised (pickled whole, with its fields) in ``errors``."""
+    """Step 2: tell every rank whether this one could make and grow what it lacked. A rank that
+    could not raises its own ``failure``; the others raise one naming it, with its error (pickled
+    whole, with its fields) in ``errors``."""
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     outcomes: list[tuple[int, Exception | None] | None] = [None] * ranks
     dist.all_gather_object(outcomes, (rank, _picklable(failure)), group=group)
@@ -95,9 +93,8 @@ def share_outcome(
 
 
 def _picklable(error: Exception | None) -> Exception | None:
-    """``error`` as it is where it comes back whole from a pickle (this library's errors do,
-    with their fields); else a ``RuntimeError`` with its type and text, so that no rank fails to
-    read what another sent."""
+    """``error`` where it survives a pickle whole (this library's errors do), else a
+    ``RuntimeError`` with its type and text, so no rank fails to read what another sent."""
     if error is None:
         return None
     try:
@@ -108,7 +105,6 @@ def _picklable(error: Exception | None) -> Exception | None:
 
 
 def describe(identity: Identity) -> str:
-    """A pool in words, by its identity."""
     owner, config_key, _ = identity
     return f"pool {owner!r}" + (f" ({config_key})" if config_key else "")
 

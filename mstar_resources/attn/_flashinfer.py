@@ -1,11 +1,9 @@
 """Every name of FlashInfer's private surface this library relies on, in one place.
 
 FlashInfer's wrappers keep their buffers in private attributes, and calibration reads a private
-exception type and the installed headers. Each name below says the FlashInfer versions it was read
-in; a FlashInfer bump means re-reading this module and nothing else. (The text of FlashInfer's
-overflow error, which growth parses, is in ``_overflow.py``, with the versions of its two forms.)
-Nothing here imports FlashInfer (the attributes are read off the wrappers an engine built), nor
-torch at import: calibration's torch-free checks read the headers through it.
+exception type and the installed headers. Each name says the versions it was read in; a FlashInfer
+bump means re-reading this module and ``_overflow.py`` (the overflow text). Nothing here imports
+FlashInfer, nor torch at import: calibration's torch-free checks read the headers through it.
 """
 
 from __future__ import annotations
@@ -66,9 +64,8 @@ kernels are compiled for, one ``group_size == N`` case each (0.6.6, 0.7.4)."""
 
 
 def own_buffers(wrapper: Any) -> dict[str, Any] | None:
-    """``wrapper``'s attributes, where it keeps an int workspace and a host mirror of its own as
-    FlashInfer's wrappers do; None where it keeps none (a cascade wrapper, FlashInfer 0.7's MLA
-    wrapper before its first plan)."""
+    """``wrapper``'s attributes, where it keeps an int workspace and host mirror; None where it
+    keeps none (a cascade wrapper, FlashInfer 0.7's MLA wrapper before its first plan)."""
     import torch
 
     own = getattr(wrapper, "__dict__", None)
@@ -82,11 +79,8 @@ def own_buffers(wrapper: Any) -> dict[str, Any] | None:
 
 
 def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:
-    """The attributes of ``wrapper`` holding a tensor that shares ``tensor``'s memory but is not
-    ``tensor`` itself: a view taken of the buffer, say at construction. Such a view keeps the old
-    memory when the workspace grows in place (``tensor`` moves onto a new block, the view does
-    not), so a wrapper holding one cannot plan on a growable workspace. [] where it holds none,
-    and on the meta device, where no tensor has memory to share."""
+    """The attributes of ``wrapper`` holding a view of ``tensor``'s memory other than ``tensor``
+    itself, which growth would leave on the old block ([] on the meta device: no memory)."""
     import torch
 
     if tensor.device.type == "meta":
@@ -106,10 +100,8 @@ def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:
 
 
 def refresh_recorded_size(attributes: dict[str, Any], tensor: torch.Tensor) -> None:
-    """Bring a wrapper (its ``attributes``, its ``__dict__``) up to date with its float buffer's
-    size (:data:`RECORDED_SIZE`), where it records one and plans on ``tensor``; others are left
-    alone. Called once a workspace has grown, possibly through another wrapper: the recorded
-    figure would otherwise understate the buffer."""
+    """Set a wrapper's :data:`RECORDED_SIZE` (its ``__dict__``: ``attributes``) to ``tensor``'s
+    size where it records one and plans on ``tensor``, lest it understate a grown buffer."""
     recorded = attributes.get(RECORDED_SIZE)
     if is_int(recorded) and attributes.get(FLOAT_BUFFER) is tensor:
         now = tensor.numel()
@@ -118,8 +110,7 @@ def refresh_recorded_size(attributes: dict[str, Any], tensor: torch.Tensor) -> N
 
 
 def refusals() -> tuple[type[BaseException], ...]:
-    """The exception types by which the installed FlashInfer refuses a shape (:data:`REFUSAL`;
-    none where it has no such type)."""
+    """The installed FlashInfer's :data:`REFUSAL` type, if it has one."""
     module, name = REFUSAL
     try:
         refusal = getattr(importlib.import_module(module), name)

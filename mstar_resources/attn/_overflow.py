@@ -1,26 +1,22 @@
-"""Reading FlashInfer's report that a plan ran out of a workspace: the float one or the int one.
+"""Reading FlashInfer's report that a plan ran out of a workspace, float or int.
 
 FlashInfer's ``AlignedAllocator`` (``include/flashinfer/allocator.h``) throws when a plan's scratch
-does not fit, and the error reaches Python as a plain ``RuntimeError`` whose text is all there is
-to go on. Two forms exist:
+does not fit, as a plain ``RuntimeError`` whose text is all there is to go on, in two forms:
 
 - since 0.2.9: ``Buffer overflow when allocating memory for NAME with size N and alignment A, but
   only R bytes available in AlignedAllocator. ...``
 - before 0.2.9: ``Failed to allocate memory for NAME with size N and alignment A in
   AlignedAllocator``
 
-The same allocator serves the int workspace. Float allocations hold split-KV partial results and
-are named for them (``batch_decode_tmp_v``, ``batch_prefill_tmp_s``, ``mla_partial_o``,
-``holistic_partial_lse``, ...); every other name is an int allocation, holding a plan's indices
-(``batch_decode_request_indices``, ``batch_prefill_o_indptr``, ...). :attr:`Overflow.kind` says
-which buffer ran short.
+Float allocations hold split-KV partials and are named for them (``batch_decode_tmp_v``,
+``mla_partial_o``, ``holistic_partial_lse``, ...); every other name is an int allocation, holding a
+plan's indices (``batch_decode_request_indices``, ...).
 
-In 0.7.4 (not yet in 0.7.2.post1) the MLA wrapper's ``fa2`` and ``fa3`` backends check the whole
-float workspace before they plan (``flashinfer/mla/_batch_mla/_backends/_fa_common.py``), so an
-MLA plan that does not fit raises a ``ValueError`` instead, naming the bytes of both partial
-buffers together:
-``fa2 MLA needs N float workspace bytes for partial outputs and LSE.`` Under ``backend="auto"``
-each backend tried says so in one message; the plan needs the most any of them asked for.
+In 0.7.4 (not 0.7.2.post1) the MLA wrapper's ``fa2`` and ``fa3`` backends check the whole float
+workspace before they plan (``flashinfer/mla/_batch_mla/_backends/_fa_common.py``) and raise a
+``ValueError`` naming both partial buffers' bytes together: ``fa2 MLA needs N float workspace
+bytes for partial outputs and LSE.`` Under ``backend="auto"`` each backend tried says so in one
+message; the plan needs the most any of them asked for.
 """
 
 from __future__ import annotations
@@ -64,11 +60,8 @@ class Overflow:
     """Which workspace ran short: ``float`` (split-KV partials) or ``int`` (a plan's indices)."""
 
     def bytes_needed(self, buffer_bytes: int) -> int:
-        """The buffer size at which this allocation fits, in a buffer of ``buffer_bytes``.
-
-        Without ``available`` the bytes already taken are unknown, and the whole buffer is the
-        bound on them.
-        """
+        """The buffer size at which this allocation fits, in a buffer of ``buffer_bytes``; without
+        ``available``, the whole buffer bounds the bytes already taken."""
         if self.whole_buffer:
             return self.size
         taken = buffer_bytes if self.available is None else buffer_bytes - self.available
@@ -76,8 +69,7 @@ class Overflow:
 
 
 def parse_overflow(error: BaseException) -> Overflow | None:
-    """The workspace overflow ``error`` reports (float or int), or None if it reports anything
-    else."""
+    """The workspace overflow ``error`` reports (float or int), or None."""
     text = str(error)
     asked = [int(m["size"]) for m in _MLA_PREFLIGHT.finditer(text)]
     if asked:
@@ -93,10 +85,3 @@ def parse_overflow(error: BaseException) -> Overflow | None:
         available = None
     kind: Literal["float", "int"] = "float" if _FLOAT_ALLOCATION.search(allocation) else "int"
     return Overflow(allocation, int(size), int(alignment), available, kind=kind)
-
-
-def parse_float_overflow(error: BaseException) -> Overflow | None:
-    """The float-workspace overflow ``error`` reports, or None if it reports anything else (an
-    int-workspace overflow included)."""
-    overflow = parse_overflow(error)
-    return overflow if overflow is not None and overflow.kind == "float" else None

@@ -1,7 +1,6 @@
-"""One growable buffer of a workspace: its tensor, moved in place onto a larger block when a plan
-overflows it, and never again once sealed; its growth history; its refusals. A float workspace
-holds one (:class:`~mstar_resources.attn.workspace.Workspace`), an int workspace one with its
-host mirror (:class:`~mstar_resources.attn.int_workspace.IntWorkspace`)."""
+"""The growable buffer a float workspace holds, and an int workspace holds with its host mirror:
+its tensor, moved in place onto a larger block when a plan overflows it and never once sealed,
+its growth history and its refusals."""
 
 from __future__ import annotations
 
@@ -29,12 +28,10 @@ logger = logging.getLogger("mstar_resources.attn.workspace")
 class WorkspaceGrowthError(WorkspaceShortError, torch.OutOfMemoryError):
     """A workspace could not get the memory it needed; it keeps its old buffer, intact and usable.
 
-    Raised only when the allocator ran out of memory (``torch.OutOfMemoryError``, or the CPU
-    allocator's failure to allocate): any other error while growing reaches the caller unchanged.
-    Also a ``torch.OutOfMemoryError``, so an engine's out-of-memory handling still catches it.
-    Fields: those of :class:`WorkspaceShortError` (``workspace``: its name, or the pool's name for
-    the workspace it could not make; ``held_bytes``: what it keeps; ``needed_bytes``: what it
-    asked for; ``setting``: reserving it up front, or lowering it, is the fix).
+    Raised only when the allocator ran out (any other error while growing reaches the caller
+    unchanged), and a ``torch.OutOfMemoryError`` too, so an engine's out-of-memory handling still
+    catches it. Fields: :class:`WorkspaceShortError`'s (``held_bytes``: what it keeps; ``setting``:
+    reserving it up front, or lowering it, is the fix).
     """
 
 
@@ -93,12 +90,9 @@ class WorkspaceStats:
 
 
 class GrowableBuffer:
-    """A workspace's device buffer: ``tensor`` keeps its identity while it grows, so every wrapper
-    built on it sees the larger buffer; once sealed it never moves. An int workspace's has a
-    ``mirror`` on the host of as many bytes, which grows with it.
-
-    Every change of size or state is made under :attr:`lock`, so a buffer sealed while a plan
-    runs never moves.
+    """A workspace's device buffer: ``tensor`` keeps its identity while it grows, and never moves
+    once sealed; an int workspace's has a host ``mirror`` of as many bytes, grown with it. Every
+    change of size or state is made under :attr:`lock`, so one sealed while a plan runs never moves.
     """
 
     def __init__(
@@ -131,16 +125,15 @@ class GrowableBuffer:
                 f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
             )
         self.tensor = tensor
-        self.nbytes = tensor.numel()
-        """Bytes it holds now (``tensor``'s, kept as a number for the plan's check)."""
+        self.nbytes = tensor.numel()  # tensor's, kept as a number for the plan to read
         self.name = name
         self.sealed = sealed
         self.floor = floor
         self.kind = kind
+        # An int workspace's pageable host mirror (IntWorkspace says why pageable).
         self.mirror: torch.Tensor | None = (
             torch.zeros(tensor.numel(), dtype=torch.uint8) if kind is INT else None
         )
-        """An int workspace's pageable host mirror (:class:`IntWorkspace` says why pageable)."""
         self.floor_bytes = tensor.numel()
         self.lock = threading.Lock()
         self._growth_refused = False  # its group is agreeing: plans may no longer grow it
@@ -154,8 +147,8 @@ class GrowableBuffer:
             self.sealed = True
 
     def refuse_growth(self, refused: bool = True) -> None:
-        """From now on (``refused``) a plan's overflow is refused as if sealed, while the ranks
-        agree on sizes; ``refused=False`` lets plans grow it again (the agreement failed)."""
+        """Refuse a plan's overflow as if sealed while the ranks agree on sizes (``refused``), or
+        let plans grow it again (the agreement failed)."""
         with self.lock:
             self._growth_refused = refused
 
@@ -215,8 +208,8 @@ class GrowableBuffer:
             return added
 
     def sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceSealedError:
-        """The refusal of a sealed buffer to fit ``overflow`` (``whole``: what the whole plan
-        needs, where FlashInfer's ``workspace_size()`` said), counted in its stats."""
+        """A sealed buffer's refusal of ``overflow``, counted in its stats (``whole``: what the
+        whole plan needs, where FlashInfer's ``workspace_size()`` said)."""
         self._sealed_refusals += 1
         have = self.tensor.numel()
         need = overflow.bytes_needed(have)
@@ -242,7 +235,6 @@ class GrowableBuffer:
         )
 
     def refusal(self, message: str, needed: int) -> WorkspaceSealedError:
-        """A sealed buffer's refusal of ``needed`` bytes, with its figures."""
         return WorkspaceSealedError(
             message,
             workspace=self.name,
@@ -262,9 +254,9 @@ class GrowableBuffer:
         )
 
     def _resize(self, need: int, cause: str) -> int:
-        """Move onto a buffer of ``need`` bytes, old bytes kept and the tail zeroed, the mirror
-        with it; returns the bytes added (0 if it holds that many already). If any cannot be
-        had, all keep their buffers. The caller holds the lock."""
+        """Move onto ``need`` bytes, old bytes kept and the tail zeroed, the mirror with it, under
+        the caller's lock; returns the bytes added (0: it holds that many). If either cannot be
+        had, both keep their buffers."""
         have = self.tensor.numel()
         if have >= need:
             return 0
@@ -275,32 +267,31 @@ class GrowableBuffer:
                 f"{have:,}-byte buffer. The plan's arguments are likely wrong",
                 needed=need,
             )
-        grown_mirror = None
-        if self.mirror is not None:
+
+        def allocate(device: torch.device | None, failed: str) -> torch.Tensor:
             try:
-                grown_mirror = torch.empty(need, dtype=torch.uint8)
+                return torch.empty(need, dtype=torch.uint8, device=device)
             except RuntimeError as error:
                 if not is_out_of_memory(error):
                     raise
-                raise self._growth_refusal(
-                    f"int workspace {self.name!r}: could not grow its host mirror from {have:,} "
-                    f"to {need:,} bytes for {cause}; both keep their {have:,}-byte buffers. "
-                    f"Set {self.floor} so the workspace is reserved up front. ({error})",
-                    needed=need,
-                ) from error
-        try:
-            # A failed resize_() leaves the tensor claiming storage it does not have, so the
-            # new buffer is made whole before the tensor moves onto it.
-            grown = torch.empty(need, dtype=torch.uint8, device=self.tensor.device)
-        except RuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            raise self._growth_refusal(
-                f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
-                f"{cause}; it keeps its {have:,}-byte buffer. Free device memory, or set "
-                f"{self.floor} so the workspace is reserved up front. ({error})",
-                needed=need,
-            ) from error
+                raise self._growth_refusal(f"{failed} ({error})", needed=need) from error
+
+        grown_mirror = None
+        if self.mirror is not None:
+            grown_mirror = allocate(
+                None,
+                f"int workspace {self.name!r}: could not grow its host mirror from {have:,} to "
+                f"{need:,} bytes for {cause}; both keep their {have:,}-byte buffers. Set "
+                f"{self.floor} so the workspace is reserved up front.",
+            )
+        # A failed resize_() leaves the tensor claiming storage it does not have, so the new
+        # buffer is made whole before the tensor moves onto it.
+        grown = allocate(
+            self.tensor.device,
+            f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
+            f"{cause}; it keeps its {have:,}-byte buffer. Free device memory, or set "
+            f"{self.floor} so the workspace is reserved up front.",
+        )
         # Any error from here on (a broken CUDA context, say) is not a shortage: it reaches the
         # caller as it was raised, and the tensor has not moved.
         wait_for_every_stream(self.tensor)
@@ -319,13 +310,12 @@ class GrowableBuffer:
 
 def wait_for_every_stream(tensor: torch.Tensor) -> None:
     """Wait until no CUDA stream can still use ``tensor``'s storage, before it is copied and
-    handed back to the caching allocator.
+    handed back to the caching allocator, which knows only the stream a block was made on.
 
-    The allocator knows only the stream a block was allocated on. Work another stream queued on
-    the old buffer (an engine's second micro-batch, a copy) would otherwise land after the copy
-    (lost) or in whatever the allocator hands out next from the old block (seen on an H200: a
-    write queued behind a 1.5 s kernel on a side stream overwrote a fresh tensor of the old
-    size). Which streams used the buffer is not known here, and growth is rare (warm-up), so the
-    whole device is synchronised rather than a ``record_stream`` per stream."""
+    Work another stream queued on the old buffer (a second micro-batch, a copy) would otherwise
+    land after the copy (lost) or in what the allocator hands out next from the old block (seen on
+    an H200: a write behind a 1.5 s kernel on a side stream overwrote a fresh tensor). Which
+    streams used it is unknown here and growth is rare (warm-up), so the whole device is
+    synchronised rather than a ``record_stream`` per stream."""
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)

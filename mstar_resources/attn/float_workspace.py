@@ -1,6 +1,5 @@
-"""A FlashInfer float workspace, and the plan loop: a plan that overflows the workspace (or its
-int workspace) grows it in place and runs again; once sealed, it is refused with the setting to
-raise. ``workspace.py``'s notes say what is shared, and on what condition."""
+"""A FlashInfer float workspace and its plan loop: a plan that overflows it (or its int
+workspace) grows that buffer in place and runs again; once sealed, it is refused."""
 
 from __future__ import annotations
 
@@ -27,32 +26,30 @@ MAX_GROWTHS_PER_PLAN = 16
 """How many times one plan may grow a workspace. FlashInfer's allocations come in short chains
 (``tmp_v`` then ``tmp_s``: two growths at most seen); the bound stops a planner that never fits."""
 
+# How to make a wrapper plan on the kind of buffer it overflowed again after that buffer grew.
 BUILD_ADVICE = {
     "float": "build the wrapper on workspace.tensor (or with WorkspacePool.build)",
     "int": "give the wrapper this int workspace with WorkspacePool.install",
 }
-"""By the kind of buffer a plan overflowed again after growing it: how to make it plan there."""
 
 
 class Workspace:
     """One FlashInfer float workspace, which wrappers plan against through :meth:`plan`.
 
     A workspace starts at its floor and a plan that overflows it grows it in place: ``tensor``
-    stays the same object, so every wrapper built on it sees the larger buffer, and the workspace
-    ends as large as the largest plan made on it. Once sealed (before CUDA graphs are captured over
-    it) it never moves, and a plan that does not fit raises :class:`WorkspaceSealedError` naming
-    ``floor``, the setting that would have made room.
+    stays the same object, so every wrapper built on it sees the larger buffer. Once sealed
+    (before CUDA graphs are captured over it) it never moves, and a plan that does not fit raises
+    :class:`WorkspaceSealedError` naming ``floor``.
 
     Args:
         tensor: the buffer, 1-D ``torch.uint8``, as given to FlashInfer's wrappers.
-        name: how errors and logs refer to this workspace.
+        name: how errors and logs refer to this workspace, e.g. ``attention:decode:cg0``.
         sealed: start sealed.
-        floor: the setting (config key or environment variable) that sizes this workspace's
-            floor; errors and logs name it as the one to raise.
-        int_workspace: the int workspace the same wrappers plan their indices into (keyword
-            only). Given, a plan through :meth:`plan` that overflows it grows it too, and a
-            wrapper planning on it writes its host mirror; :meth:`seal` seals it. None:
-            each wrapper keeps the int buffer it made, and an int overflow reaches the caller.
+        floor: the setting (config key or environment variable) that sizes its floor, which
+            errors and logs name as the one to raise.
+        int_workspace: the int workspace the same wrappers plan their indices into, grown by
+            :meth:`plan` and sealed by :meth:`seal` with this one. None: each wrapper keeps its
+            own, and an int overflow reaches the caller.
     """
 
     __slots__ = ("__weakref__", "_buffer", "_by_kind", "_checked", "_int", "_routes", "_sizes")
@@ -73,18 +70,15 @@ class Workspace:
                 "(or None: each wrapper keeps its own)"
             )
         self._int = int_workspace
+        # The buffers a plan may grow, by the kind of overflow.
         self._by_kind = {"float": self._buffer}
-        """The buffers a plan through this workspace may grow, by the kind of overflow."""
         if int_workspace is not None:
             self._by_kind["int"] = int_workspace.buffer
-        # The wrappers whose attributes were checked for views of this buffer (_refuse_views).
-        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()  # wrappers _refuse_views passed
+        # Each buffer's bytes as a plan starting now sees them: replaced, never changed, at each
+        # growth, so a plan reads them once, as it starts.
         self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
-        """The bytes of each buffer, by kind, as a plan that starts now sees them: replaced,
-        never changed, at each growth, so a plan reads them once, as it starts."""
-        self._routes: dict[int, _Route] = {}
-        """By the id of each wrapper planned so far (one that takes a weak reference): a weak
-        reference to it and the int workspace's tensor (:meth:`_route`)."""
+        self._routes: dict[int, _Route] = {}  # by the id of each wrapper planned (:meth:`_route`)
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -98,17 +92,14 @@ class Workspace:
 
     @property
     def name(self) -> str:
-        """How errors and logs refer to this workspace, e.g. ``attention:decode:cg0``."""
         return self._buffer.name
 
     @property
     def sealed(self) -> bool:
-        """Whether its buffer keeps its address from now on (see :meth:`seal`)."""
         return self._buffer.sealed
 
     @property
     def floor(self) -> str:
-        """The setting that sizes this workspace's floor, which errors name as the one to raise."""
         return self._buffer.floor
 
     def __repr__(self) -> str:
@@ -116,18 +107,12 @@ class Workspace:
         return f"Workspace({self.name!r}, {self.tensor.numel()} bytes, {state})"
 
     def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``plan(*args, **kwargs)``. One that runs short of room grows this workspace to the bytes
-        it had taken plus the allocation that failed, and runs again; so does one that runs short
-        of the :attr:`int_workspace`, which grows it (and its host mirror) the same way.
-
-        MLA's check of the whole buffer before it plans (FlashInfer 0.7.4) counts as running
-        short too, and grows the workspace to what it asked for. Any other error reaches the caller
-        unchanged: an int overflow without an int workspace, or from a wrapper the library cannot
-        find planning on this one's int workspace, included (it grows nothing).
-
-        A wrapper planning on the int workspace writes its indices to the int workspace's host
-        mirror (:class:`IntWorkspace` says why one serves them all), and its plan is marked as
-        the one the int workspace holds.
+        """``plan(*args, **kwargs)``. One that runs short of room grows this workspace (or its
+        :attr:`int_workspace` and mirror) to the bytes it had taken plus the allocation that
+        failed, and runs again; MLA's check of the whole buffer (FlashInfer 0.7.4) grows it to what
+        it asked for. Any other error reaches the caller unchanged, an int overflow of a wrapper
+        not found planning on the int workspace included. A wrapper planning on the int workspace
+        writes its mirror, and its plan is marked as the one the int workspace holds.
         """
         # The common case: a wrapper planned before, a plan that fits. Beside FlashInfer's plan,
         # which leaves the host's caches cold, each object read here costs: a few are read.
@@ -159,9 +144,8 @@ class Workspace:
         self, error: Exception, call: tuple[Callable[..., T], Any, Any], route: _Route,
         attributes: dict[str, Any] | None, sizes: dict[str, int],
     ) -> T:  # fmt: skip
-        """:meth:`plan`, after its first try (of the wrapper of ``route``, whose ``attributes``
-        are given) raised ``error`` on buffers of ``sizes`` bytes (by kind): grow the buffer it
-        ran short of and plan again, until it fits (or raise)."""
+        """:meth:`plan` after its first try raised ``error`` on buffers of ``sizes`` bytes (by
+        kind): grow the buffer it ran short of and plan again, until it fits or raises."""
         plan, args, kwargs = call
         int_tensor = route.int_tensor
         wrapper = route.planner()
@@ -182,11 +166,10 @@ class Workspace:
     def _grown(
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
     ) -> None:
-        """After a growth of either buffer: the sizes the next plan sees, and every wrapper
-        planned on this workspace brought up to date with its size where it records one
-        (:func:`refresh_recorded_size`), ``plan``'s object and the wrapper of ``attributes``
-        too (planning now, perhaps not remembered). A wrapper's first plan brings it up to date
-        (:meth:`_route`), so no plan pays for it."""
+        """After a growth: the sizes the next plan sees, and the recorded size
+        (:func:`refresh_recorded_size`) of every remembered wrapper, of ``plan``'s object and of
+        the wrapper of ``attributes`` (planning now, perhaps not remembered) brought up to date.
+        A wrapper not yet planned is brought up to date at its first plan (:meth:`_route`)."""
         self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
         tensor = self._buffer.tensor
         found = [attributes, getattr(getattr(plan, "__self__", None), "__dict__", None)]
@@ -202,9 +185,9 @@ class Workspace:
         self, error: Exception, call: tuple[Callable[..., Any], Any, Any], wrapper: Any,
         seen: dict[str, int], growths: int, last: Overflow | None,
     ) -> Overflow:  # fmt: skip
-        """Grow the buffer a failed plan (``call``: the planner, its args and kwargs) ran short
-        of, and return the overflow; raise ``error`` where it is not a shortage of ours, or the
-        library's error where the buffer is sealed or growing did not help."""
+        """Grow the buffer a failed ``call`` (plan, args, kwargs) ran short of and return the
+        overflow; raise ``error`` where it is no shortage of ours, or the library's error where
+        the buffer is sealed or growing did not help."""
         overflow = parse_overflow(error)
         short = _short_of(self._by_kind, overflow, seen, wrapper)
         if short is None or overflow is None:
@@ -243,11 +226,9 @@ class Workspace:
     def _route(
         self, plan: Callable[..., Any], args: tuple[Any, ...], key: Any
     ) -> tuple[_Route, dict[str, Any] | None]:
-        """The route of the wrapper ``plan`` plans (:func:`_wrapper_of`), and the wrapper's
-        attributes (None: no wrapper found); its views refused first (:meth:`_refuse_views`)
-        and its recorded size brought up to date. Remembered by the wrapper's id where the
-        wrapper is ``key`` (the plan's object, else its first argument), as :meth:`plan` looks
-        it up, until the wrapper dies."""
+        """The route of the wrapper ``plan`` plans (:func:`_wrapper_of`) and its attributes
+        (None: none found), after refusing its views and updating its recorded size. Remembered
+        by id, until the wrapper dies, where the wrapper is the ``key`` :meth:`plan` looks up."""
         self._refuse_views(plan)
         wrapper, attributes = _wrapper_of(plan, args)
         # The plan's object records a size even where it is no wrapper found (a cascade level).
@@ -269,10 +250,9 @@ class Workspace:
         return route, attributes
 
     def _refuse_views(self, plan: Callable[..., Any]) -> None:
-        """Refuse, before it plans on this growable workspace, a wrapper that holds a view of its
-        buffer (:func:`_flashinfer.buffer_views`): growth would move the buffer and leave the view
-        on the old memory. Each wrapper is checked once; a sealed workspace never moves, so
-        views of it are safe."""
+        """Refuse a wrapper holding a view of this growable buffer (:func:`buffer_views`): growth
+        would leave the view on the old memory. Each wrapper is checked once; a sealed workspace
+        never moves, so views of it are safe."""
         wrapper = getattr(plan, "__self__", None)
         if wrapper is None or self._buffer.sealed:
             return
@@ -303,7 +283,6 @@ class Workspace:
             self._int.seal()
 
     def stats(self) -> WorkspaceStats:
-        """A snapshot of this workspace: bytes now, floor, growth history, sealed or not."""
         return self._buffer.stats()
 
     # What its pool asks of it when a group of ranks seals together (pool.py).
@@ -319,22 +298,19 @@ class Workspace:
 
 
 class _Route:
-    """A wrapper planned on a workspace, as :meth:`Workspace.plan` finds it again. It holds
-    nothing of the wrapper's strongly: an engine's wrapper often refers to itself through its
-    attributes (a bound method put there), and a route holding them would keep it alive."""
+    """A wrapper planned on a workspace: a weak reference to it (``planner``) and the int
+    workspace's tensor (``int_tensor``, None: none). Nothing of the wrapper's is held strongly: an
+    engine's wrapper often refers to itself through its attributes (a bound method put there),
+    and a route holding them would keep it alive."""
 
     __slots__ = ("int_tensor", "planner")
 
     def __init__(self, planner: Callable[[], Any], int_tensor: torch.Tensor | None) -> None:
         self.planner = planner
-        """A weak reference to the wrapper (called: the wrapper, or None once it died)."""
         self.int_tensor = int_tensor
-        """The int workspace's tensor (None: none), which the wrapper plans on where its int
-        buffer is that tensor."""
 
 
-_NOBODY = _Route(lambda: None, None)
-"""The route of a plan whose wrapper is not found: nothing to mark, nothing to remember."""
+_NOBODY = _Route(lambda: None, None)  # a plan whose wrapper is not found: nothing to remember
 
 
 def _short_of(
@@ -355,9 +331,8 @@ def _short_of(
 def _wrapper_of(
     plan: Callable[..., Any], args: tuple[Any, ...]
 ) -> tuple[Any, dict[str, Any] | None]:
-    """The wrapper a plan plans, and its attributes (:func:`own_buffers`): its bound ``plan``'s
-    object, or the first argument of a module function that takes it (vLLM's
-    ``fast_plan_decode(wrapper, ...)``); (None, None) if neither."""
+    """The wrapper a plan plans and its attributes (:func:`own_buffers`): the bound ``plan``'s
+    object, else its first argument (vLLM's ``fast_plan_decode(wrapper, ...)``); else Nones."""
     for candidate in (getattr(plan, "__self__", None), args[0] if args else None):
         attributes = None if candidate is None else own_buffers(candidate)
         if attributes is not None:
@@ -365,16 +340,10 @@ def _wrapper_of(
     return None, None
 
 
-def _whole_plan_need(
-    plan: Callable[..., Any], args: Any, kwargs: Any, index: int = 0
-) -> int | None:
-    """What the whole plan needs of one buffer (``index`` 0: float, 1: int), where its FlashInfer
-    wrapper can say without planning.
-
-    Decode and paged-prefill wrappers answer ``workspace_size()`` (float bytes, int bytes) with
-    the arguments of ``plan()``; anything else, or any failure, gives None. Asked only on the way
-    to a sealed error, never on a plan that fits.
-    """
+def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any, index: int) -> int | None:
+    """What the whole plan needs of one buffer (``index`` 0: float, 1: int), where its wrapper
+    answers ``workspace_size()`` (float bytes, int bytes) with the arguments of ``plan()``, as
+    decode and paged-prefill wrappers do; else None. Asked only on the way to a sealed error."""
     query = getattr(getattr(plan, "__self__", None), "workspace_size", None)
     if not callable(query):
         return None
@@ -387,9 +356,9 @@ def _whole_plan_need(
 
 
 def install_int_workspace(wrapper: Any, workspace: Workspace) -> bool:
-    """Give ``wrapper`` the int workspace of ``workspace`` and its mirror, in place of its own;
-    False (and ``wrapper`` left as it is) where the workspace has none (its int floor is 0: its
-    wrappers keep their own) or the wrapper keeps none to replace (:func:`own_buffers`)."""
+    """Give ``wrapper`` the int workspace of ``workspace`` and its mirror in place of its own;
+    False, ``wrapper`` untouched, where the workspace has none (an int floor of 0) or the wrapper
+    keeps none to replace (:func:`own_buffers`)."""
     own = own_buffers(wrapper)
     int_workspace = workspace.int_workspace
     if int_workspace is None or own is None:

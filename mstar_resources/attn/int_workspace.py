@@ -1,6 +1,5 @@
-"""FlashInfer's int workspace, shared: the GPU buffer a plan's indices are copied to, the host
-mirror they are written to first, and the check that a wrapper runs on its own plan
-(``workspace.py``'s notes say when sharing is safe)."""
+"""FlashInfer's int workspace, shared: its GPU buffer, its host mirror, and the check that a
+wrapper runs on its own plan (``workspace.py``'s notes say when sharing is safe)."""
 
 from __future__ import annotations
 
@@ -12,37 +11,30 @@ import torch
 
 from .._internal.floor import INT
 from ..errors import WorkspacePlanError
-from ._flashinfer import HOST_MIRROR, INT_BUFFER, own_buffers
+from ._flashinfer import HOST_MIRROR
 from .buffer import GrowableBuffer, WorkspaceStats
 
-__all__ = ["IntWorkspace", "checked_run", "int_buffers"]
+__all__ = ["IntWorkspace", "checked_run"]
 
 T = TypeVar("T")
 
 
 class IntWorkspace:
-    """One FlashInfer int workspace and its host mirror: where a plan writes its indices (on the
-    host, then copied to the GPU), and where the wrapper's run and its graph read them.
+    """One FlashInfer int workspace and its host mirror: a plan writes its indices to the mirror
+    and copies them to the GPU buffer, where the run and its graph read them.
 
-    It grows and seals as a float workspace does, on an int allocation that does not fit, and its
-    mirror always holds as many bytes as it does: FlashInfer sizes the plan's int allocator by the
-    GPU buffer and writes the mirror at the same offsets. Usually made by a pool with its float
-    workspace (:attr:`Workspace.int_workspace`) and handed to wrappers by
-    :meth:`WorkspacePool.build` or :meth:`WorkspacePool.install`.
+    It grows and seals as a float workspace does, and its mirror always holds as many bytes:
+    FlashInfer sizes the int allocator by the GPU buffer and writes the mirror at the same offsets.
+    A pool makes one per key (:attr:`Workspace.int_workspace`) and gives it to wrappers
+    (:meth:`WorkspacePool.install`).
 
-    **The mirror is pageable.** A plan queues the copy from the mirror to the GPU buffer. From
-    pinned memory that copy reads the mirror when the stream reaches it, so the next plan on the
-    workspace (another wrapper's, or the same one's a step later) would rewrite what a queued copy
-    still reads, and a run would read another plan's indices. From pageable memory the driver
-    takes the bytes before ``cudaMemcpyAsync`` returns, so the next plan may write the mirror at
-    once: one mirror serves every wrapper, with nothing to track. ``scripts/bench_int_mirror.py``
-    measures both on a GPU (docs/workspaces-and-ranks.md).
+    **The mirror is pageable.** A copy from pinned memory reads its source when the stream
+    reaches it, so the next plan (another wrapper's, or the same one's a step later) could rewrite
+    the mirror first, and a run would read another plan's indices. From pageable memory the driver
+    stages the bytes before ``cudaMemcpyAsync`` returns, so one mirror serves every wrapper with
+    nothing to track (``scripts/bench_int_mirror.py`` measures both on a GPU).
 
-    Args:
-        tensor: the GPU buffer, 1-D ``torch.uint8``.
-        name: how errors and logs refer to it, e.g. ``attention:decode:cg0:int``.
-        sealed: start sealed.
-        floor: the setting that sizes its floor (``MSTAR_INT_WORKSPACE_BUFFER_MB`` by default).
+    Args as :class:`Workspace`'s; ``floor`` defaults to ``MSTAR_INT_WORKSPACE_BUFFER_MB``.
     """
 
     __slots__ = ("__weakref__", "_last_planner", "buffer")
@@ -51,20 +43,17 @@ class IntWorkspace:
         self, tensor: torch.Tensor, name: str, sealed: bool = False, floor: str = INT.env_var
     ) -> None:
         self.buffer = GrowableBuffer(tensor, name, sealed, floor, INT)
-        """Its GPU buffer and mirror, which grow and seal together."""
+        # A weak reference to the wrapper whose plan (through Workspace.plan) it holds now.
         self._last_planner: Callable[[], Any] | None = None
-        """The wrapper whose plan the workspace holds now (its last plan through Workspace.plan),
-        by a weak reference."""
 
     @property
     def tensor(self) -> torch.Tensor:
-        """The GPU buffer wrappers are given: the same object for the workspace's whole life."""
+        """The GPU buffer: the same object for the workspace's whole life."""
         return self.buffer.tensor
 
     @property
     def mirror(self) -> torch.Tensor:
-        """The pageable host buffer plans write their indices to before they are copied to
-        :attr:`tensor`: the same object, as many bytes as it, for the workspace's life."""
+        """The pageable host mirror: the same object, as many bytes as :attr:`tensor`."""
         return self.buffer.mirror  # type: ignore[return-value]
 
     @property
@@ -77,7 +66,6 @@ class IntWorkspace:
 
     @property
     def floor(self) -> str:
-        """The setting that sizes its floor, which errors name as the one to raise."""
         return self.buffer.floor
 
     def __repr__(self) -> str:
@@ -89,7 +77,6 @@ class IntWorkspace:
         self.buffer.seal()
 
     def stats(self) -> WorkspaceStats:
-        """A snapshot of this int workspace: bytes now, floor, growth history, sealed or not."""
         return self.buffer.stats()
 
     # Runs at every plan of an engine's steps: each line costs.
@@ -97,21 +84,17 @@ class IntWorkspace:
         self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
         attributes: dict[str, Any], planner: Callable[[], Any],
     ) -> T:  # fmt: skip
-        """``plan(*args, **kwargs)``, the plan of the wrapper whose ``attributes`` (its
-        ``__dict__``) are given and that ``planner`` (a weak reference) refers to, writing this
-        workspace's mirror; the plan made is marked as the one the workspace holds. A plan that
-        raises marks nothing."""
+        """``plan(*args, **kwargs)`` of the wrapper whose ``__dict__`` is ``attributes`` and which
+        ``planner`` weakly refers to, on this mirror; marked as the plan held unless it raises."""
         attributes[HOST_MIRROR] = self.buffer.mirror
         planned = plan(*args, **kwargs)
         self._last_planner = planner
         return planned
 
     def check_planned_by(self, wrapper: Any) -> None:
-        """Raise :class:`WorkspacePlanError` unless the last plan this workspace holds is
-        ``wrapper``'s (or no plan through :meth:`Workspace.plan` named a wrapper yet): a wrapper
-        that ran now would read another wrapper's indices. Called by the ``run`` of every wrapper
-        ``install_int_workspace`` gave this workspace, eagerly and at graph capture; a graph
-        replay runs no Python, and relies on the rule alone."""
+        """Raise :class:`WorkspacePlanError` unless the plan held is ``wrapper``'s (or none is
+        known): it would run on another wrapper's indices. Called by each installed wrapper's
+        ``run``, eagerly and at graph capture; a replay runs no Python, and relies on the rule."""
         last = self._last_planner
         planner = None if last is None else last()
         if planner is not None and planner is not wrapper:
@@ -123,13 +106,6 @@ class IntWorkspace:
                 workspace=self.name,
                 held_bytes=self.tensor.numel(),
             )
-
-
-def int_buffers(wrapper: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The int workspace and host mirror ``wrapper`` plans on now (its own, or one it was given);
-    None where it keeps none (:func:`own_buffers`)."""
-    own = own_buffers(wrapper)
-    return None if own is None else (own[INT_BUFFER], own[HOST_MIRROR])
 
 
 def checked_run(

@@ -33,30 +33,23 @@ class WorkspacePool:
     """FlashInfer workspaces, one per (plan label, cg slot).
 
     Persistent: a wrapper is planned against the buffer it was built with, so these outlive any
-    single step. Each starts at the floor ``size_mb`` resolves to (``size_mb``, else
-    ``MSTAR_WORKSPACE_BUFFER_MB``, else 512) on ``device``. ``owner`` names the resource in what a
-    workspace reports.
+    single step. Each starts on ``device`` at ``size_mb``, else ``MSTAR_WORKSPACE_BUFFER_MB``, else
+    512. ``owner`` names the resource in what a workspace reports.
 
-    Each key also holds an int workspace and its host mirror (:class:`IntWorkspace`, at the
-    floor ``int_size_mb`` resolves to: else ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8), which the
-    wrappers of the key share in place of the 8 MiB pair each FlashInfer wrapper makes for
-    itself. :meth:`build` makes a wrapper on both; :meth:`install` gives them to one an engine
-    made. See the module's notes for when sharing them is safe. An int floor of 0 makes none:
-    each wrapper keeps its own.
+    Each key also holds an :class:`IntWorkspace` and its host mirror, which the key's wrappers
+    share in place of the 8 MiB pair each FlashInfer wrapper makes (the module's notes say when
+    that is safe): :meth:`build` makes a wrapper on both, :meth:`install` gives them to one an
+    engine made. An int floor of 0 makes none: each wrapper keeps its own.
 
-    A pool built from a declared resource (see :func:`mstar_resources.build_pools`) says so with
-    the keyword-only arguments:
+    Keyword-only (:func:`mstar_resources.build_pools` passes them for a declared resource):
 
     Args:
         int_size_mb: the floor of each int workspace, in MB (None: the variable, else 8).
-        config_key: the resource's key in the config, e.g. ``resources.attn.decode``. Its
-            ``declared_mb`` and ``int_declared_mb`` are then the settings that ``size_mb`` and
-            ``int_size_mb`` came from, and errors point there.
+        config_key: the resource's key, e.g. ``resources.attn.decode``; its ``declared_mb`` and
+            ``int_declared_mb`` are then the settings errors point to.
         serves: the (label, cg slot) pairs the pool hands out; None (the default) serves any.
-        env: where ``MSTAR_WORKSPACE_BUFFER_MB`` and ``MSTAR_INT_WORKSPACE_BUFFER_MB`` are read
-            (``os.environ`` by default).
-        floors: the float and int floors already resolved, each with its source and setting
-            (``build_pools`` passes its records'): taken as they are, the environment unread.
+        env: where the two variables are read (``os.environ`` by default).
+        floors: the float and int floors already resolved, taken as they are, env unread.
     """
 
     def __init__(
@@ -166,9 +159,8 @@ class WorkspacePool:
             return workspace
 
     def reserve(self) -> int:
-        """Make, now, every workspace this pool serves (a pool built from the config: every
-        declared label and slot), so an engine takes their memory before it sizes its KV cache
-        from what is left. Returns the bytes the pool holds."""
+        """Make every workspace this pool serves now, so an engine takes their memory before it
+        sizes its KV cache from what is left; returns the bytes the pool holds."""
         for label, cg_slot in self._serves or ():
             self.get(label, cg_slot)
         return self.held_bytes
@@ -214,10 +206,9 @@ class WorkspacePool:
         return wrapper
 
     def install(self, wrapper: Any, label: str, cg_slot: int | None = None) -> None:
-        """Give ``wrapper``, a FlashInfer wrapper built on the float workspace of (``label``,
-        ``cg_slot``), that key's int workspace and host mirror in place of its own (which it
-        then drops). Its plans must go through that float workspace's :meth:`Workspace.plan`,
-        each right before the wrapper runs (the module's notes say why)."""
+        """Give ``wrapper``, built on the float workspace of (``label``, ``cg_slot``), that key's
+        int workspace and host mirror in place of its own. Its plans must go through
+        :meth:`Workspace.plan`, each right before it runs (the module's notes say why)."""
         where = self._name(label, cg_slot)
         workspace = self.get(label, cg_slot)
         if own_buffers(wrapper) is None:
@@ -237,10 +228,9 @@ class WorkspacePool:
         """The workspaces here keep their addresses from now on, for the graphs about to be
         captured over them, and so does any made later.
 
-        With a torch.distributed process ``group``, its ranks agree first: each makes the keys
-        another made, and grows each workspace to the largest any rank holds, so every rank
-        holds the same bytes (see ``_agree.py``). Every rank of the group must call it, for the
-        same pool, in the same order.
+        With a torch.distributed process ``group``, its ranks first agree (``_agree.py``): each
+        makes the keys another made and grows each to the largest any rank holds. Every rank of
+        the group must call it, for the same pool, in the same order.
         """
         if group is not None:
             _check_group(group)
@@ -252,26 +242,24 @@ class WorkspacePool:
         logger.info("%s", self.summary())
 
     def _agree_sealing(self, group: ProcessGroup) -> None:
-        """Agree with ``group`` while no plan can grow a workspace here: from the moment the
-        sizes are gathered to the seal, a growth would leave this rank at a size the others
-        never saw. If the agreement fails, nothing is sealed and plans may grow again."""
-        with self._lock:
-            self._sealing = True
-            workspaces = list(self._workspaces.values())
-        for workspace in workspaces:
-            workspace._refuse_growth()
+        """Agree with ``group`` while no plan can grow a workspace here (a growth after the sizes
+        are gathered would leave this rank at a size the others never saw). If it fails,
+        nothing is sealed and plans may grow again."""
+        self._set_sealing(True)
         try:
             self._agree(group)
         except BaseException:
-            with self._lock:
-                self._sealing = False
-                workspaces = list(self._workspaces.values())
-            for workspace in workspaces:
-                workspace._refuse_growth(False)
+            self._set_sealing(False)
             raise
 
+    def _set_sealing(self, sealing: bool) -> None:
+        with self._lock:
+            self._sealing = sealing
+            workspaces = list(self._workspaces.values())
+        for workspace in workspaces:
+            workspace._refuse_growth(sealing)
+
     def _agree(self, group: ProcessGroup) -> None:
-        """Hold what the largest of the group's ranks holds, key by key (see ``_agree.py``)."""
         import torch.distributed as dist
 
         from . import _agree
@@ -296,8 +284,7 @@ class WorkspacePool:
 
     @property
     def _identity(self) -> tuple[str, str | None, tuple[tuple[str, int | None], ...] | None]:
-        """What must match across ranks for their pools to be one: (owner, config key, the keys
-        it serves)."""
+        """What must match across ranks: (owner, config key, served keys)."""
         return self.owner, self.config_key, self._serves
 
     def workspaces(self) -> dict[tuple[str, int | None], Workspace]:
@@ -367,7 +354,13 @@ class WorkspacePool:
                 "(torch.cuda.is_available() is False); make the pools on 'cpu' to plan without "
                 "a GPU"
             )
-        int_workspace = None if self._int_floor.bytes == 0 else self._make_int(f"{name}:int")
+        int_workspace = None
+        if self._int_floor.bytes:
+            int_name = f"{name}:int"
+            int_tensor = self._allocate(int_name, self._int_floor)
+            int_workspace = IntWorkspace(
+                int_tensor, int_name, self._sealed, self._int_floor.setting
+            )
         tensor = self._allocate(name, self._floor)
         workspace = Workspace(
             tensor, name, self._sealed, self._floor.setting, int_workspace=int_workspace
@@ -376,10 +369,6 @@ class WorkspacePool:
             workspace._refuse_growth()
         return workspace
 
-    def _make_int(self, name: str) -> IntWorkspace:
-        tensor = self._allocate(name, self._int_floor)
-        return IntWorkspace(tensor, name, self._sealed, self._int_floor.setting)
-
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
         try:
             # Zeroed: FlashInfer asks for a zeroed workspace (some backends keep semaphores in it).
@@ -387,17 +376,14 @@ class WorkspacePool:
         except RuntimeError as error:
             if not is_out_of_memory(error):
                 raise
-            raise self._short(name, floor, error, str(self.device)) from error
-
-    def _short(self, name: str, floor: Floor, error: Exception, where: str) -> WorkspaceGrowthError:
-        return WorkspaceGrowthError(
-            f"workspace {name!r}: could not allocate its floor of {floor.bytes:,} bytes on "
-            f"{where}; lower {floor.setting} (now {floor.mb} MB). ({error})",
-            workspace=name,
-            held_bytes=0,
-            needed_bytes=floor.bytes,
-            setting=floor.setting,
-        )
+            raise WorkspaceGrowthError(
+                f"workspace {name!r}: could not allocate its floor of {floor.bytes:,} bytes on "
+                f"{self.device}; lower {floor.setting} (now {floor.mb} MB). ({error})",
+                workspace=name,
+                held_bytes=0,
+                needed_bytes=floor.bytes,
+                setting=floor.setting,
+            ) from error
 
 
 def _device(device: object) -> torch.device:
@@ -424,8 +410,8 @@ def _pairs(serves: object) -> list[tuple[str, int | None]]:
 
 
 def _check_group(group: object) -> None:
-    """``group``, a torch.distributed process group of an initialised default group, or the
-    library's error saying what it got."""
+    """Refuse a ``group`` that is no torch.distributed process group, or any before
+    torch.distributed is initialised."""
     import torch.distributed as dist
 
     if not dist.is_available() or not isinstance(group, dist.ProcessGroup):

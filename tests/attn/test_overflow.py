@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mstar_resources.attn._overflow import MLA_PARTIALS, Overflow, parse_float_overflow
+from mstar_resources.attn._overflow import MLA_PARTIALS, Overflow, parse_overflow
 
 from ..flashinfer_sources import flashinfer_package, flashinfer_version
 from .fake_allocator import (
@@ -26,8 +26,14 @@ from .fake_allocator import (
 NO_FLASHINFER = flashinfer_package() is None
 
 
+def parse_float_overflow(error: BaseException) -> Overflow | None:
+    """The float-workspace overflow ``error`` reports, or None (an int one included)."""
+    overflow = parse_overflow(error)
+    return overflow if overflow is not None and overflow.kind == "float" else None
+
+
 def test_fixture_has_the_fields_the_library_reads():
-    # parse_float_overflow reads these four; the contract test below ties them to FlashInfer's.
+    # parse_overflow reads these four; the contract test below ties them to FlashInfer's.
     assert overflow_text().variables == {"name", "size", "alignment", "remaining_space"}
 
 
