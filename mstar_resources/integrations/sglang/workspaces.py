@@ -63,9 +63,12 @@ class SglangWorkspaces(PluginState):
         buffer registry (``get_buffer``), before SGLang sizes its KV pool; once a process."""
         if self.reserved or self.untouched is not None:
             return
-        reason = _why_not_served(runner)
-        if reason is not None:
-            self.leave_untouched(reason)
+        # MLA's FlashInfer backend takes another buffer. Which backend runs attention SGLang
+        # decides after the KV pool: seal() says where none took the workspaces.
+        if runner.use_mla_backend:
+            self.leave_untouched(
+                "the model's attention is MLA, whose FlashInfer backend the plugin does not serve"
+            )
             return
         device = _device(runner)
         if self.setting.auto:
@@ -211,15 +214,6 @@ class SglangWorkspaces(PluginState):
             "own_workspaces": self.own_workspaces,
             "other_backends": list(self.other_backends),
         }
-
-
-def _why_not_served(runner: Any) -> str | None:
-    """Why the plugin cannot serve ``runner``'s model (None: it may): MLA, whose FlashInfer
-    backend takes another buffer. SGLang picks the attention backend after the KV pool:
-    :meth:`SglangWorkspaces.seal` says where none took the workspaces."""
-    if runner.use_mla_backend:
-        return "the model's attention is MLA, whose FlashInfer backend the plugin does not serve"
-    return None
 
 
 def _move_to(wrapper: Any, workspace: Workspace) -> None:

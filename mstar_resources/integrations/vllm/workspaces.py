@@ -146,9 +146,12 @@ class VllmWorkspaces(PluginState):
             # no native phase (trtllm-gen prefills and decodes): no native workspace is served
             keys = serving_keys(records, roles, self.setting.describe()) if roles else {}
             self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
-            self.kv_cache_extensible = _kv_cache_extensible(config)
-            self.vllm_outside_budget = not self.kv_cache_extensible and _made_after_kv_sizing(
-                runner
+            # 0.34's enable_extensible_kv_cache (on by default on CUDA), settled before the profile
+            extensible = getattr(config.cache_config, "enable_extensible_kv_cache", None)
+            self.kv_cache_extensible = extensible is True
+            # vLLM's V2 runner makes its buffer after it sizes the KV cache (V1's profile counts it)
+            self.vllm_outside_budget = (
+                not self.kv_cache_extensible and type(runner).__module__ == V2_RUNNER
             )
             trtllm = self._trtllm_size(config, device, records)
         except ResourceConfigError as error:
@@ -159,8 +162,13 @@ class VllmWorkspaces(PluginState):
             return
         native = [r for r in records if any(role in r.labels for role in roles)]
         self.pools = build_pools(native, device) if native else {}
-        if trtllm is not None:
-            self.trtllm_workspace = _zeroed_workspace(*trtllm, device)
+        if trtllm is not None:  # zeroed: the kernels' semaphores must start at zero
+            import torch
+
+            from ...attn.workspace import Workspace
+
+            zeros = torch.zeros(trtllm[0], dtype=torch.uint8, device=device)
+            self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=trtllm[1])
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
             self._keys[role] = (record.path, cg_slot)
@@ -449,18 +457,6 @@ def _reference(runner: Any, freed: Callable[[Any], None]) -> Callable[[], Any]:
         return lambda: runner
 
 
-def _kv_cache_extensible(config: Any) -> bool:
-    """Whether vLLM sizes its KV cache after warm-up and capture (``enable_extensible_kv_cache``,
-    settled before the profile; 0.34, on by default on CUDA), not at its memory profile."""
-    return getattr(config.cache_config, "enable_extensible_kv_cache", None) is True
-
-
-def _made_after_kv_sizing(runner: Any) -> bool:
-    """Whether ``runner`` is vLLM's V2 model runner, which makes the FlashInfer buffer after it
-    sizes the KV cache (V1's profile counts its builders' buffers)."""
-    return type(runner).__module__ == V2_RUNNER
-
-
 @contextlib.contextmanager
 def left_out_of_peak(device: torch.device) -> Iterator[None]:
     """Leave what the body allocates and frees out of torch's peak of allocated memory on
@@ -500,14 +496,3 @@ def _sm_count(device: torch.device) -> int:
     import torch
 
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
-def _zeroed_workspace(nbytes: int, setting: str, device: torch.device) -> Workspace:
-    """The TRT-LLM kernels' workspace: ``nbytes`` of zeros (their semaphores must start at zero),
-    never grown (nothing plans on it)."""
-    import torch
-
-    from ...attn.workspace import Workspace
-
-    tensor = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    return Workspace(tensor, TRTLLM_PATH, floor=setting)
