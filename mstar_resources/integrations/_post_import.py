@@ -1,10 +1,6 @@
-"""Run a function on a module once it is imported, without importing it.
-
-An engine plugin is loaded in every process of the engine, the ones that never build a model
-included; importing the engine's model runner there would cost seconds and may initialise CUDA
-before the engine forks. So the plugin asks for its seams here: a module already imported is
-handed over at once, any other when its import finishes.
-"""
+"""Run a function on a module once it is imported, without importing it: a plugin is loaded in
+every engine process, and importing the model runner in one that builds no model would cost
+seconds and may initialise CUDA before the engine forks."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ class _Loader(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a module someone waits for, it asks the finders after it and
-    wraps the loader they give."""
+    """For a module waited for, the spec the finders after it give, its loader wrapped."""
 
     def __init__(self) -> None:
         self.waiting: dict[str, list[Callback]] = {}
@@ -88,7 +83,7 @@ _finder = _Finder()
 
 def when_imported(name: str, callback: Callback) -> None:
     """``callback(module)`` once module ``name`` is imported: now if it is, else right after its
-    import (a module whose import fails is never handed over)."""
+    import succeeds."""
     module = sys.modules.get(name)
     if module is not None:
         callback(module)

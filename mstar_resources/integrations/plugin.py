@@ -1,12 +1,6 @@
-"""What every engine plugin shares: the seams it relies on and the patches it makes, as data; the
-releases it serves; and its life in a process (read the setting, check the release, patch each
-module as it is imported, leave the engine as it is with one line saying why).
-
-An engine's package holds only its seams and what its engine decides: ``vllm/seams.py`` and
-``sglang/seams.py`` each declare an :class:`EnginePlugin` whose seams are :class:`Seam` rows; a
-row with a ``patch`` is replaced in the engine where the running release has it, and a release
-that lacks a required one is left as it is, the seam named.
-"""
+"""What every engine plugin shares: its seams and patches as data (:class:`Seam`), the releases it
+serves, and its life in a process (:class:`EnginePlugin`): read the setting, check the release,
+patch each module as it is imported, or leave the engine as it is with one line saying why."""
 
 from __future__ import annotations
 
@@ -35,13 +29,12 @@ __all__ = [
     "PluginState",
     "Seam",
     "installed_version",
-    "lacking",
     "missing_seams",
 ]
 
 Patch = Callable[[Any, Any, Any], Any]
 """``patch(state, original, owner)``: what replaces ``original`` (the engine's function, method
-or value) on ``owner`` (its module or class), for the plugin's ``state`` in this process."""
+or value) on ``owner`` (its module or class)."""
 
 
 @dataclass(frozen=True)
@@ -52,16 +45,15 @@ class Seam:
     module: str
     name: str
     required: bool = True
-    """The plugin cannot serve, where ``module`` is imported, without it; False: used where the
-    running release has it."""
+    """False: used where the running release has it."""
     instance: bool = False
     """An attribute each instance gets in ``__init__``: checked in the wheels' source only."""
     patch: Patch | None = None
     """What replaces it (None: the plugin only reads it)."""
     since: str | None = None
-    """The first release read that has it (None: every release read, from the first)."""
+    """The first release read that has it (None: the first read)."""
     until: str | None = None
-    """The last release read that has it (None: to the newest read)."""
+    """The last release read that has it (None: the newest read)."""
 
     @property
     def qualname(self) -> str:
@@ -69,21 +61,13 @@ class Seam:
 
 
 def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam]) -> list[Seam]:
-    """The required ``seams`` that ``modules`` (by module name: an object with the module's names
-    as attributes) lack; an instance attribute is not looked for (instances have it)."""
+    """The required ``seams`` that ``modules`` (by module name) lack; instance attributes are not
+    looked for."""
     return [
         seam
         for seam in seams
         if seam.required and not seam.instance and _find(modules.get(seam.module), seam) is None
     ]
-
-
-def lacking(module: ModuleType, seams: Sequence[Seam]) -> str | None:
-    """The required ones of ``seams`` that are ``module``'s and that it lacks, named
-    (``module.Class.method, ...``); None where it has them all."""
-    mine = [seam for seam in seams if seam.module == module.__name__]
-    missing = missing_seams({module.__name__: module}, mine)
-    return ", ".join(seam.qualname for seam in missing) if missing else None
 
 
 def _find(module: Any, seam: Seam) -> Any:
@@ -98,15 +82,15 @@ PATCHED = "__mstar_resources_patch__"
 
 
 def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) -> None:
-    """Apply to ``module`` each of ``seams``' patches that are its, where it has their seam; if
-    it lacks a required seam, nothing of it is patched and ``state`` leaves the engine as it
-    is, naming the seam."""
-    lacks = lacking(module, seams)
-    if lacks is not None:
-        state.block(f"this {state.engine} lacks {lacks}")
+    """Apply ``seams``' patches of ``module`` where it has their seam; where it lacks a required
+    one, patch none of it and leave the engine as it is, naming what it lacks."""
+    mine = [seam for seam in seams if seam.module == module.__name__]
+    missing = missing_seams({module.__name__: module}, mine)
+    if missing:
+        state.block(f"this {state.engine} lacks {', '.join(seam.qualname for seam in missing)}")
         return
-    for seam in seams:
-        if seam.module != module.__name__ or seam.patch is None:
+    for seam in mine:
+        if seam.patch is None:
             continue
         *path, attribute = seam.name.split(".")
         owner: Any = module
@@ -139,7 +123,7 @@ def installed_version(distribution: str) -> str | None:
 
 class PluginState:
     """One engine plugin's state in one process: why it leaves the engine as it is, if it does,
-    and what the engine's own package adds (its workspaces, reserved and sealed at its seams)."""
+    and its workspaces."""
 
     engine = "the engine"
     """The engine, as log lines name it."""
@@ -148,13 +132,13 @@ class PluginState:
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
         self.blocked: str | None = None
-        """Why no engine of this process is served (this release lacks a seam), or None."""
+        """Why no engine of this process is served (this release lacks a seam)."""
         self.untouched: str | None = None
         """Why the engine runs as it is (None: the plugin serves it, or has not decided)."""
         self.pools: dict[str, WorkspacePool] = {}
-        """The engine's workspaces, by resource path."""
+        """By resource path."""
         self.sealed_before: str | None = None
-        """What the workspaces were sealed before (the engine's graph capture...), once sealed."""
+        """What the workspaces were sealed before (the engine's graph capture...)."""
         self.shared_int_wrappers = 0
         """Decode wrappers given a shared int workspace in place of their own."""
         self.provenance: dict[str, str] = {}
@@ -166,7 +150,7 @@ class PluginState:
 
     @property
     def held_bytes(self) -> int:
-        """What the pools hold on the GPU: float and int workspaces."""
+        """What the pools hold on the GPU, float and int workspaces."""
         return sum(pool.held_bytes for pool in self.pools.values())
 
     def stats(self) -> list[WorkspaceStats]:
@@ -174,8 +158,7 @@ class PluginState:
         return [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
 
     def report(self) -> dict[str, Any]:
-        """What the plugin did in this process, as plain data: these keys in every engine's,
-        then the engine's own."""
+        """What the plugin did in this process, as plain data (an engine's adds its own keys)."""
         stats = self.stats()
         return {
             "setting": self.setting.describe(),
@@ -196,8 +179,7 @@ class PluginState:
         self.leave_untouched(reason)
 
     def leave_untouched(self, reason: str) -> None:
-        """Leave the engine as it is, for ``reason``, said once in a WARNING; nothing once the
-        plugin serves it."""
+        """Leave the engine as it is, for ``reason``, said once in a WARNING, unless served."""
         if self.untouched is None and not self.serving:
             self.untouched = reason
             self.logger.warning(
@@ -206,7 +188,7 @@ class PluginState:
             )  # fmt: skip
 
     def check_calibration(self, device: Any) -> None:
-        """A calibrated deployment names what differs here (FlashInfer's version, the GPU): its
+        """Warn where a calibrated deployment's FlashInfer or GPU differs from ``device``'s: its
         floors may fall short, and a sealed workspace then refuses the engine's capture."""
         stale = self.setting.stale_calibration(device)
         if stale is not None:
@@ -220,8 +202,8 @@ State = TypeVar("State", bound="PluginState")
 
 
 class EnginePlugin(Generic[State]):
-    """An engine's plugin: its setting, the releases its seams were read in, the seams, and the
-    state it keeps in a process (:meth:`active`)."""
+    """An engine's plugin: its setting, the releases its seams were read in, the seams, and its
+    state in this process (:meth:`active`)."""
 
     def __init__(
         self,
@@ -233,7 +215,7 @@ class EnginePlugin(Generic[State]):
     ) -> None:
         self.setting = setting
         self.distribution = distribution
-        """The engine's distribution (``vllm``), whose installed version is checked."""
+        """The engine's distribution (``vllm``)."""
         self.releases = releases
         """The releases whose source every seam was read in, oldest first."""
         self.seams = seams
@@ -252,12 +234,9 @@ class EnginePlugin(Generic[State]):
     def engine(self) -> str:
         return self.setting.engine
 
-    def installed(self) -> str | None:
-        return installed_version(self.distribution)
-
     def version_problem(self, version: str | None) -> str | None:
-        """Why the plugin does not serve ``version`` (None: it does, where each seam it needs is
-        there): not installed, or older than every release read."""
+        """Why the plugin does not serve ``version`` (None: it does, seams permitting): not
+        installed, or older than every release read."""
         if version is None:
             return f"{self.engine} is not installed here"
         if not release(version):
@@ -266,30 +245,25 @@ class EnginePlugin(Generic[State]):
         if release(version) < first or (release(version) == first and _pre_release(version)):
             return (
                 f"{self.engine} {version} is older than every release this plugin was read in "
-                f"({self.read_in()})"
+                f"({', '.join(self.releases)})"
             )
         return None
 
     def version_note(self, version: str) -> str | None:
-        """What to say of a served ``version`` that was not read: served as far as its seams
-        hold (None where it was read)."""
+        """What to say of a served ``version`` that was not read (None where it was)."""
         if version.split("+")[0] in self.releases:
             return None
         return (
             f"{self.engine} {version} is not a release this plugin was read in "
-            f"({self.read_in()}); it is served where each seam the plugin needs is there, and "
-            "left as it is, the seam named, where one is not"
+            f"({', '.join(self.releases)}); it is served where each seam the plugin needs is "
+            "there, and left as it is, the seam named, where one is not"
         )
 
-    def read_in(self) -> str:
-        return ", ".join(self.releases)
-
     def register(self) -> None:
-        """The engine's entry point, in each of its processes: read the setting and, where it is
-        set and the release is served, patch each seam's module as it is imported; once a
-        process, and nothing at all without the setting. A bad setting ends the process with
-        status 2 and one paragraph naming it (an engine logs a plugin's exception and goes on,
-        or shows its traceback)."""
+        """The engine's entry point, in each of its processes: where the setting is set and the
+        release served, patch each seam's module as it is imported, once a process. A bad
+        setting ends the process with status 2 and one paragraph naming it (an engine would log
+        a plugin's exception and go on, or show its traceback)."""
         try:
             setting = self.setting.read()
         except ResourceConfigError as error:
@@ -298,7 +272,7 @@ class EnginePlugin(Generic[State]):
         if setting is None or self._active is not None:
             return
         state = self.state(setting)
-        version = self.installed()
+        version = installed_version(self.distribution)
         problem = self.version_problem(version)
         if problem is not None:
             state.block(problem)

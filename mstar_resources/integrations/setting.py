@@ -1,13 +1,9 @@
-"""An engine plugin's setting (``MSTAR_RESOURCES_VLLM`` for vLLM's): what it may hold, and how a
-bad value is told. The part of a plugin that does not depend on its engine: the next engine's
-plugin is another :class:`PluginSetting`.
+"""An engine plugin's setting (``MSTAR_RESOURCES_VLLM`` for vLLM's), independent of the engine.
 
-Unset or empty, the plugin is off. Otherwise it holds ``auto``, the name of a shipped deployment,
-or the path of a deployment file in a ``deployment/`` folder; a deployment is composed with the
-rules of ``mstar-resources --config-dir DIR deployment=NAME`` (a file without its
-``# @package _global_`` line, a key no deployment takes, a floor the resolver refuses: each is
-refused, never dropped), and every refusal is one paragraph that starts with the setting and its
-value.
+Unset or empty, the plugin is off; else it holds ``auto``, a shipped deployment's name, or the path
+of a deployment file in a ``deployment/`` folder, composed with the rules of ``mstar-resources
+--config-dir DIR deployment=NAME``. Every refusal is one paragraph that starts with the setting and
+its value.
 """
 
 from __future__ import annotations
@@ -53,10 +49,9 @@ class Setting:
         return f"{self.name}={self.value}"
 
     def stale_calibration(self, device: Any) -> Any:
-        """What differs on ``device`` (a GPU) from where the deployment was calibrated
-        (:func:`~mstar_resources.check_calibration`), for the plugin to say in its own warning;
-        None where it holds, where the deployment is not calibrated, and off a GPU (no
-        calibration is checked there)."""
+        """What differs on ``device`` from where the deployment was calibrated
+        (:func:`~mstar_resources.check_calibration`); None where it holds, where the deployment
+        is not calibrated, and off a GPU."""
         from ..calibration.record import check_calibration
 
         root = self.root
@@ -87,9 +82,9 @@ class PluginSetting:
         return f"to switch the plugin off, unset {self.env_var} (or set it empty)"
 
     def read(self, env: Mapping[str, str] | None = None) -> Setting | None:
-        """The setting in ``env`` (``os.environ`` by default), checked: None when it is unset or
-        empty. A deployment is composed and its floors resolved here, so a bad one fails where
-        the engine starts, as one paragraph (:class:`~mstar_resources.ResourceConfigError`)."""
+        """The setting in ``env`` (``os.environ`` by default), None when unset or empty; a
+        deployment is composed and resolved here, so a bad one raises
+        :class:`~mstar_resources.ResourceConfigError` where the engine starts."""
         env = os.environ if env is None else env
         value = env.get(self.env_var, "").strip()
         if not value:
@@ -110,8 +105,8 @@ class PluginSetting:
         return setting
 
     def mla_refusal(self, value: str, labels: Sequence[str]) -> str:
-        """Deployment ``value``, whose resources serve FlashInfer's MLA wrapper (as ``labels``)
-        and not the engine's roles: what the plugin leaves to the engine, and what it takes."""
+        """The refusal of deployment ``value``, whose resources serve FlashInfer's MLA wrapper
+        (as ``labels``) and none of the engine's roles."""
         taken = ", ".join(self.deployments_served())
         return (
             f"{self.assignment(value)} is an MLA deployment (its resources serve "
@@ -143,9 +138,8 @@ class PluginSetting:
         return f"{self.env_var}={value!r}"
 
     def compose(self, value: str) -> Any:
-        """The shipped tree composed with deployment ``value``: a name of the shipped
-        deployments, or the path of a deployment file in a ``deployment/`` folder of a config
-        dir."""
+        """The shipped tree composed with deployment ``value``: a shipped deployment's name, or
+        the path of a deployment file in a config dir's ``deployment/`` folder."""
         from ..compose import ComposedTree, compose_deployment, deployment_options
         from ..compose_errors import NO_DEPLOYMENT
 
@@ -179,9 +173,8 @@ class PluginSetting:
     def serving_keys(
         self, records: Sequence[ResolvedResource], setting: str, roles: Sequence[str] = ()
     ) -> dict[str, tuple[ResolvedResource, int | None]]:
-        """For each of ``roles`` (default: all the engine's), the resource that serves its label
-        and the slot the engine's wrappers take there: the first CUDA-graph slot it declares
-        (one graph context), else eager."""
+        """For each of ``roles`` (default: the engine's), the resource serving it and the slot
+        the engine's wrappers take there: its first CUDA-graph slot, else eager (None)."""
         found: dict[str, tuple[ResolvedResource, int | None]] = {}
         for role in roles or self.roles:
             record = serving(records, role)

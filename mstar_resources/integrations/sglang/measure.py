@@ -1,28 +1,20 @@
 """``MSTAR_RESOURCES_SGLANG=auto``: each workspace's floor measured in SGLang's worker, on its GPU
-and its FlashInfer, for the model it loaded and the limits it was given, as SGLang starts to size
-its KV pool.
+and FlashInfer, for its model and limits, as SGLang starts to size its KV pool.
 
-What SGLang's FlashInfer backend plans, read in SGLang 0.5.17 and 0.5.23
-(``flashinfer_backend.py``, ``mem_cache/kv_cache_configurator.py``, ``runtime_context.py``: the
-settings in effect, which both read from the runtime context's bags) and planned here with
-calibration's SGLang profile (``calibration.engine=sglang``):
+What SGLang's FlashInfer backend plans, read in SGLang 0.5.17 and 0.5.23 (``flashinfer_backend.py``,
+``mem_cache/kv_cache_configurator.py``, ``runtime_context.py``), as calibration's SGLang profile:
 
-- its query heads (the most of any layer) and KV heads over the attention TP ranks, the head
-  dimension, the KV pool's page size and dtype, the model's dtype for queries;
-- prefill: a ragged wrapper for a batch's new tokens and a paged one for its cached prefix, on one
-  workspace, each batch at most ``max_prefill_tokens`` tokens, or one whole prompt up to the
-  context length where that is more (a chunk where chunked prefill is on);
-- decode: one wrapper per captured graph batch size (``cuda_graph_config.decode.bs``), and eager
-  batches of up to the most running requests: ``--max-running-requests`` per attention
-  data-parallel rank where set, else at most 4096 (SGLang's cap where unset; a smaller KV pool
-  allows fewer), rounded up to the largest alignment SGLang pads batches to.
+- query heads (the most of any layer) and KV heads over the attention TP ranks, head dimension,
+  the KV pool's page size and dtype, the model's dtype for queries;
+- prefill: a ragged and a paged wrapper on one workspace, each batch at most
+  ``max_prefill_tokens``, or one whole prompt (a chunk, with chunked prefill) where that is more,
+  or a breakable prefill graph's largest captured token count (attention eager, same wrappers; a
+  full prefill graph plans on a workspace of its own);
+- decode: one wrapper per captured graph batch size, and eager batches of up to
+  ``--max-running-requests`` per attention DP rank (4096 where unset), rounded up to the largest
+  alignment SGLang pads batches to.
 
-What the profile does not hold is left to SGLang, and the log says why: a sliding window,
-cross-attention, layers of different query heads, an FP4 cache's FP8 stand-in, speculative
-decoding (draft and verify batches on the decode workspace) and deterministic inference (eager
-and graph decode split KV differently). A breakable prefill graph runs attention eagerly on the
-same prefill wrappers, padded to its captured token counts, which bound the prefill plans too;
-a full one plans on a workspace of its own.
+What the profile does not hold is left to SGLang, the log saying why (:func:`_not_planned`).
 """
 
 from __future__ import annotations
@@ -37,12 +29,11 @@ from ...resolver import ResolvedResource, resolve
 __all__ = ["MOST_RUNNING_REQUESTS", "SglangPlans", "measure", "sglang_plans"]
 
 MOST_RUNNING_REQUESTS = 4096
-"""SGLang's most running requests a data-parallel rank where ``--max-running-requests`` is unset
+"""SGLang's cap on running requests a data-parallel rank where ``--max-running-requests`` is unset
 (0.5.17 ``resolve_max_num_reqs``)."""
 
 PREFILL_LABELS = {"prefill": "paged_prefill", "ragged_prefill": "ragged_prefill"}
-"""The prefill workspace's labels, each planned as its wrappers' kind: SGLang plans both
-prefill wrappers of a batch on the one workspace."""
+"""The prefill workspace's labels, each planned as its wrapper's kind."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +64,7 @@ class SglangPlans:
         )
 
     def profile(self) -> CalibrationProfile:
-        """Calibration's profile of these plans, planned as SGLang plans them."""
+        """Calibration's profile of these plans."""
         node = {
             "engine": "sglang",
             "model": {
@@ -95,14 +86,13 @@ class SglangPlans:
             },
         }
         profile = load_profile(node)
-        # No graphs: the decode resource has no graph slot, so no graph plan is measured; the
-        # profile still wants a list.
+        # No graphs: the decode resource has no graph slot, but the profile wants a list.
         sizes = list(self.decode_graph_batch_sizes) or [1]
         return dataclasses.replace(profile, cuda_graph_batch_sizes=sizes)
 
     def tree(self) -> dict[str, Any]:
-        """The resources measured: the prefill workspace (both prefill labels) and the decode
-        one, under CUDA graphs where SGLang captures them."""
+        """The resources measured: prefill (both labels), and decode under CUDA graphs where
+        SGLang captures them."""
         graphs = [0] if self.decode_graph_batch_sizes else []
         return {
             "attn": {
@@ -117,11 +107,9 @@ def _dtype(dtype: Any) -> str:
 
 
 def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
-    """What SGLang's FlashInfer backend of ``runner`` (its ``ModelRunner``, before it sizes its
-    KV pool) will plan, with the settings in effect as SGLang's ``context`` (its
-    ``runtime_context`` module: ``get_parallel()``, ``get_schedule()``, ``get_exec()``,
-    ``get_spec()``, the same in 0.5.17 and 0.5.23) holds them; a string where the profile cannot
-    hold it: why."""
+    """What SGLang's FlashInfer backend of ``runner`` (its ``ModelRunner``, before the KV pool)
+    will plan under the settings of ``context`` (its ``runtime_context`` module); a string where
+    the profile cannot hold it: why."""
     model = runner.model_config
     parallel, schedule, execution = (
         context.get_parallel(),
@@ -189,9 +177,8 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _graph_batch_sizes(decode: Any, most: int, padded: int) -> tuple[int, ...]:
-    """The decode batch sizes SGLang may capture, as its ``get_batch_sizes_to_capture`` clamps
-    them to the most running requests (adding that one, aligned, where a larger size is
-    dropped): those up to ``most``, and ``padded``, the most rounded up to any alignment."""
+    """The decode batch sizes SGLang may capture, as ``get_batch_sizes_to_capture`` clamps them:
+    those up to ``most``, plus ``padded`` (``most`` aligned) where a larger one is dropped."""
     if not _captures(decode):
         return ()
     sizes = set(decode.bs or ())
@@ -207,7 +194,7 @@ def _captures(phase: Any) -> bool:
 
 def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], dict[str, str]]:
     """The prefill and decode resources of ``plans``, each floor what FlashInfer's plans need on
-    ``device`` (measured, in whole MB), and where each came from, in words."""
+    ``device`` (in whole MB), and where each came from, in words."""
     from ...calibration.calibrate import measure_all, per_resource
     from ...calibration.override import declared_floors
 

@@ -1,8 +1,7 @@
-"""The names of SGLang's the plugin takes or reads, each with the releases it was read in, and the
-patches, as data (:class:`~..plugin.Seam`); the plugin's entry point (:func:`register`). Each patch
-waits for its module's import (``_post_import``): an SGLang process that never builds a model (the
-tokenizer, the detokenizer, the data-parallel controller) never imports SGLang's model runner for
-it."""
+"""SGLang's names the plugin takes or reads, each with the releases it was read in, and the
+patches, as data (:class:`~..plugin.Seam`); each patch waits for its module's import, so that a
+process that never builds a model (the tokenizer, the detokenizer) never imports SGLang's model
+runner for it."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from .workspaces import SglangWorkspaces
 __all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "missing_seams", "register", "version_problem"]
 
 READ_IN = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
-"""The SGLang releases whose wheels every seam below was read in. Any later release, or one
-between, is served where each seam it needs is there."""
+"""The SGLang releases whose wheels every seam below was read in."""
 
 BACKEND = "sglang.srt.layers.attention.flashinfer_backend"
 RUNNER = "sglang.srt.model_executor.model_runner"
@@ -85,9 +83,8 @@ def _share_int(workspaces: SglangWorkspaces, create_decode_wrappers: Any, owner:
 
 
 def _through_workspace(workspaces: SglangWorkspaces, plan: Any, owner: Any) -> Any:
-    """A planner taking the wrapper first (FlashInfer's ``begin_forward``, SGLang's
-    ``fast_decode_plan`` and ``fast_prefill_plan``): through the workspace of the wrapper where
-    it is one of the plugin's; as it was for any other wrapper."""
+    """A planner taking the wrapper first (``begin_forward``, ``fast_decode_plan``,
+    ``fast_prefill_plan``): through the wrapper's workspace where it is the plugin's."""
 
     @functools.wraps(plan)
     def plan_on_workspace(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
@@ -99,8 +96,7 @@ def _through_workspace(workspaces: SglangWorkspaces, plan: Any, owner: Any) -> A
 def _begin_forward_through_workspace(workspaces: SglangWorkspaces, wrapper_class: Any,
                                     owner: Any) -> Any:  # fmt: skip
     """A FlashInfer wrapper class as SGLang's backend imports it: its ``begin_forward`` through
-    the plugin's workspace, for a wrapper on one (the class is FlashInfer's: any other wrapper of
-    the process plans as it did, after one lookup)."""
+    the plugin's workspace (the class is FlashInfer's: any other wrapper pays one lookup)."""
     plan = wrapper_class.begin_forward
     if not getattr(plan, PATCHED, False):
         replacement = _through_workspace(workspaces, plan, wrapper_class)
@@ -126,16 +122,11 @@ SEAMS = (
     Seam(BACKEND, "fast_prefill_plan", patch=_through_workspace),
     *(Seam(BACKEND, name, patch=_begin_forward_through_workspace) for name in WRAPPERS),
 )  # fmt: skip
-"""Every name of SGLang's the plugin relies on; ``tests/integrations`` checks each against the
-wheel of every release in :data:`READ_IN` (``scripts/engine_seams.py``)."""
+"""Every name of SGLang's the plugin relies on, checked against each wheel of :data:`READ_IN`
+(``scripts/engine_seams.py``)."""
 
 PLUGIN = EnginePlugin(SGLANG, "sglang", READ_IN, SEAMS, SglangWorkspaces)
 
-active = PLUGIN.active
-"""This process's workspaces, where the plugin is enabled in it (None: it is not)."""
-register = PLUGIN.register
-"""SGLang's entry point (``sglang.srt.plugins``), in every SGLang process."""
-version_problem = PLUGIN.version_problem
-"""Why the plugin does not serve a release of SGLang's (None: it does, seams permitting)."""
-missing_seams = PLUGIN.missing_seams
-"""The required seams of SGLang's that modules (by name) lack."""
+# The plugin's public functions; register is SGLang's entry point (sglang.srt.plugins).
+active, register = PLUGIN.active, PLUGIN.register
+version_problem, missing_seams = PLUGIN.version_problem, PLUGIN.missing_seams

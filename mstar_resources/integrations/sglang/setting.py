@@ -1,6 +1,4 @@
-"""``MSTAR_RESOURCES_SGLANG``, the SGLang plugin's setting: a :class:`~..setting.PluginSetting`
-that takes ``auto`` (each floor measured in the worker: ``measure.py``), a shipped deployment or a
-deployment file (every refusal one paragraph that starts with the setting and its value)."""
+"""``MSTAR_RESOURCES_SGLANG``, the SGLang plugin's setting (:class:`~..setting.PluginSetting`)."""
 
 from __future__ import annotations
 

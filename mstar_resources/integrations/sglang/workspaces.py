@@ -1,6 +1,5 @@
-"""SGLang's FlashInfer workspaces from the library's pools, in one SGLang process: reserved before
-its KV pool is sized, handed to its FlashInfer backends, every plan on them through
-:meth:`Workspace.plan`, sealed before its CUDA graphs are captured."""
+"""One SGLang process's workspaces: reserved before its KV pool is sized, handed to its FlashInfer
+backends, sealed before its CUDA graphs are captured."""
 
 from __future__ import annotations
 
@@ -26,12 +25,11 @@ __all__ = ["BUFFER_NAME", "SglangWorkspaces"]
 logger = logging.getLogger("mstar_resources.integrations.sglang")
 
 BUFFER_NAME = "flashinfer_workspace"
-"""The name under which SGLang's FlashInfer backend takes its float workspace from the process's
-buffer registry (``runtime_context.get_buffer``): a buffer stored there first is taken as is."""
+"""The name under which SGLang's FlashInfer backend takes its float workspace from the buffer
+registry (``runtime_context.get_buffer``), as it is where one is stored first."""
 
 PREFILL_WRAPPERS = ("prefill_wrapper_ragged", "prefill_wrappers_paged", "prefill_wrappers_verify")
-"""The attributes of SGLang's ``FlashInferAttnBackend`` that hold its prefill wrappers (one, or a
-list); its decode wrappers, and those it makes for each CUDA graph, stay on its workspace."""
+"""``FlashInferAttnBackend``'s attributes holding its prefill wrappers (one, or a list)."""
 
 
 class SglangWorkspaces(PluginState):
@@ -43,17 +41,17 @@ class SglangWorkspaces(PluginState):
     def __init__(self, setting: Setting) -> None:
         super().__init__(setting)
         self.workspaces: dict[str, Workspace] = {}
-        """By role: the workspace its wrappers plan on."""
+        """By role."""
         self._by_tensor: dict[int, Workspace] = {}
         self.reserved = False
         self.backends = 0
-        """SGLang FlashInfer backends given the workspaces."""
+        """FlashInfer backends given the workspaces."""
         self.own_workspaces = 0
         """Backends that made a workspace of their own (``init_new_workspace``)."""
         self.other_backends: list[str] = []
-        """Backends built on SGLang's FlashInfer backend that run other kernels, by class."""
+        """Subclasses of SGLang's FlashInfer backend that run other kernels, by name."""
         self._int_sharer: weakref.ref[Any] | None = None
-        """The backend whose decode wrappers share the decode workspace's int workspace."""
+        """The backend whose decode wrappers share the decode int workspace."""
 
     @property
     def serving(self) -> bool:
@@ -61,14 +59,16 @@ class SglangWorkspaces(PluginState):
 
     # Step 1: before SGLang sizes its KV pool (ModelRunner.alloc_memory_pool).
     def reserve(self, runner: Any, get_buffer: Callable[[str, Callable[[], Any]], Any]) -> None:
-        """Make a workspace for each role, at the deployment's floors, on ``runner``'s GPU, and
-        store the decode one in SGLang's buffer registry (``get_buffer``), before SGLang sizes
-        its KV pool from the memory left; once per process."""
+        """Make each role's workspace on ``runner``'s GPU and store the decode one in SGLang's
+        buffer registry (``get_buffer``), before SGLang sizes its KV pool; once a process."""
         if self.reserved or self.untouched is not None:
             return
-        reason = _why_not_served(runner)
-        if reason is not None:
-            self.leave_untouched(reason)
+        # MLA's FlashInfer backend takes another buffer. Which backend runs attention SGLang
+        # decides after the KV pool: seal() says where none took the workspaces.
+        if runner.use_mla_backend:
+            self.leave_untouched(
+                "the model's attention is MLA, whose FlashInfer backend the plugin does not serve"
+            )
             return
         device = _device(runner)
         if self.setting.auto:
@@ -79,9 +79,8 @@ class SglangWorkspaces(PluginState):
             measured = list(self.setting.records)
             self.check_calibration(device)
         keys = SGLANG.serving_keys(measured, self.setting.describe())
-        # Only the decode wrappers share an int workspace (one is planned, then run, at a time);
-        # SGLang plans both prefill wrappers of a batch before it runs either, so each keeps its
-        # own.
+        # Only decode wrappers share an int workspace (each is planned, then run); SGLang plans
+        # both prefill wrappers of a batch before it runs either, so each keeps its own.
         decode_path = keys["decode"][0].path
         records = {
             r.path: r if r.path == decode_path else dataclasses.replace(r, int_floor_mb=0)
@@ -111,9 +110,8 @@ class SglangWorkspaces(PluginState):
             )  # fmt: skip
 
     def _measure(self, runner: Any, device: Any) -> list[ResolvedResource] | None:
-        """``auto``: the workspaces' floors, measured here for the plans SGLang will make (None:
-        SGLang keeps its own workspace, and the log says why). What the measurement allocates
-        is given back before SGLang reads the memory free for its KV pool."""
+        """``auto``: the floors measured here for SGLang's plans (None: it keeps its own
+        workspace, the log says why); the measurement's memory is freed before the KV pool."""
         from sglang.srt import runtime_context
 
         plans = sglang_plans(runner, runtime_context)
@@ -133,8 +131,7 @@ class SglangWorkspaces(PluginState):
     # Step 2: as SGLang builds each FlashInfer backend.
     def adopt(self, backend: Any) -> None:
         """Put ``backend``'s prefill wrappers on the prefill workspace (its decode wrappers are on
-        the decode one, which SGLang took from its registry); a backend that made a workspace of
-        its own keeps it, and the log says so once."""
+        the decode one, from the registry); a backend with a workspace of its own keeps it."""
         if not self.serving:
             return
         decode, prefill = self.workspaces["decode"], self.workspaces["prefill"]
@@ -160,9 +157,8 @@ class SglangWorkspaces(PluginState):
                     _move_to(wrapper, prefill)
 
     def not_adopted(self, backend: str) -> None:
-        """A backend built on SGLang's FlashInfer backend that runs other kernels (its TRT-LLM MHA
-        backend: XQA and FMHA-v2 on a zeroed workspace of its own, ``trtllm_mha_zero_workspace``)
-        is not served; said once."""
+        """Say once that ``backend``, a subclass of SGLang's FlashInfer backend running other
+        kernels (its TRT-LLM MHA backend, on ``trtllm_mha_zero_workspace``), is not served."""
         if backend not in self.other_backends:
             self.other_backends.append(backend)
             logger.info(
@@ -172,12 +168,10 @@ class SglangWorkspaces(PluginState):
             )
 
     def share_int(self, backend: Any, wrappers: Any) -> None:
-        """Give ``wrappers``, decode wrappers ``backend`` made (its eager ones, or those of one
-        CUDA-graph batch size), the decode workspace's int workspace in place of the 8 MiB each
-        made for itself (and as many pinned), where ``backend`` is the one whose decode
-        wrappers share it: the first FlashInfer backend on the plugin's workspace that plans
-        one decode wrapper a batch. Any other (a multi-step draft's, a sliding-window model's
-        pair) plans several before it runs them, so its wrappers keep their own."""
+        """Give ``backend``'s decode ``wrappers`` (eager, or one graph batch size's) the decode
+        int workspace in place of the 8 MiB (and as many pinned) each made, where ``backend`` is
+        the first on the plugin's workspace with one decode wrapper a batch; any other (a
+        multi-step draft's, a sliding-window pair) plans several before running them."""
         sharer = self._int_sharer
         if sharer is None or sharer() is not backend:
             return
@@ -187,8 +181,7 @@ class SglangWorkspaces(PluginState):
                 self.shared_int_wrappers += 1
 
     def plan(self, plan: Callable[..., Any], wrapper: Any, *args: Any, **kwargs: Any) -> Any:
-        """``plan(wrapper, *args, **kwargs)``, through the workspace ``wrapper`` plans on where it
-        is one of the plugin's (FlashInfer's ``begin_forward``, SGLang's ``fast_decode_plan``)."""
+        """``plan(wrapper, ...)``, through ``wrapper``'s workspace where it is the plugin's."""
         workspace = self._by_tensor.get(id(getattr(wrapper, FLOAT_BUFFER, None)))
         if workspace is None:
             return plan(wrapper, *args, **kwargs)
@@ -215,7 +208,6 @@ class SglangWorkspaces(PluginState):
         )  # fmt: skip
 
     def report(self) -> dict[str, Any]:
-        """What the plugin did in this process, for logs and proofs."""
         return {
             **super().report(),
             "backends": self.backends,
@@ -224,18 +216,8 @@ class SglangWorkspaces(PluginState):
         }
 
 
-def _why_not_served(runner: Any) -> str | None:
-    """Why the plugin cannot serve the model ``runner`` runs (None: it may): MLA, whose FlashInfer
-    backend takes another buffer. Which backend runs attention SGLang decides after the KV pool
-    (it reads it differently in each version): :meth:`SglangWorkspaces.seal` says where none took
-    the workspaces."""
-    if runner.use_mla_backend:
-        return "the model's attention is MLA, whose FlashInfer backend the plugin does not serve"
-    return None
-
-
 def _move_to(wrapper: Any, workspace: Workspace) -> None:
-    """Point ``wrapper`` at ``workspace``'s tensor, as if built on it (and its recorded size)."""
+    """Point ``wrapper`` at ``workspace``'s tensor (and size), as if built on it."""
     attributes = vars(wrapper)
     attributes[FLOAT_BUFFER] = workspace.tensor
     if RECORDED_SIZE in attributes:

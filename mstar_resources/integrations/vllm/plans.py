@@ -1,16 +1,10 @@
 """What vLLM's FlashInfer metadata builders will plan and run, known before vLLM sizes its KV cache.
 
-vLLM makes one ``FlashInferMetadataBuilder`` per attention group of each KV-cache group (layers of
-one KV-cache spec and one number of query heads), after it has sized the KV cache. Each decides,
-once, in its ``__init__``, what it will run: its heads, KV heads and head size from its own spec,
-the page size of the kernel (``cache_config.block_size`` may be larger, for hybrid models), the
-query dtype of each phase, and which kernel decodes: FlashInfer's native wrappers, TRT-LLM's XQA
-(SM90, once FlashInfer's cubins are there) or trtllm-gen (SM100, both phases).
-
-At vLLM's memory profile, the plugin makes those builders itself, the way vLLM will (its own
-KV-cache grouping, its kernel block size, the builder class with vLLM's config), on the CPU, and
-reads what each decided (:func:`builder_plans`). A phase no builder runs on FlashInfer's native
-wrappers gets no native workspace.
+vLLM makes one ``FlashInferMetadataBuilder`` per attention group of each KV-cache group after it
+sizes the KV cache, and each decides in its ``__init__`` its heads, page size, each phase's query
+dtype, and which kernel runs each phase: FlashInfer's native wrappers, TRT-LLM's XQA (SM90) or
+trtllm-gen (SM100). At vLLM's memory profile the plugin makes those builders as vLLM will, on the
+CPU, and reads what each decided (:func:`builder_plans`).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ if TYPE_CHECKING:
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, ...] = ("prefill", "decode")
-"""The plan labels vLLM's FlashInfer wrappers are planned under, one workspace each."""
+"""The labels vLLM's FlashInfer wrappers plan under, one workspace each."""
 
 FLASHINFER = "FLASHINFER"
 """vLLM's name of its FlashInfer attention backend (``FlashInferBackend.get_name()``)."""
@@ -34,7 +28,6 @@ NATIVE = "flashinfer-native"
 
 
 def dtype_name(dtype: Any) -> str:
-    """``torch.bfloat16`` as ``bfloat16``."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -93,14 +86,14 @@ class VllmFunctions:
     use_trtllm_attention: Callable[..., bool]
     """vLLM's ``use_trtllm_attention``: whether a phase runs TRT-LLM's kernels."""
     uniform_type: Any = field(default=type(None))
-    """vLLM's ``UniformTypeKVCacheSpecs``: a group spec holding one spec per layer."""
+    """vLLM's ``UniformTypeKVCacheSpecs``: a group's spec holding one spec per layer."""
 
 
 def plans_of_groups(
     vllm_config: Any, groups: Sequence[Any], layers: Mapping[str, Any], vllm: VllmFunctions
 ) -> list[BuilderPlans]:
-    """What each FlashInfer builder of the KV-cache ``groups`` plans: one builder per group and
-    (layer spec, query heads), made with the group's kernel block size, as vLLM makes them."""
+    """What each FlashInfer builder of the KV-cache ``groups`` plans: one per group and (layer
+    spec, query heads), made with the group's kernel block size, as vLLM makes them."""
     found: list[BuilderPlans] = []
     for group_id, group in enumerate(groups):
         names = [name for name in group.layer_names if name in layers]
@@ -183,8 +176,8 @@ def read_builder(
 
 
 def builder_plans(runner: Any) -> list[BuilderPlans]:
-    """What each FlashInfer metadata builder ``runner`` (vLLM's V1 or V2 ``GPUModelRunner``, its
-    model loaded) will make plans, from builders made here as vLLM will make them, on the CPU."""
+    """What each FlashInfer metadata builder of ``runner`` (vLLM's V1 or V2 ``GPUModelRunner``,
+    its model loaded) will plan, from builders made here on the CPU as vLLM will make them."""
     import torch
     import vllm.v1.attention.backends.flashinfer as backend
     from vllm.config.vllm import get_layers_from_vllm_config, set_current_vllm_config
@@ -209,8 +202,8 @@ def builder_plans(runner: Any) -> list[BuilderPlans]:
 
 
 def _kv_cache_groups(config: Any, specs: dict[str, Any]) -> list[Any]:
-    """vLLM's KV-cache groups of the layers' ``specs``: 0.26's ``get_kv_cache_groups``, or
-    0.33's from its KV-cache config builder."""
+    """vLLM's KV-cache groups of ``specs``: ``get_kv_cache_groups`` until 0.32, then from its
+    KV-cache config builder."""
     try:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
     except ImportError:
@@ -223,7 +216,6 @@ def _kv_cache_groups(config: Any, specs: dict[str, Any]) -> list[Any]:
 
 
 def vllm_envs() -> Any:
-    """vLLM's settings (``vllm.envs``), read as vLLM reads them."""
     import vllm.envs
 
     return vllm.envs
@@ -234,8 +226,8 @@ def vllm_envs() -> Any:
 
 def decode_graph_sizes(plans: BuilderPlans, vllm_config: Any) -> list[int]:
     """The decode batches (requests) ``plans``' builder captures FULL CUDA graphs for: vLLM's
-    capture sizes up to the builder's cap, each of ``decode_q_len`` tokens a request, at most
-    ``max_num_seqs`` requests."""
+    capture sizes (tokens) up to the builder's cap, over ``decode_q_len``, at most
+    ``max_num_seqs``."""
     top = plans.decode_graph_max_batch
     if top is None:
         return []
@@ -245,9 +237,8 @@ def decode_graph_sizes(plans: BuilderPlans, vllm_config: Any) -> list[int]:
 
 
 def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> CalibrationProfile:
-    """The calibration profile (``engine: vllm``) of ``plans``' ``role`` plans: its builder's
-    heads (times DCP's ranks, planned together), head size, page size, the phase's query dtype,
-    the KV dtype, and vLLM's limits; decode at its graph batch sizes where it captures graphs."""
+    """The calibration profile (``engine: vllm``) of ``plans``' ``role`` plans, with vLLM's
+    limits; decode at its graph batch sizes where it captures graphs."""
     import dataclasses
 
     from ...calibration.profile import load_profile
@@ -315,10 +306,9 @@ def uncovered_attention(vllm_config: Any) -> str | None:
 
 
 def vllm_buffer_bytes(vllm_config: Any, plans: Sequence[BuilderPlans]) -> tuple[int, str]:
-    """The float buffer vLLM would make for a FlashInfer metadata builder (the largest of
-    ``plans``' builders), and how it got it: ``max(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE,
-    max_num_batched_tokens x query heads x head size x 16)`` (batch-invariant mode: its fixed
-    size)."""
+    """The float buffer vLLM would make for the largest of ``plans``' builders, and how:
+    ``max(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE, max_num_batched_tokens x query heads x head
+    size x 16)``, or batch-invariant mode's fixed size."""
     import vllm.v1.attention.backends.flashinfer as backend
 
     from ...calibration.engine_plans import vllm_formula
@@ -351,14 +341,12 @@ def trtllm_kernels(plans: Sequence[BuilderPlans]) -> Iterator[tuple[BuilderPlans
 def trtllm_workspace_bound(
     plans: Sequence[BuilderPlans], vllm_config: Any, sm_count: int, flashinfer: str
 ) -> tuple[int, str]:
-    """The most vLLM's TRT-LLM kernels can touch of their workspace, for every builder that runs
-    one (:mod:`~mstar_resources.attn.trtllm_workspace`, derived from FlashInfer's own code), and
-    how: XQA over every decode batch up to ``max_num_seqs`` and any page-table width;
-    trtllm-gen's decode and context runs at ``max_num_seqs`` requests and up to
-    ``max_num_batched_tokens`` query tokens, with a decode's softmax stats where it returns LSE
-    (decode-context parallelism), and the 8 MiB of counters FlashInfer 0.6.14 keeps at the head;
-    a DCP context run (0.33+) checks its stats against the buffer itself (``fits_workspace``)
-    and otherwise runs on native wrappers, so it is given vLLM's own size, as it has now."""
+    """The most vLLM's TRT-LLM kernels can touch of their workspace, over every builder that runs
+    them (:mod:`~mstar_resources.attn.trtllm_workspace`), and how: XQA over every decode batch
+    up to ``max_num_seqs`` and any page-table width; trtllm-gen at ``max_num_seqs`` requests and
+    up to ``max_num_batched_tokens`` query tokens, with softmax stats for a DCP decode and the
+    8 MiB of counters FlashInfer before 0.6.16 keeps at the head; a DCP context run (0.33+)
+    checks its own fit (``fits_workspace``), else runs on native wrappers: vLLM's own size."""
     from ...attn import trtllm_workspace as bound
     from ...units import release
 

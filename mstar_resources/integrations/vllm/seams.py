@@ -1,9 +1,6 @@
-"""The names of vLLM's the plugin takes or reads, each with the releases it was read in, and the
-patches, as data (:class:`~..plugin.Seam`); the plugin's entry point (:func:`register`).
-
-Each patch waits for its module's import (``_post_import``), so a vLLM process that never builds a
-model (the API server, the engine core's front) never imports vLLM's model runner for it.
-"""
+"""vLLM's names the plugin takes or reads, each with the releases it was read in, and the patches,
+as data (:class:`~..plugin.Seam`); each patch waits for its module's import, so that a process that
+never builds a model (the API server) never imports vLLM's model runner for it."""
 
 from __future__ import annotations
 
@@ -21,12 +18,11 @@ __all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "missing_seams", "register", 
 READ_IN = (
     "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
 )  # fmt: skip
-"""The vLLM releases whose wheels every seam below was read in (0.26.0 also run on an H200).
-Any later release, or one between, is served where each seam it needs is there."""
+"""The vLLM releases whose wheels every seam below was read in (0.26.0 also run on an H200)."""
 
 BACKEND = "vllm.v1.attention.backends.flashinfer"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
-"""vLLM's V1 model runner: gone from 0.34, where the V2 runner is the only one."""
+"""vLLM's V1 model runner, gone from 0.34."""
 WORKER = "vllm.v1.worker.gpu_worker"
 RAY_ENV = "vllm.ray.ray_env"
 
@@ -39,8 +35,8 @@ BUILDER_DECISIONS = (
 """What ``FlashInferMetadataBuilder.__init__`` decides, read from the plugin's own builders."""
 
 COPIED_TO_RAY_WORKERS = (ENV_VAR, FLOOR_ENV_VAR)
-"""The plugin's settings, added to those vLLM copies to its Ray workers (it copies ``VLLM_*``,
-``NCCL_*``, ``HF_*``... and the names in ``DEFAULT_EXTRA_ENV_VARS``)."""
+"""The plugin's settings, added to ``DEFAULT_EXTRA_ENV_VARS``, which vLLM copies to its Ray
+workers (beside ``VLLM_*``, ``NCCL_*``, ``HF_*``...)."""
 
 
 # -- the patches: each (state, vLLM's original, its owner) -> what replaces it -------------------
@@ -89,7 +85,6 @@ def _trtllm_workspace(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -
 
 
 def _decode_plans(workspaces: VllmWorkspaces, fast_plan_decode: Any, module: Any) -> Any:
-    """vLLM's ``fast_plan_decode``: the decode workspace's plan of it while an engine is served."""
     return workspaces.take_decode_plans(module, fast_plan_decode)
 
 
@@ -106,7 +101,7 @@ def _reserve_at_profile(workspaces: VllmWorkspaces, profile_run: Any, owner: Any
 
 def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any) -> Any:
     """A model runner's CUDA-graph capture: the workspaces sealed first (not before the V2
-    runner's profiling capture, which captures to measure, then lets the graphs go)."""
+    runner's profiling capture, whose graphs are let go)."""
 
     @functools.wraps(capture_model)
     def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -179,16 +174,11 @@ SEAMS = (
     Seam("vllm.envs", "VLLM_BATCH_INVARIANT"),
     Seam(RAY_ENV, "DEFAULT_EXTRA_ENV_VARS", patch=_copied_to_ray),
 )  # fmt: skip
-"""Every name of vLLM's the plugin relies on; ``tests/integrations`` checks each against the
-wheel of every release in :data:`READ_IN` (``scripts/engine_seams.py``)."""
+"""Every name of vLLM's the plugin relies on, checked against each wheel of :data:`READ_IN`
+(``scripts/engine_seams.py``)."""
 
 PLUGIN = EnginePlugin(VLLM, "vllm", READ_IN, SEAMS, VllmWorkspaces)
 
-active = PLUGIN.active
-"""This process's workspaces, where the plugin is enabled in it (None: it is not)."""
-register = PLUGIN.register
-"""vLLM's entry point (``vllm.general_plugins``), in every vLLM process."""
-version_problem = PLUGIN.version_problem
-"""Why the plugin does not serve a release of vLLM's (None: it does, seams permitting)."""
-missing_seams = PLUGIN.missing_seams
-"""The required seams of vLLM's that modules (by name) lack."""
+# The plugin's public functions; register is vLLM's entry point (vllm.general_plugins).
+active, register = PLUGIN.active, PLUGIN.register
+version_problem, missing_seams = PLUGIN.version_problem, PLUGIN.missing_seams

@@ -1,5 +1,5 @@
-"""The workspaces of one vLLM worker: made at vLLM's memory profile for the phases FlashInfer's
-native wrappers run, handed to each wrapper as vLLM builds it, sealed before serving."""
+"""One vLLM worker's workspaces: made at vLLM's memory profile, handed to each wrapper as vLLM
+builds it, sealed before serving."""
 
 from __future__ import annotations
 
@@ -30,10 +30,9 @@ if TYPE_CHECKING:
     from ...calibration.profile import CalibrationProfile
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
-"""The module of vLLM's V2 model runner."""
 
 TRTLLM_LABEL = "trtllm"
-"""The label a deployment's resource declares to set the TRT-LLM kernels' floor."""
+"""The label of a deployment's resource that sets the TRT-LLM kernels' floor."""
 TRTLLM_PATH = "attn.trtllm"
 TRTLLM_SETTING = "resources.attn.trtllm.declared_mb"
 """What raises the TRT-LLM kernels' workspace above its bound."""
@@ -46,10 +45,8 @@ ROLE: ContextVar[Role | None] = ContextVar("mstar_resources_vllm_role", default=
 
 
 class VllmWorkspaces(PluginState):
-    """The workspaces vLLM's FlashInfer wrappers plan on in one process, and their life: made at
-    each engine's memory profile, handed to each wrapper as it is built, sealed before serving,
-    let go with the engine (or, where vLLM keeps it, when another engine of the process
-    profiles)."""
+    """The workspaces vLLM's FlashInfer wrappers plan on in one process, one engine at a time:
+    let go with the engine, or when another engine of the process profiles."""
 
     engine = "vLLM"
     logger = logger
@@ -60,20 +57,16 @@ class VllmWorkspaces(PluginState):
         """The setting's value when the plugin was loaded: an engine started after it changed
         reads it again."""
         self._engine: Callable[[], Any] | None = None
-        """The model runner whose profile the workspaces were made at (a weak reference where
-        it takes one): a profile of another starts afresh."""
+        """The model runner whose profile the workspaces were made at (weakly, where it can)."""
         self._decode_seam: tuple[Any, Callable[..., Any]] | None = None
-        """vLLM's FlashInfer backend module and its own ``fast_plan_decode``
-        (:meth:`take_decode_plans`)."""
+        """vLLM's FlashInfer backend module and its own ``fast_plan_decode``."""
         self._start_engine()
 
     def _start_engine(self) -> None:
-        """The state of one engine, empty: set up at its profile, dropped with its workspaces
-        as vLLM frees the engine, or when another engine of the process profiles."""
+        """One engine's state, empty."""
         self.pools: dict[str, WorkspacePool] = {}
         self._workspaces: dict[Role, Workspace] = {}
-        # The wrappers routed, by id (a wrapper need not be hashable), each a weak reference, so
-        # a wrapper vLLM drops is not kept alive here.
+        # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
         self._routed: dict[int, weakref.ref[Any]] = {}
         self._keys: dict[Role, tuple[str, int | None]] = {}
         """Each role's pool (by resource path) and cg slot."""
@@ -81,28 +74,25 @@ class VllmWorkspaces(PluginState):
         """The metadata builder whose decode wrappers share the decode int workspace."""
         self.shared_int_wrappers = 0
         self.untouched = self.blocked
-        """Why vLLM runs as it is (None: the plugin serves it)."""
         self.plans: list[BuilderPlans] = []
         """What each of vLLM's FlashInfer metadata builders will plan and run."""
         self.vllm_bytes: int | None = None
         """What vLLM would have made for each FlashInfer metadata builder."""
         self.vllm_outside_budget = False
-        """Whether vLLM as it is makes that buffer after it sizes its KV cache, uncounted (its V2
-        model runner, which shares one among the builders, where the KV cache is sized at the
-        memory profile), rather than inside its budget (V1: one a builder, inside its profile;
-        an extensible KV cache: sized after capture from the memory then free)."""
+        """Whether vLLM makes that buffer after it sizes its KV cache, uncounted (its V2 runner,
+        with the KV cache sized at the profile), rather than inside its budget."""
         self.kv_cache_extensible = False
-        """Whether vLLM sizes this engine's KV cache after its warm-up and graph capture, from
-        the memory then free (0.34's extensible KV cache), rather than at its memory profile."""
+        """Whether vLLM sizes the KV cache after warm-up and capture from the memory then free
+        (0.34's extensible KV cache), rather than at its memory profile."""
         self.trtllm_workspace: Workspace | None = None
-        """The workspace of vLLM's TRT-LLM kernels (XQA, trtllm-gen), where a phase runs one:
-        zeroed, at the bound of what they touch, in place of vLLM's 394 MiB buffer."""
+        """vLLM's TRT-LLM kernels' workspace, where a phase runs them: zeroed, at the bound of
+        what they touch, in place of vLLM's 394 MiB buffer."""
         self.sealed_before = None
         self.unexpected: list[str] = []
-        """Wrappers vLLM built for a phase its builders said they would not run natively."""
+        """Phases vLLM built a native wrapper for though its builders said none would run."""
         self._unplanned_pages: set[int] = set()
         self._builders: weakref.WeakSet[Any] = weakref.WeakSet()
-        """The FlashInfer metadata builders served (each would have made its own buffer in V1)."""
+        """The FlashInfer metadata builders served."""
         self.provenance = {}
         self._set_decode_planner()
 
@@ -125,12 +115,9 @@ class VllmWorkspaces(PluginState):
 
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
-        """Make the workspaces vLLM's native wrappers will take, and vLLM's TRT-LLM workspace
-        where a phase runs TRT-LLM's kernels, once an engine, before vLLM sizes its KV cache;
-        on a model this plugin does not serve, log why and leave vLLM as it is. Another engine
-        of the process (``runner``, profiling after the last one's) starts afresh: the last
-        one's workspaces are let go, and a setting changed since the plugin was loaded is read
-        again (unset: that engine runs as vLLM makes it)."""
+        """Make the native wrappers' workspaces, and the TRT-LLM kernels' where a phase runs
+        them, once an engine, before vLLM sizes its KV cache; else log why and leave vLLM as it
+        is. Another engine's ``runner`` starts afresh, reading a changed setting again."""
         if self._engine is not None:
             if self._engine() is runner:
                 return
@@ -159,9 +146,12 @@ class VllmWorkspaces(PluginState):
             # no native phase (trtllm-gen prefills and decodes): no native workspace is served
             keys = serving_keys(records, roles, self.setting.describe()) if roles else {}
             self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
-            self.kv_cache_extensible = _kv_cache_extensible(config)
-            self.vllm_outside_budget = not self.kv_cache_extensible and _made_after_kv_sizing(
-                runner
+            # 0.34's enable_extensible_kv_cache (on by default on CUDA), settled before the profile
+            extensible = getattr(config.cache_config, "enable_extensible_kv_cache", None)
+            self.kv_cache_extensible = extensible is True
+            # vLLM's V2 runner makes its buffer after it sizes the KV cache (V1's profile counts it)
+            self.vllm_outside_budget = (
+                not self.kv_cache_extensible and type(runner).__module__ == V2_RUNNER
             )
             trtllm = self._trtllm_size(config, device, records)
         except ResourceConfigError as error:
@@ -172,8 +162,13 @@ class VllmWorkspaces(PluginState):
             return
         native = [r for r in records if any(role in r.labels for role in roles)]
         self.pools = build_pools(native, device) if native else {}
-        if trtllm is not None:
-            self.trtllm_workspace = _zeroed_workspace(*trtllm, device)
+        if trtllm is not None:  # zeroed: the kernels' semaphores must start at zero
+            import torch
+
+            from ...attn.workspace import Workspace
+
+            zeros = torch.zeros(trtllm[0], dtype=torch.uint8, device=device)
+            self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=trtllm[1])
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
             self._keys[role] = (record.path, cg_slot)
@@ -183,9 +178,8 @@ class VllmWorkspaces(PluginState):
     def _trtllm_size(
         self, config: Any, device: torch.device, records: Sequence[ResolvedResource]
     ) -> tuple[int, str] | None:
-        """The bytes of the TRT-LLM kernels' workspace, where a phase runs one (None: none does),
-        and the setting that raises them: the bound of what the kernels touch, or a deployment's
-        floor for the label ``trtllm`` where that is more (:attr:`provenance` says which)."""
+        """The TRT-LLM kernels' workspace bytes and the setting that raises them (None: no phase
+        runs them): their bound, or a deployment's ``trtllm`` floor where that is more."""
         if not any(vllm_plans.trtllm_kernels(self.plans)):
             return None
         from ...calibration.versions import installed_flashinfer
@@ -205,16 +199,14 @@ class VllmWorkspaces(PluginState):
         return max(need, floor), declared.floor_setting
 
     def _on_engine_freed(self, runner: weakref.ref[Any]) -> None:
-        """Let the workspaces go with the engine whose profile made them, as vLLM frees it: its
-        memory is back before another engine of the process measures what is free (vLLM's
-        profile fails where memory is freed while it measures)."""
+        """Let the workspaces go as vLLM frees their engine, so that their memory is back before
+        another engine's profile measures what is free (it fails where memory is freed during)."""
         if self._engine is runner:
             self._engine = None
             self._start_engine()
 
     def _read_setting_again(self) -> bool:
-        """Whether this engine is served: the setting as the plugin was loaded, or as it is now
-        where it has changed since."""
+        """Whether this engine is served by the setting as it is now, where it changed."""
         value = os.environ.get(ENV_VAR, "").strip()
         if value == self._loaded_value:
             return True
@@ -234,8 +226,8 @@ class VllmWorkspaces(PluginState):
     def _measure(
         self, config: Any, device: torch.device, roles: Sequence[Role]
     ) -> tuple[ResolvedResource, ...]:
-        """``auto``: a resource for each natively run phase, its floor the most any builder's
-        plans of that phase need, measured here."""
+        """``auto``: a resource for each native phase, its floor the most any builder's plans of
+        it need, measured here."""
         from ...calibration.override import declared_floors
 
         tree: dict[str, Any] = {"attn": {}}
@@ -319,9 +311,8 @@ class VllmWorkspaces(PluginState):
 
     # Step 2: as vLLM builds and plans each wrapper.
     def workspace(self, builder: Any, role: Role | None) -> Workspace | None:
-        """The workspace a wrapper of ``role`` is built on (None: a caller that only wants the
-        builder's buffer, such as the V2 runner's sharing of it); None where vLLM keeps its own
-        buffer: the plugin leaves vLLM as it is, or no workspace serves the role."""
+        """The workspace a wrapper of ``role`` is built on (``role`` None: any, for the V2
+        runner's sharing of the builder's buffer); None where vLLM keeps its own buffer."""
         if not self.serving:
             return None
         if builder not in self._builders:
@@ -335,9 +326,8 @@ class VllmWorkspaces(PluginState):
         return found
 
     def _check_page_size(self, builder: Any) -> None:
-        """A builder vLLM made with a page size the plugin did not plan for (0.32+ keeps the
-        manager's block size for block-outermost packed KV tensors, which the profile cannot
-        see): said once, as ``auto``'s floors were measured at the page sizes planned."""
+        """Warn once of a builder whose page size was not planned (0.32+ keeps the manager's
+        block size for block-outermost packed KV tensors, which the profile cannot see)."""
         page = getattr(builder, "page_size", None)
         planned = {p.page_size for p in self.plans}
         if page is None or not planned or page in planned or page in self._unplanned_pages:
@@ -351,7 +341,6 @@ class VllmWorkspaces(PluginState):
         )  # fmt: skip
 
     def _not_planned_for(self, role: Role) -> None:
-        """vLLM built a native ``role`` wrapper, though its builders said none would run."""
         if role not in self.unexpected:
             self.unexpected.append(role)
             logger.warning(
@@ -362,12 +351,10 @@ class VllmWorkspaces(PluginState):
             )  # fmt: skip
 
     def route(self, wrapper: Any, role: Role, builder: Any = None) -> None:
-        """Send ``wrapper``'s plans through its workspace: a decode wrapper's through vLLM's
-        ``fast_plan_decode``, which plans on the decode workspace while an engine is served
-        (:meth:`take_decode_plans`), a prefill wrapper's through its own ``plan``, rebound on the
-        wrapper itself (FlashInfer's wrappers have no hook, and vLLM checks their type, so the
-        object stays FlashInfer's). A decode wrapper of the first ``builder`` is given the
-        decode int workspace in place of its own."""
+        """Send ``wrapper``'s plans through its workspace: a decode wrapper's go through vLLM's
+        ``fast_plan_decode`` (:meth:`take_decode_plans`); a prefill wrapper's ``plan`` is
+        rebound on the wrapper itself (vLLM checks its type, so it stays FlashInfer's). The
+        first ``builder``'s decode wrappers get the decode int workspace in place of their own."""
         workspace = self._workspaces.get(role)
         if wrapper is None or workspace is None or self._routed_to(wrapper):
             return
@@ -390,7 +377,6 @@ class VllmWorkspaces(PluginState):
             wrapper.plan = functools.partial(workspace.plan, wrapper.plan)
 
     def _shares_int(self, builder: Any) -> bool:
-        """Whether ``builder``'s decode wrappers share the int workspace: the first builder's."""
         if builder is None:
             return False
         if self._int_builder is None or self._int_builder() is None:
@@ -402,12 +388,9 @@ class VllmWorkspaces(PluginState):
         return found is not None and found() is wrapper
 
     def take_decode_plans(self, backend: Any, fast_plan_decode: Callable[..., Any]) -> Any:
-        """Plan vLLM's decode wrappers on the decode workspace while an engine is served with
-        one: ``backend.fast_plan_decode(wrapper, ...)`` (vLLM's own, ``fast_plan_decode``) is
-        then the workspace's plan of vLLM's own (every native decode wrapper vLLM builds then
-        is on that workspace), and vLLM's own function again while none is, so that an engine
-        the plugin leaves as it is plans without a frame of the plugin's. Returns the planner
-        in place now."""
+        """Make ``backend.fast_plan_decode`` the decode workspace's plan of vLLM's own
+        ``fast_plan_decode`` while an engine is served with one, and vLLM's own while none is;
+        returns the planner in place now."""
         self._decode_seam = (backend, fast_plan_decode)
         self._set_decode_planner()
         return backend.fast_plan_decode
@@ -424,7 +407,7 @@ class VllmWorkspaces(PluginState):
 
     # Step 3: before vLLM captures CUDA graphs, or, where it captures none, before it serves.
     def seal(self, before: str) -> None:
-        """Seal every workspace, ``before`` what (in words: the log says it)."""
+        """Seal every workspace, ``before`` what (in words, for the log)."""
         if not self.serving or self.sealed:
             return
         for pool in self.pools.values():
@@ -445,7 +428,6 @@ class VllmWorkspaces(PluginState):
         return 0 if self.trtllm_workspace is None else self.trtllm_workspace.tensor.numel()
 
     def report(self) -> dict[str, Any]:
-        """What the plugin did in this process, as plain data."""
         return {
             **super().report(),
             "builders_planned": [
@@ -468,34 +450,19 @@ class VllmWorkspaces(PluginState):
 
 
 def _reference(runner: Any, freed: Callable[[Any], None]) -> Callable[[], Any]:
-    """A weak reference to ``runner`` where it takes one (a runner vLLM drops is not kept alive,
-    nor its engine's memory; ``freed`` is called as it goes), else a strong one."""
+    """A weak reference to ``runner`` (``freed`` called as it goes) where it takes one."""
     try:
         return weakref.ref(runner, freed)
     except TypeError:
         return lambda: runner
 
 
-def _kv_cache_extensible(config: Any) -> bool:
-    """Whether vLLM sizes its KV cache after warm-up and capture (``enable_extensible_kv_cache``,
-    settled before the profile; 0.34, on by default on CUDA), not at its memory profile."""
-    return getattr(config.cache_config, "enable_extensible_kv_cache", None) is True
-
-
-def _made_after_kv_sizing(runner: Any) -> bool:
-    """Whether ``runner`` is vLLM's V2 model runner, which makes the FlashInfer buffer after it
-    sizes the KV cache (V1's profile run makes one a builder, and its profile counts them)."""
-    return type(runner).__module__ == V2_RUNNER
-
-
 @contextlib.contextmanager
 def left_out_of_peak(device: torch.device) -> Iterator[None]:
     """Leave what the body allocates and frees out of torch's peak of allocated memory on
-    ``device``, the figure vLLM's memory profile reads, so that ``auto``'s measurement, made at
-    the start of that profile, costs the KV cache only the workspaces it keeps: the peak after
-    is what is allocated then. Only where the peak before the body was what was allocated then
-    (vLLM's profile has just reset it); a peak reached before, which a reset would lose, is
-    kept, and the body's counted with it."""
+    ``device``, which vLLM's profile reads, so that ``auto``'s measurement costs the KV cache only
+    the workspaces it keeps; only where the peak was at what was allocated before the body
+    (vLLM's profile just reset it), since a reset would lose an earlier peak."""
     if device.type != "cuda":
         yield
         return
@@ -529,14 +496,3 @@ def _sm_count(device: torch.device) -> int:
     import torch
 
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
-def _zeroed_workspace(nbytes: int, setting: str, device: torch.device) -> Workspace:
-    """The TRT-LLM kernels' workspace: ``nbytes`` of zeros (their semaphores must start at zero,
-    and they reset them), never grown (nothing plans on it), sealed with the others."""
-    import torch
-
-    from ...attn.workspace import Workspace
-
-    tensor = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    return Workspace(tensor, TRTLLM_PATH, floor=setting)
