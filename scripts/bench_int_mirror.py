@@ -33,11 +33,12 @@ It prints one table; status 2 where no CUDA GPU or no FlashInfer is here.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
+
+from bench_plan_overhead import gpu_missing
 
 from _args import count, run_main
 
@@ -188,16 +189,6 @@ def race_holds(way: Way, args: list[tuple[Any, ...]], other: tuple[Any, ...]) ->
     return torch.equal(seen, its_own)
 
 
-def missing() -> str | None:
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA GPU here"
-    if importlib.util.find_spec("flashinfer") is None:
-        return "FlashInfer is not installed (pip install 'mstar-resources[flashinfer]')"
-    return None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=count(10_000), default=41, help="idle rounds (41)")
@@ -205,7 +196,7 @@ def main() -> int:
     parser.add_argument("--run-us", type=count(1_000_000), default=1000,
                         help="each step's run on the GPU, us (1000)")  # fmt: skip
     options = parser.parse_args()
-    problem = missing()
+    problem = gpu_missing()
     if problem:
         parser.error(f"{problem}: this benchmark measures on a CUDA GPU with FlashInfer")
     import torch
