@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -20,18 +21,16 @@ from ..errors import (
 from ..units import ALIGNMENT, mb_to_hold
 from ._overflow import Overflow
 
-__all__ = ["GrowableBuffer", "WorkspaceGrowthError", "WorkspaceStats"]
+__all__ = ["BufferHolder", "GrowableBuffer", "WorkspaceGrowthError", "WorkspaceStats"]
 
 logger = logging.getLogger("mstar_resources.attn.workspace")
 
 
 class WorkspaceGrowthError(WorkspaceShortError, torch.OutOfMemoryError):
-    """A workspace could not get the memory it needed; it keeps its old buffer, intact and usable.
+    """The allocator ran out as a workspace grew (or made its floor); it keeps its old buffer.
 
-    Raised only when the allocator ran out (any other error while growing reaches the caller
-    unchanged), and a ``torch.OutOfMemoryError`` too, so an engine's out-of-memory handling still
-    catches it. Fields: :class:`WorkspaceShortError`'s (``held_bytes``: what it keeps; ``setting``:
-    reserving it up front, or lowering it, is the fix).
+    A ``torch.OutOfMemoryError`` too, so an engine's out-of-memory handling still catches it.
+    Fields: :class:`WorkspaceShortError`'s (``held_bytes``: what it keeps).
     """
 
 
@@ -207,7 +206,7 @@ class GrowableBuffer:
             self._grown_to_agree += added
             return added
 
-    def sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceSealedError:
+    def sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceShortError:
         """A sealed buffer's refusal of ``overflow``, counted in its stats (``whole``: what the
         whole plan needs, where FlashInfer's ``workspace_size()`` said)."""
         self._sealed_refusals += 1
@@ -234,24 +233,17 @@ class GrowableBuffer:
             needed=whole,
         )
 
-    def refusal(self, message: str, needed: int) -> WorkspaceSealedError:
-        return WorkspaceSealedError(
-            message,
-            workspace=self.name,
-            held_bytes=self.tensor.numel(),
-            needed_bytes=needed,
-            setting=self.floor,
-            suggested_mb=mb_to_hold(needed),
-        )
-
-    def _growth_refusal(self, message: str, needed: int) -> WorkspaceGrowthError:
-        return WorkspaceGrowthError(
-            message,
-            workspace=self.name,
-            held_bytes=self.tensor.numel(),
-            needed_bytes=needed,
-            setting=self.floor,
-        )
+    def refusal(self, message: str, needed: int, sealed: bool = True) -> WorkspaceShortError:
+        """The error for a plan needing ``needed`` bytes: sealed, else out of memory."""
+        fields: dict[str, Any] = {
+            "workspace": self.name,
+            "held_bytes": self.tensor.numel(),
+            "needed_bytes": needed,
+            "setting": self.floor,
+        }
+        if sealed:
+            return WorkspaceSealedError(message, suggested_mb=mb_to_hold(needed), **fields)
+        return WorkspaceGrowthError(message, **fields)
 
     def _resize(self, need: int, cause: str) -> int:
         """Move onto ``need`` bytes, old bytes kept and the tail zeroed, the mirror with it, under
@@ -261,11 +253,12 @@ class GrowableBuffer:
         if have >= need:
             return 0
         if need >= 1 << 63:  # torch would raise a TypeError of its own
-            raise self._growth_refusal(
+            raise self.refusal(
                 f"workspace {self.name!r}: {cause} asks to grow it from {have:,} to {need:,} "
                 f"bytes, more than any GPU holds (or a tensor can count); it keeps its "
                 f"{have:,}-byte buffer. The plan's arguments are likely wrong",
                 needed=need,
+                sealed=False,
             )
 
         def allocate(device: torch.device | None, failed: str) -> torch.Tensor:
@@ -274,7 +267,7 @@ class GrowableBuffer:
             except RuntimeError as error:
                 if not is_out_of_memory(error):
                     raise
-                raise self._growth_refusal(f"{failed} ({error})", needed=need) from error
+                raise self.refusal(f"{failed} ({error})", needed=need, sealed=False) from error
 
         grown_mirror = None
         if self.mirror is not None:
@@ -308,14 +301,46 @@ class GrowableBuffer:
         return need - have
 
 
+class BufferHolder:
+    """What a workspace, float or int, shows of its :class:`GrowableBuffer`."""
+
+    __slots__ = ("__weakref__", "_buffer")
+
+    _buffer: GrowableBuffer
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The buffer wrappers are given: the same object for the workspace's whole life."""
+        return self._buffer.tensor
+
+    @property
+    def name(self) -> str:
+        return self._buffer.name
+
+    @property
+    def sealed(self) -> bool:
+        return self._buffer.sealed
+
+    @property
+    def floor(self) -> str:
+        return self._buffer.floor
+
+    def __repr__(self) -> str:
+        state = "sealed" if self.sealed else "growable"
+        return f"{type(self).__name__}({self.name!r}, {self.tensor.numel()} bytes, {state})"
+
+    def seal(self) -> None:
+        """Keep this buffer's address from now on: graphs are about to be captured over it."""
+        self._buffer.seal()
+
+    def stats(self) -> WorkspaceStats:
+        return self._buffer.stats()
+
+
 def wait_for_every_stream(tensor: torch.Tensor) -> None:
     """Wait until no CUDA stream can still use ``tensor``'s storage, before it is copied and
-    handed back to the caching allocator, which knows only the stream a block was made on.
-
-    Work another stream queued on the old buffer (a second micro-batch, a copy) would otherwise
-    land after the copy (lost) or in what the allocator hands out next from the old block (seen on
-    an H200: a write behind a 1.5 s kernel on a side stream overwrote a fresh tensor). Which
-    streams used it is unknown here and growth is rare (warm-up), so the whole device is
-    synchronised rather than a ``record_stream`` per stream."""
+    handed back to the caching allocator, which knows only the stream a block was made on: work
+    another stream queued on it would land after the copy, or in the block's next tensor (seen on
+    an H200). Growth is rare, so the whole device is synchronised."""
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)

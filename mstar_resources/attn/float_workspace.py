@@ -4,8 +4,10 @@ workspace) grows that buffer in place and runs again; once sealed, it is refused
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -15,8 +17,8 @@ from ..errors import ResourceUsageError, WorkspacePlanError
 from ..units import is_int, plural
 from ._flashinfer import HOST_MIRROR, INT_BUFFER, buffer_views, own_buffers, refresh_recorded_size
 from ._overflow import Overflow, parse_overflow
-from .buffer import GrowableBuffer, WorkspaceStats
-from .int_workspace import IntWorkspace, checked_run
+from .buffer import BufferHolder, GrowableBuffer
+from .int_workspace import IntWorkspace
 
 __all__ = ["Workspace", "install_int_workspace"]
 
@@ -26,14 +28,8 @@ MAX_GROWTHS_PER_PLAN = 16
 """How many times one plan may grow a workspace. FlashInfer's allocations come in short chains
 (``tmp_v`` then ``tmp_s``: two growths at most seen); the bound stops a planner that never fits."""
 
-# How to make a wrapper plan on the kind of buffer it overflowed again after that buffer grew.
-BUILD_ADVICE = {
-    "float": "build the wrapper on workspace.tensor (or with WorkspacePool.build)",
-    "int": "give the wrapper this int workspace with WorkspacePool.install",
-}
 
-
-class Workspace:
+class Workspace(BufferHolder):
     """One FlashInfer float workspace, which wrappers plan against through :meth:`plan`.
 
     A workspace starts at its floor and a plan that overflows it grows it in place: ``tensor``
@@ -52,7 +48,7 @@ class Workspace:
             own, and an int overflow reaches the caller.
     """
 
-    __slots__ = ("__weakref__", "_buffer", "_by_kind", "_checked", "_int", "_routes", "_sizes")
+    __slots__ = ("_by_kind", "_checked", "_int", "_routes", "_sizes")
 
     def __init__(
         self,
@@ -73,7 +69,7 @@ class Workspace:
         # The buffers a plan may grow, by the kind of overflow.
         self._by_kind = {"float": self._buffer}
         if int_workspace is not None:
-            self._by_kind["int"] = int_workspace.buffer
+            self._by_kind["int"] = int_workspace._buffer
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()  # wrappers _refuse_views passed
         # Each buffer's bytes as a plan starting now sees them: replaced, never changed, at each
         # growth, so a plan reads them once, as it starts.
@@ -84,27 +80,6 @@ class Workspace:
     def int_workspace(self) -> IntWorkspace | None:
         """The int workspace the wrappers on this one plan into (None: each keeps its own)."""
         return self._int
-
-    @property
-    def tensor(self) -> torch.Tensor:
-        """The buffer wrappers are built on: the same object for the workspace's whole life."""
-        return self._buffer.tensor
-
-    @property
-    def name(self) -> str:
-        return self._buffer.name
-
-    @property
-    def sealed(self) -> bool:
-        return self._buffer.sealed
-
-    @property
-    def floor(self) -> str:
-        return self._buffer.floor
-
-    def __repr__(self) -> str:
-        state = "sealed" if self.sealed else "growable"
-        return f"Workspace({self.name!r}, {self.tensor.numel()} bytes, {state})"
 
     def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``plan(*args, **kwargs)``. One that runs short of room grows this workspace (or its
@@ -126,42 +101,21 @@ class Workspace:
             route, attributes = self._route(plan, args, key)
         sizes = self._sizes  # what the plan sees, whatever another thread grows
         int_tensor = route.int_tensor
-        # The mirror is the int workspace's to hand out only to a wrapper planning on it.
-        if int_tensor is None or attributes.get(INT_BUFFER) is not int_tensor:
+        # The mirror is the int workspace's to hand out only to a wrapper planning on it; growth
+        # keeps the int workspace's tensor, so the wrapper plans on it as it did.
+        on_int = int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor
+        growths, last = 0, None
+        while True:
             try:
+                if on_int:
+                    return self._int.plan_on(plan, args, kwargs, attributes, route.planner)  # type: ignore[union-attr]
                 return plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
                 call = (plan, args, kwargs)
-                return self._plan_after_overflow(error, call, route, attributes, sizes)
-        int_workspace: IntWorkspace = self._int  # type: ignore[assignment]
-        try:
-            return int_workspace.plan_on(plan, args, kwargs, attributes, route.planner)
-        except (RuntimeError, ValueError) as error:
-            call = (plan, args, kwargs)
-            return self._plan_after_overflow(error, call, route, attributes, sizes)
-
-    def _plan_after_overflow(
-        self, error: Exception, call: tuple[Callable[..., T], Any, Any], route: _Route,
-        attributes: dict[str, Any] | None, sizes: dict[str, int],
-    ) -> T:  # fmt: skip
-        """:meth:`plan` after its first try raised ``error`` on buffers of ``sizes`` bytes (by
-        kind): grow the buffer it ran short of and plan again, until it fits or raises."""
-        plan, args, kwargs = call
-        int_tensor = route.int_tensor
-        wrapper = route.planner()
-        seen, growths, last = sizes, 0, None
-        while True:
-            last = self._grow_for(error, call, wrapper, seen, growths, last)
+                last = self._grow_for(error, call, route.planner(), sizes, growths, last)
             growths += 1
             self._grown(plan, attributes)
-            seen = self._sizes
-            try:
-                # Growth keeps the int workspace's tensor: the wrapper plans on it as it did.
-                if int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor:  # type: ignore[union-attr]
-                    return self._int.plan_on(plan, args, kwargs, attributes, route.planner)  # type: ignore[union-attr, arg-type]
-                return plan(*args, **kwargs)
-            except (RuntimeError, ValueError) as again:
-                error = again
+            sizes = self._sizes
 
     def _grown(
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
@@ -171,15 +125,11 @@ class Workspace:
         the wrapper of ``attributes`` (planning now, perhaps not remembered) brought up to date.
         A wrapper not yet planned is brought up to date at its first plan (:meth:`_route`)."""
         self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
-        tensor = self._buffer.tensor
-        found = [attributes, getattr(getattr(plan, "__self__", None), "__dict__", None)]
-        for route in list(self._routes.values()):
-            wrapper = route.planner()
-            if wrapper is not None:
-                found.append(wrapper.__dict__)
-        for each in found:
+        wrappers = [getattr(plan, "__self__", None)]
+        wrappers += [route.planner() for route in list(self._routes.values())]
+        for each in [attributes, *(getattr(w, "__dict__", None) for w in wrappers)]:
             if each is not None:
-                refresh_recorded_size(each, tensor)
+                refresh_recorded_size(each, self._buffer.tensor)
 
     def _grow_for(
         self, error: Exception, call: tuple[Callable[..., Any], Any, Any], wrapper: Any,
@@ -189,18 +139,30 @@ class Workspace:
         overflow; raise ``error`` where it is no shortage of ours, or the library's error where
         the buffer is sealed or growing did not help."""
         overflow = parse_overflow(error)
-        short = _short_of(self._by_kind, overflow, seen, wrapper)
-        if short is None or overflow is None:
+        short = None if overflow is None else self._by_kind.get(overflow.kind)
+        # Not ours: an allocator with more room than this buffer holds, or an int overflow of a
+        # wrapper not found planning on this int workspace (one keeping its own overflowed that).
+        if (
+            short is None
+            or overflow is None
+            or (overflow.available or 0) > seen[overflow.kind]
+            or (overflow.kind == "int" and getattr(wrapper, INT_BUFFER, None) is not short.tensor)
+        ):
             raise error
-        planned_on = seen[short.kind.kind]
+        planned_on = seen[overflow.kind]
         if short.sealed:
             whole = _whole_plan_need(*call, short.kind.size_query_index)
             raise short.sealed_error(overflow, whole) from error
         if overflow == last:
+            advice = (
+                "build the wrapper on workspace.tensor (or with WorkspacePool.build)"
+                if overflow.kind == "float"
+                else "give the wrapper this int workspace with WorkspacePool.install"
+            )
             raise WorkspacePlanError(
                 f"workspace {short.name!r} grew to {planned_on:,} bytes, yet the plan reports the "
                 f"same overflow again ({overflow.allocation}, {overflow.size:,} bytes): it does "
-                f"not plan on this workspace's tensor; {BUILD_ADVICE[short.kind.kind]}",
+                f"not plan on this workspace's tensor; {advice}",
                 workspace=short.name,
                 held_bytes=planned_on,
             ) from error
@@ -233,7 +195,7 @@ class Workspace:
         wrapper, attributes = _wrapper_of(plan, args)
         # The plan's object records a size even where it is no wrapper found (a cascade level).
         owner = getattr(getattr(plan, "__self__", None), "__dict__", None)
-        for found in (attributes, None if owner is attributes else owner):
+        for found in (attributes, owner):
             if found is not None:
                 refresh_recorded_size(found, self._buffer.tensor)
         if wrapper is None:
@@ -278,12 +240,9 @@ class Workspace:
     def seal(self) -> None:
         """Keep this buffer's address from now on, and its int workspace's: graphs are about to
         be captured over them."""
-        self._buffer.seal()
+        super().seal()
         if self._int is not None:
             self._int.seal()
-
-    def stats(self) -> WorkspaceStats:
-        return self._buffer.stats()
 
     # What its pool asks of it when a group of ranks seals together (pool.py).
     def _refuse_growth(self, refused: bool = True) -> None:
@@ -297,35 +256,18 @@ class Workspace:
         return added
 
 
+@dataclass(frozen=True, slots=True)
 class _Route:
     """A wrapper planned on a workspace: a weak reference to it (``planner``) and the int
     workspace's tensor (``int_tensor``, None: none). Nothing of the wrapper's is held strongly: an
     engine's wrapper often refers to itself through its attributes (a bound method put there),
     and a route holding them would keep it alive."""
 
-    __slots__ = ("int_tensor", "planner")
-
-    def __init__(self, planner: Callable[[], Any], int_tensor: torch.Tensor | None) -> None:
-        self.planner = planner
-        self.int_tensor = int_tensor
+    planner: Callable[[], Any]
+    int_tensor: torch.Tensor | None
 
 
 _NOBODY = _Route(lambda: None, None)  # a plan whose wrapper is not found: nothing to remember
-
-
-def _short_of(
-    buffers: dict[str, GrowableBuffer], overflow: Overflow | None, have: dict[str, int],
-    wrapper: Any,
-) -> GrowableBuffer | None:  # fmt: skip
-    """The buffer of ``buffers`` that ``overflow`` ran short of, or None (not one of ours)."""
-    short = None if overflow is None else buffers.get(overflow.kind)
-    # An allocator with more room than this buffer holds was not allocating from it.
-    if short is None or overflow is None or (overflow.available or 0) > have[short.kind.kind]:
-        return None
-    # An int overflow is this int workspace's only where the wrapper is found planning on it:
-    # one that keeps its own overflowed that one, and one the library cannot find may too.
-    ours = wrapper is not None and getattr(wrapper, INT_BUFFER, None) is short.tensor
-    return None if short.kind.kind == "int" and not ours else short
 
 
 def _wrapper_of(
@@ -369,5 +311,14 @@ def install_int_workspace(wrapper: Any, workspace: Workspace) -> bool:
     run = own.get("run") or getattr(wrapper, "run", None)
     run = getattr(run, "_unchecked", run)  # given another int workspace before: not that check
     if callable(run):
-        own["run"] = checked_run(run, wrapper, int_workspace)
+
+        @functools.wraps(run)
+        def checked_run(*args: Any, **kwargs: Any) -> Any:
+            int_workspace.check_planned_by(wrapper)
+            return run(*args, **kwargs)
+
+        # Not functools' __wrapped__: FlashInfer 0.7 decorates run() itself, and its __wrapped__
+        # is the undecorated, unbound function.
+        checked_run._unchecked = run  # type: ignore[attr-defined]
+        own["run"] = checked_run
     return True

@@ -3,7 +3,6 @@ wrapper runs on its own plan (``workspace.py``'s notes say when sharing is safe)
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -12,14 +11,14 @@ import torch
 from .._internal.floor import INT
 from ..errors import WorkspacePlanError
 from ._flashinfer import HOST_MIRROR
-from .buffer import GrowableBuffer, WorkspaceStats
+from .buffer import BufferHolder, GrowableBuffer
 
-__all__ = ["IntWorkspace", "checked_run"]
+__all__ = ["IntWorkspace"]
 
 T = TypeVar("T")
 
 
-class IntWorkspace:
+class IntWorkspace(BufferHolder):
     """One FlashInfer int workspace and its host mirror: a plan writes its indices to the mirror
     and copies them to the GPU buffer, where the run and its graph read them.
 
@@ -37,47 +36,19 @@ class IntWorkspace:
     Args as :class:`Workspace`'s; ``floor`` defaults to ``MSTAR_INT_WORKSPACE_BUFFER_MB``.
     """
 
-    __slots__ = ("__weakref__", "_last_planner", "buffer")
+    __slots__ = ("_last_planner",)
 
     def __init__(
         self, tensor: torch.Tensor, name: str, sealed: bool = False, floor: str = INT.env_var
     ) -> None:
-        self.buffer = GrowableBuffer(tensor, name, sealed, floor, INT)
+        self._buffer = GrowableBuffer(tensor, name, sealed, floor, INT)
         # A weak reference to the wrapper whose plan (through Workspace.plan) it holds now.
         self._last_planner: Callable[[], Any] | None = None
 
     @property
-    def tensor(self) -> torch.Tensor:
-        """The GPU buffer: the same object for the workspace's whole life."""
-        return self.buffer.tensor
-
-    @property
     def mirror(self) -> torch.Tensor:
         """The pageable host mirror: the same object, as many bytes as :attr:`tensor`."""
-        return self.buffer.mirror  # type: ignore[return-value]
-
-    @property
-    def name(self) -> str:
-        return self.buffer.name
-
-    @property
-    def sealed(self) -> bool:
-        return self.buffer.sealed
-
-    @property
-    def floor(self) -> str:
-        return self.buffer.floor
-
-    def __repr__(self) -> str:
-        state = "sealed" if self.sealed else "growable"
-        return f"IntWorkspace({self.name!r}, {self.tensor.numel()} bytes, {state})"
-
-    def seal(self) -> None:
-        """Keep this buffer's address from now on (and its mirror's)."""
-        self.buffer.seal()
-
-    def stats(self) -> WorkspaceStats:
-        return self.buffer.stats()
+        return self._buffer.mirror  # type: ignore[return-value]
 
     # Runs at every plan of an engine's steps: each line costs.
     def plan_on(
@@ -86,7 +57,7 @@ class IntWorkspace:
     ) -> T:  # fmt: skip
         """``plan(*args, **kwargs)`` of the wrapper whose ``__dict__`` is ``attributes`` and which
         ``planner`` weakly refers to, on this mirror; marked as the plan held unless it raises."""
-        attributes[HOST_MIRROR] = self.buffer.mirror
+        attributes[HOST_MIRROR] = self._buffer.mirror
         planned = plan(*args, **kwargs)
         self._last_planner = planner
         return planned
@@ -106,19 +77,3 @@ class IntWorkspace:
                 workspace=self.name,
                 held_bytes=self.tensor.numel(),
             )
-
-
-def checked_run(
-    run: Callable[..., T], wrapper: Any, int_workspace: IntWorkspace
-) -> Callable[..., T]:
-    """``run``, which first checks that ``int_workspace`` holds ``wrapper``'s own plan."""
-
-    @functools.wraps(run)
-    def check_then_run(*args: Any, **kwargs: Any) -> T:
-        int_workspace.check_planned_by(wrapper)
-        return run(*args, **kwargs)
-
-    # Not functools' __wrapped__: FlashInfer 0.7 decorates run() itself, and its __wrapped__ is
-    # the undecorated, unbound function.
-    check_then_run._unchecked = run  # type: ignore[attr-defined]
-    return check_then_run
