@@ -1,18 +1,10 @@
-"""Agreeing on a pool across the ranks of a torch.distributed group, before it is sealed.
+"""Agreeing on a pool across the ranks of a torch.distributed group, before it is sealed: every
+rank ends with the same keys, each as large as the largest any rank holds (a growth on one rank
+alone is lost anyway: engines size the KV cache from the rank with the least free memory).
 
-Ranks see different batches (data-parallel attention, uneven micro-batches), so a workspace can
-grow on one rank and not another. Engines size the KV cache from the smallest free memory of any
-rank, so that growth is lost on every rank anyway; agreeing makes it visible and symmetric: every
-rank ends with the same keys, each as large as the largest any rank holds.
-
-Two ``all_gather_object`` calls on the group's own backend (NCCL needs each rank's CUDA device
-set), at seal time only:
-
-1. every rank's pool identity and the bytes of each workspace it made. Pools that differ fail on
-   every rank alike, since every rank sees the same gathered list: none waits for another.
-2. after each rank made what it lacked and grew to the agreed sizes, whether it could. A rank
-   that could not raises its own error and every other rank a ``WorkspaceAgreementError`` naming
-   it; then no rank seals.
+Two ``all_gather_object`` calls on the group's own backend, at seal time only: every rank's pool
+identity and the bytes of each workspace it made (pools that differ fail on every rank alike);
+then whether each rank could make and grow what it lacked (if one could not, no rank seals).
 """
 
 from __future__ import annotations

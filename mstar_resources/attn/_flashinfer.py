@@ -19,19 +19,6 @@ from ..units import is_int
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "FLOAT_BUFFER",
-    "HOST_MIRROR",
-    "INT_BUFFER",
-    "RECORDED_SIZE",
-    "REFUSAL",
-    "buffer_views",
-    "own_buffers",
-    "plain_decode_groups",
-    "refresh_recorded_size",
-    "refusals",
-]
-
 FLOAT_BUFFER = "_float_workspace_buffer"
 """Where a wrapper keeps the float workspace it was built on. Read in 0.6.6, 0.7.2.post1 and 0.7.4:
 decode, paged and ragged prefill, POD and MLA wrappers; each plan and run reads it as it is then,
@@ -104,9 +91,7 @@ def refresh_recorded_size(attributes: dict[str, Any], tensor: torch.Tensor) -> N
     size where it records one and plans on ``tensor``, lest it understate a grown buffer."""
     recorded = attributes.get(RECORDED_SIZE)
     if is_int(recorded) and attributes.get(FLOAT_BUFFER) is tensor:
-        now = tensor.numel()
-        if recorded != now:
-            attributes[RECORDED_SIZE] = now
+        attributes[RECORDED_SIZE] = tensor.numel()
 
 
 def refusals() -> tuple[type[BaseException], ...]:

@@ -1,22 +1,16 @@
 """Reading FlashInfer's report that a plan ran out of a workspace, float or int.
 
-FlashInfer's ``AlignedAllocator`` (``include/flashinfer/allocator.h``) throws when a plan's scratch
-does not fit, as a plain ``RuntimeError`` whose text is all there is to go on, in two forms:
-
-- since 0.2.9: ``Buffer overflow when allocating memory for NAME with size N and alignment A, but
-  only R bytes available in AlignedAllocator. ...``
-- before 0.2.9: ``Failed to allocate memory for NAME with size N and alignment A in
-  AlignedAllocator``
-
-Float allocations hold split-KV partials and are named for them (``batch_decode_tmp_v``,
-``mla_partial_o``, ``holistic_partial_lse``, ...); every other name is an int allocation, holding a
-plan's indices (``batch_decode_request_indices``, ...).
+FlashInfer's ``AlignedAllocator`` (``include/flashinfer/allocator.h``) raises a plain
+``RuntimeError`` when a plan's scratch does not fit, its text all there is to go on: since 0.2.9
+``Buffer overflow when allocating memory for NAME with size N and alignment A, but only R bytes
+available in AlignedAllocator. ...``, before ``Failed to allocate memory for NAME with size N and
+alignment A in AlignedAllocator``. Float allocations hold split-KV partials and are named for them
+(``batch_decode_tmp_v``, ``mla_partial_o``, ...); every other name is an int allocation.
 
 In 0.7.4 (not 0.7.2.post1) the MLA wrapper's ``fa2`` and ``fa3`` backends check the whole float
 workspace before they plan (``flashinfer/mla/_batch_mla/_backends/_fa_common.py``) and raise a
-``ValueError`` naming both partial buffers' bytes together: ``fa2 MLA needs N float workspace
-bytes for partial outputs and LSE.`` Under ``backend="auto"`` each backend tried says so in one
-message; the plan needs the most any of them asked for.
+``ValueError``: ``fa2 MLA needs N float workspace bytes for partial outputs and LSE.``; under
+``backend="auto"``, one such sentence per backend tried, and the plan needs the most.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ import contextlib
 import functools
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -48,7 +47,7 @@ class Workspace(BufferHolder):
             own, and an int overflow reaches the caller.
     """
 
-    __slots__ = ("_by_kind", "_checked", "_int", "_routes", "_sizes")
+    __slots__ = ("_by_kind", "_checked", "_int", "_int_tensor", "_routes", "_sizes")
 
     def __init__(
         self,
@@ -66,15 +65,16 @@ class Workspace(BufferHolder):
                 "(or None: each wrapper keeps its own)"
             )
         self._int = int_workspace
+        self._int_tensor = None if int_workspace is None else int_workspace.tensor
         # The buffers a plan may grow, by the kind of overflow.
         self._by_kind = {"float": self._buffer}
         if int_workspace is not None:
             self._by_kind["int"] = int_workspace._buffer
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()  # wrappers _refuse_views passed
-        # Each buffer's bytes as a plan starting now sees them: replaced, never changed, at each
-        # growth, so a plan reads them once, as it starts.
-        self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
-        self._routes: dict[int, _Route] = {}  # by the id of each wrapper planned (:meth:`_route`)
+        # A weak reference to each wrapper planned, by its id (:meth:`_route`): an engine's wrapper
+        # often refers to itself through its attributes, and a strong one would keep it alive.
+        self._routes: dict[int, Callable[[], Any]] = {}
+        self._grown()
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -94,13 +94,13 @@ class Workspace(BufferHolder):
         owner = getattr(plan, "__self__", None)
         key = owner if owner is not None else args[0] if args else None
         # A route is dropped as its wrapper dies, before its id can be another object's.
-        route = self._routes.get(id(key))
-        if route is not None:
+        planner = self._routes.get(id(key))
+        if planner is not None:
             attributes = key.__dict__  # a remembered route's wrapper is the key
         else:
-            route, attributes = self._route(plan, args, key)
+            planner, attributes = self._route(plan, args, key)
         sizes = self._sizes  # what the plan sees, whatever another thread grows
-        int_tensor = route.int_tensor
+        int_tensor = self._int_tensor
         # The mirror is the int workspace's to hand out only to a wrapper planning on it; growth
         # keeps the int workspace's tensor, so the wrapper plans on it as it did.
         on_int = int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor
@@ -108,11 +108,11 @@ class Workspace(BufferHolder):
         while True:
             try:
                 if on_int:
-                    return self._int.plan_on(plan, args, kwargs, attributes, route.planner)  # type: ignore[union-attr]
+                    return self._int.plan_on(plan, args, kwargs, attributes, planner)  # type: ignore[union-attr]
                 return plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
                 call = (plan, args, kwargs)
-                last = self._grow_for(error, call, route.planner(), sizes, growths, last)
+                last = self._grow_for(error, call, planner(), sizes, growths, last)
             growths += 1
             self._grown(plan, attributes)
             sizes = self._sizes
@@ -124,9 +124,11 @@ class Workspace(BufferHolder):
         (:func:`refresh_recorded_size`) of every remembered wrapper, of ``plan``'s object and of
         the wrapper of ``attributes`` (planning now, perhaps not remembered) brought up to date.
         A wrapper not yet planned is brought up to date at its first plan (:meth:`_route`)."""
+        # Each buffer's bytes as a plan starting now sees them: replaced, never changed, so a
+        # plan reads them once, as it starts.
         self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
         wrappers = [getattr(plan, "__self__", None)]
-        wrappers += [route.planner() for route in list(self._routes.values())]
+        wrappers += [planner() for planner in list(self._routes.values())]
         for each in [attributes, *(getattr(w, "__dict__", None) for w in wrappers)]:
             if each is not None:
                 refresh_recorded_size(each, self._buffer.tensor)
@@ -187,29 +189,33 @@ class Workspace(BufferHolder):
 
     def _route(
         self, plan: Callable[..., Any], args: tuple[Any, ...], key: Any
-    ) -> tuple[_Route, dict[str, Any] | None]:
-        """The route of the wrapper ``plan`` plans (:func:`_wrapper_of`) and its attributes
-        (None: none found), after refusing its views and updating its recorded size. Remembered
-        by id, until the wrapper dies, where the wrapper is the ``key`` :meth:`plan` looks up."""
+    ) -> tuple[Callable[[], Any], dict[str, Any]]:
+        """A weak reference to the wrapper ``plan`` plans and its attributes (:func:`own_buffers`;
+        {}: none found), after refusing its views and updating its recorded size. The wrapper is
+        the bound ``plan``'s object, else its first argument (vLLM's ``fast_plan_decode(wrapper,
+        ...)``). Remembered by id, until it dies, where it is the ``key`` :meth:`plan` looks up."""
         self._refuse_views(plan)
-        wrapper, attributes = _wrapper_of(plan, args)
+        owner = getattr(plan, "__self__", None)
+        wrapper, attributes = None, {}
+        for candidate in (owner, args[0] if args else None):
+            own = None if candidate is None else own_buffers(candidate)
+            if own is not None:
+                wrapper, attributes = candidate, own
+                break
         # The plan's object records a size even where it is no wrapper found (a cascade level).
-        owner = getattr(getattr(plan, "__self__", None), "__dict__", None)
-        for found in (attributes, owner):
-            if found is not None:
-                refresh_recorded_size(found, self._buffer.tensor)
+        for each in (attributes, getattr(owner, "__dict__", None)):
+            if each:
+                refresh_recorded_size(each, self._buffer.tensor)
         if wrapper is None:
-            return _NOBODY, None
-        int_tensor = None if self._int is None else self._int.tensor
+            return _nobody, attributes
         routes, wrapper_id = self._routes, id(wrapper)
         try:
             planner = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
         except TypeError:  # no weak references to it: found again at every plan
-            return _Route(lambda: wrapper, int_tensor), attributes
-        route = _Route(planner, int_tensor)
+            return (lambda: wrapper), attributes
         if wrapper is key:
-            routes[wrapper_id] = route
-        return route, attributes
+            routes[wrapper_id] = planner
+        return planner, attributes
 
     def _refuse_views(self, plan: Callable[..., Any]) -> None:
         """Refuse a wrapper holding a view of this growable buffer (:func:`buffer_views`): growth
@@ -218,11 +224,9 @@ class Workspace(BufferHolder):
         wrapper = getattr(plan, "__self__", None)
         if wrapper is None or self._buffer.sealed:
             return
-        try:
+        with contextlib.suppress(TypeError):  # no weak references to it: checked at every plan
             if wrapper in self._checked:
                 return
-        except TypeError:  # no weak references to it: checked at every plan
-            pass
         views = buffer_views(wrapper, self.tensor)
         if not views:
             with contextlib.suppress(TypeError):
@@ -256,30 +260,8 @@ class Workspace(BufferHolder):
         return added
 
 
-@dataclass(frozen=True, slots=True)
-class _Route:
-    """A wrapper planned on a workspace: a weak reference to it (``planner``) and the int
-    workspace's tensor (``int_tensor``, None: none). Nothing of the wrapper's is held strongly: an
-    engine's wrapper often refers to itself through its attributes (a bound method put there),
-    and a route holding them would keep it alive."""
-
-    planner: Callable[[], Any]
-    int_tensor: torch.Tensor | None
-
-
-_NOBODY = _Route(lambda: None, None)  # a plan whose wrapper is not found: nothing to remember
-
-
-def _wrapper_of(
-    plan: Callable[..., Any], args: tuple[Any, ...]
-) -> tuple[Any, dict[str, Any] | None]:
-    """The wrapper a plan plans and its attributes (:func:`own_buffers`): the bound ``plan``'s
-    object, else its first argument (vLLM's ``fast_plan_decode(wrapper, ...)``); else Nones."""
-    for candidate in (getattr(plan, "__self__", None), args[0] if args else None):
-        attributes = None if candidate is None else own_buffers(candidate)
-        if attributes is not None:
-            return candidate, attributes
-    return None, None
+def _nobody() -> None:
+    """The wrapper of a plan whose wrapper is not found."""
 
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any, index: int) -> int | None:

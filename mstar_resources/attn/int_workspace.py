@@ -1,5 +1,5 @@
 """FlashInfer's int workspace, shared: its GPU buffer, its host mirror, and the check that a
-wrapper runs on its own plan (``workspace.py``'s notes say when sharing is safe)."""
+wrapper runs on its own plan (``docs/workspaces-and-ranks.md`` says when sharing is safe)."""
 
 from __future__ import annotations
 
@@ -13,27 +13,18 @@ from ..errors import WorkspacePlanError
 from ._flashinfer import HOST_MIRROR
 from .buffer import BufferHolder, GrowableBuffer
 
-__all__ = ["IntWorkspace"]
-
 T = TypeVar("T")
 
 
 class IntWorkspace(BufferHolder):
     """One FlashInfer int workspace and its host mirror: a plan writes its indices to the mirror
-    and copies them to the GPU buffer, where the run and its graph read them.
+    and copies them to the GPU buffer, where the run and its graph read them. It grows and seals
+    as a float workspace does, its mirror with it (FlashInfer writes the mirror at the GPU
+    buffer's offsets). Args as :class:`Workspace`'s.
 
-    It grows and seals as a float workspace does, and its mirror always holds as many bytes:
-    FlashInfer sizes the int allocator by the GPU buffer and writes the mirror at the same offsets.
-    A pool makes one per key (:attr:`Workspace.int_workspace`) and gives it to wrappers
-    (:meth:`WorkspacePool.install`).
-
-    **The mirror is pageable.** A copy from pinned memory reads its source when the stream
-    reaches it, so the next plan (another wrapper's, or the same one's a step later) could rewrite
-    the mirror first, and a run would read another plan's indices. From pageable memory the driver
-    stages the bytes before ``cudaMemcpyAsync`` returns, so one mirror serves every wrapper with
-    nothing to track (``scripts/bench_int_mirror.py`` measures both on a GPU).
-
-    Args as :class:`Workspace`'s; ``floor`` defaults to ``MSTAR_INT_WORKSPACE_BUFFER_MB``.
+    The mirror is pageable: a copy from pinned memory reads its source only when the stream
+    reaches it, after the next plan may have rewritten it; from pageable memory the driver stages
+    the bytes before ``cudaMemcpyAsync`` returns, so one mirror serves every wrapper.
     """
 
     __slots__ = ("_last_planner",)

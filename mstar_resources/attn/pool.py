@@ -37,13 +37,10 @@ class WorkspacePool:
     512. ``owner`` names the resource in what a workspace reports.
 
     Each key also holds an :class:`IntWorkspace` and its host mirror, which the key's wrappers
-    share in place of the 8 MiB pair each FlashInfer wrapper makes (the module's notes say when
-    that is safe): :meth:`build` makes a wrapper on both, :meth:`install` gives them to one an
-    engine made. An int floor of 0 makes none: each wrapper keeps its own.
+    share in place of the 8 MiB pair each FlashInfer wrapper makes: :meth:`build` makes a wrapper
+    on both, :meth:`install` gives them to one an engine made. An int floor of 0 makes none.
 
     Keyword-only (:func:`mstar_resources.build_pools` passes them for a declared resource):
-
-    Args:
         int_size_mb: the floor of each int workspace, in MB (None: the variable, else 8).
         config_key: the resource's key, e.g. ``resources.attn.decode``; its ``declared_mb`` and
             ``int_declared_mb`` are then the settings errors point to.
@@ -75,7 +72,6 @@ class WorkspacePool:
         self._size_mb = size_mb
         self._owner = owner
         self._config_key = config_key
-        self._int_size_mb = int_size_mb
         if floors is None:
             setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
             int_setting = "int_size_mb" if config_key is None else f"{config_key}.int_declared_mb"
@@ -112,16 +108,6 @@ class WorkspacePool:
     def size_mb(self) -> int | None:
         """The floor asked for, in MB; None: the variable's, else the default."""
         return self._size_mb
-
-    @property
-    def int_size_mb(self) -> int | None:
-        """The int floor asked for, in MB; None: the variable's, else the default."""
-        return self._int_size_mb
-
-    @property
-    def config_key(self) -> str | None:
-        """The resource's key in the config (``resources.attn.decode``), or None."""
-        return self._config_key
 
     @property
     def sealed(self) -> bool:
@@ -173,11 +159,7 @@ class WorkspacePool:
     @property
     def int_held_bytes(self) -> int:
         """The GPU bytes of every int workspace made so far (their host mirrors hold as many)."""
-        return sum(w.tensor.numel() for w in self.int_workspaces().values())
-
-    def int_workspaces(self) -> dict[tuple[str, int | None], IntWorkspace]:
-        """The int workspaces made so far, by (label, cg slot)."""
-        return {key: w.int_workspace for key, w in self.workspaces().items() if w.int_workspace}
+        return sum(s.bytes for s in self.int_stats())
 
     def build(
         self,
@@ -234,58 +216,56 @@ class WorkspacePool:
         """
         if group is not None:
             _check_group(group)
-            self._agree_sealing(group)
+            self._agree(group)
         with self._lock:
             self._sealed = True
             for workspace in self._workspaces.values():
                 workspace.seal()
         logger.info("%s", self.summary())
 
-    def _agree_sealing(self, group: ProcessGroup) -> None:
+    def _agree(self, group: ProcessGroup) -> None:
         """Agree with ``group`` while no plan can grow a workspace here (a growth after the sizes
         are gathered would leave this rank at a size the others never saw). If it fails,
         nothing is sealed and plans may grow again."""
-        self._set_sealing(True)
-        try:
-            self._agree(group)
-        except BaseException:
-            self._set_sealing(False)
-            raise
-
-    def _set_sealing(self, sealing: bool) -> None:
-        with self._lock:
-            self._sealing = sealing
-            workspaces = list(self._workspaces.values())
-        for workspace in workspaces:
-            workspace._refuse_growth(sealing)
-
-    def _agree(self, group: ProcessGroup) -> None:
         import torch.distributed as dist
 
         from . import _agree
 
-        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
-        held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
-        every_held = _agree.gather_held(self._identity, held, group)
-        agreed = _agree.largest(every_held.values())
-        others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
-        failure: Exception | None = None
-        added = 0
+        self._refuse_growth(True)
         try:
-            for (label, cg_slot), nbytes in agreed.items():
-                added += self.get(label, cg_slot)._grow_to_agree(nbytes, others)
-        except Exception as error:  # told to every rank, then raised here as it was
-            failure = error
-        _agree.share_outcome(failure, self._identity, every_held, group)
+            rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+            held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
+            every_held = _agree.gather_held(self._identity, held, group)
+            agreed = _agree.largest(every_held.values())
+            others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
+            failure: Exception | None = None
+            added = 0
+            try:
+                for (label, cg_slot), nbytes in agreed.items():
+                    added += self.get(label, cg_slot)._grow_to_agree(nbytes, others)
+            except Exception as error:  # told to every rank, then raised here as it was
+                failure = error
+            _agree.share_outcome(failure, self._identity, every_held, group)
+        except BaseException:
+            self._refuse_growth(False)
+            raise
         logger.info(
             "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
             rank, _agree.describe(self._identity), sum(agreed.values()), len(agreed), ranks, added,
         )  # fmt: skip
 
+    def _refuse_growth(self, refused: bool) -> None:
+        """Refuse any growth, as if sealed, in every workspace here and any made from now on."""
+        with self._lock:
+            self._sealing = refused
+            workspaces = list(self._workspaces.values())
+        for workspace in workspaces:
+            workspace._refuse_growth(refused)
+
     @property
     def _identity(self) -> tuple[str, str | None, tuple[tuple[str, int | None], ...] | None]:
         """What must match across ranks: (owner, config key, served keys)."""
-        return self.owner, self.config_key, self._serves
+        return self.owner, self._config_key, self._serves
 
     def workspaces(self) -> dict[tuple[str, int | None], Workspace]:
         """The workspaces made so far, by (label, cg slot)."""
@@ -298,7 +278,7 @@ class WorkspacePool:
 
     def int_stats(self) -> list[WorkspaceStats]:
         """One snapshot per int workspace made so far, in the order they were made."""
-        return [workspace.stats() for workspace in self.int_workspaces().values()]
+        return [w.int_workspace.stats() for w in self.workspaces().values() if w.int_workspace]
 
     def summary(self) -> str:
         """A few lines an engine can log at seal time: the totals, then one line per workspace."""
@@ -326,22 +306,19 @@ class WorkspacePool:
             raise ResourceUsageError(
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
             )
-        if self._serves is not None and (label, cg_slot) not in self._serves:
-            raise ResourceUsageError(self._unserved_key(label, cg_slot))
-
-    def _unserved_key(self, label: str, cg_slot: int | None) -> str:
-        labels = list(dict.fromkeys(label for label, _ in self._serves or ()))
-        slots = sorted({slot for _, slot in self._serves or () if slot is not None})
-        where = self.config_key or f"pool {self.owner!r}"
-        served = f"labels {labels} " + (
-            f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)"
+        if self._serves is None or (label, cg_slot) in self._serves:
+            return
+        labels = list(dict.fromkeys(label for label, _ in self._serves))
+        slots = sorted({slot for _, slot in self._serves if slot is not None})
+        key = self._config_key
+        served = f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)"
+        fix = "Ask for one of those"
+        if key:
+            fix = f"Add the label to {key}.labels or the slot to {key}.cg_slots"
+        raise ResourceUsageError(
+            f"{key or 'pool ' + repr(self.owner)} does not serve ({label!r}, cg_slot={cg_slot}); "
+            f"it serves labels {labels} {served}. {fix}"
         )
-        fix = (
-            f"Add the label to {self.config_key}.labels or the slot to {self.config_key}.cg_slots"
-            if self.config_key
-            else "Ask for one of those"
-        )
-        return f"{where} does not serve ({label!r}, cg_slot={cg_slot}); it serves {served}. {fix}"
 
     def _name(self, label: str, cg_slot: int | None) -> str:
         return f"{self.owner}:{label}" + ("" if cg_slot is None else f":cg{cg_slot}")
@@ -357,10 +334,8 @@ class WorkspacePool:
         int_workspace = None
         if self._int_floor.bytes:
             int_name = f"{name}:int"
-            int_tensor = self._allocate(int_name, self._int_floor)
-            int_workspace = IntWorkspace(
-                int_tensor, int_name, self._sealed, self._int_floor.setting
-            )
+            tensor = self._allocate(int_name, self._int_floor)
+            int_workspace = IntWorkspace(tensor, int_name, self._sealed, self._int_floor.setting)
         tensor = self._allocate(name, self._floor)
         workspace = Workspace(
             tensor, name, self._sealed, self._floor.setting, int_workspace=int_workspace

@@ -93,23 +93,11 @@ def xqa_workspace_bytes(
     """Bytes of ``workspace_buffer`` ``xqa_batch_decode_with_kv_cache`` can touch: the 8 MiB
     semaphore region plus the largest multi-block scratch over every batch size up to ``batch``.
 
-    Parameters
-    ----------
-    batch : int
-        Largest number of requests in one call.
-    num_qo_heads, num_kv_heads : int
-        Query and KV heads of the layer (per rank).
-    head_dim : int
-        Head dimension (16 to 512, a multiple of 16).
-    max_seq_len : int
-        Widest page table in tokens (``block_tables.shape[-1] * page_size``: xqa.py reads the
-        length from the table's width, not from ``seq_lens`` or the ``max_seq_len`` argument).
-    sm_count : int
-        Streaming multiprocessors of the device (``get_device_sm_count``).
-    q_len_per_req : int
-        Query tokens per request (speculative decoding when above 1).
-    hopper_fp8_kv : bool
-        An fp8 KV cache on SM90, where xqa.py may run ``mha_sm90.cu``: the bound then covers both.
+    ``batch``: the most requests in one call; the heads are the layer's, per rank; ``head_dim``:
+    16 to 512, a multiple of 16; ``max_seq_len``: the widest page table in tokens
+    (``block_tables.shape[-1] * page_size``: xqa.py reads the length from the table's width);
+    ``sm_count``: the device's SMs; ``q_len_per_req`` above 1: speculative decoding;
+    ``hopper_fp8_kv``: an fp8 KV cache on SM90, where xqa.py may also run ``mha_sm90.cu``.
     """
     _positive(batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
               head_dim=head_dim, max_seq_len=max_seq_len, sm_count=sm_count,
@@ -156,25 +144,11 @@ def trtllm_gen_workspace_bytes(
     launch has at most SMs CTAs, each with headDimPerCtaV (x2 for 2-CTA MMA) <= head_dim_vo; the
     multi-wave split checks its partials against the scratch left and otherwise falls back.
 
-    Parameters
-    ----------
-    batch : int
-        Largest number of requests in one call.
-    num_qo_heads : int
-        Query heads of the layer (per rank).
-    head_dim_vo : int
-        Head dimension of V and the output.
-    sm_count : int
-        Streaming multiprocessors of the device.
-    max_q_len : int
-        Query tokens per request.
-    return_lse : bool
-        Whether the call returns LSE (or passes ``lse``), which adds the softmax stats.
-    counters_in_workspace : bool
-        FlashInfer 0.6.14 keeps 8 MiB of multi-CTA counters at the workspace's head; from
-        0.6.16.post3 they are a separate ``multi_ctas_kv_counter_buffer``.
-    max_step_q : int
-        Largest query tile of the kernels that may run.
+    ``head_dim_vo``: V's and the output's head dimension; ``max_q_len``: query tokens per
+    request; ``return_lse``: the call returns LSE (or passes ``lse``), which adds the softmax
+    stats; ``counters_in_workspace``: FlashInfer 0.6.14 keeps 8 MiB of multi-CTA counters at the
+    workspace's head (from 0.6.16.post3 a separate buffer); ``max_step_q``: the largest query tile
+    of the kernels that may run. The others as :func:`xqa_workspace_bytes`'s.
     """
     _positive(batch=batch, num_qo_heads=num_qo_heads, head_dim_vo=head_dim_vo,
               sm_count=sm_count, max_q_len=max_q_len, max_step_q=max_step_q)  # fmt: skip

@@ -29,7 +29,7 @@ from mstar_resources import (
 )
 from mstar_resources._internal.floor import MAX_MB
 from mstar_resources.attn._overflow import MLA_PARTIALS
-from mstar_resources.attn.workspace import MAX_GROWTHS_PER_PLAN
+from mstar_resources.attn.float_workspace import MAX_GROWTHS_PER_PLAN
 from mstar_resources.units import MIB
 
 from .fake_allocator import (
