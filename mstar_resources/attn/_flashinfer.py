@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..units import is_int
 
@@ -56,13 +56,9 @@ def own_buffers(wrapper: Any) -> dict[str, Any] | None:
     import torch
 
     own = getattr(wrapper, "__dict__", None)
-    if (
-        own is None
-        or not isinstance(own.get(INT_BUFFER), torch.Tensor)
-        or not isinstance(own.get(HOST_MIRROR), torch.Tensor)
-    ):
+    if own is None or not isinstance(own.get(INT_BUFFER), torch.Tensor):
         return None
-    return cast(dict[str, Any], own)
+    return own if isinstance(own.get(HOST_MIRROR), torch.Tensor) else None
 
 
 def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:
@@ -74,16 +70,14 @@ def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:
         return []
     start = tensor.untyped_storage().data_ptr()
     end = start + tensor.untyped_storage().nbytes()
-    found = []
-    for name, value in (getattr(wrapper, "__dict__", None) or {}).items():
-        if (
-            isinstance(value, torch.Tensor)
-            and value is not tensor
-            and value.device == tensor.device
-            and start <= value.untyped_storage().data_ptr() < end
-        ):
-            found.append(name)
-    return found
+    return [
+        name
+        for name, value in (getattr(wrapper, "__dict__", None) or {}).items()
+        if isinstance(value, torch.Tensor)
+        and value is not tensor
+        and value.device == tensor.device
+        and start <= value.untyped_storage().data_ptr() < end
+    ]
 
 
 def refresh_recorded_size(attributes: dict[str, Any], tensor: torch.Tensor) -> None:

@@ -1,6 +1,5 @@
-"""The growable buffer a float workspace holds, and an int workspace holds with its host mirror:
-its tensor, moved in place onto a larger block when a plan overflows it and never once sealed,
-its growth history and its refusals."""
+"""The growable buffer of a float or int workspace (the latter with its host mirror): moved in
+place onto a larger block when a plan overflows it, never once sealed; its history and refusals."""
 
 from __future__ import annotations
 
@@ -89,10 +88,8 @@ class WorkspaceStats:
 
 
 class GrowableBuffer:
-    """A workspace's device buffer: ``tensor`` keeps its identity while it grows, and never moves
-    once sealed; an int workspace's has a host ``mirror`` of as many bytes, grown with it. Every
-    change of size or state is made under :attr:`lock`, so one sealed while a plan runs never moves.
-    """
+    """A workspace's device buffer (an int workspace's with a host ``mirror`` of as many bytes).
+    Every change of size or state is made under :attr:`lock`: sealed while a plan runs, it stays."""
 
     def __init__(
         self,
@@ -246,9 +243,8 @@ class GrowableBuffer:
         return WorkspaceGrowthError(message, **fields)
 
     def _resize(self, need: int, cause: str) -> int:
-        """Move onto ``need`` bytes, old bytes kept and the tail zeroed, the mirror with it, under
-        the caller's lock; returns the bytes added (0: it holds that many). If either cannot be
-        had, both keep their buffers."""
+        """Move onto ``need`` bytes (old bytes kept, tail zeroed), the mirror with it, under the
+        caller's lock; returns the bytes added. If either cannot be had, both keep their buffers."""
         have = self.tensor.numel()
         if have >= need:
             return 0

@@ -120,12 +120,10 @@ class Workspace(BufferHolder):
     def _grown(
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
     ) -> None:
-        """After a growth: the sizes the next plan sees, and the recorded size
-        (:func:`refresh_recorded_size`) of every remembered wrapper, of ``plan``'s object and of
-        the wrapper of ``attributes`` (planning now, perhaps not remembered) brought up to date.
-        A wrapper not yet planned is brought up to date at its first plan (:meth:`_route`)."""
-        # Each buffer's bytes as a plan starting now sees them: replaced, never changed, so a
-        # plan reads them once, as it starts.
+        """After a growth: the sizes a plan reads as it starts (replaced, never changed), and the
+        recorded size (:func:`refresh_recorded_size`) of every remembered wrapper, of ``plan``'s
+        object and of the wrapper of ``attributes`` brought up to date (any other at its first
+        plan, in :meth:`_route`)."""
         self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
         wrappers = [getattr(plan, "__self__", None)]
         wrappers += [planner() for planner in list(self._routes.values())]
@@ -170,10 +168,7 @@ class Workspace(BufferHolder):
             ) from error
         # Given the room it asked for, an allocation that asks again (for more) never fits: growing
         # on would double the workspace until memory ran out. FlashInfer's chains ask once each.
-        asks_again = last is not None and (last.allocation, last.kind) == (
-            overflow.allocation,
-            overflow.kind,
-        )
+        asks_again = last is not None and last.allocation == overflow.allocation
         if growths == MAX_GROWTHS_PER_PLAN or asks_again:
             raise WorkspacePlanError(
                 f"workspace {short.name!r}: the plan still overflows after "
@@ -249,7 +244,7 @@ class Workspace(BufferHolder):
             self._int.seal()
 
     # What its pool asks of it when a group of ranks seals together (pool.py).
-    def _refuse_growth(self, refused: bool = True) -> None:
+    def _refuse_growth(self, refused: bool) -> None:
         for buffer in self._by_kind.values():
             buffer.refuse_growth(refused)
 

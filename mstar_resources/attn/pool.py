@@ -210,9 +210,9 @@ class WorkspacePool:
         """The workspaces here keep their addresses from now on, for the graphs about to be
         captured over them, and so does any made later.
 
-        With a torch.distributed process ``group``, its ranks first agree (``_agree.py``): each
-        makes the keys another made and grows each to the largest any rank holds. Every rank of
-        the group must call it, for the same pool, in the same order.
+        With a torch.distributed process ``group``, its ranks first agree: each makes the keys
+        another made and grows each to the largest any rank holds. Every rank of the group must
+        call it, for the same pool, in the same order.
         """
         if group is not None:
             _check_group(group)
@@ -341,12 +341,11 @@ class WorkspacePool:
             tensor, name, self._sealed, self._floor.setting, int_workspace=int_workspace
         )
         if self._sealing:
-            workspace._refuse_growth()
+            workspace._refuse_growth(True)
         return workspace
 
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
-        try:
-            # Zeroed: FlashInfer asks for a zeroed workspace (some backends keep semaphores in it).
+        try:  # zeroed, as FlashInfer asks (some backends keep semaphores in it)
             return torch.zeros(floor.bytes, dtype=torch.uint8, device=self.device)
         except RuntimeError as error:
             if not is_out_of_memory(error):
