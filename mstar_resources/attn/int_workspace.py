@@ -34,7 +34,7 @@ class IntWorkspace(BufferHolder):
     ) -> None:
         self._buffer = GrowableBuffer(tensor, name, sealed, floor, INT)
         # A weak reference to the wrapper whose plan (through Workspace.plan) it holds now.
-        self._last_planner: Callable[[], Any] | None = None
+        self._last_planner: Callable[[], Any] = lambda: None
 
     @property
     def mirror(self) -> torch.Tensor:
@@ -57,8 +57,7 @@ class IntWorkspace(BufferHolder):
         """Raise :class:`WorkspacePlanError` unless the plan held is ``wrapper``'s (or none is
         known): it would run on another wrapper's indices. Called by each installed wrapper's
         ``run``, eagerly and at graph capture; a replay runs no Python, and relies on the rule."""
-        last = self._last_planner
-        planner = None if last is None else last()
+        planner = self._last_planner()
         if planner is not None and planner is not wrapper:
             raise WorkspacePlanError(
                 f"int workspace {self.name!r} holds the plan of another {type(planner).__name__} "
