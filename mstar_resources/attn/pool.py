@@ -190,7 +190,7 @@ class WorkspacePool:
     def install(self, wrapper: Any, label: str, cg_slot: int | None = None) -> None:
         """Give ``wrapper``, built on the float workspace of (``label``, ``cg_slot``), that key's
         int workspace and host mirror in place of its own. Its plans must go through
-        :meth:`Workspace.plan`, each right before it runs (the module's notes say why)."""
+        :meth:`Workspace.plan`, each right before it runs (``docs/workspaces-and-ranks.md``)."""
         where = self._name(label, cg_slot)
         workspace = self.get(label, cg_slot)
         if own_buffers(wrapper) is None:
