@@ -47,10 +47,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         self._finding: set[str] = set()
 
     def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None,
-        target: ModuleType | None = None,
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         with self._lock:
             if fullname not in self.waiting or fullname in self._finding:

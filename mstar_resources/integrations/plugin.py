@@ -24,13 +24,7 @@ from .setting import AUTO, PluginSetting, Setting
 if TYPE_CHECKING:
     from ..attn.workspace import WorkspacePool, WorkspaceStats
 
-__all__ = [
-    "EnginePlugin",
-    "PluginState",
-    "Seam",
-    "installed_version",
-    "missing_seams",
-]
+__all__ = ["EnginePlugin", "PluginState", "Seam", "installed_version", "missing_seams"]
 
 Patch = Callable[[Any, Any, Any], Any]
 """``patch(state, original, owner)``: what replaces ``original`` (the engine's function, method
@@ -190,7 +184,12 @@ class PluginState:
     def check_calibration(self, device: Any) -> None:
         """Warn where a calibrated deployment's FlashInfer or GPU differs from ``device``'s: its
         floors may fall short, and a sealed workspace then refuses the engine's capture."""
-        stale = self.setting.stale_calibration(device)
+        from ..calibration.record import check_calibration
+
+        root, records = self.setting.root, list(self.setting.records)
+        if root is None or root.get("calibrated") is None or getattr(device, "type", "") != "cuda":
+            return
+        stale = check_calibration(root, device, resolved=records, warn=False)
         if stale is not None:
             self.logger.warning(
                 "mstar-resources: %s: %s; or set %s=%s to measure %s's plans in the worker",
@@ -225,10 +224,6 @@ class EnginePlugin(Generic[State]):
     def active(self) -> State | None:
         """This process's state, where the plugin is enabled in it (None: it is not)."""
         return self._active
-
-    def missing_seams(self, modules: Mapping[str, Any]) -> list[Seam]:
-        """The required seams that ``modules`` lack (:func:`missing_seams`)."""
-        return missing_seams(modules, self.seams)
 
     @property
     def engine(self) -> str:

@@ -12,7 +12,7 @@ from ..plugin import PATCHED, EnginePlugin, Seam
 from .setting import SGLANG
 from .workspaces import SglangWorkspaces
 
-__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "missing_seams", "register", "version_problem"]
+__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "register", "version_problem"]
 
 READ_IN = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 """The SGLang releases whose wheels every seam below was read in."""
@@ -128,5 +128,4 @@ SEAMS = (
 PLUGIN = EnginePlugin(SGLANG, "sglang", READ_IN, SEAMS, SglangWorkspaces)
 
 # The plugin's public functions; register is SGLang's entry point (sglang.srt.plugins).
-active, register = PLUGIN.active, PLUGIN.register
-version_problem, missing_seams = PLUGIN.version_problem, PLUGIN.missing_seams
+active, register, version_problem = PLUGIN.active, PLUGIN.register, PLUGIN.version_problem

@@ -13,7 +13,7 @@ from ..plugin import EnginePlugin, Seam
 from .setting import ENV_VAR, VLLM
 from .workspaces import ROLE, V2_RUNNER, VllmWorkspaces
 
-__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "missing_seams", "register", "version_problem"]
+__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "register", "version_problem"]
 
 READ_IN = (
     "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
@@ -180,5 +180,4 @@ SEAMS = (
 PLUGIN = EnginePlugin(VLLM, "vllm", READ_IN, SEAMS, VllmWorkspaces)
 
 # The plugin's public functions; register is vLLM's entry point (vllm.general_plugins).
-active, register = PLUGIN.active, PLUGIN.register
-version_problem, missing_seams = PLUGIN.version_problem, PLUGIN.missing_seams
+active, register, version_problem = PLUGIN.active, PLUGIN.register, PLUGIN.version_problem
