@@ -12,7 +12,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -73,6 +73,36 @@ def _find(module: Any, seam: Seam) -> Any:
 
 PATCHED = "__mstar_resources_patch__"
 """Set on each replacement, so that a seam reached twice is patched once."""
+
+
+def before(hook: Callable[[Any, Any], object]) -> Patch:
+    """The patch of a method that calls ``hook(state, instance)`` first."""
+
+    def patch(state: Any, method: Any, owner: Any) -> Any:
+        @functools.wraps(method)
+        def replacement(self: Any, *args: Any, **kwargs: Any) -> Any:
+            hook(state, self)
+            return method(self, *args, **kwargs)
+
+        return replacement
+
+    return patch
+
+
+def after(hook: Callable[[Any, Any, Any], object]) -> Patch:
+    """The patch of a method that calls ``hook(state, instance, what the method returned)``
+    after it."""
+
+    def patch(state: Any, method: Any, owner: Any) -> Any:
+        @functools.wraps(method)
+        def replacement(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = method(self, *args, **kwargs)
+            hook(state, self, result)
+            return result
+
+        return replacement
+
+    return patch
 
 
 def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) -> None:
@@ -200,26 +230,19 @@ class PluginState:
 State = TypeVar("State", bound="PluginState")
 
 
+@dataclass(eq=False)
 class EnginePlugin(Generic[State]):
     """An engine's plugin: its setting, the releases its seams were read in, the seams, and its
     state in this process (:meth:`active`)."""
 
-    def __init__(
-        self,
-        setting: PluginSetting,
-        distribution: str,
-        releases: tuple[str, ...],
-        seams: tuple[Seam, ...],
-        state: Callable[[Setting], State],
-    ) -> None:
-        self.setting = setting
-        self.distribution = distribution
-        """The engine's distribution (``vllm``)."""
-        self.releases = releases
-        """The releases whose source every seam was read in, oldest first."""
-        self.seams = seams
-        self.state = state
-        self._active: State | None = None
+    setting: PluginSetting
+    distribution: str
+    """The engine's distribution (``vllm``)."""
+    releases: tuple[str, ...]
+    """The releases whose source every seam was read in, oldest first."""
+    seams: tuple[Seam, ...]
+    state: Callable[[Setting], State]
+    _active: State | None = field(default=None, init=False)
 
     def active(self) -> State | None:
         """This process's state, where the plugin is enabled in it (None: it is not)."""

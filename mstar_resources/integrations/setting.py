@@ -136,9 +136,8 @@ class PluginSetting:
                 close = did_you_mean(value.lower(), choices) or did_you_mean(value, choices)
                 raise ResourceConfigError(
                     f"{named} is not a setting the plugin takes{close}: it takes {AUTO} (measure "
-                    f"{self.engine}'s plans), a "
-                    f"shipped deployment ({', '.join(shipped)}) or the path of a deployment file "
-                    f"(e.g. {EXAMPLE_FILE}); {off}"
+                    f"{self.engine}'s plans), a shipped deployment ({', '.join(shipped)}) or the "
+                    f"path of a deployment file (e.g. {EXAMPLE_FILE}); {off}"
                 )
             config_dir, name = None, value
         try:

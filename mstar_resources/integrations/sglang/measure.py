@@ -98,11 +98,9 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     will plan under the settings of ``context`` (its ``runtime_context`` module); a string where
     the profile cannot hold it: why."""
     model = runner.model_config
-    parallel, schedule, execution = (
-        context.get_parallel(),
-        context.get_schedule(),
-        context.get_exec(),
-    )
+    parallel = context.get_parallel()
+    schedule = context.get_schedule()
+    execution = context.get_exec()
     reason = _not_planned(runner, context, execution)
     if reason is not None:
         return reason

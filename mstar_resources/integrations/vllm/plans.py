@@ -338,11 +338,8 @@ def trtllm_workspace_bound(
     plans: Sequence[BuilderPlans], vllm_config: Any, sm_count: int, flashinfer: str
 ) -> tuple[int, str]:
     """The most vLLM's TRT-LLM kernels can touch of their workspace, over every builder that runs
-    them (:mod:`~mstar_resources.attn.trtllm_workspace`), and how: XQA over every decode batch
-    up to ``max_num_seqs`` and any page-table width; trtllm-gen at ``max_num_seqs`` requests and
-    up to ``max_num_batched_tokens`` query tokens, with softmax stats for a DCP decode and the
-    8 MiB of counters FlashInfer before 0.6.16 keeps at the head; a DCP context run (0.33+)
-    checks its own fit (``fits_workspace``), else runs on native wrappers: vLLM's own size."""
+    them (:mod:`~mstar_resources.attn.trtllm_workspace`, docs/vllm.md), and how; a DCP context
+    run (0.33+) checks its own fit against vLLM's own size, which it keeps."""
     from ...attn import trtllm_workspace as bound
     from ...units import release
 

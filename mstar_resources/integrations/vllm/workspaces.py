@@ -66,7 +66,7 @@ class VllmWorkspaces(PluginState):
         self.pools: dict[str, WorkspacePool] = {}
         self._workspaces: dict[str, Workspace] = {}
         # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
-        self._routed: dict[int, weakref.ref[Any]] = {}
+        self._routed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._keys: dict[str, tuple[str, int | None]] = {}
         """Each role's pool (by resource path) and cg slot."""
         self._int_builder: weakref.ref[Any] | None = None
@@ -355,7 +355,7 @@ class VllmWorkspaces(PluginState):
         rebound on the wrapper itself (vLLM checks its type, so it stays FlashInfer's). The
         first ``builder``'s decode wrappers get the decode int workspace in place of their own."""
         workspace = self._workspaces.get(role)
-        if wrapper is None or workspace is None or self._routed_to(wrapper):
+        if wrapper is None or workspace is None or self._routed.get(id(wrapper)) is wrapper:
             return
         from ...attn._flashinfer import own_buffers
 
@@ -368,8 +368,7 @@ class VllmWorkspaces(PluginState):
             path, cg_slot = self._keys[role]
             self.pools[path].install(wrapper, role, cg_slot)
             self.shared_int_wrappers += 1
-        key = id(wrapper)
-        self._routed[key] = weakref.ref(wrapper, lambda _: self._routed.pop(key, None))
+        self._routed[id(wrapper)] = wrapper
         if role == "prefill":
             # A partial, not a function around it: no frame of Python's between vLLM's call and
             # the workspace's plan.
@@ -381,10 +380,6 @@ class VllmWorkspaces(PluginState):
         if self._int_builder is None or self._int_builder() is None:
             self._int_builder = weakref.ref(builder)
         return self._int_builder() is builder
-
-    def _routed_to(self, wrapper: Any) -> bool:
-        found = self._routed.get(id(wrapper))
-        return found is not None and found() is wrapper
 
     def take_decode_plans(self, backend: Any, fast_plan_decode: Callable[..., Any]) -> Any:
         """Make ``backend.fast_plan_decode`` the decode workspace's plan of vLLM's own
