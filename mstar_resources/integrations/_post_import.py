@@ -47,26 +47,19 @@ class _Finder(importlib.abc.MetaPathFinder):
         self._finding: set[str] = set()
 
     def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None,
-        target: ModuleType | None = None,
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         with self._lock:
             if fullname not in self.waiting or fullname in self._finding:
                 return None
             self._finding.add(fullname)
+        spec: importlib.machinery.ModuleSpec | None = None
         try:
             for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec: importlib.machinery.ModuleSpec | None = finder.find_spec(
-                    fullname, path, target
-                )
-                if spec is not None:
-                    break
-            else:
-                return None
+                if finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(fullname, path, target)
+                    if spec is not None:
+                        break
         finally:
             with self._lock:
                 self._finding.discard(fullname)

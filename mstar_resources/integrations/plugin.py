@@ -12,7 +12,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -24,13 +24,7 @@ from .setting import AUTO, PluginSetting, Setting
 if TYPE_CHECKING:
     from ..attn.workspace import WorkspacePool, WorkspaceStats
 
-__all__ = [
-    "EnginePlugin",
-    "PluginState",
-    "Seam",
-    "installed_version",
-    "missing_seams",
-]
+__all__ = ["EnginePlugin", "PluginState", "Seam", "installed_version", "missing_seams"]
 
 Patch = Callable[[Any, Any, Any], Any]
 """``patch(state, original, owner)``: what replaces ``original`` (the engine's function, method
@@ -79,6 +73,36 @@ def _find(module: Any, seam: Seam) -> Any:
 
 PATCHED = "__mstar_resources_patch__"
 """Set on each replacement, so that a seam reached twice is patched once."""
+
+
+def before(hook: Callable[[Any, Any], object]) -> Patch:
+    """The patch of a method that calls ``hook(state, instance)`` first."""
+
+    def patch(state: Any, method: Any, owner: Any) -> Any:
+        @functools.wraps(method)
+        def replacement(self: Any, *args: Any, **kwargs: Any) -> Any:
+            hook(state, self)
+            return method(self, *args, **kwargs)
+
+        return replacement
+
+    return patch
+
+
+def after(hook: Callable[[Any, Any, Any], object]) -> Patch:
+    """The patch of a method that calls ``hook(state, instance, what the method returned)``
+    after it."""
+
+    def patch(state: Any, method: Any, owner: Any) -> Any:
+        @functools.wraps(method)
+        def replacement(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = method(self, *args, **kwargs)
+            hook(state, self, result)
+            return result
+
+        return replacement
+
+    return patch
 
 
 def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) -> None:
@@ -190,7 +214,12 @@ class PluginState:
     def check_calibration(self, device: Any) -> None:
         """Warn where a calibrated deployment's FlashInfer or GPU differs from ``device``'s: its
         floors may fall short, and a sealed workspace then refuses the engine's capture."""
-        stale = self.setting.stale_calibration(device)
+        from ..calibration.record import check_calibration
+
+        root, records = self.setting.root, list(self.setting.records)
+        if root is None or root.get("calibrated") is None or getattr(device, "type", "") != "cuda":
+            return
+        stale = check_calibration(root, device, resolved=records, warn=False)
         if stale is not None:
             self.logger.warning(
                 "mstar-resources: %s: %s; or set %s=%s to measure %s's plans in the worker",
@@ -201,34 +230,23 @@ class PluginState:
 State = TypeVar("State", bound="PluginState")
 
 
+@dataclass(eq=False)
 class EnginePlugin(Generic[State]):
     """An engine's plugin: its setting, the releases its seams were read in, the seams, and its
     state in this process (:meth:`active`)."""
 
-    def __init__(
-        self,
-        setting: PluginSetting,
-        distribution: str,
-        releases: tuple[str, ...],
-        seams: tuple[Seam, ...],
-        state: Callable[[Setting], State],
-    ) -> None:
-        self.setting = setting
-        self.distribution = distribution
-        """The engine's distribution (``vllm``)."""
-        self.releases = releases
-        """The releases whose source every seam was read in, oldest first."""
-        self.seams = seams
-        self.state = state
-        self._active: State | None = None
+    setting: PluginSetting
+    distribution: str
+    """The engine's distribution (``vllm``)."""
+    releases: tuple[str, ...]
+    """The releases whose source every seam was read in, oldest first."""
+    seams: tuple[Seam, ...]
+    state: Callable[[Setting], State]
+    _active: State | None = field(default=None, init=False)
 
     def active(self) -> State | None:
         """This process's state, where the plugin is enabled in it (None: it is not)."""
         return self._active
-
-    def missing_seams(self, modules: Mapping[str, Any]) -> list[Seam]:
-        """The required seams that ``modules`` lack (:func:`missing_seams`)."""
-        return missing_seams(modules, self.seams)
 
     @property
     def engine(self) -> str:

@@ -1,10 +1,7 @@
-"""An engine plugin's setting (``MSTAR_RESOURCES_VLLM`` for vLLM's), independent of the engine.
-
-Unset or empty, the plugin is off; else it holds ``auto``, a shipped deployment's name, or the path
-of a deployment file in a ``deployment/`` folder, composed with the rules of ``mstar-resources
---config-dir DIR deployment=NAME``. Every refusal is one paragraph that starts with the setting and
-its value.
-"""
+"""An engine plugin's setting (``MSTAR_RESOURCES_VLLM`` for vLLM's): unset or empty, the plugin is
+off; else ``auto``, a shipped deployment's name, or the path of a deployment file in a
+``deployment/`` folder, composed with the rules of ``mstar-resources --config-dir DIR
+deployment=NAME``. Every refusal is one paragraph that starts with the setting and its value."""
 
 from __future__ import annotations
 
@@ -48,21 +45,6 @@ class Setting:
     def describe(self) -> str:
         return f"{self.name}={self.value}"
 
-    def stale_calibration(self, device: Any) -> Any:
-        """What differs on ``device`` from where the deployment was calibrated
-        (:func:`~mstar_resources.check_calibration`); None where it holds, where the deployment
-        is not calibrated, and off a GPU."""
-        from ..calibration.record import check_calibration
-
-        root = self.root
-        if (
-            root is None
-            or root.get("calibrated") is None
-            or getattr(device, "type", None) != "cuda"
-        ):
-            return None
-        return check_calibration(root, device, resolved=list(self.records), warn=False)
-
 
 @dataclass(frozen=True)
 class PluginSetting:
@@ -100,22 +82,16 @@ class PluginSetting:
             ) from None
         setting = Setting(self.env_var, value, records, root)
         if mla := _mla_labels(root, records, self.roles):
-            raise ResourceConfigError(self.mla_refusal(value, mla))
+            raise ResourceConfigError(
+                f"{self.assignment(value)} is an MLA deployment (its resources serve "
+                f"{', '.join(mla)}, which FlashInfer's MLA wrapper plans), and the plugin leaves "
+                f"{self.engine}'s MLA attention to {self.engine}: it sizes the workspaces of "
+                f"{self.engine}'s {' and '.join(self.roles)} wrappers only; for an MLA model set "
+                f"{AUTO} (which leaves {self.engine}'s MLA buffers as they are), or name a "
+                f"deployment it takes ({', '.join(self.deployments_served())}); {self.off}"
+            )
         self.serving_keys(records, setting.describe())  # every role served, or which is not
         return setting
-
-    def mla_refusal(self, value: str, labels: Sequence[str]) -> str:
-        """The refusal of deployment ``value``, whose resources serve FlashInfer's MLA wrapper
-        (as ``labels``) and none of the engine's roles."""
-        taken = ", ".join(self.deployments_served())
-        return (
-            f"{self.assignment(value)} is an MLA deployment (its resources serve "
-            f"{', '.join(labels)}, which FlashInfer's MLA wrapper plans), and the plugin leaves "
-            f"{self.engine}'s MLA attention to {self.engine}: it sizes the workspaces of "
-            f"{self.engine}'s {' and '.join(self.roles)} wrappers only; for an MLA model set "
-            f"{AUTO} (which leaves {self.engine}'s MLA buffers as they are), or name a deployment "
-            f"it takes ({taken}); {self.off}"
-        )
 
     def deployments_served(self) -> list[str]:
         """The shipped deployments whose resources serve every one of the engine's roles."""
@@ -144,7 +120,7 @@ class PluginSetting:
         from ..compose_errors import NO_DEPLOYMENT
 
         named, off = self.assignment(value), self.off
-        if _looks_like_a_path(value):
+        if os.sep in value or "/" in value or value.endswith((".yaml", ".yml")):
             config_dir, name = _deployment_file(value, named, off)
         else:
             options = deployment_options(self.config_name)
@@ -160,9 +136,8 @@ class PluginSetting:
                 close = did_you_mean(value.lower(), choices) or did_you_mean(value, choices)
                 raise ResourceConfigError(
                     f"{named} is not a setting the plugin takes{close}: it takes {AUTO} (measure "
-                    f"{self.engine}'s plans), a "
-                    f"shipped deployment ({', '.join(shipped)}) or the path of a deployment file "
-                    f"(e.g. {EXAMPLE_FILE}); {off}"
+                    f"{self.engine}'s plans), a shipped deployment ({', '.join(shipped)}) or the "
+                    f"path of a deployment file (e.g. {EXAMPLE_FILE}); {off}"
                 )
             config_dir, name = None, value
         try:
@@ -201,10 +176,6 @@ def _mla_labels(root: Any, records: Sequence[ResolvedResource], roles: Sequence[
         for label, plan in plans.items()
         if label in served and getattr(plan.get("kind"), "value", plan.get("kind")) == "mla"
     ]
-
-
-def _looks_like_a_path(value: str) -> bool:
-    return os.sep in value or "/" in value or value.endswith((".yaml", ".yml"))
 
 
 def _deployment_file(value: str, named: str, off: str) -> tuple[Path, str]:

@@ -1,26 +1,15 @@
 """SGLang's FlashInfer workspaces from this library (docs/sglang.md).
 
 SGLang loads :func:`register` (entry point ``sglang.srt.plugins``) in each of its processes; it
-does nothing unless ``MSTAR_RESOURCES_SGLANG`` is set (:mod:`.setting`). Enabled, in each process
-that builds a model (:mod:`.seams` patches SGLang, :mod:`.workspaces` holds the workspaces):
-
-1. before ``ModelRunner.alloc_memory_pool`` sizes the KV pool from the memory left, it makes the
-   prefill and decode workspaces and stores the decode one in SGLang's buffer registry under
-   ``flashinfer_workspace``, which SGLang's FlashInfer backend takes as it is (so its own
-   ``SGLANG_FLASHINFER_WORKSPACE_SIZE`` buffer is never made);
-2. each ``FlashInferAttnBackend``'s prefill wrappers move to the prefill workspace, and every plan
-   on either (``begin_forward``, ``fast_decode_plan``) goes through :meth:`Workspace.plan`;
-3. before ``ModelRunner.init_cuda_graphs`` (called also where none is captured) the pools are
-   sealed.
-
-A release older than :data:`READ_IN`'s first is not served, and one that lacks a seam is left as
-it is, the seam named; so is a failure of the plugin's own. A backend that makes a workspace of
-its own (``init_new_workspace``: speculative workers) keeps it, with a WARNING.
+does nothing unless ``MSTAR_RESOURCES_SGLANG`` is set (:mod:`.setting`). Enabled, :mod:`.seams`
+patches SGLang so that each process that builds a model makes its workspaces before its KV pool
+is sized, hands them to its FlashInfer backends, and seals them before its CUDA graphs
+(:mod:`.workspaces`).
 """
 
 from __future__ import annotations
 
-from .seams import PLUGIN, READ_IN, SEAMS, active, missing_seams, register, version_problem
+from .seams import PLUGIN, READ_IN, SEAMS, active, register, version_problem
 from .setting import ENV_VAR, SGLANG
 
 __all__ = [
@@ -30,7 +19,6 @@ __all__ = [
     "SEAMS",
     "SGLANG",
     "active",
-    "missing_seams",
     "register",
     "version_problem",
 ]

@@ -1,20 +1,7 @@
 """``MSTAR_RESOURCES_SGLANG=auto``: each workspace's floor measured in SGLang's worker, on its GPU
-and FlashInfer, for its model and limits, as SGLang starts to size its KV pool.
-
-What SGLang's FlashInfer backend plans, read in SGLang 0.5.17 and 0.5.23 (``flashinfer_backend.py``,
-``mem_cache/kv_cache_configurator.py``, ``runtime_context.py``), as calibration's SGLang profile:
-
-- query heads (the most of any layer) and KV heads over the attention TP ranks, head dimension,
-  the KV pool's page size and dtype, the model's dtype for queries;
-- prefill: a ragged and a paged wrapper on one workspace, each batch at most
-  ``max_prefill_tokens``, or one whole prompt (a chunk, with chunked prefill) where that is more,
-  or a breakable prefill graph's largest captured token count (attention eager, same wrappers; a
-  full prefill graph plans on a workspace of its own);
-- decode: one wrapper per captured graph batch size, and eager batches of up to
-  ``--max-running-requests`` per attention DP rank (4096 where unset), rounded up to the largest
-  alignment SGLang pads batches to.
-
-What the profile does not hold is left to SGLang, the log saying why (:func:`_not_planned`).
+and FlashInfer, for what its FlashInfer backend will plan (docs/sglang.md), as read in SGLang
+0.5.17 and 0.5.23 (``flashinfer_backend.py``, ``runtime_context.py``). What calibration's profile
+cannot hold is left to SGLang, the log saying why (:func:`_not_planned`).
 """
 
 from __future__ import annotations
@@ -111,11 +98,9 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     will plan under the settings of ``context`` (its ``runtime_context`` module); a string where
     the profile cannot hold it: why."""
     model = runner.model_config
-    parallel, schedule, execution = (
-        context.get_parallel(),
-        context.get_schedule(),
-        context.get_exec(),
-    )
+    parallel = context.get_parallel()
+    schedule = context.get_schedule()
+    execution = context.get_exec()
     reason = _not_planned(runner, context, execution)
     if reason is not None:
         return reason

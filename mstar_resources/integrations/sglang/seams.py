@@ -8,11 +8,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..plugin import PATCHED, EnginePlugin, Seam
+from ..plugin import PATCHED, EnginePlugin, Seam, after, before
 from .setting import SGLANG
 from .workspaces import SglangWorkspaces
 
-__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "missing_seams", "register", "version_problem"]
+__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "register", "version_problem"]
 
 READ_IN = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 """The SGLang releases whose wheels every seam below was read in."""
@@ -28,31 +28,19 @@ WRAPPERS = ("BatchPrefillWithRaggedKVCacheWrapper", "BatchPrefillWithPagedKVCach
 # -- the patches: each (state, SGLang's original, its owner) -> what replaces it -----------------
 
 
-def _reserve_before_kv_pool(workspaces: SglangWorkspaces, alloc_memory_pool: Any, _: Any) -> Any:
-    """The model runner's KV pool: the workspaces made before it is sized from what is free."""
+def _reserve(workspaces: SglangWorkspaces, runner: Any) -> None:
+    """The workspaces made before the model runner sizes its KV pool from what is free."""
+    from sglang.srt.runtime_context import get_buffer
 
-    @functools.wraps(alloc_memory_pool)
-    def reserve_then_allocate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from sglang.srt.runtime_context import get_buffer
-
-        try:
-            workspaces.reserve(self, get_buffer)
-        except Exception as error:  # the plugin's own failure must not stop SGLang
-            workspaces.leave_untouched(f"it failed ({type(error).__name__}: {error})")
-        return alloc_memory_pool(self, *args, **kwargs)
-
-    return reserve_then_allocate
+    try:
+        workspaces.reserve(runner, get_buffer)
+    except Exception as error:  # the plugin's own failure must not stop SGLang
+        workspaces.leave_untouched(f"it failed ({type(error).__name__}: {error})")
 
 
-def _seal_before_graphs(workspaces: SglangWorkspaces, init_cuda_graphs: Any, owner: Any) -> Any:
-    """The model runner's CUDA graphs (called also where it captures none): sealed first."""
-
-    @functools.wraps(init_cuda_graphs)
-    def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
-        workspaces.seal("captures CUDA graphs (or, with none, serves)")
-        return init_cuda_graphs(self, *args, **kwargs)
-
-    return seal_then_capture
+def _seal(workspaces: SglangWorkspaces, runner: Any) -> None:
+    """Sealed before the model runner's CUDA graphs (called also where it captures none)."""
+    workspaces.seal("captures CUDA graphs (or, with none, serves)")
 
 
 def _adopt_when_built(workspaces: SglangWorkspaces, init: Any, owner: Any) -> Any:
@@ -68,18 +56,6 @@ def _adopt_when_built(workspaces: SglangWorkspaces, init: Any, owner: Any) -> An
             workspaces.not_adopted(type(self).__name__)
 
     return build_then_adopt
-
-
-def _share_int(workspaces: SglangWorkspaces, create_decode_wrappers: Any, owner: Any) -> Any:
-    """One CUDA graph's decode wrappers, given the shared int workspace."""
-
-    @functools.wraps(create_decode_wrappers)
-    def create_then_share_int(self: Any, *args: Any, **kwargs: Any) -> Any:
-        wrappers = create_decode_wrappers(self, *args, **kwargs)
-        workspaces.share_int(self, wrappers)
-        return wrappers
-
-    return create_then_share_int
 
 
 def _through_workspace(workspaces: SglangWorkspaces, plan: Any, owner: Any) -> Any:
@@ -106,8 +82,8 @@ def _begin_forward_through_workspace(workspaces: SglangWorkspaces, wrapper_class
 
 
 SEAMS = (
-    Seam(RUNNER, "ModelRunner.alloc_memory_pool", patch=_reserve_before_kv_pool),
-    Seam(RUNNER, "ModelRunner.init_cuda_graphs", patch=_seal_before_graphs),
+    Seam(RUNNER, "ModelRunner.alloc_memory_pool", patch=before(_reserve)),
+    Seam(RUNNER, "ModelRunner.init_cuda_graphs", patch=before(_seal)),
     Seam(RUNNER, "ModelRunner.use_mla_backend", instance=True),
     Seam(CONTEXT, "get_buffer"),
     # auto: the settings in effect (the parallel widths, the scheduler's limits, the graphs)
@@ -117,7 +93,9 @@ SEAMS = (
     *(Seam(BACKEND, f"FlashInferAttnBackend.{name}", instance=True)
       for name in ("workspace_buffer", "prefill_wrapper_ragged", "prefill_wrappers_paged",
                    "prefill_wrappers_verify", "decode_wrappers", "num_wrappers")),
-    Seam(BACKEND, "FlashInferAttnBackend._create_decode_wrappers", patch=_share_int),
+    # one CUDA graph's decode wrappers, given the shared int workspace
+    Seam(BACKEND, "FlashInferAttnBackend._create_decode_wrappers",
+         patch=after(SglangWorkspaces.share_int)),
     Seam(BACKEND, "fast_decode_plan", patch=_through_workspace),
     Seam(BACKEND, "fast_prefill_plan", patch=_through_workspace),
     *(Seam(BACKEND, name, patch=_begin_forward_through_workspace) for name in WRAPPERS),
@@ -128,5 +106,4 @@ SEAMS = (
 PLUGIN = EnginePlugin(SGLANG, "sglang", READ_IN, SEAMS, SglangWorkspaces)
 
 # The plugin's public functions; register is SGLang's entry point (sglang.srt.plugins).
-active, register = PLUGIN.active, PLUGIN.register
-version_problem, missing_seams = PLUGIN.version_problem, PLUGIN.missing_seams
+active, register, version_problem = PLUGIN.active, PLUGIN.register, PLUGIN.version_problem

@@ -43,7 +43,6 @@ class SglangWorkspaces(PluginState):
         self.workspaces: dict[str, Workspace] = {}
         """By role."""
         self._by_tensor: dict[int, Workspace] = {}
-        self.reserved = False
         self.backends = 0
         """FlashInfer backends given the workspaces."""
         self.own_workspaces = 0
@@ -55,13 +54,13 @@ class SglangWorkspaces(PluginState):
 
     @property
     def serving(self) -> bool:
-        return self.reserved and self.untouched is None
+        return bool(self.workspaces) and self.untouched is None
 
     # Step 1: before SGLang sizes its KV pool (ModelRunner.alloc_memory_pool).
     def reserve(self, runner: Any, get_buffer: Callable[[str, Callable[[], Any]], Any]) -> None:
         """Make each role's workspace on ``runner``'s GPU and store the decode one in SGLang's
         buffer registry (``get_buffer``), before SGLang sizes its KV pool; once a process."""
-        if self.reserved or self.untouched is not None:
+        if self.workspaces or self.untouched is not None:
             return
         # MLA's FlashInfer backend takes another buffer. Which backend runs attention SGLang
         # decides after the KV pool: seal() says where none took the workspaces.
@@ -96,7 +95,6 @@ class SglangWorkspaces(PluginState):
             self.pools, self.workspaces, self._by_tensor = {}, {}, {}
             self.leave_untouched(f"SGLang made its {BUFFER_NAME!r} buffer before the plugin")
             return
-        self.reserved = True
         for role, workspace in self.workspaces.items():
             record, _ = keys[role]
             shared = workspace.int_workspace

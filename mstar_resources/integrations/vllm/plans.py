@@ -1,11 +1,7 @@
-"""What vLLM's FlashInfer metadata builders will plan and run, known before vLLM sizes its KV cache.
-
-vLLM makes one ``FlashInferMetadataBuilder`` per attention group of each KV-cache group after it
-sizes the KV cache, and each decides in its ``__init__`` its heads, page size, each phase's query
-dtype, and which kernel runs each phase: FlashInfer's native wrappers, TRT-LLM's XQA (SM90) or
-trtllm-gen (SM100). At vLLM's memory profile the plugin makes those builders as vLLM will, on the
-CPU, and reads what each decided (:func:`builder_plans`).
-"""
+"""What vLLM's FlashInfer metadata builders will plan and run, read before vLLM sizes its KV cache
+from builders made as vLLM will make them, on the CPU (:func:`builder_plans`): each decides in its
+``__init__`` its heads, page size, query dtypes, and each phase's kernel (FlashInfer's native
+wrappers, TRT-LLM's XQA on SM90 or trtllm-gen on SM100)."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ if TYPE_CHECKING:
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, ...] = ("prefill", "decode")
-"""The labels vLLM's FlashInfer wrappers plan under, one workspace each."""
+"""The labels vLLM's FlashInfer wrappers plan as, one workspace each."""
 
 FLASHINFER = "FLASHINFER"
 """vLLM's name of its FlashInfer attention backend (``FlashInferBackend.get_name()``)."""
@@ -342,11 +338,8 @@ def trtllm_workspace_bound(
     plans: Sequence[BuilderPlans], vllm_config: Any, sm_count: int, flashinfer: str
 ) -> tuple[int, str]:
     """The most vLLM's TRT-LLM kernels can touch of their workspace, over every builder that runs
-    them (:mod:`~mstar_resources.attn.trtllm_workspace`), and how: XQA over every decode batch
-    up to ``max_num_seqs`` and any page-table width; trtllm-gen at ``max_num_seqs`` requests and
-    up to ``max_num_batched_tokens`` query tokens, with softmax stats for a DCP decode and the
-    8 MiB of counters FlashInfer before 0.6.16 keeps at the head; a DCP context run (0.33+)
-    checks its own fit (``fits_workspace``), else runs on native wrappers: vLLM's own size."""
+    them (:mod:`~mstar_resources.attn.trtllm_workspace`, docs/vllm.md), and how; a DCP context
+    run (0.33+) checks its own fit against vLLM's own size, which it keeps."""
     from ...attn import trtllm_workspace as bound
     from ...units import release
 

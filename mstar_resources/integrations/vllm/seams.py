@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
-from ..plugin import EnginePlugin, Seam
+from ..plugin import EnginePlugin, Seam, after, before
 from .setting import ENV_VAR, VLLM
 from .workspaces import ROLE, V2_RUNNER, VllmWorkspaces
 
-__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "missing_seams", "register", "version_problem"]
+__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "register", "version_problem"]
 
 READ_IN = (
     "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
@@ -88,17 +88,6 @@ def _decode_plans(workspaces: VllmWorkspaces, fast_plan_decode: Any, module: Any
     return workspaces.take_decode_plans(module, fast_plan_decode)
 
 
-def _reserve_at_profile(workspaces: VllmWorkspaces, profile_run: Any, owner: Any) -> Any:
-    """A model runner's memory profile: the workspaces made first, so that it counts them."""
-
-    @functools.wraps(profile_run)
-    def reserve_then_profile(self: Any, *args: Any, **kwargs: Any) -> Any:
-        workspaces.reserve(self)
-        return profile_run(self, *args, **kwargs)
-
-    return reserve_then_profile
-
-
 def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any) -> Any:
     """A model runner's CUDA-graph capture: the workspaces sealed first (not before the V2
     runner's profiling capture, whose graphs are let go)."""
@@ -112,17 +101,10 @@ def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any)
     return seal_then_capture
 
 
-def _seal_after_warm_up(workspaces: VllmWorkspaces, warm_up: Any, owner: Any) -> Any:
-    """The GPU worker's warm-up: sealed after it, before the first request, where no capture
-    of CUDA graphs sealed the workspaces first (``enforce_eager``, ``cudagraph_mode=NONE``)."""
-
-    @functools.wraps(warm_up)
-    def warmed_up(self: Any, *args: Any, **kwargs: Any) -> Any:
-        done = warm_up(self, *args, **kwargs)
-        workspaces.seal("serves its first request (it captured no CUDA graph)")
-        return done
-
-    return warmed_up
+def _warmed_up(workspaces: VllmWorkspaces, worker: Any, done: Any) -> None:
+    """Sealed after the GPU worker's warm-up, before the first request, where no capture of CUDA
+    graphs sealed the workspaces first (``enforce_eager``, ``cudagraph_mode=NONE``)."""
+    workspaces.seal("serves its first request (it captured no CUDA graph)")
 
 
 def _copied_to_ray(workspaces: VllmWorkspaces, names: Any, module: Any) -> Any:
@@ -134,7 +116,10 @@ def _copied_to_ray(workspaces: VllmWorkspaces, names: Any, module: Any) -> Any:
 
 def _runner_seams(runner: str, until: str | None = None) -> tuple[Seam, ...]:
     return (
-        Seam(runner, "GPUModelRunner.profile_run", patch=_reserve_at_profile, until=until),
+        # the workspaces made before the memory profile, so that it counts them
+        Seam(
+            runner, "GPUModelRunner.profile_run", patch=before(VllmWorkspaces.reserve), until=until
+        ),
         Seam(runner, "GPUModelRunner.capture_model", patch=_seal_at_capture, until=until),
         Seam(runner, "GPUModelRunner.get_kv_cache_spec", until=until),
     )
@@ -157,7 +142,7 @@ SEAMS = (
     Seam(BACKEND, "FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT"),
     *_runner_seams(V1_RUNNER, until="0.33.0"),
     *_runner_seams(V2_RUNNER),
-    Seam(WORKER, "Worker.compile_or_warm_up_model", patch=_seal_after_warm_up),
+    Seam(WORKER, "Worker.compile_or_warm_up_model", patch=after(_warmed_up)),
     # vLLM's KV-cache groups: a function until 0.32, then a builder of them.
     Seam("vllm.v1.core.kv_cache_utils", "get_kv_cache_groups", required=False, until="0.32.0"),
     Seam("vllm.v1.core.kv_cache_planning", "get_kv_cache_groups_from_builder", required=False,
@@ -180,5 +165,4 @@ SEAMS = (
 PLUGIN = EnginePlugin(VLLM, "vllm", READ_IN, SEAMS, VllmWorkspaces)
 
 # The plugin's public functions; register is vLLM's entry point (vllm.general_plugins).
-active, register = PLUGIN.active, PLUGIN.register
-version_problem, missing_seams = PLUGIN.version_problem, PLUGIN.missing_seams
+active, register, version_problem = PLUGIN.active, PLUGIN.register, PLUGIN.version_problem

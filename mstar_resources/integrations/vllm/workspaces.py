@@ -20,7 +20,7 @@ from ...units import MIB
 from ..plugin import PluginState
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, Role
-from .setting import AUTO, ENV_VAR, Setting, read_setting, serving_keys
+from .setting import AUTO, ENV_VAR, VLLM, Setting, read_setting
 
 if TYPE_CHECKING:
     import torch
@@ -32,10 +32,9 @@ if TYPE_CHECKING:
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 
 TRTLLM_LABEL = "trtllm"
-"""The label of a deployment's resource that sets the TRT-LLM kernels' floor."""
+"""The label of a deployment's resource that raises the TRT-LLM kernels' workspace."""
 TRTLLM_PATH = "attn.trtllm"
 TRTLLM_SETTING = "resources.attn.trtllm.declared_mb"
-"""What raises the TRT-LLM kernels' workspace above its bound."""
 
 # Under vLLM's logger, so its handler prints these lines with its own.
 logger = logging.getLogger("vllm.plugins.mstar_resources")
@@ -65,10 +64,10 @@ class VllmWorkspaces(PluginState):
     def _start_engine(self) -> None:
         """One engine's state, empty."""
         self.pools: dict[str, WorkspacePool] = {}
-        self._workspaces: dict[Role, Workspace] = {}
+        self._workspaces: dict[str, Workspace] = {}
         # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
-        self._routed: dict[int, weakref.ref[Any]] = {}
-        self._keys: dict[Role, tuple[str, int | None]] = {}
+        self._routed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._keys: dict[str, tuple[str, int | None]] = {}
         """Each role's pool (by resource path) and cg slot."""
         self._int_builder: weakref.ref[Any] | None = None
         """The metadata builder whose decode wrappers share the decode int workspace."""
@@ -79,14 +78,11 @@ class VllmWorkspaces(PluginState):
         self.vllm_bytes: int | None = None
         """What vLLM would have made for each FlashInfer metadata builder."""
         self.vllm_outside_budget = False
-        """Whether vLLM makes that buffer after it sizes its KV cache, uncounted (its V2 runner,
-        with the KV cache sized at the profile), rather than inside its budget."""
+        """Whether vLLM makes that buffer after it sizes its KV cache (its V2 runner)."""
         self.kv_cache_extensible = False
-        """Whether vLLM sizes the KV cache after warm-up and capture from the memory then free
-        (0.34's extensible KV cache), rather than at its memory profile."""
+        """Whether vLLM sizes the KV cache after capture (0.34's extensible KV cache)."""
         self.trtllm_workspace: Workspace | None = None
-        """vLLM's TRT-LLM kernels' workspace, where a phase runs them: zeroed, at the bound of
-        what they touch, in place of vLLM's 394 MiB buffer."""
+        """vLLM's TRT-LLM kernels' workspace (zeroed, at their bound), where a phase runs them."""
         self.sealed_before = None
         self.unexpected: list[str] = []
         """Phases vLLM built a native wrapper for though its builders said none would run."""
@@ -122,7 +118,10 @@ class VllmWorkspaces(PluginState):
             if self._engine() is runner:
                 return
             self._start_engine()
-        self._engine = _reference(runner, self._on_engine_freed)
+        try:
+            self._engine = weakref.ref(runner, self._on_engine_freed)
+        except TypeError:  # a runner that takes no weak reference
+            self._engine = lambda: runner
         if self.untouched is not None or not self._read_setting_again():
             return
         config, device = runner.vllm_config, runner.device
@@ -144,7 +143,7 @@ class VllmWorkspaces(PluginState):
                 records = self.setting.records
                 self.check_calibration(device)
             # no native phase (trtllm-gen prefills and decodes): no native workspace is served
-            keys = serving_keys(records, roles, self.setting.describe()) if roles else {}
+            keys = VLLM.serving_keys(records, self.setting.describe(), roles) if roles else {}
             self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
             # 0.34's enable_extensible_kv_cache (on by default on CUDA), settled before the profile
             extensible = getattr(config.cache_config, "enable_extensible_kv_cache", None)
@@ -260,7 +259,7 @@ class VllmWorkspaces(PluginState):
             )
         return tuple(resolve(tree))
 
-    def _log_reserved(self, keys: Mapping[Role, tuple[ResolvedResource, int | None]],
+    def _log_reserved(self, keys: Mapping[str, tuple[ResolvedResource, int | None]],
                       vllm_how: str) -> None:  # fmt: skip
         for plans in self.plans:
             logger.info(
@@ -356,7 +355,7 @@ class VllmWorkspaces(PluginState):
         rebound on the wrapper itself (vLLM checks its type, so it stays FlashInfer's). The
         first ``builder``'s decode wrappers get the decode int workspace in place of their own."""
         workspace = self._workspaces.get(role)
-        if wrapper is None or workspace is None or self._routed_to(wrapper):
+        if wrapper is None or workspace is None or self._routed.get(id(wrapper)) is wrapper:
             return
         from ...attn._flashinfer import own_buffers
 
@@ -369,8 +368,7 @@ class VllmWorkspaces(PluginState):
             path, cg_slot = self._keys[role]
             self.pools[path].install(wrapper, role, cg_slot)
             self.shared_int_wrappers += 1
-        key = id(wrapper)
-        self._routed[key] = weakref.ref(wrapper, lambda _: self._routed.pop(key, None))
+        self._routed[id(wrapper)] = wrapper
         if role == "prefill":
             # A partial, not a function around it: no frame of Python's between vLLM's call and
             # the workspace's plan.
@@ -382,10 +380,6 @@ class VllmWorkspaces(PluginState):
         if self._int_builder is None or self._int_builder() is None:
             self._int_builder = weakref.ref(builder)
         return self._int_builder() is builder
-
-    def _routed_to(self, wrapper: Any) -> bool:
-        found = self._routed.get(id(wrapper))
-        return found is not None and found() is wrapper
 
     def take_decode_plans(self, backend: Any, fast_plan_decode: Callable[..., Any]) -> Any:
         """Make ``backend.fast_plan_decode`` the decode workspace's plan of vLLM's own
@@ -447,14 +441,6 @@ class VllmWorkspaces(PluginState):
             "sealed": self.sealed,
             "unexpected_wrappers": list(self.unexpected),
         }
-
-
-def _reference(runner: Any, freed: Callable[[Any], None]) -> Callable[[], Any]:
-    """A weak reference to ``runner`` (``freed`` called as it goes) where it takes one."""
-    try:
-        return weakref.ref(runner, freed)
-    except TypeError:
-        return lambda: runner
 
 
 @contextlib.contextmanager
