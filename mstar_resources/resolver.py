@@ -39,8 +39,7 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 __all__ = ["ResolvedResource", "build_pools", "resolve", "serving"]
 
 MAX_DEPTH = 32
-"""The most levels of groups a resource may sit under: a deeper tree is a mistake (and would exhaust
-Python's recursion in OmegaConf)."""
+"""How many groups deep a resource may sit: deeper would exhaust OmegaConf's recursion."""
 
 RESOURCES_KEY = "resources"
 """The config key the tree lives under; a resource's full key is ``resources.<path>``."""
@@ -48,8 +47,7 @@ RESOURCES_KEY = "resources"
 _FIELDS = {f.name: f for f in dataclasses.fields(Resource)}
 _TYPES = typing.get_type_hints(Resource)
 _REQUIRED = {name for name, f in _FIELDS.items() if f.default == MISSING}
-FLOOR_FIELDS = (FLOAT.declared_key, INT.declared_key)
-"""The fields that declare a floor: given as text, read by the command line's rule."""
+_BUFFERS = {buffer.declared_key: buffer for buffer in (FLOAT, INT)}
 
 
 @dataclass(frozen=True)
@@ -101,12 +99,6 @@ class ResolvedResource:
         """The resource's full config key, e.g. ``resources.attn.decode``."""
         return f"{RESOURCES_KEY}.{self.path}"
 
-    def served_keys(self) -> Iterator[tuple[str, int | None]]:
-        """Every (label, cg slot) the resource serves; the slot is None for eager."""
-        for label in self.labels:
-            for slot in self.cg_slots or (None,):
-                yield label, slot
-
 
 def serving(records: Iterable[ResolvedResource], label: str) -> ResolvedResource | None:
     """The first of ``records`` that serves ``label`` (in any slot, or eagerly), or None: the one
@@ -130,7 +122,12 @@ def resolve(
         resource = _validate(node, f"{RESOURCES_KEY}.{path}", problems)
         if resource is not None:
             declared.append((path, resource))
-    problems += _paths_declared_twice([path for path, _ in declared])
+    problems += [
+        f"{RESOURCES_KEY}.{path} is declared twice (a dotted key and a nested path both spell "
+        "it), and one pool would serve only one of them; declare it once"
+        for path, count in Counter(path for path, _ in declared).items()
+        if count > 1
+    ]
     # Checked once, and even where every floor is declared: a bad value is a mistake either way.
     for buffer in (FLOAT, INT):
         try:
@@ -163,17 +160,6 @@ def resolve(
     return records
 
 
-def _paths_declared_twice(paths: list[str]) -> list[str]:
-    """A problem for each path two resources resolve to: a dotted key (``a.b``) and the nested
-    path it spells (``a: {b: ...}``) name one resource, whose pool would keep only one of them."""
-    twice = [path for path, count in Counter(paths).items() if count > 1]
-    return [
-        f"{RESOURCES_KEY}.{path} is declared twice (a dotted key and a nested path both spell "
-        "it), and one pool would serve only one of them; declare it once"
-        for path in twice
-    ]
-
-
 def build_pools(
     resources: DictConfig | Mapping[str, Any] | Sequence[ResolvedResource],
     device: torch.device | str,
@@ -201,7 +187,19 @@ def build_pools(
 
     check_argument("reserve", reserve, bool, "True or False")
     env = dict(os.environ) if env is None else env  # the one environment resolve() checks
-    records = _records(resources, env)
+    if isinstance(resources, DictConfig | Mapping):
+        records = resolve(resources, env)
+    elif isinstance(resources, list | tuple) and all(
+        isinstance(record, ResolvedResource) for record in resources
+    ):
+        records = list(resources)
+    else:
+        shown = repr(resources)
+        shown = shown if len(shown) <= 60 else f"a {type(resources).__name__} ({shown[:57]}...)"
+        raise ResourceUsageError(
+            f"build_pools takes the resources tree or the list resolve() returns, and got "
+            f"{shown}; e.g. build_pools(cfg.resources, device)"
+        )
     pools = {
         record.path: WorkspacePool(
             device,
@@ -209,7 +207,7 @@ def build_pools(
             record.owner,
             int_size_mb=record.int_declared_mb,
             config_key=record.key,
-            serves=record.served_keys(),
+            serves=[(label, slot) for label in record.labels for slot in record.cg_slots or [None]],
             floors=(
                 Floor(record.floor_mb, record.floor_source, record.floor_setting),
                 Floor(record.int_floor_mb, record.int_floor_source, record.int_floor_setting),
@@ -221,25 +219,6 @@ def build_pools(
         for pool in pools.values():
             pool.reserve()
     return pools
-
-
-def _records(
-    resources: DictConfig | Mapping[str, Any] | Sequence[ResolvedResource],
-    env: Mapping[str, str],
-) -> list[ResolvedResource]:
-    """``resources`` resolved: a tree through :func:`resolve`, resolve()'s records as they are."""
-    if isinstance(resources, DictConfig | Mapping):
-        return resolve(resources, env)
-    if isinstance(resources, list | tuple) and all(
-        isinstance(record, ResolvedResource) for record in resources
-    ):
-        return list(resources)
-    shown = repr(resources)
-    shown = shown if len(shown) <= 60 else f"a {type(resources).__name__} ({shown[:57]}...)"
-    raise ResourceUsageError(
-        f"build_pools takes the resources tree or the list resolve() returns, and got {shown}; "
-        "e.g. build_pools(cfg.resources, device)"
-    )
 
 
 def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
@@ -342,19 +321,16 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
         if name == "_target_":
             problems.append(_no_target(field_key, value))
         elif name not in _FIELDS:
+            takes = ", ".join(_FIELDS)
+            close = did_you_mean(str(name), _FIELDS)
+            text = f"{field_key} is not a resource setting{close}; a resource takes {takes}"
             problems.append(
-                Problem(
-                    f"{field_key} is not a resource setting{did_you_mean(str(name), _FIELDS)}; "
-                    f"a resource takes {', '.join(_FIELDS)}",
-                    setting=field_key,
-                    value=value,
-                    expects=f"one of {', '.join(_FIELDS)}",
-                )
+                Problem(text, setting=field_key, value=value, expects=f"one of {takes}")
             )
         else:
-            if name in FLOOR_FIELDS and isinstance(value, str):  # one rule for a number as text
+            if name in _BUFFERS and isinstance(value, str):  # one rule for a number as text
                 try:
-                    value = read_mb(field_key, value, INT if name == INT.declared_key else FLOAT)
+                    value = read_mb(field_key, value, _BUFFERS[name])
                 except ResourceConfigError as error:
                     problems.extend(error.problems)
                     continue
@@ -362,24 +338,12 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
                 typed[name] = value
             except OmegaConfBaseException:
                 problems.append(
-                    Problem(
-                        f"{field_key}={value!r} has the wrong type; set it to {_expects(name)}",
-                        setting=field_key,
-                        value=value,
-                        expects=_expects(name),
-                    )
+                    _problem(f"{field_key}={value!r} has the wrong type", key, name, value)
                 )
     for name in _FIELDS:
         # A value of the wrong type left the field unset too, and is reported already.
         if OmegaConf.is_missing(typed, name) and values.get(name, MISSING) == MISSING:
-            problems.append(
-                Problem(
-                    f"{key}.{name} is not set; set it to {_expects(name)}",
-                    setting=f"{key}.{name}",
-                    value=MISSING,
-                    expects=_expects(name),
-                )
-            )
+            problems.append(_problem(f"{key}.{name} is not set", key, name, MISSING))
     if len(problems) > before:
         return None
     return _try_make(lambda: cast(Resource, OmegaConf.to_object(typed)), key, problems)
@@ -416,8 +380,12 @@ def _try_make(make: Callable[[], Resource], key: str, problems: list[str]) -> Re
         return None
 
 
-def _expects(name: str) -> str:
-    return limits.expects(_FIELDS[name]) or name
+def _problem(text: str, key: str, name: str, value: object) -> Problem:
+    """Resource field ``name`` of ``key`` holds ``value``: ``text``, and what the field takes."""
+    expects = limits.expects(_FIELDS[name]) or name
+    return Problem(
+        f"{text}; set it to {expects}", setting=f"{key}.{name}", value=value, expects=expects
+    )
 
 
 def _plain(value: object) -> object:
