@@ -182,12 +182,11 @@ class Composition:
             close = did_you_mean(name, settings, f"{holder}." if holder else "")
             return (f"{override.input_line} deletes {key}, which is not a setting{close}; "
                     f"{holder or 'the config'} takes {', '.join(settings)}")  # fmt: skip
-        unset = not OmegaConf.is_missing(parent, name) and parent[name] is None
-        if not dataclasses.is_dataclass(OmegaConf.get_type(parent)) and not unset:
-            return None
-        if unset:
+        if not OmegaConf.is_missing(parent, name) and parent[name] is None:
             return (f"{override.input_line} deletes {key}, which is unset (null) already; leave "
                     "the deletion out")  # fmt: skip
+        if not dataclasses.is_dataclass(OmegaConf.get_type(parent)):
+            return None
         return (f"{override.input_line} deletes {key}, a setting of the schema, which stays; "
                 f"leave the deletion out, or give {key} another value")  # fmt: skip
 
