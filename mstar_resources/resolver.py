@@ -11,7 +11,7 @@ import dataclasses
 import os
 import typing
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -307,13 +307,26 @@ def _is_mapping(node: DictConfig, key: Any) -> bool:
 
 def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | None:
     """``node`` as a :class:`Resource`, or None with what is wrong with it added to ``problems``."""
+    values: dict[str, Any] | None
     try:
         values = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
     except OmegaConfBaseException as error:
         problems.append(f"{key} can't be read: {_first_line(error)}")
         return None
-    if _already_typed(node, values):  # converting is most of resolve()'s cost
-        return _try_make(lambda: Resource(**values), key, problems)
+    if not _already_typed(node, values):  # converting is most of resolve()'s cost
+        values = _converted(values, key, problems)
+    if values is None:
+        return None
+    try:
+        return Resource(**values)
+    except ResourceConfigError as error:  # Resource's own complaints, given their full key
+        problems.extend(problem.under(f"{key}.") for problem in error.problems)
+        return None
+
+
+def _converted(values: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any] | None:
+    """``values`` converted to the schema's types as OmegaConf converts them, or None with why
+    they can't be added to ``problems``."""
     typed = OmegaConf.structured(Resource)
     before = len(problems)
     for name, value in values.items():
@@ -324,9 +337,8 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
             takes = ", ".join(_FIELDS)
             close = did_you_mean(str(name), _FIELDS)
             text = f"{field_key} is not a resource setting{close}; a resource takes {takes}"
-            problems.append(
-                Problem(text, setting=field_key, value=value, expects=f"one of {takes}")
-            )
+            expects = f"one of {takes}"
+            problems.append(Problem(text, setting=field_key, value=value, expects=expects))
         else:
             if name in _BUFFERS and isinstance(value, str):  # one rule for a number as text
                 try:
@@ -346,7 +358,7 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
             problems.append(_problem(f"{key}.{name} is not set", key, name, MISSING))
     if len(problems) > before:
         return None
-    return _try_make(lambda: cast(Resource, OmegaConf.to_object(typed)), key, problems)
+    return cast(dict[str, Any], OmegaConf.to_container(typed))
 
 
 def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
@@ -369,15 +381,6 @@ def _is_of_type(value: object, hint: object) -> bool:
     if hint is int:
         return is_int(value)
     return isinstance(hint, type) and isinstance(value, hint)
-
-
-def _try_make(make: Callable[[], Resource], key: str, problems: list[str]) -> Resource | None:
-    """``make()``, or None with Resource's own complaints, given their full key, in ``problems``."""
-    try:
-        return make()
-    except ResourceConfigError as error:
-        problems.extend(problem.under(f"{key}.") for problem in error.problems)
-        return None
 
 
 def _problem(text: str, key: str, name: str, value: object) -> Problem:
