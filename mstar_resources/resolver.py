@@ -229,27 +229,18 @@ def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
             f"{RESOURCES_KEY}={resources_node!r} is not a mapping; give it resources by name "
             f"(e.g. {RESOURCES_KEY}.attn.decode.labels=[decode])"
         )
-    too_deep = _deeper_than(resources_node, MAX_DEPTH)
-    if too_deep is not None:
-        raise ResourceConfigError(_too_deep(too_deep))
+    stack: list[tuple[str, Mapping[str, Any], int]] = [(RESOURCES_KEY, resources_node, 0)]
+    while stack:  # not recursive: so deep a tree would exhaust Python's recursion
+        key, node, level = stack.pop()
+        if level > MAX_DEPTH:
+            raise ResourceConfigError(_too_deep(key))
+        stack += [(f"{key}.{k}", v, level + 1) for k, v in node.items() if isinstance(v, Mapping)]
     try:
         return OmegaConf.create(dict(resources_node))
     except OmegaConfBaseException as error:
         raise ResourceConfigError(
             f"{RESOURCES_KEY} can't be read as a config: {_first_line(error)}"
         ) from None
-
-
-def _deeper_than(tree: Mapping[str, Any], depth: int) -> str | None:
-    """The key of a mapping nested more than ``depth`` levels below ``tree`` (found without
-    recursion), or None."""
-    stack = [(RESOURCES_KEY, tree, 0)]
-    while stack:
-        key, node, level = stack.pop()
-        if level > depth:
-            return key
-        stack += [(f"{key}.{k}", v, level + 1) for k, v in node.items() if isinstance(v, Mapping)]
-    return None
 
 
 def _too_deep(key: str) -> str:

@@ -51,7 +51,7 @@ def expects(field: dataclasses.Field[Any]) -> str | None:
     return f"{field.metadata['expects']}, {bounds}" if bounds else str(field.metadata["expects"])
 
 
-def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
+def problems(values: Any, schema: type) -> list[str]:
     """One sentence for each bounded field of the dataclass ``schema`` whose value in ``values``
     (an instance, or a mapping such as a DictConfig) is out of its bounds, in field order; a null
     is the field type's business."""
@@ -59,9 +59,13 @@ def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
     for field in dataclasses.fields(schema):
         ge, le = field.metadata.get("ge"), field.metadata.get("le")
         value = values[field.name] if isinstance(values, Mapping) else getattr(values, field.name)
-        if ge is le is None or isinstance(value, bool) or not isinstance(value, int | float):
+        if (
+            (ge is None and le is None)
+            or isinstance(value, bool)
+            or not isinstance(value, int | float)
+        ):
             continue
-        setting, bounds = f"{prefix}{field.name}", _bounds_text(field.metadata)
+        setting, bounds = field.name, _bounds_text(field.metadata)
         if not math.isfinite(value):
             text = f"{setting}={value!r} is not a finite number; it must be {bounds}"
         elif (ge is not None and value < ge) or (le is not None and value > le):
