@@ -7,7 +7,6 @@ torch; :func:`build_pools`, which allocates, does.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import typing
 from collections import Counter
@@ -28,7 +27,7 @@ from ._internal.floor import (
     resolve_floor,
 )
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
-from .schema import Resource
+from .schema import FIELDS, Resource
 from .units import MIB, is_int
 
 if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools allocates
@@ -44,9 +43,8 @@ MAX_DEPTH = 32
 RESOURCES_KEY = "resources"
 """The config key the tree lives under; a resource's full key is ``resources.<path>``."""
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Resource)}
 _TYPES = typing.get_type_hints(Resource)
-_REQUIRED = {name for name, f in _FIELDS.items() if f.default == MISSING}
+_REQUIRED = {name for name, f in FIELDS.items() if f.default == MISSING}
 _BUFFERS = {buffer.declared_key: buffer for buffer in (FLOAT, INT)}
 
 
@@ -276,7 +274,7 @@ def _walk(
         else:
             problems.append(
                 f"{child_key}={_plain(child)!r} is neither a resource nor a group of them; a "
-                f"resource is a mapping of {', '.join(_FIELDS)} (e.g. {child_key}.labels=[decode])"
+                f"resource is a mapping of {', '.join(FIELDS)} (e.g. {child_key}.labels=[decode])"
             )
 
 
@@ -286,7 +284,7 @@ def _is_resource(node: DictConfig) -> bool:
     whatever its name (``layers: {owner: {labels: [x]}}`` is the resource ``layers.owner``)."""
     if OmegaConf.get_type(node) is Resource or "labels" in node:
         return True
-    return any(str(key) in _FIELDS and not _is_mapping(node, key) for key in node)
+    return any(str(key) in FIELDS and not _is_mapping(node, key) for key in node)
 
 
 def _is_mapping(node: DictConfig, key: Any) -> bool:
@@ -324,9 +322,9 @@ def _converted(values: dict[str, Any], key: str, problems: list[str]) -> dict[st
         field_key = f"{key}.{name}"
         if name == "_target_":
             problems.append(_no_target(field_key, value))
-        elif name not in _FIELDS:
-            takes = ", ".join(_FIELDS)
-            close = did_you_mean(str(name), _FIELDS)
+        elif name not in FIELDS:
+            takes = ", ".join(FIELDS)
+            close = did_you_mean(str(name), FIELDS)
             text = f"{field_key} is not a resource setting{close}; a resource takes {takes}"
             expects = f"one of {takes}"
             problems.append(Problem(text, setting=field_key, value=value, expects=expects))
@@ -343,7 +341,7 @@ def _converted(values: dict[str, Any], key: str, problems: list[str]) -> dict[st
                 problems.append(
                     _problem(f"{field_key}={value!r} has the wrong type", key, name, value)
                 )
-    for name in _FIELDS:
+    for name in FIELDS:
         # A value of the wrong type left the field unset too, and is reported already.
         if OmegaConf.is_missing(typed, name) and values.get(name, MISSING) == MISSING:
             problems.append(_problem(f"{key}.{name} is not set", key, name, MISSING))
@@ -355,7 +353,7 @@ def _converted(values: dict[str, Any], key: str, problems: list[str]) -> dict[st
 def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
     """Whether ``values`` (``node``'s) hold every required field and nothing else, each of its
     declared type, so OmegaConf's conversion can be skipped."""
-    if not (_REQUIRED <= values.keys() <= _FIELDS.keys()) or MISSING in values.values():
+    if not (_REQUIRED <= values.keys() <= FIELDS.keys()) or MISSING in values.values():
         return False
     if OmegaConf.get_type(node) is Resource:  # OmegaConf checked each value when it was set
         return True
@@ -376,7 +374,7 @@ def _is_of_type(value: object, hint: object) -> bool:
 
 def _problem(text: str, key: str, name: str, value: object) -> Problem:
     """Resource field ``name`` of ``key`` holds ``value``: ``text``, and what the field takes."""
-    expects = limits.expects(_FIELDS[name]) or name
+    expects = limits.expects(FIELDS[name]) or name
     return Problem(
         f"{text}; set it to {expects}", setting=f"{key}.{name}", value=value, expects=expects
     )

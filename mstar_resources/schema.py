@@ -86,8 +86,12 @@ class Resource:
             raise ResourceConfigError(*found, where="the resource")
 
 
+FIELDS = {f.name: f for f in fields(Resource)}
+"""The schema's fields, by name, in order."""
+
+
 def _expects(name: str) -> str | None:
-    return expects(next(f for f in fields(Resource) if f.name == name))
+    return expects(FIELDS[name])
 
 
 def _owner_problems(owner: object) -> list[str]:
