@@ -182,12 +182,11 @@ class Composition:
             close = did_you_mean(name, settings, f"{holder}." if holder else "")
             return (f"{override.input_line} deletes {key}, which is not a setting{close}; "
                     f"{holder or 'the config'} takes {', '.join(settings)}")  # fmt: skip
-        unset = not OmegaConf.is_missing(parent, name) and parent[name] is None
-        if not dataclasses.is_dataclass(OmegaConf.get_type(parent)) and not unset:
-            return None
-        if unset:
+        if not OmegaConf.is_missing(parent, name) and parent[name] is None:
             return (f"{override.input_line} deletes {key}, which is unset (null) already; leave "
                     "the deletion out")  # fmt: skip
+        if not dataclasses.is_dataclass(OmegaConf.get_type(parent)):
+            return None
         return (f"{override.input_line} deletes {key}, a setting of the schema, which stays; "
                 f"leave the deletion out, or give {key} another value")  # fmt: skip
 
@@ -203,9 +202,14 @@ class Composition:
         path = self.deployment_path()
         return path if path is not None and path.is_file() else None
 
-    def not_a_regular_file(self) -> str | None:
-        """The picked deployment, where the user's ``--config-dir`` holds a folder, a FIFO or a
-        link to a device of its name, which Hydra would fail on or read without end."""
+    def deployment_problem(self) -> str | None:
+        """What is wrong with the deployment the overrides pick in the user's ``--config-dir``,
+        which Hydra would fail on, read without end, ignore or compose without a word: a folder, a
+        FIFO or a device; a file a shipped deployment of its name shadows (``--config-dir`` comes
+        after the package's configs); bytes that are no UTF-8; nothing at all (every floor would
+        then be the variable's, else 512 MB); Hydra's own ``hydra:`` block; or one of the app's own
+        ``settings``, which its primary config would override (a file PyYAML can't read is Hydra's
+        to report)."""
         path = self.deployment_path()
         if path is None:
             return None
@@ -213,21 +217,16 @@ class Composition:
             mode = path.stat().st_mode
         except OSError:  # not there (another folder may have it), or a broken link
             return None
-        if stat.S_ISREG(mode):
-            return None
-        what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
-        return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is {what}; a deployment is "
-                "a YAML file: replace it with one")  # fmt: skip
-
-    def file_problem(self) -> str | None:
-        """What the deployment file the overrides pick holds that Hydra would read wrong or compose
-        without a word: bytes that are no UTF-8, nothing at all (every floor would then be the
-        variable's, else 512 MB), Hydra's own ``hydra:`` block, or one of the app's own
-        ``settings``, which its primary config would override (a file PyYAML can't read is Hydra's
-        to report)."""
-        path = self.deployment_file()
-        if path is None:
-            return None
+        if not stat.S_ISREG(mode):
+            what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
+            return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is {what}; a deployment "
+                    "is a YAML file: replace it with one")  # fmt: skip
+        if path.parent != shipped_deployments().resolve() and (
+                path.stem in group_options(DEPLOYMENT_GROUP, self.config_name)):  # fmt: skip
+            return (f"{DEPLOYMENT_GROUP}={path.stem} picks the shipped deployment of that name, "
+                    f"not {path}: Hydra finds the package's configs before a --config-dir's, so "
+                    f"the file would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and "
+                    "use the new name")  # fmt: skip
         try:
             data = path.read_bytes()
             text = data.decode("utf-8")
@@ -257,22 +256,10 @@ class Composition:
                     "them out of the file")  # fmt: skip
         return None
 
-    def shadowed_file(self) -> str | None:
-        """The user's deployment file the overrides pick, where a shipped deployment of its name
-        would be composed in its place (``--config-dir`` comes after the package's configs)."""
-        path = self.deployment_file()
-        if path is None or path.parent == shipped_deployments().resolve() or (
-                path.stem not in group_options(DEPLOYMENT_GROUP, self.config_name)):  # fmt: skip
-            return None
-        return (f"{DEPLOYMENT_GROUP}={path.stem} picks the shipped deployment of that name, not "
-                f"{path}: Hydra finds the package's configs before a --config-dir's, so the file "
-                f"would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and use the new "
-                "name")  # fmt: skip
-
     def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
         """The overrides composed (with Hydra's config where ``hydra``), a mistake in them or in a
         config file raised as ResourceConfigError (where ``full_error``, as Hydra raised it)."""
-        refused = self.not_a_regular_file() or self.shadowed_file() or self.file_problem()
+        refused = self.deployment_problem()
         if refused is not None:
             raise ResourceConfigError(refused)
         try:

@@ -15,13 +15,12 @@ from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, Strin
 
 from ._internal import limits
 from .errors import did_you_mean
-from .schema import Resource
+from .schema import FIELDS
 
 __all__ = ["DEPLOYMENT_GROUP", "NO_DEPLOYMENT", "explain", "not_a_choice", "not_a_primary_config",
            "not_utf8", "not_yaml"]  # fmt: skip
 
 DEPLOYMENT_GROUP = "deployment"  # its options are `# @package _global_`: keys of the whole tree
-OPTION_NOUNS = {"resources": "resource tree"}  # what one option is called, if not the group's name
 NO_DEPLOYMENT = "none"
 """The shipped tree's empty deployment: listed among the options, never offered as the closest to
 a misspelt name (it is no deployment, and calibration refuses it)."""
@@ -84,7 +83,8 @@ def not_a_choice(
                 "folder")  # fmt: skip
     offered = [o for o in options if not (group == DEPLOYMENT_GROUP and o == NO_DEPLOYMENT)]
     close = did_you_mean(name, offered) if closest else ""
-    return (f"{group}={name} is not a {OPTION_NOUNS.get(group, group)}{why}{close}; "
+    noun = "resource tree" if group == "resources" else group
+    return (f"{group}={name} is not a {noun}{why}{close}; "
             f"pick one of {', '.join(options)}")  # fmt: skip
 
 
@@ -132,8 +132,7 @@ def _unknown_key(error: OmegaConfBaseException, deployment_file: Path | None) ->
         return (f"{full_key} is not a setting: {at} is empty as composed, so there is nothing "
                 f"under it to set; compose an option that fills {at} first (e.g. "
                 "deployment=NAME)")  # fmt: skip
-    fields = {item.name for item in dataclasses.fields(Resource)}
-    if str(error.key) in fields and fields & set(settings):
+    if str(error.key) in FIELDS and FIELDS.keys() & set(settings):
         # A resource declared in a user's YAML without the schema has only the keys it wrote.
         return (f"{full_key} is a resource's setting, and {holder} is declared without it; add "
                 f"it with a plus: +{full_key}=VALUE")  # fmt: skip

@@ -89,8 +89,6 @@ class _ProblemsError(ResourceError, ValueError):
     where: str
 
     def __init__(self, *problems: str, where: str = "the config") -> None:
-        if not problems:
-            raise TypeError(f"{type(self).__name__} needs at least one problem")
         self.problems = tuple(p if isinstance(p, Problem) else Problem(p) for p in problems)
         self.where = where
         if len(problems) == 1:
@@ -108,9 +106,8 @@ class _ProblemsError(ResourceError, ValueError):
 class ResourceConfigError(_ProblemsError):
     """A setting (config key, argument or environment variable) holds an unusable value.
 
-    ``problems``: one :class:`Problem` per problem, in the order found (a plain sentence becomes a
-    Problem of no one setting); ``where``: what was checked (``the resources config``). The text is
-    the problem when there is one, else a count and a line each.
+    ``problems``: one :class:`Problem` each, in the order found; ``where``: what was checked (``the
+    resources config``). The text is the problem when there is one, else a count and a line each.
     """
 
 
@@ -143,10 +140,8 @@ class WorkspaceShortError(ResourceError):
 class WorkspaceSealedError(WorkspaceShortError):
     """A plan needs more room than a sealed workspace has; a sealed workspace never moves.
 
-    Fields: those of :class:`WorkspaceShortError` (``needed_bytes``: what the plan needs, as far
-    as FlashInfer said), and ``suggested_mb``, the value of ``setting`` that holds
-    ``needed_bytes``.
-    """
+    Fields: those of :class:`WorkspaceShortError` (``needed_bytes`` as far as FlashInfer said), and
+    ``suggested_mb``, the value of ``setting`` that holds ``needed_bytes``."""
 
     suggested_mb: int
 

@@ -7,11 +7,10 @@ torch; :func:`build_pools`, which allocates, does.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import typing
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,7 +27,7 @@ from ._internal.floor import (
     resolve_floor,
 )
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
-from .schema import Resource
+from .schema import FIELDS, Resource
 from .units import MIB, is_int
 
 if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools allocates
@@ -39,17 +38,14 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 __all__ = ["ResolvedResource", "build_pools", "resolve", "serving"]
 
 MAX_DEPTH = 32
-"""The most levels of groups a resource may sit under: a deeper tree is a mistake (and would exhaust
-Python's recursion in OmegaConf)."""
+"""How many groups deep a resource may sit: deeper would exhaust OmegaConf's recursion."""
 
 RESOURCES_KEY = "resources"
 """The config key the tree lives under; a resource's full key is ``resources.<path>``."""
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Resource)}
 _TYPES = typing.get_type_hints(Resource)
-_REQUIRED = {name for name, f in _FIELDS.items() if f.default == MISSING}
-FLOOR_FIELDS = (FLOAT.declared_key, INT.declared_key)
-"""The fields that declare a floor: given as text, read by the command line's rule."""
+_REQUIRED = {name for name, f in FIELDS.items() if f.default == MISSING}
+_BUFFERS = {buffer.declared_key: buffer for buffer in (FLOAT, INT)}
 
 
 @dataclass(frozen=True)
@@ -101,12 +97,6 @@ class ResolvedResource:
         """The resource's full config key, e.g. ``resources.attn.decode``."""
         return f"{RESOURCES_KEY}.{self.path}"
 
-    def served_keys(self) -> Iterator[tuple[str, int | None]]:
-        """Every (label, cg slot) the resource serves; the slot is None for eager."""
-        for label in self.labels:
-            for slot in self.cg_slots or (None,):
-                yield label, slot
-
 
 def serving(records: Iterable[ResolvedResource], label: str) -> ResolvedResource | None:
     """The first of ``records`` that serves ``label`` (in any slot, or eagerly), or None: the one
@@ -130,7 +120,12 @@ def resolve(
         resource = _validate(node, f"{RESOURCES_KEY}.{path}", problems)
         if resource is not None:
             declared.append((path, resource))
-    problems += _paths_declared_twice([path for path, _ in declared])
+    problems += [
+        f"{RESOURCES_KEY}.{path} is declared twice (a dotted key and a nested path both spell "
+        "it), and one pool would serve only one of them; declare it once"
+        for path, count in Counter(path for path, _ in declared).items()
+        if count > 1
+    ]
     # Checked once, and even where every floor is declared: a bad value is a mistake either way.
     for buffer in (FLOAT, INT):
         try:
@@ -163,17 +158,6 @@ def resolve(
     return records
 
 
-def _paths_declared_twice(paths: list[str]) -> list[str]:
-    """A problem for each path two resources resolve to: a dotted key (``a.b``) and the nested
-    path it spells (``a: {b: ...}``) name one resource, whose pool would keep only one of them."""
-    twice = [path for path, count in Counter(paths).items() if count > 1]
-    return [
-        f"{RESOURCES_KEY}.{path} is declared twice (a dotted key and a nested path both spell "
-        "it), and one pool would serve only one of them; declare it once"
-        for path in twice
-    ]
-
-
 def build_pools(
     resources: DictConfig | Mapping[str, Any] | Sequence[ResolvedResource],
     device: torch.device | str,
@@ -201,7 +185,19 @@ def build_pools(
 
     check_argument("reserve", reserve, bool, "True or False")
     env = dict(os.environ) if env is None else env  # the one environment resolve() checks
-    records = _records(resources, env)
+    if isinstance(resources, DictConfig | Mapping):
+        records = resolve(resources, env)
+    elif isinstance(resources, list | tuple) and all(
+        isinstance(record, ResolvedResource) for record in resources
+    ):
+        records = list(resources)
+    else:
+        shown = repr(resources)
+        shown = shown if len(shown) <= 60 else f"a {type(resources).__name__} ({shown[:57]}...)"
+        raise ResourceUsageError(
+            f"build_pools takes the resources tree or the list resolve() returns, and got "
+            f"{shown}; e.g. build_pools(cfg.resources, device)"
+        )
     pools = {
         record.path: WorkspacePool(
             device,
@@ -209,7 +205,7 @@ def build_pools(
             record.owner,
             int_size_mb=record.int_declared_mb,
             config_key=record.key,
-            serves=record.served_keys(),
+            serves=[(label, slot) for label in record.labels for slot in record.cg_slots or [None]],
             floors=(
                 Floor(record.floor_mb, record.floor_source, record.floor_setting),
                 Floor(record.int_floor_mb, record.int_floor_source, record.int_floor_setting),
@@ -223,25 +219,6 @@ def build_pools(
     return pools
 
 
-def _records(
-    resources: DictConfig | Mapping[str, Any] | Sequence[ResolvedResource],
-    env: Mapping[str, str],
-) -> list[ResolvedResource]:
-    """``resources`` resolved: a tree through :func:`resolve`, resolve()'s records as they are."""
-    if isinstance(resources, DictConfig | Mapping):
-        return resolve(resources, env)
-    if isinstance(resources, list | tuple) and all(
-        isinstance(record, ResolvedResource) for record in resources
-    ):
-        return list(resources)
-    shown = repr(resources)
-    shown = shown if len(shown) <= 60 else f"a {type(resources).__name__} ({shown[:57]}...)"
-    raise ResourceUsageError(
-        f"build_pools takes the resources tree or the list resolve() returns, and got {shown}; "
-        "e.g. build_pools(cfg.resources, device)"
-    )
-
-
 def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
     if isinstance(resources_node, DictConfig):
         return resources_node
@@ -250,27 +227,18 @@ def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
             f"{RESOURCES_KEY}={resources_node!r} is not a mapping; give it resources by name "
             f"(e.g. {RESOURCES_KEY}.attn.decode.labels=[decode])"
         )
-    too_deep = _deeper_than(resources_node, MAX_DEPTH)
-    if too_deep is not None:
-        raise ResourceConfigError(_too_deep(too_deep))
+    stack: list[tuple[str, Mapping[str, Any], int]] = [(RESOURCES_KEY, resources_node, 0)]
+    while stack:  # not recursive: so deep a tree would exhaust Python's recursion
+        key, node, level = stack.pop()
+        if level > MAX_DEPTH:
+            raise ResourceConfigError(_too_deep(key))
+        stack += [(f"{key}.{k}", v, level + 1) for k, v in node.items() if isinstance(v, Mapping)]
     try:
         return OmegaConf.create(dict(resources_node))
     except OmegaConfBaseException as error:
         raise ResourceConfigError(
             f"{RESOURCES_KEY} can't be read as a config: {_first_line(error)}"
         ) from None
-
-
-def _deeper_than(tree: Mapping[str, Any], depth: int) -> str | None:
-    """The key of a mapping nested more than ``depth`` levels below ``tree`` (found without
-    recursion), or None."""
-    stack = [(RESOURCES_KEY, tree, 0)]
-    while stack:
-        key, node, level = stack.pop()
-        if level > depth:
-            return key
-        stack += [(f"{key}.{k}", v, level + 1) for k, v in node.items() if isinstance(v, Mapping)]
-    return None
 
 
 def _too_deep(key: str) -> str:
@@ -306,7 +274,7 @@ def _walk(
         else:
             problems.append(
                 f"{child_key}={_plain(child)!r} is neither a resource nor a group of them; a "
-                f"resource is a mapping of {', '.join(_FIELDS)} (e.g. {child_key}.labels=[decode])"
+                f"resource is a mapping of {', '.join(FIELDS)} (e.g. {child_key}.labels=[decode])"
             )
 
 
@@ -316,7 +284,7 @@ def _is_resource(node: DictConfig) -> bool:
     whatever its name (``layers: {owner: {labels: [x]}}`` is the resource ``layers.owner``)."""
     if OmegaConf.get_type(node) is Resource or "labels" in node:
         return True
-    return any(str(key) in _FIELDS and not _is_mapping(node, key) for key in node)
+    return any(str(key) in FIELDS and not _is_mapping(node, key) for key in node)
 
 
 def _is_mapping(node: DictConfig, key: Any) -> bool:
@@ -328,33 +296,42 @@ def _is_mapping(node: DictConfig, key: Any) -> bool:
 
 def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | None:
     """``node`` as a :class:`Resource`, or None with what is wrong with it added to ``problems``."""
+    values: dict[str, Any] | None
     try:
         values = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
     except OmegaConfBaseException as error:
         problems.append(f"{key} can't be read: {_first_line(error)}")
         return None
-    if _already_typed(node, values):  # converting is most of resolve()'s cost
-        return _try_make(lambda: Resource(**values), key, problems)
+    if not _already_typed(node, values):  # converting is most of resolve()'s cost
+        values = _converted(values, key, problems)
+    if values is None:
+        return None
+    try:
+        return Resource(**values)
+    except ResourceConfigError as error:  # Resource's own complaints, given their full key
+        problems.extend(problem.under(f"{key}.") for problem in error.problems)
+        return None
+
+
+def _converted(values: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any] | None:
+    """``values`` converted to the schema's types as OmegaConf converts them, or None with why
+    they can't be added to ``problems``."""
     typed = OmegaConf.structured(Resource)
     before = len(problems)
     for name, value in values.items():
         field_key = f"{key}.{name}"
         if name == "_target_":
             problems.append(_no_target(field_key, value))
-        elif name not in _FIELDS:
-            problems.append(
-                Problem(
-                    f"{field_key} is not a resource setting{did_you_mean(str(name), _FIELDS)}; "
-                    f"a resource takes {', '.join(_FIELDS)}",
-                    setting=field_key,
-                    value=value,
-                    expects=f"one of {', '.join(_FIELDS)}",
-                )
-            )
+        elif name not in FIELDS:
+            takes = ", ".join(FIELDS)
+            close = did_you_mean(str(name), FIELDS)
+            text = f"{field_key} is not a resource setting{close}; a resource takes {takes}"
+            expects = f"one of {takes}"
+            problems.append(Problem(text, setting=field_key, value=value, expects=expects))
         else:
-            if name in FLOOR_FIELDS and isinstance(value, str):  # one rule for a number as text
+            if name in _BUFFERS and isinstance(value, str):  # one rule for a number as text
                 try:
-                    value = read_mb(field_key, value, INT if name == INT.declared_key else FLOAT)
+                    value = read_mb(field_key, value, _BUFFERS[name])
                 except ResourceConfigError as error:
                     problems.extend(error.problems)
                     continue
@@ -362,33 +339,21 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
                 typed[name] = value
             except OmegaConfBaseException:
                 problems.append(
-                    Problem(
-                        f"{field_key}={value!r} has the wrong type; set it to {_expects(name)}",
-                        setting=field_key,
-                        value=value,
-                        expects=_expects(name),
-                    )
+                    _problem(f"{field_key}={value!r} has the wrong type", key, name, value)
                 )
-    for name in _FIELDS:
+    for name in FIELDS:
         # A value of the wrong type left the field unset too, and is reported already.
         if OmegaConf.is_missing(typed, name) and values.get(name, MISSING) == MISSING:
-            problems.append(
-                Problem(
-                    f"{key}.{name} is not set; set it to {_expects(name)}",
-                    setting=f"{key}.{name}",
-                    value=MISSING,
-                    expects=_expects(name),
-                )
-            )
+            problems.append(_problem(f"{key}.{name} is not set", key, name, MISSING))
     if len(problems) > before:
         return None
-    return _try_make(lambda: cast(Resource, OmegaConf.to_object(typed)), key, problems)
+    return cast(dict[str, Any], OmegaConf.to_container(typed))
 
 
 def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
     """Whether ``values`` (``node``'s) hold every required field and nothing else, each of its
     declared type, so OmegaConf's conversion can be skipped."""
-    if not (_REQUIRED <= values.keys() <= _FIELDS.keys()) or MISSING in values.values():
+    if not (_REQUIRED <= values.keys() <= FIELDS.keys()) or MISSING in values.values():
         return False
     if OmegaConf.get_type(node) is Resource:  # OmegaConf checked each value when it was set
         return True
@@ -407,17 +372,12 @@ def _is_of_type(value: object, hint: object) -> bool:
     return isinstance(hint, type) and isinstance(value, hint)
 
 
-def _try_make(make: Callable[[], Resource], key: str, problems: list[str]) -> Resource | None:
-    """``make()``, or None with Resource's own complaints, given their full key, in ``problems``."""
-    try:
-        return make()
-    except ResourceConfigError as error:
-        problems.extend(problem.under(f"{key}.") for problem in error.problems)
-        return None
-
-
-def _expects(name: str) -> str:
-    return limits.expects(_FIELDS[name]) or name
+def _problem(text: str, key: str, name: str, value: object) -> Problem:
+    """Resource field ``name`` of ``key`` holds ``value``: ``text``, and what the field takes."""
+    expects = limits.expects(FIELDS[name]) or name
+    return Problem(
+        f"{text}; set it to {expects}", setting=f"{key}.{name}", value=value, expects=expects
+    )
 
 
 def _plain(value: object) -> object:

@@ -1,9 +1,7 @@
 """The schema of one declared resource, as engines write it under ``resources`` in their config.
 
-``mstar_resources.conf`` registers it in Hydra's ConfigStore as ``mstar_resources/resource``, so
-``- /mstar_resources/resource@attn.decode`` in a defaults list types a node, and a wrong type or an
-unknown key fails at compose. This module imports no Hydra.
-"""
+``mstar_resources.conf`` stores it in Hydra's ConfigStore as ``mstar_resources/resource``, so
+``- /mstar_resources/resource@attn.decode`` in a defaults list types a node. No Hydra here."""
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
@@ -19,8 +17,7 @@ __all__ = ["Resource"]
 
 MAX_ITEMS = 256
 """The most labels, and the most CUDA-graph slots, one resource may list: each label and slot is
-a workspace of its own, and an engine has a handful; a longer list is a mistake (and one of a
-million entries would take minutes to check)."""
+a workspace of its own, and an engine has a handful; a longer list is a mistake."""
 
 
 @dataclass
@@ -89,8 +86,12 @@ class Resource:
             raise ResourceConfigError(*found, where="the resource")
 
 
+FIELDS = {f.name: f for f in fields(Resource)}
+"""The schema's fields, by name, in order."""
+
+
 def _expects(name: str) -> str | None:
-    return expects(next(f for f in fields(Resource) if f.name == name))
+    return expects(FIELDS[name])
 
 
 def _owner_problems(owner: object) -> list[str]:
@@ -101,14 +102,13 @@ def _owner_problems(owner: object) -> list[str]:
 
 
 def _label_problems(labels: list[str]) -> list[str]:
-    problems = []
     if not labels:
-        problems.append(
+        return [
             "labels=[] is empty; list the plan labels the resource serves (e.g. labels=[decode])"
-        )
-        return problems
+        ]
     if len(labels) > MAX_ITEMS:
         return [f"labels has {len(labels):,} labels; at most {MAX_ITEMS} (each is a workspace)"]
+    problems = []
     if nested := [label for label in labels if not isinstance(label, str)]:
         problems.append(
             f"labels={labels!r} holds {nested[0]!r}, which is not a label; labels is a flat list "
@@ -139,8 +139,7 @@ def _slot_problems(slots: list[int]) -> list[str]:
     if large := list(dict.fromkeys(slot for slot in slots if slot >= MAX_ITEMS)):
         problems.append(
             f"cg_slots has slots [{', '.join(map(number_text, large))}] past the largest, "
-            f"{MAX_ITEMS - 1}; a slot "
-            f"numbers one of at most {MAX_ITEMS} graph contexts, from 0"
+            f"{MAX_ITEMS - 1}; a slot numbers one of at most {MAX_ITEMS} graph contexts, from 0"
         )
     if repeated := _repeats(slots):
         problems.append(f"cg_slots={slots!r} repeats {repeated}; list each slot once")

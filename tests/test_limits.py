@@ -14,7 +14,7 @@ from mstar_resources.apps.calibrate_settings import CalibrateSettings
 @dataclasses.dataclass
 class Example:
     count: int = dataclasses.field(default=1, metadata=limits.bounds("a count", ge=1))
-    share: float = dataclasses.field(default=0.5, metadata=limits.bounds("a share", gt=0, lt=1))
+    share: float = dataclasses.field(default=0.5, metadata=limits.bounds("a share", ge=0, le=1))
     size: int | None = dataclasses.field(default=None, metadata=limits.bounds("MB", ge=1, le=8))
     name: str = dataclasses.field(default="x", metadata={"expects": "a name"})
 
@@ -24,9 +24,11 @@ class Example:
     [
         pytest.param({}, [], id="defaults"),
         pytest.param({"count": 0}, ["count=0 must be at least 1 (a count)"], id="below"),
-        pytest.param({"share": 1.0}, ["share=1.0 must be between 0 and 1 (a share)"], id="open"),
+        pytest.param({"share": 1.5}, ["share=1.5 must be at least 0 and at most 1 (a share)"],
+                     id="above-a-float"),
         pytest.param({"share": math.inf},
-                     ["share=inf is not a finite number; it must be between 0 and 1 (a share)"],
+                     ["share=inf is not a finite number; it must be at least 0 and at most 1 "
+                      "(a share)"],
                      id="not-finite"),
         pytest.param({"count": math.nan},
                      ["count=nan is not a finite number; it must be at least 1 (a count)"],
@@ -46,12 +48,12 @@ def test_every_bounded_field_is_checked_in_field_order(values, expected):
 def test_expects_says_the_bounds_once():
     fields = {field.name: field for field in dataclasses.fields(Example)}
     assert limits.expects(fields["count"]) == "a count, at least 1"
-    assert limits.expects(fields["share"]) == "a share, between 0 and 1"
+    assert limits.expects(fields["share"]) == "a share, at least 0 and at most 1"
     assert limits.expects(fields["name"]) == "a name"
 
 
 def test_an_unknown_bound_is_a_programming_error():
-    with pytest.raises(TypeError, match="unknown bounds"):
+    with pytest.raises(TypeError, match="unexpected keyword"):
         limits.bounds("x", min=1)
 
 

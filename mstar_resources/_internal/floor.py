@@ -1,10 +1,5 @@
-"""Where a workspace's floor comes from: its declared size, else the environment, else a default.
-
-Two buffers of a FlashInfer wrapper have floors: the float workspace (``declared_mb``, else
-``MSTAR_WORKSPACE_BUFFER_MB``, else 512 MB) and the int workspace with its host mirror
-(``int_declared_mb``, else ``MSTAR_INT_WORKSPACE_BUFFER_MB``, else 8 MB, FlashInfer's own size).
-Each :class:`Buffer` says which variable and default are its own.
-"""
+"""Where a workspace's floor comes from: its declared size, else the environment, else a default
+(the float workspace's and the int workspace's, each a :class:`Buffer`)."""
 
 from __future__ import annotations
 
@@ -45,7 +40,7 @@ class Buffer:
     declared_key: str
     """The resource field that declares it."""
     size_query_index: int
-    """Where its bytes are in the answer of FlashInfer's ``workspace_size()`` (float, int)."""
+    """Its place in FlashInfer's ``workspace_size()`` answer (float, int)."""
 
 
 FLOAT = Buffer("float", ENV_VAR, 512, "declared_mb", 0)
@@ -59,7 +54,7 @@ class Floor:
     mb: int
     source: FloorSource
     setting: str
-    """What to change to move this floor: the declaring setting's name, or ``ENV_VAR``."""
+    """What to change to move this floor: the declaring setting, or the variable."""
 
     @property
     def bytes(self) -> int:
@@ -86,7 +81,9 @@ def mb_problem(
         )
     else:
         what = "a positive whole number of MB" if lowest else "a whole number of MB (0: none)"
-        shown = _quote(value) if isinstance(value, str) else repr(value)
+        shown = repr(value)
+        if isinstance(value, str) and len(value) > 40:  # cut, with its length
+            shown = f"{value[:40]!r}... ({len(value):,} characters)"
         text = (
             f"{setting}={shown} is not {what}; {advice}, at most {MAX_MB:,} (1 TiB, more than any "
             f"GPU holds; e.g. {setting}=256), or {'unset it' if variable else 'leave it unset'} "
@@ -99,11 +96,6 @@ def mb_problem(
         expects=f"a whole number of MB from {lowest} to {MAX_MB:,}",
         fix=f"unset {setting} for {fallback}",
     )
-
-
-def _quote(text: str) -> str:
-    """``text`` as a message quotes it: cut, with its length, where it is too long to read."""
-    return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text):,} characters)"
 
 
 MAX_DIGITS = 60

@@ -1,16 +1,14 @@
 """A setting's limits, stated once on its schema field and checked by one routine.
 
-A field says what it takes in its metadata: ``expects`` (what an error calls a good value, e.g.
-``a whole number of layers``) and any of the bounds ``gt``, ``ge``, ``lt``, ``le`` (as vLLM's config
-fields do). :func:`problems` checks values against every bounded field of a schema, and
-:func:`expects` is how an error describes a field, its bounds included.
+A field says what it takes in its metadata: ``expects`` (what an error calls a good value) and
+any of the bounds ``ge``, ``le``. :func:`problems` checks values against every bounded field of a
+schema, and :func:`expects` is how an error describes a field, its bounds included.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,15 +21,10 @@ MAX_NAME = 128
 """The most characters an owner or a label may have: each is printed in every table row, log line
 and error that names a workspace."""
 
-_BOUNDS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le}
 
-
-def bounds(expects: str, **limits: float) -> dict[str, Any]:
+def bounds(expects: str, *, ge: float | None = None, le: float | None = None) -> dict[str, Any]:
     """A field's metadata: what it takes and its bounds (``bounds("a whole number", ge=1)``)."""
-    unknown = set(limits) - set(_BOUNDS)
-    if unknown:
-        raise TypeError(f"unknown bounds {sorted(unknown)}; use {', '.join(_BOUNDS)}")
-    return {"expects": expects, **limits}
+    return {"expects": expects, "ge": ge, "le": le}
 
 
 def _text(number: float) -> str:
@@ -42,14 +35,12 @@ def _text(number: float) -> str:
 
 
 def _bounds_text(metadata: Mapping[str, Any]) -> str:
-    low = ("above", metadata["gt"]) if "gt" in metadata else ("at least", metadata.get("ge"))
-    high = ("below", metadata["lt"]) if "lt" in metadata else ("at most", metadata.get("le"))
-    if low[1] is not None and high[1] is not None:
-        if "gt" in metadata and "lt" in metadata:
-            return f"between {_text(low[1])} and {_text(high[1])}"
-        return f"{low[0]} {_text(low[1])} and {high[0]} {_text(high[1])}"
-    word, value = low if low[1] is not None else high
-    return "" if value is None else f"{word} {_text(value)}"
+    said = []
+    if metadata.get("ge") is not None:
+        said.append(f"at least {_text(metadata['ge'])}")
+    if metadata.get("le") is not None:
+        said.append(f"at most {_text(metadata['le'])}")
+    return " and ".join(said)
 
 
 def expects(field: dataclasses.Field[Any]) -> str | None:
@@ -60,20 +51,24 @@ def expects(field: dataclasses.Field[Any]) -> str | None:
     return f"{field.metadata['expects']}, {bounds}" if bounds else str(field.metadata["expects"])
 
 
-def problems(values: Any, schema: type, prefix: str = "") -> list[str]:
+def problems(values: Any, schema: type) -> list[str]:
     """One sentence for each bounded field of the dataclass ``schema`` whose value in ``values``
     (an instance, or a mapping such as a DictConfig) is out of its bounds, in field order; a null
     is the field type's business."""
     found: list[str] = []
     for field in dataclasses.fields(schema):
-        limits = {name: field.metadata[name] for name in _BOUNDS if name in field.metadata}
+        ge, le = field.metadata.get("ge"), field.metadata.get("le")
         value = values[field.name] if isinstance(values, Mapping) else getattr(values, field.name)
-        if not limits or isinstance(value, bool) or not isinstance(value, int | float):
+        if (
+            (ge is None and le is None)
+            or isinstance(value, bool)
+            or not isinstance(value, int | float)
+        ):
             continue
-        setting, bounds = f"{prefix}{field.name}", _bounds_text(field.metadata)
+        setting, bounds = field.name, _bounds_text(field.metadata)
         if not math.isfinite(value):
             text = f"{setting}={value!r} is not a finite number; it must be {bounds}"
-        elif not all(_BOUNDS[name](value, limit) for name, limit in limits.items()):
+        elif (ge is not None and value < ge) or (le is not None and value > le):
             text = f"{setting}={_text(value)} must be {bounds}"
         else:
             continue
