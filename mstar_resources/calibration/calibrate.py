@@ -12,7 +12,6 @@ from .._internal.table import format_table
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
 from ..units import MIB
-from .engine_plans import vllm_formula
 from .override import DEFAULT_MARGIN, Measured, OneBuffer
 from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from .record import Machine, calibration_inputs, declared_mb_for
@@ -159,6 +158,13 @@ def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
         )
         for path, row in worst.items()
     ]
+
+
+def vllm_formula(batched_tokens: int, heads: int, head_dim: int, per: int = 16) -> int:
+    """vLLM's per-token floor of its FlashInfer buffer, in bytes: ``max_num_batched_tokens`` x
+    query heads per rank x head dim x ``per`` (``FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM``,
+    16 in vLLM 0.26 and 0.33; the vLLM plugin passes the running vLLM's own)."""
+    return batched_tokens * heads * head_dim * per
 
 
 def vllm_formula_bytes(profile: CalibrationProfile) -> int | None:
