@@ -175,9 +175,10 @@ def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
     return problems + _not_positive(f"{PROFILE_KEY}.limits", profile.limits, limits)
 
 
-def _graph_size_problems(sizes: list[int], limit: int, limit_name: str, name: str) -> list[str]:
-    """Graph sizes must be distinct positive whole numbers, none above ``limit``."""
-    key = f"{PROFILE_KEY}.{name}"
+def _graph_size_problems(profile: CalibrationProfile, name: str, limit_name: str) -> list[str]:
+    """Graph sizes must be distinct positive whole numbers, none above their limit."""
+    key, sizes = f"{PROFILE_KEY}.{name}", getattr(profile, name)
+    limit = getattr(profile.limits, limit_name)
     if any(not is_positive_int(s) for s in sizes) or len(set(sizes)) != len(sizes):
         return [f"{key}={sizes!r} must be distinct positive whole numbers"]
     if is_positive_int(limit) and sizes and max(sizes) > limit:
@@ -220,13 +221,9 @@ def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
 
 def _plans_problems(profile: CalibrationProfile) -> list[str]:
     """What is wrong with the graph sizes and the plans."""
-    limits, plans, key = profile.limits, profile.plans, f"{PROFILE_KEY}.plans"
-    problems = [
-        *_graph_size_problems(profile.cuda_graph_batch_sizes, limits.max_num_seqs,
-                              "max_num_seqs", "cuda_graph_batch_sizes"),
-        *_graph_size_problems(profile.cuda_graph_prefill_tokens, limits.max_num_batched_tokens,
-                              "max_num_batched_tokens", "cuda_graph_prefill_tokens"),
-    ]  # fmt: skip
+    plans, key = profile.plans, f"{PROFILE_KEY}.plans"
+    problems = _graph_size_problems(profile, "cuda_graph_batch_sizes", "max_num_seqs")
+    problems += _graph_size_problems(profile, "cuda_graph_prefill_tokens", "max_num_batched_tokens")
     if not plans:
         problems.append(f"{key} is empty: name the wrapper kind of every plan label")
     problems += [

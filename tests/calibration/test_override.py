@@ -22,6 +22,8 @@ from mstar_resources.calibration.record import (
 from mstar_resources.calibration.shapes import Shape
 from mstar_resources.units import MIB
 
+from ..test_calibrated import stale_fields
+
 PROVENANCE = {"gpu": "NVIDIA H200 (132 SMs)", "flashinfer": "0.7.2.post1", "date": "2026-11-29"}
 
 
@@ -184,12 +186,12 @@ def test_a_calibration_made_with_profile_settings_composes_the_profile_it_holds_
         assert load_profile(cfg.calibration) == profile
         assert stale(cfg) is None
         changed = compose("engine", overrides=[*calibrated, "calibration.limits.max_num_seqs=256"])
-        assert stale(changed).fields == ("profile.limits.max_num_seqs",)
+        assert stale_fields(stale(changed)) == ("profile.limits.max_num_seqs",)
         # The deployment edited since (its model's head dim): the calibrated file, which set
         # none of its model but the page size, composes the edit, and the record is told apart.
         mine.write_text(mine.read_text().replace("head_dim: 128", "head_dim: 64"))
         edited = compose("engine", overrides=calibrated)
-        assert stale(edited).fields == ("profile.model.head_dim",)
+        assert stale_fields(stale(edited)) == ("profile.model.head_dim",)
 
 
 def test_no_profile_setting_on_the_command_line_writes_none():
