@@ -213,15 +213,14 @@ def stale_record(
 def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
     """The ``calibration`` profile and ``calibrated`` record of the composed ``cfg``, None where
     it has none; :class:`ResourceConfigError` where one is no mapping (``calibrated=5``)."""
-    found = []
-    takes = {PROFILE_KEY: "a calibration profile (model, limits, plans)",
-             RECORD_KEY: "what calibration measured (its needs and margin)"}  # fmt: skip
-    for key, what in takes.items():
-        node = cfg.get(key)
+    profile, record = cfg.get(PROFILE_KEY), cfg.get(RECORD_KEY)
+    for key, node, what in (
+        (PROFILE_KEY, profile, "a calibration profile (model, limits, plans)"),
+        (RECORD_KEY, record, "what calibration measured (its needs and margin)"),
+    ):
         if node is not None and not isinstance(node, DictConfig | Mapping):
             raise ResourceConfigError(f"{key}={node!r} is not valid; {key} takes {what}")
-        found.append(node)
-    return found[0], found[1]
+    return profile, record
 
 
 def check_calibration(
