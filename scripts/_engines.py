@@ -13,6 +13,8 @@ Each engine makes one buffer and shares it among all its FlashInfer wrappers and
 
 from __future__ import annotations
 
+from typing import Any
+
 from mstar_resources._internal.floor import INT_DEFAULT_MB
 from mstar_resources.calibration.calibrate import vllm_formula_bytes
 from mstar_resources.calibration.profile import CalibrationProfile
@@ -38,3 +40,34 @@ def own_int_mb(profile: CalibrationProfile) -> int:
     many pinned on the host): FlashInfer's 8 MiB each for a prefill, an eager decode and a decode
     wrapper per graph batch size. No setting of theirs changes it."""
     return (2 + len(profile.cuda_graph_batch_sizes)) * INT_DEFAULT_MB
+
+
+def decode_graph_batch_sizes(
+    engine: str, max_num_seqs: int, max_num_batched_tokens: int
+) -> list[int]:
+    """The decode batch sizes ``engine`` (``vllm`` 0.33.0 or ``sglang`` 0.5.23) captures CUDA
+    graphs for at these limits, one query token a request (what its plugin reads live)."""
+    if engine == "sglang":  # arg_groups/cuda_graph_hook.py
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16),
+                 *range(512, max_num_seqs + 1, 32)]  # fmt: skip
+        return [s for s in sizes if s <= max_num_seqs]
+    top = min(max_num_seqs * 2, 512)  # config/vllm.py: capture sizes in tokens, up to 512 on SM90
+    tokens = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
+    tokens = [s for s in tokens if s <= top and s <= max_num_batched_tokens]
+    return [s for s in tokens if s <= min(max_num_seqs, max(tokens))]
+
+
+def engine_plans(
+    engine: str, model: Any, max_num_seqs: int, max_num_batched_tokens: int
+) -> list[str]:
+    """The ``calibration`` overrides that plan the ``decode`` label as ``engine`` does at these
+    limits: backend ``auto``, tensor cores (vLLM always; SGLang for an fp8 KV cache or GQA groups
+    of 4 or more), its decode graph batch sizes. For benchmarks that vary the limits."""
+    group = model.num_qo_heads // model.num_kv_heads
+    tensor_cores = engine == "vllm" or str(model.kv_dtype).startswith("float8") or group >= 4
+    sizes = decode_graph_batch_sizes(engine, max_num_seqs, max_num_batched_tokens)
+    return [
+        "calibration.plans.decode.backend=auto",
+        f"calibration.plans.decode.tensor_cores={str(tensor_cores).lower()}",
+        f"calibration.cuda_graph_batch_sizes=[{','.join(map(str, sizes))}]",
+    ]

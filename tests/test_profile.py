@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from mstar_resources import ResourceConfigError
@@ -87,7 +89,7 @@ def test_bad_profile_names_the_key_and_value(path, value, match):
         pytest.param("model.typo", 1, "calibration.model.typo is not a setting; calibration.model "
                      "takes num_qo_heads, ", id="unknown-key"),
         pytest.param("modle", {}, "calibration.modle is not a setting (did you mean "
-                     "calibration.model?); calibration takes engine, ", id="misspelt-key"),
+                     "calibration.model?); calibration takes model, ", id="misspelt-key"),
         pytest.param("plans.prefill.cuda_graph", True,
                      "calibration.plans.prefill.cuda_graph is not a setting; ",
                      id="key-of-another-schema"),
@@ -155,17 +157,6 @@ def test_a_profile_written_from_scratch_is_told_every_value_it_lacks_at_once():
     assert all("is not set; set it to a whole number" in p for p in raised.value.problems)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_graph_batch_sizes_an_engine_replaces_are_refused_when_bad(engine):
-    bad = with_("cuda_graph_batch_sizes", [-1])
-    bad["engine"] = engine
-    bad["plans"] = {"decode": {"kind": "decode"}}
-    with pytest.raises(ResourceConfigError) as raised:
-        load_profile(bad)
-    (problem,) = raised.value.problems
-    assert problem.startswith("calibration.cuda_graph_batch_sizes=[-1] "), problem
-
-
 # --- shapes --------------------------------------------------------------------------------------
 
 
@@ -229,7 +220,7 @@ def test_ragged_prefill_plans_short_chunks_over_long_contexts_too():
     assert ragged == shapes_for(profile.plans["prefill"], profile, cuda_graph=False)
 
 
-# --- plan options and engine presets -------------------------------------------------------------
+# --- plan options --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -260,25 +251,11 @@ def test_ragged_prefill_plans_short_chunks_over_long_contexts_too():
                      r"cuda_graph_prefill_tokens has 16384, more than "
                      r"calibration\.limits\.max_num_batched_tokens=8192",
                      id="prefill-graph-tokens"),
-        pytest.param("deterministic", True,
-                     r"calibration\.deterministic=true is an engine's mode; name the engine "
-                     r"\(calibration\.engine=vllm or sglang\)", id="deterministic-without-engine"),
-        pytest.param("engine", "vllm",
-                     r"calibration\.engine=vllm: vLLM 0\.33\.0 plans no FlashInfer MLA on SM90 "
-                     r"GPUs, and calibration\.plans\.mla_decode are mla plans",
-                     id="vllm-with-mla"),
     ],
 )  # fmt: skip
-def test_a_plan_option_where_flashinfer_or_the_engine_takes_none_is_named(path, value, match):
+def test_a_plan_option_where_flashinfer_takes_none_is_named(path, value, match):
     with pytest.raises(ResourceConfigError, match=match):
         load_profile(with_(path, value))
-
-
-def test_an_unknown_engine_is_refused_naming_the_key_and_value():
-    with pytest.raises(ResourceConfigError) as raised:
-        load_profile(with_("engine", "trtllm"))
-    (problem,) = raised.value.problems
-    assert problem.startswith("calibration.engine='trtllm' is not valid: "), problem
 
 
 def test_plan_options_default_to_flashinfer_s_own_defaults():
@@ -310,61 +287,35 @@ def dense(**top: object) -> dict:
     return node
 
 
-def test_vllm_plans_decode_with_tensor_cores_at_its_graph_sizes():
-    profile = load_profile(dense(engine="vllm", cuda_graph_batch_sizes=[3]))
-    decode = profile.plans["decode"]
-    assert (decode.tensor_cores, decode.backend) == (True, "auto")
-    assert (decode.fixed_split_size, decode.disable_split_kv) == (-1, False)
-    # vLLM 0.33's capture sizes up to min(2 x max_num_seqs, 512), capped at max_num_seqs for
-    # decode (256 here): the declared [3] is replaced.
-    assert profile.cuda_graph_batch_sizes == [1, 2, 4, *range(8, 256, 8), 256]
-    assert profile.plans["prefill"] == load_profile(GOOD).plans["prefill"]
+def test_the_vllm_plugin_plans_tensor_core_decode_and_batch_invariant_fixed_splits(monkeypatch):
+    from mstar_resources.integrations.vllm import plans as vllm_plans
 
+    from .integrations.test_vllm_plugin import PLANS, vllm_config
 
-def test_sglang_plans_tensor_core_decode_from_a_gqa_group_of_4_an_fp8_cache_or_deterministic():
-    def tensor_cores(qo: int, kv: int, kv_dtype: str = "bfloat16", **top: object) -> bool:
-        node = dense(engine="sglang", **top)
-        node["model"] = {**node["model"], "num_qo_heads": qo, "num_kv_heads": kv,
-                         "kv_dtype": kv_dtype}  # fmt: skip
-        return load_profile(node).plans["decode"].tensor_cores
+    def plan(role: str, batch_invariant: bool) -> tuple:
+        envs = types.SimpleNamespace(VLLM_BATCH_INVARIANT=batch_invariant)
+        monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: envs)
+        p = vllm_plans.profile_for(PLANS, role, vllm_config()).plans[role]  # type: ignore[arg-type]
+        return p.backend, p.tensor_cores, p.fixed_split_size, p.disable_split_kv
 
-    assert (tensor_cores(32, 8), tensor_cores(24, 8)) == (True, False)  # groups of 4 and 3
-    assert tensor_cores(32, 32, "float8_e4m3fn") is True
-    # SGLang's deterministic mode plans every decode with tensor cores, a group of 3's too.
-    assert tensor_cores(24, 8, deterministic=True) is True
-    sizes = load_profile(dense(engine="sglang")).cuda_graph_batch_sizes
-    assert sizes[:6] == [1, 2, 4, 8, 12, 16] and sizes[-1] == 256 and 24 in sizes
-
-
-def test_sglang_graph_sizes_step_by_16_then_32_past_256():
-    node = dense(engine="sglang")
-    node["limits"] = {**node["limits"], "max_num_seqs": 640}
-    sizes = load_profile(node).cuda_graph_batch_sizes
-    assert [s for s in sizes if s > 256] == [*range(272, 512, 16), 512, 544, 576, 608, 640]
-
-
-def test_vllm_graph_sizes_with_speculative_tokens_are_requests_of_that_many_tokens():
-    node = dense(engine="vllm")
-    node["plans"]["decode"] = {"kind": "decode", "q_len_per_req": 4}
-    profile = load_profile(node)
-    assert profile.plans["decode"].tensor_cores is True
-    # Token sizes up to 512, each a graph of size / 4 requests.
-    assert profile.cuda_graph_batch_sizes[:4] == [1, 2, 4, 6]
-    assert profile.cuda_graph_batch_sizes[-1] == 128
+    assert plan("decode", False) == ("auto", True, -1, False)
+    assert plan("prefill", False) == ("auto", False, -1, False)
+    assert plan("decode", True) == ("auto", True, 2048, True)
+    assert plan("prefill", True) == ("auto", False, 4096, True)
 
 
 @pytest.mark.parametrize(
-    ("engine", "decode_split", "prefill_split"),
-    [
-        pytest.param("vllm", (2048, True), (4096, True), id="vllm-batch-invariant"),
-        pytest.param("sglang", (2048, True), (4096, False), id="sglang-deterministic"),
-    ],
+    ("qo", "kv", "kv_dtype", "tensor_cores"),
+    [(32, 8, "bfloat16", True), (24, 8, "bfloat16", False), (32, 32, "float8_e4m3fn", True)],
 )
-def test_deterministic_modes_fix_the_kv_split(engine, decode_split, prefill_split):
-    profile = load_profile(dense(engine=engine, deterministic=True))
-    for label, split in (("decode", decode_split), ("prefill", prefill_split)):
-        plan = profile.plans[label]
-        assert (plan.fixed_split_size, plan.disable_split_kv) == split, label
+def test_the_sglang_plugin_plans_tensor_core_decode_for_gqa_groups_of_4_or_an_fp8_cache(
+    qo, kv, kv_dtype, tensor_cores
+):
+    from mstar_resources.integrations.sglang.measure import SglangPlans
+
+    plans = SglangPlans(qo, kv, 128, 1, "bfloat16", kv_dtype, 256, 16384, 8192, (1, 2, 4))
+    decode = plans.profile().plans["decode"]
+    assert (decode.backend, decode.tensor_cores) == ("auto", tensor_cores)
 
 
 def test_tensor_core_decode_shapes_are_the_graph_batches_at_the_query_length():

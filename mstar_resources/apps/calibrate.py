@@ -1,14 +1,6 @@
-"""``mstar-resources-calibrate``: measure a deployment's workspaces on this GPU and write them down.
-
-    mstar-resources-calibrate deployment=llama3-8b-h200 [margin=0.2] [output_dir=/tmp/conf]
-
-Composes the deployment, plans every label's bounding shapes through real FlashInfer wrappers
-(the deployment's ``calibration`` profile says which), prints a table of what each needs against
-what it declares today, and writes ``<deployment>_calibrated.yaml`` (beside a deployment of the
-user's ``--config-dir``, else into ``calibrated/deployment``), which
-composes as ``deployment=<deployment>_calibrated`` (``<deployment>_recalibrated`` for a deployment
-the package ships calibrated: a file of the shipped name would be composed as the shipped one).
-"""
+"""``mstar-resources-calibrate deployment=NAME [margin=0.2] [output_dir=DIR]``: plan every label's
+bounding shapes through FlashInfer on this GPU, print what each needs against what it declares
+today, and write ``NAME_calibrated.yaml`` (``docs/calibration.md``)."""
 
 from __future__ import annotations
 

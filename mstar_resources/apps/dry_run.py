@@ -21,7 +21,7 @@ from ..calibration.record import (
     calibrated_floors,
     calibration_nodes,
     check_calibration,
-    record_differences,
+    stale_record,
 )
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource, build_pools, resolve
@@ -89,13 +89,13 @@ def _check_calibration_inputs(
     profile, record = calibration_nodes(cfg)
     if profile is not None:
         load_profile(profile)
-    differences = record_differences(record, profile, records)
-    if differences:
-        deployment = str(record.get("deployment", "<deployment>"))
+    stale = None if record is None or profile is None else stale_record(record, profile, records)
+    if stale is not None:
         print(
-            f"{PROG}: warning: deployment {deployment}'s calibration was made with other "
-            f"inputs than it composes now: {'; '.join(map(str, differences))}. Its floors may "
-            f"not hold: recalibrate with `mstar-resources-calibrate deployment={deployment}`",
+            f"{PROG}: warning: deployment {stale.deployment}'s calibration was made with other "
+            f"inputs than it composes now: {'; '.join(map(str, stale.differences))}. Its floors "
+            "may not hold: recalibrate with `mstar-resources-calibrate "
+            f"deployment={stale.deployment}`",
             file=sys.stderr,
         )
     return calibrated_floors(record, records)
@@ -118,11 +118,8 @@ def _allocate(cfg: DictConfig, records: list[ResolvedResource], device: str) -> 
 
 
 def _table(
-    records: list[ResolvedResource],
-    report: dict[str, Any],
-    calibrated: dict[str, CalibratedFloor] | None = None,
+    records: list[ResolvedResource], report: dict[str, Any], calibrated: dict[str, CalibratedFloor]
 ) -> str:
-    calibrated = calibrated or {}
     rows = [
         (
             record.path,

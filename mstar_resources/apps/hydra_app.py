@@ -72,20 +72,10 @@ def hydra_app(
     command: str | None = None, version: str | Callable[[], str] | None = None,
     settings: type | None = None,
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:  # fmt: skip
-    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``.
-
-    Parameters
-    ----------
-    prog
-        What starts each error line.
-    command
-        How a user runs the app, named with ``--help`` (default ``prog``).
-    version
-        What ``--version`` prints (or a function that returns it); default: the mstar-resources
-        the app was built with.
-    settings
-        The schema of the app's own settings, registered (:func:`register_settings`) as it runs.
-    """
+    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``:
+    ``prog`` starts each error line, ``command`` is how a user runs it (default ``prog``),
+    ``version`` what ``--version`` prints (or returns it; default: the mstar-resources it was built
+    with), ``settings`` the schema of its own settings, registered as it runs."""
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:

@@ -12,7 +12,6 @@ from .._internal.table import format_table
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
 from ..units import MIB
-from .engine_plans import vllm_formula
 from .override import DEFAULT_MARGIN, Measured, OneBuffer
 from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from .record import Machine, calibration_inputs, declared_mb_for
@@ -32,11 +31,6 @@ class LabelNeed:
     resource: ResolvedResource
     label: str
     need: Need
-
-    @property
-    def surplus_bytes(self) -> int:
-        """Today's floor less the need: waste if positive, shortfall if negative."""
-        return self.resource.floor_bytes - self.need.bytes
 
 
 def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfile) -> None:
@@ -135,30 +129,29 @@ def measure_all(
     return rows
 
 
-def _larger(a: int | None, b: int | None) -> int | None:
-    """The larger of two needs, either of which may be unmeasured (None)."""
-    return b if a is None else a if b is None else max(a, b)
+def _most_int(rows: Sequence[LabelNeed]) -> int | None:
+    """The most int workspace ``rows`` need; None where none was measured."""
+    return max((r.need.int_bytes for r in rows if r.need.int_bytes is not None), default=None)
 
 
 def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
     """Each resource's needs: the most any of its labels needs (they share one floor)."""
-    worst: dict[str, LabelNeed] = {}
-    int_needs: dict[str, int | None] = {}
+    by_path: dict[str, list[LabelNeed]] = {}
     for row in rows:
-        path = row.resource.path
-        if path not in worst or row.need.bytes > worst[path].need.bytes:
-            worst[path] = row
-        int_needs[path] = _larger(int_needs.get(path), row.need.int_bytes)
-    return [
-        Measured(
-            path,
-            row.need.bytes,
-            f"{row.label}: {row.need.worst or '-'}",
-            row.need.method,
-            int_needs[path],
-        )
-        for path, row in worst.items()
-    ]
+        by_path.setdefault(row.resource.path, []).append(row)
+    measured = []
+    for path, its in by_path.items():
+        worst = max(its, key=lambda row: row.need.bytes)  # the first of those that tie
+        where = f"{worst.label}: {worst.need.worst or '-'}"
+        measured.append(Measured(path, worst.need.bytes, where, worst.need.method, _most_int(its)))
+    return measured
+
+
+def vllm_formula(batched_tokens: int, heads: int, head_dim: int, per: int = 16) -> int:
+    """vLLM's per-token floor of its FlashInfer buffer, in bytes: ``max_num_batched_tokens`` x
+    query heads per rank x head dim x ``per`` (``FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM``,
+    16 in vLLM 0.26 and 0.33; the vLLM plugin passes the running vLLM's own)."""
+    return batched_tokens * heads * head_dim * per
 
 
 def vllm_formula_bytes(profile: CalibrationProfile) -> int | None:
@@ -177,11 +170,12 @@ def one_buffer(
     worst = max(rows, key=lambda row: row.need.bytes, default=None)
     need = worst.need.bytes if worst else 0
     where = f"{worst.label}: {worst.need.worst}" if worst and worst.need.worst else "-"
-    int_need = None
-    for row in rows:
-        int_need = _larger(int_need, row.need.int_bytes)
     return OneBuffer(
-        need, declared_mb_for(need, margin) * MIB, where, vllm_formula_bytes(profile), int_need
+        need,
+        declared_mb_for(need, margin) * MIB,
+        where,
+        vllm_formula_bytes(profile),
+        _most_int(rows),
     )
 
 
@@ -213,7 +207,7 @@ def table(
             str(row.need.worst or "-"),
             f"{row.need.bytes:,}",
             f"{row.resource.floor_bytes:,} ({row.resource.floor_source})",
-            f"{row.surplus_bytes:+,}",
+            f"{row.resource.floor_bytes - row.need.bytes:+,}",
             "-" if row.need.int_bytes is None else f"{row.need.int_bytes:,}",
             f"{row.resource.int_floor_bytes:,} ({row.resource.int_floor_source})",
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -20,7 +20,7 @@ from ..compose import shipped_deployments
 from ..files import write_whole
 from ..units import MIB
 from .profile import PROFILE_KEY
-from .record import RECORD_KEY, declared_mb_for, plain_values
+from .record import RECORD_KEY, declared_mb_for
 
 DEFAULT_MARGIN = 0.0
 """Added to a measured need before it is declared: none, since the need is the most any plan
@@ -133,8 +133,8 @@ def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | Non
         if isinstance(value, DictConfig | ListConfig):
             value = OmegaConf.to_container(value, resolve=True)
         OmegaConf.update(settings, key, value, merge=True)
-    found = plain_values(OmegaConf.to_container(settings, resolve=True))
-    return found.get(PROFILE_KEY) or None
+    found = OmegaConf.to_container(settings, resolve=True, enum_to_str=True)
+    return cast(dict[str, Any], found).get(PROFILE_KEY) or None
 
 
 def how_to_compose(path: Path) -> str:
@@ -193,11 +193,7 @@ def write_override(
     shipped = output_dir.absolute() == shipped_deployments().absolute()
     in_config_dir = output_dir.name == "deployment" and not shipped
     folder = f"--config-dir {output_dir.parent} " if in_config_dir else ""
-    needs = [
-        {"path": m.path, "need_bytes": m.need_bytes, "worst": m.worst, "method": m.method,
-         **({} if m.int_need_bytes is None else {"int_need_bytes": m.int_need_bytes})}
-        for m in measured
-    ]  # fmt: skip
+    needs = [{k: v for k, v in asdict(m).items() if v is not None} for m in measured]
     body = {
         "defaults": [deployment, "_self_"],
         "resources": declared_floors(measured, margin),

@@ -22,8 +22,6 @@ from omegaconf.errors import (
 
 from ..errors import ResourceConfigError, did_you_mean
 from ..units import is_positive_int
-from .engine_plans import VERSIONS, Engine, decode_graph_batch_sizes, split_settings
-from .engine_plans import uses_tensor_cores as engine_uses_tensor_cores
 
 PROFILE_KEY = "calibration"
 _WHERE = "the calibration profile"
@@ -138,12 +136,6 @@ class PlanProfile:
 class CalibrationProfile:
     """Everything calibration needs to know about a deployment's plans."""
 
-    engine: Engine | None = None
-    """Plan as this engine does (``engine_plans.py``): its decode plans' ``tensor_cores``,
-    ``backend`` and KV split, and its decode graph batch sizes, replace what the profile declares.
-    None: as declared."""
-    deterministic: bool = False
-    """With an ``engine``: plan as its deterministic / batch-invariant mode does."""
     model: ModelShape = MISSING
     limits: EngineLimits = MISSING
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
@@ -164,21 +156,9 @@ def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str
 
 
 def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
-    """What is wrong with the engine preset, the model's shape and the limits."""
-    problems, key, model = [], f"{PROFILE_KEY}.model", profile.model
-    if profile.deterministic and profile.engine is None:
-        problems.append(
-            f"{PROFILE_KEY}.deterministic=true is an engine's mode; name the engine "
-            f"({PROFILE_KEY}.engine={' or '.join(e.value for e in Engine)})"
-        )
-    mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
-    if profile.engine is Engine.vllm and mla:  # vLLM runs MLA without FlashInfer on SM90
-        problems.append(
-            f"{PROFILE_KEY}.engine=vllm: {VERSIONS[Engine.vllm]} plans no FlashInfer MLA on SM90 "
-            f"GPUs, and {', '.join(f'{PROFILE_KEY}.plans.{x}' for x in mla)} are mla plans; use "
-            f"{PROFILE_KEY}.engine=sglang, or null to plan as declared"
-        )
-    problems += _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
+    """What is wrong with the model's shape and the limits."""
+    key, model = f"{PROFILE_KEY}.model", profile.model
+    problems = _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
     heads = (model.num_qo_heads, model.num_kv_heads)
     if all(is_positive_int(h) for h in heads) and model.num_qo_heads % model.num_kv_heads:
         problems.append(
@@ -195,9 +175,10 @@ def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
     return problems + _not_positive(f"{PROFILE_KEY}.limits", profile.limits, limits)
 
 
-def _graph_size_problems(sizes: list[int], limit: int, limit_name: str, name: str) -> list[str]:
-    """Graph sizes must be distinct positive whole numbers, none above ``limit``."""
-    key = f"{PROFILE_KEY}.{name}"
+def _graph_size_problems(profile: CalibrationProfile, name: str, limit_name: str) -> list[str]:
+    """Graph sizes must be distinct positive whole numbers, none above their limit."""
+    key, sizes = f"{PROFILE_KEY}.{name}", getattr(profile, name)
+    limit = getattr(profile.limits, limit_name)
     if any(not is_positive_int(s) for s in sizes) or len(set(sizes)) != len(sizes):
         return [f"{key}={sizes!r} must be distinct positive whole numbers"]
     if is_positive_int(limit) and sizes and max(sizes) > limit:
@@ -239,14 +220,10 @@ def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
 
 
 def _plans_problems(profile: CalibrationProfile) -> list[str]:
-    """What is wrong with the graph sizes and the plans (an engine's, where it names one)."""
-    limits, plans, key = profile.limits, profile.plans, f"{PROFILE_KEY}.plans"
-    problems = [
-        *_graph_size_problems(profile.cuda_graph_batch_sizes, limits.max_num_seqs,
-                              "max_num_seqs", "cuda_graph_batch_sizes"),
-        *_graph_size_problems(profile.cuda_graph_prefill_tokens, limits.max_num_batched_tokens,
-                              "max_num_batched_tokens", "cuda_graph_prefill_tokens"),
-    ]  # fmt: skip
+    """What is wrong with the graph sizes and the plans."""
+    plans, key = profile.plans, f"{PROFILE_KEY}.plans"
+    problems = _graph_size_problems(profile, "cuda_graph_batch_sizes", "max_num_seqs")
+    problems += _graph_size_problems(profile, "cuda_graph_prefill_tokens", "max_num_batched_tokens")
     if not plans:
         problems.append(f"{key} is empty: name the wrapper kind of every plan label")
     problems += [
@@ -265,34 +242,6 @@ def _plans_problems(profile: CalibrationProfile) -> list[str]:
         for name in ("head_dim_ckv", "head_dim_kpe")
         if mla and not is_positive_int(getattr(profile.model, name))
     ]
-
-
-def as_engine_plans(profile: CalibrationProfile) -> CalibrationProfile:
-    """``profile`` with the plans and decode graph batch sizes its ``engine`` makes, if any:
-    decode labels take its tensor-core choice, backend ``auto`` and KV split, prefill labels its
-    KV split; ``q_len_per_req`` stays as declared."""
-    engine, model, limits = profile.engine, profile.model, profile.limits
-    if engine is None:
-        return profile
-    tensor_cores = engine_uses_tensor_cores(
-        engine, model.num_qo_heads, model.num_kv_heads, model.kv_dtype, profile.deterministic
-    )
-    plans: dict[str, PlanProfile] = {}
-    for label, plan in profile.plans.items():
-        if plan.kind in SPLIT_KINDS:
-            decode = plan.kind is PlanKind.decode
-            size, off = split_settings(engine, profile.deterministic, decode=decode)
-            plan = dataclasses.replace(plan, fixed_split_size=size, disable_split_kv=off)
-            if decode:
-                tensor = tensor_cores or plan.q_len_per_req > 1
-                plan = dataclasses.replace(plan, tensor_cores=tensor, backend="auto")
-        plans[label] = plan
-    q_lens = [p.q_len_per_req for p in plans.values() if p.kind is PlanKind.decode]
-    q_len = max((q for q in q_lens if is_positive_int(q)), default=1)  # a bad one is named later
-    sizes = decode_graph_batch_sizes(
-        engine, limits.max_num_seqs, limits.max_num_batched_tokens, q_len
-    )
-    return dataclasses.replace(profile, plans=plans, cuda_graph_batch_sizes=sizes)
 
 
 def _schema_problem(error: OmegaConfBaseException) -> str:
@@ -339,13 +288,7 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
     except OmegaConfBaseException as error:
         raise ResourceConfigError(_schema_problem(error), where=_WHERE) from None
-    problems = _model_and_limits_problems(profile)
-    if profile.engine is not None:  # it replaces the graph batch sizes: bad ones are refused still
-        sizes = profile.cuda_graph_batch_sizes  # above the limits: none of the engine's are
-        problems += _graph_size_problems(sizes, 0, "max_num_seqs", "cuda_graph_batch_sizes")
-    if not problems:  # the engine's plans derive from a sound model and limits
-        profile = as_engine_plans(profile)
-    problems += [p for p in _plans_problems(profile) if p not in problems]
+    problems = _model_and_limits_problems(profile) + _plans_problems(profile)
     if problems:
         raise ResourceConfigError(*problems, where=_WHERE)
     return profile

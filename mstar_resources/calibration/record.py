@@ -1,12 +1,6 @@
-"""The calibrated record (config key ``calibrated``): what a calibrated deployment was measured
-with, and whether that still holds where, and as, it runs now.
-
-A calibrated floor holds for the inputs it was measured with: the GPU (its name and SM count, by
-which FlashInfer's scheduler sizes its split-KV work), the FlashInfer, torch and CUDA versions,
-every field of the calibration profile, and the labels and CUDA-graph slots of the resources it
-measured. Calibration records each (:func:`calibration_inputs`); :func:`stale_calibration`
-compares a record with what runs, field by field, every field but :data:`NOT_INPUTS`.
-"""
+"""The calibrated record (config key ``calibrated``): the inputs a deployment's floors were
+measured with (the GPU and its SM count, the FlashInfer, torch and CUDA versions, the profile,
+the resources' labels and graph slots), and whether they still hold where, and as, it runs."""
 
 from __future__ import annotations
 
@@ -15,7 +9,6 @@ import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from enum import Enum
 from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf
@@ -120,24 +113,13 @@ class Machine:
         )
 
 
-def plain_values(value: Any) -> Any:
-    """``value`` with its enums as their values, as YAML writes them."""
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, Mapping):
-        return {str(k): plain_values(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain_values(v) for v in value]
-    return value
-
-
 def calibration_inputs(
     machine: Machine, profile: CalibrationProfile, resources: Sequence[ResolvedResource]
 ) -> dict[str, Any]:
     """Every input a calibration's needs depend on, as the record keeps them."""
     return {
         **asdict(machine),
-        "profile": plain_values(asdict(profile)),
+        "profile": OmegaConf.to_container(OmegaConf.structured(profile), enum_to_str=True),
         "resources": {
             r.path: {"labels": list(r.labels), "cg_slots": list(r.cg_slots)} for r in resources
         },
@@ -154,16 +136,9 @@ class Difference:
     running: Any
 
     def __str__(self) -> str:
-        def text(value: Any) -> str:
-            return (
-                "nothing"
-                if value is None
-                else repr(value)
-                if isinstance(value, str)
-                else str(value)
-            )
-
-        return f"{self.field} ({text(self.recorded)} recorded, {text(self.running)} here)"
+        recorded, running = ("nothing" if v is None else repr(v) if isinstance(v, str) else str(v)
+                             for v in (self.recorded, self.running))  # fmt: skip
+        return f"{self.field} ({recorded} recorded, {running} here)"
 
 
 @dataclass(frozen=True)
@@ -175,11 +150,6 @@ class StaleCalibration:
     """Each input that differs, in the record's order."""
     recorded_on: str
     running_on: str
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        """The dotted names of the inputs that differ."""
-        return tuple(difference.field for difference in self.differences)
 
     def __str__(self) -> str:
         differs = "; ".join(map(str, self.differences))
@@ -230,36 +200,27 @@ def stale_calibration(
     )
 
 
-def record_differences(
-    record: Any, profile: Any, resources: Sequence[ResolvedResource]
-) -> tuple[Difference, ...]:
-    """What differs between the ``record`` and the ``profile`` and ``resources`` composed now,
-    the machine aside: the check any CPU can make (the dry run's). Empty where either is None."""
-    if record is None or profile is None:
-        return ()
-    stale = _stale(record, profile, resources, Machine.of(_plain(record)))
-    return () if stale is None else stale.differences
-
-
-def _stale(
-    record: Any, profile: Any, resources: Sequence[ResolvedResource], machine: Machine
+def stale_record(
+    record: Any, profile: Any, resources: Sequence[ResolvedResource], machine: Machine | None = None
 ) -> StaleCalibration | None:
-    running = calibration_inputs(machine, load_profile(profile), resources)
-    return stale_calibration(_plain(record), running)
+    """How the ``record`` differs from the ``profile`` and ``resources`` composed now on
+    ``machine`` (None: the record's own, the check any CPU can make)."""
+    plain = _plain(record)
+    running = calibration_inputs(machine or Machine.of(plain), load_profile(profile), resources)
+    return stale_calibration(plain, running)
 
 
 def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
     """The ``calibration`` profile and ``calibrated`` record of the composed ``cfg``, None where
     it has none; :class:`ResourceConfigError` where one is no mapping (``calibrated=5``)."""
-    found = []
-    takes = {PROFILE_KEY: "a calibration profile (model, limits, plans)",
-             RECORD_KEY: "what calibration measured (its needs and margin)"}  # fmt: skip
-    for key, what in takes.items():
-        node = cfg.get(key)
+    profile, record = cfg.get(PROFILE_KEY), cfg.get(RECORD_KEY)
+    for key, node, what in (
+        (PROFILE_KEY, profile, "a calibration profile (model, limits, plans)"),
+        (RECORD_KEY, record, "what calibration measured (its needs and margin)"),
+    ):
         if node is not None and not isinstance(node, DictConfig | Mapping):
             raise ResourceConfigError(f"{key}={node!r} is not valid; {key} takes {what}")
-        found.append(node)
-    return found[0], found[1]
+    return profile, record
 
 
 def check_calibration(
@@ -286,7 +247,7 @@ def check_calibration(
         )
     if resolved is None:
         resolved = resolve(cfg.get(RESOURCES_KEY) or {})
-    stale = _stale(record, profile, resolved, Machine.here(device))
+    stale = stale_record(record, profile, resolved, Machine.here(device))
     if stale is not None and warn:
         logger.warning("%s", stale)
     return stale

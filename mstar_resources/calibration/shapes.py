@@ -1,13 +1,8 @@
-"""The plan shapes that bound what a label's workspace can need under a profile.
-
-The float workspace holds one partial result per split work item, and FlashInfer's scheduler caps
-the split at its grid (``docs/calibration.md``, "Why the need is a bound"). Under a CUDA graph the
-split is padded to that cap, so one plan per graph batch size fixes the need, and a graph plan
-bounds every eager decode plan too. Eager prefills are swept over batches, query lengths and
-contexts, including one full query tile a request over the longest context; a fixed KV split
-lifts the grid's cap, so the largest batch over the longest context bounds it. MLA's need does not
-depend on the shape; its shapes are planned all the same, so that the measurement shows it.
-"""
+"""The plan shapes that bound what a label's workspace can need under a profile
+(``docs/calibration.md``, "Why the need is a bound"): one plan per graph batch size, which also
+bounds eager decode; eager prefills swept over batches, query lengths and contexts, with one full
+query tile a request over the longest context; with a fixed KV split, which lifts the grid's cap,
+the largest batch over the longest context."""
 
 from __future__ import annotations
 

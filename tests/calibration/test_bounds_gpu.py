@@ -1,7 +1,7 @@
 """The shipped calibrated floors are bounds: no shape within a deployment's limits needs more.
 
 For every shipped calibrated deployment, on the FlashInfer it was calibrated on, the plans its
-engine makes (the profile's, engine presets applied) at every graph batch size and at a seeded
+engine makes (as its profile declares them) at every graph batch size and at a seeded
 random sample of shapes within its limits run on its floors sealed: none overflows, and the
 calibration's own shapes, which include the bounding configurations of bounds.py, grow an empty
 workspace to exactly the recorded need.

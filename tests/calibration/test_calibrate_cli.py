@@ -42,13 +42,13 @@ CALIBRATE = ["-m", "mstar_resources.apps.calibrate"]
         pytest.param(["deployment=llama3-8b-h200", "resources.attn.decode.labels=[decode,verify]"],
                      r"add calibration\.plans\.verify \(for resources\.attn\.decode\)",
                      id="label-without-plan"),
-        pytest.param(["deployment=llama3-8b-h200", "calibration.engine=trtllm"],
-                     r"calibration\.engine='trtllm' is not valid; calibration\.engine takes one of "
-                     r"vllm, sglang", id="unknown-engine"),
-        pytest.param(["deployment=llama3-8b-h200", "calibration.engine=null",
-                      "calibration.deterministic=true"],
-                     r"calibration\.deterministic=true is an engine's mode; name the engine",
-                     id="deterministic-without-engine"),
+        pytest.param(["deployment=llama3-8b-h200", "calibration.plans.decode.kind=trtllm"],
+                     r"calibration\.plans\.decode\.kind='trtllm' is not valid; "
+                     r"calibration\.plans\.decode\.kind takes one of decode, paged_prefill, "
+                     r"ragged_prefill, mla, pod", id="unknown-kind"),
+        pytest.param(["deployment=llama3-8b-h200", "calibration.engine=vllm"],
+                     r"calibration\.engine is not a setting; calibration takes model, ",
+                     id="no-engine-setting"),
         pytest.param(["deployment=qwen3.5-122b-a10b-h200",
                       "calibration.plans.decode.q_len_per_req=0"],
                      r"calibration\.plans\.decode\.q_len_per_req=0 must be a positive whole number",

@@ -75,3 +75,22 @@ def test_each_engine_reserves_one_buffer_for_all_its_wrappers():
         "MLC-LLM": 805_306_368,
     }  # fmt: skip
     assert list(buffers) == ["vLLM", "SGLang", "TensorRT-LLM", "MLC-LLM"]
+
+
+def test_the_engines_plans_at_other_limits_are_those_a_shipped_deployment_declares():
+    cfg = compose_shipped(["deployment=llama3-8b-h200"])
+    declared = load_profile(cfg.calibration)
+    overrides = engines.engine_plans("vllm", cfg.calibration.model, 256, 8192)
+    assert load_profile(compose_shipped(["deployment=llama3-8b-h200", *overrides]).calibration) == (
+        declared
+    )
+    shipped = load_profile(compose_shipped(["deployment=llama3-70b-tp8-h200"]).calibration)
+    assert engines.decode_graph_batch_sizes("sglang", 512, 16384) == shipped.cuda_graph_batch_sizes
+
+
+def test_the_engines_graph_sizes_follow_the_limits():
+    sglang = engines.decode_graph_batch_sizes("sglang", 640, 16384)
+    assert [s for s in sglang if s > 256] == [*range(272, 512, 16), 512, 544, 576, 608, 640]
+    assert engines.decode_graph_batch_sizes("vllm", 32, 8192) == [1, 2, 4, 8, 16, 24, 32]
+    # vLLM's sizes are tokens, at most max_num_batched_tokens.
+    assert engines.decode_graph_batch_sizes("vllm", 256, 64)[-1] == 64

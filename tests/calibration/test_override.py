@@ -22,6 +22,8 @@ from mstar_resources.calibration.record import (
 from mstar_resources.calibration.shapes import Shape
 from mstar_resources.units import MIB
 
+from ..test_calibrated import stale_fields
+
 PROVENANCE = {"gpu": "NVIDIA H200 (132 SMs)", "flashinfer": "0.7.2.post1", "date": "2026-11-29"}
 
 
@@ -153,8 +155,9 @@ def test_a_calibration_made_with_profile_settings_composes_the_profile_it_holds_
     mine = config_dir / "deployment" / "mine.yaml"  # a deployment of the user's, shipped's text
     mine.write_text((Path(__file__).parents[2] / "conf/deployment/llama3-8b-h200.yaml").read_text())
     settings = [
-        "calibration.engine=sglang", "calibration.model.page_size=1",
-        "++calibration.limits.max_num_seqs=128", "resources.attn.decode.declared_mb=9",
+        "calibration.plans.decode.tensor_cores=false", "calibration.model.page_size=1",
+        "++calibration.limits.max_num_seqs=128", "calibration.cuda_graph_batch_sizes=[1,2,4]",
+        "resources.attn.decode.declared_mb=9",
     ]  # fmt: skip
     machine = Machine("NVIDIA H200", 132, "0.6.15.post1", "2.11.0+cu130", "13.0")
 
@@ -169,8 +172,12 @@ def test_a_calibration_made_with_profile_settings_composes_the_profile_it_holds_
         profile = load_profile(base.calibration)
         record = {"deployment": "mine", **calibration_inputs(machine, profile, records)}
         given = profile_settings(base, settings)
-        assert given == {"engine": "sglang", "model": {"page_size": 1},
-                         "limits": {"max_num_seqs": 128}}  # fmt: skip
+        assert given == {
+            "plans": {"decode": {"tensor_cores": False}},
+            "model": {"page_size": 1},
+            "limits": {"max_num_seqs": 128},
+            "cuda_graph_batch_sizes": [1, 2, 4],
+        }
         path = write_override(
             "mine", per_resource(rows_for(records)), record, mine.parent, profile=given
         )
@@ -179,15 +186,17 @@ def test_a_calibration_made_with_profile_settings_composes_the_profile_it_holds_
         assert load_profile(cfg.calibration) == profile
         assert stale(cfg) is None
         changed = compose("engine", overrides=[*calibrated, "calibration.limits.max_num_seqs=256"])
-        fields = ("profile.limits.max_num_seqs", "profile.cuda_graph_batch_sizes")
-        assert stale(changed).fields == fields
+        assert stale_fields(stale(changed)) == ("profile.limits.max_num_seqs",)
         # The deployment edited since (its model's head dim): the calibrated file, which set
         # none of its model but the page size, composes the edit, and the record is told apart.
         mine.write_text(mine.read_text().replace("head_dim: 128", "head_dim: 64"))
         edited = compose("engine", overrides=calibrated)
-        assert stale(edited).fields == ("profile.model.head_dim",)
+        assert stale_fields(stale(edited)) == ("profile.model.head_dim",)
 
 
 def test_no_profile_setting_on_the_command_line_writes_none():
-    cfg = OmegaConf.create({"calibration": {"engine": "vllm"}, "margin": 0.1})
-    assert profile_settings(cfg, ["margin=0.1", "~calibration.engine", "device=cuda"]) is None
+    cfg = OmegaConf.create({"calibration": {"cuda_graph_batch_sizes": [1]}, "margin": 0.1})
+    assert (
+        profile_settings(cfg, ["margin=0.1", "~calibration.cuda_graph_batch_sizes", "device=cuda"])
+        is None
+    )

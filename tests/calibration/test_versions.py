@@ -36,7 +36,11 @@ def test_the_versions_engines_pin_plan_everything(version):
 
 
 def test_flashinfer_0_6_plans_every_dense_kind_with_tensor_cores_and_splits():
-    node = dense(engine="vllm", deterministic=True)
+    split = {"fixed_split_size": 2048, "disable_split_kv": True}
+    node = dense()
+    for plan in node["plans"].values():
+        plan.update(split)
+    node["plans"]["decode"]["tensor_cores"] = True
     assert version_problems(load_profile(node), "0.6.6") == []
 
 
@@ -66,10 +70,11 @@ def test_no_flashinfer_says_how_to_install_it(monkeypatch):
         check_flashinfer(load_profile(GOOD))
 
 
-def heads(qo: int, kv: int, **top: object) -> dict:
-    """The dense profile (plain decode as declared) with ``qo`` query and ``kv`` KV heads."""
-    node = dense(**top)
+def heads(qo: int, kv: int, tensor_cores: bool = False) -> dict:
+    """The dense profile with ``qo`` query and ``kv`` KV heads, its decode plain or not."""
+    node = dense()
     node["model"] = {**node["model"], "num_qo_heads": qo, "num_kv_heads": kv}
+    node["plans"]["decode"]["tensor_cores"] = tensor_cores
     return node
 
 
@@ -91,8 +96,7 @@ def test_plain_decode_of_a_group_the_kernels_lack_is_refused_naming_the_fix():
     "node",
     [
         pytest.param(heads(32, 8), id="group-4"),
-        pytest.param(heads(32, 2, engine="vllm"), id="tensor-cores-as-vllm-plans"),
-        pytest.param(heads(32, 2, engine="sglang"), id="tensor-cores-as-sglang-plans"),
+        pytest.param(heads(32, 2, tensor_cores=True), id="tensor-cores"),
     ],
 )
 def test_plain_decode_of_a_compiled_group_or_tensor_core_decode_passes(node):

@@ -6,7 +6,6 @@ cannot hold is left to SGLang, the log saying why (:func:`_not_planned`).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +50,13 @@ class SglangPlans:
         )
 
     def profile(self) -> CalibrationProfile:
-        """Calibration's profile of these plans."""
+        """Calibration's profile of these plans: decode on tensor cores (backend ``auto``) for an
+        fp8 KV cache or GQA groups of 4 or more (SGLang 0.5.23's ``should_use_tensor_core``), at
+        its captured graph batch sizes."""
+        tensor_cores = (
+            self.kv_dtype.startswith("float8") or self.num_qo_heads // self.num_kv_heads >= 4
+        )
         node = {
-            "engine": "sglang",
             "model": {
                 "num_qo_heads": self.num_qo_heads,
                 "num_kv_heads": self.num_kv_heads,
@@ -67,15 +70,14 @@ class SglangPlans:
                 "max_num_batched_tokens": self.max_prefill_tokens,
                 "max_model_len": self.context_len,
             },
+            # No graphs: the decode resource has no graph slot, but the profile wants a list.
+            "cuda_graph_batch_sizes": list(self.decode_graph_batch_sizes) or [1],
             "plans": {
                 **{label: {"kind": kind} for label, kind in PREFILL_LABELS.items()},
-                "decode": {"kind": "decode"},
+                "decode": {"kind": "decode", "backend": "auto", "tensor_cores": tensor_cores},
             },
         }
-        profile = load_profile(node)
-        # No graphs: the decode resource has no graph slot, but the profile wants a list.
-        sizes = list(self.decode_graph_batch_sizes) or [1]
-        return dataclasses.replace(profile, cuda_graph_batch_sizes=sizes)
+        return load_profile(node)
 
     def tree(self) -> dict[str, Any]:
         """The resources measured: prefill (both labels), and decode under CUDA graphs where

@@ -233,21 +233,22 @@ def decode_graph_sizes(plans: BuilderPlans, vllm_config: Any) -> list[int]:
 
 
 def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> CalibrationProfile:
-    """The calibration profile (``engine: vllm``) of ``plans``' ``role`` plans, with vLLM's
-    limits; decode at its graph batch sizes where it captures graphs."""
-    import dataclasses
-
+    """The calibration profile of ``plans``' ``role`` plans as vLLM 0.33 makes them, with its
+    limits: decode on tensor cores (backend ``auto``) at its graph batch sizes where it captures
+    graphs; under ``VLLM_BATCH_INVARIANT``, KV split in fixed chunks and the split turned off."""
     from ...calibration.profile import load_profile
 
     plan: dict[str, Any] = {"kind": "paged_prefill" if role == "prefill" else "decode"}
-    if role == "prefill":
-        plan["backend"] = "auto"  # vLLM's prefill wrappers take backend "auto"
-    elif plans.decode_q_len > 1:
+    plan["backend"] = "auto"  # vLLM's prefill and decode wrappers take backend "auto"
+    if role == "decode":
+        plan["tensor_cores"] = True
         plan["q_len_per_req"] = plans.decode_q_len
+    if vllm_envs().VLLM_BATCH_INVARIANT:
+        plan["fixed_split_size"] = 2048 if role == "decode" else 4096
+        plan["disable_split_kv"] = True
     scheduler, model = vllm_config.scheduler_config, vllm_config.model_config
+    sizes = decode_graph_sizes(plans, vllm_config) if role == "decode" else []
     node = {
-        "engine": "vllm",
-        "deterministic": bool(vllm_envs().VLLM_BATCH_INVARIANT),
         "model": {
             "num_qo_heads": plans.num_qo_heads * plans.dcp_world_size,
             "num_kv_heads": plans.num_kv_heads,
@@ -263,11 +264,10 @@ def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> Calibratio
             "max_num_batched_tokens": scheduler.max_num_batched_tokens,
             "max_model_len": model.max_model_len,
         },
+        "cuda_graph_batch_sizes": sizes or [1],
         "plans": {role: plan},
     }
-    profile = load_profile(node)
-    sizes = decode_graph_sizes(plans, vllm_config) if role == "decode" else []
-    return dataclasses.replace(profile, cuda_graph_batch_sizes=sizes or [1])
+    return load_profile(node)
 
 
 def serving_tree(role: Role, graphs: bool) -> dict[str, Any]:
@@ -307,7 +307,7 @@ def vllm_buffer_bytes(vllm_config: Any, plans: Sequence[BuilderPlans]) -> tuple[
     size x 16)``, or batch-invariant mode's fixed size."""
     import vllm.v1.attention.backends.flashinfer as backend
 
-    from ...calibration.engine_plans import vllm_formula
+    from ...calibration.calibrate import vllm_formula
 
     if vllm_envs().VLLM_BATCH_INVARIANT:
         size = backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT
