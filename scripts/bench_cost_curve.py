@@ -65,7 +65,7 @@ from mstar_resources.resolver import ResolvedResource
 from mstar_resources.units import MIB
 
 from _args import count, one_of, refuse, run_main
-from _engines import engine_buffers_mb
+from _engines import engine_buffers_mb, engine_plans
 from _plot import add_png_option, check_png, pyplot, save
 
 if TYPE_CHECKING:  # imported where the curve is measured: its arguments are checked without it
@@ -152,7 +152,7 @@ def compose_deployment(deployment: str, overrides: Sequence[str] = ()) -> DictCo
 
 
 ENGINE_CHOICES = ("vllm", "sglang", "none")
-"""``--engine``'s values: an engine's plans (``calibration.engine``), or the profile's own."""
+"""``--engine``'s values: an engine's plans (``_engines.engine_plans``), or plain decode."""
 
 
 def shipped_deployments() -> list[str]:
@@ -206,20 +206,25 @@ def settings(
     :func:`profiled_deployments`), planned as ``engine`` does (``none``: as declared; None: as
     the deployment says), composed and checked on the CPU; a problem with a point's profile
     raises :class:`ResourceConfigError`."""
-    plans = [] if engine is None else [f"{PROFILE_KEY}.engine={engine.replace('none', 'null')}"]
-    base = compose_deployment(deployment, plans)
+    plain = ["calibration.plans.decode.backend=fa2", "calibration.plans.decode.tensor_cores=false"]
+    base = compose_deployment(deployment)
     graph_sizes = list(base[PROFILE_KEY].cuda_graph_batch_sizes)
+    model = base[PROFILE_KEY].model
     points = []
     for t in tokens:
         for s in seqs:
             # The profile refuses graph sizes above max_num_seqs: an engine captures none there.
             within = ",".join(str(size) for size in graph_sizes if size <= s)
+            plans = (
+                [f"{PROFILE_KEY}.cuda_graph_batch_sizes=[{within}]", *(plain if engine else [])]
+                if engine in (None, "none")
+                else engine_plans(engine, model, s, t)
+            )
             cfg = compose_deployment(
                 deployment,
                 [
                     f"{PROFILE_KEY}.limits.max_num_batched_tokens={t}",
                     f"{PROFILE_KEY}.limits.max_num_seqs={s}",
-                    f"{PROFILE_KEY}.cuda_graph_batch_sizes=[{within}]",
                     *plans,
                 ],
             )
@@ -423,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engine",
         choices=ENGINE_CHOICES,
-        help="plan as this engine does (none: as the profile declares; default: the deployment's "
-        "calibration.engine)",
+        help="plan decode as this engine does at each point (none: plain decode; default: as the "
+        "deployment declares)",
     )
     parser.add_argument(
         "--device", type=cuda_device, default="cuda", help="cuda or cuda:N (default cuda)"
@@ -466,8 +471,7 @@ def main(argv: list[str] | None = None) -> int:
 
     measurement = on_gpu(device, show_progress=True)
     results = []
-    plans = options.engine or points[0].profile.engine or "declared"
-    print(f"{deployment}: plans {getattr(plans, 'value', plans)}")
+    print(f"{deployment}: plans {options.engine or 'declared'}")
     with tqdm(points, unit="point", desc=deployment) as bar:
         for setting in bar:
             bar.set_postfix_str(f"{setting.max_num_batched_tokens} x {setting.max_num_seqs}")

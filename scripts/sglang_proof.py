@@ -11,10 +11,11 @@ SGLang's offline ``sglang.Engine`` with the FlashInfer backend and decode CUDA g
 prompts of token ids whose lengths are a slice of a public trace: once as SGLang is, and once with
 ``MSTAR_RESOURCES_SGLANG`` set to a deployment file calibrated on this GPU for the runs' limits.
 Before the first run that needs it, the script writes that file with ``mstar-resources-calibrate
-deployment=llama3-8b-h200 calibration.engine=sglang`` and the runs' limits (SGLang's page size
-of 1 token, its most running requests as the largest graph batch, its prefill chunk, its context
-length). The large graph batch (``large-graph``) is the Llama model with 512 running requests and
-decode graphs up to 512: SGLang's own 384 MiB may fall short of what FlashInfer 0.6.15 plans there.
+deployment=llama3-8b-h200``, SGLang's decode plans (``_engines.engine_plans``) and the runs'
+limits (SGLang's page size of 1 token, its most running requests as the largest graph batch, its
+prefill chunk, its context length). The large graph batch (``large-graph``) is the Llama model
+with 512 running requests and decode graphs up to 512: SGLang's own 384 MiB may fall short of
+what FlashInfer 0.6.15 plans there.
 ``prefill-graphs`` is the Llama model with SGLang's default prefill CUDA graphs (breakable on
 CUDA), which the other groups turn off.
 
@@ -38,6 +39,7 @@ import os
 import re
 import sys
 import time
+import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -52,12 +54,15 @@ from vllm_proof import INIT_STD, VOCAB, digest, trace_requests  # noqa: E402
 from mstar_resources.calibration.override import calibrated_name  # noqa: E402
 
 from _args import DAY, output_folder, run_main, seconds  # noqa: E402
+from _engines import engine_plans  # noqa: E402
 
 PLUGIN_SETTING = "MSTAR_RESOURCES_SGLANG"
 SGLANG_SIZE = "SGLANG_FLASHINFER_WORKSPACE_SIZE"
 DEPLOYMENT = "llama3-8b-h200"
 """The shipped deployment whose calibration profile has the models' attention (32 / 8 heads of
 128, bf16); calibrated here with SGLang's plans and the runs' limits."""
+LLAMA_HEADS = types.SimpleNamespace(num_qo_heads=32, num_kv_heads=8, kv_dtype="bfloat16")
+"""Its attention, as :func:`_engines.engine_plans` reads it."""
 PAGE_SIZE = 1
 """SGLang's default ``page_size`` with the FlashInfer backend; the calibration plans with it."""
 MEM_FRACTION = 0.5
@@ -146,8 +151,8 @@ class Calibration:
 
     def settings(self, out: Path) -> list[str]:
         return [
-            f"deployment={DEPLOYMENT}", "calibration.engine=sglang",
-            f"calibration.model.page_size={PAGE_SIZE}",
+            f"deployment={DEPLOYMENT}", f"calibration.model.page_size={PAGE_SIZE}",
+            *engine_plans("sglang", LLAMA_HEADS, self.max_running_requests, self.prefill_tokens),
             f"calibration.limits.max_num_seqs={self.max_running_requests}",
             f"calibration.limits.max_num_batched_tokens={self.prefill_tokens}",
             f"calibration.limits.max_model_len={self.context_length}",

@@ -13,8 +13,7 @@ LAYERS = {
     "errors and units": "errors units files _internal",
     "the core": "attn testing",
     "config": "schema resolver compose compose_errors",
-    "calibration's terms": "calibration.profile calibration.record calibration.engine_plans "
-    "calibration.versions conf",
+    "calibration's terms": "calibration.profile calibration.record calibration.versions conf",
     "calibration's measuring": "calibration",
     "the engine integrations": "integrations",
     "the apps": "__init__ apps",

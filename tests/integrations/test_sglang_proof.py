@@ -25,9 +25,11 @@ def test_the_dry_run_calibrates_before_the_first_run_of_its_limits_and_starts_no
     assert "disable_prefill_cuda_graph=False" in steps["prefill-graphs/auto"]
     assert "disable_prefill_cuda_graph=True" in steps["llama/auto"]
     folder = out / "calibrated-128-4096-4096" / "deployment"
+    sizes = ",".join(map(str, [1, 2, 4, 8, 12, *range(16, 129, 8)]))  # SGLang's, up to 128
     assert steps["calibrate/128"] == (
         "calibrate/128: mstar-resources-calibrate deployment=llama3-8b-h200 "
-        "calibration.engine=sglang calibration.model.page_size=1 "
+        "calibration.model.page_size=1 calibration.plans.decode.backend=auto "
+        f"calibration.plans.decode.tensor_cores=true calibration.cuda_graph_batch_sizes=[{sizes}] "
         "calibration.limits.max_num_seqs=128 calibration.limits.max_num_batched_tokens=4096 "
         f"calibration.limits.max_model_len=4096 output_dir={folder} progress=false"
     )
