@@ -102,6 +102,12 @@ def test_a_calibration_that_no_longer_matches_its_record_is_flagged_naming_the_f
         pytest.param([CAL, "calibrated=5"], {},
                      "calibrated=5 is not valid; calibrated takes what calibration measured",
                      id="a-record-that-is-no-mapping"),
+        pytest.param(["deployment=llama3-8b-h200", "+calibration.engine=vllm"], {},
+                     "calibration.engine='vllm' is not a setting; calibration takes model, ",
+                     id="a-key-forced-into-the-profile"),
+        pytest.param(["deployment=llama3-8b-h200", "+calibration.plans.decode.split=1"], {},
+                     "calibration.plans.decode.split=1 is not a setting; calibration.plans.decode "
+                     "takes kind, ", id="a-key-forced-into-a-plan"),
         pytest.param(["+deployment@foo=llama3-8b-h200"], {},
                      "moves a config group to another package, which no setting here takes; "
                      "set deployment=llama3-8b-h200", id="a-group-moved-to-a-package"),

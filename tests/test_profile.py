@@ -86,12 +86,12 @@ def test_bad_profile_names_the_key_and_value(path, value, match):
                      "calibration.plans.prefill.kind='pod_batch' is not valid: ", id="not-a-kind"),
         pytest.param("cuda_graph_batch_sizes", [1, "a"],
                      "calibration.cuda_graph_batch_sizes[1]='a' is not valid: ", id="list-item"),
-        pytest.param("model.typo", 1, "calibration.model.typo is not a setting; calibration.model "
-                     "takes num_qo_heads, ", id="unknown-key"),
-        pytest.param("modle", {}, "calibration.modle is not a setting (did you mean "
+        pytest.param("model.typo", 1, "calibration.model.typo=1 is not a setting; "
+                     "calibration.model takes num_qo_heads, ", id="unknown-key"),
+        pytest.param("modle", {}, "calibration.modle={} is not a setting (did you mean "
                      "calibration.model?); calibration takes model, ", id="misspelt-key"),
         pytest.param("plans.prefill.cuda_graph", True,
-                     "calibration.plans.prefill.cuda_graph is not a setting; ",
+                     "calibration.plans.prefill.cuda_graph=True is not a setting; ",
                      id="key-of-another-schema"),
     ],
 )  # fmt: skip

@@ -244,9 +244,9 @@ def _plans_problems(profile: CalibrationProfile) -> list[str]:
     ]
 
 
-def _schema_problem(error: OmegaConfBaseException) -> str:
-    """OmegaConf's refusal of the profile's schema as one problem: the full key, the value it
-    refused or the closest key the schema has, then its reason."""
+def _schema_problem(error: OmegaConfBaseException, node: Mapping[str, Any]) -> str:
+    """OmegaConf's refusal of the profile's schema (merging ``node``) as one problem: the full key,
+    the value it refused or was given, or the closest key the schema has, then its reason."""
     full_key = f"{PROFILE_KEY}.{error.full_key}" if error.full_key else PROFILE_KEY
     reason = str(error).splitlines()[0]
     if isinstance(error, ValidationError):
@@ -258,7 +258,11 @@ def _schema_problem(error: OmegaConfBaseException) -> str:
         holder = full_key.rpartition(".")[0]
         names = [f.name for f in dataclasses.fields(schema)]
         close = did_you_mean(str(error.key), names, f"{holder}.")
-        return f"{full_key} is not a setting{close}; {holder} takes {', '.join(names)}"
+        given: Any = node
+        for part in str(error.full_key).split("."):
+            given = given.get(part) if isinstance(given, Mapping) else None
+        shown = "" if given is None else f"={given!r}"
+        return f"{full_key}{shown} is not a setting{close}; {holder} takes {', '.join(names)}"
     return f"{full_key}: {reason}"
 
 
@@ -282,12 +286,15 @@ def _unset_problems(merged: DictConfig) -> list[str]:
 def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
     """The checked profile in ``node`` (the value of the ``calibration`` key)."""
     try:
+        if isinstance(node, DictConfig):
+            # Plain values: a typed node lets a key forced in by Hydra's `+` through the merge.
+            node = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
         merged = cast(DictConfig, OmegaConf.merge(OmegaConf.structured(CalibrationProfile), node))
         if unset := _unset_problems(merged):
             raise ResourceConfigError(*unset, where=_WHERE)
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
     except OmegaConfBaseException as error:
-        raise ResourceConfigError(_schema_problem(error), where=_WHERE) from None
+        raise ResourceConfigError(_schema_problem(error, node), where=_WHERE) from None
     problems = _model_and_limits_problems(profile) + _plans_problems(profile)
     if problems:
         raise ResourceConfigError(*problems, where=_WHERE)
