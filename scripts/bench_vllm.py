@@ -81,8 +81,8 @@ def order(configs: list[Config], rounds: int, parts: bool = False) -> list[tuple
     return runs
 
 
-PARTS = ("workspace_plan", "plan_on")
-"""The plugin's layers a ``parts`` run times (``vllm_proof._PlanClock``), outermost first."""
+PARTS = ("workspace_plan",)
+"""The plugin's layers a ``parts`` run times (``vllm_proof._PlanClock``)."""
 
 
 def parts_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> list[str]:

@@ -361,8 +361,8 @@ class _PlanClock:
     vLLM's builder calls them (through the plugin's ``Workspace.plan`` where it serves), in the
     same process, plan by plan: their difference is what the plugin adds to each plan, free of the
     noise between runs. Without the plugin the difference is the clock's own cost. With
-    ``parts``, the plugin's layers are timed too (each timer adding its own cost):
-    ``Workspace.plan`` around FlashInfer's plan, and the int workspace's plan within it."""
+    ``parts``, ``Workspace.plan`` around FlashInfer's plan is timed too (its timer adding its own
+    cost)."""
 
     def __init__(self, parts: bool = False) -> None:
         import vllm.v1.attention.backends.flashinfer as backend
@@ -373,10 +373,8 @@ class _PlanClock:
         backend.fast_plan_decode = self._timed(backend.fast_plan_decode, "inner")
         if parts:
             from mstar_resources.attn.float_workspace import Workspace
-            from mstar_resources.attn.int_workspace import IntWorkspace
 
             Workspace.plan = self._timed(Workspace.plan, "workspace_plan")  # type: ignore[method-assign]
-            IntWorkspace.plan_on = self._timed(IntWorkspace.plan_on, "plan_on")  # type: ignore[method-assign]
         self.parts = parts
 
     def _timed(self, call: Any, name: str) -> Any:

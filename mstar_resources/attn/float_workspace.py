@@ -47,7 +47,7 @@ class Workspace(BufferHolder):
             own, and an int overflow reaches the caller.
     """
 
-    __slots__ = ("_by_kind", "_checked", "_int", "_int_tensor", "_routes", "_sizes")
+    __slots__ = ("_by_kind", "_checked", "_int", "_int_tensor", "_mirror", "_routes", "_sizes")
 
     def __init__(
         self,
@@ -66,6 +66,7 @@ class Workspace(BufferHolder):
             )
         self._int = int_workspace
         self._int_tensor = None if int_workspace is None else int_workspace.tensor
+        self._mirror = None if int_workspace is None else int_workspace.mirror
         # The buffers a plan may grow, by the kind of overflow.
         self._by_kind = {"float": self._buffer}
         if int_workspace is not None:
@@ -89,33 +90,66 @@ class Workspace(BufferHolder):
         not found planning on the int workspace included. A wrapper planning on the int workspace
         writes its mirror, and its plan is marked as the one the int workspace holds.
         """
-        # The common case: a wrapper planned before, a plan that fits. Beside FlashInfer's plan,
-        # which leaves the host's caches cold, each object read here costs: a few are read.
+        # Runs at every plan of an engine's steps, whose host caches FlashInfer's plan leaves
+        # cold: each object read costs. The common case here, the rest in _plan: a wrapper
+        # planned before, a plan that fits.
         owner = getattr(plan, "__self__", None)
         key = owner if owner is not None else args[0] if args else None
         # A route is dropped as its wrapper dies, before its id can be another object's.
         planner = self._routes.get(id(key))
+        if planner is None:
+            return self._plan(plan, args, kwargs, key)
+        sizes = self._sizes  # what the plan sees, whatever another thread grows
+        attributes = key.__dict__  # a remembered route's wrapper is the key
+        int_workspace = self._int
+        if int_workspace is not None and attributes.get(INT_BUFFER) is self._int_tensor:
+            attributes[HOST_MIRROR] = self._mirror
+        else:
+            int_workspace = None
+        try:
+            planned = plan(*args, **kwargs)
+        except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+            return self._plan(plan, args, kwargs, key, (error, sizes))
+        if int_workspace is not None:
+            int_workspace.last_planner = planner
+        return planned
+
+    def _plan(
+        self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], key: Any,
+        failed: tuple[Exception, dict[str, int]] | None = None,
+    ) -> T:  # fmt: skip
+        """:meth:`plan`'s whole loop: the wrapper's route found first where it has none, and the
+        buffer a plan ran short of grown before it runs again (``failed``: the first run's error
+        and the sizes it saw)."""
+        planner = self._routes.get(id(key))
         if planner is not None:
-            attributes = key.__dict__  # a remembered route's wrapper is the key
+            attributes = key.__dict__
         else:
             planner, attributes = self._route(plan, args, key)
-        sizes = self._sizes  # what the plan sees, whatever another thread grows
-        int_tensor = self._int_tensor
-        # The mirror is the int workspace's to hand out only to a wrapper planning on it; growth
-        # keeps the int workspace's tensor, so the wrapper plans on it as it did.
-        on_int = int_tensor is not None and attributes.get(INT_BUFFER) is int_tensor
         growths, last = 0, None
         while True:
-            try:
-                if on_int:
-                    return self._int.plan_on(plan, args, kwargs, attributes, planner)  # type: ignore[union-attr]
-                return plan(*args, **kwargs)
-            except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-                call = (plan, args, kwargs)
-                last = self._grow_for(error, call, planner(), sizes, growths, last)
+            # The mirror is the int workspace's to hand out only to a wrapper planning on it;
+            # growth keeps the int workspace's tensor, so the wrapper plans on it as it did.
+            int_workspace = self._int
+            if int_workspace is not None and attributes.get(INT_BUFFER) is self._int_tensor:
+                attributes[HOST_MIRROR] = self._mirror
+            else:
+                int_workspace = None
+            if failed is None:
+                sizes = self._sizes
+                try:
+                    planned = plan(*args, **kwargs)
+                except (RuntimeError, ValueError) as error:
+                    failed = (error, sizes)
+                else:
+                    if int_workspace is not None:
+                        int_workspace.last_planner = planner
+                    return planned
+            raised, seen = failed
+            last = self._grow_for(raised, (plan, args, kwargs), planner(), seen, growths, last)
             growths += 1
             self._grown(plan, attributes)
-            sizes = self._sizes
+            failed = None
 
     def _grown(
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None

@@ -4,16 +4,13 @@ wrapper runs on its own plan (``docs/workspaces-and-ranks.md`` says when sharing
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from .._internal.floor import INT
 from ..errors import WorkspacePlanError
-from ._flashinfer import HOST_MIRROR
 from .buffer import BufferHolder, GrowableBuffer
-
-T = TypeVar("T")
 
 
 class IntWorkspace(BufferHolder):
@@ -27,37 +24,25 @@ class IntWorkspace(BufferHolder):
     the bytes before ``cudaMemcpyAsync`` returns, so one mirror serves every wrapper.
     """
 
-    __slots__ = ("_last_planner",)
+    __slots__ = ("last_planner",)
 
     def __init__(
         self, tensor: torch.Tensor, name: str, sealed: bool = False, floor: str = INT.env_var
     ) -> None:
         self._buffer = GrowableBuffer(tensor, name, sealed, floor, INT)
-        # A weak reference to the wrapper whose plan (through Workspace.plan) it holds now.
-        self._last_planner: Callable[[], Any] = lambda: None
+        self.last_planner: Callable[[], Any] = lambda: None
+        """A weak reference to the wrapper whose plan it holds now, set by ``Workspace.plan``."""
 
     @property
     def mirror(self) -> torch.Tensor:
         """The pageable host mirror: the same object, as many bytes as :attr:`tensor`."""
         return self._buffer.mirror  # type: ignore[return-value]
 
-    # Runs at every plan of an engine's steps: each line costs.
-    def plan_on(
-        self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
-        attributes: dict[str, Any], planner: Callable[[], Any],
-    ) -> T:  # fmt: skip
-        """``plan(*args, **kwargs)`` of the wrapper whose ``__dict__`` is ``attributes`` and which
-        ``planner`` weakly refers to, on this mirror; marked as the plan held unless it raises."""
-        attributes[HOST_MIRROR] = self._buffer.mirror
-        planned = plan(*args, **kwargs)
-        self._last_planner = planner
-        return planned
-
     def check_planned_by(self, wrapper: Any) -> None:
         """Raise :class:`WorkspacePlanError` unless the plan held is ``wrapper``'s (or none is
         known): it would run on another wrapper's indices. Called by each installed wrapper's
         ``run``, eagerly and at graph capture; a replay runs no Python, and relies on the rule."""
-        planner = self._last_planner()
+        planner = self.last_planner()
         if planner is not None and planner is not wrapper:
             raise WorkspacePlanError(
                 f"int workspace {self.name!r} holds the plan of another {type(planner).__name__} "
