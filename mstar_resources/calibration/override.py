@@ -36,11 +36,6 @@ DEFAULT_OUTPUT_DIR = Path("calibrated", "deployment")
 """Where calibrated deployments go by default: the ``deployment`` group of the config folder
 ``calibrated`` under the working directory (``--config-dir calibrated``), never the package."""
 
-SGLANG_OVERWRITES = (  # layers/attention/flashinfer_backend.py
-    "SGLang 0.5.23 replaces this setting with 512 MiB for Qwen2, Qwen3, MiMo and Qwen3-VL models "
-    "and with 2 GiB in deterministic mode, whatever it is set to"
-)
-
 
 @dataclass(frozen=True)
 class Measured:
@@ -72,8 +67,9 @@ class OneBuffer:
 
     def record(self) -> dict[str, Any]:
         """The fields the calibrated record keeps."""
-        kept = asdict(self).items()
-        return {k: v for k, v in kept if k != "vllm_formula_bytes" and v is not None}
+        return {
+            k: v for k, v in asdict(self).items() if k != "vllm_formula_bytes" and v is not None
+        }
 
     def advice(self) -> list[str]:
         """The engines' settings, for people."""
@@ -81,7 +77,9 @@ class OneBuffer:
             f"One buffer for every plan and graph size (vLLM, SGLang): {self.bytes:,} bytes "
             f"(the need of {self.worst}, {self.need_bytes:,} bytes, in whole MB). Set:",
             f"  SGLANG_FLASHINFER_WORKSPACE_SIZE={self.bytes}",
-            f"  ({SGLANG_OVERWRITES})",
+            # SGLang's layers/attention/flashinfer_backend.py
+            "  (SGLang 0.5.23 replaces this setting with 512 MiB for Qwen2, Qwen3, MiMo and "
+            "Qwen3-VL models and with 2 GiB in deterministic mode, whatever it is set to)",
         ]
         if self.vllm_formula_bytes is not None:
             lines += [
