@@ -12,13 +12,7 @@ from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
-from ..calibration.calibrate import (
-    check_labels,
-    measure_all,
-    one_buffer,
-    per_resource,
-    table,
-)
+from ..calibration.calibrate import check_labels, measure_all, one_buffer, per_resource, table
 from ..calibration.override import (
     DEFAULT_OUTPUT_DIR,
     base_deployment,

@@ -1,10 +1,5 @@
-"""What calibration measured, written as a deployment override that composes like any other.
-
-``<name>_calibrated.yaml`` in the ``deployment`` group pulls in ``<name>``, sets each measured
-resource's ``declared_mb`` and ``int_declared_mb`` to its needs (plus a margin, none by default)
-in whole MB, sets the ``calibration`` settings its command line gave (so the file composes the
-profile its floors hold for), and keeps the measurements under the root key ``calibrated``.
-"""
+"""What calibration measured, written as ``<name>_calibrated.yaml``: a deployment override that
+pulls in ``<name>``, declares the measured floors, and keeps the measurements as ``calibrated``."""
 
 from __future__ import annotations
 
@@ -185,7 +180,8 @@ def write_override(
 ) -> Path:
     """Write ``deployment``'s calibration into ``output_dir`` (made if missing; named by
     :func:`calibrated_name`), whole or not at all, with the ``calibration`` settings ``profile``
-    (:func:`profile_settings`) where given; returns its path."""
+    (:func:`profile_settings`, so the file composes the profile its floors hold for) where given;
+    returns its path."""
     path = output_dir / f"{calibrated_name(deployment, output_dir)}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
     shipped = output_dir.absolute() == shipped_deployments().absolute()
