@@ -78,10 +78,10 @@ def version_problems(
     return problems
 
 
-def check_flashinfer(profile: CalibrationProfile, version: str | None = None) -> None:
+def check_flashinfer(profile: CalibrationProfile) -> None:
     """Refuse, naming each feature and the version it needs, a profile that the installed
-    FlashInfer (or ``version``) cannot plan."""
-    version = version if version is not None else installed_flashinfer()
+    FlashInfer cannot plan."""
+    version = installed_flashinfer()
     if version is None:
         raise ResourceConfigError(
             "FlashInfer is not installed: pip install 'mstar-resources[calibrate]'"
