@@ -62,11 +62,10 @@ def main(cfg: DictConfig) -> None:
             "shipped tree's (leave out ~resources...), or declare one under resources"
         )
     calibrated = _check_calibration_inputs(cfg, records)
-    int_reserved = sum(record.int_reserved_bytes for record in records)
     report: dict[str, Any] = {
         "resources": [dataclasses.asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
-        "total_int_reserved_bytes": int_reserved,
+        "total_int_reserved_bytes": sum(record.int_reserved_bytes for record in records),
     }
     if calibrated:
         report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}

@@ -165,11 +165,10 @@ def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
             f"{key}.num_kv_heads={model.num_kv_heads} does not divide "
             f"{key}.num_qo_heads={model.num_qo_heads}"
         )
-    named = ("q_dtype", "kv_dtype") + (("o_dtype",) if model.o_dtype is not None else ())
     problems += [
         f"{key}.{name}={getattr(model, name)!r} is not one of {', '.join(DTYPES)}"
-        for name in named
-        if getattr(model, name) not in DTYPES
+        for name in ("q_dtype", "kv_dtype", "o_dtype")
+        if getattr(model, name) not in (*DTYPES, None)  # None: o_dtype's default, the query's
     ]
     limits = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
     return problems + _not_positive(f"{PROFILE_KEY}.limits", profile.limits, limits)
