@@ -4,6 +4,7 @@ today, and write ``NAME_calibrated.yaml`` (``docs/calibration.md``)."""
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -11,14 +12,7 @@ from omegaconf import DictConfig
 
 from .._internal import limits
 from .._internal.devices import cuda_device
-from ..calibration.calibrate import (
-    check_labels,
-    measure_all,
-    one_buffer,
-    per_resource,
-    provenance,
-    table,
-)
+from ..calibration.calibrate import check_labels, measure_all, one_buffer, per_resource, table
 from ..calibration.override import (
     DEFAULT_OUTPUT_DIR,
     base_deployment,
@@ -28,6 +22,7 @@ from ..calibration.override import (
     write_override,
 )
 from ..calibration.profile import PROFILE_KEY, load_profile
+from ..calibration.record import Machine, calibration_inputs
 from ..errors import ResourceConfigError
 from ..files import folder_problem
 from ..resolver import resolve
@@ -84,7 +79,11 @@ def main(cfg: DictConfig) -> None:
     rows = measure_all(records, profile, device, show_progress=cfg.progress)
     buffer = one_buffer(rows, profile, margin)
     print(table(rows, margin, buffer))
-    record = provenance(profile, device, name, records)
+    record = {
+        "deployment": name,
+        **calibration_inputs(Machine.here(device), profile, records),
+        "date": datetime.date.today().isoformat(),
+    }
     given = profile_settings(cfg, HydraConfig.get().overrides.task)
     path = write_override(name, per_resource(rows), record, output_dir, margin, buffer, given)
     print(f"wrote {path}: {how_to_compose(path)}")

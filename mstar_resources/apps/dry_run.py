@@ -62,11 +62,10 @@ def main(cfg: DictConfig) -> None:
             "shipped tree's (leave out ~resources...), or declare one under resources"
         )
     calibrated = _check_calibration_inputs(cfg, records)
-    int_reserved = sum(record.int_reserved_bytes for record in records)
     report: dict[str, Any] = {
         "resources": [dataclasses.asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
-        "total_int_reserved_bytes": int_reserved,
+        "total_int_reserved_bytes": sum(record.int_reserved_bytes for record in records),
     }
     if calibrated:
         report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}
@@ -82,10 +81,8 @@ def main(cfg: DictConfig) -> None:
 def _check_calibration_inputs(
     cfg: DictConfig, records: list[ResolvedResource]
 ) -> dict[str, CalibratedFloor]:
-    """On any machine: the deployment's calibration profile is valid (else the error), and a
-    calibrated deployment still composes the profile and resources it was measured with (else
-    a warning on stderr naming each field that differs; the GPU's identity is compared where
-    pools are built on one). Returns the floors that are calibration's, by path."""
+    """Refuse an invalid calibration profile, warn on stderr where a calibrated deployment no
+    longer composes what it was measured with, and return the floors that are calibration's."""
     profile, record = calibration_nodes(cfg)
     if profile is not None:
         load_profile(profile)
@@ -102,8 +99,8 @@ def _check_calibration_inputs(
 
 
 def _allocate(cfg: DictConfig, records: list[ResolvedResource], device: str) -> int:
-    """Make every declared workspace on ``device``, after warning where a calibrated deployment
-    was measured with other inputs than this GPU's; returns how many more bytes the GPU holds."""
+    """Make every declared workspace on ``device`` (after :func:`check_calibration`); returns how
+    many more bytes the GPU holds."""
     import torch
 
     target = cuda_device(device, "set device=cpu for a dry run")
@@ -143,15 +140,13 @@ def _table(
     table = [_COLUMNS, None, *rows, None, footer]
     lines = [format_table(table, right={4, 6, 7, 8, 10})]
     for path, c in calibrated.items():
-        lines.append(
+        line = (
             f"{path}: declared by calibration, need {c.need_bytes:,} bytes + {c.margin:.0%} "
             f"(resources.{path}.declared_mb)"
-            + (
-                ""
-                if c.int_need_bytes is None
-                else f"; int need {c.int_need_bytes:,} bytes (resources.{path}.int_declared_mb)"
-            )
         )
+        if c.int_need_bytes is not None:
+            line += f"; int need {c.int_need_bytes:,} bytes (resources.{path}.int_declared_mb)"
+        lines.append(line)
     if "allocated_bytes" in report:
         lines.append(
             f"allocated on {report['device']}: {report['allocated_bytes']:,} bytes "

@@ -26,26 +26,22 @@ class _Stdout:
         self._stream = stream  # None where Python started with file descriptor 1 closed
 
     def write(self, text: str) -> int:
-        with self._failures():
+        try:
             if self._stream is None:
                 raise OSError(errno.EBADF, "stdout is closed")
             return self._stream.write(text)
+        except OSError as error:
+            raise _StdoutFailed(error) from error
 
     def flush(self) -> None:
-        if self._stream is not None:
-            with self._failures():
+        try:
+            if self._stream is not None:
                 self._stream.flush()
+        except OSError as error:
+            raise _StdoutFailed(error) from error
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _failures() -> Iterator[None]:
-        try:
-            yield
-        except OSError as error:
-            raise _StdoutFailed(error) from error
 
 
 @contextlib.contextmanager

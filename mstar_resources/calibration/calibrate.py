@@ -3,10 +3,9 @@ planned on FlashInfer's wrappers, and the report of their needs against today's 
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._internal.table import format_table
 from ..errors import ResourceConfigError
@@ -14,7 +13,7 @@ from ..resolver import ResolvedResource
 from ..units import MIB
 from .override import DEFAULT_MARGIN, Measured, OneBuffer
 from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
-from .record import Machine, calibration_inputs, declared_mb_for
+from .record import declared_mb_for
 from .shapes import shapes_for
 from .versions import check_flashinfer
 
@@ -48,11 +47,8 @@ def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfil
     graph_kinds = ", ".join(k.value for k in PlanKind if k in GRAPH_KINDS)
     for r in (r for r in records if r.cg_slots):
         slots = f"resources.{r.path}.cg_slots={list(r.cg_slots)}"
-        for label in r.labels:
-            plan = profile.plans.get(label)
-            key = f"calibration.plans.{label}"
-            if plan is None:
-                continue
+        for label in (label for label in r.labels if label in profile.plans):
+            plan, key = profile.plans[label], f"calibration.plans.{label}"
             if plan.kind not in GRAPH_KINDS:
                 problems.append(
                     f"{slots} puts {label} under CUDA graphs, but {key}.kind={plan.kind.value}: "
@@ -177,20 +173,6 @@ def one_buffer(
         vllm_formula_bytes(profile),
         _most_int(rows),
     )
-
-
-def provenance(
-    profile: CalibrationProfile,
-    device: torch.device,
-    deployment: str,
-    records: Sequence[ResolvedResource],
-) -> dict[str, Any]:
-    """What the calibration of ``deployment`` depends on, as its override records it."""
-    return {
-        "deployment": deployment,
-        **calibration_inputs(Machine.here(device), profile, records),
-        "date": datetime.date.today().isoformat(),
-    }
 
 
 def table(

@@ -42,16 +42,10 @@ class Planner:
     """Builds FlashInfer wrappers and plan arguments for one profile on one device (each kernel
     is built once a process: FlashInfer caches it by configuration)."""
 
-    def __init__(
-        self,
-        profile: CalibrationProfile,
-        device: torch.device,
-        *,
-        refusals: tuple[type[BaseException], ...] | None = None,
-    ) -> None:
+    def __init__(self, profile: CalibrationProfile, device: torch.device) -> None:
         self.profile = profile
         self.device = device
-        self.refusals = _flashinfer.refusals() if refusals is None else refusals
+        self.refusals = _flashinfer.refusals()
         """The errors by which FlashInfer refuses a shape; any other propagates."""
         model = profile.model
         self.dtypes = {
@@ -65,12 +59,6 @@ class Planner:
     def _indptr(self, batch: int, step: int) -> torch.Tensor:
         return torch.arange(batch + 1, dtype=torch.int32, device=self.device) * step
 
-    def _pages(self, shape: Shape) -> tuple[int, torch.Tensor, torch.Tensor]:
-        """Pages a request, the KV indptr, and the page indices of ``shape``."""
-        pages = -(-shape.kv_len // self.profile.model.page_size)
-        indices = torch.arange(shape.batch * pages, dtype=torch.int32, device=self.device)
-        return pages, self._indptr(shape.batch, pages), indices
-
     def plan_args(self, plan: PlanProfile, shape: Shape) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``plan()``'s (and ``workspace_size()``'s) arguments for ``shape`` and ``plan``."""
         kind = plan.kind
@@ -81,7 +69,9 @@ class Planner:
         if kind is PlanKind.ragged_prefill:
             kv = self._indptr(shape.batch, shape.kv_len)
             return (qo, kv, *heads), {"causal": True, **self.dtypes, **self.output, **options}
-        pages, kv_indptr, indices = self._pages(shape)
+        pages = -(-shape.kv_len // model.page_size)
+        kv_indptr = self._indptr(shape.batch, pages)
+        indices = torch.arange(shape.batch * pages, dtype=torch.int32, device=self.device)
         if kind is PlanKind.mla:
             from flashinfer.mla import MLAPlanMetadata
 

@@ -1,10 +1,5 @@
-"""What calibration measured, written as a deployment override that composes like any other.
-
-``<name>_calibrated.yaml`` in the ``deployment`` group pulls in ``<name>``, sets each measured
-resource's ``declared_mb`` and ``int_declared_mb`` to its needs (plus a margin, none by default)
-in whole MB, sets the ``calibration`` settings its command line gave (so the file composes the
-profile its floors hold for), and keeps the measurements under the root key ``calibrated``.
-"""
+"""What calibration measured, written as ``<name>_calibrated.yaml``: a deployment override that
+pulls in ``<name>``, declares the measured floors, and keeps the measurements as ``calibrated``."""
 
 from __future__ import annotations
 
@@ -35,11 +30,6 @@ finds the shipped ``<name>_calibrated`` before a ``--config-dir``'s file of that
 DEFAULT_OUTPUT_DIR = Path("calibrated", "deployment")
 """Where calibrated deployments go by default: the ``deployment`` group of the config folder
 ``calibrated`` under the working directory (``--config-dir calibrated``), never the package."""
-
-SGLANG_OVERWRITES = (  # layers/attention/flashinfer_backend.py
-    "SGLang 0.5.23 replaces this setting with 512 MiB for Qwen2, Qwen3, MiMo and Qwen3-VL models "
-    "and with 2 GiB in deterministic mode, whatever it is set to"
-)
 
 
 @dataclass(frozen=True)
@@ -72,8 +62,9 @@ class OneBuffer:
 
     def record(self) -> dict[str, Any]:
         """The fields the calibrated record keeps."""
-        kept = asdict(self).items()
-        return {k: v for k, v in kept if k != "vllm_formula_bytes" and v is not None}
+        return {
+            k: v for k, v in asdict(self).items() if k != "vllm_formula_bytes" and v is not None
+        }
 
     def advice(self) -> list[str]:
         """The engines' settings, for people."""
@@ -81,7 +72,9 @@ class OneBuffer:
             f"One buffer for every plan and graph size (vLLM, SGLang): {self.bytes:,} bytes "
             f"(the need of {self.worst}, {self.need_bytes:,} bytes, in whole MB). Set:",
             f"  SGLANG_FLASHINFER_WORKSPACE_SIZE={self.bytes}",
-            f"  ({SGLANG_OVERWRITES})",
+            # SGLang's layers/attention/flashinfer_backend.py
+            "  (SGLang 0.5.23 replaces this setting with 512 MiB for Qwen2, Qwen3, MiMo and "
+            "Qwen3-VL models and with 2 GiB in deterministic mode, whatever it is set to)",
         ]
         if self.vllm_formula_bytes is not None:
             lines += [
@@ -187,7 +180,8 @@ def write_override(
 ) -> Path:
     """Write ``deployment``'s calibration into ``output_dir`` (made if missing; named by
     :func:`calibrated_name`), whole or not at all, with the ``calibration`` settings ``profile``
-    (:func:`profile_settings`) where given; returns its path."""
+    (:func:`profile_settings`, so the file composes the profile its floors hold for) where given;
+    returns its path."""
     path = output_dir / f"{calibrated_name(deployment, output_dir)}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
     shipped = output_dir.absolute() == shipped_deployments().absolute()

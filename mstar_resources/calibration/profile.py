@@ -165,11 +165,10 @@ def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
             f"{key}.num_kv_heads={model.num_kv_heads} does not divide "
             f"{key}.num_qo_heads={model.num_qo_heads}"
         )
-    named = ("q_dtype", "kv_dtype") + (("o_dtype",) if model.o_dtype is not None else ())
     problems += [
         f"{key}.{name}={getattr(model, name)!r} is not one of {', '.join(DTYPES)}"
-        for name in named
-        if getattr(model, name) not in DTYPES
+        for name in ("q_dtype", "kv_dtype", "o_dtype")
+        if getattr(model, name) not in (*DTYPES, None)  # None: o_dtype's default, the query's
     ]
     limits = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
     return problems + _not_positive(f"{PROFILE_KEY}.limits", profile.limits, limits)
@@ -193,11 +192,8 @@ def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
     problems = []
     if tensor_cores and not decode:
         problems.append(f"{key}.tensor_cores=true is for kind decode, not {plan.kind.value}")
-    if not is_positive_int(plan.q_len_per_req):
-        problems.append(
-            f"{key}.q_len_per_req={plan.q_len_per_req!r} must be a positive whole number"
-        )
-    elif plan.q_len_per_req > 1 and not (decode and tensor_cores):
+    problems += _not_positive(key, plan, ("q_len_per_req",))
+    if plan.q_len_per_req > 1 and not (decode and tensor_cores):
         problems.append(
             f"{key}.q_len_per_req={plan.q_len_per_req} needs kind decode with tensor_cores=true "
             "(FlashInfer plans several query tokens a request only through tensor cores)"
@@ -226,13 +222,12 @@ def _plans_problems(profile: CalibrationProfile) -> list[str]:
     problems += _graph_size_problems(profile, "cuda_graph_prefill_tokens", "max_num_batched_tokens")
     if not plans:
         problems.append(f"{key} is empty: name the wrapper kind of every plan label")
-    problems += [
-        f"{key}.{label}.backend={plan.backend!r} cannot be calibrated for kind "
-        f"{plan.kind.value}; use one of {', '.join(BACKENDS[plan.kind])}"
-        for label, plan in plans.items()
-        if plan.backend not in BACKENDS[plan.kind]
-    ]
     for label, plan in plans.items():
+        if plan.backend not in BACKENDS[plan.kind]:
+            problems.append(
+                f"{key}.{label}.backend={plan.backend!r} cannot be calibrated for kind "
+                f"{plan.kind.value}; use one of {', '.join(BACKENDS[plan.kind])}"
+            )
         problems += _plan_option_problems(label, plan)
     mla = [label for label, plan in plans.items() if plan.kind is PlanKind.mla]
     return problems + [

@@ -182,13 +182,11 @@ def stale_calibration(
     """How the ``record`` differs from the inputs ``running`` (:func:`calibration_inputs` of what
     runs), field by field; None when every input is the same."""
     recorded, here = dict(_flat(record)), dict(_flat(running))
-    absent = object()
+    # A field on one side only reads as None: one the record predates, unset here, is the same.
     differences = tuple(
         Difference(name, recorded.get(name), here.get(name))
         for name in {**recorded, **here}
-        if recorded.get(name, absent) != here.get(name, absent)
-        # A field the record predates, unset here (a profile field added since, at its None).
-        and not (recorded.get(name) is None and here.get(name) is None)
+        if recorded.get(name) != here.get(name)
     )
     if not differences:
         return None

@@ -1,8 +1,5 @@
 """The plan shapes that bound what a label's workspace can need under a profile
-(``docs/calibration.md``, "Why the need is a bound"): one plan per graph batch size, which also
-bounds eager decode; eager prefills swept over batches, query lengths and contexts, with one full
-query tile a request over the longest context; with a fixed KV split, which lifts the grid's cap,
-the largest batch over the longest context."""
+(``docs/calibration.md``, "Why the need is a bound")."""
 
 from __future__ import annotations
 

@@ -40,8 +40,9 @@ def version_problems(
     have = release(version)
     problems = []
     if have < OLDEST:
-        oldest = _release(OLDEST)
-        problems.append(f"FlashInfer {version} is older than {oldest}, the oldest supported")
+        problems.append(
+            f"FlashInfer {version} is older than {_release(OLDEST)}, the oldest supported"
+        )
     mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
     if mla and have < MLA_SINCE:
         problems.append(
@@ -59,7 +60,7 @@ def version_problems(
             f"(installed: {version})"
         )
     model = profile.model
-    group = model.num_qo_heads // model.num_kv_heads if model.num_kv_heads else 0
+    group = model.num_qo_heads // model.num_kv_heads
     plain = [
         label
         for label, plan in profile.plans.items()
@@ -77,10 +78,10 @@ def version_problems(
     return problems
 
 
-def check_flashinfer(profile: CalibrationProfile, version: str | None = None) -> None:
+def check_flashinfer(profile: CalibrationProfile) -> None:
     """Refuse, naming each feature and the version it needs, a profile that the installed
-    FlashInfer (or ``version``) cannot plan."""
-    version = version if version is not None else installed_flashinfer()
+    FlashInfer cannot plan."""
+    version = installed_flashinfer()
     if version is None:
         raise ResourceConfigError(
             "FlashInfer is not installed: pip install 'mstar-resources[calibrate]'"

@@ -51,7 +51,8 @@ class FakeWrapper:
 
 class FakePlanner(Planner):
     def __init__(self, errors: dict[Shape, BaseException]) -> None:
-        super().__init__(PROFILE, torch.device("cpu"), refusals=(FakeRefusal,))
+        super().__init__(PROFILE, torch.device("cpu"))
+        self.refusals = (FakeRefusal,)
         self.errors = errors
 
     def plan_args(self, kind: Any, shape: Shape) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -187,7 +188,7 @@ PAGED_32 = [[0, 2, 4, 6], list(range(6)), [16, 16, 16], *HEADS, 16]
     ],
 )  # fmt: skip
 def test_plan_args_describe_the_shape(kind, shape, args, kwargs):
-    planned_args, planned_kwargs = Planner(SMALL, torch.device("cpu"), refusals=()).plan_args(
+    planned_args, planned_kwargs = Planner(SMALL, torch.device("cpu")).plan_args(
         PlanProfile(kind), shape
     )
     assert plain(planned_args) == args
@@ -202,12 +203,12 @@ def test_an_output_dtype_the_profile_names_is_planned_and_none_is_left_to_flashi
             SMALL.model, q_dtype="float8_e4m3fn", kv_dtype="float8_e4m3fn", o_dtype="bfloat16"
         ),
     )
-    planner = Planner(fp8, torch.device("cpu"), refusals=())
+    planner = Planner(fp8, torch.device("cpu"))
     for kind in (PlanKind.paged_prefill, PlanKind.ragged_prefill, PlanKind.decode):
         _, kwargs = planner.plan_args(PlanProfile(kind), Shape(3, 5, 40))
         assert kwargs["q_data_type"] is torch.float8_e4m3fn
         assert kwargs["o_data_type"] is torch.bfloat16
-    _, kwargs = Planner(SMALL, torch.device("cpu"), refusals=()).plan_args(
+    _, kwargs = Planner(SMALL, torch.device("cpu")).plan_args(
         PlanProfile(PlanKind.paged_prefill), Shape(3, 5, 40)
     )
     assert "o_data_type" not in kwargs
@@ -268,7 +269,7 @@ def test_the_planner_names_its_kind_s_wrapper_class_and_arguments(
 ):
     buffer = torch.zeros(0, dtype=torch.uint8)
     plan = PlanProfile(PlanKind(kind), backend)
-    built = Planner(SMALL, torch.device("cpu"), refusals=()).wrapper(plan, buffer, Shape(2, 1, 40))
+    built = Planner(SMALL, torch.device("cpu")).wrapper(plan, buffer, Shape(2, 1, 40))
     assert type(built).__name__ == wrapper
     assert built.buffer is buffer
     assert (built.layout, built.kwargs) == ("NHD", kwargs)
@@ -278,7 +279,7 @@ def test_the_planner_names_its_kind_s_wrapper_class_and_arguments(
 def test_the_planner_hands_a_graph_wrapper_index_buffers_of_its_batch(
     recording_flashinfer, kind, backend
 ):
-    planner = Planner(SMALL, torch.device("cpu"), refusals=())
+    planner = Planner(SMALL, torch.device("cpu"))
     shape = Shape(4, 1, 40, cuda_graph=True)
     kwargs = dict(planner.wrapper(PlanProfile(PlanKind(kind)), torch.zeros(0), shape).kwargs)
     assert kwargs.pop("use_cuda_graph") is True
@@ -293,7 +294,7 @@ class CountingPlanner(Planner):
     """A planner on the CPU whose ``wrapper`` builds a fresh stand-in object each call."""
 
     def __init__(self) -> None:
-        super().__init__(SMALL, torch.device("cpu"), refusals=())
+        super().__init__(SMALL, torch.device("cpu"))
         self.built: list[Shape] = []
 
     def wrapper(self, plan: Any, buffer: torch.Tensor, shape: Shape) -> object:
@@ -345,7 +346,7 @@ class SizedPlanner(Planner):
     """A planner on the CPU with the real plan arguments and :class:`FakeSizedWrapper`s."""
 
     def __init__(self, answers: bool, per_request: int = 1024) -> None:
-        super().__init__(SMALL, torch.device("cpu"), refusals=())
+        super().__init__(SMALL, torch.device("cpu"))
         self.answers, self.per_request = answers, per_request
         self.built: list[FakeSizedWrapper] = []
 
