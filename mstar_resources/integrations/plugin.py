@@ -11,7 +11,7 @@ import importlib.metadata
 import logging
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -24,7 +24,7 @@ from .setting import AUTO, PluginSetting, Setting
 if TYPE_CHECKING:
     from ..attn.workspace import WorkspacePool, WorkspaceStats
 
-__all__ = ["EnginePlugin", "PluginState", "Seam", "installed_version", "missing_seams"]
+__all__ = ["EnginePlugin", "PluginState", "Seam", "installed_version"]
 
 Patch = Callable[[Any, Any, Any], Any]
 """``patch(state, original, owner)``: what replaces ``original`` (the engine's function, method
@@ -52,23 +52,6 @@ class Seam:
     @property
     def qualname(self) -> str:
         return f"{self.module}.{self.name}"
-
-
-def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam]) -> list[Seam]:
-    """The required ``seams`` that ``modules`` (by module name) lack; instance attributes are not
-    looked for."""
-    return [
-        seam
-        for seam in seams
-        if seam.required and not seam.instance and _find(modules.get(seam.module), seam) is None
-    ]
-
-
-def _find(module: Any, seam: Seam) -> Any:
-    target = module
-    for part in seam.name.split("."):
-        target = getattr(target, part, None)
-    return target
 
 
 PATCHED = "__mstar_resources_patch__"
@@ -109,17 +92,15 @@ def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) 
     """Apply ``seams``' patches of ``module`` where it has their seam; where it lacks a required
     one, patch none of it and leave the engine as it is, naming what it lacks."""
     mine = [seam for seam in seams if seam.module == module.__name__]
-    missing = missing_seams({module.__name__: module}, mine)
+    missing = [s for s in mine if s.required and not s.instance and _find(module, s.name) is None]
     if missing:
         state.block(f"this {state.engine} lacks {', '.join(seam.qualname for seam in missing)}")
         return
     for seam in mine:
         if seam.patch is None:
             continue
-        *path, attribute = seam.name.split(".")
-        owner: Any = module
-        for part in path:
-            owner = getattr(owner, part)
+        path, _, attribute = seam.name.rpartition(".")
+        owner = _find(module, path)
         original = getattr(owner, attribute, None)
         if original is None or getattr(original, PATCHED, False):
             continue  # optional and absent here, or patched already (by another module's import)
@@ -130,11 +111,15 @@ def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) 
             setattr(owner, attribute, replacement)
 
 
-def _pre_release(version: str) -> bool:
-    """Whether ``version`` is a pre-release of its numbers (``0.26.0rc1``, ``0.26.0.dev3``),
-    which comes before the release itself."""
-    rest = re.sub(r"^\d+(\.\d+)*", "", version.split("+")[0]).lstrip(".").lower()
-    return rest.startswith(("a", "b", "rc", "dev"))
+def _find(module: Any, dotted: str) -> Any:
+    """``module``'s ``dotted`` name (``Class.method``), None where it has none."""
+    for part in filter(None, dotted.split(".")):
+        module = getattr(module, part, None)
+    return module
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def installed_version(distribution: str) -> str | None:
@@ -196,6 +181,21 @@ class PluginState:
             "shared_int_wrappers": self.shared_int_wrappers,
             "provenance": dict(self.provenance),
         }
+
+    def seal(self, before: str) -> None:
+        """Seal every workspace, ``before`` what (in words, for the log)."""
+        if not self.serving or self.sealed_before is not None:
+            return
+        for pool in self.pools.values():
+            pool.seal()
+        self.sealed_before = before
+        stats = self.stats()
+        self.logger.info(
+            "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before %s %s (%d "
+            "growths before the seal): %s",
+            len(stats), f"{self.held_bytes:,}", self.engine, before,
+            sum(s.times_grown for s in stats), "; ".join(str(s) for s in stats),
+        )  # fmt: skip
 
     def block(self, reason: str) -> None:
         """Leave every engine of this process as it is, for ``reason``."""
@@ -260,7 +260,9 @@ class EnginePlugin(Generic[State]):
         if not release(version):
             return f"{self.engine}'s version {version!r} is not a version number"
         first = release(self.releases[0])
-        if release(version) < first or (release(version) == first and _pre_release(version)):
+        # a pre-release (0.26.0rc1, 0.26.0.dev3) comes before its release
+        pre_release = re.match(r"\d+(\.\d+)*\.?(a|b|rc|dev)", version.lower())
+        if release(version) < first or (release(version) == first and pre_release):
             return (
                 f"{self.engine} {version} is older than every release this plugin was read in "
                 f"({', '.join(self.releases)})"

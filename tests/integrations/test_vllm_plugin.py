@@ -393,7 +393,8 @@ def vllm_stand_in(monkeypatch):
     monkeypatch.setattr(vllm_plans, "uncovered_attention", lambda config: None)
     monkeypatch.setattr(vllm_plans, "builder_plans", lambda runner: state.plans)
     monkeypatch.setattr(vllm_plans, "vllm_buffer_bytes", lambda config, plans: (VLLM_BYTES, "-"))
-    monkeypatch.setattr(workspaces, "_sm_count", lambda device: H200_SMS)
+    sms = types.SimpleNamespace(multi_processor_count=H200_SMS)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: sms)
     setting = plugin.read_setting({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
     records = tuple(
         type(r)(**{**{f: getattr(r, f) for f in ("path", "owner", "labels", "cg_slots",

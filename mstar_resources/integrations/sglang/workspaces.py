@@ -187,23 +187,14 @@ class SglangWorkspaces(PluginState):
 
     # Step 3: before SGLang captures CUDA graphs (ModelRunner.init_cuda_graphs).
     def seal(self, before: str) -> None:
-        if not self.serving or self.sealed_before is not None:
-            return
-        if not self.backends:
+        if self.serving and self.sealed_before is None and not self.backends:
             logger.warning(
                 "mstar-resources: %s set, but no FlashInfer backend of SGLang took the "
                 "workspaces (SGLang runs attention on another backend; set --attention-backend "
                 "flashinfer, or unset %s): %s bytes held for nothing",
                 self.setting.describe(), self.setting.name, f"{self.held_bytes:,}",
             )  # fmt: skip
-        for pool in self.pools.values():
-            pool.seal()
-        self.sealed_before = before
-        logger.info(
-            "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before SGLang %s: %s",
-            len(self.workspaces), f"{self.held_bytes:,}", before,
-            "; ".join(str(s) for pool in self.pools.values() for s in pool.stats()),
-        )  # fmt: skip
+        super().seal(before)
 
     def report(self) -> dict[str, Any]:
         return {

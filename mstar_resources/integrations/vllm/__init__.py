@@ -1,11 +1,6 @@
-"""vLLM's FlashInfer workspaces from this library (docs/vllm.md).
-
-vLLM loads :func:`register` (entry point ``vllm.general_plugins``) in each of its processes; it
-does nothing unless ``MSTAR_RESOURCES_VLLM`` is set (:mod:`.setting`). Enabled, :mod:`.seams`
-patches vLLM so that each worker makes its workspaces at ``profile_run`` from what its FlashInfer
-builders will run (:mod:`.plans`), hands them to the wrappers, and seals them before it serves
-(:mod:`.workspaces`).
-"""
+"""vLLM's FlashInfer workspaces from this library (docs/vllm.md): vLLM loads :func:`register`
+(entry point ``vllm.general_plugins``) in each of its processes; it does nothing unless
+``MSTAR_RESOURCES_VLLM`` is set."""
 
 from __future__ import annotations
 

@@ -34,7 +34,6 @@ V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 TRTLLM_LABEL = "trtllm"
 """The label of a deployment's resource that raises the TRT-LLM kernels' workspace."""
 TRTLLM_PATH = "attn.trtllm"
-TRTLLM_SETTING = "resources.attn.trtllm.declared_mb"
 
 # Under vLLM's logger, so its handler prints these lines with its own.
 logger = logging.getLogger("vllm.plugins.mstar_resources")
@@ -181,15 +180,19 @@ class VllmWorkspaces(PluginState):
         runs them): their bound, or a deployment's ``trtllm`` floor where that is more."""
         if not any(vllm_plans.trtllm_kernels(self.plans)):
             return None
+        import torch
+
         from ...calibration.versions import installed_flashinfer
 
+        # the SMs bound the kernels' split
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
         need, how = vllm_plans.trtllm_workspace_bound(
-            self.plans, config, _sm_count(device), installed_flashinfer() or "unknown"
+            self.plans, config, sms, installed_flashinfer() or "unknown"
         )
         self.provenance[TRTLLM_PATH] = f"the bound of what the kernels touch: {how}"
         declared = serving(records, TRTLLM_LABEL)
         if declared is None:
-            return need, TRTLLM_SETTING
+            return need, f"resources.{TRTLLM_PATH}.declared_mb"
         floor = declared.floor_mb * MIB
         if floor > need:
             self.provenance[TRTLLM_PATH] = (
@@ -401,21 +404,9 @@ class VllmWorkspaces(PluginState):
 
     # Step 3: before vLLM captures CUDA graphs, or, where it captures none, before it serves.
     def seal(self, before: str) -> None:
-        """Seal every workspace, ``before`` what (in words, for the log)."""
-        if not self.serving or self.sealed:
-            return
-        for pool in self.pools.values():
-            pool.seal()
         if self.trtllm_workspace is not None:
             self.trtllm_workspace.seal()
-        self.sealed_before = before
-        stats = self.stats()
-        logger.info(
-            "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before vLLM %s (%d "
-            "growths before the seal): %s",
-            len(stats), f"{self.held_bytes:,}", before, sum(s.times_grown for s in stats),
-            "; ".join(str(s) for s in stats),
-        )  # fmt: skip
+        super().seal(before)
 
     @property
     def trtllm_bytes(self) -> int:
@@ -445,10 +436,9 @@ class VllmWorkspaces(PluginState):
 
 @contextlib.contextmanager
 def left_out_of_peak(device: torch.device) -> Iterator[None]:
-    """Leave what the body allocates and frees out of torch's peak of allocated memory on
-    ``device``, which vLLM's profile reads, so that ``auto``'s measurement costs the KV cache only
-    the workspaces it keeps; only where the peak was at what was allocated before the body
-    (vLLM's profile just reset it), since a reset would lose an earlier peak."""
+    """Leave what the body allocates and frees out of torch's peak on ``device``, which vLLM's
+    profile reads, so that ``auto``'s measurement costs the KV cache only the workspaces it keeps;
+    only where the peak was at what was allocated before (a reset would lose an earlier peak)."""
     if device.type != "cuda":
         yield
         return
@@ -475,10 +465,3 @@ def measured_need(
 
     records = resolve(vllm_plans.serving_tree(role, graphs))
     return per_resource(measure_all(records, profile, device, show_progress=False))[0]
-
-
-def _sm_count(device: torch.device) -> int:
-    """The streaming multiprocessors of ``device``, which bound the TRT-LLM kernels' split."""
-    import torch
-
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
