@@ -1,8 +1,6 @@
-"""``MSTAR_RESOURCES_SGLANG=auto``: each workspace's floor measured in SGLang's worker, on its GPU
-and FlashInfer, for what its FlashInfer backend will plan (docs/sglang.md), as read in SGLang
-0.5.17 and 0.5.23 (``flashinfer_backend.py``, ``runtime_context.py``). What calibration's profile
-cannot hold is left to SGLang, the log saying why (:func:`_not_planned`).
-"""
+"""``MSTAR_RESOURCES_SGLANG=auto``: each floor measured in SGLang's worker for what its FlashInfer
+backend will plan (docs/sglang.md), as read in SGLang 0.5.17-0.5.23; what calibration's profile
+cannot hold is left to SGLang, the log saying why (:func:`_not_planned`)."""
 
 from __future__ import annotations
 
@@ -12,8 +10,6 @@ from typing import Any
 from ...calibration.profile import CalibrationProfile, load_profile
 from ...resolver import ResolvedResource, resolve
 from ..plugin import dtype_name
-
-__all__ = ["MOST_RUNNING_REQUESTS", "SglangPlans", "measure", "sglang_plans"]
 
 MOST_RUNNING_REQUESTS = 4096
 """SGLang's cap on running requests a data-parallel rank where ``--max-running-requests`` is unset

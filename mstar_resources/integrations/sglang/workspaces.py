@@ -20,13 +20,10 @@ from ..setting import AUTO
 from .measure import measure, sglang_plans
 from .setting import SGLANG, Setting
 
-__all__ = ["BUFFER_NAME", "SglangWorkspaces"]
-
 logger = logging.getLogger("mstar_resources.integrations.sglang")
 
 BUFFER_NAME = "flashinfer_workspace"
-"""The name under which SGLang's FlashInfer backend takes its float workspace from the buffer
-registry (``runtime_context.get_buffer``), as it is where one is stored first."""
+"""What SGLang's FlashInfer backend takes its float workspace as from ``get_buffer``'s registry."""
 
 PREFILL_WRAPPERS = ("prefill_wrapper_ragged", "prefill_wrappers_paged", "prefill_wrappers_verify")
 """``FlashInferAttnBackend``'s attributes holding its prefill wrappers (one, or a list)."""
@@ -69,7 +66,11 @@ class SglangWorkspaces(PluginState):
                 "the model's attention is MLA, whose FlashInfer backend the plugin does not serve"
             )
             return
-        device = _device(runner)
+        import torch
+
+        device, gpu_id = torch.device(runner.device), getattr(runner, "gpu_id", None)
+        if device.type == "cuda" and device.index is None and isinstance(gpu_id, int):
+            device = torch.device("cuda", gpu_id)  # SGLang's device is "cuda", gpu_id its index
         if self.setting.auto:
             measured = self._measure(runner, device)
             if measured is None:
@@ -211,14 +212,3 @@ def _move_to(wrapper: Any, workspace: Workspace) -> None:
     attributes[FLOAT_BUFFER] = workspace.tensor
     if RECORDED_SIZE in attributes:
         attributes[RECORDED_SIZE] = workspace.tensor.numel()
-
-
-def _device(runner: Any) -> Any:
-    """The GPU of SGLang's model runner (``device`` is ``"cuda"``, ``gpu_id`` its index)."""
-    import torch
-
-    device = torch.device(runner.device)
-    gpu_id = getattr(runner, "gpu_id", None)
-    if device.type == "cuda" and device.index is None and isinstance(gpu_id, int):
-        return torch.device("cuda", gpu_id)
-    return device

@@ -5,10 +5,8 @@
 from __future__ import annotations
 
 from ..plugin import Seam
-from .plans import plans_of_groups
 from .seams import PLUGIN, READ_IN, SEAMS, active, register, version_problem
-from .setting import ENV_VAR, Setting, read_setting
-from .workspaces import VllmWorkspaces
+from .setting import ENV_VAR, Setting
 
 __all__ = [
     "ENV_VAR",
@@ -17,10 +15,7 @@ __all__ = [
     "SEAMS",
     "Seam",
     "Setting",
-    "VllmWorkspaces",
     "active",
-    "plans_of_groups",
-    "read_setting",
     "register",
     "version_problem",
 ]

@@ -1,7 +1,5 @@
-"""What vLLM's FlashInfer metadata builders will plan and run, read before vLLM sizes its KV cache
-from builders made as vLLM will make them, on the CPU (:func:`builder_plans`): each decides in its
-``__init__`` its heads, page size, query dtypes, and each phase's kernel (FlashInfer's native
-wrappers, TRT-LLM's XQA on SM90 or trtllm-gen on SM100)."""
+"""What vLLM's FlashInfer metadata builders will plan and run (heads, page size, query dtypes, each
+phase's kernel), read from builders made on the CPU as vLLM makes them (:func:`builder_plans`)."""
 
 from __future__ import annotations
 

@@ -52,8 +52,7 @@ class VllmWorkspaces(PluginState):
     def __init__(self, setting: Setting) -> None:
         super().__init__(setting)
         self._loaded_value = os.environ.get(ENV_VAR, "").strip()
-        """The setting's value when the plugin was loaded: an engine started after it changed
-        reads it again."""
+        """The setting's value as loaded: an engine started after it changed reads it again."""
         self._engine: Callable[[], Any] | None = None
         """The model runner whose profile the workspaces were made at (weakly, where it can)."""
         self._decode_seam: tuple[Any, Callable[..., Any]] | None = None
@@ -271,7 +270,15 @@ class VllmWorkspaces(PluginState):
                 plans.describe(), plans.kernels["prefill"], plans.q_dtypes["prefill"],
                 plans.kernels["decode"], plans.q_dtypes["decode"],
             )  # fmt: skip
-        for role, workspace in self._workspaces.items():
+        for role in ROLES:
+            workspace = self._workspaces.get(role)
+            if workspace is None:
+                kernels = ", ".join(sorted({p.kernels[role] for p in self.plans}))
+                logger.info(
+                    "mstar-resources: no %s workspace: no FlashInfer native %s wrapper runs "
+                    "(%s runs it)", role, role, kernels,
+                )  # fmt: skip
+                continue
             record, _ = keys[role]
             source = self.provenance.get(
                 record.path, f"{record.floor_setting} ({record.floor_source})"
@@ -280,13 +287,6 @@ class VllmWorkspaces(PluginState):
                 "mstar-resources: %s: %s bytes for vLLM's FlashInfer %s wrappers; floor from %s",
                 workspace.name, f"{workspace.tensor.numel():,}", role, source,
             )  # fmt: skip
-        for role in ROLES:
-            if role not in self._workspaces:
-                kernels = sorted({p.kernels[role] for p in self.plans})
-                logger.info(
-                    "mstar-resources: no %s workspace: no FlashInfer native %s wrapper runs "
-                    "(%s runs it)", role, role, ", ".join(kernels),
-                )  # fmt: skip
         if self.trtllm_workspace is not None:
             logger.info(
                 "mstar-resources: %s: %s bytes for vLLM's TRT-LLM kernels, zeroed, in place of "
@@ -323,8 +323,14 @@ class VllmWorkspaces(PluginState):
         if role is None:  # any of them: the caller hands it to builders that build on it
             return next(iter(self._workspaces.values()), None)
         found = self._workspaces.get(role)
-        if found is None:
-            self._not_planned_for(role)
+        if found is None and role not in self.unexpected:
+            self.unexpected.append(role)
+            logger.warning(
+                "mstar-resources: vLLM built a FlashInfer native %s wrapper, though its builders "
+                "run %s on %s; it takes vLLM's own buffer, which its KV-cache budget does not "
+                "count",
+                role, role, ", ".join(sorted({p.kernels[role] for p in self.plans})),
+            )  # fmt: skip
         return found
 
     def _check_page_size(self, builder: Any) -> None:
@@ -341,16 +347,6 @@ class VllmWorkspaces(PluginState):
             "seal, and one after it is refused naming the setting to raise",
             page, ", ".join(str(p) for p in sorted(planned)),
         )  # fmt: skip
-
-    def _not_planned_for(self, role: Role) -> None:
-        if role not in self.unexpected:
-            self.unexpected.append(role)
-            logger.warning(
-                "mstar-resources: vLLM built a FlashInfer native %s wrapper, though its builders "
-                "run %s on %s; it takes vLLM's own buffer, which its KV-cache budget does not "
-                "count",
-                role, role, ", ".join(sorted({p.kernels[role] for p in self.plans})),
-            )  # fmt: skip
 
     def route(self, wrapper: Any, role: Role, builder: Any = None) -> None:
         """Send ``wrapper``'s plans through its workspace: a decode wrapper's go through vLLM's
