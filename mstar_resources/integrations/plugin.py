@@ -7,24 +7,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib.abc
+import importlib.machinery
 import importlib.metadata
 import logging
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ResourceConfigError
 from ..units import release
-from ._post_import import when_imported
 from .setting import AUTO, PluginSetting, Setting
 
 if TYPE_CHECKING:
     from ..attn.workspace import WorkspacePool, WorkspaceStats
 
-__all__ = ["EnginePlugin", "PluginState", "Seam", "installed_version", "missing_seams"]
 
 Patch = Callable[[Any, Any, Any], Any]
 """``patch(state, original, owner)``: what replaces ``original`` (the engine's function, method
@@ -54,23 +55,6 @@ class Seam:
         return f"{self.module}.{self.name}"
 
 
-def missing_seams(modules: Mapping[str, Any], seams: Sequence[Seam]) -> list[Seam]:
-    """The required ``seams`` that ``modules`` (by module name) lack; instance attributes are not
-    looked for."""
-    return [
-        seam
-        for seam in seams
-        if seam.required and not seam.instance and _find(modules.get(seam.module), seam) is None
-    ]
-
-
-def _find(module: Any, seam: Seam) -> Any:
-    target = module
-    for part in seam.name.split("."):
-        target = getattr(target, part, None)
-    return target
-
-
 PATCHED = "__mstar_resources_patch__"
 """Set on each replacement, so that a seam reached twice is patched once."""
 
@@ -90,8 +74,7 @@ def before(hook: Callable[[Any, Any], object]) -> Patch:
 
 
 def after(hook: Callable[[Any, Any, Any], object]) -> Patch:
-    """The patch of a method that calls ``hook(state, instance, what the method returned)``
-    after it."""
+    """The patch of a method that calls ``hook(state, instance, its result)`` after it."""
 
     def patch(state: Any, method: Any, owner: Any) -> Any:
         @functools.wraps(method)
@@ -109,17 +92,15 @@ def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) 
     """Apply ``seams``' patches of ``module`` where it has their seam; where it lacks a required
     one, patch none of it and leave the engine as it is, naming what it lacks."""
     mine = [seam for seam in seams if seam.module == module.__name__]
-    missing = missing_seams({module.__name__: module}, mine)
+    missing = [s for s in mine if s.required and not s.instance and _find(module, s.name) is None]
     if missing:
         state.block(f"this {state.engine} lacks {', '.join(seam.qualname for seam in missing)}")
         return
     for seam in mine:
         if seam.patch is None:
             continue
-        *path, attribute = seam.name.split(".")
-        owner: Any = module
-        for part in path:
-            owner = getattr(owner, part)
+        path, _, attribute = seam.name.rpartition(".")
+        owner = _find(module, path)
         original = getattr(owner, attribute, None)
         if original is None or getattr(original, PATCHED, False):
             continue  # optional and absent here, or patched already (by another module's import)
@@ -130,11 +111,15 @@ def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) 
             setattr(owner, attribute, replacement)
 
 
-def _pre_release(version: str) -> bool:
-    """Whether ``version`` is a pre-release of its numbers (``0.26.0rc1``, ``0.26.0.dev3``),
-    which comes before the release itself."""
-    rest = re.sub(r"^\d+(\.\d+)*", "", version.split("+")[0]).lstrip(".").lower()
-    return rest.startswith(("a", "b", "rc", "dev"))
+def _find(module: Any, dotted: str) -> Any:
+    """``module``'s ``dotted`` name (``Class.method``), None where it has none."""
+    for part in filter(None, dotted.split(".")):
+        module = getattr(module, part, None)
+    return module
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def installed_version(distribution: str) -> str | None:
@@ -145,9 +130,86 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+# -- a module patched once the engine imports it -----------------------------------------------
+
+Callback = Callable[[ModuleType], None]
+
+
+class _Loader(importlib.abc.Loader):
+    """The module's own loader, then the callbacks waiting for it."""
+
+    def __init__(self, loader: importlib.abc.Loader, callbacks: list[Callback]) -> None:
+        self._loader = loader
+        self._callbacks = callbacks
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The module keeps its own loader (source lookups, resource readers), as if never wrapped.
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        for callback in self._callbacks:
+            callback(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """For a module waited for, the spec the finders after it give, its loader wrapped."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, list[Callback]] = {}
+        self._lock = threading.Lock()
+        self._finding: set[str] = set()
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        with self._lock:
+            if fullname not in self.waiting or fullname in self._finding:
+                return None
+            self._finding.add(fullname)
+        spec: importlib.machinery.ModuleSpec | None = None
+        try:
+            for finder in sys.meta_path:
+                if finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(fullname, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            with self._lock:
+                self._finding.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        with self._lock:
+            callbacks = self.waiting.pop(fullname, [])
+        spec.loader = _Loader(spec.loader, callbacks)
+        return spec
+
+
+_finder = _Finder()
+
+
+def when_imported(name: str, callback: Callback) -> None:
+    """``callback(module)`` once module ``name`` is imported: now if it is, else right after its
+    import succeeds (importing a model runner where no model is built costs seconds, and may
+    initialise CUDA before the engine forks)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+        return
+    with _finder._lock:
+        _finder.waiting.setdefault(name, []).append(callback)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
 class PluginState:
-    """One engine plugin's state in one process: why it leaves the engine as it is, if it does,
-    and its workspaces."""
+    """One engine plugin's state in one process."""
 
     engine = "the engine"
     """The engine, as log lines name it."""
@@ -197,6 +259,21 @@ class PluginState:
             "provenance": dict(self.provenance),
         }
 
+    def seal(self, before: str) -> None:
+        """Seal every workspace, ``before`` what (in words, for the log)."""
+        if not self.serving or self.sealed_before is not None:
+            return
+        for pool in self.pools.values():
+            pool.seal()
+        self.sealed_before = before
+        stats = self.stats()
+        self.logger.info(
+            "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before %s %s (%d "
+            "growths before the seal): %s",
+            len(stats), f"{self.held_bytes:,}", self.engine, before,
+            sum(s.times_grown for s in stats), "; ".join(str(s) for s in stats),
+        )  # fmt: skip
+
     def block(self, reason: str) -> None:
         """Leave every engine of this process as it is, for ``reason``."""
         self.blocked = self.blocked or reason
@@ -227,13 +304,9 @@ class PluginState:
             )  # fmt: skip
 
 
-State = TypeVar("State", bound="PluginState")
-
-
 @dataclass(eq=False)
-class EnginePlugin(Generic[State]):
-    """An engine's plugin: its setting, the releases its seams were read in, the seams, and its
-    state in this process (:meth:`active`)."""
+class EnginePlugin:
+    """An engine's plugin, and its state in this process (:meth:`active`)."""
 
     setting: PluginSetting
     distribution: str
@@ -241,10 +314,10 @@ class EnginePlugin(Generic[State]):
     releases: tuple[str, ...]
     """The releases whose source every seam was read in, oldest first."""
     seams: tuple[Seam, ...]
-    state: Callable[[Setting], State]
-    _active: State | None = field(default=None, init=False)
+    state: Callable[[Setting], PluginState]
+    _active: PluginState | None = field(default=None, init=False)
 
-    def active(self) -> State | None:
+    def active(self) -> PluginState | None:
         """This process's state, where the plugin is enabled in it (None: it is not)."""
         return self._active
 
@@ -253,14 +326,15 @@ class EnginePlugin(Generic[State]):
         return self.setting.engine
 
     def version_problem(self, version: str | None) -> str | None:
-        """Why the plugin does not serve ``version`` (None: it does, seams permitting): not
-        installed, or older than every release read."""
+        """Why the plugin does not serve ``version`` (None: it does, seams permitting)."""
         if version is None:
             return f"{self.engine} is not installed here"
         if not release(version):
             return f"{self.engine}'s version {version!r} is not a version number"
         first = release(self.releases[0])
-        if release(version) < first or (release(version) == first and _pre_release(version)):
+        # a pre-release (0.26.0rc1, 0.26.0.dev3) comes before its release
+        pre_release = re.match(r"\d+(\.\d+)*\.?(a|b|rc|dev)", version.lower())
+        if release(version) < first or (release(version) == first and pre_release):
             return (
                 f"{self.engine} {version} is older than every release this plugin was read in "
                 f"({', '.join(self.releases)})"

@@ -35,8 +35,7 @@ class Setting:
     records: tuple[ResolvedResource, ...] = ()
     """The deployment's resources, floors resolved (empty for ``auto``)."""
     root: Any = None
-    """The composed config of the deployment (None for ``auto``): its calibration is checked on
-    the GPU."""
+    """The composed deployment (None for ``auto``), whose calibration is checked on the GPU."""
 
     @property
     def auto(self) -> bool:
@@ -64,9 +63,8 @@ class PluginSetting:
         return f"to switch the plugin off, unset {self.env_var} (or set it empty)"
 
     def read(self, env: Mapping[str, str] | None = None) -> Setting | None:
-        """The setting in ``env`` (``os.environ`` by default), None when unset or empty; a
-        deployment is composed and resolved here, so a bad one raises
-        :class:`~mstar_resources.ResourceConfigError` where the engine starts."""
+        """The setting in ``env`` (``os.environ`` by default), None when unset or empty; a bad
+        deployment raises :class:`~mstar_resources.ResourceConfigError` as the engine starts."""
         env = os.environ if env is None else env
         value = env.get(self.env_var, "").strip()
         if not value:

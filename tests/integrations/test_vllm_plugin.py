@@ -29,6 +29,7 @@ from mstar_resources.integrations.plugin import patch_module
 from mstar_resources.integrations.vllm import plans as vllm_plans
 from mstar_resources.integrations.vllm import seams, workspaces
 from mstar_resources.integrations.vllm.plans import NATIVE, BuilderPlans, VllmFunctions
+from mstar_resources.integrations.vllm.setting import read_setting
 from mstar_resources.units import MIB
 from tests.attn.fake_allocator import FakePlanner, FakePrefillWrapper, FakeWrapper
 
@@ -65,7 +66,7 @@ def test_without_its_setting_the_plugin_does_nothing_and_imports_no_vllm():
 
 
 def test_a_module_that_lacks_a_seam_is_left_unpatched(caplog):
-    served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
+    served = workspaces.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
     module = types.ModuleType(seams.BACKEND)
     with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
         patch_module(served, seams.SEAMS, module)
@@ -170,7 +171,7 @@ def test_each_kv_cache_group_gets_its_builder_at_the_kernels_block_size():
     ]
     layers = {name: Layer() for name in ["l0", "l1", "l2", "l3"]} | {"m0": Layer("MAMBA")}
     made = []
-    found = plugin.plans_of_groups(vllm_config(), groups, layers, functions(made))
+    found = vllm_plans.plans_of_groups(vllm_config(), groups, layers, functions(made))
     assert [(p.group, p.layers, p.page_size) for p in found] == [
         (0, ("l0", "l2"), 16), (1, ("l1", "l3"), 16)
     ]  # fmt: skip
@@ -188,7 +189,7 @@ def test_a_spec_without_layer_views_keeps_the_managers_block_size():
     unsplit = type("Unsplit", (Spec,), {"has_layer_views": False})(8, 128, 528)
     groups = [types.SimpleNamespace(layer_names=["l0"], kv_cache_spec=s) for s in (spec, unsplit)]
     pages = [
-        plugin.plans_of_groups(vllm_config(), [g], {"l0": Layer()}, functions([]))[0].page_size
+        vllm_plans.plans_of_groups(vllm_config(), [g], {"l0": Layer()}, functions([]))[0].page_size
         for g in groups
     ]
     assert pages == [16, 528]
@@ -200,18 +201,18 @@ def test_one_group_of_two_layer_specs_gets_a_builder_for_each():
     spec = Uniform({"l0": small, "l1": large, "l2": small}, block_size=16)
     groups = [types.SimpleNamespace(layer_names=["l0", "l1", "l2"], kv_cache_spec=spec)]
     layers = {name: Layer() for name in ["l0", "l1", "l2"]}
-    found = plugin.plans_of_groups(vllm_config(), groups, layers, functions([]))
+    found = vllm_plans.plans_of_groups(vllm_config(), groups, layers, functions([]))
     assert [(p.layers, p.head_dim) for p in found] == [(("l0", "l2"), 64), (("l1",), 256)]
 
 
 def test_the_kernels_and_query_dtypes_are_the_builders_own():
     groups = [types.SimpleNamespace(layer_names=["l0"], kv_cache_spec=Spec(8, 128, 16))]
-    native = plugin.plans_of_groups(vllm_config(), groups, {"l0": Layer()}, functions([]))
+    native = vllm_plans.plans_of_groups(vllm_config(), groups, {"l0": Layer()}, functions([]))
     (plans,) = native
     assert plans.kernels == {"prefill": NATIVE, "decode": NATIVE}
     assert plans.native("prefill") and plans.native("decode")
     fp8 = functions([], kv_cache_dtype="float8_e4m3fn", xqa=True)
-    (plans,) = plugin.plans_of_groups(vllm_config(), groups, {"l0": Layer()}, fp8)
+    (plans,) = vllm_plans.plans_of_groups(vllm_config(), groups, {"l0": Layer()}, fp8)
     assert plans.kernels == {"prefill": NATIVE, "decode": "xqa"}
     assert not plans.native("decode")
     assert plans.q_dtypes == {"prefill": "float8_e4m3fn", "decode": "bfloat16"}
@@ -237,7 +238,7 @@ def test_a_dcp_prefill_on_trtllm_gen_needs_vllms_trtllm_workspace_beside_native_
         return builder
 
     dcp = replace(dcp, make_builder=make_builder)
-    (plans,) = plugin.plans_of_groups(vllm_config(), groups, {"l0": Layer()}, dcp)
+    (plans,) = vllm_plans.plans_of_groups(vllm_config(), groups, {"l0": Layer()}, dcp)
     assert plans.trtllm_dcp_prefill and plans.native("prefill")
     assert [(role, kernel) for _, role, kernel in vllm_plans.trtllm_kernels([plans])] == [
         ("prefill", "trtllm-gen (DCP context)")
@@ -393,15 +394,16 @@ def vllm_stand_in(monkeypatch):
     monkeypatch.setattr(vllm_plans, "uncovered_attention", lambda config: None)
     monkeypatch.setattr(vllm_plans, "builder_plans", lambda runner: state.plans)
     monkeypatch.setattr(vllm_plans, "vllm_buffer_bytes", lambda config, plans: (VLLM_BYTES, "-"))
-    monkeypatch.setattr(workspaces, "_sm_count", lambda device: H200_SMS)
-    setting = plugin.read_setting({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
+    sms = types.SimpleNamespace(multi_processor_count=H200_SMS)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: sms)
+    setting = read_setting({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
     records = tuple(
         type(r)(**{**{f: getattr(r, f) for f in ("path", "owner", "labels", "cg_slots",
                   "floor_source", "floor_setting")}, "declared_mb": mb, "floor_mb": mb})
         for r, mb in zip(setting.records, (2, 4), strict=True)
     )  # fmt: skip
     monkeypatch.setenv(plugin.ENV_VAR, setting.value)  # as vLLM loaded the plugin
-    served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, setting.value, records))
+    served = workspaces.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, setting.value, records))
     patch_module(served, seams.SEAMS, backend)
     patch_module(served, seams.SEAMS, runner)
     patch_module(served, seams.SEAMS, worker)
@@ -555,7 +557,7 @@ def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
     monkeypatch.setattr(workspaces, "measured_need", need)
     monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
         VLLM_BATCH_INVARIANT=False))  # fmt: skip
-    served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
+    served = workspaces.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
     runner = types.SimpleNamespace(vllm_config=vllm_config(), device=torch.device("cpu"))
     served.reserve(runner)
     assert sorted(measured) == [("decode", 32, True), ("decode", 64, True),
@@ -595,9 +597,9 @@ def test_each_tensor_parallel_rank_measures_its_own_heads_and_the_ranks_agree(mo
     layers = {name: Layer(num_heads=16) for name in ["l0", "l1"]}
     ranks = []
     for _rank in range(2):  # each worker is a process of its own: a plugin state each
-        plans = plugin.plans_of_groups(vllm_config(), groups, layers, functions([], heads=16))
+        plans = vllm_plans.plans_of_groups(vllm_config(), groups, layers, functions([], heads=16))
         monkeypatch.setattr(vllm_plans, "builder_plans", lambda runner, plans=plans: plans)
-        served = plugin.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
+        served = workspaces.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
         served.reserve(types.SimpleNamespace(vllm_config=vllm_config(), device=torch.device("cpu")))
         ranks.append(served)
     assert measured == [("prefill", 16, 4), ("decode", 16, 4)] * 2
@@ -864,7 +866,7 @@ def test_a_vllm_that_lacks_a_seam_leaves_every_later_engine_as_it_is(vllm_stand_
 
 
 def test_a_callback_waits_for_the_import_and_the_module_keeps_its_loader(tmp_path, monkeypatch):
-    from mstar_resources.integrations._post_import import when_imported
+    from mstar_resources.integrations.plugin import when_imported
 
     (tmp_path / "late_module_for_the_hook.py").write_text("VALUE = 41\n")
     monkeypatch.syspath_prepend(str(tmp_path))

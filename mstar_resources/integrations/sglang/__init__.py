@@ -1,11 +1,6 @@
-"""SGLang's FlashInfer workspaces from this library (docs/sglang.md).
-
-SGLang loads :func:`register` (entry point ``sglang.srt.plugins``) in each of its processes; it
-does nothing unless ``MSTAR_RESOURCES_SGLANG`` is set (:mod:`.setting`). Enabled, :mod:`.seams`
-patches SGLang so that each process that builds a model makes its workspaces before its KV pool
-is sized, hands them to its FlashInfer backends, and seals them before its CUDA graphs
-(:mod:`.workspaces`).
-"""
+"""SGLang's FlashInfer workspaces from this library (docs/sglang.md): SGLang loads
+:func:`register` (entry point ``sglang.srt.plugins``) in each of its processes; it does nothing
+unless ``MSTAR_RESOURCES_SGLANG`` is set."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""``MSTAR_RESOURCES_SGLANG=auto``: each workspace's floor measured in SGLang's worker, on its GPU
-and FlashInfer, for what its FlashInfer backend will plan (docs/sglang.md), as read in SGLang
-0.5.17 and 0.5.23 (``flashinfer_backend.py``, ``runtime_context.py``). What calibration's profile
-cannot hold is left to SGLang, the log saying why (:func:`_not_planned`).
-"""
+"""``MSTAR_RESOURCES_SGLANG=auto``: each floor measured in SGLang's worker for what its FlashInfer
+backend will plan (docs/sglang.md), as read in SGLang 0.5.17-0.5.23; what calibration's profile
+cannot hold is left to SGLang, the log saying why (:func:`_not_planned`)."""
 
 from __future__ import annotations
 
@@ -11,8 +9,7 @@ from typing import Any
 
 from ...calibration.profile import CalibrationProfile, load_profile
 from ...resolver import ResolvedResource, resolve
-
-__all__ = ["MOST_RUNNING_REQUESTS", "SglangPlans", "measure", "sglang_plans"]
+from ..plugin import dtype_name
 
 MOST_RUNNING_REQUESTS = 4096
 """SGLang's cap on running requests a data-parallel rank where ``--max-running-requests`` is unset
@@ -91,10 +88,6 @@ class SglangPlans:
         }
 
 
-def _dtype(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     """What SGLang's FlashInfer backend of ``runner`` (its ``ModelRunner``, before the KV pool)
     will plan under the settings of ``context`` (its ``runtime_context`` module); a string where
@@ -112,7 +105,8 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     # SGLang pads its batches (graph and eager) to an alignment of at most 2 (two-batch overlap)
     # x the attention TP ranks (a gathered buffer) x the context-parallel ranks: the largest
     # batch it can plan is the most requests rounded up to that.
-    padded = _round_up(most, 2 * parallel.attn_tp_size * parallel.attn_cp_size)
+    align = 2 * parallel.attn_tp_size * parallel.attn_cp_size
+    padded = -(-most // align) * align
     chunk = schedule.chunked_prefill_size
     prompt = chunk if chunk is not None and chunk > 0 else model.context_len
     # A prefill graph (breakable: attention eager, on the same wrappers) pads a batch up to its
@@ -125,8 +119,8 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
         num_kv_heads=model.get_num_kv_heads(tp),
         head_dim=model.head_dim,
         page_size=runner.page_size,
-        q_dtype=_dtype(model.dtype),
-        kv_dtype=_dtype(runner.kv_cache_dtype),
+        q_dtype=dtype_name(model.dtype),
+        kv_dtype=dtype_name(runner.kv_cache_dtype),
         max_running_requests=padded,
         max_prefill_tokens=max(schedule.max_prefill_tokens, prompt, prefill_graph),
         context_len=model.context_len,
@@ -146,7 +140,7 @@ def _not_planned(runner: Any, context: Any, execution: Any) -> str | None:
         return "the model has cross-attention, planned on a second wrapper"
     if model.get_max_num_attention_heads() != model.num_attention_heads:
         return "its layers have different numbers of query heads"
-    kv_dtype = _dtype(runner.kv_cache_dtype)
+    kv_dtype = dtype_name(runner.kv_cache_dtype)
     if "float4" in kv_dtype or kv_dtype == "uint8":
         return f"its KV cache ({kv_dtype}) is planned through an FP8 stand-in"
     speculative = context.get_spec().speculative_algorithm
@@ -157,10 +151,6 @@ def _not_planned(runner: Any, context: Any, execution: Any) -> str | None:
         # label that the profile plans as one.
         return "deterministic inference plans decode with two KV splits"
     return None
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _graph_batch_sizes(decode: Any, most: int, padded: int) -> tuple[int, ...]:

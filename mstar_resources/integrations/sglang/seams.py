@@ -1,7 +1,5 @@
-"""SGLang's names the plugin takes or reads, each with the releases it was read in, and the
-patches, as data (:class:`~..plugin.Seam`); each patch waits for its module's import, so that a
-process that never builds a model (the tokenizer, the detokenizer) never imports SGLang's model
-runner for it."""
+"""SGLang's names the plugin takes or reads, and the patches, as data (:class:`~..plugin.Seam`);
+each patch waits for its module's import (the tokenizer's process never imports the runner)."""
 
 from __future__ import annotations
 
@@ -11,8 +9,6 @@ from typing import Any
 from ..plugin import PATCHED, EnginePlugin, Seam, after, before
 from .setting import SGLANG
 from .workspaces import SglangWorkspaces
-
-__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "register", "version_problem"]
 
 READ_IN = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 """The SGLang releases whose wheels every seam below was read in."""

@@ -20,13 +20,10 @@ from ..setting import AUTO
 from .measure import measure, sglang_plans
 from .setting import SGLANG, Setting
 
-__all__ = ["BUFFER_NAME", "SglangWorkspaces"]
-
 logger = logging.getLogger("mstar_resources.integrations.sglang")
 
 BUFFER_NAME = "flashinfer_workspace"
-"""The name under which SGLang's FlashInfer backend takes its float workspace from the buffer
-registry (``runtime_context.get_buffer``), as it is where one is stored first."""
+"""What SGLang's FlashInfer backend takes its float workspace as from ``get_buffer``'s registry."""
 
 PREFILL_WRAPPERS = ("prefill_wrapper_ragged", "prefill_wrappers_paged", "prefill_wrappers_verify")
 """``FlashInferAttnBackend``'s attributes holding its prefill wrappers (one, or a list)."""
@@ -69,7 +66,11 @@ class SglangWorkspaces(PluginState):
                 "the model's attention is MLA, whose FlashInfer backend the plugin does not serve"
             )
             return
-        device = _device(runner)
+        import torch
+
+        device, gpu_id = torch.device(runner.device), getattr(runner, "gpu_id", None)
+        if device.type == "cuda" and device.index is None and isinstance(gpu_id, int):
+            device = torch.device("cuda", gpu_id)  # SGLang's device is "cuda", gpu_id its index
         if self.setting.auto:
             measured = self._measure(runner, device)
             if measured is None:
@@ -187,23 +188,14 @@ class SglangWorkspaces(PluginState):
 
     # Step 3: before SGLang captures CUDA graphs (ModelRunner.init_cuda_graphs).
     def seal(self, before: str) -> None:
-        if not self.serving or self.sealed_before is not None:
-            return
-        if not self.backends:
+        if self.serving and self.sealed_before is None and not self.backends:
             logger.warning(
                 "mstar-resources: %s set, but no FlashInfer backend of SGLang took the "
                 "workspaces (SGLang runs attention on another backend; set --attention-backend "
                 "flashinfer, or unset %s): %s bytes held for nothing",
                 self.setting.describe(), self.setting.name, f"{self.held_bytes:,}",
             )  # fmt: skip
-        for pool in self.pools.values():
-            pool.seal()
-        self.sealed_before = before
-        logger.info(
-            "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before SGLang %s: %s",
-            len(self.workspaces), f"{self.held_bytes:,}", before,
-            "; ".join(str(s) for pool in self.pools.values() for s in pool.stats()),
-        )  # fmt: skip
+        super().seal(before)
 
     def report(self) -> dict[str, Any]:
         return {
@@ -220,14 +212,3 @@ def _move_to(wrapper: Any, workspace: Workspace) -> None:
     attributes[FLOAT_BUFFER] = workspace.tensor
     if RECORDED_SIZE in attributes:
         attributes[RECORDED_SIZE] = workspace.tensor.numel()
-
-
-def _device(runner: Any) -> Any:
-    """The GPU of SGLang's model runner (``device`` is ``"cuda"``, ``gpu_id`` its index)."""
-    import torch
-
-    device = torch.device(runner.device)
-    gpu_id = getattr(runner, "gpu_id", None)
-    if device.type == "cuda" and device.index is None and isinstance(gpu_id, int):
-        return torch.device("cuda", gpu_id)
-    return device

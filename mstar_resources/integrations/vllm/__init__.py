@@ -1,19 +1,12 @@
-"""vLLM's FlashInfer workspaces from this library (docs/vllm.md).
-
-vLLM loads :func:`register` (entry point ``vllm.general_plugins``) in each of its processes; it
-does nothing unless ``MSTAR_RESOURCES_VLLM`` is set (:mod:`.setting`). Enabled, :mod:`.seams`
-patches vLLM so that each worker makes its workspaces at ``profile_run`` from what its FlashInfer
-builders will run (:mod:`.plans`), hands them to the wrappers, and seals them before it serves
-(:mod:`.workspaces`).
-"""
+"""vLLM's FlashInfer workspaces from this library (docs/vllm.md): vLLM loads :func:`register`
+(entry point ``vllm.general_plugins``) in each of its processes; it does nothing unless
+``MSTAR_RESOURCES_VLLM`` is set."""
 
 from __future__ import annotations
 
 from ..plugin import Seam
-from .plans import plans_of_groups
 from .seams import PLUGIN, READ_IN, SEAMS, active, register, version_problem
-from .setting import ENV_VAR, Setting, read_setting
-from .workspaces import VllmWorkspaces
+from .setting import ENV_VAR, Setting
 
 __all__ = [
     "ENV_VAR",
@@ -22,10 +15,7 @@ __all__ = [
     "SEAMS",
     "Seam",
     "Setting",
-    "VllmWorkspaces",
     "active",
-    "plans_of_groups",
-    "read_setting",
     "register",
     "version_problem",
 ]

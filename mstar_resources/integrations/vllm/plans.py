@@ -1,13 +1,13 @@
-"""What vLLM's FlashInfer metadata builders will plan and run, read before vLLM sizes its KV cache
-from builders made as vLLM will make them, on the CPU (:func:`builder_plans`): each decides in its
-``__init__`` its heads, page size, query dtypes, and each phase's kernel (FlashInfer's native
-wrappers, TRT-LLM's XQA on SM90 or trtllm-gen on SM100)."""
+"""What vLLM's FlashInfer metadata builders will plan and run (heads, page size, query dtypes, each
+phase's kernel), read from builders made on the CPU as vLLM makes them (:func:`builder_plans`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from ..plugin import dtype_name
 
 if TYPE_CHECKING:
     from ...calibration.profile import CalibrationProfile
@@ -21,10 +21,6 @@ FLASHINFER = "FLASHINFER"
 
 NATIVE = "flashinfer-native"
 """FlashInfer's own wrappers (vLLM's log calls them so: ``decode_backend=flashinfer-native``)."""
-
-
-def dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -220,34 +216,27 @@ def vllm_envs() -> Any:
 # -- a builder's plans as a calibration profile -------------------------------------------------
 
 
-def decode_graph_sizes(plans: BuilderPlans, vllm_config: Any) -> list[int]:
-    """The decode batches (requests) ``plans``' builder captures FULL CUDA graphs for: vLLM's
-    capture sizes (tokens) up to the builder's cap, over ``decode_q_len``, at most
-    ``max_num_seqs``."""
-    top = plans.decode_graph_max_batch
-    if top is None:
-        return []
-    q_len, most = plans.decode_q_len, vllm_config.scheduler_config.max_num_seqs
-    sizes = vllm_config.compilation_config.cudagraph_capture_sizes or []
-    return sorted({min(s // q_len, most) for s in sizes if q_len <= s <= top})
-
-
 def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> CalibrationProfile:
     """The calibration profile of ``plans``' ``role`` plans as vLLM 0.33 makes them, with its
     limits: decode on tensor cores (backend ``auto``) at its graph batch sizes where it captures
     graphs; under ``VLLM_BATCH_INVARIANT``, KV split in fixed chunks and the split turned off."""
     from ...calibration.profile import load_profile
 
+    scheduler, model = vllm_config.scheduler_config, vllm_config.model_config
     plan: dict[str, Any] = {"kind": "paged_prefill" if role == "prefill" else "decode"}
     plan["backend"] = "auto"  # vLLM's prefill and decode wrappers take backend "auto"
+    sizes: set[int] = set()
     if role == "decode":
+        q_len, top = plans.decode_q_len, plans.decode_graph_max_batch or 0
         plan["tensor_cores"] = True
-        plan["q_len_per_req"] = plans.decode_q_len
+        plan["q_len_per_req"] = q_len
+        # its FULL graphs' batches (requests): vLLM's capture sizes (tokens) up to the builder's
+        # cap, over q_len, at most max_num_seqs
+        captured = vllm_config.compilation_config.cudagraph_capture_sizes or []
+        sizes = {min(s // q_len, scheduler.max_num_seqs) for s in captured if q_len <= s <= top}
     if vllm_envs().VLLM_BATCH_INVARIANT:
         plan["fixed_split_size"] = 2048 if role == "decode" else 4096
         plan["disable_split_kv"] = True
-    scheduler, model = vllm_config.scheduler_config, vllm_config.model_config
-    sizes = decode_graph_sizes(plans, vllm_config) if role == "decode" else []
     node = {
         "model": {
             "num_qo_heads": plans.num_qo_heads * plans.dcp_world_size,
@@ -264,7 +253,7 @@ def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> Calibratio
             "max_num_batched_tokens": scheduler.max_num_batched_tokens,
             "max_model_len": model.max_model_len,
         },
-        "cuda_graph_batch_sizes": sizes or [1],
+        "cuda_graph_batch_sizes": sorted(sizes) or [1],
         "plans": {role: plan},
     }
     return load_profile(node)

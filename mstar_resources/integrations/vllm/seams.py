@@ -1,6 +1,5 @@
-"""vLLM's names the plugin takes or reads, each with the releases it was read in, and the patches,
-as data (:class:`~..plugin.Seam`); each patch waits for its module's import, so that a process that
-never builds a model (the API server) never imports vLLM's model runner for it."""
+"""vLLM's names the plugin takes or reads, and the patches, as data (:class:`~..plugin.Seam`); each
+patch waits for its module's import (the API server's process never imports the model runner)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
 from ..plugin import EnginePlugin, Seam, after, before
 from .setting import ENV_VAR, VLLM
 from .workspaces import ROLE, V2_RUNNER, VllmWorkspaces
-
-__all__ = ["PLUGIN", "READ_IN", "SEAMS", "active", "register", "version_problem"]
 
 READ_IN = (
     "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",

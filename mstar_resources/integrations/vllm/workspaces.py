@@ -34,7 +34,6 @@ V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 TRTLLM_LABEL = "trtllm"
 """The label of a deployment's resource that raises the TRT-LLM kernels' workspace."""
 TRTLLM_PATH = "attn.trtllm"
-TRTLLM_SETTING = "resources.attn.trtllm.declared_mb"
 
 # Under vLLM's logger, so its handler prints these lines with its own.
 logger = logging.getLogger("vllm.plugins.mstar_resources")
@@ -53,8 +52,7 @@ class VllmWorkspaces(PluginState):
     def __init__(self, setting: Setting) -> None:
         super().__init__(setting)
         self._loaded_value = os.environ.get(ENV_VAR, "").strip()
-        """The setting's value when the plugin was loaded: an engine started after it changed
-        reads it again."""
+        """The setting's value as loaded: an engine started after it changed reads it again."""
         self._engine: Callable[[], Any] | None = None
         """The model runner whose profile the workspaces were made at (weakly, where it can)."""
         self._decode_seam: tuple[Any, Callable[..., Any]] | None = None
@@ -181,15 +179,19 @@ class VllmWorkspaces(PluginState):
         runs them): their bound, or a deployment's ``trtllm`` floor where that is more."""
         if not any(vllm_plans.trtllm_kernels(self.plans)):
             return None
+        import torch
+
         from ...calibration.versions import installed_flashinfer
 
+        # the SMs bound the kernels' split
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
         need, how = vllm_plans.trtllm_workspace_bound(
-            self.plans, config, _sm_count(device), installed_flashinfer() or "unknown"
+            self.plans, config, sms, installed_flashinfer() or "unknown"
         )
         self.provenance[TRTLLM_PATH] = f"the bound of what the kernels touch: {how}"
         declared = serving(records, TRTLLM_LABEL)
         if declared is None:
-            return need, TRTLLM_SETTING
+            return need, f"resources.{TRTLLM_PATH}.declared_mb"
         floor = declared.floor_mb * MIB
         if floor > need:
             self.provenance[TRTLLM_PATH] = (
@@ -268,7 +270,15 @@ class VllmWorkspaces(PluginState):
                 plans.describe(), plans.kernels["prefill"], plans.q_dtypes["prefill"],
                 plans.kernels["decode"], plans.q_dtypes["decode"],
             )  # fmt: skip
-        for role, workspace in self._workspaces.items():
+        for role in ROLES:
+            workspace = self._workspaces.get(role)
+            if workspace is None:
+                kernels = ", ".join(sorted({p.kernels[role] for p in self.plans}))
+                logger.info(
+                    "mstar-resources: no %s workspace: no FlashInfer native %s wrapper runs "
+                    "(%s runs it)", role, role, kernels,
+                )  # fmt: skip
+                continue
             record, _ = keys[role]
             source = self.provenance.get(
                 record.path, f"{record.floor_setting} ({record.floor_source})"
@@ -277,13 +287,6 @@ class VllmWorkspaces(PluginState):
                 "mstar-resources: %s: %s bytes for vLLM's FlashInfer %s wrappers; floor from %s",
                 workspace.name, f"{workspace.tensor.numel():,}", role, source,
             )  # fmt: skip
-        for role in ROLES:
-            if role not in self._workspaces:
-                kernels = sorted({p.kernels[role] for p in self.plans})
-                logger.info(
-                    "mstar-resources: no %s workspace: no FlashInfer native %s wrapper runs "
-                    "(%s runs it)", role, role, ", ".join(kernels),
-                )  # fmt: skip
         if self.trtllm_workspace is not None:
             logger.info(
                 "mstar-resources: %s: %s bytes for vLLM's TRT-LLM kernels, zeroed, in place of "
@@ -320,8 +323,14 @@ class VllmWorkspaces(PluginState):
         if role is None:  # any of them: the caller hands it to builders that build on it
             return next(iter(self._workspaces.values()), None)
         found = self._workspaces.get(role)
-        if found is None:
-            self._not_planned_for(role)
+        if found is None and role not in self.unexpected:
+            self.unexpected.append(role)
+            logger.warning(
+                "mstar-resources: vLLM built a FlashInfer native %s wrapper, though its builders "
+                "run %s on %s; it takes vLLM's own buffer, which its KV-cache budget does not "
+                "count",
+                role, role, ", ".join(sorted({p.kernels[role] for p in self.plans})),
+            )  # fmt: skip
         return found
 
     def _check_page_size(self, builder: Any) -> None:
@@ -338,16 +347,6 @@ class VllmWorkspaces(PluginState):
             "seal, and one after it is refused naming the setting to raise",
             page, ", ".join(str(p) for p in sorted(planned)),
         )  # fmt: skip
-
-    def _not_planned_for(self, role: Role) -> None:
-        if role not in self.unexpected:
-            self.unexpected.append(role)
-            logger.warning(
-                "mstar-resources: vLLM built a FlashInfer native %s wrapper, though its builders "
-                "run %s on %s; it takes vLLM's own buffer, which its KV-cache budget does not "
-                "count",
-                role, role, ", ".join(sorted({p.kernels[role] for p in self.plans})),
-            )  # fmt: skip
 
     def route(self, wrapper: Any, role: Role, builder: Any = None) -> None:
         """Send ``wrapper``'s plans through its workspace: a decode wrapper's go through vLLM's
@@ -401,21 +400,9 @@ class VllmWorkspaces(PluginState):
 
     # Step 3: before vLLM captures CUDA graphs, or, where it captures none, before it serves.
     def seal(self, before: str) -> None:
-        """Seal every workspace, ``before`` what (in words, for the log)."""
-        if not self.serving or self.sealed:
-            return
-        for pool in self.pools.values():
-            pool.seal()
         if self.trtllm_workspace is not None:
             self.trtllm_workspace.seal()
-        self.sealed_before = before
-        stats = self.stats()
-        logger.info(
-            "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before vLLM %s (%d "
-            "growths before the seal): %s",
-            len(stats), f"{self.held_bytes:,}", before, sum(s.times_grown for s in stats),
-            "; ".join(str(s) for s in stats),
-        )  # fmt: skip
+        super().seal(before)
 
     @property
     def trtllm_bytes(self) -> int:
@@ -445,10 +432,9 @@ class VllmWorkspaces(PluginState):
 
 @contextlib.contextmanager
 def left_out_of_peak(device: torch.device) -> Iterator[None]:
-    """Leave what the body allocates and frees out of torch's peak of allocated memory on
-    ``device``, which vLLM's profile reads, so that ``auto``'s measurement costs the KV cache only
-    the workspaces it keeps; only where the peak was at what was allocated before the body
-    (vLLM's profile just reset it), since a reset would lose an earlier peak."""
+    """Leave what the body allocates and frees out of torch's peak on ``device``, which vLLM's
+    profile reads, so that ``auto``'s measurement costs the KV cache only the workspaces it keeps;
+    only where the peak was at what was allocated before (a reset would lose an earlier peak)."""
     if device.type != "cuda":
         yield
         return
@@ -475,10 +461,3 @@ def measured_need(
 
     records = resolve(vllm_plans.serving_tree(role, graphs))
     return per_resource(measure_all(records, profile, device, show_progress=False))[0]
-
-
-def _sm_count(device: torch.device) -> int:
-    """The streaming multiprocessors of ``device``, which bound the TRT-LLM kernels' split."""
-    import torch
-
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
