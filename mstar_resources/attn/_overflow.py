@@ -1,11 +1,10 @@
 """Reading FlashInfer's report that a plan ran out of a workspace, float or int.
 
 FlashInfer's ``AlignedAllocator`` (``include/flashinfer/allocator.h``) raises a plain
-``RuntimeError`` when a plan's scratch does not fit, its text all there is to go on: since 0.2.9
-``Buffer overflow when allocating memory for NAME with size N and alignment A, but only R bytes
-available in AlignedAllocator. ...``, before ``Failed to allocate memory for NAME with size N and
-alignment A in AlignedAllocator``. Float allocations hold split-KV partials and are named for them
-(``batch_decode_tmp_v``, ``mla_partial_o``, ...); every other name is an int allocation.
+``RuntimeError`` when a plan's scratch does not fit, its text all there is to go on: ``Buffer
+overflow when allocating memory for NAME with size N and alignment A, but only R bytes available
+in AlignedAllocator. ...`` (since 0.2.9). Float allocations hold split-KV partials and are named
+for them (``batch_decode_tmp_v``, ``mla_partial_o``, ...); every other name is an int allocation.
 
 In 0.7.4 (not 0.7.2.post1) the MLA wrapper's ``fa2`` and ``fa3`` backends check the whole float
 workspace before they plan (``flashinfer/mla/_batch_mla/_backends/_fa_common.py``) and raise a
@@ -24,8 +23,6 @@ from ..units import round_up
 _OVERFLOW = re.compile(
     r"Buffer overflow when allocating memory for (?P<name>\S+) with size (?P<size>\d+) "
     r"and alignment (?P<alignment>\d+), but only (?P<available>\d+) bytes available"
-    r"|Failed to allocate memory for (?P<old_name>\S+) with size (?P<old_size>\d+) "
-    r"and alignment (?P<old_alignment>\d+) in AlignedAllocator"
 )
 
 _MLA_PREFLIGHT = re.compile(
@@ -45,8 +42,8 @@ class Overflow:
     allocation: str
     size: int
     alignment: int
-    available: int | None
-    """Bytes left in the buffer when it failed; FlashInfer before 0.2.9 did not say."""
+    available: int
+    """Bytes left in the buffer when it failed (0 where ``whole_buffer``)."""
     whole_buffer: bool = False
     """``size`` is what the whole buffer must hold (MLA's check before it plans), not one
     allocation after those already taken."""
@@ -54,12 +51,10 @@ class Overflow:
     """Which workspace ran short: ``float`` (split-KV partials) or ``int`` (a plan's indices)."""
 
     def bytes_needed(self, buffer_bytes: int) -> int:
-        """The buffer size at which this allocation fits, in a buffer of ``buffer_bytes``; without
-        ``available``, the whole buffer bounds the bytes already taken."""
+        """The buffer size at which this allocation fits, in a buffer of ``buffer_bytes``."""
         if self.whole_buffer:
             return self.size
-        taken = buffer_bytes if self.available is None else buffer_bytes - self.available
-        return round_up(taken, self.alignment) + self.size
+        return round_up(buffer_bytes - self.available, self.alignment) + self.size
 
 
 def parse_overflow(error: BaseException) -> Overflow | None:
@@ -67,15 +62,11 @@ def parse_overflow(error: BaseException) -> Overflow | None:
     text = str(error)
     asked = [int(m["size"]) for m in _MLA_PREFLIGHT.finditer(text)]
     if asked:
-        return Overflow(MLA_PARTIALS, max(asked), 1, None, whole_buffer=True)
+        return Overflow(MLA_PARTIALS, max(asked), 1, 0, whole_buffer=True)
     match = _OVERFLOW.search(text)
     if match is None:
         return None
-    if match["name"] is not None:
-        allocation, size, alignment = match["name"], match["size"], match["alignment"]
-        available: int | None = int(match["available"])
-    else:
-        allocation, size, alignment = match["old_name"], match["old_size"], match["old_alignment"]
-        available = None
+    allocation = match["name"]
     kind: Literal["float", "int"] = "float" if _FLOAT_ALLOCATION.search(allocation) else "int"
-    return Overflow(allocation, int(size), int(alignment), available, kind=kind)
+    size, alignment = int(match["size"]), int(match["alignment"])
+    return Overflow(allocation, size, alignment, int(match["available"]), kind=kind)
