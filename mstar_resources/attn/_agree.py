@@ -1,11 +1,6 @@
-"""Agreeing on a pool across the ranks of a torch.distributed group, before it is sealed: every
-rank ends with the same keys, each as large as the largest any rank holds (a growth on one rank
-alone is lost anyway: engines size the KV cache from the rank with the least free memory).
-
-Two ``all_gather_object`` calls on the group's own backend, at seal time only: every rank's pool
-identity and the bytes of each workspace it made (pools that differ fail on every rank alike);
-then whether each rank could make and grow what it lacked (if one could not, no rank seals).
-"""
+"""Agreeing on a pool across the ranks of a torch.distributed group before it is sealed, in two
+``all_gather_object`` calls: every rank's pool identity and the bytes of each workspace it made,
+then whether each rank could make and grow what it lacked (if one could not, no rank seals)."""
 
 from __future__ import annotations
 

@@ -11,24 +11,16 @@ from typing import Any
 import torch
 
 from .._internal.floor import FLOAT, INT, Buffer
-from ..errors import (
-    ResourceUsageError,
-    WorkspaceSealedError,
-    WorkspaceShortError,
-    check_argument,
-)
-from ..units import ALIGNMENT, mb_to_hold
+from ..errors import ResourceUsageError, WorkspaceSealedError, WorkspaceShortError, check_argument
+from ..units import ALIGNMENT, mb_to_hold, plural
 from ._overflow import Overflow
 
 logger = logging.getLogger("mstar_resources.attn.workspace")
 
 
 class WorkspaceGrowthError(WorkspaceShortError, torch.OutOfMemoryError):
-    """The allocator ran out as a workspace grew (or made its floor); it keeps its old buffer.
-
-    A ``torch.OutOfMemoryError`` too, so an engine's out-of-memory handling still catches it.
-    Fields: :class:`WorkspaceShortError`'s (``held_bytes``: what it keeps).
-    """
+    """The allocator ran out as a workspace grew (or made its floor); it keeps its old buffer
+    (``held_bytes``). A ``torch.OutOfMemoryError`` too, for an engine's out-of-memory handling."""
 
 
 _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
@@ -84,7 +76,7 @@ class WorkspaceStats:
             grown += f", +{self.grown_to_agree_bytes:,} to agree with other ranks"
         sealed = "sealed" if self.sealed else "growable"
         if self.sealed_refusals:
-            sealed += f", refused {self.sealed_refusals} plan{'s' * (self.sealed_refusals != 1)}"
+            sealed += f", refused {plural(self.sealed_refusals, 'plan')}"
         return (
             f"{self.name}: {self.bytes:,} bytes (floor {self.floor_bytes:,} from "
             f"{self.floor_setting}), {grown}, {sealed}"
@@ -96,12 +88,7 @@ class GrowableBuffer:
     Every change of size or state is made under :attr:`lock`: sealed while a plan runs, it stays."""
 
     def __init__(
-        self,
-        tensor: torch.Tensor,
-        name: str,
-        sealed: bool,
-        floor: str,
-        kind: Buffer = FLOAT,
+        self, tensor: torch.Tensor, name: str, sealed: bool, floor: str, kind: Buffer = FLOAT
     ) -> None:
         check_argument("sealed", sealed, bool, "True or False")
         if not isinstance(name, str) or not name.strip():

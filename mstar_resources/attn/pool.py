@@ -65,12 +65,12 @@ class WorkspacePool:
             raise ResourceUsageError(problem)
         check_argument("config_key", config_key, (str, type(None)), "a config key or None")
         try:
-            self._device = torch.device(device)
+            self.device = torch.device(device)
         except (RuntimeError, TypeError):
             raise ResourceUsageError(
                 f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
             ) from None
-        self._owner = owner
+        self.owner = owner
         self._config_key = config_key
         if floors is None:
             setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
@@ -80,8 +80,9 @@ class WorkspacePool:
                 resolve_floor(int_size_mb, env, int_setting, INT),
             )
         self._floor, self._int_floor = floors
-        self._serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
-        for label, cg_slot in self._serves or ():
+        # The pairs served, in declared order; None: any.
+        self.serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
+        for label, cg_slot in self.serves or ():
             self._check_key(label, cg_slot)
         self._workspaces: dict[tuple[str, int | None], Workspace] = {}
         self._lock = threading.Lock()
@@ -95,23 +96,8 @@ class WorkspacePool:
         )
 
     @property
-    def device(self) -> torch.device:
-        """Where the workspaces are made."""
-        return self._device
-
-    @property
-    def owner(self) -> str:
-        """Who the pool belongs to: the first part of each workspace's name."""
-        return self._owner
-
-    @property
     def sealed(self) -> bool:
         return self._sealed
-
-    @property
-    def serves(self) -> tuple[tuple[str, int | None], ...] | None:
-        """The (label, cg slot) pairs this pool hands out, in declared order; None: any."""
-        return self._serves
 
     @property
     def floor_bytes(self) -> int:
@@ -140,7 +126,7 @@ class WorkspacePool:
     def reserve(self) -> int:
         """Make every workspace this pool serves now, so an engine takes their memory before it
         sizes its KV cache from what is left; returns the bytes the pool holds."""
-        for label, cg_slot in self._serves or ():
+        for label, cg_slot in self.serves or ():
             self.get(label, cg_slot)
         return self.held_bytes
 
@@ -164,12 +150,7 @@ class WorkspacePool:
     ) -> T:
         """``wrapper_class(float workspace, *args, **kwargs)``: a FlashInfer wrapper built on the
         float workspace of (``label``, ``cg_slot``) and given its int workspace and host mirror
-        (:meth:`install`). Plan it through ``pool.get(label, cg_slot).plan``::
-
-            decode = pool.build(flashinfer.BatchDecodeWithPagedKVCacheWrapper, "NHD",
-                                label="decode", cg_slot=0, use_cuda_graph=True, ...)
-            pool.get("decode", 0).plan(decode.plan, indptr, indices, last_page_len, ...)
-        """
+        (:meth:`install`). Plan it through ``pool.get(label, cg_slot).plan``."""
         if not callable(wrapper_class):
             raise ResourceUsageError(
                 f"wrapper_class={wrapper_class!r} must be a FlashInfer wrapper class (e.g. "
@@ -231,7 +212,7 @@ class WorkspacePool:
         nothing is sealed and plans may grow again."""
         from . import _agree
 
-        identity = (self.owner, self._config_key, self._serves)
+        identity = (self.owner, self._config_key, self.serves)
         self._refuse_growth(True)
         try:
             rank, ranks = dist.get_rank(group), dist.get_world_size(group)
@@ -302,10 +283,10 @@ class WorkspacePool:
             raise ResourceUsageError(
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
             )
-        if self._serves is None or (label, cg_slot) in self._serves:
+        if self.serves is None or (label, cg_slot) in self.serves:
             return
-        labels = list(dict.fromkeys(label for label, _ in self._serves))
-        slots = sorted({slot for _, slot in self._serves if slot is not None})
+        labels = list(dict.fromkeys(label for label, _ in self.serves))
+        slots = sorted({slot for _, slot in self.serves if slot is not None})
         key = self._config_key
         served = f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)"
         fix = "Ask for one of those"
@@ -341,8 +322,7 @@ class WorkspacePool:
         return workspace
 
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
-        """The floor of workspace ``name``, zeroed as FlashInfer asks (some backends keep
-        semaphores in it)."""
+        """Workspace ``name``'s floor, zeroed (some FlashInfer backends keep semaphores in it)."""
         return allocate(
             floor.bytes,
             self.device,
