@@ -1,16 +1,9 @@
-"""Reading FlashInfer's report that a plan ran out of a workspace, float or int.
-
-FlashInfer's ``AlignedAllocator`` (``include/flashinfer/allocator.h``) raises a plain
-``RuntimeError`` when a plan's scratch does not fit, its text all there is to go on: ``Buffer
-overflow when allocating memory for NAME with size N and alignment A, but only R bytes available
-in AlignedAllocator. ...`` (since 0.2.9). Float allocations hold split-KV partials and are named
-for them (``batch_decode_tmp_v``, ``mla_partial_o``, ...); every other name is an int allocation.
-
-In 0.7.4 (not 0.7.2.post1) the MLA wrapper's ``fa2`` and ``fa3`` backends check the whole float
-workspace before they plan (``flashinfer/mla/_batch_mla/_backends/_fa_common.py``) and raise a
-``ValueError``: ``fa2 MLA needs N float workspace bytes for partial outputs and LSE.``; under
-``backend="auto"``, one such sentence per backend tried, and the plan needs the most.
-"""
+"""Reading FlashInfer's report that a plan ran out of a workspace, float or int: the plain
+``RuntimeError`` of its ``AlignedAllocator`` (``include/flashinfer/allocator.h``), whose text is all
+there is to go on, and from 0.7.4 (not 0.7.2.post1) the ``ValueError`` of the MLA wrapper's
+``fa2``/``fa3`` check of the whole float workspace before they plan
+(``flashinfer/mla/_batch_mla/_backends/_fa_common.py``): under ``backend="auto"``, one sentence
+per backend tried, and the plan needs the most."""
 
 from __future__ import annotations
 
@@ -31,7 +24,8 @@ _MLA_PREFLIGHT = re.compile(
 MLA_PARTIALS = "mla_partial_o+lse"
 """How a growth for MLA's preflight is named: it asks for both partial buffers at once."""
 
-# Partial outputs (``tmp_v``/``partial_o``) and their log-sum-exp (``tmp_s``/``partial_lse``).
+# Float allocations hold split-KV partials and are named for them: partial outputs (``tmp_v``,
+# ``partial_o``) and their log-sum-exp (``tmp_s``, ``partial_lse``). Any other is an int one.
 _FLOAT_ALLOCATION = re.compile(r"(?:^|_)(?:tmp_[vs]|partial_(?:o|lse))$")
 
 
