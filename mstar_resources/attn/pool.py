@@ -219,7 +219,7 @@ class WorkspacePool:
             held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
             every_held = _agree.gather_held(identity, held, group)
             agreed = _agree.largest(every_held.values())
-            others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
+            others = plural(ranks - 1, "other rank")
             failure: Exception | None = None
             added = 0
             try:
