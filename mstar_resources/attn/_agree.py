@@ -1,24 +1,16 @@
-"""Agreeing on a pool across the ranks of a torch.distributed group, before it is sealed: every
-rank ends with the same keys, each as large as the largest any rank holds (a growth on one rank
-alone is lost anyway: engines size the KV cache from the rank with the least free memory).
-
-Two ``all_gather_object`` calls on the group's own backend, at seal time only: every rank's pool
-identity and the bytes of each workspace it made (pools that differ fail on every rank alike);
-then whether each rank could make and grow what it lacked (if one could not, no rank seals).
-"""
+"""Agreeing on a pool across the ranks of a torch.distributed group before it is sealed, in two
+``all_gather_object`` calls: every rank's pool identity and the bytes of each workspace it made,
+then whether each rank could make and grow what it lacked (if one could not, no rank seals)."""
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch.distributed as dist
 
 from ..errors import WorkspaceAgreementError
-
-if TYPE_CHECKING:
-    from torch.distributed import ProcessGroup
 
 Key = tuple[str, int | None]
 Identity = tuple[str, str | None, tuple[Key, ...] | None]
@@ -26,20 +18,19 @@ Identity = tuple[str, str | None, tuple[Key, ...] | None]
 
 
 def gather_held(
-    identity: Identity, held: Mapping[Key, int], group: ProcessGroup
+    identity: Identity, held: Mapping[Key, int], group: dist.ProcessGroup
 ) -> dict[int, dict[Key, int]]:
     """Step 1: each rank's ``held`` bytes by key, by rank; raises on every rank alike when the
     ranks' pool ``identity`` differs."""
-    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
-    gathered: list[tuple[int, Identity, dict[Key, int]] | None] = [None] * ranks
-    dist.all_gather_object(gathered, (rank, identity, dict(held)), group=group)
-    everyone = [entry for entry in gathered if entry is not None]
-    every_held = {r: sizes for r, _, sizes in everyone}
-    if len({identity for _, identity, _ in everyone}) > 1:
+    everyone: list[Any] = [None] * dist.get_world_size(group)  # by rank
+    dist.all_gather_object(everyone, (identity, dict(held)), group=group)
+    every_held = {rank: sizes for rank, (_, sizes) in enumerate(everyone)}
+    if len({identity for identity, _ in everyone}) > 1:
         pools = {
-            r: f"{describe(identity)} serving {_keys(identity)}" for r, identity, _ in everyone
+            rank: f"{describe(identity)} serving {_keys(identity)}"
+            for rank, (identity, _) in enumerate(everyone)
         }
-        listed = "; ".join(f"rank {r}: {described}" for r, described in pools.items())
+        listed = "; ".join(f"rank {rank}: {described}" for rank, described in pools.items())
         raise WorkspaceAgreementError(
             f"the ranks of the group are sealing different pools ({listed}); every rank must "
             "seal the same pools, in the same order",
@@ -62,20 +53,19 @@ def share_outcome(
     failure: Exception | None,
     identity: Identity,
     every_held: Mapping[int, Mapping[Key, int]],
-    group: ProcessGroup,
+    group: dist.ProcessGroup,
 ) -> None:
     """Step 2: tell every rank whether this one could make and grow what it lacked. A rank that
     could not raises its own ``failure``; the others raise one naming it, with its error (pickled
     whole, with its fields) in ``errors``."""
-    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
-    outcomes: list[tuple[int, Exception | None] | None] = [None] * ranks
-    dist.all_gather_object(outcomes, (rank, _picklable(failure)), group=group)
+    outcomes: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(outcomes, _picklable(failure), group=group)
     if failure is not None:
         raise failure
-    failed = {r: error for r, error in filter(None, outcomes) if error is not None}
+    failed = {rank: error for rank, error in enumerate(outcomes) if error is not None}
     if failed:
-        reasons = {r: f"{type(error).__name__}: {error}" for r, error in failed.items()}
-        told = "; ".join(f"rank {r} failed: {reason}" for r, reason in reasons.items())
+        reasons = {rank: f"{type(error).__name__}: {error}" for rank, error in failed.items()}
+        told = "; ".join(f"rank {rank} failed: {reason}" for rank, reason in reasons.items())
         raise WorkspaceAgreementError(
             f"{describe(identity)} was not sealed on any rank of the group: {told}",
             reasons=reasons,

@@ -1,10 +1,7 @@
-"""Every name of FlashInfer's private surface this library relies on, in one place.
-
-FlashInfer's wrappers keep their buffers in private attributes, and calibration reads a private
-exception type and the installed headers. Each name says the versions it was read in; a FlashInfer
-bump means re-reading this module and ``_overflow.py`` (the overflow text). Nothing here imports
-FlashInfer, nor torch at import: calibration's torch-free checks read the headers through it.
-"""
+"""Every name of FlashInfer's private surface this library relies on (its wrappers' private
+attributes, a private exception type, the installed headers), each with the versions it was read
+in: a FlashInfer bump means re-reading this module and ``_overflow.py``. It imports neither
+FlashInfer nor, at import, torch: calibration's torch-free checks read the headers through it."""
 
 from __future__ import annotations
 
@@ -40,9 +37,6 @@ REFUSAL = ("flashinfer.mla._batch_mla._backends._capabilities", "_BackendPlanUns
 """The module and name of FlashInfer's refusal to plan a shape (0.7.4: "typed signal for backend
 preflight rejection before launch/compile", a ``ValueError``). Its MLA backends raise it for a
 shape they cannot run. 0.6.6 has none, and refuses nothing calibration would accept."""
-
-HEADERS = ("data", "include")
-"""Where the installed package keeps its CUDA headers, below its folder (0.6.6, 0.7.4)."""
 
 _GROUP_DISPATCH = re.compile(r"#define DISPATCH_GQA_GROUP_SIZE\b(?P<body>.*?)\n\s*\n", re.S)
 _GROUP_CASE = re.compile(r"group_size == (\d+)")
@@ -106,7 +100,8 @@ def plain_decode_groups(headers: Path | None = None) -> frozenset[int] | None:
         spec = importlib.util.find_spec("flashinfer")
         if spec is None or not spec.submodule_search_locations:
             return None
-        headers = Path(next(iter(spec.submodule_search_locations))).joinpath(*HEADERS)
+        # Where the package keeps its CUDA headers (0.6.6, 0.7.4).
+        headers = Path(next(iter(spec.submodule_search_locations))) / "data" / "include"
     try:
         text = (headers / "flashinfer" / "utils.cuh").read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):

@@ -1,17 +1,9 @@
-"""Reading FlashInfer's report that a plan ran out of a workspace, float or int.
-
-FlashInfer's ``AlignedAllocator`` (``include/flashinfer/allocator.h``) raises a plain
-``RuntimeError`` when a plan's scratch does not fit, its text all there is to go on: since 0.2.9
-``Buffer overflow when allocating memory for NAME with size N and alignment A, but only R bytes
-available in AlignedAllocator. ...``, before ``Failed to allocate memory for NAME with size N and
-alignment A in AlignedAllocator``. Float allocations hold split-KV partials and are named for them
-(``batch_decode_tmp_v``, ``mla_partial_o``, ...); every other name is an int allocation.
-
-In 0.7.4 (not 0.7.2.post1) the MLA wrapper's ``fa2`` and ``fa3`` backends check the whole float
-workspace before they plan (``flashinfer/mla/_batch_mla/_backends/_fa_common.py``) and raise a
-``ValueError``: ``fa2 MLA needs N float workspace bytes for partial outputs and LSE.``; under
-``backend="auto"``, one such sentence per backend tried, and the plan needs the most.
-"""
+"""Reading FlashInfer's report that a plan ran out of a workspace, float or int: the plain
+``RuntimeError`` of its ``AlignedAllocator`` (``include/flashinfer/allocator.h``), whose text is all
+there is to go on, and from 0.7.4 (not 0.7.2.post1) the ``ValueError`` of the MLA wrapper's
+``fa2``/``fa3`` check of the whole float workspace before they plan
+(``flashinfer/mla/_batch_mla/_backends/_fa_common.py``): under ``backend="auto"``, one sentence
+per backend tried, and the plan needs the most."""
 
 from __future__ import annotations
 
@@ -24,8 +16,6 @@ from ..units import round_up
 _OVERFLOW = re.compile(
     r"Buffer overflow when allocating memory for (?P<name>\S+) with size (?P<size>\d+) "
     r"and alignment (?P<alignment>\d+), but only (?P<available>\d+) bytes available"
-    r"|Failed to allocate memory for (?P<old_name>\S+) with size (?P<old_size>\d+) "
-    r"and alignment (?P<old_alignment>\d+) in AlignedAllocator"
 )
 
 _MLA_PREFLIGHT = re.compile(
@@ -34,7 +24,8 @@ _MLA_PREFLIGHT = re.compile(
 MLA_PARTIALS = "mla_partial_o+lse"
 """How a growth for MLA's preflight is named: it asks for both partial buffers at once."""
 
-# Partial outputs (``tmp_v``/``partial_o``) and their log-sum-exp (``tmp_s``/``partial_lse``).
+# Float allocations hold split-KV partials and are named for them: partial outputs (``tmp_v``,
+# ``partial_o``) and their log-sum-exp (``tmp_s``, ``partial_lse``). Any other is an int one.
 _FLOAT_ALLOCATION = re.compile(r"(?:^|_)(?:tmp_[vs]|partial_(?:o|lse))$")
 
 
@@ -45,8 +36,8 @@ class Overflow:
     allocation: str
     size: int
     alignment: int
-    available: int | None
-    """Bytes left in the buffer when it failed; FlashInfer before 0.2.9 did not say."""
+    available: int
+    """Bytes left in the buffer when it failed (0 where ``whole_buffer``)."""
     whole_buffer: bool = False
     """``size`` is what the whole buffer must hold (MLA's check before it plans), not one
     allocation after those already taken."""
@@ -54,12 +45,10 @@ class Overflow:
     """Which workspace ran short: ``float`` (split-KV partials) or ``int`` (a plan's indices)."""
 
     def bytes_needed(self, buffer_bytes: int) -> int:
-        """The buffer size at which this allocation fits, in a buffer of ``buffer_bytes``; without
-        ``available``, the whole buffer bounds the bytes already taken."""
+        """The buffer size at which this allocation fits, in a buffer of ``buffer_bytes``."""
         if self.whole_buffer:
             return self.size
-        taken = buffer_bytes if self.available is None else buffer_bytes - self.available
-        return round_up(taken, self.alignment) + self.size
+        return round_up(buffer_bytes - self.available, self.alignment) + self.size
 
 
 def parse_overflow(error: BaseException) -> Overflow | None:
@@ -67,15 +56,11 @@ def parse_overflow(error: BaseException) -> Overflow | None:
     text = str(error)
     asked = [int(m["size"]) for m in _MLA_PREFLIGHT.finditer(text)]
     if asked:
-        return Overflow(MLA_PARTIALS, max(asked), 1, None, whole_buffer=True)
+        return Overflow(MLA_PARTIALS, max(asked), 1, 0, whole_buffer=True)
     match = _OVERFLOW.search(text)
     if match is None:
         return None
-    if match["name"] is not None:
-        allocation, size, alignment = match["name"], match["size"], match["alignment"]
-        available: int | None = int(match["available"])
-    else:
-        allocation, size, alignment = match["old_name"], match["old_size"], match["old_alignment"]
-        available = None
+    allocation = match["name"]
     kind: Literal["float", "int"] = "float" if _FLOAT_ALLOCATION.search(allocation) else "int"
-    return Overflow(allocation, int(size), int(alignment), available, kind=kind)
+    size, alignment = int(match["size"]), int(match["alignment"])
+    return Overflow(allocation, size, alignment, int(match["available"]), kind=kind)

@@ -11,26 +11,16 @@ from typing import Any
 import torch
 
 from .._internal.floor import FLOAT, INT, Buffer
-from ..errors import (
-    ResourceUsageError,
-    WorkspaceSealedError,
-    WorkspaceShortError,
-    check_argument,
-)
-from ..units import ALIGNMENT, mb_to_hold
+from ..errors import ResourceUsageError, WorkspaceSealedError, WorkspaceShortError, check_argument
+from ..units import ALIGNMENT, mb_to_hold, plural
 from ._overflow import Overflow
-
-__all__ = ["BufferHolder", "GrowableBuffer", "WorkspaceGrowthError", "WorkspaceStats"]
 
 logger = logging.getLogger("mstar_resources.attn.workspace")
 
 
 class WorkspaceGrowthError(WorkspaceShortError, torch.OutOfMemoryError):
-    """The allocator ran out as a workspace grew (or made its floor); it keeps its old buffer.
-
-    A ``torch.OutOfMemoryError`` too, so an engine's out-of-memory handling still catches it.
-    Fields: :class:`WorkspaceShortError`'s (``held_bytes``: what it keeps).
-    """
+    """The allocator ran out as a workspace grew (or made its floor); it keeps its old buffer
+    (``held_bytes``). A ``torch.OutOfMemoryError`` too, for an engine's out-of-memory handling."""
 
 
 _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
@@ -38,11 +28,17 @@ _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
 ``RuntimeError``, where a GPU raises ``torch.OutOfMemoryError``."""
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is an allocator running out of memory, and nothing else."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error)
+def allocate(nbytes: int, device: torch.device | None, failed: str, **fields: Any) -> torch.Tensor:
+    """``nbytes`` zeroed bytes on ``device``; where the allocator runs out, and only then, a
+    :class:`WorkspaceGrowthError` saying what ``failed``, with ``fields``."""
+    try:
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    except RuntimeError as error:
+        cpu_short = type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error)
+        if not cpu_short and not isinstance(error, torch.OutOfMemoryError):
+            raise
+        message = f"{failed} ({error})"
+        raise WorkspaceGrowthError(message, needed_bytes=nbytes, **fields) from error
 
 
 @dataclass(frozen=True)
@@ -80,7 +76,7 @@ class WorkspaceStats:
             grown += f", +{self.grown_to_agree_bytes:,} to agree with other ranks"
         sealed = "sealed" if self.sealed else "growable"
         if self.sealed_refusals:
-            sealed += f", refused {self.sealed_refusals} plan{'s' * (self.sealed_refusals != 1)}"
+            sealed += f", refused {plural(self.sealed_refusals, 'plan')}"
         return (
             f"{self.name}: {self.bytes:,} bytes (floor {self.floor_bytes:,} from "
             f"{self.floor_setting}), {grown}, {sealed}"
@@ -92,12 +88,7 @@ class GrowableBuffer:
     Every change of size or state is made under :attr:`lock`: sealed while a plan runs, it stays."""
 
     def __init__(
-        self,
-        tensor: torch.Tensor,
-        name: str,
-        sealed: bool,
-        floor: str,
-        kind: Buffer = FLOAT,
+        self, tensor: torch.Tensor, name: str, sealed: bool, floor: str, kind: Buffer = FLOAT
     ) -> None:
         check_argument("sealed", sealed, bool, "True or False")
         if not isinstance(name, str) or not name.strip():
@@ -213,7 +204,7 @@ class GrowableBuffer:
             f"{overflow.allocation} asked for {overflow.size:,} bytes in all"
             if overflow.whole_buffer
             else f"{overflow.allocation} asked for {overflow.size:,} bytes, alignment "
-            f"{overflow.alignment}, with {have - (overflow.available or 0):,} taken"
+            f"{overflow.alignment}, with {have - overflow.available:,} taken"
         )
         if whole is not None and whole >= need:
             asked, caveat = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})", ""
@@ -230,17 +221,16 @@ class GrowableBuffer:
             needed=whole,
         )
 
-    def refusal(self, message: str, needed: int, sealed: bool = True) -> WorkspaceShortError:
-        """The error for a plan needing ``needed`` bytes: sealed, else out of memory."""
-        fields: dict[str, Any] = {
-            "workspace": self.name,
-            "held_bytes": self.tensor.numel(),
-            "needed_bytes": needed,
-            "setting": self.floor,
-        }
-        if sealed:
-            return WorkspaceSealedError(message, suggested_mb=mb_to_hold(needed), **fields)
-        return WorkspaceGrowthError(message, **fields)
+    def refusal(self, message: str, needed: int) -> WorkspaceSealedError:
+        """The sealed buffer's error for a plan needing ``needed`` bytes."""
+        return WorkspaceSealedError(
+            message,
+            workspace=self.name,
+            held_bytes=self.tensor.numel(),
+            needed_bytes=needed,
+            setting=self.floor,
+            suggested_mb=mb_to_hold(needed),
+        )
 
     def _resize(self, need: int, cause: str) -> int:
         """Move onto ``need`` bytes (old bytes kept, tail zeroed), the mirror with it, under the
@@ -248,48 +238,40 @@ class GrowableBuffer:
         have = self.tensor.numel()
         if have >= need:
             return 0
+        fields: dict[str, Any] = {"workspace": self.name, "held_bytes": have, "setting": self.floor}
         if need >= 1 << 63:  # torch would raise a TypeError of its own
-            raise self.refusal(
+            raise WorkspaceGrowthError(
                 f"workspace {self.name!r}: {cause} asks to grow it from {have:,} to {need:,} "
                 f"bytes, more than any GPU holds (or a tensor can count); it keeps its "
                 f"{have:,}-byte buffer. The plan's arguments are likely wrong",
-                needed=need,
-                sealed=False,
+                needed_bytes=need,
+                **fields,
             )
-
-        def allocate(device: torch.device | None, failed: str) -> torch.Tensor:
-            try:
-                return torch.empty(need, dtype=torch.uint8, device=device)
-            except RuntimeError as error:
-                if not is_out_of_memory(error):
-                    raise
-                raise self.refusal(f"{failed} ({error})", needed=need, sealed=False) from error
-
         grown_mirror = None
         if self.mirror is not None:
             grown_mirror = allocate(
+                need,
                 None,
                 f"int workspace {self.name!r}: could not grow its host mirror from {have:,} to "
                 f"{need:,} bytes for {cause}; both keep their {have:,}-byte buffers. Set "
                 f"{self.floor} so the workspace is reserved up front.",
+                **fields,
             )
         # A failed resize_() leaves the tensor claiming storage it does not have, so the new
         # buffer is made whole before the tensor moves onto it.
         grown = allocate(
+            need,
             self.tensor.device,
             f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
             f"{cause}; it keeps its {have:,}-byte buffer. Free device memory, or set "
             f"{self.floor} so the workspace is reserved up front.",
+            **fields,
         )
         # Any error from here on (a broken CUDA context, say) is not a shortage: it reaches the
         # caller as it was raised, and the tensor has not moved.
         wait_for_every_stream(self.tensor)
         grown[:have].copy_(self.tensor)
-        grown[have:].zero_()
-        # The copy is queued on the current stream, and the old block goes back to the stream it
-        # was made on as soon as the tensor lets go of it: waited for first, or another tensor of
-        # that stream could take the block while the copy still reads it.
-        wait_for_every_stream(self.tensor)
+        wait_for_every_stream(self.tensor)  # the copy reads the block about to be let go
         self.tensor.set_(grown.untyped_storage())
         if self.mirror is not None and grown_mirror is not None:
             self.mirror.set_(grown_mirror.untyped_storage())
@@ -335,8 +317,8 @@ class BufferHolder:
 
 def wait_for_every_stream(tensor: torch.Tensor) -> None:
     """Wait until no CUDA stream can still use ``tensor``'s storage, before it is copied and
-    handed back to the caching allocator, which knows only the stream a block was made on: work
-    another stream queued on it would land after the copy, or in the block's next tensor (seen on
-    an H200). Growth is rare, so the whole device is synchronised."""
+    after, before it goes back to the caching allocator, which knows only the stream a block was
+    made on: work another stream queued on it would land after the copy, or in the block's next
+    tensor (seen on an H200). Growth is rare, so the whole device is synchronised."""
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)

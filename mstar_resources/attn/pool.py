@@ -6,23 +6,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from .._internal.floor import INT, Floor, resolve_floor
 from .._internal.limits import name_problem
 from ..errors import ResourceConfigError, ResourceUsageError, check_argument
 from ..units import is_int, plural
 from ._flashinfer import FLOAT_BUFFER, own_buffers
-from .buffer import WorkspaceGrowthError, WorkspaceStats, is_out_of_memory
+from .buffer import WorkspaceStats, allocate
 from .float_workspace import Workspace, install_int_workspace
 from .int_workspace import IntWorkspace
-
-if TYPE_CHECKING:
-    from torch.distributed import ProcessGroup
-
-__all__ = ["WorkspacePool"]
 
 logger = logging.getLogger("mstar_resources.attn.workspace")
 
@@ -68,9 +64,13 @@ class WorkspacePool:
         if (problem := name_problem("owner", owner)) is not None:
             raise ResourceUsageError(problem)
         check_argument("config_key", config_key, (str, type(None)), "a config key or None")
-        self._device = _device(device)
-        self._size_mb = size_mb
-        self._owner = owner
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ResourceUsageError(
+                f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
+            ) from None
+        self.owner = owner
         self._config_key = config_key
         if floors is None:
             setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
@@ -80,8 +80,9 @@ class WorkspacePool:
                 resolve_floor(int_size_mb, env, int_setting, INT),
             )
         self._floor, self._int_floor = floors
-        self._serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
-        for label, cg_slot in self._serves or ():
+        # The pairs served, in declared order; None: any.
+        self.serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
+        for label, cg_slot in self.serves or ():
             self._check_key(label, cg_slot)
         self._workspaces: dict[tuple[str, int | None], Workspace] = {}
         self._lock = threading.Lock()
@@ -95,28 +96,8 @@ class WorkspacePool:
         )
 
     @property
-    def device(self) -> torch.device:
-        """Where the workspaces are made."""
-        return self._device
-
-    @property
-    def owner(self) -> str:
-        """Who the pool belongs to: the first part of each workspace's name."""
-        return self._owner
-
-    @property
-    def size_mb(self) -> int | None:
-        """The floor asked for, in MB; None: the variable's, else the default."""
-        return self._size_mb
-
-    @property
     def sealed(self) -> bool:
         return self._sealed
-
-    @property
-    def serves(self) -> tuple[tuple[str, int | None], ...] | None:
-        """The (label, cg slot) pairs this pool hands out, in declared order; None: any."""
-        return self._serves
 
     @property
     def floor_bytes(self) -> int:
@@ -138,16 +119,14 @@ class WorkspacePool:
             return workspace
         self._check_key(label, cg_slot)
         with self._lock:
-            workspace = self._workspaces.get(key)
-            if workspace is None:
-                workspace = self._make(label, cg_slot)
-                self._workspaces[key] = workspace
-            return workspace
+            if key not in self._workspaces:
+                self._workspaces[key] = self._make(label, cg_slot)
+            return self._workspaces[key]
 
     def reserve(self) -> int:
         """Make every workspace this pool serves now, so an engine takes their memory before it
         sizes its KV cache from what is left; returns the bytes the pool holds."""
-        for label, cg_slot in self._serves or ():
+        for label, cg_slot in self.serves or ():
             self.get(label, cg_slot)
         return self.held_bytes
 
@@ -171,12 +150,7 @@ class WorkspacePool:
     ) -> T:
         """``wrapper_class(float workspace, *args, **kwargs)``: a FlashInfer wrapper built on the
         float workspace of (``label``, ``cg_slot``) and given its int workspace and host mirror
-        (:meth:`install`). Plan it through ``pool.get(label, cg_slot).plan``::
-
-            decode = pool.build(flashinfer.BatchDecodeWithPagedKVCacheWrapper, "NHD",
-                                label="decode", cg_slot=0, use_cuda_graph=True, ...)
-            pool.get("decode", 0).plan(decode.plan, indptr, indices, last_page_len, ...)
-        """
+        (:meth:`install`). Plan it through ``pool.get(label, cg_slot).plan``."""
         if not callable(wrapper_class):
             raise ResourceUsageError(
                 f"wrapper_class={wrapper_class!r} must be a FlashInfer wrapper class (e.g. "
@@ -206,7 +180,7 @@ class WorkspacePool:
             )
         install_int_workspace(wrapper, workspace)
 
-    def seal(self, *, group: ProcessGroup | None = None) -> None:
+    def seal(self, *, group: dist.ProcessGroup | None = None) -> None:
         """The workspaces here keep their addresses from now on, for the graphs about to be
         captured over them, and so does any made later.
 
@@ -215,7 +189,16 @@ class WorkspacePool:
         call it, for the same pool, in the same order.
         """
         if group is not None:
-            _check_group(group)
+            if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
+                raise ResourceUsageError(
+                    f"group={group!r} must be a torch.distributed ProcessGroup (e.g. "
+                    "dist.group.WORLD) or None to seal this rank's pool alone"
+                )
+            if not dist.is_initialized():
+                raise ResourceUsageError(
+                    "group= is given, and torch.distributed is not initialised; call "
+                    "dist.init_process_group first, or seal without a group"
+                )
             self._agree(group)
         with self._lock:
             self._sealed = True
@@ -223,21 +206,20 @@ class WorkspacePool:
                 workspace.seal()
         logger.info("%s", self.summary())
 
-    def _agree(self, group: ProcessGroup) -> None:
+    def _agree(self, group: dist.ProcessGroup) -> None:
         """Agree with ``group`` while no plan can grow a workspace here (a growth after the sizes
         are gathered would leave this rank at a size the others never saw). If it fails,
         nothing is sealed and plans may grow again."""
-        import torch.distributed as dist
-
         from . import _agree
 
+        identity = (self.owner, self._config_key, self.serves)
         self._refuse_growth(True)
         try:
             rank, ranks = dist.get_rank(group), dist.get_world_size(group)
             held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
-            every_held = _agree.gather_held(self._identity, held, group)
+            every_held = _agree.gather_held(identity, held, group)
             agreed = _agree.largest(every_held.values())
-            others = f"{ranks - 1} other rank{'s' if ranks > 2 else ''}"
+            others = plural(ranks - 1, "other rank")
             failure: Exception | None = None
             added = 0
             try:
@@ -245,13 +227,13 @@ class WorkspacePool:
                     added += self.get(label, cg_slot)._grow_to_agree(nbytes, others)
             except Exception as error:  # told to every rank, then raised here as it was
                 failure = error
-            _agree.share_outcome(failure, self._identity, every_held, group)
+            _agree.share_outcome(failure, identity, every_held, group)
         except BaseException:
             self._refuse_growth(False)
             raise
         logger.info(
             "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
-            rank, _agree.describe(self._identity), sum(agreed.values()), len(agreed), ranks, added,
+            rank, _agree.describe(identity), sum(agreed.values()), len(agreed), ranks, added,
         )  # fmt: skip
 
     def _refuse_growth(self, refused: bool) -> None:
@@ -261,11 +243,6 @@ class WorkspacePool:
             workspaces = list(self._workspaces.values())
         for workspace in workspaces:
             workspace._refuse_growth(refused)
-
-    @property
-    def _identity(self) -> tuple[str, str | None, tuple[tuple[str, int | None], ...] | None]:
-        """What must match across ranks: (owner, config key, served keys)."""
-        return self.owner, self._config_key, self._serves
 
     def workspaces(self) -> dict[tuple[str, int | None], Workspace]:
         """The workspaces made so far, by (label, cg slot)."""
@@ -306,10 +283,10 @@ class WorkspacePool:
             raise ResourceUsageError(
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
             )
-        if self._serves is None or (label, cg_slot) in self._serves:
+        if self.serves is None or (label, cg_slot) in self.serves:
             return
-        labels = list(dict.fromkeys(label for label, _ in self._serves))
-        slots = sorted({slot for _, slot in self._serves if slot is not None})
+        labels = list(dict.fromkeys(label for label, _ in self.serves))
+        slots = sorted({slot for _, slot in self.serves if slot is not None})
         key = self._config_key
         served = f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)"
         fix = "Ask for one of those"
@@ -345,30 +322,16 @@ class WorkspacePool:
         return workspace
 
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
-        try:  # zeroed, as FlashInfer asks (some backends keep semaphores in it)
-            return torch.zeros(floor.bytes, dtype=torch.uint8, device=self.device)
-        except RuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            raise WorkspaceGrowthError(
-                f"workspace {name!r}: could not allocate its floor of {floor.bytes:,} bytes on "
-                f"{self.device}; lower {floor.setting} (now {floor.mb} MB). ({error})",
-                workspace=name,
-                held_bytes=0,
-                needed_bytes=floor.bytes,
-                setting=floor.setting,
-            ) from error
-
-
-def _device(device: object) -> torch.device:
-    """``device`` as a torch device, or the library's error saying why not."""
-    try:
-        found: torch.device = torch.device(device)  # type: ignore[call-overload]
-    except (RuntimeError, TypeError):
-        raise ResourceUsageError(
-            f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
-        ) from None
-    return found
+        """Workspace ``name``'s floor, zeroed (some FlashInfer backends keep semaphores in it)."""
+        return allocate(
+            floor.bytes,
+            self.device,
+            f"workspace {name!r}: could not allocate its floor of {floor.bytes:,} bytes on "
+            f"{self.device}; lower {floor.setting} (now {floor.mb} MB).",
+            workspace=name,
+            held_bytes=0,
+            setting=floor.setting,
+        )
 
 
 def _pairs(serves: object) -> list[tuple[str, int | None]]:
@@ -381,20 +344,3 @@ def _pairs(serves: object) -> list[tuple[str, int | None]]:
             "('prefill', None)], or None to serve any"
         )
     return pairs
-
-
-def _check_group(group: object) -> None:
-    """Refuse a ``group`` that is no torch.distributed process group, or any before
-    torch.distributed is initialised."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
-        raise ResourceUsageError(
-            f"group={group!r} must be a torch.distributed ProcessGroup (e.g. dist.group.WORLD) "
-            "or None to seal this rank's pool alone"
-        )
-    if not dist.is_initialized():
-        raise ResourceUsageError(
-            "group= is given, and torch.distributed is not initialised; call "
-            "dist.init_process_group first, or seal without a group"
-        )

@@ -40,16 +40,12 @@ def _positive(**values: int) -> None:
             raise ResourceUsageError(f"{name} must be a positive integer, got {value!r}")
 
 
-def xqa_sub_seqs_per_seq(*, batch: int, num_kv_heads: int, max_seq_len: int, sm_count: int) -> int:
-    """``nbSubSeqPerSeq`` of ``launchMHAFlashInfer`` (mha.cu): CTAs splitting one sequence."""
-    return min(max(1, sm_count // (batch * num_kv_heads)), _cdiv(max_seq_len, XQA_MHA_TILE_TOKENS))
-
-
 def _mha_scratch(b: int, hkv: int, group: int, head_dim: int, seq: int, sms: int, q: int) -> int:
     # mha.cu kernel_mha, multi-block branch: MemSegmenter (utils.h; each segment aligned to its
     # element size) carves rowMax[n], rowSum[n] (SMemWarpRowMax: 128 B per 32 rows) then n
     # Vec<ScratchBuf, nbHeadSlices>: rows x padded head (headElems, mha.h) x 2-byte input elements.
-    n = xqa_sub_seqs_per_seq(batch=b, num_kv_heads=hkv, max_seq_len=seq, sm_count=sms)
+    # nbSubSeqPerSeq of launchMHAFlashInfer (mha.cu): the CTAs splitting one sequence.
+    n = min(max(1, sms // (b * hkv)), _cdiv(seq, XQA_MHA_TILE_TOKENS))
     if n == 1:  # isMultiBlock is gridDim.x != 1: no scratch, no semaphore
         return 0
     rows, seqs = group, b * hkv
@@ -115,14 +111,6 @@ def xqa_workspace_bytes(
     return XQA_SEMAPHORE_BYTES + scratch
 
 
-def trtllm_gen_softmax_stats_bytes(*, batch: int, num_qo_heads: int, max_q_len: int) -> int:
-    """The LSE softmax-stats allocation of trtllm_fmha_kernel_launcher.cu (made only when LSE is
-    returned, in context and generation runs): heads x batch x round_up(max_q_len, 256) float2
-    plus a 1 MiB guard."""
-    _positive(batch=batch, num_qo_heads=num_qo_heads, max_q_len=max_q_len)
-    return num_qo_heads * batch * round_up(max_q_len, 256) * 8 + TRTLLM_GEN_STATS_GUARD_BYTES
-
-
 def trtllm_gen_workspace_bytes(
     *,
     batch: int,
@@ -137,7 +125,8 @@ def trtllm_gen_workspace_bytes(
     """Bytes of ``workspace_buffer`` ``trtllm_batch_decode_with_kv_cache`` (trtllm-gen) can touch.
 
     Layout (trtllm_fmha_kernel_launcher.cu, AlignedAllocator of 16-byte steps): [counters] |
-    [softmax stats, with LSE] | multi-CTA KV scratch. The scratch holds partial stats for
+    [softmax stats, with LSE: heads x batch x round_up(max_q_len, 256) float2, a 1 MiB guard] |
+    multi-CTA KV scratch. The scratch holds partial stats for
     max(SMs, CTAs) x stepQ float2 and partial O of CTAs x stepQ x headDimPerCtaV x 2 B
     (kernelParams.h setKernelParams, fmhaReduction.cu). Without the opt-in multi-wave split the
     KV split is min(.., SMs // base CTAs) (fmhaKernels.cuh computeCtaAndClusterConfig), so a split
@@ -154,7 +143,5 @@ def trtllm_gen_workspace_bytes(
               sm_count=sm_count, max_q_len=max_q_len, max_step_q=max_step_q)  # fmt: skip
     head = TRTLLM_GEN_COUNTER_BYTES_0_6_14 if counters_in_workspace else 0
     if return_lse:
-        head += trtllm_gen_softmax_stats_bytes(
-            batch=batch, num_qo_heads=num_qo_heads, max_q_len=max_q_len
-        )
+        head += num_qo_heads * batch * round_up(max_q_len, 256) * 8 + TRTLLM_GEN_STATS_GUARD_BYTES
     return round_up(head, 16) + sm_count * max_step_q * (8 + 2 * head_dim_vo)

@@ -174,14 +174,6 @@ def mla_preflight_message(backend: str, required_bytes: int) -> str:
     return text.render(**values)
 
 
-def legacy_overflow_message(name: str, size: int, alignment: int) -> str:
-    """The text of FlashInfer before 0.2.9, which did not say how many bytes were left."""
-    return (
-        f"Failed to allocate memory for {name} with size {size} and alignment {alignment} "
-        "in AlignedAllocator"
-    )
-
-
 @dataclass
 class FakePlanner:
     """Plans a fixed chain of allocations in ``buffer`` as ``AlignedAllocator`` would, and raises
@@ -190,7 +182,6 @@ class FakePlanner:
 
     buffer: torch.Tensor
     allocations: list[tuple[str, int, int]]  # (name, size, alignment)
-    legacy: bool = False
     mla_backend: str | None = None
     """Check the whole buffer first, as MLA's ``fa2``/``fa3`` backends do (0.7.4), and raise
     their ``ValueError`` naming this backend if it is short."""
@@ -205,11 +196,7 @@ class FakePlanner:
         for name, size, alignment in self.allocations:
             padding = -taken % alignment
             if padding + size > available:
-                raise RuntimeError(
-                    legacy_overflow_message(name, size, alignment)
-                    if self.legacy
-                    else flashinfer_overflow_message(name, size, alignment, available)
-                )
+                raise RuntimeError(flashinfer_overflow_message(name, size, alignment, available))
             self.offsets[name] = taken + padding
             taken += padding + size
             available -= padding + size

@@ -17,7 +17,6 @@ from .fake_allocator import (
     flashinfer_overflow_message,
     header_file,
     installed_flashinfer_file,
-    legacy_overflow_message,
     mla_preflight_message,
     overflow_text,
 )
@@ -96,7 +95,7 @@ def test_reads_float_allocations_from_todays_text(allocation):
 
 def test_reads_mlas_check_before_it_plans_as_a_need_for_the_whole_buffer():
     overflow = parse_float_overflow(ValueError(mla_preflight_message("fa2", 17_369_088)))
-    assert overflow == Overflow(MLA_PARTIALS, 17_369_088, 1, None, whole_buffer=True)
+    assert overflow == Overflow(MLA_PARTIALS, 17_369_088, 1, 0, whole_buffer=True)
     assert overflow.bytes_needed(65_536) == 17_369_088  # whatever the buffer holds now
 
 
@@ -108,18 +107,12 @@ def test_reads_the_most_any_backend_asked_for_under_auto():
     assert parse_float_overflow(error).size == 17_369_088
 
 
-def test_reads_text_from_before_0_2_9():
-    error = RuntimeError(legacy_overflow_message("batch_decode_tmp_v", 4096, 16))
-    assert parse_float_overflow(error) == Overflow("batch_decode_tmp_v", 4096, 16, None)
-
-
 @pytest.mark.parametrize(
     "message",
     [
         pytest.param(
             flashinfer_overflow_message("batch_prefill_request_indices", 4096, 16, 0), id="int-now"
         ),
-        pytest.param(legacy_overflow_message("batch_decode_kv_chunk_size_ptr", 4, 1), id="int-old"),
         pytest.param(flashinfer_overflow_message("mla_q_indptr", 64, 16, 8), id="int-mla"),
         pytest.param("CUDA error: an illegal memory access was encountered", id="cuda"),
         pytest.param("Expected q to have dtype bfloat16, got float16", id="shapes"),
@@ -151,7 +144,3 @@ def test_bytes_needed_is_taken_rounded_to_alignment_plus_size(taken, alignment, 
     buffer = 4096
     overflow = Overflow("batch_decode_tmp_s", size, alignment, available=buffer - taken)
     assert overflow.bytes_needed(buffer) == need
-
-
-def test_bytes_needed_without_available_counts_the_whole_buffer_as_taken():
-    assert Overflow("batch_decode_tmp_v", 100, 16, None).bytes_needed(1000) == 1108

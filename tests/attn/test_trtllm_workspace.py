@@ -10,9 +10,7 @@ import pytest
 from mstar_resources.attn.trtllm_workspace import (
     MIB,
     XQA_SEMAPHORE_BYTES,
-    trtllm_gen_softmax_stats_bytes,
     trtllm_gen_workspace_bytes,
-    xqa_sub_seqs_per_seq,
     xqa_workspace_bytes,
 )
 from mstar_resources.errors import ResourceUsageError
@@ -84,10 +82,12 @@ def test_xqa_bound_is_monotone_and_holds_the_semaphores(heads, head_dim):
         assert grid[-1][-1] < XQA_SEMAPHORE_BYTES + 64 * MIB
 
 
-def test_xqa_split_count_never_exceeds_the_sms():
-    for b, kv, n in itertools.product(range(1, 70), (1, 2, 8), (16, 4096, 131072)):
-        split = xqa_sub_seqs_per_seq(batch=b, num_kv_heads=kv, max_seq_len=n, sm_count=H200_SMS)
-        assert split == 1 or (split * b * kv <= H200_SMS and 2 * b * kv <= H200_SMS)
+def test_xqa_batches_past_half_the_sms_add_no_scratch():
+    # A request splits over at most SMs // (batch x KV heads) CTAs: none past half the SMs.
+    for kv in (1, 2, 8):
+        edge = H200_SMS // (2 * kv)
+        assert xqa(batch=edge, num_kv_heads=kv) > XQA_SEMAPHORE_BYTES
+        assert xqa(batch=10 * edge, num_kv_heads=kv) == xqa(batch=edge, num_kv_heads=kv)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,10 @@ def vllm_fits_workspace(q_lens: list[int], num_qo_heads: int, nbytes: int) -> bo
 @pytest.mark.parametrize("heads", [1, 8, 32, 40, 128])
 def test_trtllm_gen_stats_match_vllm_fits_workspace(heads):
     for batch, q_len in itertools.product((1, 7, 512, 1024), (1, 4, 255, 256, 257, 8192)):
-        need = trtllm_gen_softmax_stats_bytes(batch=batch, num_qo_heads=heads, max_q_len=q_len)
+        args = dict(batch=batch, num_qo_heads=heads, head_dim_vo=128, sm_count=B200_SMS,
+                    max_q_len=q_len)  # fmt: skip
+        with_lse = trtllm_gen_workspace_bytes(**args, return_lse=True)
+        need = with_lse - trtllm_gen_workspace_bytes(**args)  # the softmax stats
         q_lens = [1] * (batch - 1) + [q_len]
         assert vllm_fits_workspace(q_lens, heads, need)
         assert not vllm_fits_workspace(q_lens, heads, need - 1)
