@@ -12,22 +12,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
-    "Problem",
-    "ResourceConfigError",
-    "ResourceError",
-    "ResourceUsageError",
-    "WorkspaceAgreementError",
-    "WorkspacePlanError",
-    "WorkspaceSealedError",
-    "WorkspaceShortError",
-]
+    "Problem", "ResourceConfigError", "ResourceError", "ResourceUsageError",
+    "WorkspaceAgreementError", "WorkspacePlanError", "WorkspaceSealedError", "WorkspaceShortError"
+]  # fmt: skip
 
 WorkspaceKey = tuple[str, "int | None"]
 """A workspace's place in its pool: (plan label, CUDA-graph slot or None for eager)."""
 
 
 class ResourceError(Exception):
-    """Base of every error raised by mstar-resources."""
+    """Base of every error raised by mstar-resources: a message, and its fields as keywords."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.__dict__.update(fields)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The default rebuilds an exception from its args alone, which would lose the keyword-only
@@ -73,9 +71,7 @@ class Problem(str):
         """This problem with ``prefix`` (``resources.attn.decode.``) before its sentence and its
         setting."""
         setting = None if self.setting is None else prefix + self.setting
-        return Problem(
-            prefix + self, setting=setting, value=self.value, expects=self.expects, fix=self.fix
-        )
+        return Problem(prefix + self, **{**vars(self), "setting": setting})
 
 
 MAX_PROBLEMS_SHOWN = 20
@@ -127,15 +123,6 @@ class WorkspaceShortError(ResourceError):
     needed_bytes: int
     setting: str
 
-    def __init__(
-        self, message: str, *, workspace: str, held_bytes: int, needed_bytes: int, setting: str
-    ) -> None:
-        super().__init__(message)
-        self.workspace = workspace
-        self.held_bytes = held_bytes
-        self.needed_bytes = needed_bytes
-        self.setting = setting
-
 
 class WorkspaceSealedError(WorkspaceShortError):
     """A plan needs more room than a sealed workspace has; a sealed workspace never moves.
@@ -144,10 +131,6 @@ class WorkspaceSealedError(WorkspaceShortError):
     ``suggested_mb``, the value of ``setting`` that holds ``needed_bytes``."""
 
     suggested_mb: int
-
-    def __init__(self, message: str, *, suggested_mb: int, **fields: Any) -> None:
-        super().__init__(message, **fields)
-        self.suggested_mb = suggested_mb
 
 
 class WorkspaceAgreementError(ResourceError):
@@ -186,11 +169,6 @@ class WorkspacePlanError(ResourceError):
 
     workspace: str
     held_bytes: int
-
-    def __init__(self, message: str, *, workspace: str, held_bytes: int) -> None:
-        super().__init__(message)
-        self.workspace = workspace
-        self.held_bytes = held_bytes
 
 
 def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:

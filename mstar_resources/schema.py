@@ -75,7 +75,7 @@ class Resource:
                 problem,
                 setting=name,
                 value=getattr(self, name),
-                expects=_expects(name),
+                expects=expects(FIELDS[name]),
                 fix=getattr(problem, "fix", None),
             )
             for name, problems in checks.items()
@@ -90,14 +90,9 @@ FIELDS = {f.name: f for f in fields(Resource)}
 """The schema's fields, by name, in order."""
 
 
-def _expects(name: str) -> str | None:
-    return expects(FIELDS[name])
-
-
-def _owner_problems(owner: object) -> list[str]:
+def _owner_problems(owner: object) -> list[str | None]:
     if isinstance(owner, str) and owner.strip():
-        problem = name_problem("owner", owner)
-        return [] if problem is None else [problem]
+        return [name_problem("owner", owner)]
     return [f"owner={owner!r} is empty; name who the resource belongs to (e.g. owner=attention)"]
 
 
