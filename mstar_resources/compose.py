@@ -37,8 +37,6 @@ __all__ = ["SHIPPED_CONF", "ComposedTree", "Composition", "compose_deployment",
            "shipped_deployments"]  # fmt: skip
 
 SHIPPED_CONF = "pkg://mstar_resources.conf"
-GLOBAL_HEADER = "# @package _global_"
-"""The first line of a deployment file: its keys are the whole tree's."""
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError,
                   RecursionError)  # fmt: skip
 
@@ -226,7 +224,7 @@ class Composition:
         except (OSError, yaml.YAMLError):
             return None
         named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
-        if not body and text.startswith(GLOBAL_HEADER):  # without it, Hydra's error says so
+        if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
             return (f"{named} declares nothing: a deployment sets resources (or lists another "
                     "deployment under defaults), and without them every floor would be "
                     "MSTAR_WORKSPACE_BUFFER_MB, else 512 MB; write the deployment's settings "

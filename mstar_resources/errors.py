@@ -1,8 +1,7 @@
 """The exceptions this library raises: each names the setting to change and the value to give it.
 
 Each carries its figures as fields (as Hydra's ``MissingConfigException.options`` does), so an
-engine reads fields, never the wording, and each pickles with them, so a worker can hand it to its
-parent. Torch-free: ``WorkspaceGrowthError``, also a torch error, lives beside the workspaces.
+engine reads fields, never the wording, and pickles with them for a worker to hand to its parent.
 """
 
 from __future__ import annotations
@@ -15,9 +14,6 @@ __all__ = [
     "Problem", "ResourceConfigError", "ResourceError", "ResourceUsageError",
     "WorkspaceAgreementError", "WorkspacePlanError", "WorkspaceSealedError", "WorkspaceShortError"
 ]  # fmt: skip
-
-WorkspaceKey = tuple[str, "int | None"]
-"""A workspace's place in its pool: (plan label, CUDA-graph slot or None for eager)."""
 
 
 class ResourceError(Exception):
@@ -139,13 +135,13 @@ class WorkspaceAgreementError(ResourceError):
 
     Fields: ``ranks`` (the ranks concerned: every rank when the pools differ, else those that
     failed), ``reasons`` (by each of those ranks: the pool it seals, or how it failed),
-    ``held`` (by every rank of the group: the bytes of each workspace it held, by key) and
+    ``held`` (by every rank of the group: the bytes of each workspace it held, by (label, slot)) and
     ``errors`` (by each rank that failed: the error it raised, whole, with its fields).
     """
 
     ranks: tuple[int, ...]
     reasons: dict[int, str]
-    held: dict[int, dict[WorkspaceKey, int]]
+    held: dict[int, dict[tuple[str, int | None], int]]
     errors: dict[int, Exception]
 
     def __init__(
@@ -153,7 +149,7 @@ class WorkspaceAgreementError(ResourceError):
         message: str,
         *,
         reasons: Mapping[int, str],
-        held: Mapping[int, Mapping[WorkspaceKey, int]],
+        held: Mapping[int, Mapping[tuple[str, int | None], int]],
         errors: Mapping[int, Exception] | None = None,
     ) -> None:
         super().__init__(message)

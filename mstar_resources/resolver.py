@@ -253,8 +253,10 @@ def _walk(
         elif isinstance(child, DictConfig):
             yield from _walk(child, child_key, problems, level + 1)
         else:
+            if isinstance(child, ListConfig):
+                child = OmegaConf.to_container(child)
             problems.append(
-                f"{child_key}={_plain(child)!r} is neither a resource nor a group of them; a "
+                f"{child_key}={child!r} is neither a resource nor a group of them; a "
                 f"resource is a mapping of {', '.join(FIELDS)} (e.g. {child_key}.labels=[decode])"
             )
 
@@ -359,10 +361,6 @@ def _problem(text: str, key: str, name: str, value: object) -> Problem:
     return Problem(
         f"{text}; set it to {expects}", setting=f"{key}.{name}", value=value, expects=expects
     )
-
-
-def _plain(value: object) -> object:
-    return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
 
 
 def _no_target(key: str, value: object) -> str:
