@@ -17,23 +17,12 @@ __all__ = [
 
 
 class ResourceError(Exception):
-    """Base of every error raised by mstar-resources: a message, and its fields as keywords."""
+    """Base of every error raised by mstar-resources: a message, and its fields as keywords. A
+    pickled copy is built from its message alone, its fields set after (as for any exception)."""
 
     def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
         self.__dict__.update(fields)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # The default rebuilds an exception from its args alone, which would lose the keyword-only
-        # fields of the subclasses below.
-        return _rebuild, (type(self), self.args, dict(self.__dict__))
-
-
-def _rebuild(cls: type[ResourceError], args: tuple[Any, ...], fields: dict[str, Any]) -> Any:
-    error = cls.__new__(cls, *args)
-    error.args = args
-    error.__dict__.update(fields)
-    return error
 
 
 class Problem(str):
@@ -148,14 +137,14 @@ class WorkspaceAgreementError(ResourceError):
         self,
         message: str,
         *,
-        reasons: Mapping[int, str],
-        held: Mapping[int, Mapping[tuple[str, int | None], int]],
+        reasons: Mapping[int, str] | None = None,
+        held: Mapping[int, Mapping[tuple[str, int | None], int]] | None = None,
         errors: Mapping[int, Exception] | None = None,
-    ) -> None:
+    ) -> None:  # each field optional, so pickle can rebuild it from its message
         super().__init__(message)
-        self.ranks = tuple(sorted(reasons))
-        self.reasons = dict(reasons)
-        self.held = {rank: dict(sizes) for rank, sizes in held.items()}
+        self.reasons = dict(reasons or {})
+        self.ranks = tuple(sorted(self.reasons))
+        self.held = {rank: dict(sizes) for rank, sizes in (held or {}).items()}
         self.errors = dict(errors or {})
 
 
