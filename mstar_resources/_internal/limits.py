@@ -52,7 +52,7 @@ def problems(values: Any, schema: type) -> list[str]:
         setting, bounds = field.name, _bounds_text(field.metadata)
         ge, le = field.metadata.get("ge"), field.metadata.get("le")
         value = values[setting] if isinstance(values, Mapping) else getattr(values, setting)
-        if not bounds or type(value) not in (int, float):  # a bool is no number here
+        if not bounds or isinstance(value, bool) or not isinstance(value, int | float):
             continue
         if not math.isfinite(value):
             text = f"{setting}={value!r} is not a finite number; it must be {bounds}"
