@@ -32,25 +32,11 @@ if TYPE_CHECKING:
     from .resolver import ResolvedResource, build_pools, resolve
 
 __all__ = [
-    "IntWorkspace",
-    "Problem",
-    "ResolvedResource",
-    "ResourceConfigError",
-    "ResourceError",
-    "ResourceUsageError",
-    "Workspace",
-    "WorkspaceAgreementError",
-    "WorkspaceGrowthError",
-    "WorkspacePlanError",
-    "WorkspacePool",
-    "WorkspaceSealedError",
-    "WorkspaceShortError",
-    "WorkspaceStats",
-    "build_pools",
-    "check_calibration",
-    "resolve",
-    "workspace_bytes",
-]
+    "IntWorkspace", "Problem", "ResolvedResource", "ResourceConfigError", "ResourceError",
+    "ResourceUsageError", "Workspace", "WorkspaceAgreementError", "WorkspaceGrowthError",
+    "WorkspacePlanError", "WorkspacePool", "WorkspaceSealedError", "WorkspaceShortError",
+    "WorkspaceStats", "build_pools", "check_calibration", "resolve", "workspace_bytes"
+]  # fmt: skip
 
 _HOMES = (".errors", ".resolver", ".calibration.record", ".attn.workspace")  # torch's last
 

@@ -37,8 +37,6 @@ __all__ = ["SHIPPED_CONF", "ComposedTree", "Composition", "compose_deployment",
            "shipped_deployments"]  # fmt: skip
 
 SHIPPED_CONF = "pkg://mstar_resources.conf"
-GLOBAL_HEADER = "# @package _global_"
-"""The first line of a deployment file: its keys are the whole tree's."""
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError,
                   RecursionError)  # fmt: skip
 
@@ -197,19 +195,9 @@ class Composition:
             return self.folder / DEPLOYMENT_GROUP / f"{names[0]}.yaml"
         return None
 
-    def deployment_file(self) -> Path | None:
-        """The file of the deployment the overrides pick, in the user's ``--config-dir``."""
-        path = self.deployment_path()
-        return path if path is not None and path.is_file() else None
-
     def deployment_problem(self) -> str | None:
-        """What is wrong with the deployment the overrides pick in the user's ``--config-dir``,
-        which Hydra would fail on, read without end, ignore or compose without a word: a folder, a
-        FIFO or a device; a file a shipped deployment of its name shadows (``--config-dir`` comes
-        after the package's configs); bytes that are no UTF-8; nothing at all (every floor would
-        then be the variable's, else 512 MB); Hydra's own ``hydra:`` block; or one of the app's own
-        ``settings``, which its primary config would override (a file PyYAML can't read is Hydra's
-        to report)."""
+        """What is wrong with the deployment the overrides pick in the user's ``--config-dir``
+        that Hydra would fail on, read without end, ignore or compose without a word."""
         path = self.deployment_path()
         if path is None:
             return None
@@ -236,7 +224,7 @@ class Composition:
         except (OSError, yaml.YAMLError):
             return None
         named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
-        if not body and text.startswith(GLOBAL_HEADER):  # without it, Hydra's error says so
+        if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
             return (f"{named} declares nothing: a deployment sets resources (or lists another "
                     "deployment under defaults), and without them every floor would be "
                     "MSTAR_WORKSPACE_BUFFER_MB, else 512 MB; write the deployment's settings "
@@ -295,7 +283,8 @@ class Composition:
                 except UnicodeDecodeError as found:
                     return compose_errors.not_utf8(path, data, found)
         if isinstance(error, HydraException | OmegaConfBaseException):
-            return compose_errors.explain(error, self.deployment_file())
+            picked = self.deployment_path()
+            return compose_errors.explain(error, picked if picked and picked.is_file() else None)
         if type(error) is ValueError:  # OmegaConf's int() of a list's index
             return self.list_index_problem()
         filename = str(error.filename) if isinstance(error, OSError) and error.filename else ""

@@ -59,9 +59,9 @@ def explain(error: BaseException, deployment_file: Path | None = None) -> str:
 def _quoting_hint(override: str) -> str:
     """How to quote the value of ``key=value`` where it holds what Hydra reads as grammar, else
     ""."""
-    key, sep, value = override.partition("=")
+    key, _, value = override.partition("=")
     odd = [c for c in value if not c.isascii() or c in "= '\"\\"]
-    if not sep or not value or value[0] in "'\"" or not odd:
+    if not odd or value[0] in "'\"":
         return ""
     if odd[0].isdigit():  # quoted, it would pass as the number int() reads in it
         return (f"; the value holds {odd[0]!r}, a digit of another script: write numbers in "

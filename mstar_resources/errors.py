@@ -1,8 +1,7 @@
 """The exceptions this library raises: each names the setting to change and the value to give it.
 
 Each carries its figures as fields (as Hydra's ``MissingConfigException.options`` does), so an
-engine reads fields, never the wording, and each pickles with them, so a worker can hand it to its
-parent. Torch-free: ``WorkspaceGrowthError``, also a torch error, lives beside the workspaces.
+engine reads fields, never the wording, and pickles with them for a worker to hand to its parent.
 """
 
 from __future__ import annotations
@@ -12,34 +11,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
-    "Problem",
-    "ResourceConfigError",
-    "ResourceError",
-    "ResourceUsageError",
-    "WorkspaceAgreementError",
-    "WorkspacePlanError",
-    "WorkspaceSealedError",
-    "WorkspaceShortError",
-]
-
-WorkspaceKey = tuple[str, "int | None"]
-"""A workspace's place in its pool: (plan label, CUDA-graph slot or None for eager)."""
+    "Problem", "ResourceConfigError", "ResourceError", "ResourceUsageError",
+    "WorkspaceAgreementError", "WorkspacePlanError", "WorkspaceSealedError", "WorkspaceShortError"
+]  # fmt: skip
 
 
 class ResourceError(Exception):
-    """Base of every error raised by mstar-resources."""
+    """Base of every error raised by mstar-resources: a message, and its fields as keywords. A
+    pickled copy is built from its message alone, its fields set after (as for any exception)."""
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # The default rebuilds an exception from its args alone, which would lose the keyword-only
-        # fields of the subclasses below.
-        return _rebuild, (type(self), self.args, dict(self.__dict__))
-
-
-def _rebuild(cls: type[ResourceError], args: tuple[Any, ...], fields: dict[str, Any]) -> Any:
-    error = cls.__new__(cls, *args)
-    error.args = args
-    error.__dict__.update(fields)
-    return error
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.__dict__.update(fields)
 
 
 class Problem(str):
@@ -73,9 +56,7 @@ class Problem(str):
         """This problem with ``prefix`` (``resources.attn.decode.``) before its sentence and its
         setting."""
         setting = None if self.setting is None else prefix + self.setting
-        return Problem(
-            prefix + self, setting=setting, value=self.value, expects=self.expects, fix=self.fix
-        )
+        return Problem(prefix + self, **{**vars(self), "setting": setting})
 
 
 MAX_PROBLEMS_SHOWN = 20
@@ -127,15 +108,6 @@ class WorkspaceShortError(ResourceError):
     needed_bytes: int
     setting: str
 
-    def __init__(
-        self, message: str, *, workspace: str, held_bytes: int, needed_bytes: int, setting: str
-    ) -> None:
-        super().__init__(message)
-        self.workspace = workspace
-        self.held_bytes = held_bytes
-        self.needed_bytes = needed_bytes
-        self.setting = setting
-
 
 class WorkspaceSealedError(WorkspaceShortError):
     """A plan needs more room than a sealed workspace has; a sealed workspace never moves.
@@ -145,10 +117,6 @@ class WorkspaceSealedError(WorkspaceShortError):
 
     suggested_mb: int
 
-    def __init__(self, message: str, *, suggested_mb: int, **fields: Any) -> None:
-        super().__init__(message, **fields)
-        self.suggested_mb = suggested_mb
-
 
 class WorkspaceAgreementError(ResourceError):
     """The ranks of a group could not agree on a pool at a group seal (they hold different pools,
@@ -156,27 +124,27 @@ class WorkspaceAgreementError(ResourceError):
 
     Fields: ``ranks`` (the ranks concerned: every rank when the pools differ, else those that
     failed), ``reasons`` (by each of those ranks: the pool it seals, or how it failed),
-    ``held`` (by every rank of the group: the bytes of each workspace it held, by key) and
+    ``held`` (by every rank of the group: the bytes of each workspace it held, by (label, slot)) and
     ``errors`` (by each rank that failed: the error it raised, whole, with its fields).
     """
 
     ranks: tuple[int, ...]
     reasons: dict[int, str]
-    held: dict[int, dict[WorkspaceKey, int]]
+    held: dict[int, dict[tuple[str, int | None], int]]
     errors: dict[int, Exception]
 
     def __init__(
         self,
         message: str,
         *,
-        reasons: Mapping[int, str],
-        held: Mapping[int, Mapping[WorkspaceKey, int]],
+        reasons: Mapping[int, str] | None = None,
+        held: Mapping[int, Mapping[tuple[str, int | None], int]] | None = None,
         errors: Mapping[int, Exception] | None = None,
-    ) -> None:
+    ) -> None:  # each field optional, so pickle can rebuild it from its message
         super().__init__(message)
-        self.ranks = tuple(sorted(reasons))
-        self.reasons = dict(reasons)
-        self.held = {rank: dict(sizes) for rank, sizes in held.items()}
+        self.reasons = dict(reasons or {})
+        self.ranks = tuple(sorted(self.reasons))
+        self.held = {rank: dict(sizes) for rank, sizes in (held or {}).items()}
         self.errors = dict(errors or {})
 
 
@@ -186,11 +154,6 @@ class WorkspacePlanError(ResourceError):
 
     workspace: str
     held_bytes: int
-
-    def __init__(self, message: str, *, workspace: str, held_bytes: int) -> None:
-        super().__init__(message)
-        self.workspace = workspace
-        self.held_bytes = held_bytes
 
 
 def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:

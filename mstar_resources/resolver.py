@@ -18,14 +18,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ._internal import limits
-from ._internal.floor import (
-    FLOAT,
-    INT,
-    Floor,
-    FloorSource,
-    read_mb,
-    resolve_floor,
-)
+from ._internal.floor import FLOAT, INT, Floor, FloorSource, read_mb, resolve_floor
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
 from .schema import FIELDS, Resource
 from .units import MIB, is_int
@@ -82,14 +75,14 @@ class ResolvedResource:
     """``workspaces * int_floor_bytes``, on the GPU (and as many on the host)."""
 
     def __post_init__(self) -> None:
-        derived = {
+        workspaces = len(self.labels) * max(1, len(self.cg_slots))
+        for name, value in {
             "floor_bytes": self.floor_mb * MIB,
             "int_floor_bytes": self.int_floor_mb * MIB,
-            "workspaces": len(self.labels) * max(1, len(self.cg_slots)),
-        }
-        derived["reserved_bytes"] = derived["workspaces"] * derived["floor_bytes"]
-        derived["int_reserved_bytes"] = derived["workspaces"] * derived["int_floor_bytes"]
-        for name, value in derived.items():
+            "workspaces": workspaces,
+            "reserved_bytes": workspaces * self.floor_mb * MIB,
+            "int_reserved_bytes": workspaces * self.int_floor_mb * MIB,
+        }.items():
             object.__setattr__(self, name, value)
 
     @property
@@ -165,22 +158,10 @@ def build_pools(
     *,
     reserve: bool = False,
 ) -> dict[str, WorkspacePool]:
-    """A workspace pool on ``device`` for every resource, by path.
-
-    Parameters
-    ----------
-    resources
-        The composed ``resources`` tree, resolved with ``env`` (``os.environ`` by default), or
-        the records :func:`resolve` gave, built with the floors they hold.
-    device
-        Where the workspaces are made.
-    reserve
-        Make every declared workspace now (:meth:`WorkspacePool.reserve`) rather than when first
-        asked for.
-
-    Each pool serves its resource's (label, slot) pairs only and names the setting that sized it.
-    Whether a calibration still holds is ``check_calibration``'s question, on the composed root.
-    """
+    """A workspace pool on ``device`` for every resource, by path: from the composed ``resources``
+    tree (resolved with ``env``, ``os.environ`` by default) or the records :func:`resolve` gave.
+    Each pool serves its resource's (label, slot) pairs only; ``reserve`` makes every workspace
+    now (:meth:`WorkspacePool.reserve`) rather than when first asked for."""
     from .attn.workspace import WorkspacePool
 
     check_argument("reserve", reserve, bool, "True or False")
@@ -272,8 +253,10 @@ def _walk(
         elif isinstance(child, DictConfig):
             yield from _walk(child, child_key, problems, level + 1)
         else:
+            if isinstance(child, ListConfig):
+                child = OmegaConf.to_container(child)
             problems.append(
-                f"{child_key}={_plain(child)!r} is neither a resource nor a group of them; a "
+                f"{child_key}={child!r} is neither a resource nor a group of them; a "
                 f"resource is a mapping of {', '.join(FIELDS)} (e.g. {child_key}.labels=[decode])"
             )
 
@@ -378,10 +361,6 @@ def _problem(text: str, key: str, name: str, value: object) -> Problem:
     return Problem(
         f"{text}; set it to {expects}", setting=f"{key}.{name}", value=value, expects=expects
     )
-
-
-def _plain(value: object) -> object:
-    return OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
 
 
 def _no_target(key: str, value: object) -> str:

@@ -75,7 +75,7 @@ class Resource:
                 problem,
                 setting=name,
                 value=getattr(self, name),
-                expects=_expects(name),
+                expects=expects(FIELDS[name]),
                 fix=getattr(problem, "fix", None),
             )
             for name, problems in checks.items()
@@ -90,25 +90,20 @@ FIELDS = {f.name: f for f in fields(Resource)}
 """The schema's fields, by name, in order."""
 
 
-def _expects(name: str) -> str | None:
-    return expects(FIELDS[name])
-
-
-def _owner_problems(owner: object) -> list[str]:
+def _owner_problems(owner: object) -> list[str | None]:
     if isinstance(owner, str) and owner.strip():
-        problem = name_problem("owner", owner)
-        return [] if problem is None else [problem]
+        return [name_problem("owner", owner)]
     return [f"owner={owner!r} is empty; name who the resource belongs to (e.g. owner=attention)"]
 
 
-def _label_problems(labels: list[str]) -> list[str]:
+def _label_problems(labels: list[str]) -> list[str | None]:
     if not labels:
         return [
             "labels=[] is empty; list the plan labels the resource serves (e.g. labels=[decode])"
         ]
     if len(labels) > MAX_ITEMS:
         return [f"labels has {len(labels):,} labels; at most {MAX_ITEMS} (each is a workspace)"]
-    problems = []
+    problems: list[str | None] = []
     if nested := [label for label in labels if not isinstance(label, str)]:
         problems.append(
             f"labels={labels!r} holds {nested[0]!r}, which is not a label; labels is a flat list "
@@ -117,8 +112,7 @@ def _label_problems(labels: list[str]) -> list[str]:
     elif any(not label.strip() for label in labels):
         problems.append(f"labels={labels!r} has an empty label; give every label a name")
     else:
-        named = (name_problem(f"labels[{i}]", label) for i, label in enumerate(labels))
-        problems += [problem for problem in named if problem is not None]
+        problems += (name_problem(f"labels[{i}]", label) for i, label in enumerate(labels))
     if repeated := _repeats([label for label in labels if isinstance(label, Hashable)]):
         problems.append(f"labels={labels!r} repeats {repeated}; list each label once")
     return problems

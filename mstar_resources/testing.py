@@ -1,15 +1,9 @@
-"""FlashInfer's overflow, for an engine's own tests of its growth paths on a CPU.
-
-:func:`flashinfer_overflow` is the ``RuntimeError`` FlashInfer's allocator raises when a plan's
-scratch does not fit its float workspace, rendered from the checked fixture of its C++ headers'
-text (``attn/flashinfer_overflow.json``); :class:`OverflowingPlanner` raises it as a wrapper's
-``plan`` would::
+"""FlashInfer's overflow, for an engine's own tests of its growth paths on a CPU, without
+FlashInfer or a GPU: :class:`OverflowingPlanner` raises it as a wrapper's ``plan`` would::
 
     workspace = pools["attn.decode"].get("decode", cg_slot=0)
     workspace.plan(OverflowingPlanner(workspace.tensor, [("batch_decode_tmp_v", 3 << 20)]))
     assert workspace.tensor.numel() >= 3 << 20  # grown, as it would be on a GPU
-
-No FlashInfer and no GPU are needed.
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ import importlib.resources
 import json
 import sysconfig
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +40,8 @@ def flashinfer_overflow(
     allocation: str, size: int, available: int, alignment: int = ALIGNMENT
 ) -> RuntimeError:
     """The error FlashInfer's allocator raises when ``allocation`` (e.g. ``batch_decode_tmp_v``)
-    asks for ``size`` bytes with ``available`` left in the workspace, as FlashInfer words it."""
+    asks for ``size`` bytes with ``available`` left in the workspace, worded from the checked
+    fixture of its C++ headers' text (``attn/flashinfer_overflow.json``)."""
     where = _expressions()["overflow"]
     header = Path(sysconfig.get_path("purelib")) / "flashinfer/data/include/flashinfer"
     message = _render(
@@ -61,15 +57,15 @@ def flashinfer_overflow(
     return RuntimeError(text)
 
 
+@dataclass
 class OverflowingPlanner:
     """A planner that takes ``allocations`` ((name, bytes) each, aligned as FlashInfer aligns
     them) from ``buffer`` in turn and raises :func:`flashinfer_overflow` for the first that does
     not fit; it holds the tensor, so it sees a workspace grown in place. ``calls`` counts plans."""
 
-    def __init__(self, buffer: torch.Tensor, allocations: Sequence[tuple[str, int]]) -> None:
-        self.buffer = buffer
-        self.allocations = list(allocations)
-        self.calls = 0
+    buffer: torch.Tensor
+    allocations: Sequence[tuple[str, int]]
+    calls: int = 0
 
     def __call__(self, *args: object, **kwargs: object) -> None:
         self.calls += 1

@@ -10,12 +10,9 @@ from ..errors import ResourceConfigError
 if TYPE_CHECKING:
     import torch
 
-CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
-"""How a CUDA device is written in the ``device`` setting."""
-
 
 def is_cuda_device(device: str) -> bool:
-    return CUDA_DEVICE.fullmatch(device) is not None
+    return re.fullmatch(r"cuda(:\d+)?", device) is not None
 
 
 def cuda_device(device: str, without_gpu: str) -> torch.device:

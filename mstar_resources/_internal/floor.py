@@ -137,15 +137,11 @@ def resolve_floor(
     var = buffer.env_var
     raw = (os.environ if env is None else env).get(var, "")
     if not isinstance(raw, str):
-        raise ResourceConfigError(
-            Problem(
-                f"{var}={raw!r} is not a string; the environment holds strings, so give it as "
-                f"one (e.g. {{{var!r}: '{raw}'}})",
-                setting=var,
-                value=raw,
-                expects="a string",
-            )
+        text = (
+            f"{var}={raw!r} is not a string; the environment holds strings, so give it as one "
+            f"(e.g. {{{var!r}: '{raw}'}})"
         )
+        raise ResourceConfigError(Problem(text, setting=var, value=raw, expects="a string"))
     if raw.strip() == "":
         return Floor(buffer.default_mb, "default", var)
     return Floor(read_mb(var, raw, buffer), "env", var)

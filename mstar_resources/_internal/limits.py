@@ -1,9 +1,5 @@
-"""A setting's limits, stated once on its schema field and checked by one routine.
-
-A field says what it takes in its metadata: ``expects`` (what an error calls a good value) and
-any of the bounds ``ge``, ``le``. :func:`problems` checks values against every bounded field of a
-schema, and :func:`expects` is how an error describes a field, its bounds included.
-"""
+"""A setting's limits, stated once in its schema field's metadata (``expects``: what an error
+calls a good value; the bounds ``ge``, ``le``) and checked by one routine."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import Problem
+from ..units import is_int
 from .floor import number_text
 
 __all__ = ["MAX_NAME", "bounds", "expects", "name_problem", "problems"]
@@ -29,17 +26,12 @@ def bounds(expects: str, *, ge: float | None = None, le: float | None = None) ->
 
 def _text(number: float) -> str:
     """A bound or a value as a message writes it: a whole number with thousands separators."""
-    if isinstance(number, int) and not isinstance(number, bool):
-        return number_text(number)
-    return repr(number)
+    return number_text(number) if is_int(number) else repr(number)
 
 
 def _bounds_text(metadata: Mapping[str, Any]) -> str:
-    said = []
-    if metadata.get("ge") is not None:
-        said.append(f"at least {_text(metadata['ge'])}")
-    if metadata.get("le") is not None:
-        said.append(f"at most {_text(metadata['le'])}")
+    words = {"ge": "at least", "le": "at most"}
+    said = [f"{words[k]} {_text(metadata[k])}" for k in words if metadata.get(k) is not None]
     return " and ".join(said)
 
 
@@ -57,29 +49,19 @@ def problems(values: Any, schema: type) -> list[str]:
     is the field type's business."""
     found: list[str] = []
     for field in dataclasses.fields(schema):
-        ge, le = field.metadata.get("ge"), field.metadata.get("le")
-        value = values[field.name] if isinstance(values, Mapping) else getattr(values, field.name)
-        if (
-            (ge is None and le is None)
-            or isinstance(value, bool)
-            or not isinstance(value, int | float)
-        ):
-            continue
         setting, bounds = field.name, _bounds_text(field.metadata)
+        ge, le = field.metadata.get("ge"), field.metadata.get("le")
+        value = values[setting] if isinstance(values, Mapping) else getattr(values, setting)
+        if not bounds or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
         if not math.isfinite(value):
             text = f"{setting}={value!r} is not a finite number; it must be {bounds}"
         elif (ge is not None and value < ge) or (le is not None and value > le):
             text = f"{setting}={_text(value)} must be {bounds}"
         else:
             continue
-        found.append(
-            Problem(
-                f"{text} ({field.metadata['expects']})",
-                setting=setting,
-                value=value,
-                expects=expects(field),
-            )
-        )
+        text += f" ({field.metadata['expects']})"
+        found.append(Problem(text, setting=setting, value=value, expects=expects(field)))
     return found
 
 
