@@ -1,9 +1,10 @@
 """FlashInfer's workspaces by (plan label, CUDA-graph slot): made on first use at their floors,
-handed to wrappers, sealed together, and agreed across ranks before a group seals."""
+handed to wrappers, sealed together, and agreed across the ranks of a group before it seals."""
 
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -13,7 +14,12 @@ import torch.distributed as dist
 
 from .._internal.floor import INT, Floor, resolve_floor
 from .._internal.limits import name_problem
-from ..errors import ResourceConfigError, ResourceUsageError, check_argument
+from ..errors import (
+    ResourceConfigError,
+    ResourceUsageError,
+    WorkspaceAgreementError,
+    check_argument,
+)
 from ..units import is_int, plural
 from ._flashinfer import FLOAT_BUFFER, own_buffers
 from .buffer import WorkspaceStats, allocate
@@ -23,6 +29,9 @@ from .int_workspace import IntWorkspace
 logger = logging.getLogger("mstar_resources.attn.workspace")
 
 T = TypeVar("T")
+Key = tuple[str, int | None]
+Identity = tuple[str, str | None, tuple[Key, ...] | None]
+"""A pool's owner, config key and served keys: what must match across ranks."""
 
 
 class WorkspacePool:
@@ -53,7 +62,7 @@ class WorkspacePool:
         *,
         int_size_mb: int | None = None,
         config_key: str | None = None,
-        serves: Iterable[tuple[str, int | None]] | None = None,
+        serves: Iterable[Key] | None = None,
         env: Mapping[str, str] | None = None,
         floors: tuple[Floor, Floor] | None = None,
     ) -> None:
@@ -84,7 +93,7 @@ class WorkspacePool:
         self.serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
         for label, cg_slot in self.serves or ():
             self._check_key(label, cg_slot)
-        self._workspaces: dict[tuple[str, int | None], Workspace] = {}
+        self._workspaces: dict[Key, Workspace] = {}
         self._lock = threading.Lock()
         self._sealed = False
         self._sealing = False  # agreeing with a group: workspaces made now are sealing too
@@ -207,18 +216,17 @@ class WorkspacePool:
         logger.info("%s", self.summary())
 
     def _agree(self, group: dist.ProcessGroup) -> None:
-        """Agree with ``group`` while no plan can grow a workspace here (a growth after the sizes
-        are gathered would leave this rank at a size the others never saw). If it fails,
-        nothing is sealed and plans may grow again."""
-        from . import _agree
-
+        """Agree with ``group`` in two ``all_gather_object`` calls (every rank's pool and sizes,
+        then whether each could grow to the largest), while no plan can grow a workspace here: a
+        growth after the sizes are gathered would leave this rank at a size the others never
+        saw. If it fails, nothing is sealed and plans may grow again."""
         identity = (self.owner, self._config_key, self.serves)
         self._refuse_growth(True)
         try:
             rank, ranks = dist.get_rank(group), dist.get_world_size(group)
             held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
-            every_held = _agree.gather_held(identity, held, group)
-            agreed = _agree.largest(every_held.values())
+            every_held = _gather_held(identity, held, group)
+            agreed = _largest(every_held.values())
             others = plural(ranks - 1, "other rank")
             failure: Exception | None = None
             added = 0
@@ -227,13 +235,13 @@ class WorkspacePool:
                     added += self.get(label, cg_slot)._grow_to_agree(nbytes, others)
             except Exception as error:  # told to every rank, then raised here as it was
                 failure = error
-            _agree.share_outcome(failure, identity, every_held, group)
+            _share_outcome(failure, identity, every_held, group)
         except BaseException:
             self._refuse_growth(False)
             raise
         logger.info(
             "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
-            rank, _agree.describe(identity), sum(agreed.values()), len(agreed), ranks, added,
+            rank, _describe(identity), sum(agreed.values()), len(agreed), ranks, added,
         )  # fmt: skip
 
     def _refuse_growth(self, refused: bool) -> None:
@@ -244,7 +252,7 @@ class WorkspacePool:
         for workspace in workspaces:
             workspace._refuse_growth(refused)
 
-    def workspaces(self) -> dict[tuple[str, int | None], Workspace]:
+    def workspaces(self) -> dict[Key, Workspace]:
         """The workspaces made so far, by (label, cg slot)."""
         with self._lock:
             return dict(self._workspaces)
@@ -334,7 +342,7 @@ class WorkspacePool:
         )
 
 
-def _pairs(serves: object) -> list[tuple[str, int | None]]:
+def _pairs(serves: object) -> list[Key]:
     """``serves`` as (label, cg slot) pairs, or the library's error saying what it got."""
     good = not isinstance(serves, str | bytes) and isinstance(serves, Iterable)
     pairs = list(serves) if good else []  # type: ignore[call-overload]
@@ -344,3 +352,85 @@ def _pairs(serves: object) -> list[tuple[str, int | None]]:
             "('prefill', None)], or None to serve any"
         )
     return pairs
+
+
+# -- the ranks' agreement before a group seals ---------------------------------------------------
+
+
+def _gather_held(
+    identity: Identity, held: Mapping[Key, int], group: dist.ProcessGroup
+) -> dict[int, dict[Key, int]]:
+    """Each rank's ``held`` bytes by key, by rank; raises on every rank alike when the
+    ranks' pool ``identity`` differs."""
+    everyone: list[Any] = [None] * dist.get_world_size(group)  # by rank
+    dist.all_gather_object(everyone, (identity, dict(held)), group=group)
+    every_held = {rank: sizes for rank, (_, sizes) in enumerate(everyone)}
+    if len({identity for identity, _ in everyone}) > 1:
+        pools = {
+            rank: f"{_describe(identity)} serving {_keys(identity)}"
+            for rank, (identity, _) in enumerate(everyone)
+        }
+        listed = "; ".join(f"rank {rank}: {described}" for rank, described in pools.items())
+        raise WorkspaceAgreementError(
+            f"the ranks of the group are sealing different pools ({listed}); every rank must "
+            "seal the same pools, in the same order",
+            reasons=pools,
+            held=every_held,
+        )
+    return every_held
+
+
+def _largest(every_held: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
+    """Each key any rank made, at the most bytes any rank holds of it."""
+    agreed: dict[Key, int] = {}
+    for sizes in every_held:
+        for key, nbytes in sizes.items():
+            agreed[key] = max(agreed.get(key, 0), nbytes)
+    return agreed
+
+
+def _share_outcome(
+    failure: Exception | None,
+    identity: Identity,
+    every_held: Mapping[int, Mapping[Key, int]],
+    group: dist.ProcessGroup,
+) -> None:
+    """Tell every rank whether this one could make and grow what it lacked. A rank that
+    could not raises its own ``failure``; the others raise one naming it, with its error (pickled
+    whole, with its fields) in ``errors``."""
+    outcomes: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(outcomes, _picklable(failure), group=group)
+    if failure is not None:
+        raise failure
+    failed = {rank: error for rank, error in enumerate(outcomes) if error is not None}
+    if failed:
+        reasons = {rank: f"{type(error).__name__}: {error}" for rank, error in failed.items()}
+        told = "; ".join(f"rank {rank} failed: {reason}" for rank, reason in reasons.items())
+        raise WorkspaceAgreementError(
+            f"{_describe(identity)} was not sealed on any rank of the group: {told}",
+            reasons=reasons,
+            held=every_held,
+            errors=failed,
+        )
+
+
+def _picklable(error: Exception | None) -> Exception | None:
+    """``error`` where it survives a pickle whole (this library's errors do), else a
+    ``RuntimeError`` with its type and text, so no rank fails to read what another sent."""
+    if error is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
+def _describe(identity: Identity) -> str:
+    owner, config_key, _ = identity
+    return f"pool {owner!r}" + (f" ({config_key})" if config_key else "")
+
+
+def _keys(identity: Identity) -> str:
+    served = identity[2]
+    return "any key" if served is None else ", ".join(f"{label}/{slot}" for label, slot in served)
