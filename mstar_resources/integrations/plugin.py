@@ -341,16 +341,6 @@ class EnginePlugin:
             )
         return None
 
-    def version_note(self, version: str) -> str | None:
-        """What to say of a served ``version`` that was not read (None where it was)."""
-        if version.split("+")[0] in self.releases:
-            return None
-        return (
-            f"{self.engine} {version} is not a release this plugin was read in "
-            f"({', '.join(self.releases)}); it is served where each seam the plugin needs is "
-            "there, and left as it is, the seam named, where one is not"
-        )
-
     def register(self) -> None:
         """The engine's entry point, in each of its processes: where the setting is set and the
         release served, patch each seam's module as it is imported, once a process. A bad
@@ -370,9 +360,13 @@ class EnginePlugin:
             state.block(problem)
             return
         self._active = state
-        note = None if version is None else self.version_note(version)
-        if note is not None:
-            state.logger.info("mstar-resources: %s", note)
+        if version is not None and version.split("+")[0] not in self.releases:
+            state.logger.info(
+                "mstar-resources: %s %s is not a release this plugin was read in (%s); it is "
+                "served where each seam the plugin needs is there, and left as it is, the seam "
+                "named, where one is not",
+                self.engine, version, ", ".join(self.releases),
+            )  # fmt: skip
         state.logger.info(
             "mstar-resources: %s: %s's FlashInfer workspaces from its pools",
             setting.describe(), self.engine,

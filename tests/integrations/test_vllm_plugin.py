@@ -29,7 +29,6 @@ from mstar_resources.integrations.plugin import patch_module
 from mstar_resources.integrations.vllm import plans as vllm_plans
 from mstar_resources.integrations.vllm import seams, workspaces
 from mstar_resources.integrations.vllm.plans import NATIVE, BuilderPlans, VllmFunctions
-from mstar_resources.integrations.vllm.setting import read_setting
 from mstar_resources.units import MIB
 from tests.attn.fake_allocator import FakePlanner, FakePrefillWrapper, FakeWrapper
 
@@ -396,7 +395,7 @@ def vllm_stand_in(monkeypatch):
     monkeypatch.setattr(vllm_plans, "vllm_buffer_bytes", lambda config, plans: (VLLM_BYTES, "-"))
     sms = types.SimpleNamespace(multi_processor_count=H200_SMS)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: sms)
-    setting = read_setting({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
+    setting = plugin.VLLM.read({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
     records = tuple(
         type(r)(**{**{f: getattr(r, f) for f in ("path", "owner", "labels", "cg_slots",
                   "floor_source", "floor_setting")}, "declared_mb": mb, "floor_mb": mb})

@@ -5,7 +5,7 @@ unless ``MSTAR_RESOURCES_SGLANG`` is set."""
 from __future__ import annotations
 
 from .seams import PLUGIN, READ_IN, SEAMS, active, register, version_problem
-from .setting import ENV_VAR, SGLANG
+from .workspaces import ENV_VAR, SGLANG
 
 __all__ = [
     "ENV_VAR",

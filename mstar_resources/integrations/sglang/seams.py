@@ -7,8 +7,7 @@ import functools
 from typing import Any
 
 from ..plugin import PATCHED, EnginePlugin, Seam, after, before
-from .setting import SGLANG
-from .workspaces import SglangWorkspaces
+from .workspaces import SGLANG, SglangWorkspaces
 
 READ_IN = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 """The SGLang releases whose wheels every seam below was read in."""

@@ -16,11 +16,17 @@ from ...attn.float_workspace import install_int_workspace
 from ...attn.workspace import Workspace
 from ...resolver import ResolvedResource, build_pools
 from ..plugin import PluginState
-from ..setting import AUTO
+from ..setting import AUTO, PluginSetting, Setting
 from .measure import measure, sglang_plans
-from .setting import SGLANG, Setting
 
 logger = logging.getLogger("mstar_resources.integrations.sglang")
+
+ENV_VAR = "MSTAR_RESOURCES_SGLANG"
+ROLES = ("prefill", "decode")
+"""The labels SGLang's FlashInfer wrappers plan as: its ragged and paged prefill (and verify)
+wrappers', and its decode wrappers'."""
+SGLANG = PluginSetting(ENV_VAR, "mstar_resources_sglang", "SGLang", ROLES)
+"""The SGLang plugin's setting; its deployments compose with ``conf/mstar_resources_sglang``."""
 
 BUFFER_NAME = "flashinfer_workspace"
 """What SGLang's FlashInfer backend takes its float workspace as from ``get_buffer``'s registry."""

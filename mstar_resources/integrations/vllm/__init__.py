@@ -5,14 +5,16 @@
 from __future__ import annotations
 
 from ..plugin import Seam
+from ..setting import Setting
 from .seams import PLUGIN, READ_IN, SEAMS, active, register, version_problem
-from .setting import ENV_VAR, Setting
+from .workspaces import ENV_VAR, VLLM
 
 __all__ = [
     "ENV_VAR",
     "PLUGIN",
     "READ_IN",
     "SEAMS",
+    "VLLM",
     "Seam",
     "Setting",
     "active",

@@ -9,8 +9,7 @@ from typing import Any
 
 from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
 from ..plugin import EnginePlugin, Seam, after, before
-from .setting import ENV_VAR, VLLM
-from .workspaces import ROLE, V2_RUNNER, VllmWorkspaces
+from .workspaces import ENV_VAR, ROLE, V2_RUNNER, VLLM, VllmWorkspaces
 
 READ_IN = (
     "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",

@@ -18,9 +18,9 @@ from ...errors import ResourceConfigError
 from ...resolver import ResolvedResource, build_pools, resolve, serving
 from ...units import MIB
 from ..plugin import PluginState
+from ..setting import AUTO, PluginSetting, Setting
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, Role
-from .setting import AUTO, ENV_VAR, VLLM, Setting, read_setting
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from ...attn.workspace import Workspace, WorkspacePool
     from ...calibration.override import Measured
     from ...calibration.profile import CalibrationProfile
+
+ENV_VAR = "MSTAR_RESOURCES_VLLM"
+VLLM = PluginSetting(ENV_VAR, "mstar_resources_vllm", "vLLM", ROLES)
+"""The vLLM plugin's setting; its deployments compose with ``conf/mstar_resources_vllm``."""
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 
@@ -212,7 +216,7 @@ class VllmWorkspaces(PluginState):
         if value == self._loaded_value:
             return True
         try:
-            setting = read_setting()
+            setting = VLLM.read()
         except ResourceConfigError as error:
             self.leave_untouched(f"it cannot read the setting as this engine starts: {error}")
             return False
