@@ -41,9 +41,9 @@ class WorkspacePool:
     single step. Each starts on ``device`` at ``size_mb``, else ``MSTAR_WORKSPACE_BUFFER_MB``, else
     512. ``owner`` names the resource in what a workspace reports.
 
-    Each key also holds an :class:`IntWorkspace` and its host mirror, which the key's wrappers
-    share in place of the 8 MiB pair each FlashInfer wrapper makes: :meth:`build` makes a wrapper
-    on both, :meth:`install` gives them to one an engine made. An int floor of 0 makes none.
+    Each key also holds an :class:`IntWorkspace` and its host mirror, shared by the key's wrappers
+    in place of the 8 MiB pair each makes (:meth:`build`, :meth:`install`); an int floor of 0
+    makes none.
 
     Keyword-only (:func:`mstar_resources.build_pools` passes them for a declared resource):
         int_size_mb: the floor of each int workspace, in MB (None: the variable, else 8).
@@ -157,9 +157,8 @@ class WorkspacePool:
         cg_slot: int | None = None,
         **kwargs: Any,
     ) -> T:
-        """``wrapper_class(float workspace, *args, **kwargs)``: a FlashInfer wrapper built on the
-        float workspace of (``label``, ``cg_slot``) and given its int workspace and host mirror
-        (:meth:`install`). Plan it through ``pool.get(label, cg_slot).plan``."""
+        """``wrapper_class(float workspace, *args, **kwargs)`` on (``label``, ``cg_slot``)'s
+        workspaces (:meth:`install`); plan it through ``pool.get(label, cg_slot).plan``."""
         if not callable(wrapper_class):
             raise ResourceUsageError(
                 f"wrapper_class={wrapper_class!r} must be a FlashInfer wrapper class (e.g. "
@@ -171,9 +170,8 @@ class WorkspacePool:
         return wrapper
 
     def install(self, wrapper: Any, label: str, cg_slot: int | None = None) -> None:
-        """Give ``wrapper``, built on the float workspace of (``label``, ``cg_slot``), that key's
-        int workspace and host mirror in place of its own. Its plans must go through
-        :meth:`Workspace.plan`, each right before it runs (``docs/workspaces-and-ranks.md``)."""
+        """Give ``wrapper``, built on (``label``, ``cg_slot``)'s float workspace, that key's int
+        workspace and mirror; each plan through :meth:`Workspace.plan` right before it runs."""
         where = self._name(label, cg_slot)
         workspace = self.get(label, cg_slot)
         if own_buffers(wrapper) is None:
@@ -191,12 +189,9 @@ class WorkspacePool:
 
     def seal(self, *, group: dist.ProcessGroup | None = None) -> None:
         """The workspaces here keep their addresses from now on, for the graphs about to be
-        captured over them, and so does any made later.
-
-        With a torch.distributed process ``group``, its ranks first agree: each makes the keys
-        another made and grows each to the largest any rank holds. Every rank of the group must
-        call it, for the same pool, in the same order.
-        """
+        captured over them, and so does any made later. With a torch.distributed ``group``, its
+        ranks first agree: each makes the keys another made and grows each to the largest any
+        rank holds; every rank must call it, for the same pool, in the same order."""
         if group is not None:
             if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
                 raise ResourceUsageError(
@@ -295,14 +290,12 @@ class WorkspacePool:
             return
         labels = list(dict.fromkeys(label for label, _ in self.serves))
         slots = sorted({slot for _, slot in self.serves if slot is not None})
-        key = self._config_key
         served = f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)"
-        fix = "Ask for one of those"
-        if key:
-            fix = f"Add the label to {key}.labels or the slot to {key}.cg_slots"
+        key = self._config_key
+        fix = f"Add the label to {key}.labels or the slot to {key}.cg_slots" if key else ""
         raise ResourceUsageError(
             f"{key or 'pool ' + repr(self.owner)} does not serve ({label!r}, cg_slot={cg_slot}); "
-            f"it serves labels {labels} {served}. {fix}"
+            f"it serves labels {labels} {served}. {fix or 'Ask for one of those'}"
         )
 
     def _name(self, label: str, cg_slot: int | None) -> str:
@@ -330,7 +323,7 @@ class WorkspacePool:
         return workspace
 
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
-        """Workspace ``name``'s floor, zeroed (some FlashInfer backends keep semaphores in it)."""
+        """``name``'s floor, zeroed: some FlashInfer backends keep semaphores in it."""
         return allocate(
             floor.bytes,
             self.device,
@@ -360,8 +353,7 @@ def _pairs(serves: object) -> list[Key]:
 def _gather_held(
     identity: Identity, held: Mapping[Key, int], group: dist.ProcessGroup
 ) -> dict[int, dict[Key, int]]:
-    """Each rank's ``held`` bytes by key, by rank; raises on every rank alike when the
-    ranks' pool ``identity`` differs."""
+    """Each rank's ``held`` bytes by key; raises on every rank alike where their pools differ."""
     everyone: list[Any] = [None] * dist.get_world_size(group)  # by rank
     dist.all_gather_object(everyone, (identity, dict(held)), group=group)
     every_held = {rank: sizes for rank, (_, sizes) in enumerate(everyone)}

@@ -195,9 +195,8 @@ _finder = _Finder()
 
 
 def when_imported(name: str, callback: Callback) -> None:
-    """``callback(module)`` once module ``name`` is imported: now if it is, else right after its
-    import succeeds (importing a model runner where no model is built costs seconds, and may
-    initialise CUDA before the engine forks)."""
+    """``callback(module)`` once module ``name`` is imported: now, or right after its import
+    (importing a model runner costs seconds, and may initialise CUDA before the engine forks)."""
     module = sys.modules.get(name)
     if module is not None:
         callback(module)
@@ -211,24 +210,18 @@ def when_imported(name: str, callback: Callback) -> None:
 class PluginState:
     """One engine plugin's state in one process."""
 
-    engine = "the engine"
-    """The engine, as log lines name it."""
+    engine = "the engine"  # as log lines name it
     logger = logging.getLogger("mstar_resources.integrations")
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
-        self.blocked: str | None = None
-        """Why no engine of this process is served (this release lacks a seam)."""
-        self.untouched: str | None = None
-        """Why the engine runs as it is (None: the plugin serves it, or has not decided)."""
-        self.pools: dict[str, WorkspacePool] = {}
-        """By resource path."""
-        self.sealed_before: str | None = None
-        """What the workspaces were sealed before (the engine's graph capture...)."""
-        self.shared_int_wrappers = 0
-        """Decode wrappers given a shared int workspace in place of their own."""
+        self.blocked: str | None = None  # why no engine of this process is served
+        self.untouched: str | None = None  # why the engine runs as it is (None: served, or not yet)
+        self.pools: dict[str, WorkspacePool] = {}  # by resource path
+        self.sealed_before: str | None = None  # the engine's graph capture...
+        self.shared_int_wrappers = 0  # decode wrappers given a shared int workspace
+        # By resource path: where a floor measured or derived here came from, in words.
         self.provenance: dict[str, str] = {}
-        """By resource path: where a floor measured or derived here came from, in words."""
 
     @property
     def serving(self) -> bool:
@@ -236,7 +229,7 @@ class PluginState:
 
     @property
     def held_bytes(self) -> int:
-        """What the pools hold on the GPU, float and int workspaces."""
+        """What the pools' float workspaces hold."""
         return sum(pool.held_bytes for pool in self.pools.values())
 
     def stats(self) -> list[WorkspaceStats]:
@@ -290,7 +283,7 @@ class PluginState:
 
     def check_calibration(self, device: Any) -> None:
         """Warn where a calibrated deployment's FlashInfer or GPU differs from ``device``'s: its
-        floors may fall short, and a sealed workspace then refuses the engine's capture."""
+        floors may fall short, and a sealed workspace refuse the engine's capture."""
         from ..calibration.record import check_calibration
 
         root, records = self.setting.root, list(self.setting.records)
@@ -309,8 +302,7 @@ class EnginePlugin:
     """An engine's plugin, and its state in this process (:meth:`active`)."""
 
     setting: PluginSetting
-    distribution: str
-    """The engine's distribution (``vllm``)."""
+    distribution: str  # the engine's, e.g. ``vllm``
     releases: tuple[str, ...]
     """The releases whose source every seam was read in, oldest first."""
     seams: tuple[Seam, ...]
@@ -343,9 +335,8 @@ class EnginePlugin:
 
     def register(self) -> None:
         """The engine's entry point, in each of its processes: where the setting is set and the
-        release served, patch each seam's module as it is imported, once a process. A bad
-        setting ends the process with status 2 and one paragraph naming it (an engine would log
-        a plugin's exception and go on, or show its traceback)."""
+        release served, patch each seam's module as it is imported. A bad setting ends the process
+        with status 2 and one paragraph (an engine would log an exception and go on)."""
         try:
             setting = self.setting.read()
         except ResourceConfigError as error:

@@ -8,12 +8,5 @@ from .seams import PLUGIN, READ_IN, SEAMS, active, register, version_problem
 from .workspaces import ENV_VAR, SGLANG
 
 __all__ = [
-    "ENV_VAR",
-    "PLUGIN",
-    "READ_IN",
-    "SEAMS",
-    "SGLANG",
-    "active",
-    "register",
-    "version_problem",
-]
+    "ENV_VAR", "PLUGIN", "READ_IN", "SEAMS", "SGLANG", "active", "register", "version_problem"
+]  # fmt: skip

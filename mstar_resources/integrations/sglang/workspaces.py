@@ -43,17 +43,13 @@ class SglangWorkspaces(PluginState):
 
     def __init__(self, setting: Setting) -> None:
         super().__init__(setting)
-        self.workspaces: dict[str, Workspace] = {}
-        """By role."""
+        self.workspaces: dict[str, Workspace] = {}  # by role
         self._by_tensor: dict[int, Workspace] = {}
-        self.backends = 0
-        """FlashInfer backends given the workspaces."""
-        self.own_workspaces = 0
-        """Backends that made a workspace of their own (``init_new_workspace``)."""
-        self.other_backends: list[str] = []
-        """Subclasses of SGLang's FlashInfer backend that run other kernels, by name."""
+        self.backends = 0  # FlashInfer backends given the workspaces
+        self.own_workspaces = 0  # backends that made one of their own (init_new_workspace)
+        self.other_backends: list[str] = []  # subclasses that run other kernels, by name
+        # The backend whose decode wrappers share the decode int workspace.
         self._int_sharer: weakref.ref[Any] | None = None
-        """The backend whose decode wrappers share the decode int workspace."""
 
     @property
     def serving(self) -> bool:

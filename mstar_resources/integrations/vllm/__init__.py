@@ -10,14 +10,6 @@ from .seams import PLUGIN, READ_IN, SEAMS, active, register, version_problem
 from .workspaces import ENV_VAR, VLLM
 
 __all__ = [
-    "ENV_VAR",
-    "PLUGIN",
-    "READ_IN",
-    "SEAMS",
-    "VLLM",
-    "Seam",
-    "Setting",
-    "active",
-    "register",
-    "version_problem",
-]
+    "ENV_VAR", "PLUGIN", "READ_IN", "SEAMS", "VLLM", "Seam", "Setting", "active", "register",
+    "version_problem"
+]  # fmt: skip

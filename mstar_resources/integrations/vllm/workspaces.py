@@ -55,12 +55,11 @@ class VllmWorkspaces(PluginState):
 
     def __init__(self, setting: Setting) -> None:
         super().__init__(setting)
+        # As loaded: an engine started after the setting changed reads it again.
         self._loaded_value = os.environ.get(ENV_VAR, "").strip()
-        """The setting's value as loaded: an engine started after it changed reads it again."""
-        self._engine: Callable[[], Any] | None = None
-        """The model runner whose profile the workspaces were made at (weakly, where it can)."""
+        self._engine: Callable[[], Any] | None = None  # the model runner served, weakly
+        # vLLM's FlashInfer backend module and its own fast_plan_decode.
         self._decode_seam: tuple[Any, Callable[..., Any]] | None = None
-        """vLLM's FlashInfer backend module and its own ``fast_plan_decode``."""
         self._start_engine()
 
     def _start_engine(self) -> None:
@@ -69,28 +68,21 @@ class VllmWorkspaces(PluginState):
         self._workspaces: dict[str, Workspace] = {}
         # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
         self._routed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        self._keys: dict[str, tuple[str, int | None]] = {}
-        """Each role's pool (by resource path) and cg slot."""
+        self._keys: dict[str, tuple[str, int | None]] = {}  # each role's pool path and cg slot
+        # The metadata builder whose decode wrappers share the decode int workspace.
         self._int_builder: weakref.ref[Any] | None = None
-        """The metadata builder whose decode wrappers share the decode int workspace."""
         self.shared_int_wrappers = 0
         self.untouched = self.blocked
-        self.plans: list[BuilderPlans] = []
-        """What each of vLLM's FlashInfer metadata builders will plan and run."""
-        self.vllm_bytes: int | None = None
-        """What vLLM would have made for each FlashInfer metadata builder."""
-        self.vllm_outside_budget = False
-        """Whether vLLM makes that buffer after it sizes its KV cache (its V2 runner)."""
-        self.kv_cache_extensible = False
-        """Whether vLLM sizes the KV cache after capture (0.34's extensible KV cache)."""
+        self.plans: list[BuilderPlans] = []  # each FlashInfer metadata builder's
+        self.vllm_bytes: int | None = None  # what vLLM would make for each builder
+        self.vllm_outside_budget = False  # vLLM makes it after it sizes its KV cache (V2 runner)
+        self.kv_cache_extensible = False  # vLLM sizes the KV cache after capture (0.34)
+        # vLLM's TRT-LLM kernels' workspace (zeroed, at their bound), where a phase runs them.
         self.trtllm_workspace: Workspace | None = None
-        """vLLM's TRT-LLM kernels' workspace (zeroed, at their bound), where a phase runs them."""
         self.sealed_before = None
-        self.unexpected: list[str] = []
-        """Phases vLLM built a native wrapper for though its builders said none would run."""
+        self.unexpected: list[str] = []  # phases given a native wrapper no builder said would run
         self._unplanned_pages: set[int] = set()
-        self._builders: weakref.WeakSet[Any] = weakref.WeakSet()
-        """The FlashInfer metadata builders served."""
+        self._builders: weakref.WeakSet[Any] = weakref.WeakSet()  # the builders served
         self.provenance = {}
         self._set_decode_planner()
 
