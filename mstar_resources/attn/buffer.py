@@ -28,8 +28,7 @@ _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
 
 
 def allocate(nbytes: int, device: torch.device | None, failed: str, **fields: Any) -> torch.Tensor:
-    """``nbytes`` zeroed bytes on ``device``; where the allocator runs out, and only then, a
-    :class:`WorkspaceGrowthError` saying what ``failed``."""
+    """``nbytes`` zeroed bytes on ``device``; if the allocator runs out, what ``failed``."""
     try:
         return torch.zeros(nbytes, dtype=torch.uint8, device=device)
     except RuntimeError as error:

@@ -133,8 +133,7 @@ class WorkspacePool:
             return self._workspaces[key]
 
     def reserve(self) -> int:
-        """Make every workspace this pool serves now, so an engine takes their memory before it
-        sizes its KV cache from what is left; returns the bytes the pool holds."""
+        """Make every workspace served now, before an engine sizes its KV cache; the bytes held."""
         for label, cg_slot in self.serves or ():
             self.get(label, cg_slot)
         return self.held_bytes
@@ -358,10 +357,15 @@ def _gather_held(
     dist.all_gather_object(everyone, (identity, dict(held)), group=group)
     every_held = {rank: sizes for rank, (_, sizes) in enumerate(everyone)}
     if len({identity for identity, _ in everyone}) > 1:
-        pools = {
-            rank: f"{_describe(identity)} serving {_keys(identity)}"
-            for rank, (identity, _) in enumerate(everyone)
-        }
+        pools = {}
+        for rank, (identity, _) in enumerate(everyone):
+            served = identity[2]
+            keys = (
+                ", ".join(f"{label}/{slot}" for label, slot in served)
+                if served is not None
+                else "any key"
+            )
+            pools[rank] = f"{_describe(identity)} serving {keys}"
         listed = "; ".join(f"rank {rank}: {described}" for rank, described in pools.items())
         raise WorkspaceAgreementError(
             f"the ranks of the group are sealing different pools ({listed}); every rank must "
@@ -407,8 +411,7 @@ def _share_outcome(
 
 
 def _picklable(error: Exception | None) -> Exception | None:
-    """``error`` where it survives a pickle whole (this library's errors do), else a
-    ``RuntimeError`` with its type and text, so no rank fails to read what another sent."""
+    """``error`` where it survives a pickle whole, else a RuntimeError with its type and text."""
     if error is None:
         return None
     try:
@@ -421,8 +424,3 @@ def _picklable(error: Exception | None) -> Exception | None:
 def _describe(identity: Identity) -> str:
     owner, config_key, _ = identity
     return f"pool {owner!r}" + (f" ({config_key})" if config_key else "")
-
-
-def _keys(identity: Identity) -> str:
-    served = identity[2]
-    return "any key" if served is None else ", ".join(f"{label}/{slot}" for label, slot in served)

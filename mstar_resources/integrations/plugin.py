@@ -282,8 +282,7 @@ class PluginState:
             )  # fmt: skip
 
     def check_calibration(self, device: Any) -> None:
-        """Warn where a calibrated deployment's FlashInfer or GPU differs from ``device``'s: its
-        floors may fall short, and a sealed workspace refuse the engine's capture."""
+        """Warn where a calibrated deployment's FlashInfer or GPU differs from ``device``'s."""
         from ..calibration.record import check_calibration
 
         root, records = self.setting.root, list(self.setting.records)

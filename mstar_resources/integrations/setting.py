@@ -14,28 +14,19 @@ from typing import Any
 from ..errors import ResourceConfigError, did_you_mean
 from ..resolver import ResolvedResource, resolve, serving
 
-AUTO = "auto"
-"""Measure each workspace's floor in the worker, on its GPU and its FlashInfer."""
-
-EXAMPLE_FILE = "my-conf/deployment/mine_calibrated.yaml"
-"""A deployment file's path as errors give it: where calibration writes one for ``mine``."""
-
-SHOWN_CHARACTERS = 256
-"""A value longer than this is shown cut, with its length."""
+AUTO = "auto"  # measure each workspace's floor in the worker, on its GPU and its FlashInfer
+EXAMPLE_FILE = "my-conf/deployment/mine_calibrated.yaml"  # where calibration writes ``mine``'s
+SHOWN_CHARACTERS = 256  # a value longer than this is shown cut, with its length
 
 
 @dataclass(frozen=True)
 class Setting:
     """What a plugin's setting asks for."""
 
-    name: str
-    """The setting, e.g. ``MSTAR_RESOURCES_VLLM``."""
+    name: str  # e.g. MSTAR_RESOURCES_VLLM
     value: str
-    """As set."""
-    records: tuple[ResolvedResource, ...] = ()
-    """The deployment's resources, floors resolved (empty for ``auto``)."""
-    root: Any = None
-    """The composed deployment (None for ``auto``), whose calibration is checked on the GPU."""
+    records: tuple[ResolvedResource, ...] = ()  # the deployment's resources (none for auto)
+    root: Any = None  # the composed deployment (None for auto)
 
     @property
     def auto(self) -> bool:
@@ -50,13 +41,9 @@ class PluginSetting:
     """The setting that switches an engine's plugin on, and what it takes."""
 
     env_var: str
-    """E.g. ``MSTAR_RESOURCES_VLLM``."""
-    config_name: str
-    """The primary config a deployment is composed with (``conf/<config_name>.yaml``)."""
-    engine: str
-    """The engine, as errors name it (``vLLM``)."""
-    roles: tuple[str, ...]
-    """The labels the engine's FlashInfer wrappers plan as: each must be served."""
+    config_name: str  # the primary config a deployment is composed with (conf/<config_name>)
+    engine: str  # as errors name it (vLLM)
+    roles: tuple[str, ...]  # the labels the engine's wrappers plan as: each must be served
 
     @property
     def off(self) -> str:

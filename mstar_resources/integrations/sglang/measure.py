@@ -77,8 +77,7 @@ class SglangPlans:
         return load_profile(node)
 
     def tree(self) -> dict[str, Any]:
-        """The resources measured: prefill (both labels), and decode under CUDA graphs where
-        SGLang captures them."""
+        """The resources measured: prefill (both labels), and decode, under graphs if captured."""
         graphs = [0] if self.decode_graph_batch_sizes else []
         return {
             "attn": {

@@ -95,8 +95,7 @@ SEAMS = (
     Seam(BACKEND, "fast_prefill_plan", patch=_through_workspace),
     *(Seam(BACKEND, name, patch=_begin_forward_through_workspace) for name in WRAPPERS),
 )  # fmt: skip
-"""Every name of SGLang's the plugin relies on, checked against each wheel of :data:`READ_IN`
-(``scripts/engine_seams.py``)."""
+"""Every name of SGLang's the plugin relies on (``scripts/engine_seams.py`` checks each wheel)."""
 
 PLUGIN = EnginePlugin(SGLANG, "sglang", READ_IN, SEAMS, SglangWorkspaces)
 

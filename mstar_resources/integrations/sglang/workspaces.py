@@ -23,8 +23,7 @@ logger = logging.getLogger("mstar_resources.integrations.sglang")
 
 ENV_VAR = "MSTAR_RESOURCES_SGLANG"
 ROLES = ("prefill", "decode")
-"""The labels SGLang's FlashInfer wrappers plan as: its ragged and paged prefill (and verify)
-wrappers', and its decode wrappers'."""
+"""The labels SGLang's wrappers plan as: its ragged, paged and verify prefill, and its decode."""
 SGLANG = PluginSetting(ENV_VAR, "mstar_resources_sglang", "SGLang", ROLES)
 """The SGLang plugin's setting; its deployments compose with ``conf/mstar_resources_sglang``."""
 
@@ -158,8 +157,7 @@ class SglangWorkspaces(PluginState):
                     _move_to(wrapper, prefill)
 
     def not_adopted(self, backend: str) -> None:
-        """Say once that ``backend``, a subclass of SGLang's FlashInfer backend running other
-        kernels (its TRT-LLM MHA backend, on ``trtllm_mha_zero_workspace``), is not served."""
+        """Say once that ``backend``, a subclass running other kernels, is not served."""
         if backend not in self.other_backends:
             self.other_backends.append(backend)
             logger.info(

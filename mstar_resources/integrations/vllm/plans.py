@@ -36,8 +36,7 @@ class BuilderPlans:
     decode_q_len: int = 1  # query tokens a request (1 + speculative, where vLLM decodes them)
     decode_graph_max_batch: int | None = None  # of a FULL CUDA graph; None: no decode graphs
     non_causal: bool = False
-    """vLLM also builds a native non-causal prefill wrapper (``attention_config.use_non_causal``),
-    whatever kernel its causal prefill runs."""
+    """vLLM also builds a native non-causal prefill wrapper (attention_config.use_non_causal)."""
     trtllm_dcp_prefill: bool = False
     """Its DCP prefill runs trtllm-gen's context kernel on vLLM's TRT-LLM workspace where that
     fits (``use_trtllm_dcp_prefill``, 0.33+), beside its native wrappers."""

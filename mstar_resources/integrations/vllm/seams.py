@@ -30,9 +30,8 @@ BUILDER_DECISIONS = (
 )  # fmt: skip
 """What ``FlashInferMetadataBuilder.__init__`` decides, read from the plugin's own builders."""
 
+# Added to DEFAULT_EXTRA_ENV_VARS, which vLLM copies to its Ray workers (beside VLLM_*, NCCL_*...).
 COPIED_TO_RAY_WORKERS = (ENV_VAR, FLOOR_ENV_VAR)
-"""The plugin's settings, added to ``DEFAULT_EXTRA_ENV_VARS``, which vLLM copies to its Ray
-workers (beside ``VLLM_*``, ``NCCL_*``, ``HF_*``...)."""
 
 
 # -- the patches: each (state, vLLM's original, its owner) -> what replaces it -------------------
@@ -85,8 +84,7 @@ def _decode_plans(workspaces: VllmWorkspaces, fast_plan_decode: Any, module: Any
 
 
 def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any) -> Any:
-    """A model runner's CUDA-graph capture: the workspaces sealed first (not before the V2
-    runner's profiling capture, whose graphs are let go)."""
+    """A model runner's capture, the workspaces sealed first (not at V2's profiling capture)."""
 
     @functools.wraps(capture_model)
     def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -155,8 +153,7 @@ SEAMS = (
     Seam("vllm.envs", "VLLM_BATCH_INVARIANT"),
     Seam(RAY_ENV, "DEFAULT_EXTRA_ENV_VARS", patch=_copied_to_ray),
 )  # fmt: skip
-"""Every name of vLLM's the plugin relies on, checked against each wheel of :data:`READ_IN`
-(``scripts/engine_seams.py``)."""
+"""Every name of vLLM's the plugin relies on (``scripts/engine_seams.py`` checks each wheel)."""
 
 PLUGIN = EnginePlugin(VLLM, "vllm", READ_IN, SEAMS, VllmWorkspaces)
 

@@ -223,8 +223,7 @@ class VllmWorkspaces(PluginState):
     def _measure(
         self, config: Any, device: torch.device, roles: Sequence[Role]
     ) -> tuple[ResolvedResource, ...]:
-        """``auto``: a resource for each native phase, its floor the most any builder's plans of
-        it need, measured here."""
+        """``auto``: each native phase's resource, its floor the most any builder's plans need."""
         from ...calibration.override import declared_floors
 
         tree: dict[str, Any] = {"attn": {}}
@@ -451,8 +450,7 @@ def left_out_of_peak(device: torch.device) -> Iterator[None]:
 def measured_need(
     profile: CalibrationProfile, role: Role, graphs: bool, device: torch.device
 ) -> Measured:
-    """What ``role``'s plans under ``profile`` need, measured through FlashInfer on ``device``
-    (under CUDA graphs where ``graphs``)."""
+    """What ``role``'s plans under ``profile`` need, measured on ``device`` (graphs: under them)."""
     from ...calibration.calibrate import measure_all, per_resource
 
     records = resolve(vllm_plans.serving_tree(role, graphs))
