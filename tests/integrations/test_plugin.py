@@ -74,9 +74,9 @@ def test_a_seam_a_release_lacks_is_optional_or_in_a_module_that_release_lacks(en
 
 
 def test_every_decision_vllm_reads_from_a_builder_is_one_its_init_makes_in_every_release():
-    decisions = {f"FlashInferMetadataBuilder.{name}" for name in vllm.seams.BUILDER_DECISIONS}
+    decisions = {f"FlashInferMetadataBuilder.{name}" for name in vllm.BUILDER_DECISIONS}
     for wheel in _read("vllm"):
-        assert decisions <= set(wheel["modules"][vllm.seams.BACKEND]), wheel["version"]
+        assert decisions <= set(wheel["modules"][vllm.BACKEND]), wheel["version"]
 
 
 def _changes(engine: str) -> dict[str, list[str]]:
@@ -182,9 +182,9 @@ def test_a_release_not_read_is_served_with_one_line_saying_so(
     package = ENGINES[engine][0]
     monkeypatch.setenv(package.ENV_VAR, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: version)
-    monkeypatch.setattr(package.seams.PLUGIN, "_active", None)
+    monkeypatch.setattr(package.PLUGIN, "_active", None)
     monkeypatch.setattr(engine_plugin, "when_imported", lambda module, callback: None)
-    with caplog.at_level(logging.INFO, logger=package.seams.PLUGIN.state.logger.name):
+    with caplog.at_level(logging.INFO, logger=package.PLUGIN.state.logger.name):
         package.register()
     assert package.active() is not None
     noted = [
@@ -199,7 +199,7 @@ def test_a_release_older_than_every_one_read_is_one_warning_and_left_as_it_is(
     package = ENGINES[engine][0]
     monkeypatch.setenv(package.ENV_VAR, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: "0.1.0")
-    monkeypatch.setattr(package.seams.PLUGIN, "_active", None)
+    monkeypatch.setattr(package.PLUGIN, "_active", None)
     with caplog.at_level(logging.WARNING, logger=package.PLUGIN.state.logger.name):
         package.register()
     assert package.active() is None
@@ -241,7 +241,7 @@ class _State(PluginState):
     engine = "Engine"
 
     def __init__(self) -> None:
-        super().__init__(vllm.Setting("MSTAR_TEST", "auto"))
+        super().__init__(vllm.workspaces.Setting("MSTAR_TEST", "auto"))
 
     @property
     def serving(self) -> bool:

@@ -15,7 +15,6 @@ from hydra.core.global_hydra import GlobalHydra
 from mstar_resources.errors import ResourceConfigError
 from mstar_resources.integrations import plugin as engine_plugin
 from mstar_resources.integrations import vllm as plugin
-from mstar_resources.integrations.vllm import seams
 from tests.apps import run_app
 
 ENV = plugin.ENV_VAR
@@ -174,12 +173,12 @@ def test_a_program_that_initialised_hydra_keeps_it_and_the_plugin_composes_its_o
 def test_the_plugins_settings_are_copied_to_vllms_ray_workers(monkeypatch):
     """vLLM copies ``VLLM_*``, ``NCCL_*``, ``HF_*``... and ``DEFAULT_EXTRA_ENV_VARS`` to its Ray
     workers; enabled, the plugin adds its own settings to those names."""
-    ray_env = types.ModuleType(seams.RAY_ENV)
+    ray_env = types.ModuleType(plugin.RAY_ENV)
     ray_env.DEFAULT_EXTRA_ENV_VARS = {"PYTHONHASHSEED"}
-    monkeypatch.setitem(__import__("sys").modules, seams.RAY_ENV, ray_env)
+    monkeypatch.setitem(__import__("sys").modules, plugin.RAY_ENV, ray_env)
     monkeypatch.setenv(ENV, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: "0.26.0")
-    monkeypatch.setattr(seams.PLUGIN, "_active", None)
+    monkeypatch.setattr(plugin.PLUGIN, "_active", None)
     plugin.register()
     assert plugin.active() is not None
     assert {
@@ -190,7 +189,7 @@ def test_the_plugins_settings_are_copied_to_vllms_ray_workers(monkeypatch):
 def test_without_vllm_the_warning_says_vllm_is_not_installed(monkeypatch, caplog):
     monkeypatch.setenv(ENV, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: None)
-    monkeypatch.setattr(seams.PLUGIN, "_active", None)
+    monkeypatch.setattr(plugin.PLUGIN, "_active", None)
     with caplog.at_level(logging.WARNING, logger="vllm.plugins.mstar_resources"):
         plugin.register()
     assert plugin.active() is None
