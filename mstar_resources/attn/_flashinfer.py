@@ -94,8 +94,7 @@ def refusals() -> tuple[type[BaseException], ...]:
 
 def plain_decode_groups(headers: Path | None = None) -> frozenset[int] | None:
     """The GQA group sizes FlashInfer's plain decode kernels are compiled for, read from
-    ``headers`` (default: the installed FlashInfer's, found without importing it); None where
-    they can't be read."""
+    ``headers`` (default: the installed FlashInfer's, not imported); None where unreadable."""
     if headers is None:
         spec = importlib.util.find_spec("flashinfer")
         if spec is None or not spec.submodule_search_locations:

@@ -79,8 +79,8 @@ class WorkspaceStats:
 
 
 class GrowableBuffer:
-    """A workspace's device buffer (an int workspace's with a host ``mirror`` of as many bytes).
-    Every change of size or state is made under :attr:`lock`: sealed while a plan runs, it stays."""
+    """A workspace's device buffer (an int one's with a host ``mirror`` of as many bytes); every
+    change of size or state is made under :attr:`lock`: sealed while a plan runs, it stays."""
 
     def __init__(
         self, tensor: torch.Tensor, name: str, sealed: bool, floor: str, kind: Buffer = FLOAT

@@ -89,7 +89,6 @@ class WorkspacePool:
                 resolve_floor(int_size_mb, env, int_setting, INT),
             )
         self._floor, self._int_floor = floors
-        # The pairs served, in declared order; None: any.
         self.serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
         for label, cg_slot in self.serves or ():
             self._check_key(label, cg_slot)
@@ -391,9 +390,8 @@ def _share_outcome(
     every_held: Mapping[int, Mapping[Key, int]],
     group: dist.ProcessGroup,
 ) -> None:
-    """Tell every rank whether this one could make and grow what it lacked. A rank that
-    could not raises its own ``failure``; the others raise one naming it, with its error (pickled
-    whole, with its fields) in ``errors``."""
+    """Tell every rank whether this one could grow to agree. A rank that could not raises its own
+    ``failure``; the others one naming it, with its error in ``errors``."""
     outcomes: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(outcomes, _picklable(failure), group=group)
     if failure is not None:

@@ -1,6 +1,6 @@
-"""What every engine plugin shares: its seams and patches as data (:class:`Seam`), the releases it
-serves, and its life in a process (:class:`EnginePlugin`): read the setting, check the release,
-patch each module as it is imported, or leave the engine as it is with one line saying why."""
+"""What every engine plugin shares: its seams and patches as data (:class:`Seam`), and its life in
+a process (:class:`EnginePlugin`): read the setting, check the release, patch each module as it is
+imported, or leave the engine as it is with one line saying why."""
 
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
 
 Patch = Callable[[Any, Any, Any], Any]
-"""``patch(state, original, owner)``: what replaces ``original`` (the engine's function, method
-or value) on ``owner`` (its module or class)."""
+"""``patch(state, original, owner)``: what replaces ``original`` on ``owner`` (module or class)."""
 
 
 @dataclass(frozen=True)
@@ -39,16 +38,11 @@ class Seam:
 
     module: str
     name: str
-    required: bool = True
-    """False: used where the running release has it."""
-    instance: bool = False
-    """An attribute each instance gets in ``__init__``: checked in the wheels' source only."""
-    patch: Patch | None = None
-    """What replaces it (None: the plugin only reads it)."""
-    since: str | None = None
-    """The first release read that has it (None: the first read)."""
-    until: str | None = None
-    """The last release read that has it (None: the newest read)."""
+    required: bool = True  # False: used where the running release has it
+    instance: bool = False  # set in __init__: checked in the wheels' source only
+    patch: Patch | None = None  # what replaces it (None: the plugin only reads it)
+    since: str | None = None  # the first release read that has it (None: the first read)
+    until: str | None = None  # the last release read that has it (None: the newest read)
 
     @property
     def qualname(self) -> str:
@@ -89,8 +83,8 @@ def after(hook: Callable[[Any, Any, Any], object]) -> Patch:
 
 
 def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) -> None:
-    """Apply ``seams``' patches of ``module`` where it has their seam; where it lacks a required
-    one, patch none of it and leave the engine as it is, naming what it lacks."""
+    """Apply ``seams``' patches of ``module``; where it lacks a required seam, patch none of it
+    and leave the engine as it is, naming what it lacks."""
     mine = [seam for seam in seams if seam.module == module.__name__]
     missing = [s for s in mine if s.required and not s.instance and _find(module, s.name) is None]
     if missing:

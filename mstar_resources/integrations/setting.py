@@ -1,7 +1,6 @@
 """An engine plugin's setting (``MSTAR_RESOURCES_VLLM`` for vLLM's): unset or empty, the plugin is
 off; else ``auto``, a shipped deployment's name, or the path of a deployment file in a
-``deployment/`` folder, composed with the rules of ``mstar-resources --config-dir DIR
-deployment=NAME``. Every refusal is one paragraph that starts with the setting and its value."""
+``deployment/`` folder. Every refusal is one paragraph that starts with the setting and value."""
 
 from __future__ import annotations
 
@@ -133,8 +132,8 @@ class PluginSetting:
     def serving_keys(
         self, records: Sequence[ResolvedResource], setting: str, roles: Sequence[str] = ()
     ) -> dict[str, tuple[ResolvedResource, int | None]]:
-        """For each of ``roles`` (default: the engine's), the resource serving it and the slot
-        the engine's wrappers take there: its first CUDA-graph slot, else eager (None)."""
+        """For each of ``roles`` (default: the engine's), the resource serving it and the slot the
+        engine's wrappers take there: its first CUDA-graph slot, else None."""
         found: dict[str, tuple[ResolvedResource, int | None]] = {}
         for role in roles or self.roles:
             record = serving(records, role)

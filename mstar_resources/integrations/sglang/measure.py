@@ -88,9 +88,8 @@ class SglangPlans:
 
 
 def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
-    """What SGLang's FlashInfer backend of ``runner`` (its ``ModelRunner``, before the KV pool)
-    will plan under the settings of ``context`` (its ``runtime_context`` module); a string where
-    the profile cannot hold it: why."""
+    """What SGLang's FlashInfer backend of ``runner`` will plan under the settings of ``context``
+    (its ``runtime_context``); where the profile cannot hold it, why."""
     model = runner.model_config
     parallel = context.get_parallel()
     schedule = context.get_schedule()
@@ -169,8 +168,7 @@ def _captures(phase: Any) -> bool:
 
 
 def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], dict[str, str]]:
-    """The prefill and decode resources of ``plans``, each floor what FlashInfer's plans need on
-    ``device`` (in whole MB), and where each came from, in words."""
+    """The resources of ``plans``, each floor what its plans need on ``device``, and whence."""
     from ...calibration.calibrate import measure_all, per_resource
     from ...calibration.override import declared_floors
 

@@ -1,5 +1,4 @@
-"""One SGLang process's workspaces: reserved before its KV pool is sized, handed to its FlashInfer
-backends, sealed before its CUDA graphs are captured."""
+"""One SGLang process's workspaces: reserved before its KV pool, sealed before its CUDA graphs."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ class SglangWorkspaces(PluginState):
 
     # Step 1: before SGLang sizes its KV pool (ModelRunner.alloc_memory_pool).
     def reserve(self, runner: Any, get_buffer: Callable[[str, Callable[[], Any]], Any]) -> None:
-        """Make each role's workspace on ``runner``'s GPU and store the decode one in SGLang's
-        buffer registry (``get_buffer``), before SGLang sizes its KV pool; once a process."""
+        """Make each role's workspace and store the decode one in SGLang's buffer registry, once."""
         if self.workspaces or self.untouched is not None:
             return
         # MLA's FlashInfer backend takes another buffer. Which backend runs attention SGLang
@@ -110,8 +108,7 @@ class SglangWorkspaces(PluginState):
             )  # fmt: skip
 
     def _measure(self, runner: Any, device: Any) -> list[ResolvedResource] | None:
-        """``auto``: the floors measured here for SGLang's plans (None: it keeps its own
-        workspace, the log says why); the measurement's memory is freed before the KV pool."""
+        """``auto``: the floors measured here (None: SGLang keeps its own, the log says why)."""
         from sglang.srt import runtime_context
 
         plans = sglang_plans(runner, runtime_context)
@@ -131,7 +128,7 @@ class SglangWorkspaces(PluginState):
     # Step 2: as SGLang builds each FlashInfer backend.
     def adopt(self, backend: Any) -> None:
         """Put ``backend``'s prefill wrappers on the prefill workspace (its decode wrappers are on
-        the decode one, from the registry); a backend with a workspace of its own keeps it."""
+        the decode one, from the registry); one with a workspace of its own keeps it."""
         if not self.serving:
             return
         decode, prefill = self.workspaces["decode"], self.workspaces["prefill"]
@@ -167,10 +164,9 @@ class SglangWorkspaces(PluginState):
             )
 
     def share_int(self, backend: Any, wrappers: Any) -> None:
-        """Give ``backend``'s decode ``wrappers`` (eager, or one graph batch size's) the decode
-        int workspace in place of the 8 MiB (and as many pinned) each made, where ``backend`` is
-        the first on the plugin's workspace with one decode wrapper a batch; any other (a
-        multi-step draft's, a sliding-window pair) plans several before running them."""
+        """Give ``backend``'s decode ``wrappers`` the decode int workspace in place of their own,
+        where it is the first with one decode wrapper a batch; any other (a multi-step draft's, a
+        sliding-window pair) plans several before running them."""
         sharer = self._int_sharer
         if sharer is None or sharer() is not backend:
             return

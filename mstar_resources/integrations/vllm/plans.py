@@ -67,8 +67,7 @@ class VllmFunctions:
 def plans_of_groups(
     vllm_config: Any, groups: Sequence[Any], layers: Mapping[str, Any], vllm: VllmFunctions
 ) -> list[BuilderPlans]:
-    """What each FlashInfer builder of the KV-cache ``groups`` plans: one per group and (layer
-    spec, query heads), made with the group's kernel block size, as vLLM makes them."""
+    """What each FlashInfer builder of the KV-cache ``groups`` plans, made as vLLM makes them."""
     found: list[BuilderPlans] = []
     for group_id, group in enumerate(groups):
         names = [name for name in group.layer_names if name in layers]
@@ -273,9 +272,7 @@ def uncovered_attention(vllm_config: Any) -> str | None:
 
 
 def vllm_buffer_bytes(vllm_config: Any, plans: Sequence[BuilderPlans]) -> tuple[int, str]:
-    """The float buffer vLLM would make for the largest of ``plans``' builders, and how:
-    ``max(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE, max_num_batched_tokens x query heads x head
-    size x 16)``, or batch-invariant mode's fixed size."""
+    """The float buffer vLLM would make for the largest of ``plans``' builders, and how."""
     import vllm.v1.attention.backends.flashinfer as backend
 
     from ...calibration.calibrate import vllm_formula

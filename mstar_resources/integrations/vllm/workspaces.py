@@ -47,8 +47,7 @@ ROLE: ContextVar[Role | None] = ContextVar("mstar_resources_vllm_role", default=
 
 
 class VllmWorkspaces(PluginState):
-    """The workspaces vLLM's FlashInfer wrappers plan on in one process, one engine at a time:
-    let go with the engine, or when another engine of the process profiles."""
+    """The workspaces vLLM's FlashInfer wrappers plan on in one process, one engine at a time."""
 
     engine = "vLLM"
     logger = logger
@@ -105,9 +104,8 @@ class VllmWorkspaces(PluginState):
 
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
-        """Make the native wrappers' workspaces, and the TRT-LLM kernels' where a phase runs
-        them, once an engine, before vLLM sizes its KV cache; else log why and leave vLLM as it
-        is. Another engine's ``runner`` starts afresh, reading a changed setting again."""
+        """Make the native wrappers' workspaces, and the TRT-LLM kernels', once an engine, before
+        vLLM sizes its KV cache; else log why. Another engine's ``runner`` starts afresh."""
         if self._engine is not None:
             if self._engine() is runner:
                 return
@@ -179,7 +177,6 @@ class VllmWorkspaces(PluginState):
 
         from ...calibration.versions import installed_flashinfer
 
-        # the SMs bound the kernels' split
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         need, how = vllm_plans.trtllm_workspace_bound(
             self.plans, config, sms, installed_flashinfer() or "unknown"
@@ -196,8 +193,8 @@ class VllmWorkspaces(PluginState):
         return max(need, floor), declared.floor_setting
 
     def _on_engine_freed(self, runner: weakref.ref[Any]) -> None:
-        """Let the workspaces go as vLLM frees their engine, so that their memory is back before
-        another engine's profile measures what is free (it fails where memory is freed during)."""
+        """Let the workspaces go with their engine, before another engine's profile measures what
+        is free (it fails where memory is freed during it)."""
         if self._engine is runner:
             self._engine = None
             self._start_engine()
@@ -308,8 +305,8 @@ class VllmWorkspaces(PluginState):
 
     # Step 2: as vLLM builds and plans each wrapper.
     def workspace(self, builder: Any, role: Role | None) -> Workspace | None:
-        """The workspace a wrapper of ``role`` is built on (``role`` None: any, for the V2
-        runner's sharing of the builder's buffer); None where vLLM keeps its own buffer."""
+        """The workspace a wrapper of ``role`` is built on (None: any, for the V2 runner's shared
+        buffer); None where vLLM keeps its own."""
         if not self.serving:
             return None
         if builder not in self._builders:
@@ -427,9 +424,8 @@ class VllmWorkspaces(PluginState):
 
 @contextlib.contextmanager
 def left_out_of_peak(device: torch.device) -> Iterator[None]:
-    """Leave what the body allocates and frees out of torch's peak on ``device``, which vLLM's
-    profile reads, so that ``auto``'s measurement costs the KV cache only the workspaces it keeps;
-    only where the peak was at what was allocated before (a reset would lose an earlier peak)."""
+    """Leave what the body allocates and frees out of torch's peak, which vLLM's profile reads,
+    where the peak was at what was allocated before (a reset would lose an earlier peak)."""
     if device.type != "cuda":
         yield
         return
