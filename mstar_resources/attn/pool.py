@@ -118,8 +118,7 @@ class WorkspacePool:
         return self._int_floor.bytes
 
     def get(self, label: str, cg_slot: int | None = None) -> Workspace:
-        """The workspace of plans labelled ``label`` in CUDA-graph slot ``cg_slot`` (None: eager),
-        made on first use. Safe to call from several threads: one key never gets two."""
+        """The workspace of ``label`` in CUDA-graph slot ``cg_slot`` (None: eager), made once."""
         key = (label, cg_slot)
         # 0.0 and False are equal to the slot 0 as keys: only an int slot is looked up unchecked.
         workspace = self._workspaces.get(key) if type(cg_slot) in (int, type(None)) else None

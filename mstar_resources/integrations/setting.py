@@ -49,8 +49,7 @@ class PluginSetting:
         return f"to switch the plugin off, unset {self.env_var} (or set it empty)"
 
     def read(self, env: Mapping[str, str] | None = None) -> Setting | None:
-        """The setting in ``env`` (``os.environ`` by default), None when unset or empty; a bad
-        deployment raises :class:`~mstar_resources.ResourceConfigError` as the engine starts."""
+        """The setting in ``env`` (default ``os.environ``), None when unset or empty."""
         env = os.environ if env is None else env
         value = env.get(self.env_var, "").strip()
         if not value:
@@ -98,8 +97,7 @@ class PluginSetting:
         return f"{self.env_var}={value!r}"
 
     def compose(self, value: str) -> Any:
-        """The shipped tree composed with deployment ``value``: a shipped deployment's name, or
-        the path of a deployment file in a config dir's ``deployment/`` folder."""
+        """The shipped tree composed with deployment ``value``: a shipped name, or a file's path."""
         from ..compose import ComposedTree, compose_deployment, deployment_options
         from ..compose_errors import NO_DEPLOYMENT
 

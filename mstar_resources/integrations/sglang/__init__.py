@@ -61,8 +61,7 @@ def _adopt_when_built(workspaces: SglangWorkspaces, init: Any, owner: Any) -> An
 
 
 def _through_workspace(workspaces: SglangWorkspaces, plan: Any, owner: Any) -> Any:
-    """A planner taking the wrapper first (``begin_forward``, ``fast_decode_plan``,
-    ``fast_prefill_plan``): through the wrapper's workspace where it is the plugin's."""
+    """A planner taking the wrapper first: through the wrapper's workspace where it is ours."""
 
     @functools.wraps(plan)
     def plan_on_workspace(wrapper: Any, *args: Any, **kwargs: Any) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ...calibration.profile import CalibrationProfile, load_profile
 from ...resolver import ResolvedResource, resolve
+from ...units import round_up
 from ..plugin import dtype_name
 
 MOST_RUNNING_REQUESTS = 4096
@@ -101,10 +102,9 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     requests = schedule.max_running_requests
     most = MOST_RUNNING_REQUESTS if requests is None else max(1, requests // parallel.attn_dp_size)
     # SGLang pads its batches (graph and eager) to an alignment of at most 2 (two-batch overlap)
-    # x the attention TP ranks (a gathered buffer) x the context-parallel ranks: the largest
-    # batch it can plan is the most requests rounded up to that.
+    # x the attention TP ranks (a gathered buffer) x the context-parallel ranks.
     align = 2 * parallel.attn_tp_size * parallel.attn_cp_size
-    padded = -(-most // align) * align
+    padded = round_up(most, align)
     chunk = schedule.chunked_prefill_size
     prompt = chunk if chunk is not None and chunk > 0 else model.context_len
     # A prefill graph (breakable: attention eager, on the same wrappers) pads a batch up to its

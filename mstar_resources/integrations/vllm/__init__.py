@@ -103,8 +103,7 @@ def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any)
 
 
 def _warmed_up(workspaces: VllmWorkspaces, worker: Any, done: Any) -> None:
-    """Sealed after the GPU worker's warm-up, before the first request, where no capture of CUDA
-    graphs sealed the workspaces first (``enforce_eager``, ``cudagraph_mode=NONE``)."""
+    """Sealed after the warm-up, where no CUDA-graph capture sealed them (``enforce_eager``)."""
     workspaces.seal("serves its first request (it captured no CUDA graph)")
 
 
