@@ -21,8 +21,8 @@ from mstar_resources.calibration.record import Machine, calibration_inputs
 from mstar_resources.calibration.shapes import Shape
 from mstar_resources.compose import ComposedTree, compose_deployment
 from mstar_resources.errors import ResourceConfigError
-from mstar_resources.integrations.sglang.setting import SGLANG
-from mstar_resources.integrations.vllm.setting import VLLM
+from mstar_resources.integrations.sglang import SGLANG
+from mstar_resources.integrations.vllm import VLLM
 from mstar_resources.resolver import resolve
 from mstar_resources.units import MIB
 

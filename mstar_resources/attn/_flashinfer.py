@@ -45,8 +45,7 @@ kernels are compiled for, one ``group_size == N`` case each (0.6.6, 0.7.4)."""
 
 
 def own_buffers(wrapper: Any) -> dict[str, Any] | None:
-    """``wrapper``'s attributes, where it keeps an int workspace and host mirror; None where it
-    keeps none (a cascade wrapper, FlashInfer 0.7's MLA wrapper before its first plan)."""
+    """``wrapper``'s attributes, where it keeps an int workspace and host mirror, else None."""
     import torch
 
     own = getattr(wrapper, "__dict__", None)
@@ -75,8 +74,7 @@ def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:
 
 
 def refresh_recorded_size(attributes: dict[str, Any], tensor: torch.Tensor) -> None:
-    """Set a wrapper's :data:`RECORDED_SIZE` (its ``__dict__``: ``attributes``) to ``tensor``'s
-    size where it records one and plans on ``tensor``, lest it understate a grown buffer."""
+    """Bring a wrapper's :data:`RECORDED_SIZE` up to ``tensor``'s size where it plans on it."""
     recorded = attributes.get(RECORDED_SIZE)
     if is_int(recorded) and attributes.get(FLOAT_BUFFER) is tensor:
         attributes[RECORDED_SIZE] = tensor.numel()
@@ -94,8 +92,7 @@ def refusals() -> tuple[type[BaseException], ...]:
 
 def plain_decode_groups(headers: Path | None = None) -> frozenset[int] | None:
     """The GQA group sizes FlashInfer's plain decode kernels are compiled for, read from
-    ``headers`` (default: the installed FlashInfer's, found without importing it); None where
-    they can't be read."""
+    ``headers`` (default: the installed FlashInfer's, not imported); None where unreadable."""
     if headers is None:
         spec = importlib.util.find_spec("flashinfer")
         if spec is None or not spec.submodule_search_locations:

@@ -39,8 +39,7 @@ class Overflow:
     available: int
     """Bytes left in the buffer when it failed (0 where ``whole_buffer``)."""
     whole_buffer: bool = False
-    """``size`` is what the whole buffer must hold (MLA's check before it plans), not one
-    allocation after those already taken."""
+    """``size`` is what the whole buffer must hold (MLA's check before it plans)."""
     kind: Literal["float", "int"] = "float"
     """Which workspace ran short: ``float`` (split-KV partials) or ``int`` (a plan's indices)."""
 

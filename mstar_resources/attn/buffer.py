@@ -1,5 +1,5 @@
 """The growable buffer of a float or int workspace (the latter with its host mirror): moved in
-place onto a larger block when a plan overflows it, never once sealed; its history and refusals."""
+place onto a larger block when a plan overflows it, never once sealed."""
 
 from __future__ import annotations
 
@@ -23,14 +23,12 @@ class WorkspaceGrowthError(WorkspaceShortError, torch.OutOfMemoryError):
     (``held_bytes``). A ``torch.OutOfMemoryError`` too, for an engine's out-of-memory handling."""
 
 
+# torch's CPU allocator runs out with a plain RuntimeError (c10/core/impl/alloc_cpu.cpp).
 _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
-"""How torch's CPU allocator says it ran out (``c10/core/impl/alloc_cpu.cpp``): a plain
-``RuntimeError``, where a GPU raises ``torch.OutOfMemoryError``."""
 
 
 def allocate(nbytes: int, device: torch.device | None, failed: str, **fields: Any) -> torch.Tensor:
-    """``nbytes`` zeroed bytes on ``device``; where the allocator runs out, and only then, a
-    :class:`WorkspaceGrowthError` saying what ``failed``, with ``fields``."""
+    """``nbytes`` zeroed bytes on ``device``; if the allocator runs out, what ``failed``."""
     try:
         return torch.zeros(nbytes, dtype=torch.uint8, device=device)
     except RuntimeError as error:
@@ -47,23 +45,20 @@ class WorkspaceStats:
 
     name: str
     bytes: int
-    """Bytes it holds now."""
     floor_bytes: int
-    """Bytes it started with."""
     floor_setting: str
     """The setting that sizes its floor: a config key, ``size_mb`` or the variable."""
     times_grown: int
     largest_growth_bytes: int
-    """Bytes added by its largest growth (0 if it never grew)."""
     largest_growth_allocation: str | None
-    """The FlashInfer allocation that caused that growth."""
+    """The FlashInfer allocation that caused the largest growth."""
     sealed: bool
     grown_to_agree_bytes: int = 0
-    """Bytes added at a group seal to match what other ranks hold (0 without a group)."""
+    """Bytes added at a group seal to match what other ranks hold."""
     kind: str = "float"
     """``float`` or ``int`` (an :class:`IntWorkspace`, whose host mirror holds as many)."""
     sealed_refusals: int = 0
-    """Plans it refused, sealed, for want of room (each raised :class:`WorkspaceSealedError`)."""
+    """Plans it refused, sealed, for want of room (each a :class:`WorkspaceSealedError`)."""
 
     def __str__(self) -> str:
         grown = (
@@ -84,8 +79,8 @@ class WorkspaceStats:
 
 
 class GrowableBuffer:
-    """A workspace's device buffer (an int workspace's with a host ``mirror`` of as many bytes).
-    Every change of size or state is made under :attr:`lock`: sealed while a plan runs, it stays."""
+    """A workspace's device buffer (an int one's with a host ``mirror`` of as many bytes); every
+    change of size or state is made under :attr:`lock`: sealed while a plan runs, it stays."""
 
     def __init__(
         self, tensor: torch.Tensor, name: str, sealed: bool, floor: str, kind: Buffer = FLOAT
@@ -112,30 +107,26 @@ class GrowableBuffer:
                 f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
             )
         self.tensor = tensor
-        self.nbytes = tensor.numel()  # tensor's, kept as a number for the plan to read
+        self.nbytes = self.floor_bytes = tensor.numel()  # kept as a number for the plan to read
         self.name = name
         self.sealed = sealed
         self.floor = floor
         self.kind = kind
         # An int workspace's pageable host mirror (IntWorkspace says why pageable).
-        self.mirror: torch.Tensor | None = (
-            torch.zeros(tensor.numel(), dtype=torch.uint8) if kind is INT else None
-        )
-        self.floor_bytes = tensor.numel()
+        self.mirror = torch.zeros(tensor.numel(), dtype=torch.uint8) if kind is INT else None
         self.lock = threading.Lock()
         self._growth_refused = False  # its group is agreeing: plans may no longer grow it
         self._times_grown = 0
         self._largest_growth: tuple[int, str | None] = (0, None)  # (bytes added, allocation)
-        self._grown_to_agree = 0  # bytes added to match other ranks at a group seal
-        self._sealed_refusals = 0  # plans refused for want of room once sealed
+        self._grown_to_agree = 0
+        self._sealed_refusals = 0
 
     def seal(self) -> None:
         with self.lock:
             self.sealed = True
 
     def refuse_growth(self, refused: bool = True) -> None:
-        """Refuse a plan's overflow as if sealed while the ranks agree on sizes (``refused``), or
-        let plans grow it again (the agreement failed)."""
+        """Refuse a plan's overflow as if sealed while the ranks agree on sizes, or no longer."""
         with self.lock:
             self._growth_refused = refused
 
@@ -159,8 +150,7 @@ class GrowableBuffer:
     def grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
         """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
         with self.lock:
-            # Sealed while the plan ran, or being sealed with a group: the ranks have agreed on
-            # sizes that a growth now would leave behind.
+            # Sealed while the plan ran, or its group agreeing on sizes a growth would leave behind.
             if self.sealed or self._growth_refused:
                 raise self.sealed_error(overflow, None) from error
             have, need = self.tensor.numel(), overflow.bytes_needed(planned_on)
@@ -195,8 +185,8 @@ class GrowableBuffer:
             return added
 
     def sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceShortError:
-        """A sealed buffer's refusal of ``overflow``, counted in its stats (``whole``: what the
-        whole plan needs, where FlashInfer's ``workspace_size()`` said)."""
+        """A sealed buffer's refusal of ``overflow``, counted (``whole``: what the whole plan
+        needs, where FlashInfer's ``workspace_size()`` said)."""
         self._sealed_refusals += 1
         have = self.tensor.numel()
         need = overflow.bytes_needed(have)
@@ -222,7 +212,6 @@ class GrowableBuffer:
         )
 
     def refusal(self, message: str, needed: int) -> WorkspaceSealedError:
-        """The sealed buffer's error for a plan needing ``needed`` bytes."""
         return WorkspaceSealedError(
             message,
             workspace=self.name,
@@ -233,8 +222,8 @@ class GrowableBuffer:
         )
 
     def _resize(self, need: int, cause: str) -> int:
-        """Move onto ``need`` bytes (old bytes kept, tail zeroed), the mirror with it, under the
-        caller's lock; returns the bytes added. If either cannot be had, both keep their buffers."""
+        """Move onto ``need`` bytes (tail zeroed), the mirror with it, under the caller's lock;
+        returns the bytes added. If either cannot be had, both keep their buffers."""
         have = self.tensor.numel()
         if have >= need:
             return 0
@@ -316,9 +305,9 @@ class BufferHolder:
 
 
 def wait_for_every_stream(tensor: torch.Tensor) -> None:
-    """Wait until no CUDA stream can still use ``tensor``'s storage, before it is copied and
-    after, before it goes back to the caching allocator, which knows only the stream a block was
-    made on: work another stream queued on it would land after the copy, or in the block's next
-    tensor (seen on an H200). Growth is rare, so the whole device is synchronised."""
+    """Wait until no CUDA stream can use ``tensor``'s storage, before it is copied and before it
+    goes back to the caching allocator, which knows only the stream a block was made on: work
+    another stream queued would land after the copy, or in the block's next tensor (seen on an
+    H200). Growth is rare, so the whole device is synchronised."""
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)

@@ -1,9 +1,10 @@
 """FlashInfer's workspaces by (plan label, CUDA-graph slot): made on first use at their floors,
-handed to wrappers, sealed together, and agreed across ranks before a group seals."""
+handed to wrappers, sealed together, and agreed across the ranks of a group before it seals."""
 
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -13,7 +14,12 @@ import torch.distributed as dist
 
 from .._internal.floor import INT, Floor, resolve_floor
 from .._internal.limits import name_problem
-from ..errors import ResourceConfigError, ResourceUsageError, check_argument
+from ..errors import (
+    ResourceConfigError,
+    ResourceUsageError,
+    WorkspaceAgreementError,
+    check_argument,
+)
 from ..units import is_int, plural
 from ._flashinfer import FLOAT_BUFFER, own_buffers
 from .buffer import WorkspaceStats, allocate
@@ -23,6 +29,9 @@ from .int_workspace import IntWorkspace
 logger = logging.getLogger("mstar_resources.attn.workspace")
 
 T = TypeVar("T")
+Key = tuple[str, int | None]
+Identity = tuple[str, str | None, tuple[Key, ...] | None]
+"""A pool's owner, config key and served keys: what must match across ranks."""
 
 
 class WorkspacePool:
@@ -32,9 +41,9 @@ class WorkspacePool:
     single step. Each starts on ``device`` at ``size_mb``, else ``MSTAR_WORKSPACE_BUFFER_MB``, else
     512. ``owner`` names the resource in what a workspace reports.
 
-    Each key also holds an :class:`IntWorkspace` and its host mirror, which the key's wrappers
-    share in place of the 8 MiB pair each FlashInfer wrapper makes: :meth:`build` makes a wrapper
-    on both, :meth:`install` gives them to one an engine made. An int floor of 0 makes none.
+    Each key also holds an :class:`IntWorkspace` and its host mirror, shared by the key's wrappers
+    in place of the 8 MiB pair each makes (:meth:`build`, :meth:`install`); an int floor of 0
+    makes none.
 
     Keyword-only (:func:`mstar_resources.build_pools` passes them for a declared resource):
         int_size_mb: the floor of each int workspace, in MB (None: the variable, else 8).
@@ -53,7 +62,7 @@ class WorkspacePool:
         *,
         int_size_mb: int | None = None,
         config_key: str | None = None,
-        serves: Iterable[tuple[str, int | None]] | None = None,
+        serves: Iterable[Key] | None = None,
         env: Mapping[str, str] | None = None,
         floors: tuple[Floor, Floor] | None = None,
     ) -> None:
@@ -80,11 +89,10 @@ class WorkspacePool:
                 resolve_floor(int_size_mb, env, int_setting, INT),
             )
         self._floor, self._int_floor = floors
-        # The pairs served, in declared order; None: any.
         self.serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
         for label, cg_slot in self.serves or ():
             self._check_key(label, cg_slot)
-        self._workspaces: dict[tuple[str, int | None], Workspace] = {}
+        self._workspaces: dict[Key, Workspace] = {}
         self._lock = threading.Lock()
         self._sealed = False
         self._sealing = False  # agreeing with a group: workspaces made now are sealing too
@@ -110,8 +118,7 @@ class WorkspacePool:
         return self._int_floor.bytes
 
     def get(self, label: str, cg_slot: int | None = None) -> Workspace:
-        """The workspace of plans labelled ``label`` in CUDA-graph slot ``cg_slot`` (None: eager),
-        made on first use. Safe to call from several threads: one key never gets two."""
+        """The workspace of ``label`` in CUDA-graph slot ``cg_slot`` (None: eager), made once."""
         key = (label, cg_slot)
         # 0.0 and False are equal to the slot 0 as keys: only an int slot is looked up unchecked.
         workspace = self._workspaces.get(key) if type(cg_slot) in (int, type(None)) else None
@@ -124,8 +131,7 @@ class WorkspacePool:
             return self._workspaces[key]
 
     def reserve(self) -> int:
-        """Make every workspace this pool serves now, so an engine takes their memory before it
-        sizes its KV cache from what is left; returns the bytes the pool holds."""
+        """Make every workspace served now, before an engine sizes its KV cache; the bytes held."""
         for label, cg_slot in self.serves or ():
             self.get(label, cg_slot)
         return self.held_bytes
@@ -148,9 +154,8 @@ class WorkspacePool:
         cg_slot: int | None = None,
         **kwargs: Any,
     ) -> T:
-        """``wrapper_class(float workspace, *args, **kwargs)``: a FlashInfer wrapper built on the
-        float workspace of (``label``, ``cg_slot``) and given its int workspace and host mirror
-        (:meth:`install`). Plan it through ``pool.get(label, cg_slot).plan``."""
+        """``wrapper_class(float workspace, *args, **kwargs)`` on (``label``, ``cg_slot``)'s
+        workspaces (:meth:`install`); plan it through ``pool.get(label, cg_slot).plan``."""
         if not callable(wrapper_class):
             raise ResourceUsageError(
                 f"wrapper_class={wrapper_class!r} must be a FlashInfer wrapper class (e.g. "
@@ -162,9 +167,8 @@ class WorkspacePool:
         return wrapper
 
     def install(self, wrapper: Any, label: str, cg_slot: int | None = None) -> None:
-        """Give ``wrapper``, built on the float workspace of (``label``, ``cg_slot``), that key's
-        int workspace and host mirror in place of its own. Its plans must go through
-        :meth:`Workspace.plan`, each right before it runs (``docs/workspaces-and-ranks.md``)."""
+        """Give ``wrapper``, built on (``label``, ``cg_slot``)'s float workspace, that key's int
+        workspace and mirror; each plan through :meth:`Workspace.plan` right before it runs."""
         where = self._name(label, cg_slot)
         workspace = self.get(label, cg_slot)
         if own_buffers(wrapper) is None:
@@ -182,12 +186,9 @@ class WorkspacePool:
 
     def seal(self, *, group: dist.ProcessGroup | None = None) -> None:
         """The workspaces here keep their addresses from now on, for the graphs about to be
-        captured over them, and so does any made later.
-
-        With a torch.distributed process ``group``, its ranks first agree: each makes the keys
-        another made and grows each to the largest any rank holds. Every rank of the group must
-        call it, for the same pool, in the same order.
-        """
+        captured over them, and so does any made later. With a torch.distributed ``group``, its
+        ranks first agree: each makes the keys another made and grows each to the largest any
+        rank holds; every rank must call it, for the same pool, in the same order."""
         if group is not None:
             if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
                 raise ResourceUsageError(
@@ -207,18 +208,17 @@ class WorkspacePool:
         logger.info("%s", self.summary())
 
     def _agree(self, group: dist.ProcessGroup) -> None:
-        """Agree with ``group`` while no plan can grow a workspace here (a growth after the sizes
-        are gathered would leave this rank at a size the others never saw). If it fails,
-        nothing is sealed and plans may grow again."""
-        from . import _agree
-
+        """Agree with ``group`` in two ``all_gather_object`` calls (every rank's pool and sizes,
+        then whether each could grow to the largest), while no plan can grow a workspace here: a
+        growth after the sizes are gathered would leave this rank at a size the others never
+        saw. If it fails, nothing is sealed and plans may grow again."""
         identity = (self.owner, self._config_key, self.serves)
         self._refuse_growth(True)
         try:
             rank, ranks = dist.get_rank(group), dist.get_world_size(group)
             held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
-            every_held = _agree.gather_held(identity, held, group)
-            agreed = _agree.largest(every_held.values())
+            every_held = _gather_held(identity, held, group)
+            agreed = _largest(every_held.values())
             others = plural(ranks - 1, "other rank")
             failure: Exception | None = None
             added = 0
@@ -227,13 +227,13 @@ class WorkspacePool:
                     added += self.get(label, cg_slot)._grow_to_agree(nbytes, others)
             except Exception as error:  # told to every rank, then raised here as it was
                 failure = error
-            _agree.share_outcome(failure, identity, every_held, group)
+            _share_outcome(failure, identity, every_held, group)
         except BaseException:
             self._refuse_growth(False)
             raise
         logger.info(
             "rank %d: %s agreed on %d bytes in %d workspaces across %d ranks (+%d grown to agree)",
-            rank, _agree.describe(identity), sum(agreed.values()), len(agreed), ranks, added,
+            rank, _describe(identity), sum(agreed.values()), len(agreed), ranks, added,
         )  # fmt: skip
 
     def _refuse_growth(self, refused: bool) -> None:
@@ -244,7 +244,7 @@ class WorkspacePool:
         for workspace in workspaces:
             workspace._refuse_growth(refused)
 
-    def workspaces(self) -> dict[tuple[str, int | None], Workspace]:
+    def workspaces(self) -> dict[Key, Workspace]:
         """The workspaces made so far, by (label, cg slot)."""
         with self._lock:
             return dict(self._workspaces)
@@ -287,14 +287,12 @@ class WorkspacePool:
             return
         labels = list(dict.fromkeys(label for label, _ in self.serves))
         slots = sorted({slot for _, slot in self.serves if slot is not None})
-        key = self._config_key
         served = f"in cg slots {slots}" if slots else "eagerly only (cg_slot=None)"
-        fix = "Ask for one of those"
-        if key:
-            fix = f"Add the label to {key}.labels or the slot to {key}.cg_slots"
+        key = self._config_key
+        fix = f"Add the label to {key}.labels or the slot to {key}.cg_slots" if key else ""
         raise ResourceUsageError(
             f"{key or 'pool ' + repr(self.owner)} does not serve ({label!r}, cg_slot={cg_slot}); "
-            f"it serves labels {labels} {served}. {fix}"
+            f"it serves labels {labels} {served}. {fix or 'Ask for one of those'}"
         )
 
     def _name(self, label: str, cg_slot: int | None) -> str:
@@ -322,7 +320,7 @@ class WorkspacePool:
         return workspace
 
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
-        """Workspace ``name``'s floor, zeroed (some FlashInfer backends keep semaphores in it)."""
+        """``name``'s floor, zeroed: some FlashInfer backends keep semaphores in it."""
         return allocate(
             floor.bytes,
             self.device,
@@ -334,7 +332,7 @@ class WorkspacePool:
         )
 
 
-def _pairs(serves: object) -> list[tuple[str, int | None]]:
+def _pairs(serves: object) -> list[Key]:
     """``serves`` as (label, cg slot) pairs, or the library's error saying what it got."""
     good = not isinstance(serves, str | bytes) and isinstance(serves, Iterable)
     pairs = list(serves) if good else []  # type: ignore[call-overload]
@@ -344,3 +342,82 @@ def _pairs(serves: object) -> list[tuple[str, int | None]]:
             "('prefill', None)], or None to serve any"
         )
     return pairs
+
+
+# -- the ranks' agreement before a group seals ---------------------------------------------------
+
+
+def _gather_held(
+    identity: Identity, held: Mapping[Key, int], group: dist.ProcessGroup
+) -> dict[int, dict[Key, int]]:
+    """Each rank's ``held`` bytes by key; raises on every rank alike where their pools differ."""
+    everyone: list[Any] = [None] * dist.get_world_size(group)  # by rank
+    dist.all_gather_object(everyone, (identity, dict(held)), group=group)
+    every_held = {rank: sizes for rank, (_, sizes) in enumerate(everyone)}
+    if len({identity for identity, _ in everyone}) > 1:
+        pools = {}
+        for rank, (identity, _) in enumerate(everyone):
+            served = identity[2]
+            keys = (
+                ", ".join(f"{label}/{slot}" for label, slot in served)
+                if served is not None
+                else "any key"
+            )
+            pools[rank] = f"{_describe(identity)} serving {keys}"
+        listed = "; ".join(f"rank {rank}: {described}" for rank, described in pools.items())
+        raise WorkspaceAgreementError(
+            f"the ranks of the group are sealing different pools ({listed}); every rank must "
+            "seal the same pools, in the same order",
+            reasons=pools,
+            held=every_held,
+        )
+    return every_held
+
+
+def _largest(every_held: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
+    """Each key any rank made, at the most bytes any rank holds of it."""
+    agreed: dict[Key, int] = {}
+    for sizes in every_held:
+        for key, nbytes in sizes.items():
+            agreed[key] = max(agreed.get(key, 0), nbytes)
+    return agreed
+
+
+def _share_outcome(
+    failure: Exception | None,
+    identity: Identity,
+    every_held: Mapping[int, Mapping[Key, int]],
+    group: dist.ProcessGroup,
+) -> None:
+    """Tell every rank whether this one could grow to agree. A rank that could not raises its own
+    ``failure``; the others one naming it, with its error in ``errors``."""
+    outcomes: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(outcomes, _picklable(failure), group=group)
+    if failure is not None:
+        raise failure
+    failed = {rank: error for rank, error in enumerate(outcomes) if error is not None}
+    if failed:
+        reasons = {rank: f"{type(error).__name__}: {error}" for rank, error in failed.items()}
+        told = "; ".join(f"rank {rank} failed: {reason}" for rank, reason in reasons.items())
+        raise WorkspaceAgreementError(
+            f"{_describe(identity)} was not sealed on any rank of the group: {told}",
+            reasons=reasons,
+            held=every_held,
+            errors=failed,
+        )
+
+
+def _picklable(error: Exception | None) -> Exception | None:
+    """``error`` where it survives a pickle whole, else a RuntimeError with its type and text."""
+    if error is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
+def _describe(identity: Identity) -> str:
+    owner, config_key, _ = identity
+    return f"pool {owner!r}" + (f" ({config_key})" if config_key else "")

@@ -1,10 +1,8 @@
 """Upper bounds on the workspace of FlashInfer's TRT-LLM decode kernels, XQA (Hopper, SM120) and
 trtllm-gen (SM100), as read in FlashInfer 0.6.14, 0.6.16.post3, 0.6.18.post1, 0.7.0.post1,
 0.7.2.post1 and 0.7.4 (paths under ``flashinfer/``; the same arithmetic in each unless said).
-
-Each bound covers every launch of up to ``batch`` requests: the kernels lay out their scratch by
-the launch grid (requests, heads, page-table width), never by the sequences' actual lengths.
-"""
+Each covers every launch of up to ``batch`` requests: the kernels lay out their scratch by the
+launch grid (requests, heads, page-table width), never by the sequences' actual lengths."""
 
 from __future__ import annotations
 
@@ -89,10 +87,8 @@ def xqa_workspace_bytes(
     """Bytes of ``workspace_buffer`` ``xqa_batch_decode_with_kv_cache`` can touch: the 8 MiB
     semaphore region plus the largest multi-block scratch over every batch size up to ``batch``.
 
-    ``batch``: the most requests in one call; the heads are the layer's, per rank; ``head_dim``:
-    16 to 512, a multiple of 16; ``max_seq_len``: the widest page table in tokens
-    (``block_tables.shape[-1] * page_size``: xqa.py reads the length from the table's width);
-    ``sm_count``: the device's SMs; ``q_len_per_req`` above 1: speculative decoding;
+    The heads are the layer's, per rank; ``max_seq_len``: the widest page table in tokens (xqa.py
+    reads the length from its width); ``q_len_per_req`` above 1: speculative decoding;
     ``hopper_fp8_kv``: an fp8 KV cache on SM90, where xqa.py may also run ``mha_sm90.cu``.
     """
     _positive(batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
@@ -126,18 +122,13 @@ def trtllm_gen_workspace_bytes(
 
     Layout (trtllm_fmha_kernel_launcher.cu, AlignedAllocator of 16-byte steps): [counters] |
     [softmax stats, with LSE: heads x batch x round_up(max_q_len, 256) float2, a 1 MiB guard] |
-    multi-CTA KV scratch. The scratch holds partial stats for
-    max(SMs, CTAs) x stepQ float2 and partial O of CTAs x stepQ x headDimPerCtaV x 2 B
-    (kernelParams.h setKernelParams, fmhaReduction.cu). Without the opt-in multi-wave split the
-    KV split is min(.., SMs // base CTAs) (fmhaKernels.cuh computeCtaAndClusterConfig), so a split
-    launch has at most SMs CTAs, each with headDimPerCtaV (x2 for 2-CTA MMA) <= head_dim_vo; the
-    multi-wave split checks its partials against the scratch left and otherwise falls back.
-
-    ``head_dim_vo``: V's and the output's head dimension; ``max_q_len``: query tokens per
-    request; ``return_lse``: the call returns LSE (or passes ``lse``), which adds the softmax
-    stats; ``counters_in_workspace``: FlashInfer 0.6.14 keeps 8 MiB of multi-CTA counters at the
-    workspace's head (from 0.6.16.post3 a separate buffer); ``max_step_q``: the largest query tile
-    of the kernels that may run. The others as :func:`xqa_workspace_bytes`'s.
+    multi-CTA KV scratch: partial stats of max(SMs, CTAs) x stepQ float2 and partial O of CTAs x
+    stepQ x headDimPerCtaV x 2 B (kernelParams.h, fmhaReduction.cu). Without the opt-in multi-wave
+    split (which checks its partials against the scratch left, else falls back) a split launch has
+    at most SMs CTAs (fmhaKernels.cuh computeCtaAndClusterConfig), each with headDimPerCtaV <=
+    head_dim_vo. ``return_lse`` adds the softmax stats; ``counters_in_workspace``: FlashInfer
+    0.6.14 keeps 8 MiB of counters at the workspace's head (0.6.16.post3: a separate buffer);
+    ``max_step_q``: the largest query tile of the kernels that may run.
     """
     _positive(batch=batch, num_qo_heads=num_qo_heads, head_dim_vo=head_dim_vo,
               sm_count=sm_count, max_q_len=max_q_len, max_step_q=max_step_q)  # fmt: skip

@@ -11,14 +11,9 @@ from .int_workspace import IntWorkspace
 from .pool import WorkspacePool
 
 __all__ = [
-    "IntWorkspace",
-    "Workspace",
-    "WorkspaceGrowthError",
-    "WorkspacePool",
-    "WorkspaceStats",
-    "install_int_workspace",
-    "workspace_bytes",
-]
+    "IntWorkspace", "Workspace", "WorkspaceGrowthError", "WorkspacePool", "WorkspaceStats",
+    "install_int_workspace", "workspace_bytes"
+]  # fmt: skip
 
 
 def workspace_bytes(declared_mb: int | None = None) -> int:

@@ -1,6 +1,6 @@
-"""What every engine plugin shares: its seams and patches as data (:class:`Seam`), the releases it
-serves, and its life in a process (:class:`EnginePlugin`): read the setting, check the release,
-patch each module as it is imported, or leave the engine as it is with one line saying why."""
+"""What every engine plugin shares: its seams and patches as data (:class:`Seam`), and its life in
+a process (:class:`EnginePlugin`): read the setting, check the release, patch each module as it is
+imported, or leave the engine as it is with one line saying why."""
 
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
 
 Patch = Callable[[Any, Any, Any], Any]
-"""``patch(state, original, owner)``: what replaces ``original`` (the engine's function, method
-or value) on ``owner`` (its module or class)."""
+"""``patch(state, original, owner)``: what replaces ``original`` on ``owner`` (module or class)."""
 
 
 @dataclass(frozen=True)
@@ -39,16 +38,11 @@ class Seam:
 
     module: str
     name: str
-    required: bool = True
-    """False: used where the running release has it."""
-    instance: bool = False
-    """An attribute each instance gets in ``__init__``: checked in the wheels' source only."""
-    patch: Patch | None = None
-    """What replaces it (None: the plugin only reads it)."""
-    since: str | None = None
-    """The first release read that has it (None: the first read)."""
-    until: str | None = None
-    """The last release read that has it (None: the newest read)."""
+    required: bool = True  # False: used where the running release has it
+    instance: bool = False  # set in __init__: checked in the wheels' source only
+    patch: Patch | None = None  # what replaces it (None: the plugin only reads it)
+    since: str | None = None  # the first release read that has it (None: the first read)
+    until: str | None = None  # the last release read that has it (None: the newest read)
 
     @property
     def qualname(self) -> str:
@@ -89,8 +83,8 @@ def after(hook: Callable[[Any, Any, Any], object]) -> Patch:
 
 
 def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) -> None:
-    """Apply ``seams``' patches of ``module`` where it has their seam; where it lacks a required
-    one, patch none of it and leave the engine as it is, naming what it lacks."""
+    """Apply ``seams``' patches of ``module``; where it lacks a required seam, patch none of it
+    and leave the engine as it is, naming what it lacks."""
     mine = [seam for seam in seams if seam.module == module.__name__]
     missing = [s for s in mine if s.required and not s.instance and _find(module, s.name) is None]
     if missing:
@@ -195,9 +189,8 @@ _finder = _Finder()
 
 
 def when_imported(name: str, callback: Callback) -> None:
-    """``callback(module)`` once module ``name`` is imported: now if it is, else right after its
-    import succeeds (importing a model runner where no model is built costs seconds, and may
-    initialise CUDA before the engine forks)."""
+    """``callback(module)`` once module ``name`` is imported: now, or right after its import
+    (importing a model runner costs seconds, and may initialise CUDA before the engine forks)."""
     module = sys.modules.get(name)
     if module is not None:
         callback(module)
@@ -211,24 +204,18 @@ def when_imported(name: str, callback: Callback) -> None:
 class PluginState:
     """One engine plugin's state in one process."""
 
-    engine = "the engine"
-    """The engine, as log lines name it."""
+    engine = "the engine"  # as log lines name it
     logger = logging.getLogger("mstar_resources.integrations")
 
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
-        self.blocked: str | None = None
-        """Why no engine of this process is served (this release lacks a seam)."""
-        self.untouched: str | None = None
-        """Why the engine runs as it is (None: the plugin serves it, or has not decided)."""
-        self.pools: dict[str, WorkspacePool] = {}
-        """By resource path."""
-        self.sealed_before: str | None = None
-        """What the workspaces were sealed before (the engine's graph capture...)."""
-        self.shared_int_wrappers = 0
-        """Decode wrappers given a shared int workspace in place of their own."""
+        self.blocked: str | None = None  # why no engine of this process is served
+        self.untouched: str | None = None  # why the engine runs as it is (None: served, or not yet)
+        self.pools: dict[str, WorkspacePool] = {}  # by resource path
+        self.sealed_before: str | None = None  # the engine's graph capture...
+        self.shared_int_wrappers = 0  # decode wrappers given a shared int workspace
+        # By resource path: where a floor measured or derived here came from, in words.
         self.provenance: dict[str, str] = {}
-        """By resource path: where a floor measured or derived here came from, in words."""
 
     @property
     def serving(self) -> bool:
@@ -236,7 +223,7 @@ class PluginState:
 
     @property
     def held_bytes(self) -> int:
-        """What the pools hold on the GPU, float and int workspaces."""
+        """What the pools' float workspaces hold."""
         return sum(pool.held_bytes for pool in self.pools.values())
 
     def stats(self) -> list[WorkspaceStats]:
@@ -289,8 +276,7 @@ class PluginState:
             )  # fmt: skip
 
     def check_calibration(self, device: Any) -> None:
-        """Warn where a calibrated deployment's FlashInfer or GPU differs from ``device``'s: its
-        floors may fall short, and a sealed workspace then refuses the engine's capture."""
+        """Warn where a calibrated deployment's FlashInfer or GPU differs from ``device``'s."""
         from ..calibration.record import check_calibration
 
         root, records = self.setting.root, list(self.setting.records)
@@ -309,8 +295,7 @@ class EnginePlugin:
     """An engine's plugin, and its state in this process (:meth:`active`)."""
 
     setting: PluginSetting
-    distribution: str
-    """The engine's distribution (``vllm``)."""
+    distribution: str  # the engine's, e.g. ``vllm``
     releases: tuple[str, ...]
     """The releases whose source every seam was read in, oldest first."""
     seams: tuple[Seam, ...]
@@ -341,21 +326,10 @@ class EnginePlugin:
             )
         return None
 
-    def version_note(self, version: str) -> str | None:
-        """What to say of a served ``version`` that was not read (None where it was)."""
-        if version.split("+")[0] in self.releases:
-            return None
-        return (
-            f"{self.engine} {version} is not a release this plugin was read in "
-            f"({', '.join(self.releases)}); it is served where each seam the plugin needs is "
-            "there, and left as it is, the seam named, where one is not"
-        )
-
     def register(self) -> None:
         """The engine's entry point, in each of its processes: where the setting is set and the
-        release served, patch each seam's module as it is imported, once a process. A bad
-        setting ends the process with status 2 and one paragraph naming it (an engine would log
-        a plugin's exception and go on, or show its traceback)."""
+        release served, patch each seam's module as it is imported. A bad setting ends the process
+        with status 2 and one paragraph (an engine would log an exception and go on)."""
         try:
             setting = self.setting.read()
         except ResourceConfigError as error:
@@ -370,9 +344,13 @@ class EnginePlugin:
             state.block(problem)
             return
         self._active = state
-        note = None if version is None else self.version_note(version)
-        if note is not None:
-            state.logger.info("mstar-resources: %s", note)
+        if version is not None and version.split("+")[0] not in self.releases:
+            state.logger.info(
+                "mstar-resources: %s %s is not a release this plugin was read in (%s); it is "
+                "served where each seam the plugin needs is there, and left as it is, the seam "
+                "named, where one is not",
+                self.engine, version, ", ".join(self.releases),
+            )  # fmt: skip
         state.logger.info(
             "mstar-resources: %s: %s's FlashInfer workspaces from its pools",
             setting.describe(), self.engine,

@@ -1,7 +1,6 @@
 """An engine plugin's setting (``MSTAR_RESOURCES_VLLM`` for vLLM's): unset or empty, the plugin is
 off; else ``auto``, a shipped deployment's name, or the path of a deployment file in a
-``deployment/`` folder, composed with the rules of ``mstar-resources --config-dir DIR
-deployment=NAME``. Every refusal is one paragraph that starts with the setting and its value."""
+``deployment/`` folder. Every refusal is one paragraph that starts with the setting and value."""
 
 from __future__ import annotations
 
@@ -14,28 +13,19 @@ from typing import Any
 from ..errors import ResourceConfigError, did_you_mean
 from ..resolver import ResolvedResource, resolve, serving
 
-AUTO = "auto"
-"""Measure each workspace's floor in the worker, on its GPU and its FlashInfer."""
-
-EXAMPLE_FILE = "my-conf/deployment/mine_calibrated.yaml"
-"""A deployment file's path as errors give it: where calibration writes one for ``mine``."""
-
-SHOWN_CHARACTERS = 256
-"""A value longer than this is shown cut, with its length."""
+AUTO = "auto"  # measure each workspace's floor in the worker, on its GPU and its FlashInfer
+EXAMPLE_FILE = "my-conf/deployment/mine_calibrated.yaml"  # where calibration writes ``mine``'s
+SHOWN_CHARACTERS = 256  # a value longer than this is shown cut, with its length
 
 
 @dataclass(frozen=True)
 class Setting:
     """What a plugin's setting asks for."""
 
-    name: str
-    """The setting, e.g. ``MSTAR_RESOURCES_VLLM``."""
+    name: str  # e.g. MSTAR_RESOURCES_VLLM
     value: str
-    """As set."""
-    records: tuple[ResolvedResource, ...] = ()
-    """The deployment's resources, floors resolved (empty for ``auto``)."""
-    root: Any = None
-    """The composed deployment (None for ``auto``), whose calibration is checked on the GPU."""
+    records: tuple[ResolvedResource, ...] = ()  # the deployment's resources (none for auto)
+    root: Any = None  # the composed deployment (None for auto)
 
     @property
     def auto(self) -> bool:
@@ -50,21 +40,16 @@ class PluginSetting:
     """The setting that switches an engine's plugin on, and what it takes."""
 
     env_var: str
-    """E.g. ``MSTAR_RESOURCES_VLLM``."""
-    config_name: str
-    """The primary config a deployment is composed with (``conf/<config_name>.yaml``)."""
-    engine: str
-    """The engine, as errors name it (``vLLM``)."""
-    roles: tuple[str, ...]
-    """The labels the engine's FlashInfer wrappers plan as: each must be served."""
+    config_name: str  # the primary config a deployment is composed with (conf/<config_name>)
+    engine: str  # as errors name it (vLLM)
+    roles: tuple[str, ...]  # the labels the engine's wrappers plan as: each must be served
 
     @property
     def off(self) -> str:
         return f"to switch the plugin off, unset {self.env_var} (or set it empty)"
 
     def read(self, env: Mapping[str, str] | None = None) -> Setting | None:
-        """The setting in ``env`` (``os.environ`` by default), None when unset or empty; a bad
-        deployment raises :class:`~mstar_resources.ResourceConfigError` as the engine starts."""
+        """The setting in ``env`` (default ``os.environ``), None when unset or empty."""
         env = os.environ if env is None else env
         value = env.get(self.env_var, "").strip()
         if not value:
@@ -112,8 +97,7 @@ class PluginSetting:
         return f"{self.env_var}={value!r}"
 
     def compose(self, value: str) -> Any:
-        """The shipped tree composed with deployment ``value``: a shipped deployment's name, or
-        the path of a deployment file in a config dir's ``deployment/`` folder."""
+        """The shipped tree composed with deployment ``value``: a shipped name, or a file's path."""
         from ..compose import ComposedTree, compose_deployment, deployment_options
         from ..compose_errors import NO_DEPLOYMENT
 
@@ -146,8 +130,8 @@ class PluginSetting:
     def serving_keys(
         self, records: Sequence[ResolvedResource], setting: str, roles: Sequence[str] = ()
     ) -> dict[str, tuple[ResolvedResource, int | None]]:
-        """For each of ``roles`` (default: the engine's), the resource serving it and the slot
-        the engine's wrappers take there: its first CUDA-graph slot, else eager (None)."""
+        """For each of ``roles`` (default: the engine's), the resource serving it and the slot the
+        engine's wrappers take there: its first CUDA-graph slot, else None."""
         found: dict[str, tuple[ResolvedResource, int | None]] = {}
         for role in roles or self.roles:
             record = serving(records, role)

@@ -249,11 +249,11 @@ def test_a_rank_that_sealed_alone_refuses_to_grow_and_no_rank_seals(tmp_path):
 def plan_races_the_seal(rank: int, world: int) -> dict[str, Any]:
     """Rank 0's plan, made while the group agrees (after the sizes were gathered, before they
     are applied), would grow its workspace past the agreed size."""
-    from mstar_resources.attn import _agree
+    from mstar_resources.attn import pool as pool_module
 
     pool = _pool(serves=SERVES)
     pool.get("decode", 0)
-    gathered_then = _agree.largest
+    gathered_then = pool_module._largest
     refused: list[str] = []
 
     def gather_then_plan(every_held):  # the window a growth could slip into
@@ -265,7 +265,7 @@ def plan_races_the_seal(rank: int, world: int) -> dict[str, Any]:
                 refused.append(error.workspace)
         return agreed
 
-    _agree.largest = gather_then_plan
+    pool_module._largest = gather_then_plan
     pool.seal(group=dist.group.WORLD)
     return {**_holding(pool), "refused": refused}
 
@@ -304,7 +304,7 @@ class _KeywordOnly(Exception):
 
 
 def test_a_peer_gets_the_error_whole_or_its_type_and_text():
-    from mstar_resources.attn._agree import _picklable
+    from mstar_resources.attn.pool import _picklable
 
     whole = _picklable(WorkspaceSealedError(
         "sealed", workspace="w", held_bytes=1, needed_bytes=2, setting="s", suggested_mb=1

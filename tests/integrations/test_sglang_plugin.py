@@ -19,7 +19,7 @@ import torch
 from mstar_resources import ResourceConfigError, WorkspacePlanError, WorkspaceSealedError
 from mstar_resources.integrations import sglang as plugin
 from mstar_resources.integrations.plugin import patch_module
-from mstar_resources.integrations.sglang import seams, workspaces
+from mstar_resources.integrations.sglang import workspaces
 from mstar_resources.integrations.sglang.measure import SglangPlans
 from mstar_resources.resolver import resolve
 from tests.attn.fake_allocator import FakePlanner
@@ -91,8 +91,8 @@ def test_auto_is_taken_and_offered_where_a_setting_is_close():
 
 def test_a_module_that_lacks_a_seam_is_left_unpatched(tmp_path):
     served = _served(tmp_path)
-    module = types.ModuleType(seams.RUNNER)
-    patch_module(served, seams.SEAMS, module)
+    module = types.ModuleType(plugin.RUNNER)
+    patch_module(served, plugin.SEAMS, module)
     assert served.untouched is not None and "ModelRunner.alloc_memory_pool" in served.untouched
 
 
@@ -178,8 +178,8 @@ def _stand_ins(
     registry: Registry, served: workspaces.SglangWorkspaces
 ) -> tuple[types.ModuleType, types.ModuleType]:
     """SGLang's model runner and FlashInfer backend modules, as the plugin sees them."""
-    runner_module = types.ModuleType(seams.RUNNER)
-    backend_module = types.ModuleType(seams.BACKEND)
+    runner_module = types.ModuleType(plugin.RUNNER)
+    backend_module = types.ModuleType(plugin.BACKEND)
 
     class ModelRunner:
         device, gpu_id = "cpu", 0
@@ -232,7 +232,7 @@ def _stand_ins(
     backend_module.fast_decode_plan = fast_decode_plan  # type: ignore[attr-defined]
     backend_module.fast_prefill_plan = fast_prefill_plan  # type: ignore[attr-defined]
     # Classes of their own, so that patching them leaves the next test's unpatched.
-    for name, base in zip(seams.WRAPPERS, (Ragged, Paged, Decode), strict=True):
+    for name, base in zip(plugin.WRAPPERS, (Ragged, Paged, Decode), strict=True):
         setattr(backend_module, name, type(name, (base,), {}))
     return runner_module, backend_module
 
@@ -252,13 +252,13 @@ def _patched_stand_ins(
     context's ``get_buffer`` the stand-in registry's."""
     registry = Registry()
     runner_module, backend_module = _stand_ins(registry, served)
-    context = types.ModuleType(seams.CONTEXT)
+    context = types.ModuleType(plugin.CONTEXT)
     context.get_buffer = registry.get_buffer  # type: ignore[attr-defined]
     for name in ("sglang", "sglang.srt"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, seams.CONTEXT, context)
-    patch_module(served, seams.SEAMS, runner_module)
-    patch_module(served, seams.SEAMS, backend_module)
+    monkeypatch.setitem(sys.modules, plugin.CONTEXT, context)
+    patch_module(served, plugin.SEAMS, runner_module)
+    patch_module(served, plugin.SEAMS, backend_module)
     return registry, runner_module, backend_module
 
 
@@ -380,7 +380,7 @@ def test_the_plans_are_patched_once_if_the_backend_is_patched_again(worker):
                 backend_module.fast_decode_plan, backend_module.fast_prefill_plan)  # fmt: skip
 
     planned = planners()
-    patch_module(served, seams.SEAMS, backend_module)
+    patch_module(served, plugin.SEAMS, backend_module)
     assert planners() == planned
 
 

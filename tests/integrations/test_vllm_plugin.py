@@ -27,9 +27,8 @@ from mstar_resources.errors import WorkspaceSealedError
 from mstar_resources.integrations import vllm as plugin
 from mstar_resources.integrations.plugin import patch_module
 from mstar_resources.integrations.vllm import plans as vllm_plans
-from mstar_resources.integrations.vllm import seams, workspaces
+from mstar_resources.integrations.vllm import workspaces
 from mstar_resources.integrations.vllm.plans import NATIVE, BuilderPlans, VllmFunctions
-from mstar_resources.integrations.vllm.setting import read_setting
 from mstar_resources.units import MIB
 from tests.attn.fake_allocator import FakePlanner, FakePrefillWrapper, FakeWrapper
 
@@ -66,10 +65,10 @@ def test_without_its_setting_the_plugin_does_nothing_and_imports_no_vllm():
 
 
 def test_a_module_that_lacks_a_seam_is_left_unpatched(caplog):
-    served = workspaces.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
-    module = types.ModuleType(seams.BACKEND)
+    served = workspaces.VllmWorkspaces(workspaces.Setting(plugin.ENV_VAR, "auto"))
+    module = types.ModuleType(plugin.BACKEND)
     with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
-        patch_module(served, seams.SEAMS, module)
+        patch_module(served, plugin.SEAMS, module)
     assert "FlashInferMetadataBuilder._get_workspace_buffer" in served.untouched
     assert [r.name for r in caplog.records] == ["vllm.plugins.mstar_resources"]  # under vLLM's
 
@@ -368,7 +367,7 @@ class StandInWorker:
         return "times"
 
 
-backend = types.ModuleType(seams.BACKEND)
+backend = types.ModuleType(plugin.BACKEND)
 TRTLLM = torch.zeros(4 * MIB, dtype=torch.uint8)
 """vLLM's TRT-LLM workspace, as its ``_get_trtllm_workspace_buffer()`` would make it."""
 H200_SMS = 132
@@ -380,7 +379,7 @@ def vllm_stand_in(monkeypatch):
     deployment with floors of 2 MB (prefill) and 4 MB (decode); one builder, both phases on
     FlashInfer's native wrappers (``plans`` in the returned namespace changes that)."""
     global backend
-    backend = types.ModuleType(seams.BACKEND)
+    backend = types.ModuleType(plugin.BACKEND)
     backend.FlashInferMetadataBuilder = type("FlashInferMetadataBuilder", (StandInBuilder,), {})
     backend.fast_plan_decode = lambda wrapper, *args, **kwargs: wrapper.plan(*args, **kwargs)
     backend._get_trtllm_workspace_buffer = lambda: TRTLLM
@@ -388,7 +387,7 @@ def vllm_stand_in(monkeypatch):
     backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT = 2 << 30
     runner = types.ModuleType(workspaces.V2_RUNNER)
     runner.GPUModelRunner = type("GPUModelRunner", (StandInRunner,), {})
-    worker = types.ModuleType(seams.WORKER)
+    worker = types.ModuleType(plugin.WORKER)
     worker.Worker = type("Worker", (StandInWorker,), {})
     state = types.SimpleNamespace(plans=[PLANS])
     monkeypatch.setattr(vllm_plans, "uncovered_attention", lambda config: None)
@@ -396,17 +395,17 @@ def vllm_stand_in(monkeypatch):
     monkeypatch.setattr(vllm_plans, "vllm_buffer_bytes", lambda config, plans: (VLLM_BYTES, "-"))
     sms = types.SimpleNamespace(multi_processor_count=H200_SMS)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: sms)
-    setting = read_setting({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
+    setting = plugin.VLLM.read({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
     records = tuple(
         type(r)(**{**{f: getattr(r, f) for f in ("path", "owner", "labels", "cg_slots",
                   "floor_source", "floor_setting")}, "declared_mb": mb, "floor_mb": mb})
         for r, mb in zip(setting.records, (2, 4), strict=True)
     )  # fmt: skip
     monkeypatch.setenv(plugin.ENV_VAR, setting.value)  # as vLLM loaded the plugin
-    served = workspaces.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, setting.value, records))
-    patch_module(served, seams.SEAMS, backend)
-    patch_module(served, seams.SEAMS, runner)
-    patch_module(served, seams.SEAMS, worker)
+    served = workspaces.VllmWorkspaces(workspaces.Setting(plugin.ENV_VAR, setting.value, records))
+    patch_module(served, plugin.SEAMS, backend)
+    patch_module(served, plugin.SEAMS, runner)
+    patch_module(served, plugin.SEAMS, worker)
     made_runner = runner.GPUModelRunner()
     state.served, state.Builder, state.runner = (
         served,
@@ -557,7 +556,7 @@ def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
     monkeypatch.setattr(workspaces, "measured_need", need)
     monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
         VLLM_BATCH_INVARIANT=False))  # fmt: skip
-    served = workspaces.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
+    served = workspaces.VllmWorkspaces(workspaces.Setting(plugin.ENV_VAR, "auto"))
     runner = types.SimpleNamespace(vllm_config=vllm_config(), device=torch.device("cpu"))
     served.reserve(runner)
     assert sorted(measured) == [("decode", 32, True), ("decode", 64, True),
@@ -599,7 +598,7 @@ def test_each_tensor_parallel_rank_measures_its_own_heads_and_the_ranks_agree(mo
     for _rank in range(2):  # each worker is a process of its own: a plugin state each
         plans = vllm_plans.plans_of_groups(vllm_config(), groups, layers, functions([], heads=16))
         monkeypatch.setattr(vllm_plans, "builder_plans", lambda runner, plans=plans: plans)
-        served = workspaces.VllmWorkspaces(plugin.Setting(plugin.ENV_VAR, "auto"))
+        served = workspaces.VllmWorkspaces(workspaces.Setting(plugin.ENV_VAR, "auto"))
         served.reserve(types.SimpleNamespace(vllm_config=vllm_config(), device=torch.device("cpu")))
         ranks.append(served)
     assert measured == [("prefill", 16, 4), ("decode", 16, 4)] * 2
@@ -891,7 +890,7 @@ def test_decode_wrappers_keep_their_own_int_workspace_where_none_is_reserved(vll
         replace(r, int_declared_mb=0, int_floor_mb=0, int_floor_source="declared")
         for r in served.setting.records
     )
-    served.setting = plugin.Setting(plugin.ENV_VAR, served.setting.value, records)
+    served.setting = workspaces.Setting(plugin.ENV_VAR, served.setting.value, records)
     runner.profile_run()
     assert served.pools["attn.decode"].get("decode", 0).int_workspace is None
     builder = vllm_stand_in.Builder()

@@ -103,7 +103,7 @@ def test_an_engine_core_in_its_own_process_is_read_from_the_plugins_lines():
 def test_an_auto_runs_floors_become_a_deployment_file_the_plugin_reads(tmp_path):
     """--file-floors: the floors an auto run measured, as a file in a deployment/ folder, which
     the plugin composes to the same floors: float, int, and none for prefill's int workspace."""
-    from mstar_resources.integrations.vllm.setting import read_setting
+    from mstar_resources.integrations.vllm import VLLM
 
     proof = load_script("vllm_proof")
     auto = {"plugin": {"workspaces": [
@@ -112,7 +112,7 @@ def test_an_auto_runs_floors_become_a_deployment_file_the_plugin_reads(tmp_path)
         {"name": "attention:decode:cg0:int", "floor_bytes": 1 << 20},
     ]}}  # fmt: skip
     path = proof.floors_file(auto, tmp_path / "deployment" / "crash.yaml")
-    setting = read_setting({"MSTAR_RESOURCES_VLLM": str(path)})
+    setting = VLLM.read({"MSTAR_RESOURCES_VLLM": str(path)})
     floors = {r.path: (r.floor_mb, r.int_floor_mb, r.floor_source) for r in setting.records}
     assert floors["attn.prefill"] == (3, 0, "declared")
     assert floors["attn.decode"] == (106, 1, "declared")

@@ -15,8 +15,6 @@ from hydra.core.global_hydra import GlobalHydra
 from mstar_resources.errors import ResourceConfigError
 from mstar_resources.integrations import plugin as engine_plugin
 from mstar_resources.integrations import vllm as plugin
-from mstar_resources.integrations.vllm import seams
-from mstar_resources.integrations.vllm.setting import read_setting
 from tests.apps import run_app
 
 ENV = plugin.ENV_VAR
@@ -38,7 +36,7 @@ def deployment_file(tmp_path: Path, body: str, name: str = "mine", header: str =
 def refusal(value: str, env: dict[str, str] | None = None) -> str:
     """The paragraph the plugin refuses ``MSTAR_RESOURCES_VLLM=value`` with."""
     with pytest.raises(ResourceConfigError) as raised:
-        read_setting({ENV: value, **(env or {})})
+        plugin.VLLM.read({ENV: value, **(env or {})})
     text = str(raised.value)
     assert "\n" not in text
     return text
@@ -48,14 +46,14 @@ def refusal(value: str, env: dict[str, str] | None = None) -> str:
 
 
 def test_unset_or_empty_is_off_and_auto_composes_nothing():
-    assert read_setting({}) is None
-    assert read_setting({ENV: "  "}) is None
-    setting = read_setting({ENV: " auto "})
+    assert plugin.VLLM.read({}) is None
+    assert plugin.VLLM.read({ENV: "  "}) is None
+    setting = plugin.VLLM.read({ENV: " auto "})
     assert setting is not None and setting.auto and setting.records == ()
 
 
 def test_a_shipped_calibrated_deployment_gives_its_floors_and_where_they_came_from():
-    setting = read_setting({ENV: "llama3-8b-h200_calibrated"})
+    setting = plugin.VLLM.read({ENV: "llama3-8b-h200_calibrated"})
     assert setting is not None and not setting.auto
     floors = {r.path: (r.floor_mb, r.floor_source, r.floor_setting) for r in setting.records}
     assert floors == {
@@ -66,13 +64,13 @@ def test_a_shipped_calibrated_deployment_gives_its_floors_and_where_they_came_fr
 
 def test_a_deployment_file_of_the_users_composes_over_the_shipped_tree(tmp_path):
     path = deployment_file(tmp_path, OVER_LLAMA3_8B + DECODE_MB.format(41))
-    setting = read_setting({ENV: str(path)})
+    setting = plugin.VLLM.read({ENV: str(path)})
     assert {r.path: r.floor_mb for r in setting.records} == {"attn.prefill": 256, "attn.decode": 41}
 
 
 def test_the_floor_variable_sizes_what_a_deployment_file_leaves_undeclared(tmp_path):
     path = deployment_file(tmp_path, DECODE_MB.format(41))
-    setting = read_setting({ENV: str(path), "MSTAR_WORKSPACE_BUFFER_MB": "64"})
+    setting = plugin.VLLM.read({ENV: str(path), "MSTAR_WORKSPACE_BUFFER_MB": "64"})
     floors = {r.path: (r.floor_mb, r.floor_source) for r in setting.records}
     assert floors == {"attn.prefill": (64, "env"), "attn.decode": (41, "declared")}
 
@@ -166,7 +164,7 @@ def test_a_deployment_that_serves_no_decode_label_says_which(tmp_path):
 def test_a_program_that_initialised_hydra_keeps_it_and_the_plugin_composes_its_own():
     with initialize_config_module("mstar_resources.conf", version_base="1.3"):
         program_hydra = GlobalHydra.instance().hydra
-        setting = read_setting({ENV: "llama3-8b-h200"})
+        setting = plugin.VLLM.read({ENV: "llama3-8b-h200"})
         assert GlobalHydra.instance().hydra is program_hydra
         assert "resources" in compose("resources/default")  # the program's Hydra still works
     assert {r.floor_mb for r in setting.records} == {256, 128}
@@ -175,12 +173,12 @@ def test_a_program_that_initialised_hydra_keeps_it_and_the_plugin_composes_its_o
 def test_the_plugins_settings_are_copied_to_vllms_ray_workers(monkeypatch):
     """vLLM copies ``VLLM_*``, ``NCCL_*``, ``HF_*``... and ``DEFAULT_EXTRA_ENV_VARS`` to its Ray
     workers; enabled, the plugin adds its own settings to those names."""
-    ray_env = types.ModuleType(seams.RAY_ENV)
+    ray_env = types.ModuleType(plugin.RAY_ENV)
     ray_env.DEFAULT_EXTRA_ENV_VARS = {"PYTHONHASHSEED"}
-    monkeypatch.setitem(__import__("sys").modules, seams.RAY_ENV, ray_env)
+    monkeypatch.setitem(__import__("sys").modules, plugin.RAY_ENV, ray_env)
     monkeypatch.setenv(ENV, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: "0.26.0")
-    monkeypatch.setattr(seams.PLUGIN, "_active", None)
+    monkeypatch.setattr(plugin.PLUGIN, "_active", None)
     plugin.register()
     assert plugin.active() is not None
     assert {
@@ -191,7 +189,7 @@ def test_the_plugins_settings_are_copied_to_vllms_ray_workers(monkeypatch):
 def test_without_vllm_the_warning_says_vllm_is_not_installed(monkeypatch, caplog):
     monkeypatch.setenv(ENV, "auto")
     monkeypatch.setattr(engine_plugin, "installed_version", lambda distribution: None)
-    monkeypatch.setattr(seams.PLUGIN, "_active", None)
+    monkeypatch.setattr(plugin.PLUGIN, "_active", None)
     with caplog.at_level(logging.WARNING, logger="vllm.plugins.mstar_resources"):
         plugin.register()
     assert plugin.active() is None

@@ -9,6 +9,7 @@ from typing import Any
 
 from ...calibration.profile import CalibrationProfile, load_profile
 from ...resolver import ResolvedResource, resolve
+from ...units import round_up
 from ..plugin import dtype_name
 
 MOST_RUNNING_REQUESTS = 4096
@@ -77,8 +78,7 @@ class SglangPlans:
         return load_profile(node)
 
     def tree(self) -> dict[str, Any]:
-        """The resources measured: prefill (both labels), and decode under CUDA graphs where
-        SGLang captures them."""
+        """The resources measured: prefill (both labels), and decode, under graphs if captured."""
         graphs = [0] if self.decode_graph_batch_sizes else []
         return {
             "attn": {
@@ -89,9 +89,8 @@ class SglangPlans:
 
 
 def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
-    """What SGLang's FlashInfer backend of ``runner`` (its ``ModelRunner``, before the KV pool)
-    will plan under the settings of ``context`` (its ``runtime_context`` module); a string where
-    the profile cannot hold it: why."""
+    """What SGLang's FlashInfer backend of ``runner`` will plan under the settings of ``context``
+    (its ``runtime_context``); where the profile cannot hold it, why."""
     model = runner.model_config
     parallel = context.get_parallel()
     schedule = context.get_schedule()
@@ -103,10 +102,9 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     requests = schedule.max_running_requests
     most = MOST_RUNNING_REQUESTS if requests is None else max(1, requests // parallel.attn_dp_size)
     # SGLang pads its batches (graph and eager) to an alignment of at most 2 (two-batch overlap)
-    # x the attention TP ranks (a gathered buffer) x the context-parallel ranks: the largest
-    # batch it can plan is the most requests rounded up to that.
+    # x the attention TP ranks (a gathered buffer) x the context-parallel ranks.
     align = 2 * parallel.attn_tp_size * parallel.attn_cp_size
-    padded = -(-most // align) * align
+    padded = round_up(most, align)
     chunk = schedule.chunked_prefill_size
     prompt = chunk if chunk is not None and chunk > 0 else model.context_len
     # A prefill graph (breakable: attention eager, on the same wrappers) pads a batch up to its
@@ -170,8 +168,7 @@ def _captures(phase: Any) -> bool:
 
 
 def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], dict[str, str]]:
-    """The prefill and decode resources of ``plans``, each floor what FlashInfer's plans need on
-    ``device`` (in whole MB), and where each came from, in words."""
+    """The resources of ``plans``, each floor what its plans need on ``device``, and whence."""
     from ...calibration.calibrate import measure_all, per_resource
     from ...calibration.override import declared_floors
 

@@ -1,5 +1,4 @@
-"""One SGLang process's workspaces: reserved before its KV pool is sized, handed to its FlashInfer
-backends, sealed before its CUDA graphs are captured."""
+"""One SGLang process's workspaces: reserved before its KV pool, sealed before its CUDA graphs."""
 
 from __future__ import annotations
 
@@ -16,11 +15,16 @@ from ...attn.float_workspace import install_int_workspace
 from ...attn.workspace import Workspace
 from ...resolver import ResolvedResource, build_pools
 from ..plugin import PluginState
-from ..setting import AUTO
+from ..setting import AUTO, PluginSetting, Setting
 from .measure import measure, sglang_plans
-from .setting import SGLANG, Setting
 
 logger = logging.getLogger("mstar_resources.integrations.sglang")
+
+ENV_VAR = "MSTAR_RESOURCES_SGLANG"
+ROLES = ("prefill", "decode")
+"""The labels SGLang's wrappers plan as: its ragged, paged and verify prefill, and its decode."""
+SGLANG = PluginSetting(ENV_VAR, "mstar_resources_sglang", "SGLang", ROLES)
+"""The SGLang plugin's setting; its deployments compose with ``conf/mstar_resources_sglang``."""
 
 BUFFER_NAME = "flashinfer_workspace"
 """What SGLang's FlashInfer backend takes its float workspace as from ``get_buffer``'s registry."""
@@ -37,17 +41,13 @@ class SglangWorkspaces(PluginState):
 
     def __init__(self, setting: Setting) -> None:
         super().__init__(setting)
-        self.workspaces: dict[str, Workspace] = {}
-        """By role."""
+        self.workspaces: dict[str, Workspace] = {}  # by role
         self._by_tensor: dict[int, Workspace] = {}
-        self.backends = 0
-        """FlashInfer backends given the workspaces."""
-        self.own_workspaces = 0
-        """Backends that made a workspace of their own (``init_new_workspace``)."""
-        self.other_backends: list[str] = []
-        """Subclasses of SGLang's FlashInfer backend that run other kernels, by name."""
+        self.backends = 0  # FlashInfer backends given the workspaces
+        self.own_workspaces = 0  # backends that made one of their own (init_new_workspace)
+        self.other_backends: list[str] = []  # subclasses that run other kernels, by name
+        # The backend whose decode wrappers share the decode int workspace.
         self._int_sharer: weakref.ref[Any] | None = None
-        """The backend whose decode wrappers share the decode int workspace."""
 
     @property
     def serving(self) -> bool:
@@ -55,8 +55,7 @@ class SglangWorkspaces(PluginState):
 
     # Step 1: before SGLang sizes its KV pool (ModelRunner.alloc_memory_pool).
     def reserve(self, runner: Any, get_buffer: Callable[[str, Callable[[], Any]], Any]) -> None:
-        """Make each role's workspace on ``runner``'s GPU and store the decode one in SGLang's
-        buffer registry (``get_buffer``), before SGLang sizes its KV pool; once a process."""
+        """Make each role's workspace and store the decode one in SGLang's buffer registry, once."""
         if self.workspaces or self.untouched is not None:
             return
         # MLA's FlashInfer backend takes another buffer. Which backend runs attention SGLang
@@ -109,8 +108,7 @@ class SglangWorkspaces(PluginState):
             )  # fmt: skip
 
     def _measure(self, runner: Any, device: Any) -> list[ResolvedResource] | None:
-        """``auto``: the floors measured here for SGLang's plans (None: it keeps its own
-        workspace, the log says why); the measurement's memory is freed before the KV pool."""
+        """``auto``: the floors measured here (None: SGLang keeps its own, the log says why)."""
         from sglang.srt import runtime_context
 
         plans = sglang_plans(runner, runtime_context)
@@ -130,7 +128,7 @@ class SglangWorkspaces(PluginState):
     # Step 2: as SGLang builds each FlashInfer backend.
     def adopt(self, backend: Any) -> None:
         """Put ``backend``'s prefill wrappers on the prefill workspace (its decode wrappers are on
-        the decode one, from the registry); a backend with a workspace of its own keeps it."""
+        the decode one, from the registry); one with a workspace of its own keeps it."""
         if not self.serving:
             return
         decode, prefill = self.workspaces["decode"], self.workspaces["prefill"]
@@ -156,8 +154,7 @@ class SglangWorkspaces(PluginState):
                     _move_to(wrapper, prefill)
 
     def not_adopted(self, backend: str) -> None:
-        """Say once that ``backend``, a subclass of SGLang's FlashInfer backend running other
-        kernels (its TRT-LLM MHA backend, on ``trtllm_mha_zero_workspace``), is not served."""
+        """Say once that ``backend``, a subclass running other kernels, is not served."""
         if backend not in self.other_backends:
             self.other_backends.append(backend)
             logger.info(
@@ -167,10 +164,9 @@ class SglangWorkspaces(PluginState):
             )
 
     def share_int(self, backend: Any, wrappers: Any) -> None:
-        """Give ``backend``'s decode ``wrappers`` (eager, or one graph batch size's) the decode
-        int workspace in place of the 8 MiB (and as many pinned) each made, where ``backend`` is
-        the first on the plugin's workspace with one decode wrapper a batch; any other (a
-        multi-step draft's, a sliding-window pair) plans several before running them."""
+        """Give ``backend``'s decode ``wrappers`` the decode int workspace in place of their own,
+        where it is the first with one decode wrapper a batch; any other (a multi-step draft's, a
+        sliding-window pair) plans several before running them."""
         sharer = self._int_sharer
         if sharer is None or sharer() is not backend:
             return

@@ -1,21 +1,167 @@
 """vLLM's FlashInfer workspaces from this library (docs/vllm.md): vLLM loads :func:`register`
 (entry point ``vllm.general_plugins``) in each of its processes; it does nothing unless
-``MSTAR_RESOURCES_VLLM`` is set."""
+``MSTAR_RESOURCES_VLLM`` is set. Here, the names of vLLM's the plugin takes or reads, and the
+patches, as data (:class:`~..plugin.Seam`); each patch waits for its module's import (the API
+server's process never imports the model runner)."""
 
 from __future__ import annotations
 
-from ..plugin import Seam
-from .seams import PLUGIN, READ_IN, SEAMS, active, register, version_problem
-from .setting import ENV_VAR, Setting
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
+from ..plugin import EnginePlugin, Seam, after, before
+from .workspaces import ENV_VAR, ROLE, V2_RUNNER, VLLM, VllmWorkspaces
 
 __all__ = [
-    "ENV_VAR",
-    "PLUGIN",
-    "READ_IN",
-    "SEAMS",
-    "Seam",
-    "Setting",
-    "active",
-    "register",
-    "version_problem",
-]
+    "ENV_VAR", "PLUGIN", "READ_IN", "SEAMS", "VLLM", "Seam", "active", "register", "version_problem"
+]  # fmt: skip
+
+READ_IN = (
+    "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
+)  # fmt: skip
+"""The vLLM releases whose wheels every seam below was read in (0.26.0 also run on an H200)."""
+
+BACKEND = "vllm.v1.attention.backends.flashinfer"
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+"""vLLM's V1 model runner, gone from 0.34."""
+WORKER = "vllm.v1.worker.gpu_worker"
+RAY_ENV = "vllm.ray.ray_env"
+
+BUILDER_DECISIONS = (
+    "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "kv_cache_dtype", "cache_dtype",
+    "q_data_type_prefill", "q_data_type_decode", "use_trtllm_decode_attention",
+    "flashinfer_trtllm_api_decode_kernel", "dcp_world_size", "enable_cuda_graph",
+    "_decode_cudagraph_max_bs", "has_sinks",
+)  # fmt: skip
+"""What ``FlashInferMetadataBuilder.__init__`` decides, read from the plugin's own builders."""
+
+# Added to DEFAULT_EXTRA_ENV_VARS, which vLLM copies to its Ray workers (beside VLLM_*, NCCL_*...).
+COPIED_TO_RAY_WORKERS = (ENV_VAR, FLOOR_ENV_VAR)
+
+
+# -- the patches: each (state, vLLM's original, its owner) -> what replaces it -------------------
+
+
+def _workspace_buffer(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -> Any:
+    """A builder's buffer: the workspace of the wrapper being built, where the plugin serves."""
+
+    @functools.wraps(own_buffer)
+    def _get_workspace_buffer(self: Any) -> Any:
+        workspace = None if workspaces.untouched else workspaces.workspace(self, ROLE.get())
+        return own_buffer(self) if workspace is None else workspace.tensor
+
+    return _get_workspace_buffer
+
+
+def _built_as(role: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
+    """A wrapper getter: the wrapper built on ``role``'s workspace, and routed through it."""
+
+    def patch(workspaces: VllmWorkspaces, getter: Any, owner: Any) -> Any:
+        @functools.wraps(getter)
+        def get(self: Any, *args: Any, **kwargs: Any) -> Any:
+            token = ROLE.set(role)  # type: ignore[arg-type]
+            try:
+                wrapper = getter(self, *args, **kwargs)
+            finally:
+                ROLE.reset(token)
+            if workspaces.serving:
+                workspaces.route(wrapper, role, self)  # type: ignore[arg-type]
+            return wrapper
+
+        return get
+
+    return patch
+
+
+def _trtllm_workspace(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -> Any:
+    """vLLM's TRT-LLM kernels' workspace: the plugin's, at their bound, where it made one."""
+
+    @functools.wraps(own_buffer)
+    def _get_trtllm_workspace_buffer() -> Any:
+        held = workspaces.trtllm_workspace
+        return own_buffer() if held is None else held.tensor
+
+    return _get_trtllm_workspace_buffer
+
+
+def _decode_plans(workspaces: VllmWorkspaces, fast_plan_decode: Any, module: Any) -> Any:
+    return workspaces.take_decode_plans(module, fast_plan_decode)
+
+
+def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any) -> Any:
+    """A model runner's capture, the workspaces sealed first (not at V2's profiling capture)."""
+
+    @functools.wraps(capture_model)
+    def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("profile_only"):
+            workspaces.seal("captures CUDA graphs")
+        return capture_model(self, *args, **kwargs)
+
+    return seal_then_capture
+
+
+def _warmed_up(workspaces: VllmWorkspaces, worker: Any, done: Any) -> None:
+    """Sealed after the warm-up, where no CUDA-graph capture sealed them (``enforce_eager``)."""
+    workspaces.seal("serves its first request (it captured no CUDA graph)")
+
+
+def _copied_to_ray(workspaces: VllmWorkspaces, names: Any, module: Any) -> Any:
+    """vLLM's set of variables copied to Ray workers, with the plugin's settings in it."""
+    if isinstance(names, set):
+        names.update(COPIED_TO_RAY_WORKERS)
+    return names
+
+
+def _runner_seams(runner: str, until: str | None = None) -> tuple[Seam, ...]:
+    return (
+        # the workspaces made before the memory profile, so that it counts them
+        Seam(
+            runner, "GPUModelRunner.profile_run", patch=before(VllmWorkspaces.reserve), until=until
+        ),
+        Seam(runner, "GPUModelRunner.capture_model", patch=_seal_at_capture, until=until),
+        Seam(runner, "GPUModelRunner.get_kv_cache_spec", until=until),
+    )
+
+
+SEAMS = (
+    Seam(BACKEND, "FlashInferMetadataBuilder._get_workspace_buffer", patch=_workspace_buffer),
+    Seam(BACKEND, "FlashInferMetadataBuilder._get_prefill_wrapper", patch=_built_as("prefill")),
+    Seam(BACKEND, "FlashInferMetadataBuilder._get_decode_wrapper", patch=_built_as("decode")),
+    # A cascade plan is a prefill plan; 0.32 dropped the getter (cascade builds no wrapper).
+    Seam(BACKEND, "FlashInferMetadataBuilder._get_cascade_wrapper", required=False,
+         patch=_built_as("prefill"), until="0.31.0"),
+    *(Seam(BACKEND, f"FlashInferMetadataBuilder.{name}", instance=True)
+      for name in BUILDER_DECISIONS),
+    Seam(BACKEND, "FlashInferMetadataBuilder.use_trtllm_dcp_prefill", instance=True,
+         required=False, since="0.33.0"),
+    Seam(BACKEND, "fast_plan_decode", patch=_decode_plans),
+    Seam(BACKEND, "_get_trtllm_workspace_buffer", patch=_trtllm_workspace),
+    Seam(BACKEND, "FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM"),
+    Seam(BACKEND, "FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT"),
+    *_runner_seams(V1_RUNNER, until="0.33.0"),
+    *_runner_seams(V2_RUNNER),
+    Seam(WORKER, "Worker.compile_or_warm_up_model", patch=after(_warmed_up)),
+    # vLLM's KV-cache groups: a function until 0.32, then a builder of them.
+    Seam("vllm.v1.core.kv_cache_utils", "get_kv_cache_groups", required=False, until="0.32.0"),
+    Seam("vllm.v1.core.kv_cache_planning", "get_kv_cache_groups_from_builder", required=False,
+         since="0.33.0"),
+    Seam("vllm.v1.core.kv_cache_config_builder", "get_kv_cache_config_builder", required=False,
+         since="0.33.0"),
+    Seam("vllm.v1.worker.utils", "select_common_block_size"),
+    Seam("vllm.v1.kv_cache_interface", "UniformTypeKVCacheSpecs"),
+    Seam("vllm.utils.flashinfer", "use_trtllm_attention"),
+    Seam("vllm.config.vllm", "get_layers_from_vllm_config"),
+    Seam("vllm.config.vllm", "set_current_vllm_config"),
+    Seam("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
+    Seam("vllm.envs", "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE"),
+    Seam("vllm.envs", "VLLM_BATCH_INVARIANT"),
+    Seam(RAY_ENV, "DEFAULT_EXTRA_ENV_VARS", patch=_copied_to_ray),
+)  # fmt: skip
+"""Every name of vLLM's the plugin relies on (``scripts/engine_seams.py`` checks each wheel)."""
+
+PLUGIN = EnginePlugin(VLLM, "vllm", READ_IN, SEAMS, VllmWorkspaces)
+
+# The plugin's public functions; register is vLLM's entry point (vllm.general_plugins).
+active, register, version_problem = PLUGIN.active, PLUGIN.register, PLUGIN.version_problem

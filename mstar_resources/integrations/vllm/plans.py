@@ -13,46 +13,33 @@ if TYPE_CHECKING:
     from ...calibration.profile import CalibrationProfile
 
 Role = Literal["prefill", "decode"]
-ROLES: tuple[Role, ...] = ("prefill", "decode")
-"""The labels vLLM's FlashInfer wrappers plan as, one workspace each."""
-
-FLASHINFER = "FLASHINFER"
-"""vLLM's name of its FlashInfer attention backend (``FlashInferBackend.get_name()``)."""
-
-NATIVE = "flashinfer-native"
-"""FlashInfer's own wrappers (vLLM's log calls them so: ``decode_backend=flashinfer-native``)."""
+ROLES: tuple[Role, ...] = ("prefill", "decode")  # the labels vLLM's wrappers plan as
+FLASHINFER = "FLASHINFER"  # FlashInferBackend.get_name()
+NATIVE = "flashinfer-native"  # FlashInfer's own wrappers, as vLLM's log names them
 
 
 @dataclass(frozen=True)
 class BuilderPlans:
     """What one FlashInfer metadata builder of vLLM's plans and runs."""
 
-    group: int
-    """Its KV-cache group."""
+    group: int  # its KV-cache group
     layers: tuple[str, ...]
-    num_qo_heads: int
-    """Query heads per rank."""
+    num_qo_heads: int  # per rank
     num_kv_heads: int
     head_dim: int
-    page_size: int
-    """The kernel's block size, which FlashInfer plans with."""
+    page_size: int  # the kernel's block size, which FlashInfer plans with
     kv_dtype: str
     q_dtypes: Mapping[Role, str]
     """Each phase's query dtype (on SM90 with an FP8 KV cache, decode keeps the model's dtype)."""
-    kernels: Mapping[Role, str]
-    """Each phase's kernel: :data:`NATIVE`, ``xqa`` or ``trtllm-gen``."""
-    dcp_world_size: int = 1
-    """Decode context parallelism: the query heads of every DCP rank are planned together."""
-    decode_q_len: int = 1
-    """Query tokens a request in a decode plan (1 + speculative tokens, where vLLM decodes them)."""
-    decode_graph_max_batch: int | None = None
-    """The largest decode batch vLLM captures a FULL CUDA graph for; None: no decode graphs."""
+    kernels: Mapping[Role, str]  # each phase's: NATIVE, xqa or trtllm-gen
+    dcp_world_size: int = 1  # the query heads of every DCP rank are planned together
+    decode_q_len: int = 1  # query tokens a request (1 + speculative, where vLLM decodes them)
+    decode_graph_max_batch: int | None = None  # of a FULL CUDA graph; None: no decode graphs
     non_causal: bool = False
-    """vLLM also builds a native non-causal prefill wrapper (``attention_config.use_non_causal``),
-    whatever kernel its causal prefill runs."""
+    """vLLM also builds a native non-causal prefill wrapper (attention_config.use_non_causal)."""
     trtllm_dcp_prefill: bool = False
-    """Its decode-context-parallel prefill runs trtllm-gen's context kernel on vLLM's TRT-LLM
-    workspace where that fits (``use_trtllm_dcp_prefill``, 0.33+), beside its native wrappers."""
+    """Its DCP prefill runs trtllm-gen's context kernel on vLLM's TRT-LLM workspace where that
+    fits (``use_trtllm_dcp_prefill``, 0.33+), beside its native wrappers."""
 
     def native(self, role: Role) -> bool:
         """Whether a ``role`` plan of this builder runs on FlashInfer's native wrappers."""
@@ -71,21 +58,16 @@ class BuilderPlans:
 class VllmFunctions:
     """The parts of vLLM :func:`plans_of_groups` works with (stand-ins in the CPU tests)."""
 
-    make_builder: Callable[[Any, list[str]], Any]
-    """``(kv_cache_spec, layer_names)``: vLLM's FlashInfer metadata builder for them."""
-    select_block_size: Callable[[int, list[Any]], int]
-    """vLLM's ``select_common_block_size(kv_manager_block_size, backends)``."""
+    make_builder: Callable[[Any, list[str]], Any]  # (kv_cache_spec, layer_names) -> builder
+    select_block_size: Callable[[int, list[Any]], int]  # select_common_block_size
     use_trtllm_attention: Callable[..., bool]
-    """vLLM's ``use_trtllm_attention``: whether a phase runs TRT-LLM's kernels."""
-    uniform_type: Any = field(default=type(None))
-    """vLLM's ``UniformTypeKVCacheSpecs``: a group's spec holding one spec per layer."""
+    uniform_type: Any = field(default=type(None))  # UniformTypeKVCacheSpecs: one spec per layer
 
 
 def plans_of_groups(
     vllm_config: Any, groups: Sequence[Any], layers: Mapping[str, Any], vllm: VllmFunctions
 ) -> list[BuilderPlans]:
-    """What each FlashInfer builder of the KV-cache ``groups`` plans: one per group and (layer
-    spec, query heads), made with the group's kernel block size, as vLLM makes them."""
+    """What each FlashInfer builder of the KV-cache ``groups`` plans, made as vLLM makes them."""
     found: list[BuilderPlans] = []
     for group_id, group in enumerate(groups):
         names = [name for name in group.layer_names if name in layers]
@@ -108,9 +90,9 @@ def plans_of_groups(
 
 
 def _kernel_block_size(spec: Any, backends: list[Any], vllm: VllmFunctions) -> int:
-    """The block size a group's kernels plan with, as vLLM's ``prepare_kernel_block_sizes``
-    picks it: the manager's block size where its spec has no layer views (0.30+: no virtual
-    split), else the largest the group's backends all support that divides it."""
+    """The block size a group's kernels plan with, as vLLM's ``prepare_kernel_block_sizes`` picks
+    it: the manager's where its spec has no layer views (0.30+), else the largest the group's
+    backends all support that divides it."""
     first = (
         next(iter(spec.kv_cache_specs.values())) if isinstance(spec, vllm.uniform_type) else spec
     )
@@ -168,8 +150,8 @@ def read_builder(
 
 
 def builder_plans(runner: Any) -> list[BuilderPlans]:
-    """What each FlashInfer metadata builder of ``runner`` (vLLM's V1 or V2 ``GPUModelRunner``,
-    its model loaded) will plan, from builders made here on the CPU as vLLM will make them."""
+    """What each FlashInfer metadata builder of ``runner`` (vLLM's ``GPUModelRunner``, its model
+    loaded) will plan, from builders made here on the CPU as vLLM will make them."""
     import torch
     import vllm.v1.attention.backends.flashinfer as backend
     from vllm.config.vllm import get_layers_from_vllm_config, set_current_vllm_config
@@ -194,8 +176,7 @@ def builder_plans(runner: Any) -> list[BuilderPlans]:
 
 
 def _kv_cache_groups(config: Any, specs: dict[str, Any]) -> list[Any]:
-    """vLLM's KV-cache groups of ``specs``: ``get_kv_cache_groups`` until 0.32, then from its
-    KV-cache config builder."""
+    """vLLM's KV-cache groups: ``get_kv_cache_groups`` until 0.32, then from its config builder."""
     try:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
     except ImportError:
@@ -217,9 +198,9 @@ def vllm_envs() -> Any:
 
 
 def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> CalibrationProfile:
-    """The calibration profile of ``plans``' ``role`` plans as vLLM 0.33 makes them, with its
-    limits: decode on tensor cores (backend ``auto``) at its graph batch sizes where it captures
-    graphs; under ``VLLM_BATCH_INVARIANT``, KV split in fixed chunks and the split turned off."""
+    """The calibration profile of ``plans``' ``role`` plans as vLLM 0.33 makes them: decode on
+    tensor cores (backend ``auto``) at its graph batch sizes; under ``VLLM_BATCH_INVARIANT``, KV
+    split in fixed chunks and the split turned off."""
     from ...calibration.profile import load_profile
 
     scheduler, model = vllm_config.scheduler_config, vllm_config.model_config
@@ -291,9 +272,7 @@ def uncovered_attention(vllm_config: Any) -> str | None:
 
 
 def vllm_buffer_bytes(vllm_config: Any, plans: Sequence[BuilderPlans]) -> tuple[int, str]:
-    """The float buffer vLLM would make for the largest of ``plans``' builders, and how:
-    ``max(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE, max_num_batched_tokens x query heads x head
-    size x 16)``, or batch-invariant mode's fixed size."""
+    """The float buffer vLLM would make for the largest of ``plans``' builders, and how."""
     import vllm.v1.attention.backends.flashinfer as backend
 
     from ...calibration.calibrate import vllm_formula
@@ -327,8 +306,7 @@ def trtllm_workspace_bound(
     plans: Sequence[BuilderPlans], vllm_config: Any, sm_count: int, flashinfer: str
 ) -> tuple[int, str]:
     """The most vLLM's TRT-LLM kernels can touch of their workspace, over every builder that runs
-    them (:mod:`~mstar_resources.attn.trtllm_workspace`, docs/vllm.md), and how; a DCP context
-    run (0.33+) checks its own fit against vLLM's own size, which it keeps."""
+    them, and how; a DCP context run (0.33+) checks its own fit against vLLM's size, kept."""
     from ...attn import trtllm_workspace as bound
     from ...units import release
 

@@ -18,9 +18,9 @@ from ...errors import ResourceConfigError
 from ...resolver import ResolvedResource, build_pools, resolve, serving
 from ...units import MIB
 from ..plugin import PluginState
+from ..setting import AUTO, PluginSetting, Setting
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, Role
-from .setting import AUTO, ENV_VAR, VLLM, Setting, read_setting
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from ...attn.workspace import Workspace, WorkspacePool
     from ...calibration.override import Measured
     from ...calibration.profile import CalibrationProfile
+
+ENV_VAR = "MSTAR_RESOURCES_VLLM"
+VLLM = PluginSetting(ENV_VAR, "mstar_resources_vllm", "vLLM", ROLES)
+"""The vLLM plugin's setting; its deployments compose with ``conf/mstar_resources_vllm``."""
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 
@@ -43,20 +47,18 @@ ROLE: ContextVar[Role | None] = ContextVar("mstar_resources_vllm_role", default=
 
 
 class VllmWorkspaces(PluginState):
-    """The workspaces vLLM's FlashInfer wrappers plan on in one process, one engine at a time:
-    let go with the engine, or when another engine of the process profiles."""
+    """The workspaces vLLM's FlashInfer wrappers plan on in one process, one engine at a time."""
 
     engine = "vLLM"
     logger = logger
 
     def __init__(self, setting: Setting) -> None:
         super().__init__(setting)
+        # As loaded: an engine started after the setting changed reads it again.
         self._loaded_value = os.environ.get(ENV_VAR, "").strip()
-        """The setting's value as loaded: an engine started after it changed reads it again."""
-        self._engine: Callable[[], Any] | None = None
-        """The model runner whose profile the workspaces were made at (weakly, where it can)."""
+        self._engine: Callable[[], Any] | None = None  # the model runner served, weakly
+        # vLLM's FlashInfer backend module and its own fast_plan_decode.
         self._decode_seam: tuple[Any, Callable[..., Any]] | None = None
-        """vLLM's FlashInfer backend module and its own ``fast_plan_decode``."""
         self._start_engine()
 
     def _start_engine(self) -> None:
@@ -65,28 +67,21 @@ class VllmWorkspaces(PluginState):
         self._workspaces: dict[str, Workspace] = {}
         # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
         self._routed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        self._keys: dict[str, tuple[str, int | None]] = {}
-        """Each role's pool (by resource path) and cg slot."""
+        self._keys: dict[str, tuple[str, int | None]] = {}  # each role's pool path and cg slot
+        # The metadata builder whose decode wrappers share the decode int workspace.
         self._int_builder: weakref.ref[Any] | None = None
-        """The metadata builder whose decode wrappers share the decode int workspace."""
         self.shared_int_wrappers = 0
         self.untouched = self.blocked
-        self.plans: list[BuilderPlans] = []
-        """What each of vLLM's FlashInfer metadata builders will plan and run."""
-        self.vllm_bytes: int | None = None
-        """What vLLM would have made for each FlashInfer metadata builder."""
-        self.vllm_outside_budget = False
-        """Whether vLLM makes that buffer after it sizes its KV cache (its V2 runner)."""
-        self.kv_cache_extensible = False
-        """Whether vLLM sizes the KV cache after capture (0.34's extensible KV cache)."""
+        self.plans: list[BuilderPlans] = []  # each FlashInfer metadata builder's
+        self.vllm_bytes: int | None = None  # what vLLM would make for each builder
+        self.vllm_outside_budget = False  # vLLM makes it after it sizes its KV cache (V2 runner)
+        self.kv_cache_extensible = False  # vLLM sizes the KV cache after capture (0.34)
+        # vLLM's TRT-LLM kernels' workspace (zeroed, at their bound), where a phase runs them.
         self.trtllm_workspace: Workspace | None = None
-        """vLLM's TRT-LLM kernels' workspace (zeroed, at their bound), where a phase runs them."""
         self.sealed_before = None
-        self.unexpected: list[str] = []
-        """Phases vLLM built a native wrapper for though its builders said none would run."""
+        self.unexpected: list[str] = []  # phases given a native wrapper no builder said would run
         self._unplanned_pages: set[int] = set()
-        self._builders: weakref.WeakSet[Any] = weakref.WeakSet()
-        """The FlashInfer metadata builders served."""
+        self._builders: weakref.WeakSet[Any] = weakref.WeakSet()  # the builders served
         self.provenance = {}
         self._set_decode_planner()
 
@@ -109,9 +104,8 @@ class VllmWorkspaces(PluginState):
 
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
-        """Make the native wrappers' workspaces, and the TRT-LLM kernels' where a phase runs
-        them, once an engine, before vLLM sizes its KV cache; else log why and leave vLLM as it
-        is. Another engine's ``runner`` starts afresh, reading a changed setting again."""
+        """Make the native wrappers' workspaces, and the TRT-LLM kernels', once an engine, before
+        vLLM sizes its KV cache; else log why. Another engine's ``runner`` starts afresh."""
         if self._engine is not None:
             if self._engine() is runner:
                 return
@@ -183,7 +177,6 @@ class VllmWorkspaces(PluginState):
 
         from ...calibration.versions import installed_flashinfer
 
-        # the SMs bound the kernels' split
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         need, how = vllm_plans.trtllm_workspace_bound(
             self.plans, config, sms, installed_flashinfer() or "unknown"
@@ -200,8 +193,8 @@ class VllmWorkspaces(PluginState):
         return max(need, floor), declared.floor_setting
 
     def _on_engine_freed(self, runner: weakref.ref[Any]) -> None:
-        """Let the workspaces go as vLLM frees their engine, so that their memory is back before
-        another engine's profile measures what is free (it fails where memory is freed during)."""
+        """Let the workspaces go with their engine, before another engine's profile measures what
+        is free (it fails where memory is freed during it)."""
         if self._engine is runner:
             self._engine = None
             self._start_engine()
@@ -212,7 +205,7 @@ class VllmWorkspaces(PluginState):
         if value == self._loaded_value:
             return True
         try:
-            setting = read_setting()
+            setting = VLLM.read()
         except ResourceConfigError as error:
             self.leave_untouched(f"it cannot read the setting as this engine starts: {error}")
             return False
@@ -227,8 +220,7 @@ class VllmWorkspaces(PluginState):
     def _measure(
         self, config: Any, device: torch.device, roles: Sequence[Role]
     ) -> tuple[ResolvedResource, ...]:
-        """``auto``: a resource for each native phase, its floor the most any builder's plans of
-        it need, measured here."""
+        """``auto``: each native phase's resource, its floor the most any builder's plans need."""
         from ...calibration.override import declared_floors
 
         tree: dict[str, Any] = {"attn": {}}
@@ -313,8 +305,8 @@ class VllmWorkspaces(PluginState):
 
     # Step 2: as vLLM builds and plans each wrapper.
     def workspace(self, builder: Any, role: Role | None) -> Workspace | None:
-        """The workspace a wrapper of ``role`` is built on (``role`` None: any, for the V2
-        runner's sharing of the builder's buffer); None where vLLM keeps its own buffer."""
+        """The workspace a wrapper of ``role`` is built on (None: any, for the V2 runner's shared
+        buffer); None where vLLM keeps its own."""
         if not self.serving:
             return None
         if builder not in self._builders:
@@ -432,9 +424,8 @@ class VllmWorkspaces(PluginState):
 
 @contextlib.contextmanager
 def left_out_of_peak(device: torch.device) -> Iterator[None]:
-    """Leave what the body allocates and frees out of torch's peak on ``device``, which vLLM's
-    profile reads, so that ``auto``'s measurement costs the KV cache only the workspaces it keeps;
-    only where the peak was at what was allocated before (a reset would lose an earlier peak)."""
+    """Leave what the body allocates and frees out of torch's peak, which vLLM's profile reads,
+    where the peak was at what was allocated before (a reset would lose an earlier peak)."""
     if device.type != "cuda":
         yield
         return
@@ -455,8 +446,7 @@ def left_out_of_peak(device: torch.device) -> Iterator[None]:
 def measured_need(
     profile: CalibrationProfile, role: Role, graphs: bool, device: torch.device
 ) -> Measured:
-    """What ``role``'s plans under ``profile`` need, measured through FlashInfer on ``device``
-    (under CUDA graphs where ``graphs``)."""
+    """What ``role``'s plans under ``profile`` need, measured on ``device`` (graphs: under them)."""
     from ...calibration.calibrate import measure_all, per_resource
 
     records = resolve(vllm_plans.serving_tree(role, graphs))
