@@ -171,11 +171,15 @@ def test_a_rank_that_cannot_grow_fails_every_rank_clearly_and_keeps_its_buffer(t
 
 def subgroup_member_cannot_grow(rank: int, world: int) -> Any:
     """Ranks 1 and 2 of the world seal in a group of their own; world rank 2, the group's rank 1,
-    cannot grow."""
+    cannot grow. Every rank waits for the others at the end: the first, outside the group, would
+    otherwise leave the world (its gloo pairs closed) while the group's ranks still work."""
     group = dist.new_group([1, 2])  # every rank of the world takes part in making it
-    if rank == 0:
-        return "not in the group"
-    failing = rank == 2
+    outcome = "not in the group" if rank == 0 else _seal_in(group, failing=rank == 2)
+    dist.barrier()
+    return outcome
+
+
+def _seal_in(group: Any, failing: bool) -> Any:
     pool = WorkspacePool("cpu" if failing else "meta", 1, serves=SERVES)
     if not failing:
         _grow(pool, "decode", 0, HUGE)
