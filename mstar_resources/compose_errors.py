@@ -13,7 +13,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, ValidationError
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
-from ._internal import limits
 from .errors import did_you_mean
 from .schema import FIELDS
 
@@ -147,7 +146,9 @@ def _bad_value(error: ValidationError) -> str:
         parent = OmegaConf.select(parent, "..")
     schema = OmegaConf.get_type(parent) if isinstance(parent, DictConfig) else None
     fields = dataclasses.fields(schema) if dataclasses.is_dataclass(schema) else ()
-    said = next((limits.expects(f) for f in fields if f.name == setting.rpartition(".")[2]), None)
+    said = next(
+        (f.metadata.get("expects") for f in fields if f.name == setting.rpartition(".")[2]), None
+    )
     child = error.child_node
     if said is None and isinstance(child, EnumNode):
         said = "one of " + ", ".join(member.name for member in child.enum_type)

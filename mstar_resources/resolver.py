@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._internal import limits
 from ._internal.floor import FLOAT, INT, Floor, FloorSource, read_mb, resolve_floor
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
 from .schema import FIELDS, Resource
@@ -357,7 +356,7 @@ def _is_of_type(value: object, hint: object) -> bool:
 
 def _problem(text: str, key: str, name: str, value: object) -> Problem:
     """Resource field ``name`` of ``key`` holds ``value``: ``text``, and what the field takes."""
-    expects = limits.expects(FIELDS[name]) or name
+    expects = FIELDS[name].metadata["expects"]
     return Problem(
         f"{text}; set it to {expects}", setting=f"{key}.{name}", value=value, expects=expects
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from omegaconf import MISSING
 
 from ._internal.floor import INT, MAX_MB, mb_problem, number_text
-from ._internal.limits import expects, name_problem
+from ._internal.limits import name_problem
 from .errors import Problem, ResourceConfigError
 
 __all__ = ["Resource"]
@@ -75,7 +75,7 @@ class Resource:
                 problem,
                 setting=name,
                 value=getattr(self, name),
-                expects=expects(FIELDS[name]),
+                expects=FIELDS[name].metadata["expects"],
                 fix=getattr(problem, "fix", None),
             )
             for name, problems in checks.items()

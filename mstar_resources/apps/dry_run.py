@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from omegaconf import DictConfig
@@ -23,13 +25,13 @@ from ..calibration.record import (
     check_calibration,
     stale_record,
 )
+from ..compose import ComposedTree
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource, build_pools, resolve
 from ..units import MIB
 from .hydra_app import hydra_app, package_version
-from .settings import DryRunSettings, OutputFormat
 
-__all__ = ["main"]
+__all__ = ["DryRunSettings", "OutputFormat", "main"]
 
 PROG = "mstar-resources"
 _COLUMNS = (
@@ -38,6 +40,24 @@ _COLUMNS = (
 )  # fmt: skip
 """The float workspaces' columns, then the int workspaces' (one per float one; each has a host
 mirror of as many bytes)."""
+
+
+class OutputFormat(Enum):
+    """How ``mstar-resources`` prints its report: ``table`` for people, ``json`` (one JSON document
+    on stdout and nothing else) for programs."""
+
+    table = "table"
+    json = "json"
+
+
+@dataclass
+class DryRunSettings(ComposedTree):
+    """``mstar-resources``: resolve the tree and print what it reserves."""
+
+    format: OutputFormat = field(default=OutputFormat.table, metadata={"expects": "table or json"})
+    device: str = field(default="cpu", metadata={"expects": "cpu, cuda or cuda:N"})
+    """``cpu``: a dry run, allocating nothing. ``cuda`` or ``cuda:N``: also make every declared
+    workspace there and report what the GPU then holds."""
 
 
 @hydra_app(
