@@ -15,10 +15,6 @@ from ..units import MIB, is_int
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 """The variable that sets the floor of every float workspace whose resource declares none."""
 
-INT_DEFAULT_MB = 8
-"""The int floor when neither a resource nor the environment sets one: what each FlashInfer
-wrapper allocates for itself (``torch.empty(8 * 1024 * 1024)`` in its ``__init__``)."""
-
 MAX_MB = 1 << 20
 """The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a
 typo (and would overflow the float that a report divides it by)."""
@@ -44,7 +40,9 @@ class Buffer:
 
 
 FLOAT = Buffer("float", ENV_VAR, 512, "declared_mb", 0)
-INT = Buffer("int", "MSTAR_INT_WORKSPACE_BUFFER_MB", INT_DEFAULT_MB, "int_declared_mb", 1)
+INT = Buffer("int", "MSTAR_INT_WORKSPACE_BUFFER_MB", 8, "int_declared_mb", 1)
+"""Its default, 8 MB, is what each FlashInfer wrapper allocates for itself (``torch.empty(8 * 1024 *
+1024)`` in its ``__init__``)."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .._internal.devices import cuda_device
 from ..calibration.calibrate import check_labels, measure_all, one_buffer, per_resource, table
 from ..calibration.override import (
     DEFAULT_MARGIN,
@@ -28,7 +27,7 @@ from ..compose import ComposedTree
 from ..errors import Problem, ResourceConfigError
 from ..files import folder_problem
 from ..resolver import resolve
-from .hydra_app import hydra_app, package_version
+from .hydra_app import cuda_device, hydra_app, package_version
 
 PROG = "mstar-resources-calibrate"
 MAX_MARGIN = 10

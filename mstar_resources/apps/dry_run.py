@@ -15,7 +15,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .._internal.devices import cuda_device, is_cuda_device
 from .._internal.table import format_table
 from ..calibration.profile import load_profile
 from ..calibration.record import (
@@ -29,7 +28,7 @@ from ..compose import ComposedTree
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource, build_pools, resolve
 from ..units import MIB
-from .hydra_app import hydra_app, package_version
+from .hydra_app import cuda_device, hydra_app, is_cuda_device, package_version
 
 __all__ = ["DryRunSettings", "OutputFormat", "main"]
 

@@ -16,9 +16,10 @@ import errno
 import functools
 import importlib.metadata
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TextIO, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
 
 import hydra
 from hydra import compose
@@ -28,17 +29,21 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..compose import (
     COMPOSE_ERRORS,
+    DEPLOYMENT_GROUP,
     SHIPPED_CONF,
     Composition,
     group_options,
     hydra_on,
+    not_a_choice,
     register_settings,
 )
-from ..compose_errors import DEPLOYMENT_GROUP, not_a_choice
 from ..errors import ResourceConfigError
 
-__all__ = ["fail", "guarded_stdout", "hydra_app", "package_version", "register_options_resolver",
-           "register_settings"]  # fmt: skip
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["cuda_device", "fail", "guarded_stdout", "hydra_app", "package_version",
+           "register_options_resolver", "register_settings"]  # fmt: skip
 
 RESOLVERS = ("mstar_resources.options", "mstar_resources.shown")
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
@@ -59,6 +64,32 @@ def fail(prog: str, message: str) -> NoReturn:
     """Print ``prog: error: message`` on stderr and exit with status 2."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def is_cuda_device(device: str) -> bool:
+    return re.fullmatch(r"cuda(:\d+)?", device) is not None
+
+
+def cuda_device(device: str, without_gpu: str) -> torch.device:
+    """The ``device`` setting as a CUDA device that is here; ``without_gpu`` says what to do
+    instead when there is none. Imports torch: only the apps' allocating paths call it."""
+    if not is_cuda_device(device):
+        raise ResourceConfigError(f"device={device!r} is not a CUDA device; set device=cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ResourceConfigError(
+            f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is "
+            f"False); {without_gpu}"
+        )
+    target = torch.device(device)
+    count = torch.cuda.device_count()
+    if target.index is not None and target.index >= count:
+        raise ResourceConfigError(
+            f"device={device!r}, but there are {count} CUDA devices; "
+            f"set device=cuda:0 to cuda:{count - 1}"
+        )
+    return target
 
 
 def package_version() -> str:

@@ -14,7 +14,6 @@ from ..units import MIB
 from .override import DEFAULT_MARGIN, Measured, OneBuffer
 from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
 from .record import declared_mb_for
-from .shapes import shapes_for
 from .versions import check_flashinfer
 
 if TYPE_CHECKING:  # torch and the measuring load when a GPU measures
@@ -105,7 +104,7 @@ def measure_all(
     """Plan every label's bounding shapes through FlashInfer; one row per (resource, label)."""
     from tqdm import tqdm
 
-    from .measure import Planner
+    from .measure import Planner, shapes_for
 
     check_labels(records, profile)  # before any kernel is built
     check_flashinfer(profile)

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .._internal.floor import INT_DEFAULT_MB
+from .._internal.floor import INT
 from ..compose import shipped_deployments
 from ..files import write_whole
 from ..units import MIB
@@ -87,7 +87,7 @@ class OneBuffer:
         if self.int_need_bytes is not None:
             lines.append(
                 f"Int workspaces: a plan needs at most {self.int_need_bytes:,} bytes, and each "
-                f"wrapper makes {INT_DEFAULT_MB * MIB:,} (and as many pinned on the host); no "
+                f"wrapper makes {INT.default_mb * MIB:,} (and as many pinned on the host); no "
                 "setting of vLLM's or SGLang's changes that, and the vLLM plugin shares one per "
                 "label among the decode wrappers of its graph sizes"
             )

@@ -10,7 +10,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import (
@@ -21,7 +21,7 @@ from omegaconf.errors import (
 )
 
 from ..errors import ResourceConfigError, did_you_mean
-from ..units import is_positive_int
+from ..units import is_int
 
 PROFILE_KEY = "calibration"
 _WHERE = "the calibration profile"
@@ -145,6 +145,10 @@ class CalibrationProfile:
     label served in CUDA-graph slots. Empty: prefill runs eagerly."""
     plans: dict[str, PlanProfile] = field(default_factory=dict)
     """By plan label (as in the resources' ``labels``): which wrapper plans it."""
+
+
+def is_positive_int(value: object) -> TypeGuard[int]:
+    return is_int(value) and value > 0
 
 
 def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str]:

@@ -19,7 +19,7 @@ from mstar_resources.calibration.calibrate import (
     per_resource,
     table,
 )
-from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.measure import Need, Shape
 from mstar_resources.calibration.override import (
     DEFAULT_OUTPUT_DIR,
     base_deployment,
@@ -28,7 +28,6 @@ from mstar_resources.calibration.override import (
     write_override,
 )
 from mstar_resources.calibration.profile import load_profile
-from mstar_resources.calibration.shapes import Shape
 from mstar_resources.compose import shipped_deployments
 from mstar_resources.resolver import ResolvedResource
 
