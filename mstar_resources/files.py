@@ -21,10 +21,9 @@ def write_whole(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` (one per process and thread) to write the new file to;
-    when the block ends it is synced and renamed over ``path``, and the folder synced, so a reader
-    or a crash sees the old file or the new one, never a part. A block that raises leaves the old
-    file and no temporary."""
+    """A temporary path beside ``path`` (one per process and thread) to write the new file to,
+    synced and renamed over ``path`` (its folder synced) as the block ends, so a reader or a crash
+    sees the old file or the new one, never a part; a block that raises leaves the old file."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:

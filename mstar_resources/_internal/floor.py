@@ -13,7 +13,6 @@ from ..errors import Problem, ResourceConfigError
 from ..units import MIB, is_int
 
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
-"""The variable that sets the floor of every float workspace whose resource declares none."""
 
 MAX_MB = 1 << 20
 """The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a
@@ -33,10 +32,8 @@ class Buffer:
     kind: Literal["float", "int"]
     env_var: str
     default_mb: int
-    declared_key: str
-    """The resource field that declares it."""
-    size_query_index: int
-    """Its place in FlashInfer's ``workspace_size()`` answer (float, int)."""
+    declared_key: str  # the resource field that declares it
+    size_query_index: int  # its place in FlashInfer's ``workspace_size()`` answer (float, int)
 
 
 FLOAT = Buffer("float", ENV_VAR, 512, "declared_mb", 0)
@@ -51,8 +48,7 @@ class Floor:
 
     mb: int
     source: FloorSource
-    setting: str
-    """What to change to move this floor: the declaring setting, or the variable."""
+    setting: str  # what to change to move this floor: the declaring setting, or the variable
 
     @property
     def bytes(self) -> int:
@@ -121,9 +117,8 @@ def resolve_floor(
     declared_setting: str | None = None,
     buffer: Buffer = FLOAT,
 ) -> Floor:
-    """The floor of a ``buffer`` (the float workspace by default) for ``declared_mb`` under
-    ``env`` (``os.environ`` by default); ``declared_setting`` names the setting that declared it
-    (default: the resource field)."""
+    """The floor of a ``buffer`` for ``declared_mb`` under ``env`` (``os.environ`` by default);
+    ``declared_setting`` names the setting that declared it (default: the resource field)."""
     setting = declared_setting or buffer.declared_key
     if isinstance(declared_mb, str):
         declared_mb = read_mb(setting, declared_mb, buffer)

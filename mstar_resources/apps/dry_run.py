@@ -1,8 +1,6 @@
-"""``mstar-resources``: compose the resource tree, resolve it, and print what it reserves.
-
-On the CPU a dry run that imports no torch; ``device=cuda`` (or ``cuda:N``) also makes every
-declared workspace and reports what the GPU then holds.
-"""
+"""``mstar-resources``: compose the resource tree, resolve it, and print what it reserves. On the
+CPU a dry run that imports no torch; ``device=cuda`` (or ``cuda:N``) also makes every declared
+workspace and reports what the GPU then holds."""
 
 from __future__ import annotations
 

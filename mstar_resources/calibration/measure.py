@@ -1,12 +1,9 @@
 """Measuring on the GPU what a label's plans need of the float and int workspaces, through
 FlashInfer: the plan shapes that bound that need (``docs/calibration.md``, "Why the need is a
-bound"), and the one set of wrapper factories and plan arguments.
-
-A wrapper's ``workspace_size()`` is asked where it has one (decode and paged prefill, FlashInfer
-0.7); elsewhere the shapes are planned on float and int workspaces that start empty and grow to
-exactly the largest needs. FlashInfer 0.7's MLA wrapper makes a fresh int workspace at each plan,
-so its int need is not measured (None).
-"""
+bound"), and the one set of wrapper factories and plan arguments. A wrapper's ``workspace_size()``
+is asked where it has one (decode and paged prefill, FlashInfer 0.7); elsewhere the shapes are
+planned on float and int workspaces that start empty and grow to exactly the largest needs.
+FlashInfer 0.7's MLA wrapper makes a fresh int workspace at each plan: its int need is None."""
 
 from __future__ import annotations
 

@@ -47,9 +47,8 @@ class Measured:
 
 @dataclass(frozen=True)
 class OneBuffer:
-    """What an engine that shares one float workspace among all its wrappers and graph sizes
-    (vLLM, SGLang) must reserve: every plan carves it from offset 0, so the most any one plan
-    needs."""
+    """What an engine that shares one float workspace among all its wrappers and graph sizes (vLLM,
+    SGLang) must reserve: every plan carves it from offset 0, so the most any one plan needs."""
 
     need_bytes: int
     bytes: int

@@ -1,10 +1,8 @@
 """Which FlashInfer versions can plan what a profile asks for, checked before any GPU work.
-
 Calibration runs on FlashInfer 0.6.6 and newer (0.6.x measured by growth: its wrappers have no
 ``workspace_size()``); 0.7.2 brought ``MLAPlanMetadata`` and ``q_len_per_req``. FlashInfer's
 plain decode kernels are compiled for a fixed set of GQA groups (``DISPATCH_GQA_GROUP_SIZE``: 1,
-2, 3, 4 and 8 in 0.6.6; 0.7.4 adds 6 and 16), read from the installed headers.
-"""
+2, 3, 4 and 8 in 0.6.6; 0.7.4 adds 6 and 16), read from the installed headers."""
 
 from __future__ import annotations
 
