@@ -354,8 +354,7 @@ def explain(error: BaseException, deployment_file: Path | None = None) -> str:
 
 
 def _quoting_hint(override: str) -> str:
-    """How to quote the value of ``key=value`` where it holds what Hydra reads as grammar, else
-    ""."""
+    """How to quote ``key=value`` where its value holds Hydra's grammar, else ""."""
     key, _, value = override.partition("=")
     odd = [c for c in value if not c.isascii() or c in "= '\"\\"]
     if not odd or value[0] in "'\"":

@@ -93,8 +93,7 @@ class ResourceUsageError(_ProblemsError):
 
 class WorkspaceShortError(ResourceError):
     """A workspace that had fewer bytes than it needed. Fields: ``workspace`` (its name),
-    ``held_bytes`` (what it holds), ``needed_bytes`` (what it needed) and ``setting`` (the one that
-    sizes its floor)."""
+    ``held_bytes``, ``needed_bytes`` and ``setting`` (the one that sizes its floor)."""
 
     workspace: str
     held_bytes: int
@@ -155,9 +154,9 @@ def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:
 def check_argument(
     name: str, value: object, expected: type | tuple[type, ...], expects: str
 ) -> None:
-    """Raise :class:`ResourceUsageError` naming argument ``name`` and its ``value`` where the
-    value is not of type ``expected`` (a bool counts as an int only where ``expected`` says
-    bool): ``expects`` says what it takes, e.g. ``True or False``."""
+    """Raise :class:`ResourceUsageError` naming ``name`` and ``value`` where the value is no
+    ``expected`` (a bool is an int only where ``expected`` says bool); ``expects``: what it
+    takes."""
     kinds = expected if isinstance(expected, tuple) else (expected,)
     if isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool)):
         return

@@ -1,5 +1,4 @@
-"""Files this library writes (a calibrated deployment): whole or not at all, into a folder checked
-before any GPU work."""
+"""Files written whole or not at all (a calibrated deployment), into a folder checked first."""
 
 from __future__ import annotations
 
@@ -44,9 +43,8 @@ def replacing(path: Path) -> Iterator[Path]:
 
 
 def folder_problem(folder: Path) -> str | None:
-    """Why files could not be written into ``folder``, made if missing, or None if they can; it
-    tries making a folder in the nearest that exists (``/proc`` refuses where permissions allow)
-    and leaves nothing behind."""
+    """Why files could not be written into ``folder`` (made if missing), or None; it tries making a
+    folder in the nearest that exists (``/proc`` refuses where permissions allow), leaving none."""
     folder = Path(folder).absolute()
     existing = folder
     try:

@@ -21,9 +21,8 @@ a workspace of its own, and an engine has a handful; a longer list is a mistake.
 
 @dataclass
 class Resource:
-    """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot). Each
-    key holds the two buffers its wrappers plan on: a float workspace (``declared_mb``) and
-    an int workspace with its host mirror (``int_declared_mb``)."""
+    """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot), each a
+    float workspace (``declared_mb``) and an int one with its host mirror (``int_declared_mb``)."""
 
     owner: str = field(default="attention", metadata={"expects": "a non-empty string"})
     """Who the resource belongs to, as logs and errors name its workspaces (``owner:label:cgN``)."""
@@ -52,8 +51,7 @@ class Resource:
         default_factory=list, metadata={"expects": "a list of slot numbers, e.g. [0, 1]"}
     )
     """The CUDA-graph slots it serves, each a graph context whose buffers must not alias another's
-    (e.g. the two streams of micro-batch overlap): ints >= 0, each once. Default ``[]``: eager
-    only, one workspace per label."""
+    (e.g. micro-batch overlap's two streams): ints >= 0, each once. ``[]``: eager only."""
 
     def __post_init__(self) -> None:
         checks: dict[str, Sequence[str | None]] = {

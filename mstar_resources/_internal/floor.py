@@ -38,8 +38,7 @@ class Buffer:
 
 FLOAT = Buffer("float", ENV_VAR, 512, "declared_mb", 0)
 INT = Buffer("int", "MSTAR_INT_WORKSPACE_BUFFER_MB", 8, "int_declared_mb", 1)
-"""Its default, 8 MB, is what each FlashInfer wrapper allocates for itself (``torch.empty(8 * 1024 *
-1024)`` in its ``__init__``)."""
+"""8 MB: what each FlashInfer wrapper allocates itself (``torch.empty(8 * 1024 * 1024)``)."""
 
 
 @dataclass(frozen=True)

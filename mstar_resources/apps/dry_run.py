@@ -35,8 +35,7 @@ _COLUMNS = (
     "path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB",
     "int MB", "int source", "int reserved MB",
 )  # fmt: skip
-"""The float workspaces' columns, then the int workspaces' (one per float one; each has a host
-mirror of as many bytes)."""
+"""The float workspaces' columns, then the int ones' (each with a host mirror as large)."""
 
 
 class OutputFormat(Enum):

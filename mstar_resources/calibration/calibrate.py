@@ -12,9 +12,8 @@ from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
 from ..units import MIB
 from .override import DEFAULT_MARGIN, Measured, OneBuffer
-from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
+from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind, check_flashinfer
 from .record import declared_mb_for
-from .versions import check_flashinfer
 
 if TYPE_CHECKING:  # torch and the measuring load when a GPU measures
     import torch
@@ -177,8 +176,7 @@ def one_buffer(
 def table(
     rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN, buffer: OneBuffer | None = None
 ) -> str:
-    """The calibration table, the floors to declare and, given ``buffer``, the one-buffer
-    engines' settings."""
+    """The calibration table, the floors to declare and the one-buffer engines' settings."""
     head = ("resource", "label", "worst shape", "need bytes", "declared today", "waste(+)/short(-)",
             "int need bytes", "int declared today")  # fmt: skip
     body = [

@@ -188,8 +188,7 @@ class Planner:
         return (qo, *paged), {"causal": True, **self.dtypes, **self.output, **options}
 
     def wrapper(self, plan: PlanProfile, buffer: torch.Tensor, shape: Shape) -> Any:
-        """A FlashInfer wrapper of ``plan``'s kind on ``buffer``; under a graph, one that holds
-        ``shape``'s batch."""
+        """A wrapper of ``plan``'s kind on ``buffer``; under a graph, one for ``shape``'s batch."""
         import flashinfer
 
         kind, backend = plan.kind, plan.backend
