@@ -78,8 +78,7 @@ def compose_deployment(
     config_name: str, deployment: str, config_dir: Path | None = None, *, settings: type
 ) -> DictConfig:
     """The shipped primary config ``config_name`` composed as ``mstar-resources --config-dir
-    <config_dir> deployment=<deployment>`` does, for an engine's plugin, whose own Hydra is kept;
-    a mistake raises :class:`ResourceConfigError`."""
+    <config_dir> deployment=<deployment>`` does, for an engine's plugin (its own Hydra kept)."""
     register_settings(config_name, settings)
     with hydra_on(SHIPPED_CONF, compose_deployment):
         # Quoted: a file named inf.yaml, null.yaml or x,y.yaml is a name, not a number or a sweep.

@@ -58,7 +58,6 @@ class CalibrateSettings(ComposedTree):
     settings=CalibrateSettings,
 )
 def main(cfg: DictConfig) -> None:
-    """Calibrate the composed deployment on ``cfg.device`` and write its override."""
     # Everything the config can get wrong is checked first, on any machine; then the GPU.
     deployment = HydraConfig.get().runtime.choices.get("deployment")
     if cfg.get(PROFILE_KEY) is None:

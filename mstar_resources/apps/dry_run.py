@@ -64,7 +64,6 @@ class DryRunSettings(ComposedTree):
     settings=DryRunSettings,
 )
 def main(cfg: DictConfig) -> None:
-    """Resolve ``cfg.resources`` and print what it reserves (and allocate it on ``device=cuda``)."""
     device = cfg.device
     if device != "cpu" and not is_cuda_device(device):
         raise ResourceConfigError(

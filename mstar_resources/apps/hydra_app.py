@@ -1,9 +1,8 @@
 """Hydra apps that end a user's mistake in one paragraph on stderr, status 2 (``HYDRA_FULL_ERROR=1``
 keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1. A stdout
 that fails (``> /dev/full``, a closed stdout) ends an app or a benchmark in one line, status 2, and
-a reader that went away (``| head``) with status 0 (:func:`guarded_stdout`).
-
-Each run is first composed with the Compose API, so a compose error is an exception to explain
+a reader that went away (``| head``) with status 0 (:func:`guarded_stdout`). Each run is first
+composed with the Compose API, so a compose error is an exception to explain
 (:mod:`mstar_resources.compose`); a ``compose_once`` app (no log files, no output folders) runs on
 that config, and a run with a flag (``--help``, ``--cfg job``) or any other app goes on to
 ``@hydra.main``."""
@@ -108,8 +107,8 @@ def hydra_app(
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:  # fmt: skip
     """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``:
     ``prog`` starts each error line, ``command`` is how a user runs it (default ``prog``),
-    ``version`` what ``--version`` prints (or returns it; default: the mstar-resources it was built
-    with), ``settings`` the schema of its own settings, registered as it runs."""
+    ``version`` what ``--version`` prints (default: the mstar-resources it was built with),
+    ``settings`` its own settings' schema."""
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:

@@ -124,7 +124,6 @@ def measure_all(
 
 
 def _most_int(rows: Sequence[LabelNeed]) -> int | None:
-    """The most int workspace ``rows`` need; None where none was measured."""
     return max((r.need.int_bytes for r in rows if r.need.int_bytes is not None), default=None)
 
 

@@ -60,7 +60,6 @@ class OneBuffer:
     int_need_bytes: int | None = None
 
     def record(self) -> dict[str, Any]:
-        """The fields the calibrated record keeps."""
         return {
             k: v for k, v in asdict(self).items() if k != "vllm_formula_bytes" and v is not None
         }
@@ -177,10 +176,9 @@ def write_override(
     buffer: OneBuffer | None = None,
     profile: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``deployment``'s calibration into ``output_dir`` (made if missing; named by
-    :func:`calibrated_name`), whole or not at all, with the ``calibration`` settings ``profile``
-    (:func:`profile_settings`, so the file composes the profile its floors hold for) where given;
-    returns its path."""
+    """Write ``deployment``'s calibration into ``output_dir`` (made if missing), whole or not at
+    all, with the ``calibration`` settings ``profile`` (:func:`profile_settings`, so the file
+    composes the profile its floors hold for) where given; returns its path."""
     path = output_dir / f"{calibrated_name(deployment, output_dir)}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
     shipped = output_dir.absolute() == shipped_deployments().absolute()

@@ -162,7 +162,6 @@ def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str
 
 
 def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
-    """What is wrong with the model's shape and the limits."""
     key, model = f"{PROFILE_KEY}.model", profile.model
     problems = _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
     heads = (model.num_qo_heads, model.num_kv_heads)
@@ -222,7 +221,6 @@ def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
 
 
 def _plans_problems(profile: CalibrationProfile) -> list[str]:
-    """What is wrong with the graph sizes and the plans."""
     plans, key = profile.plans, f"{PROFILE_KEY}.plans"
     problems = _graph_size_problems(profile, "cuda_graph_batch_sizes", "max_num_seqs")
     problems += _graph_size_problems(profile, "cuda_graph_prefill_tokens", "max_num_batched_tokens")
