@@ -8,9 +8,8 @@ and error that names a workspace."""
 
 
 def name_problem(setting: str, value: object) -> str | None:
-    """What is wrong with ``value`` as a name (an owner, a label) that tables and logs print: it
-    must be a string of printable characters, not blank, at most :data:`MAX_NAME` long; None if it
-    is fine. ``setting`` is how the message names it (``owner``, ``labels[1]``)."""
+    """What is wrong with ``value`` as a name that tables and logs print (printable, at most
+    :data:`MAX_NAME` long), or None; ``setting`` is how the message names it (``labels[1]``)."""
     if not isinstance(value, str) or not value.strip():
         return None  # blank or not a string: the callers' own checks say how to fill it in
     if len(value) > MAX_NAME:

@@ -112,9 +112,8 @@ def declared_floors(
 
 
 def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | None:
-    """The settings of the ``calibration`` profile that ``overrides`` (a command line's
-    ``key=value`` strings) gave the composed ``cfg``, with their composed values, nested as the
-    profile holds them; None where it gave none."""
+    """The ``calibration`` settings that ``overrides`` (a command line's ``key=value`` strings) gave
+    the composed ``cfg``, with their composed values, nested as the profile holds them, or None."""
     settings = OmegaConf.create({})
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+")
