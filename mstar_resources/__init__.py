@@ -1,8 +1,6 @@
-"""Declarative, growable, sealable GPU scratch memory for LLM inference engines.
-
-Each public name loads from its home module on first use, so composing ``pkg://mstar_resources.conf``
-(which imports this package) costs neither torch nor the resolver.
-"""
+"""Declarative, growable, sealable GPU scratch memory for LLM inference engines. Each public name
+loads from its home module on first use, so composing ``pkg://mstar_resources.conf`` (which imports
+this package) costs neither torch nor the resolver."""
 
 from __future__ import annotations
 

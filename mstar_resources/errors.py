@@ -1,8 +1,6 @@
-"""The exceptions this library raises: each names the setting to change and the value to give it.
-
-Each carries its figures as fields (as Hydra's ``MissingConfigException.options`` does), so an
-engine reads fields, never the wording, and pickles with them for a worker to hand to its parent.
-"""
+"""The exceptions this library raises: each names the setting to change and the value to give it,
+and carries its figures as fields (as Hydra's ``MissingConfigException.options`` does), so an
+engine reads fields, never the wording, and pickles them for a worker to hand to its parent."""
 
 from __future__ import annotations
 
@@ -26,13 +24,11 @@ class ResourceError(Exception):
 
 
 class Problem(str):
-    """One problem of a setting: the sentence a person reads, and its parts as fields.
-
+    """One problem of a setting: a ``str``, the sentence a person reads, with its parts as fields.
     ``setting``: the key, argument or variable that holds the bad value (``resources.attn.decode.
     declared_mb``), or None where the problem is not one setting's; ``value``: what it holds;
     ``expects``: what it takes, in words; ``fix``: what to do, where the sentence says more than
-    "give it what it takes". A ``str``, so it prints, joins and compares as the sentence.
-    """
+    "give it what it takes"."""
 
     setting: str | None
     value: object
@@ -53,8 +49,7 @@ class Problem(str):
         return problem
 
     def under(self, prefix: str) -> Problem:
-        """This problem with ``prefix`` (``resources.attn.decode.``) before its sentence and its
-        setting."""
+        """This problem with ``prefix`` (``resources.attn.decode.``) before sentence and setting."""
         setting = None if self.setting is None else prefix + self.setting
         return Problem(prefix + self, **{**vars(self), "setting": setting})
 
@@ -86,10 +81,8 @@ class _ProblemsError(ResourceError, ValueError):
 
 class ResourceConfigError(_ProblemsError):
     """A setting (config key, argument or environment variable) holds an unusable value.
-
     ``problems``: one :class:`Problem` each, in the order found; ``where``: what was checked (``the
-    resources config``). The text is the problem when there is one, else a count and a line each.
-    """
+    resources config``). The text is the problem when there is one, else a count and a line each."""
 
 
 class ResourceUsageError(_ProblemsError):
@@ -100,8 +93,7 @@ class ResourceUsageError(_ProblemsError):
 
 class WorkspaceShortError(ResourceError):
     """A workspace that had fewer bytes than it needed. Fields: ``workspace`` (its name),
-    ``held_bytes`` (what it holds), ``needed_bytes`` (what it needed) and ``setting`` (the one that
-    sizes its floor)."""
+    ``held_bytes``, ``needed_bytes`` and ``setting`` (the one that sizes its floor)."""
 
     workspace: str
     held_bytes: int
@@ -111,7 +103,6 @@ class WorkspaceShortError(ResourceError):
 
 class WorkspaceSealedError(WorkspaceShortError):
     """A plan needs more room than a sealed workspace has; a sealed workspace never moves.
-
     Fields: those of :class:`WorkspaceShortError` (``needed_bytes`` as far as FlashInfer said), and
     ``suggested_mb``, the value of ``setting`` that holds ``needed_bytes``."""
 
@@ -119,14 +110,12 @@ class WorkspaceSealedError(WorkspaceShortError):
 
 
 class WorkspaceAgreementError(ResourceError):
-    """The ranks of a group could not agree on a pool at a group seal (they hold different pools,
-    or another rank could not grow); raised on every rank, and no rank sealed the pool.
-
-    Fields: ``ranks`` (the ranks concerned: every rank when the pools differ, else those that
-    failed), ``reasons`` (by each of those ranks: the pool it seals, or how it failed),
-    ``held`` (by every rank of the group: the bytes of each workspace it held, by (label, slot)) and
-    ``errors`` (by each rank that failed: the error it raised, whole, with its fields).
-    """
+    """The ranks of a group could not agree on a pool at a group seal (they hold different pools, or
+    another rank could not grow); raised on every rank, and no rank sealed the pool. Fields:
+    ``ranks`` (the ranks concerned: every rank when the pools differ, else those that failed),
+    ``reasons`` (by each of those ranks: the pool it seals, or how it failed), ``held`` (by every
+    rank of the group: the bytes of each workspace it held, by (label, slot)) and ``errors`` (by
+    each rank that failed: the error it raised, whole, with its fields)."""
 
     ranks: tuple[int, ...]
     reasons: dict[int, str]
@@ -157,8 +146,7 @@ class WorkspacePlanError(ResourceError):
 
 
 def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:
-    """`` (did you mean <prefix>X?)`` for the option X closest to a misspelled ``word``, or ""
-    if none is close."""
+    """`` (did you mean <prefix>X?)`` for the option closest to ``word``, or "" if none is."""
     close = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
@@ -166,9 +154,9 @@ def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:
 def check_argument(
     name: str, value: object, expected: type | tuple[type, ...], expects: str
 ) -> None:
-    """Raise :class:`ResourceUsageError` naming argument ``name`` and its ``value`` where the
-    value is not of type ``expected`` (a bool counts as an int only where ``expected`` says
-    bool): ``expects`` says what it takes, e.g. ``True or False``."""
+    """Raise :class:`ResourceUsageError` naming ``name`` and ``value`` where the value is no
+    ``expected`` (a bool is an int only where ``expected`` says bool); ``expects``: what it
+    takes."""
     kinds = expected if isinstance(expected, tuple) else (expected,)
     if isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool)):
         return

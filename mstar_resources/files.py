@@ -1,5 +1,4 @@
-"""Files this library writes (a calibrated deployment): whole or not at all, into a folder checked
-before any GPU work."""
+"""Files written whole or not at all (a calibrated deployment), into a folder checked first."""
 
 from __future__ import annotations
 
@@ -21,10 +20,9 @@ def write_whole(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` (one per process and thread) to write the new file to;
-    when the block ends it is synced and renamed over ``path``, and the folder synced, so a reader
-    or a crash sees the old file or the new one, never a part. A block that raises leaves the old
-    file and no temporary."""
+    """A temporary path beside ``path`` (one per process and thread) to write the new file to,
+    synced and renamed over ``path`` (its folder synced) as the block ends, so a reader or a crash
+    sees the old file or the new one, never a part; a block that raises leaves the old file."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -45,9 +43,8 @@ def replacing(path: Path) -> Iterator[Path]:
 
 
 def folder_problem(folder: Path) -> str | None:
-    """Why files could not be written into ``folder``, made if missing, or None if they can; it
-    tries making a folder in the nearest that exists (``/proc`` refuses where permissions allow)
-    and leaves nothing behind."""
+    """Why files could not be written into ``folder`` (made if missing), or None; it tries making a
+    folder in the nearest that exists (``/proc`` refuses where permissions allow), leaving none."""
     folder = Path(folder).absolute()
     existing = folder
     try:

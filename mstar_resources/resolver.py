@@ -1,9 +1,7 @@
-"""From a composed ``resources`` tree to resolved records and workspace pools.
-
-The resolver reads data only: it never composes (an engine may run it under ``@hydra.main``) and
-never instantiates a ``_target_`` (a config file must not run code). :func:`resolve` imports no
-torch; :func:`build_pools`, which allocates, does.
-"""
+"""From a composed ``resources`` tree to resolved records and workspace pools. The resolver reads
+data only: it never composes (an engine may run it under ``@hydra.main``) and never instantiates a
+``_target_`` (a config file must not run code). Only :func:`build_pools`, which allocates, imports
+torch."""
 
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._internal import limits
 from ._internal.floor import FLOAT, INT, Floor, FloorSource, read_mb, resolve_floor
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
 from .schema import FIELDS, Resource
@@ -92,8 +89,7 @@ class ResolvedResource:
 
 
 def serving(records: Iterable[ResolvedResource], label: str) -> ResolvedResource | None:
-    """The first of ``records`` that serves ``label`` (in any slot, or eagerly), or None: the one
-    answer to which resource serves a plan, which the engines' plugins ask."""
+    """The first of ``records`` that serves ``label`` (in any slot, or eagerly), or None."""
     return next((record for record in records if label in record.labels), None)
 
 
@@ -101,10 +97,8 @@ def resolve(
     resources_node: DictConfig | Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> list[ResolvedResource]:
     """One record per resource of the composed ``resources`` tree (a ``DictConfig`` or a plain
-    mapping), in tree order, floors read from ``env`` (``os.environ`` by default).
-
-    Raises :class:`ResourceConfigError` with every problem of the tree at once.
-    """
+    mapping), in tree order, floors read from ``env`` (``os.environ`` by default); every problem
+    of the tree is raised at once as :class:`ResourceConfigError`."""
     env = os.environ if env is None else env
     check_argument("env", env, Mapping, "a mapping of environment variables (os.environ) or None")
     problems: list[str] = []
@@ -233,8 +227,7 @@ def _too_deep(key: str) -> str:
 def _walk(
     node: DictConfig, key: str, problems: list[str], level: int = 0
 ) -> Iterator[tuple[str, DictConfig]]:
-    """The resources below ``node`` as (path, node); any other mapping is a group of them
-    (:func:`_is_resource`)."""
+    """The resources below ``node`` as (path, node); any other mapping is a group of them."""
     if level > MAX_DEPTH:
         problems.append(_too_deep(key))
         return
@@ -344,7 +337,6 @@ def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
 
 
 def _is_of_type(value: object, hint: object) -> bool:
-    """Whether ``value`` is already of the type hint ``hint`` (of the few the schema uses)."""
     args = typing.get_args(hint)
     if typing.get_origin(hint) is list:
         return isinstance(value, list) and all(_is_of_type(item, args[0]) for item in value)
@@ -356,8 +348,7 @@ def _is_of_type(value: object, hint: object) -> bool:
 
 
 def _problem(text: str, key: str, name: str, value: object) -> Problem:
-    """Resource field ``name`` of ``key`` holds ``value``: ``text``, and what the field takes."""
-    expects = limits.expects(FIELDS[name]) or name
+    expects = FIELDS[name].metadata["expects"]
     return Problem(
         f"{text}; set it to {expects}", setting=f"{key}.{name}", value=value, expects=expects
     )

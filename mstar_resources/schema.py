@@ -1,5 +1,4 @@
 """The schema of one declared resource, as engines write it under ``resources`` in their config.
-
 ``mstar_resources.conf`` stores it in Hydra's ConfigStore as ``mstar_resources/resource``, so
 ``- /mstar_resources/resource@attn.decode`` in a defaults list types a node. No Hydra here."""
 
@@ -10,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from omegaconf import MISSING
 
 from ._internal.floor import INT, MAX_MB, mb_problem, number_text
-from ._internal.limits import expects, name_problem
+from ._internal.limits import name_problem
 from .errors import Problem, ResourceConfigError
 
 __all__ = ["Resource"]
@@ -22,14 +21,11 @@ a workspace of its own, and an engine has a handful; a longer list is a mistake.
 
 @dataclass
 class Resource:
-    """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot).
-
-    Each key holds the two buffers its wrappers plan on: a float workspace (``declared_mb``) and
-    an int workspace with its host mirror (``int_declared_mb``)."""
+    """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot), each a
+    float workspace (``declared_mb``) and an int one with its host mirror (``int_declared_mb``)."""
 
     owner: str = field(default="attention", metadata={"expects": "a non-empty string"})
-    """Who the resource belongs to, as workspaces name it in logs and errors (``owner:label:cgN``).
-    Default ``attention``."""
+    """Who the resource belongs to, as logs and errors name its workspaces (``owner:label:cgN``)."""
 
     declared_mb: int | None = field(
         default=None, metadata={"expects": f"a whole number of MB from 1 to {MAX_MB:,}, or null"}
@@ -55,8 +51,7 @@ class Resource:
         default_factory=list, metadata={"expects": "a list of slot numbers, e.g. [0, 1]"}
     )
     """The CUDA-graph slots it serves, each a graph context whose buffers must not alias another's
-    (e.g. the two streams of micro-batch overlap): ints >= 0, each once. Default ``[]``: eager
-    only, one workspace per label."""
+    (e.g. micro-batch overlap's two streams): ints >= 0, each once. ``[]``: eager only."""
 
     def __post_init__(self) -> None:
         checks: dict[str, Sequence[str | None]] = {
@@ -75,7 +70,7 @@ class Resource:
                 problem,
                 setting=name,
                 value=getattr(self, name),
-                expects=expects(FIELDS[name]),
+                expects=FIELDS[name].metadata["expects"],
                 fix=getattr(problem, "fix", None),
             )
             for name, problems in checks.items()
@@ -87,7 +82,6 @@ class Resource:
 
 
 FIELDS = {f.name: f for f in fields(Resource)}
-"""The schema's fields, by name, in order."""
 
 
 def _owner_problems(owner: object) -> list[str | None]:
@@ -141,5 +135,4 @@ def _slot_problems(slots: list[int]) -> list[str]:
 
 
 def _repeats(items: Sequence[Hashable]) -> list[Hashable]:
-    """The items listed more than once, in the order they first appear (linear time)."""
     return [item for item, count in Counter(items).items() if count > 1]

@@ -47,14 +47,9 @@ def flashinfer_overflow(
     message = _render(
         "overflow", name=allocation, size=size, alignment=alignment, remaining_space=available
     )
-    text = _render(
-        "error_prefix",
-        func=where["function"],
-        file=header / where["header"],
-        line=where["throw_line"],
-        message=message,
-    )
-    return RuntimeError(text)
+    file = header / where["header"]
+    line, func = where["throw_line"], where["function"]
+    return RuntimeError(_render("error_prefix", func=func, file=file, line=line, message=message))
 
 
 @dataclass

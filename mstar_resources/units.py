@@ -6,7 +6,7 @@ import re
 from typing import TypeGuard
 
 __all__ = [
-    "ALIGNMENT", "MIB", "is_int", "is_positive_int", "mb_to_hold", "plural", "release", "round_up",
+    "ALIGNMENT", "MIB", "is_int", "mb_to_hold", "plural", "release", "round_up",
 ]  # fmt: skip
 
 MIB = 1 << 20
@@ -29,11 +29,6 @@ def mb_to_hold(nbytes: int) -> int:
 def is_int(value: object) -> TypeGuard[int]:
     """True for an int; ``True`` is a bool, not a number."""
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_positive_int(value: object) -> TypeGuard[int]:
-    """True for an int above zero."""
-    return is_int(value) and value > 0
 
 
 def plural(n: int, noun: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import NoReturn
 
-from mstar_resources.apps.stdout import guarded_stdout
+from mstar_resources.apps.hydra_app import guarded_stdout
 from mstar_resources.errors import did_you_mean
 from mstar_resources.files import folder_problem
 
@@ -26,7 +26,7 @@ INTERRUPTED = 130
 
 def run_main(main: Callable[[], int | None]) -> NoReturn:
     """A benchmark's entry point: ``main()``'s status; a stdout that fails (``> /dev/full``,
-    ``| head``) ended in one line, as the apps end it (``mstar_resources/apps/stdout.py``), and
+    ``| head``) ended in one line, as the apps end it (``mstar_resources/apps/hydra_app.py``), and
     Ctrl-C in one line too, status 130, once the temporary files are gone (each benchmark keeps
     them in a ``with`` block, which an interruption leaves as any exception does)."""
     prog = Path(sys.argv[0]).name

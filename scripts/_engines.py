@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mstar_resources._internal.floor import INT_DEFAULT_MB
+from mstar_resources._internal.floor import INT
 from mstar_resources.calibration.calibrate import vllm_formula_bytes
 from mstar_resources.calibration.profile import CalibrationProfile
 from mstar_resources.units import mb_to_hold
@@ -39,7 +39,7 @@ def own_int_mb(profile: CalibrationProfile) -> int:
     """What vLLM's and SGLang's wrappers make for themselves in int workspaces, in MB (and as
     many pinned on the host): FlashInfer's 8 MiB each for a prefill, an eager decode and a decode
     wrapper per graph batch size. No setting of theirs changes it."""
-    return (2 + len(profile.cuda_graph_batch_sizes)) * INT_DEFAULT_MB
+    return (2 + len(profile.cuda_graph_batch_sizes)) * INT.default_mb
 
 
 def decode_graph_batch_sizes(

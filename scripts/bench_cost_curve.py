@@ -48,8 +48,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from mstar_resources import resolve
+from mstar_resources.apps.dry_run import DryRunSettings
 from mstar_resources.apps.hydra_app import register_settings
-from mstar_resources.apps.settings import DryRunSettings
 from mstar_resources.calibration.calibrate import (
     LabelNeed,
     check_backends,

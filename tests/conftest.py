@@ -14,8 +14,8 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
+from mstar_resources.apps.dry_run import DryRunSettings
 from mstar_resources.apps.hydra_app import register_settings
-from mstar_resources.apps.settings import DryRunSettings
 
 VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 INT_VAR = "MSTAR_INT_WORKSPACE_BUFFER_MB"

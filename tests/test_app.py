@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mstar_resources.apps.calibrate_settings import CalibrateSettings
-from mstar_resources.apps.settings import DryRunSettings
+from mstar_resources.apps.calibrate import CalibrateSettings
+from mstar_resources.apps.dry_run import DryRunSettings
 
 from .apps import run_cli, run_help
 
@@ -95,7 +95,7 @@ BUGGY_APP = """
 import os, subprocess, sys
 from omegaconf import DictConfig
 from mstar_resources.apps.hydra_app import hydra_app
-from mstar_resources.apps.settings import DryRunSettings
+from mstar_resources.apps.dry_run import DryRunSettings
 
 @hydra_app(
     "buggy", config_name="mstar_resources", compose_once={compose_once}, settings=DryRunSettings

@@ -304,7 +304,7 @@ import os, signal
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from omegaconf import DictConfig
 from mstar_resources.apps.hydra_app import hydra_app
-from mstar_resources.apps.settings import DryRunSettings
+from mstar_resources.apps.dry_run import DryRunSettings
 
 @hydra_app("slow", config_name="mstar_resources", compose_once={compose_once},
            settings=DryRunSettings)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mstar_resources import ResourceConfigError
-from mstar_resources._internal.devices import cuda_device, is_cuda_device
+from mstar_resources.apps.hydra_app import cuda_device, is_cuda_device
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ ROOT = Path(__file__).parents[1]
 LAYERS = {
     "errors and units": "errors units files _internal",
     "the core": "attn testing",
-    "config": "schema resolver compose compose_errors",
-    "calibration's terms": "calibration.profile calibration.record calibration.versions conf",
+    "config": "schema resolver compose",
+    "calibration's terms": "calibration.profile calibration.record conf",
     "calibration's measuring": "calibration",
     "the engine integrations": "integrations",
     "the apps": "__init__ apps",

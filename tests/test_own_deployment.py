@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from mstar_resources.calibration.calibrate import LabelNeed, per_resource
-from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.measure import Need, Shape
 from mstar_resources.calibration.override import users_deployment_folder, write_override
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import Machine, calibration_inputs
-from mstar_resources.calibration.shapes import Shape
 from mstar_resources.compose import ComposedTree, compose_deployment
 from mstar_resources.errors import ResourceConfigError
 from mstar_resources.integrations.sglang import SGLANG

@@ -7,8 +7,8 @@ import types
 import pytest
 
 from mstar_resources import ResourceConfigError
+from mstar_resources.calibration.measure import Shape, is_bounding, shapes_for
 from mstar_resources.calibration.profile import PlanKind, PlanProfile, load_profile
-from mstar_resources.calibration.shapes import Shape, is_bounding, shapes_for
 
 GOOD = {
     "model": {"num_qo_heads": 32, "num_kv_heads": 8, "head_dim_ckv": 512, "head_dim_kpe": 64},

@@ -13,11 +13,6 @@ from ..errors import Problem, ResourceConfigError
 from ..units import MIB, is_int
 
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
-"""The variable that sets the floor of every float workspace whose resource declares none."""
-
-INT_DEFAULT_MB = 8
-"""The int floor when neither a resource nor the environment sets one: what each FlashInfer
-wrapper allocates for itself (``torch.empty(8 * 1024 * 1024)`` in its ``__init__``)."""
 
 MAX_MB = 1 << 20
 """The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a
@@ -37,14 +32,13 @@ class Buffer:
     kind: Literal["float", "int"]
     env_var: str
     default_mb: int
-    declared_key: str
-    """The resource field that declares it."""
-    size_query_index: int
-    """Its place in FlashInfer's ``workspace_size()`` answer (float, int)."""
+    declared_key: str  # the resource field that declares it
+    size_query_index: int  # its place in FlashInfer's ``workspace_size()`` answer (float, int)
 
 
 FLOAT = Buffer("float", ENV_VAR, 512, "declared_mb", 0)
-INT = Buffer("int", "MSTAR_INT_WORKSPACE_BUFFER_MB", INT_DEFAULT_MB, "int_declared_mb", 1)
+INT = Buffer("int", "MSTAR_INT_WORKSPACE_BUFFER_MB", 8, "int_declared_mb", 1)
+"""8 MB: what each FlashInfer wrapper allocates itself (``torch.empty(8 * 1024 * 1024)``)."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +47,7 @@ class Floor:
 
     mb: int
     source: FloorSource
-    setting: str
-    """What to change to move this floor: the declaring setting, or the variable."""
+    setting: str  # what to change to move this floor: the declaring setting, or the variable
 
     @property
     def bytes(self) -> int:
@@ -123,9 +116,8 @@ def resolve_floor(
     declared_setting: str | None = None,
     buffer: Buffer = FLOAT,
 ) -> Floor:
-    """The floor of a ``buffer`` (the float workspace by default) for ``declared_mb`` under
-    ``env`` (``os.environ`` by default); ``declared_setting`` names the setting that declared it
-    (default: the resource field)."""
+    """The floor of a ``buffer`` for ``declared_mb`` under ``env`` (``os.environ`` by default);
+    ``declared_setting`` names the setting that declared it (default: the resource field)."""
     setting = declared_setting or buffer.declared_key
     if isinstance(declared_mb, str):
         declared_mb = read_mb(setting, declared_mb, buffer)

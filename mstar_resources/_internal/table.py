@@ -7,8 +7,8 @@ from collections.abc import Container, Sequence
 
 
 def display_width(text: str) -> int:
-    """The columns ``text`` takes in a terminal: wide and fullwidth characters (CJK) two, combining
-    marks none, the rest one."""
+    """Terminal columns of ``text``: wide and fullwidth (CJK) characters two, combining marks
+    none."""
     width = 0
     for char in text:
         if unicodedata.category(char) in ("Mn", "Me"):

@@ -1,2 +1,1 @@
-"""The apps: the dry run (``mstar-resources``), calibration's command line, and ``hydra_app``,
-which both are built with. Nothing below them imports them."""
+"""The apps (``mstar-resources``, calibration's command line) and ``hydra_app``, their base."""

@@ -5,15 +5,15 @@ today, and write ``NAME_calibrated.yaml`` (``docs/calibration.md``)."""
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .._internal import limits
-from .._internal.devices import cuda_device
 from ..calibration.calibrate import check_labels, measure_all, one_buffer, per_resource, table
 from ..calibration.override import (
+    DEFAULT_MARGIN,
     DEFAULT_OUTPUT_DIR,
     base_deployment,
     how_to_compose,
@@ -23,13 +23,31 @@ from ..calibration.override import (
 )
 from ..calibration.profile import PROFILE_KEY, load_profile
 from ..calibration.record import Machine, calibration_inputs
-from ..errors import ResourceConfigError
+from ..compose import ComposedTree
+from ..errors import Problem, ResourceConfigError
 from ..files import folder_problem
 from ..resolver import resolve
-from .calibrate_settings import CalibrateSettings
-from .hydra_app import hydra_app, package_version
+from .hydra_app import cuda_device, hydra_app, package_version
 
 PROG = "mstar-resources-calibrate"
+MAX_MARGIN = 10
+"""Eleven times the need: more is a typo, and would declare floors past the 1 TiB a floor may be."""
+MARGIN_EXPECTS = f"a fraction, at least 0 and at most {MAX_MARGIN}"
+
+
+@dataclass
+class CalibrateSettings(ComposedTree):
+    """``mstar-resources-calibrate``: measure a deployment's workspaces on this GPU."""
+
+    margin: float = field(default=DEFAULT_MARGIN, metadata={"expects": MARGIN_EXPECTS})
+    """Added to each measured need before it is declared, as a fraction of it."""
+    device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
+    """The GPU to plan on."""
+    output_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
+    """Where ``<deployment>_calibrated.yaml`` goes (made if missing); null: beside a deployment of
+    a ``--config-dir`` (the file lists it under its defaults), else ``calibrated/deployment``."""
+    progress: bool = field(default=True, metadata={"expects": "true or false"})
+    """Show a progress bar on stderr."""
 
 
 @hydra_app(
@@ -40,7 +58,6 @@ PROG = "mstar-resources-calibrate"
     settings=CalibrateSettings,
 )
 def main(cfg: DictConfig) -> None:
-    """Calibrate the composed deployment on ``cfg.device`` and write its override."""
     # Everything the config can get wrong is checked first, on any machine; then the GPU.
     deployment = HydraConfig.get().runtime.choices.get("deployment")
     if cfg.get(PROFILE_KEY) is None:
@@ -48,10 +65,12 @@ def main(cfg: DictConfig) -> None:
             f"deployment={deployment} carries no `{PROFILE_KEY}` profile to calibrate; pick a "
             "deployment that has one (deployment=<name>)"
         )
-    problems = limits.problems(cfg, CalibrateSettings)
-    if problems:
-        raise ResourceConfigError(*problems, where="the settings")
     margin = cfg.margin
+    if not 0 <= margin <= MAX_MARGIN:  # NaN too
+        text = f"margin={margin!r} must be at least 0 and at most {MAX_MARGIN} (a fraction)"
+        raise ResourceConfigError(
+            Problem(text, setting="margin", value=margin, expects=MARGIN_EXPECTS)
+        )
     profile = load_profile(cfg[PROFILE_KEY])
     records = resolve(cfg.resources)
     check_labels(records, profile)

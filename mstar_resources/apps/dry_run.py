@@ -1,19 +1,18 @@
-"""``mstar-resources``: compose the resource tree, resolve it, and print what it reserves.
-
-On the CPU a dry run that imports no torch; ``device=cuda`` (or ``cuda:N``) also makes every
-declared workspace and reports what the GPU then holds.
-"""
+"""``mstar-resources``: compose the resource tree, resolve it, and print what it reserves. On the
+CPU a dry run that imports no torch; ``device=cuda`` (or ``cuda:N``) also makes every declared
+workspace and reports what the GPU then holds."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from omegaconf import DictConfig
 
-from .._internal.devices import cuda_device, is_cuda_device
 from .._internal.table import format_table
 from ..calibration.profile import load_profile
 from ..calibration.record import (
@@ -23,21 +22,38 @@ from ..calibration.record import (
     check_calibration,
     stale_record,
 )
+from ..compose import ComposedTree
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource, build_pools, resolve
 from ..units import MIB
-from .hydra_app import hydra_app, package_version
-from .settings import DryRunSettings, OutputFormat
+from .hydra_app import cuda_device, hydra_app, is_cuda_device, package_version
 
-__all__ = ["main"]
+__all__ = ["DryRunSettings", "OutputFormat", "main"]
 
 PROG = "mstar-resources"
 _COLUMNS = (
     "path", "owner", "labels", "slots", "floor MB", "source", "workspaces", "reserved MB",
     "int MB", "int source", "int reserved MB",
 )  # fmt: skip
-"""The float workspaces' columns, then the int workspaces' (one per float one; each has a host
-mirror of as many bytes)."""
+"""The float workspaces' columns, then the int ones' (each with a host mirror as large)."""
+
+
+class OutputFormat(Enum):
+    """How ``mstar-resources`` prints its report: ``table`` for people, ``json`` (one JSON document
+    on stdout and nothing else) for programs."""
+
+    table = "table"
+    json = "json"
+
+
+@dataclass
+class DryRunSettings(ComposedTree):
+    """``mstar-resources``: resolve the tree and print what it reserves."""
+
+    format: OutputFormat = field(default=OutputFormat.table, metadata={"expects": "table or json"})
+    device: str = field(default="cpu", metadata={"expects": "cpu, cuda or cuda:N"})
+    """``cpu``: a dry run, allocating nothing. ``cuda`` or ``cuda:N``: also make every declared
+    workspace there and report what the GPU then holds."""
 
 
 @hydra_app(
@@ -48,7 +64,6 @@ mirror of as many bytes)."""
     settings=DryRunSettings,
 )
 def main(cfg: DictConfig) -> None:
-    """Resolve ``cfg.resources`` and print what it reserves (and allocate it on ``device=cuda``)."""
     device = cfg.device
     if device != "cpu" and not is_cuda_device(device):
         raise ResourceConfigError(

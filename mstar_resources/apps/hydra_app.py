@@ -1,7 +1,8 @@
 """Hydra apps that end a user's mistake in one paragraph on stderr, status 2 (``HYDRA_FULL_ERROR=1``
-keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1.
-
-Each run is first composed with the Compose API, so a compose error is an exception to explain
+keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1. A stdout
+that fails (``> /dev/full``, a closed stdout) ends an app or a benchmark in one line, status 2, and
+a reader that went away (``| head``) with status 0 (:func:`guarded_stdout`). Each run is first
+composed with the Compose API, so a compose error is an exception to explain
 (:mod:`mstar_resources.compose`); a ``compose_once`` app (no log files, no output folders) runs on
 that config, and a run with a flag (``--help``, ``--cfg job``) or any other app goes on to
 ``@hydra.main``."""
@@ -9,12 +10,15 @@ that config, and a run with a flag (``--help``, ``--cfg job``) or any other app 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import functools
 import importlib.metadata
 import os
+import re
 import sys
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
 
 import hydra
 from hydra import compose
@@ -24,18 +28,21 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..compose import (
     COMPOSE_ERRORS,
+    DEPLOYMENT_GROUP,
     SHIPPED_CONF,
     Composition,
     group_options,
     hydra_on,
+    not_a_choice,
     register_settings,
 )
-from ..compose_errors import DEPLOYMENT_GROUP, not_a_choice
 from ..errors import ResourceConfigError
-from .stdout import guarded_stdout
 
-__all__ = ["fail", "hydra_app", "package_version", "register_options_resolver",
-           "register_settings"]  # fmt: skip
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["cuda_device", "fail", "guarded_stdout", "hydra_app", "package_version",
+           "register_options_resolver", "register_settings"]  # fmt: skip
 
 RESOLVERS = ("mstar_resources.options", "mstar_resources.shown")
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
@@ -58,6 +65,32 @@ def fail(prog: str, message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def is_cuda_device(device: str) -> bool:
+    return re.fullmatch(r"cuda(:\d+)?", device) is not None
+
+
+def cuda_device(device: str, without_gpu: str) -> torch.device:
+    """The ``device`` setting as a CUDA device that is here; ``without_gpu`` says what to do
+    instead when there is none. Imports torch: only the apps' allocating paths call it."""
+    if not is_cuda_device(device):
+        raise ResourceConfigError(f"device={device!r} is not a CUDA device; set device=cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ResourceConfigError(
+            f"device={device!r}, but torch sees no CUDA device (torch.cuda.is_available() is "
+            f"False); {without_gpu}"
+        )
+    target = torch.device(device)
+    count = torch.cuda.device_count()
+    if target.index is not None and target.index >= count:
+        raise ResourceConfigError(
+            f"device={device!r}, but there are {count} CUDA devices; "
+            f"set device=cuda:0 to cuda:{count - 1}"
+        )
+    return target
+
+
 def package_version() -> str:
     return importlib.metadata.version("mstar-resources")
 
@@ -74,8 +107,8 @@ def hydra_app(
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:  # fmt: skip
     """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``:
     ``prog`` starts each error line, ``command`` is how a user runs it (default ``prog``),
-    ``version`` what ``--version`` prints (or returns it; default: the mstar-resources it was built
-    with), ``settings`` the schema of its own settings, registered as it runs."""
+    ``version`` what ``--version`` prints (default: the mstar-resources it was built with),
+    ``settings`` its own settings' schema."""
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -288,3 +321,65 @@ def register_options_resolver(config_name: str) -> None:
 
     OmegaConf.register_new_resolver(RESOLVERS[0], options, replace=True)
     OmegaConf.register_new_resolver(RESOLVERS[1], command_line_form, replace=True)
+
+
+class _StdoutFailed(BaseException):
+    """stdout refused a write (``args[0]``, the OSError): a BaseException, so that it passes the
+    handlers of the app and of Hydra, which catch ``Exception``."""
+
+
+class _Stdout:
+    """``sys.stdout``, whose failing writes and flushes raise :class:`_StdoutFailed`."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream  # None where Python started with file descriptor 1 closed
+
+    def write(self, text: str) -> int:
+        try:
+            if self._stream is None:
+                raise OSError(errno.EBADF, "stdout is closed")
+            return self._stream.write(text)
+        except OSError as error:
+            raise _StdoutFailed(error) from error
+
+    def flush(self) -> None:
+        try:
+            if self._stream is not None:
+                self._stream.flush()
+        except OSError as error:
+            raise _StdoutFailed(error) from error
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def guarded_stdout(prog: str) -> Iterator[None]:
+    """``sys.stdout`` guarded inside, flushed on the way out (so a closed pipe shows here, not at
+    interpreter exit), and as it was after; a failure of stdout ends the process."""
+    stream = sys.stdout
+    sys.stdout = cast(TextIO, _Stdout(stream))
+    try:
+        try:
+            yield
+        except SystemExit:  # an error told on stderr, or Hydra's help printed
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+    except _StdoutFailed as failed:
+        sys.stdout = stream
+        if stream is not None:  # what is left in its buffer goes nowhere at exit (Python's advice)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        error = failed.args[0]
+        if isinstance(error, BrokenPipeError):  # the reader read all it wanted
+            raise SystemExit(0) from None
+        print(
+            f"{prog}: error: stdout can't take the output ({error.strerror}); send it to a file "
+            "or pipe that can, e.g. > output.txt",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+    finally:
+        sys.stdout = stream

@@ -12,10 +12,8 @@ from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
 from ..units import MIB
 from .override import DEFAULT_MARGIN, Measured, OneBuffer
-from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind
+from .profile import GRAPH_KINDS, CalibrationProfile, PlanKind, check_flashinfer
 from .record import declared_mb_for
-from .shapes import shapes_for
-from .versions import check_flashinfer
 
 if TYPE_CHECKING:  # torch and the measuring load when a GPU measures
     import torch
@@ -105,7 +103,7 @@ def measure_all(
     """Plan every label's bounding shapes through FlashInfer; one row per (resource, label)."""
     from tqdm import tqdm
 
-    from .measure import Planner
+    from .measure import Planner, shapes_for
 
     check_labels(records, profile)  # before any kernel is built
     check_flashinfer(profile)
@@ -126,7 +124,6 @@ def measure_all(
 
 
 def _most_int(rows: Sequence[LabelNeed]) -> int | None:
-    """The most int workspace ``rows`` need; None where none was measured."""
     return max((r.need.int_bytes for r in rows if r.need.int_bytes is not None), default=None)
 
 
@@ -178,8 +175,7 @@ def one_buffer(
 def table(
     rows: Sequence[LabelNeed], margin: float = DEFAULT_MARGIN, buffer: OneBuffer | None = None
 ) -> str:
-    """The calibration table, the floors to declare and, given ``buffer``, the one-buffer
-    engines' settings."""
+    """The calibration table, the floors to declare and the one-buffer engines' settings."""
     head = ("resource", "label", "worst shape", "need bytes", "declared today", "waste(+)/short(-)",
             "int need bytes", "int declared today")  # fmt: skip
     body = [

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .._internal.floor import INT_DEFAULT_MB
+from .._internal.floor import INT
 from ..compose import shipped_deployments
 from ..files import write_whole
 from ..units import MIB
@@ -47,9 +47,8 @@ class Measured:
 
 @dataclass(frozen=True)
 class OneBuffer:
-    """What an engine that shares one float workspace among all its wrappers and graph sizes
-    (vLLM, SGLang) must reserve: every plan carves it from offset 0, so the most any one plan
-    needs."""
+    """What an engine that shares one float workspace among all its wrappers and graph sizes (vLLM,
+    SGLang) must reserve: every plan carves it from offset 0, so the most any one plan needs."""
 
     need_bytes: int
     bytes: int
@@ -61,7 +60,6 @@ class OneBuffer:
     int_need_bytes: int | None = None
 
     def record(self) -> dict[str, Any]:
-        """The fields the calibrated record keeps."""
         return {
             k: v for k, v in asdict(self).items() if k != "vllm_formula_bytes" and v is not None
         }
@@ -87,7 +85,7 @@ class OneBuffer:
         if self.int_need_bytes is not None:
             lines.append(
                 f"Int workspaces: a plan needs at most {self.int_need_bytes:,} bytes, and each "
-                f"wrapper makes {INT_DEFAULT_MB * MIB:,} (and as many pinned on the host); no "
+                f"wrapper makes {INT.default_mb * MIB:,} (and as many pinned on the host); no "
                 "setting of vLLM's or SGLang's changes that, and the vLLM plugin shares one per "
                 "label among the decode wrappers of its graph sizes"
             )
@@ -114,9 +112,8 @@ def declared_floors(
 
 
 def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | None:
-    """The settings of the ``calibration`` profile that ``overrides`` (a command line's
-    ``key=value`` strings) gave the composed ``cfg``, with their composed values, nested as the
-    profile holds them; None where it gave none."""
+    """The ``calibration`` settings that ``overrides`` (a command line's ``key=value`` strings) gave
+    the composed ``cfg``, with their composed values, nested as the profile holds them, or None."""
     settings = OmegaConf.create({})
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+")
@@ -178,10 +175,9 @@ def write_override(
     buffer: OneBuffer | None = None,
     profile: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``deployment``'s calibration into ``output_dir`` (made if missing; named by
-    :func:`calibrated_name`), whole or not at all, with the ``calibration`` settings ``profile``
-    (:func:`profile_settings`, so the file composes the profile its floors hold for) where given;
-    returns its path."""
+    """Write ``deployment``'s calibration into ``output_dir`` (made if missing), whole or not at
+    all, with the ``calibration`` settings ``profile`` (:func:`profile_settings`, so the file
+    composes the profile its floors hold for) where given; returns its path."""
     path = output_dir / f"{calibrated_name(deployment, output_dir)}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
     shipped = output_dir.absolute() == shipped_deployments().absolute()

@@ -1,16 +1,18 @@
 """The calibration profile (config key ``calibration``): what a deployment plans, so that its
 workspaces can be measured on a GPU. Registered in Hydra's ConfigStore as
 ``mstar_resources/calibration``; :func:`load_profile` checks a composed node, reporting every
-problem at once."""
+problem at once, and :func:`check_flashinfer` what the installed FlashInfer can plan of it, both
+before any GPU work."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import (
@@ -20,8 +22,9 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from ..attn._flashinfer import plain_decode_groups
 from ..errors import ResourceConfigError, did_you_mean
-from ..units import is_positive_int
+from ..units import is_int, release
 
 PROFILE_KEY = "calibration"
 _WHERE = "the calibration profile"
@@ -101,8 +104,7 @@ class PlanProfile:
     """How one plan label is planned."""
 
     kind: PlanKind = MISSING
-    """The FlashInfer wrapper that plans it (under CUDA graphs where its resources have
-    ``cg_slots``)."""
+    """The FlashInfer wrapper that plans it (under CUDA graphs where it has ``cg_slots``)."""
     backend: str = "fa2"
     """The FlashInfer backend the engine plans it with (``BACKENDS``; ``auto``: FlashInfer picks
     per plan). A backend that uses no float workspace measures 0: the smallest floor, 1 MB."""
@@ -147,6 +149,10 @@ class CalibrationProfile:
     """By plan label (as in the resources' ``labels``): which wrapper plans it."""
 
 
+def is_positive_int(value: object) -> TypeGuard[int]:
+    return is_int(value) and value > 0
+
+
 def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str]:
     return [
         f"{prefix}.{name}={getattr(node, name)!r} must be a positive whole number"
@@ -156,7 +162,6 @@ def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str
 
 
 def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
-    """What is wrong with the model's shape and the limits."""
     key, model = f"{PROFILE_KEY}.model", profile.model
     problems = _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
     heads = (model.num_qo_heads, model.num_kv_heads)
@@ -216,7 +221,6 @@ def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
 
 
 def _plans_problems(profile: CalibrationProfile) -> list[str]:
-    """What is wrong with the graph sizes and the plans."""
     plans, key = profile.plans, f"{PROFILE_KEY}.plans"
     problems = _graph_size_problems(profile, "cuda_graph_batch_sizes", "max_num_seqs")
     problems += _graph_size_problems(profile, "cuda_graph_prefill_tokens", "max_num_batched_tokens")
@@ -294,3 +298,81 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
     if problems:
         raise ResourceConfigError(*problems, where=_WHERE)
     return profile
+
+
+OLDEST = (0, 6, 6)
+"""Calibration runs on FlashInfer 0.6.6 and newer (0.6.x measured by growth: its wrappers have no
+``workspace_size()``); 0.7.2 brought ``MLAPlanMetadata`` and ``q_len_per_req``."""
+MLA_SINCE = (0, 7, 2)
+MULTI_TOKEN_DECODE_SINCE = (0, 7, 2)
+
+
+def installed_flashinfer() -> str | None:
+    """The installed ``flashinfer-python``'s version, or None."""
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(numbers: tuple[int, ...]) -> str:
+    return ".".join(map(str, numbers))
+
+
+def version_problems(
+    profile: CalibrationProfile, version: str, *, plain_groups: frozenset[int] | None = None
+) -> list[str]:
+    """What FlashInfer ``version`` cannot plan of ``profile``, one line a feature;
+    ``plain_groups``: the GQA group sizes its plain decode kernels are compiled for
+    (``DISPATCH_GQA_GROUP_SIZE``: 1, 2, 3, 4 and 8 in 0.6.6; 0.7.4 adds 6 and 16), or None."""
+    have = release(version)
+    problems = []
+    if have < OLDEST:
+        problems.append(
+            f"FlashInfer {version} is older than {_release(OLDEST)}, the oldest supported"
+        )
+    mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
+    if mla and have < MLA_SINCE:
+        problems.append(
+            f"mla plans ({', '.join(f'calibration.plans.{x}' for x in mla)}) need FlashInfer "
+            f"{_release(MLA_SINCE)} or newer (installed: {version})"
+        )
+    multi = [
+        f"calibration.plans.{label}.q_len_per_req={plan.q_len_per_req}"
+        for label, plan in profile.plans.items()
+        if plan.q_len_per_req > 1
+    ]
+    if multi and have < MULTI_TOKEN_DECODE_SINCE:
+        problems.append(
+            f"{', '.join(multi)} needs FlashInfer {_release(MULTI_TOKEN_DECODE_SINCE)} or newer "
+            f"(installed: {version})"
+        )
+    model = profile.model
+    group = model.num_qo_heads // model.num_kv_heads
+    plain = [
+        label
+        for label, plan in profile.plans.items()
+        if plan.kind is PlanKind.decode and not plan.tensor_cores
+    ]
+    if plain and plain_groups is not None and group not in plain_groups:
+        keys = " and ".join(f"calibration.plans.{label}.tensor_cores=true" for label in plain)
+        problems.append(
+            f"plain decode ({', '.join(f'calibration.plans.{x}' for x in plain)}) with "
+            f"{model.num_qo_heads} query heads on {model.num_kv_heads} KV heads, a group of "
+            f"{group}: FlashInfer {version}'s plain decode kernels take groups of "
+            f"{', '.join(map(str, sorted(plain_groups)))}; set {keys} (as vLLM and SGLang "
+            "plan such models), or install a FlashInfer whose kernels take it"
+        )
+    return problems
+
+
+def check_flashinfer(profile: CalibrationProfile) -> None:
+    """Refuse a profile the installed FlashInfer cannot plan, naming each feature's version."""
+    version = installed_flashinfer()
+    if version is None:
+        raise ResourceConfigError(
+            "FlashInfer is not installed: pip install 'mstar-resources[calibrate]'"
+        )
+    problems = version_problems(profile, version, plain_groups=plain_decode_groups())
+    if problems:
+        raise ResourceConfigError(*problems, where=f"what FlashInfer {version} can plan")

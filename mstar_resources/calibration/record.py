@@ -16,8 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import ResourceConfigError
 from ..resolver import RESOURCES_KEY, ResolvedResource, resolve
 from ..units import mb_to_hold
-from .profile import PROFILE_KEY, CalibrationProfile, load_profile
-from .versions import installed_flashinfer
+from .profile import PROFILE_KEY, CalibrationProfile, installed_flashinfer, load_profile
 
 if TYPE_CHECKING:
     from torch import device as Device  # a field below is named torch

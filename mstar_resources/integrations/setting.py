@@ -78,8 +78,7 @@ class PluginSetting:
 
     def deployments_served(self) -> list[str]:
         """The shipped deployments whose resources serve every one of the engine's roles."""
-        from ..compose import deployment_options
-        from ..compose_errors import NO_DEPLOYMENT
+        from ..compose import NO_DEPLOYMENT, deployment_options
 
         served = []
         for name in deployment_options(self.config_name):
@@ -98,8 +97,7 @@ class PluginSetting:
 
     def compose(self, value: str) -> Any:
         """The shipped tree composed with deployment ``value``: a shipped name, or a file's path."""
-        from ..compose import ComposedTree, compose_deployment, deployment_options
-        from ..compose_errors import NO_DEPLOYMENT
+        from ..compose import NO_DEPLOYMENT, ComposedTree, compose_deployment, deployment_options
 
         named, off = self.assignment(value), self.off
         if os.sep in value or "/" in value or value.endswith((".yaml", ".yml")):

@@ -223,9 +223,8 @@ def test_a_pinned_mirror_races_and_the_int_workspaces_pageable_one_holds_without
 def test_calibration_measures_the_int_need_the_plans_take():
     """The int need calibration writes: FlashInfer's workspace_size() where it answers (0.7),
     growth from an empty int workspace where it does not (0.6), and the two agree."""
-    from mstar_resources.calibration.measure import Planner
+    from mstar_resources.calibration.measure import Planner, shapes_for
     from mstar_resources.calibration.profile import load_profile
-    from mstar_resources.calibration.shapes import shapes_for
 
     profile = load_profile({
         "model": {"num_qo_heads": QO_HEADS, "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from mstar_resources import Workspace
-from mstar_resources.calibration.versions import (
+from mstar_resources.calibration.profile import (
     MULTI_TOKEN_DECODE_SINCE,
     installed_flashinfer,
     release,

@@ -46,7 +46,7 @@ scheduler (``include/flashinfer/attention/scheduler.cuh``) decides:
   on an H200 with ``head_dim_ckv=512``, and the wrapper checks for them before it plans.
 
 Calibration plans those bounding configurations (every graph batch size; eager prefill shapes of
-a few query rows over the longest context, see ``shapes.py``) through FlashInfer and records what
+a few query rows over the longest context, see ``measure.py``) through FlashInfer and records what
 they need; the functions below are the same arithmetic, to check a measurement against and to say
 what the bound is on another GPU. The GPU tests plan a dense sweep and random shapes within the
 limits and find nothing above the recorded need.

@@ -17,10 +17,8 @@ import torch
 from omegaconf import OmegaConf
 
 from mstar_resources import build_pools
-from mstar_resources.calibration.measure import Planner
-from mstar_resources.calibration.profile import PlanKind, load_profile
-from mstar_resources.calibration.shapes import Shape, shapes_for
-from mstar_resources.calibration.versions import installed_flashinfer
+from mstar_resources.calibration.measure import Planner, Shape, shapes_for
+from mstar_resources.calibration.profile import PlanKind, installed_flashinfer, load_profile
 
 from ..conftest import compose_shipped
 from ..sealing import assert_sealed

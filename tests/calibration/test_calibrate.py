@@ -19,7 +19,7 @@ from mstar_resources.calibration.calibrate import (
     per_resource,
     table,
 )
-from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.measure import Need, Shape
 from mstar_resources.calibration.override import (
     DEFAULT_OUTPUT_DIR,
     base_deployment,
@@ -28,7 +28,6 @@ from mstar_resources.calibration.override import (
     write_override,
 )
 from mstar_resources.calibration.profile import load_profile
-from mstar_resources.calibration.shapes import Shape
 from mstar_resources.compose import shipped_deployments
 from mstar_resources.resolver import ResolvedResource
 
@@ -271,7 +270,7 @@ def test_a_prefill_graph_with_token_counts_can_be_calibrated():
 def test_measure_all_refuses_before_any_plan_where_flashinfer_is_missing(monkeypatch):
     import mstar_resources.calibration.calibrate as calibrate
 
-    monkeypatch.setattr("mstar_resources.calibration.versions.installed_flashinfer", lambda: None)
+    monkeypatch.setattr("mstar_resources.calibration.profile.installed_flashinfer", lambda: None)
     tree = {"attn": {"decode": {"labels": ["decode"], "cg_slots": [0]}}}
     with pytest.raises(ResourceConfigError, match=r"FlashInfer is not installed"):
         calibrate.measure_all(records(tree), load_profile(GOOD), torch.device("cpu"), False)

@@ -15,10 +15,9 @@ from omegaconf import OmegaConf
 from mstar_resources import build_pools, resolve
 from mstar_resources.attn.workspace import install_int_workspace
 from mstar_resources.calibration.calibrate import measure_all, per_resource, table
-from mstar_resources.calibration.measure import Planner
+from mstar_resources.calibration.measure import Planner, Shape, shapes_for
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import declared_mb_for
-from mstar_resources.calibration.shapes import Shape, shapes_for
 
 from ..sealing import assert_sealed
 from .bounds import mla_bytes, prefill_bound_bytes

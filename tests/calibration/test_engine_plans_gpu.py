@@ -14,11 +14,9 @@ import torch
 
 from mstar_resources import Workspace, resolve
 from mstar_resources.calibration.calibrate import measure_all
-from mstar_resources.calibration.measure import Planner
-from mstar_resources.calibration.profile import load_profile
+from mstar_resources.calibration.measure import Planner, Shape
+from mstar_resources.calibration.profile import installed_flashinfer, load_profile
 from mstar_resources.calibration.record import declared_mb_for
-from mstar_resources.calibration.shapes import Shape
-from mstar_resources.calibration.versions import installed_flashinfer
 from mstar_resources.units import MIB, release
 
 from ..conftest import compose_shipped

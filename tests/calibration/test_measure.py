@@ -19,9 +19,8 @@ import torch
 from mstar_resources import ResourceConfigError
 from mstar_resources.attn._flashinfer import REFUSAL as FLASHINFER_REFUSAL
 from mstar_resources.attn._flashinfer import refusals as flashinfer_refusals
-from mstar_resources.calibration.measure import Need, Planner
+from mstar_resources.calibration.measure import Need, Planner, Shape, is_bounding, shapes_for
 from mstar_resources.calibration.profile import PlanKind, PlanProfile, load_profile
-from mstar_resources.calibration.shapes import Shape, is_bounding, shapes_for
 from mstar_resources.units import MIB
 
 from ..attn.fake_allocator import flashinfer_overflow_message

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from mstar_resources import resolve
 from mstar_resources.calibration.calibrate import LabelNeed, per_resource, table
-from mstar_resources.calibration.measure import Need
+from mstar_resources.calibration.measure import Need, Shape
 from mstar_resources.calibration.override import profile_settings, write_override
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import (
@@ -19,7 +19,6 @@ from mstar_resources.calibration.record import (
     declared_mb_for,
     stale_calibration,
 )
-from mstar_resources.calibration.shapes import Shape
 from mstar_resources.units import MIB
 
 from ..test_calibrated import stale_fields

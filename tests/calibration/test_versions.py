@@ -7,9 +7,9 @@ import pytest
 
 from mstar_resources import ResourceConfigError
 from mstar_resources.attn._flashinfer import plain_decode_groups
-from mstar_resources.calibration.profile import load_profile
-from mstar_resources.calibration.versions import (
+from mstar_resources.calibration.profile import (
     check_flashinfer,
+    load_profile,
     release,
     version_problems,
 )
@@ -54,9 +54,7 @@ def test_flashinfer_0_6_plans_every_dense_kind_with_tensor_cores_and_splits():
     ],
 )  # fmt: skip
 def test_what_needs_0_7_is_refused_on_0_6_naming_the_setting(monkeypatch, node, named):
-    monkeypatch.setattr(
-        "mstar_resources.calibration.versions.installed_flashinfer", lambda: "0.6.6"
-    )
+    monkeypatch.setattr("mstar_resources.calibration.profile.installed_flashinfer", lambda: "0.6.6")
     with pytest.raises(ResourceConfigError) as raised:
         check_flashinfer(load_profile(node))
     assert raised.value.problems == (named,)
@@ -68,7 +66,7 @@ def test_a_flashinfer_older_than_the_oldest_checked_is_named():
 
 
 def test_no_flashinfer_says_how_to_install_it(monkeypatch):
-    monkeypatch.setattr("mstar_resources.calibration.versions.installed_flashinfer", lambda: None)
+    monkeypatch.setattr("mstar_resources.calibration.profile.installed_flashinfer", lambda: None)
     with pytest.raises(ResourceConfigError, match=r"pip install 'mstar-resources\[calibrate\]'"):
         check_flashinfer(load_profile(GOOD))
 

@@ -175,7 +175,7 @@ class VllmWorkspaces(PluginState):
             return None
         import torch
 
-        from ...calibration.versions import installed_flashinfer
+        from ...calibration.profile import installed_flashinfer
 
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         need, how = vllm_plans.trtllm_workspace_bound(
