@@ -90,9 +90,8 @@ class Workspace(BufferHolder):
         not found planning on the int workspace included. A wrapper planning on the int workspace
         writes its mirror, and its plan is marked as the one the int workspace holds.
         """
-        # Runs at every plan of an engine's steps, whose host caches FlashInfer's plan leaves
-        # cold: each object read costs. The common case here, the rest in _plan: a wrapper
-        # planned before, a plan that fits.
+        # The common case, at every plan of an engine's steps (each object read costs, the host's
+        # caches cold): a wrapper planned before, a plan that fits. The rest in _plan.
         owner = getattr(plan, "__self__", None)
         key = owner if owner is not None else args[0] if args else None
         # A route is dropped as its wrapper dies, before its id can be another object's.
@@ -155,9 +154,7 @@ class Workspace(BufferHolder):
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
     ) -> None:
         """After a growth: the sizes a plan reads as it starts (replaced, never changed), and the
-        recorded size (:func:`refresh_recorded_size`) of every remembered wrapper, of ``plan``'s
-        object and of the wrapper of ``attributes`` brought up to date (any other at its first
-        plan, in :meth:`_route`)."""
+        recorded size of every remembered wrapper, ``plan``'s object and ``attributes``' wrapper."""
         self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
         wrappers = [getattr(plan, "__self__", None)]
         wrappers += [planner() for planner in list(self._routes.values())]
@@ -219,10 +216,9 @@ class Workspace(BufferHolder):
     def _route(
         self, plan: Callable[..., Any], args: tuple[Any, ...], key: Any
     ) -> tuple[Callable[[], Any], dict[str, Any]]:
-        """A weak reference to the wrapper ``plan`` plans and its attributes (:func:`own_buffers`;
-        {}: none found), after refusing its views and updating its recorded size. The wrapper is
-        the bound ``plan``'s object, else its first argument (vLLM's ``fast_plan_decode(wrapper,
-        ...)``). Remembered by id, until it dies, where it is the ``key`` :meth:`plan` looks up."""
+        """A weak reference to the wrapper ``plan`` plans (the bound ``plan``'s object, else its
+        first argument, as vLLM's ``fast_plan_decode(wrapper, ...)``) and its attributes ({}: none
+        found), after refusing its views; remembered by id until it dies, where it is ``key``."""
         self._refuse_views(plan)
         owner = getattr(plan, "__self__", None)
         wrapper, attributes = None, {}
@@ -236,7 +232,7 @@ class Workspace(BufferHolder):
             if each:
                 refresh_recorded_size(each, self._buffer.tensor)
         if wrapper is None:
-            return _nobody, attributes
+            return (lambda: None), attributes
         routes, wrapper_id = self._routes, id(wrapper)
         try:
             planner = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
@@ -287,10 +283,6 @@ class Workspace(BufferHolder):
         if added:
             self._grown()
         return added
-
-
-def _nobody() -> None:
-    """The wrapper of a plan whose wrapper is not found."""
 
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any, index: int) -> int | None:
