@@ -1,8 +1,7 @@
 """Composing the config tree as a Hydra command line does (a user's ``--config-dir`` after the
-tree's search path), for the apps and the engines' plugins, a mistake raised as one paragraph
-(:class:`~mstar_resources.ResourceConfigError`) built from the exceptions' fields of Hydra,
-OmegaConf and PyYAML: the setting, the bad value, what it takes and the closest valid name.
-Hydra's public API only; the core and the resolver do not import it."""
+tree's search path), for the apps and the plugins; a mistake is raised as one paragraph built from
+the fields of Hydra's, OmegaConf's and PyYAML's exceptions: the setting, the bad value, what it
+takes and the closest valid name."""
 
 from __future__ import annotations
 
@@ -131,8 +130,7 @@ def group_options(group: str, config_name: str | None, searchpath: Sequence[str]
 class Composition:
     """Overrides as a command line gives them (``texts``), composed over the primary config
     ``config_name`` (or ``given_name``, the ``--config-name`` given) with a user's ``config_dir``
-    on the search path: the config, and what composing it raises as one paragraph. Only the
-    user's files are looked into; ``settings`` is the app's own schema."""
+    on the search path, only whose files are looked into; ``settings``: the app's own schema."""
 
     def __init__(
         self, config_name: str, texts: Sequence[str], config_dir: str | Path | None = None,

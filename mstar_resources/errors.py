@@ -154,9 +154,8 @@ def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:
 def check_argument(
     name: str, value: object, expected: type | tuple[type, ...], expects: str
 ) -> None:
-    """Raise :class:`ResourceUsageError` naming ``name`` and ``value`` where the value is no
-    ``expected`` (a bool is an int only where ``expected`` says bool); ``expects``: what it
-    takes."""
+    """Raise :class:`ResourceUsageError` naming ``name``, ``value`` and ``expects`` (what it takes)
+    unless the value is an ``expected`` (a bool is an int only where ``expected`` says bool)."""
     kinds = expected if isinstance(expected, tuple) else (expected,)
     if isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool)):
         return

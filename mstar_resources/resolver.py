@@ -73,14 +73,11 @@ class ResolvedResource:
 
     def __post_init__(self) -> None:
         workspaces = len(self.labels) * max(1, len(self.cg_slots))
-        for name, value in {
-            "floor_bytes": self.floor_mb * MIB,
-            "int_floor_bytes": self.int_floor_mb * MIB,
-            "workspaces": workspaces,
-            "reserved_bytes": workspaces * self.floor_mb * MIB,
-            "int_reserved_bytes": workspaces * self.int_floor_mb * MIB,
-        }.items():
-            object.__setattr__(self, name, value)
+        object.__setattr__(self, "workspaces", workspaces)
+        object.__setattr__(self, "floor_bytes", self.floor_mb * MIB)
+        object.__setattr__(self, "int_floor_bytes", self.int_floor_mb * MIB)
+        object.__setattr__(self, "reserved_bytes", workspaces * self.floor_bytes)
+        object.__setattr__(self, "int_reserved_bytes", workspaces * self.int_floor_bytes)
 
     @property
     def key(self) -> str:

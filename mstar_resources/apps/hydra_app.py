@@ -1,11 +1,8 @@
 """Hydra apps that end a user's mistake in one paragraph on stderr, status 2 (``HYDRA_FULL_ERROR=1``
-keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1. A stdout
-that fails (``> /dev/full``, a closed stdout) ends an app or a benchmark in one line, status 2, and
-a reader that went away (``| head``) with status 0 (:func:`guarded_stdout`). Each run is first
-composed with the Compose API, so a compose error is an exception to explain
-(:mod:`mstar_resources.compose`); a ``compose_once`` app (no log files, no output folders) runs on
-that config, and a run with a flag (``--help``, ``--cfg job``) or any other app goes on to
-``@hydra.main``."""
+keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1. Each run is
+first composed with the Compose API, so a compose error is an exception to explain; a
+``compose_once`` app (no log files, no output folders) runs on that config, and a run with a flag
+(``--help``, ``--cfg job``) or any other app goes on to ``@hydra.main``."""
 
 from __future__ import annotations
 
@@ -355,8 +352,9 @@ class _Stdout:
 
 @contextlib.contextmanager
 def guarded_stdout(prog: str) -> Iterator[None]:
-    """``sys.stdout`` guarded inside, flushed on the way out (so a closed pipe shows here, not at
-    interpreter exit), and as it was after; a failure of stdout ends the process."""
+    """``sys.stdout`` guarded inside and flushed on the way out (a closed pipe shows here, not at
+    exit): a stdout that fails (``> /dev/full``, closed) ends an app or a benchmark in one line,
+    status 2, and a reader that went away (``| head``) with status 0."""
     stream = sys.stdout
     sys.stdout = cast(TextIO, _Stdout(stream))
     try:

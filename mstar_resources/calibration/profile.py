@@ -1,8 +1,7 @@
-"""The calibration profile (config key ``calibration``): what a deployment plans, so that its
-workspaces can be measured on a GPU. Registered in Hydra's ConfigStore as
-``mstar_resources/calibration``; :func:`load_profile` checks a composed node, reporting every
-problem at once, and :func:`check_flashinfer` what the installed FlashInfer can plan of it, both
-before any GPU work."""
+"""The calibration profile (config key ``calibration``; ``mstar_resources/calibration`` in Hydra's
+ConfigStore): what a deployment plans, so that its workspaces can be measured on a GPU. Before any
+GPU work, :func:`load_profile` reports every problem of a composed node, and
+:func:`check_flashinfer` what the installed FlashInfer cannot plan of it."""
 
 from __future__ import annotations
 
