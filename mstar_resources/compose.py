@@ -1,7 +1,6 @@
 """Composing the config tree as a Hydra command line does (a user's ``--config-dir`` after the
-tree's search path), for the apps and the plugins; a mistake is raised as one paragraph built from
-the fields of Hydra's, OmegaConf's and PyYAML's exceptions: the setting, the bad value, what it
-takes and the closest valid name."""
+tree's search path), a mistake raised as one paragraph from the fields of Hydra's, OmegaConf's and
+PyYAML's exceptions: the setting, the bad value, what it takes and the closest valid name."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ def shipped_deployments() -> Path:
 
 
 def register_settings(config_name: str, settings: type) -> None:
-    """Store the schema of an app's own settings as ``<config_name>_settings``, which its primary
-    config ``config_name`` lists first."""
+    """Store an app's settings schema as ``<config_name>_settings``, listed first by its config."""
     ConfigStore.instance().store(f"{config_name}_settings", settings, provider="mstar-resources")
 
 
@@ -117,8 +115,7 @@ def hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
 
 
 def group_options(group: str, config_name: str | None, searchpath: Sequence[str] = ()) -> list[str]:
-    """The options of config group ``group`` ("": primary configs), as Hydra's ``--help`` lists
-    them, those starting with ``_`` left out."""
+    """The options of config group ``group`` ("": primary configs) that do not start with ``_``."""
     try:
         loader = GlobalHydra.instance().config_loader()
         names = loader.get_group_options(group, config_name=config_name, overrides=[*searchpath])
@@ -253,8 +250,7 @@ class Composition:
     def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
         """The overrides composed (with Hydra's config where ``hydra``), a mistake in them or in a
         config file raised as ResourceConfigError (where ``full_error``, as Hydra raised it)."""
-        refused = self.deployment_problem()
-        if refused is not None:
+        if refused := self.deployment_problem():
             raise ResourceConfigError(refused)
         try:
             overrides = [*self.texts, *self.searchpath]

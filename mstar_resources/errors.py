@@ -24,11 +24,10 @@ class ResourceError(Exception):
 
 
 class Problem(str):
-    """One problem of a setting: a ``str``, the sentence a person reads, with its parts as fields.
-    ``setting``: the key, argument or variable that holds the bad value (``resources.attn.decode.
-    declared_mb``), or None where the problem is not one setting's; ``value``: what it holds;
-    ``expects``: what it takes, in words; ``fix``: what to do, where the sentence says more than
-    "give it what it takes"."""
+    """One problem of a setting: a ``str``, the sentence a person reads, with its parts as fields:
+    ``setting``, the key, argument or variable holding the bad value (None where the problem is no
+    one setting's); ``value``, what it holds; ``expects``, what it takes, in words; ``fix``, what to
+    do where the sentence says more than "give it what it takes"."""
 
     setting: str | None
     value: object

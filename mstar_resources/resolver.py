@@ -1,7 +1,6 @@
-"""From a composed ``resources`` tree to resolved records and workspace pools. The resolver reads
-data only: it never composes (an engine may run it under ``@hydra.main``) and never instantiates a
-``_target_`` (a config file must not run code). Only :func:`build_pools`, which allocates, imports
-torch."""
+"""From a composed ``resources`` tree to resolved records and workspace pools, reading data only:
+never composing (an engine may run it under ``@hydra.main``), never instantiating a ``_target_``
+(a config file must not run code). Only :func:`build_pools`, which allocates, imports torch."""
 
 from __future__ import annotations
 
@@ -287,8 +286,7 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
 
 
 def _converted(values: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any] | None:
-    """``values`` converted to the schema's types as OmegaConf converts them, or None with why
-    they can't be added to ``problems``."""
+    """``values`` in the schema's types, as OmegaConf converts; else None, why in ``problems``."""
     typed = OmegaConf.structured(Resource)
     before = len(problems)
     for name, value in values.items():

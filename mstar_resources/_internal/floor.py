@@ -104,8 +104,7 @@ def read_mb(setting: str, text: str, buffer: Buffer = FLOAT) -> int:
         digits = stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
         # Past MAX_DIGITS only the count of digits is told (int() refuses 4,300 and more).
         number = int(digits) if len(digits) <= MAX_DIGITS else 10 ** (len(digits) - 1)
-    problem = mb_problem(setting, text if number is None else number, buffer, given=text)
-    if problem is not None:
+    if problem := mb_problem(setting, text if number is None else number, buffer, given=text):
         raise ResourceConfigError(problem)
     return cast(int, number)
 
@@ -122,8 +121,7 @@ def resolve_floor(
     if isinstance(declared_mb, str):
         declared_mb = read_mb(setting, declared_mb, buffer)
     if declared_mb is not None:
-        problem = mb_problem(setting, declared_mb, buffer)
-        if problem is not None:
+        if problem := mb_problem(setting, declared_mb, buffer):
             raise ResourceConfigError(problem)
         return Floor(declared_mb, "declared", setting)
     var = buffer.env_var

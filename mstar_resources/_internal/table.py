@@ -7,8 +7,7 @@ from collections.abc import Container, Sequence
 
 
 def display_width(text: str) -> int:
-    """Terminal columns of ``text``: wide and fullwidth (CJK) characters two, combining marks
-    none."""
+    """Terminal columns of ``text``: wide and fullwidth characters two, combining marks none."""
     width = 0
     for char in text:
         if unicodedata.category(char) in ("Mn", "Me"):

@@ -105,7 +105,7 @@ def hydra_app(
     """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``:
     ``prog`` starts each error line, ``command`` is how a user runs it (default ``prog``),
     ``version`` what ``--version`` prints (default: the mstar-resources it was built with),
-    ``settings`` its own settings' schema."""
+    ``settings`` its own schema."""
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -145,15 +145,13 @@ def hydra_app(
             on = Composition(
                 config_name, line.overrides, line.config_dir, line.config_name, settings
             )
-            refusal = _refusal(line, on, prog, invoked, compose_once, config_name)
-            if refusal is not None:
+            if refusal := _refusal(line, on, prog, invoked, compose_once, config_name):
                 fail(prog, refusal)
             flags = [k for k, v in vars(line).items()
                      if v and k not in ("overrides", "config_dir", "config_name")]  # fmt: skip
             try:
                 with hydra_on(line.config_path or config_path, run):
-                    problem = _config_dir_problem(line, on) or _group_value_problem(on)
-                    if problem is not None:
+                    if problem := _config_dir_problem(line, on) or _group_value_problem(on):
                         raise ResourceConfigError(problem)
                     if not line.shell_completion:  # its overrides are no config's
                         cfg = on.config(full_error=os.environ.get("HYDRA_FULL_ERROR") == "1")
@@ -274,10 +272,8 @@ def _group_value_problem(on: Composition) -> str | None:
             text = (override.input_line or "").partition("=")[2]
             return (f"{override.input_line} adds a second {group}, and the config picks one "
                     f"already; pick yours without the +: {group}={text}")  # fmt: skip
-        if override.is_delete() and not options:
-            problem = on.deletion_problem(override)
-            if problem is not None:
-                return problem
+        if override.is_delete() and not options and (problem := on.deletion_problem(override)):
+            return problem
         if override.is_delete() or not options or (isinstance(value, str) and value in options):
             continue
         text = (override.input_line or "").partition("=")[2]
