@@ -50,8 +50,7 @@ NODE_EXPECTS: dict[type, str] = {BooleanNode: "true or false", IntegerNode: "a w
 
 @dataclass
 class ComposedTree:
-    """The keys the shipped tree composes at the top: the schema an engine's plugin composes
-    with, and the base of each app's settings."""
+    """The top keys of the tree: the schema a plugin composes, the base of each app's settings."""
 
     resources: Any = None
     """The resource tree (``conf/resources``), each resource typed as ``Resource``."""

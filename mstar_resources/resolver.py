@@ -100,8 +100,7 @@ def resolve(
     problems: list[str] = []
     declared: list[tuple[str, Resource]] = []
     for path, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
-        resource = _validate(node, f"{RESOURCES_KEY}.{path}", problems)
-        if resource is not None:
+        if resource := _validate(node, f"{RESOURCES_KEY}.{path}", problems):
             declared.append((path, resource))
     problems += [
         f"{RESOURCES_KEY}.{path} is declared twice (a dotted key and a nested path both spell "

@@ -58,11 +58,11 @@ def mb_problem(
     setting: str, value: object, buffer: Buffer = FLOAT, *, given: object = None
 ) -> Problem | None:
     """What is wrong with ``value`` as a floor in MB for ``setting`` (``given``: the text it was
-    read from, if any), or None if it is usable. An int floor may be 0 (each wrapper keeps its
-    own), but not through its variable."""
+    read from, if any), or None if it is usable or None (unset). An int floor may be 0 (each
+    wrapper keeps its own), but not through its variable."""
     variable = setting == buffer.env_var
     lowest = 0 if buffer is INT and not variable else 1
-    if is_int(value) and lowest <= value <= MAX_MB:
+    if value is None or (is_int(value) and lowest <= value <= MAX_MB):
         return None
     default = f"the default of {buffer.default_mb}"
     fallback = default if variable else f"{buffer.env_var} or {default}"

@@ -146,8 +146,7 @@ def _table(
         )
         for record in records
     ]
-    total = report["total_reserved_bytes"]
-    int_total = report["total_int_reserved_bytes"]
+    total, int_total = report["total_reserved_bytes"], report["total_int_reserved_bytes"]
     workspaces = sum(record.workspaces for record in records)
     footer = ["total", "", "", "", "", "", str(workspaces), _mb(total), "", "", _mb(int_total)]
     table = [_COLUMNS, None, *rows, None, footer]
