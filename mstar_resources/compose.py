@@ -1,8 +1,6 @@
 """Composing the config tree as a Hydra command line does (a user's ``--config-dir`` after the
-tree's search path), for the apps and the engines' plugins, a mistake raised as one paragraph
-(:class:`~mstar_resources.ResourceConfigError`) built from the exceptions' fields of Hydra,
-OmegaConf and PyYAML: the setting, the bad value, what it takes and the closest valid name.
-Hydra's public API only; the core and the resolver do not import it."""
+tree's search path), a mistake raised as one paragraph from the fields of Hydra's, OmegaConf's and
+PyYAML's exceptions: the setting, the bad value, what it takes and the closest valid name."""
 
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ NODE_EXPECTS: dict[type, str] = {BooleanNode: "true or false", IntegerNode: "a w
 
 @dataclass
 class ComposedTree:
-    """The keys the shipped tree composes at the top: the schema an engine's plugin composes
-    with, and the base of each app's settings."""
+    """The top keys of the tree: the schema a plugin composes, the base of each app's settings."""
 
     resources: Any = None
     """The resource tree (``conf/resources``), each resource typed as ``Resource``."""
@@ -69,8 +66,7 @@ def shipped_deployments() -> Path:
 
 
 def register_settings(config_name: str, settings: type) -> None:
-    """Store the schema of an app's own settings as ``<config_name>_settings``, which its primary
-    config ``config_name`` lists first."""
+    """Store an app's settings schema as ``<config_name>_settings``, listed first by its config."""
     ConfigStore.instance().store(f"{config_name}_settings", settings, provider="mstar-resources")
 
 
@@ -118,8 +114,7 @@ def hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
 
 
 def group_options(group: str, config_name: str | None, searchpath: Sequence[str] = ()) -> list[str]:
-    """The options of config group ``group`` ("": primary configs), as Hydra's ``--help`` lists
-    them, those starting with ``_`` left out."""
+    """The options of config group ``group`` ("": primary configs) that do not start with ``_``."""
     try:
         loader = GlobalHydra.instance().config_loader()
         names = loader.get_group_options(group, config_name=config_name, overrides=[*searchpath])
@@ -131,8 +126,7 @@ def group_options(group: str, config_name: str | None, searchpath: Sequence[str]
 class Composition:
     """Overrides as a command line gives them (``texts``), composed over the primary config
     ``config_name`` (or ``given_name``, the ``--config-name`` given) with a user's ``config_dir``
-    on the search path: the config, and what composing it raises as one paragraph. Only the
-    user's files are looked into; ``settings`` is the app's own schema."""
+    on the search path, only whose files are looked into; ``settings``: the app's own schema."""
 
     def __init__(
         self, config_name: str, texts: Sequence[str], config_dir: str | Path | None = None,
@@ -255,8 +249,7 @@ class Composition:
     def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
         """The overrides composed (with Hydra's config where ``hydra``), a mistake in them or in a
         config file raised as ResourceConfigError (where ``full_error``, as Hydra raised it)."""
-        refused = self.deployment_problem()
-        if refused is not None:
+        if refused := self.deployment_problem():
             raise ResourceConfigError(refused)
         try:
             overrides = [*self.texts, *self.searchpath]

@@ -24,11 +24,10 @@ class ResourceError(Exception):
 
 
 class Problem(str):
-    """One problem of a setting: a ``str``, the sentence a person reads, with its parts as fields.
-    ``setting``: the key, argument or variable that holds the bad value (``resources.attn.decode.
-    declared_mb``), or None where the problem is not one setting's; ``value``: what it holds;
-    ``expects``: what it takes, in words; ``fix``: what to do, where the sentence says more than
-    "give it what it takes"."""
+    """One problem of a setting: a ``str``, the sentence a person reads, with its parts as fields:
+    ``setting``, the key, argument or variable holding the bad value (None where the problem is no
+    one setting's); ``value``, what it holds; ``expects``, what it takes, in words; ``fix``, what to
+    do where the sentence says more than "give it what it takes"."""
 
     setting: str | None
     value: object
@@ -154,9 +153,8 @@ def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:
 def check_argument(
     name: str, value: object, expected: type | tuple[type, ...], expects: str
 ) -> None:
-    """Raise :class:`ResourceUsageError` naming ``name`` and ``value`` where the value is no
-    ``expected`` (a bool is an int only where ``expected`` says bool); ``expects``: what it
-    takes."""
+    """Raise :class:`ResourceUsageError` naming ``name``, ``value`` and ``expects`` (what it takes)
+    unless the value is an ``expected`` (a bool is an int only where ``expected`` says bool)."""
     kinds = expected if isinstance(expected, tuple) else (expected,)
     if isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool)):
         return

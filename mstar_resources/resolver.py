@@ -1,7 +1,6 @@
-"""From a composed ``resources`` tree to resolved records and workspace pools. The resolver reads
-data only: it never composes (an engine may run it under ``@hydra.main``) and never instantiates a
-``_target_`` (a config file must not run code). Only :func:`build_pools`, which allocates, imports
-torch."""
+"""From a composed ``resources`` tree to resolved records and workspace pools, reading data only:
+never composing (an engine may run it under ``@hydra.main``), never instantiating a ``_target_``
+(a config file must not run code). Only :func:`build_pools`, which allocates, imports torch."""
 
 from __future__ import annotations
 
@@ -73,14 +72,11 @@ class ResolvedResource:
 
     def __post_init__(self) -> None:
         workspaces = len(self.labels) * max(1, len(self.cg_slots))
-        for name, value in {
-            "floor_bytes": self.floor_mb * MIB,
-            "int_floor_bytes": self.int_floor_mb * MIB,
-            "workspaces": workspaces,
-            "reserved_bytes": workspaces * self.floor_mb * MIB,
-            "int_reserved_bytes": workspaces * self.int_floor_mb * MIB,
-        }.items():
-            object.__setattr__(self, name, value)
+        object.__setattr__(self, "workspaces", workspaces)
+        object.__setattr__(self, "floor_bytes", self.floor_mb * MIB)
+        object.__setattr__(self, "int_floor_bytes", self.int_floor_mb * MIB)
+        object.__setattr__(self, "reserved_bytes", workspaces * self.floor_bytes)
+        object.__setattr__(self, "int_reserved_bytes", workspaces * self.int_floor_bytes)
 
     @property
     def key(self) -> str:
@@ -104,8 +100,7 @@ def resolve(
     problems: list[str] = []
     declared: list[tuple[str, Resource]] = []
     for path, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
-        resource = _validate(node, f"{RESOURCES_KEY}.{path}", problems)
-        if resource is not None:
+        if resource := _validate(node, f"{RESOURCES_KEY}.{path}", problems):
             declared.append((path, resource))
     problems += [
         f"{RESOURCES_KEY}.{path} is declared twice (a dotted key and a nested path both spell "
@@ -290,8 +285,7 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
 
 
 def _converted(values: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any] | None:
-    """``values`` converted to the schema's types as OmegaConf converts them, or None with why
-    they can't be added to ``problems``."""
+    """``values`` in the schema's types, as OmegaConf converts; else None, why in ``problems``."""
     typed = OmegaConf.structured(Resource)
     before = len(problems)
     for name, value in values.items():

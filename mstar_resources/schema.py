@@ -56,12 +56,8 @@ class Resource:
     def __post_init__(self) -> None:
         checks: dict[str, Sequence[str | None]] = {
             "owner": _owner_problems(self.owner),
-            "declared_mb": []
-            if self.declared_mb is None
-            else [mb_problem("declared_mb", self.declared_mb)],
-            "int_declared_mb": []
-            if self.int_declared_mb is None
-            else [mb_problem("int_declared_mb", self.int_declared_mb, INT)],
+            "declared_mb": [mb_problem("declared_mb", self.declared_mb)],
+            "int_declared_mb": [mb_problem("int_declared_mb", self.int_declared_mb, INT)],
             "labels": _label_problems(list(self.labels)),
             "cg_slots": _slot_problems(list(self.cg_slots)),
         }

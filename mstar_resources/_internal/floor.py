@@ -58,11 +58,11 @@ def mb_problem(
     setting: str, value: object, buffer: Buffer = FLOAT, *, given: object = None
 ) -> Problem | None:
     """What is wrong with ``value`` as a floor in MB for ``setting`` (``given``: the text it was
-    read from, if any), or None if it is usable. An int floor may be 0 (each wrapper keeps its
-    own), but not through its variable."""
+    read from, if any), or None if it is usable or None (unset). An int floor may be 0 (each
+    wrapper keeps its own), but not through its variable."""
     variable = setting == buffer.env_var
     lowest = 0 if buffer is INT and not variable else 1
-    if is_int(value) and lowest <= value <= MAX_MB:
+    if value is None or (is_int(value) and lowest <= value <= MAX_MB):
         return None
     default = f"the default of {buffer.default_mb}"
     fallback = default if variable else f"{buffer.env_var} or {default}"
@@ -104,8 +104,7 @@ def read_mb(setting: str, text: str, buffer: Buffer = FLOAT) -> int:
         digits = stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
         # Past MAX_DIGITS only the count of digits is told (int() refuses 4,300 and more).
         number = int(digits) if len(digits) <= MAX_DIGITS else 10 ** (len(digits) - 1)
-    problem = mb_problem(setting, text if number is None else number, buffer, given=text)
-    if problem is not None:
+    if problem := mb_problem(setting, text if number is None else number, buffer, given=text):
         raise ResourceConfigError(problem)
     return cast(int, number)
 
@@ -122,8 +121,7 @@ def resolve_floor(
     if isinstance(declared_mb, str):
         declared_mb = read_mb(setting, declared_mb, buffer)
     if declared_mb is not None:
-        problem = mb_problem(setting, declared_mb, buffer)
-        if problem is not None:
+        if problem := mb_problem(setting, declared_mb, buffer):
             raise ResourceConfigError(problem)
         return Floor(declared_mb, "declared", setting)
     var = buffer.env_var

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 MAX_NAME = 128
-"""The most characters an owner or a label may have: each is printed in every table row, log line
-and error that names a workspace."""
+"""The most characters an owner or a label may have: tables, logs and errors print each."""
 
 
 def name_problem(setting: str, value: object) -> str | None:

@@ -7,8 +7,7 @@ from collections.abc import Container, Sequence
 
 
 def display_width(text: str) -> int:
-    """Terminal columns of ``text``: wide and fullwidth (CJK) characters two, combining marks
-    none."""
+    """Terminal columns of ``text``: wide and fullwidth characters two, combining marks none."""
     width = 0
     for char in text:
         if unicodedata.category(char) in ("Mn", "Me"):
@@ -18,8 +17,7 @@ def display_width(text: str) -> int:
 
 
 def format_table(rows: Sequence[Sequence[str] | None], right: Container[int] = ()) -> str:
-    """``rows`` as aligned columns, two spaces apart; None draws a rule across them, and the
-    columns numbered in ``right`` are right-aligned."""
+    """``rows`` in columns two spaces apart, a rule for None; columns in ``right`` right-aligned."""
     cells = [row for row in rows if row is not None]
     widths = [max(display_width(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = []

@@ -80,8 +80,7 @@ def main(cfg: DictConfig) -> None:
     sources = HydraConfig.get().runtime.config_sources
     beside = users_deployment_folder(name, [s.path for s in sources if s.schema == "file"])
     output_dir = Path(cfg.output_dir) if cfg.output_dir else beside or DEFAULT_OUTPUT_DIR
-    problem = folder_problem(output_dir)
-    if problem:
+    if problem := folder_problem(output_dir):
         raise ResourceConfigError(
             f"output_dir={str(output_dir)!r} can't take the calibrated deployment ({problem}); "
             "point it at a folder that exists or can be made"

@@ -39,8 +39,7 @@ _COLUMNS = (
 
 
 class OutputFormat(Enum):
-    """How ``mstar-resources`` prints its report: ``table`` for people, ``json`` (one JSON document
-    on stdout and nothing else) for programs."""
+    """``table`` for people, ``json`` for programs: one JSON document on stdout, nothing else."""
 
     table = "table"
     json = "json"
@@ -114,8 +113,7 @@ def _check_calibration_inputs(
 
 
 def _allocate(cfg: DictConfig, records: list[ResolvedResource], device: str) -> int:
-    """Make every declared workspace on ``device`` (after :func:`check_calibration`); returns how
-    many more bytes the GPU holds."""
+    """Make every declared workspace on ``device``; returns how many more bytes the GPU holds."""
     import torch
 
     target = cuda_device(device, "set device=cpu for a dry run")
@@ -148,8 +146,7 @@ def _table(
         )
         for record in records
     ]
-    total = report["total_reserved_bytes"]
-    int_total = report["total_int_reserved_bytes"]
+    total, int_total = report["total_reserved_bytes"], report["total_int_reserved_bytes"]
     workspaces = sum(record.workspaces for record in records)
     footer = ["total", "", "", "", "", "", str(workspaces), _mb(total), "", "", _mb(int_total)]
     table = [_COLUMNS, None, *rows, None, footer]

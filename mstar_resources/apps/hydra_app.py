@@ -1,11 +1,8 @@
 """Hydra apps that end a user's mistake in one paragraph on stderr, status 2 (``HYDRA_FULL_ERROR=1``
-keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1. A stdout
-that fails (``> /dev/full``, a closed stdout) ends an app or a benchmark in one line, status 2, and
-a reader that went away (``| head``) with status 0 (:func:`guarded_stdout`). Each run is first
-composed with the Compose API, so a compose error is an exception to explain
-(:mod:`mstar_resources.compose`); a ``compose_once`` app (no log files, no output folders) runs on
-that config, and a run with a flag (``--help``, ``--cfg job``) or any other app goes on to
-``@hydra.main``."""
+keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1. Each run is
+first composed with the Compose API, so a compose error is an exception to explain; a
+``compose_once`` app (no log files, no output folders) runs on that config, and a run with a flag
+(``--help``, ``--cfg job``) or any other app goes on to ``@hydra.main``."""
 
 from __future__ import annotations
 
@@ -108,7 +105,7 @@ def hydra_app(
     """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``:
     ``prog`` starts each error line, ``command`` is how a user runs it (default ``prog``),
     ``version`` what ``--version`` prints (default: the mstar-resources it was built with),
-    ``settings`` its own settings' schema."""
+    ``settings`` its own schema."""
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -148,15 +145,13 @@ def hydra_app(
             on = Composition(
                 config_name, line.overrides, line.config_dir, line.config_name, settings
             )
-            refusal = _refusal(line, on, prog, invoked, compose_once, config_name)
-            if refusal is not None:
+            if refusal := _refusal(line, on, prog, invoked, compose_once, config_name):
                 fail(prog, refusal)
             flags = [k for k, v in vars(line).items()
                      if v and k not in ("overrides", "config_dir", "config_name")]  # fmt: skip
             try:
                 with hydra_on(line.config_path or config_path, run):
-                    problem = _config_dir_problem(line, on) or _group_value_problem(on)
-                    if problem is not None:
+                    if problem := _config_dir_problem(line, on) or _group_value_problem(on):
                         raise ResourceConfigError(problem)
                     if not line.shell_completion:  # its overrides are no config's
                         cfg = on.config(full_error=os.environ.get("HYDRA_FULL_ERROR") == "1")
@@ -277,10 +272,8 @@ def _group_value_problem(on: Composition) -> str | None:
             text = (override.input_line or "").partition("=")[2]
             return (f"{override.input_line} adds a second {group}, and the config picks one "
                     f"already; pick yours without the +: {group}={text}")  # fmt: skip
-        if override.is_delete() and not options:
-            problem = on.deletion_problem(override)
-            if problem is not None:
-                return problem
+        if override.is_delete() and not options and (problem := on.deletion_problem(override)):
+            return problem
         if override.is_delete() or not options or (isinstance(value, str) and value in options):
             continue
         text = (override.input_line or "").partition("=")[2]
@@ -355,8 +348,9 @@ class _Stdout:
 
 @contextlib.contextmanager
 def guarded_stdout(prog: str) -> Iterator[None]:
-    """``sys.stdout`` guarded inside, flushed on the way out (so a closed pipe shows here, not at
-    interpreter exit), and as it was after; a failure of stdout ends the process."""
+    """``sys.stdout`` guarded inside and flushed on the way out (a closed pipe shows here, not at
+    exit): a stdout that fails (``> /dev/full``, closed) ends an app or a benchmark in one line,
+    status 2, and a reader that went away (``| head``) with status 0."""
     stream = sys.stdout
     sys.stdout = cast(TextIO, _Stdout(stream))
     try:

@@ -163,13 +163,8 @@ def one_buffer(
     worst = max(rows, key=lambda row: row.need.bytes, default=None)
     need = worst.need.bytes if worst else 0
     where = f"{worst.label}: {worst.need.worst}" if worst and worst.need.worst else "-"
-    return OneBuffer(
-        need,
-        declared_mb_for(need, margin) * MIB,
-        where,
-        vllm_formula_bytes(profile),
-        _most_int(rows),
-    )
+    reserve = declared_mb_for(need, margin) * MIB
+    return OneBuffer(need, reserve, where, vllm_formula_bytes(profile), _most_int(rows))
 
 
 def table(
@@ -199,16 +194,13 @@ def table(
         if row.need.refused
     ]
     for m in per_resource(rows):
-        lines.append(
-            f"resources.{m.path}.declared_mb = {declared_mb_for(m.need_bytes, margin)}"
-            f"  (need {m.need_bytes:,} bytes + {margin:.0%})"
-        )
-        if m.int_need_bytes is not None:
-            lines.append(
-                f"resources.{m.path}.int_declared_mb = "
-                f"{declared_mb_for(m.int_need_bytes, margin)}  (int need {m.int_need_bytes:,} "
-                f"bytes + {margin:.0%})"
-            )
+        int_need = ("int_declared_mb", "int need", m.int_need_bytes)
+        for key, what, need in (("declared_mb", "need", m.need_bytes), int_need):
+            if need is not None:
+                mb = declared_mb_for(need, margin)
+                lines.append(
+                    f"resources.{m.path}.{key} = {mb}  ({what} {need:,} bytes + {margin:.0%})"
+                )
     if buffer is not None:
         lines += ["", *buffer.advice()]
     return "\n".join(lines)

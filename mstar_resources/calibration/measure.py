@@ -134,8 +134,7 @@ class Planner:
     is built once a process: FlashInfer caches it by configuration)."""
 
     def __init__(self, profile: CalibrationProfile, device: torch.device) -> None:
-        self.profile = profile
-        self.device = device
+        self.profile, self.device = profile, device
         self.refusals = _flashinfer.refusals()
         """The errors by which FlashInfer refuses a shape; any other propagates."""
         model = profile.model

@@ -96,9 +96,8 @@ def declared_floors(
     measured: Sequence[Measured], margin: float = DEFAULT_MARGIN, into: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The one conversion of measured needs to floors, for calibration's file and the plugins'
-    ``auto``: a resource tree (``into``, else a new one) whose measured resources declare
-    ``declared_mb`` and ``int_declared_mb`` by :func:`~.record.declared_mb_for`, the latter 0
-    where the int need is None (the wrappers keep their own int workspaces)."""
+    ``auto``: ``into`` (else a new resource tree), each measured resource declaring ``declared_mb``
+    and ``int_declared_mb`` (0 for an int need of None: the wrappers keep their own)."""
     resources = {} if into is None else into
     for m in measured:
         node = resources

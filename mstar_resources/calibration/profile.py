@@ -1,8 +1,7 @@
-"""The calibration profile (config key ``calibration``): what a deployment plans, so that its
-workspaces can be measured on a GPU. Registered in Hydra's ConfigStore as
-``mstar_resources/calibration``; :func:`load_profile` checks a composed node, reporting every
-problem at once, and :func:`check_flashinfer` what the installed FlashInfer can plan of it, both
-before any GPU work."""
+"""The calibration profile (config key ``calibration``; ``mstar_resources/calibration`` in Hydra's
+ConfigStore): what a deployment plans, so that its workspaces can be measured on a GPU. Before any
+GPU work, :func:`load_profile` reports every problem of a composed node, and
+:func:`check_flashinfer` what the installed FlashInfer cannot plan of it."""
 
 from __future__ import annotations
 
@@ -251,9 +250,8 @@ def _schema_problem(error: OmegaConfBaseException, node: Mapping[str, Any]) -> s
     if isinstance(error, ValidationError):
         return f"{full_key}={error.value!r} is not valid: {reason}"
     schema = OmegaConf.get_type(error.parent_node) if error.parent_node is not None else None
-    if isinstance(error, ConfigKeyError | ConfigAttributeError) and dataclasses.is_dataclass(
-        schema
-    ):
+    unknown_key = isinstance(error, ConfigKeyError | ConfigAttributeError)
+    if unknown_key and dataclasses.is_dataclass(schema):
         holder = full_key.rpartition(".")[0]
         names = [f.name for f in dataclasses.fields(schema)]
         close = did_you_mean(str(error.key), names, f"{holder}.")
@@ -294,8 +292,7 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
     except OmegaConfBaseException as error:
         raise ResourceConfigError(_schema_problem(error, node), where=_WHERE) from None
-    problems = _model_and_limits_problems(profile) + _plans_problems(profile)
-    if problems:
+    if problems := _model_and_limits_problems(profile) + _plans_problems(profile):
         raise ResourceConfigError(*problems, where=_WHERE)
     return profile
 
@@ -373,6 +370,5 @@ def check_flashinfer(profile: CalibrationProfile) -> None:
         raise ResourceConfigError(
             "FlashInfer is not installed: pip install 'mstar-resources[calibrate]'"
         )
-    problems = version_problems(profile, version, plain_groups=plain_decode_groups())
-    if problems:
+    if problems := version_problems(profile, version, plain_groups=plain_decode_groups()):
         raise ResourceConfigError(*problems, where=f"what FlashInfer {version} can plan")
