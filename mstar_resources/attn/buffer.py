@@ -134,18 +134,10 @@ class GrowableBuffer:
         with self.lock:
             added, allocation = self._largest_growth
             return WorkspaceStats(
-                self.name,
-                self.tensor.numel(),
-                self.floor_bytes,
-                self.floor,
-                self._times_grown,
-                added,
-                allocation,
-                self.sealed,
-                self._grown_to_agree,
-                self.kind.kind,
+                self.name, self.tensor.numel(), self.floor_bytes, self.floor, self._times_grown,
+                added, allocation, self.sealed, self._grown_to_agree, self.kind.kind,
                 self._sealed_refusals,
-            )
+            )  # fmt: skip
 
     def grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
         """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
@@ -162,13 +154,8 @@ class GrowableBuffer:
                 self._largest_growth = (added, overflow.allocation)
         logger.info(
             "workspace %r grew from %d to %d bytes for %s; set %s=%d to reserve it up front",
-            self.name,
-            have,
-            need,
-            overflow.allocation,
-            self.floor,
-            mb_to_hold(need),
-        )
+            self.name, have, need, overflow.allocation, self.floor, mb_to_hold(need),
+        )  # fmt: skip
 
     def grow_to_agree(self, nbytes: int, ranks: str) -> int:
         """Grow to ``nbytes``, what ``ranks`` hold of this buffer; returns the bytes added."""

@@ -218,7 +218,10 @@ class WorkspacePool:
             rank, ranks = dist.get_rank(group), dist.get_world_size(group)
             held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
             every_held = _gather_held(identity, held, group)
-            agreed = _largest(every_held.values())
+            agreed: dict[Key, int] = {}  # each key any rank made, at the most any rank holds
+            for sizes in every_held.values():
+                for key, nbytes in sizes.items():
+                    agreed[key] = max(agreed.get(key, 0), nbytes)
             others = plural(ranks - 1, "other rank")
             failure: Exception | None = None
             added = 0
@@ -372,15 +375,6 @@ def _gather_held(
             held=every_held,
         )
     return every_held
-
-
-def _largest(every_held: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
-    """Each key any rank made, at the most bytes any rank holds of it."""
-    agreed: dict[Key, int] = {}
-    for sizes in every_held:
-        for key, nbytes in sizes.items():
-            agreed[key] = max(agreed.get(key, 0), nbytes)
-    return agreed
 
 
 def _share_outcome(

@@ -306,22 +306,19 @@ class EnginePlugin:
         """This process's state, where the plugin is enabled in it (None: it is not)."""
         return self._active
 
-    @property
-    def engine(self) -> str:
-        return self.setting.engine
-
     def version_problem(self, version: str | None) -> str | None:
         """Why the plugin does not serve ``version`` (None: it does, seams permitting)."""
+        engine = self.setting.engine
         if version is None:
-            return f"{self.engine} is not installed here"
+            return f"{engine} is not installed here"
         if not release(version):
-            return f"{self.engine}'s version {version!r} is not a version number"
+            return f"{engine}'s version {version!r} is not a version number"
         first = release(self.releases[0])
         # a pre-release (0.26.0rc1, 0.26.0.dev3) comes before its release
         pre_release = re.match(r"\d+(\.\d+)*\.?(a|b|rc|dev)", version.lower())
         if release(version) < first or (release(version) == first and pre_release):
             return (
-                f"{self.engine} {version} is older than every release this plugin was read in "
+                f"{engine} {version} is older than every release this plugin was read in "
                 f"({', '.join(self.releases)})"
             )
         return None
@@ -349,11 +346,11 @@ class EnginePlugin:
                 "mstar-resources: %s %s is not a release this plugin was read in (%s); it is "
                 "served where each seam the plugin needs is there, and left as it is, the seam "
                 "named, where one is not",
-                self.engine, version, ", ".join(self.releases),
+                self.setting.engine, version, ", ".join(self.releases),
             )  # fmt: skip
         state.logger.info(
             "mstar-resources: %s: %s's FlashInfer workspaces from its pools",
-            setting.describe(), self.engine,
+            setting.describe(), self.setting.engine,
         )  # fmt: skip
         for module in dict.fromkeys(seam.module for seam in self.seams if seam.patch):
             when_imported(module, functools.partial(patch_module, state, self.seams))
