@@ -292,9 +292,8 @@ class BufferHolder:
 
 
 def wait_for_every_stream(tensor: torch.Tensor) -> None:
-    """Wait until no CUDA stream can use ``tensor``'s storage, before it is copied and before it
-    goes back to the caching allocator, which knows only the stream a block was made on: work
-    another stream queued would land after the copy, or in the block's next tensor (seen on an
-    H200). Growth is rare, so the whole device is synchronised."""
+    """Wait until no CUDA stream can use ``tensor``'s storage (the whole device: growth is rare).
+    The caching allocator knows only a block's own stream: work another stream queued would land
+    after the copy, or in the block's next tensor (seen on an H200)."""
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)

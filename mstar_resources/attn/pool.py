@@ -46,12 +46,10 @@ class WorkspacePool:
     makes none.
 
     Keyword-only (:func:`mstar_resources.build_pools` passes them for a declared resource):
-        int_size_mb: the floor of each int workspace, in MB (None: the variable, else 8).
-        config_key: the resource's key, e.g. ``resources.attn.decode``; its ``declared_mb`` and
-            ``int_declared_mb`` are then the settings errors point to.
-        serves: the (label, cg slot) pairs the pool hands out; None (the default) serves any.
-        env: where the two variables are read (``os.environ`` by default).
-        floors: the float and int floors already resolved, taken as they are, env unread.
+    ``int_size_mb``, each int floor (None: the variable, else 8); ``config_key``, the resource's key
+    (``resources.attn.decode``), whose ``declared_mb`` and ``int_declared_mb`` errors then name;
+    ``serves``, the (label, cg slot) pairs handed out (None: any); ``env``, where the variables are
+    read (default ``os.environ``); ``floors``, both floors already resolved (``env`` unread).
     """
 
     def __init__(

@@ -214,8 +214,7 @@ class PluginState:
         self.pools: dict[str, WorkspacePool] = {}  # by resource path
         self.sealed_before: str | None = None  # the engine's graph capture...
         self.shared_int_wrappers = 0  # decode wrappers given a shared int workspace
-        # By resource path: where a floor measured or derived here came from, in words.
-        self.provenance: dict[str, str] = {}
+        self.provenance: dict[str, str] = {}  # by resource path: whence a floor here, in words
 
     @property
     def serving(self) -> bool:
@@ -324,9 +323,8 @@ class EnginePlugin:
         return None
 
     def register(self) -> None:
-        """The engine's entry point, in each of its processes: where the setting is set and the
-        release served, patch each seam's module as it is imported. A bad setting ends the process
-        with status 2 and one paragraph (an engine would log an exception and go on)."""
+        """The engine's entry point, in each of its processes: patch each seam's module as it is
+        imported. A bad setting exits with status 2 and one paragraph (an engine would go on)."""
         try:
             setting = self.setting.read()
         except ResourceConfigError as error:

@@ -159,9 +159,8 @@ class SglangWorkspaces(PluginState):
             self.other_backends.append(backend)
             logger.info(
                 "mstar-resources: SGLang's %s runs TRT-LLM's kernels on a workspace of its own, "
-                "which the plugin does not size; its FlashInfer wrappers plan nothing",
-                backend,
-            )
+                "which the plugin does not size; its FlashInfer wrappers plan nothing", backend,
+            )  # fmt: skip
 
     def share_int(self, backend: Any, wrappers: Any) -> None:
         """Give ``backend``'s decode ``wrappers`` the decode int workspace in place of their own,
