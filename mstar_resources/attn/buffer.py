@@ -35,8 +35,7 @@ def allocate(nbytes: int, device: torch.device | None, failed: str, **fields: An
         cpu_short = type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error)
         if not cpu_short and not isinstance(error, torch.OutOfMemoryError):
             raise
-        message = f"{failed} ({error})"
-        raise WorkspaceGrowthError(message, needed_bytes=nbytes, **fields) from error
+        raise WorkspaceGrowthError(f"{failed} ({error})", needed_bytes=nbytes, **fields) from error
 
 
 @dataclass(frozen=True)

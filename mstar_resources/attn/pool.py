@@ -359,11 +359,7 @@ def _gather_held(
         pools = {}
         for rank, (identity, _) in enumerate(everyone):
             served = identity[2]
-            keys = (
-                ", ".join(f"{label}/{slot}" for label, slot in served)
-                if served is not None
-                else "any key"
-            )
+            keys = "any key" if served is None else ", ".join("/".join(map(str, k)) for k in served)
             pools[rank] = f"{_describe(identity)} serving {keys}"
         listed = "; ".join(f"rank {rank}: {described}" for rank, described in pools.items())
         raise WorkspaceAgreementError(

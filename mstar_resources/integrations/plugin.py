@@ -295,8 +295,7 @@ class EnginePlugin:
 
     setting: PluginSetting
     distribution: str  # the engine's, e.g. ``vllm``
-    releases: tuple[str, ...]
-    """The releases whose source every seam was read in, oldest first."""
+    releases: tuple[str, ...]  # those whose source every seam was read in, oldest first
     seams: tuple[Seam, ...]
     state: Callable[[Setting], PluginState]
     _active: PluginState | None = field(default=None, init=False)

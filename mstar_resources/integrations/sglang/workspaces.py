@@ -46,8 +46,7 @@ class SglangWorkspaces(PluginState):
         self.backends = 0  # FlashInfer backends given the workspaces
         self.own_workspaces = 0  # backends that made one of their own (init_new_workspace)
         self.other_backends: list[str] = []  # subclasses that run other kernels, by name
-        # The backend whose decode wrappers share the decode int workspace.
-        self._int_sharer: weakref.ref[Any] | None = None
+        self._int_sharer: weakref.ref[Any] | None = None  # whose decode wrappers share the int
 
     @property
     def serving(self) -> bool:

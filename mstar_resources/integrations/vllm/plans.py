@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ...units import plural
 from ..plugin import dtype_name
 
 if TYPE_CHECKING:
@@ -46,9 +47,8 @@ class BuilderPlans:
         return self.kernels[role] == NATIVE or (role == "prefill" and self.non_causal)
 
     def describe(self) -> str:
-        count = len(self.layers)
         return (
-            f"KV-cache group {self.group} ({count} layer{'s' * (count != 1)}: "
+            f"KV-cache group {self.group} ({plural(len(self.layers), 'layer')}: "
             f"{self.num_qo_heads}/{self.num_kv_heads} heads of {self.head_dim}, page "
             f"{self.page_size}, KV {self.kv_dtype})"
         )

@@ -90,7 +90,6 @@ class VllmWorkspaces(PluginState):
 
     @property
     def sealed(self) -> bool:
-        """Whether the workspaces keep their addresses from now on."""
         return (
             self.serving
             and all(pool.sealed for pool in self.pools.values())
