@@ -35,8 +35,7 @@ def allocate(nbytes: int, device: torch.device | None, failed: str, **fields: An
         cpu_short = type(error) is RuntimeError and _CPU_ALLOCATOR_FAILED in str(error)
         if not cpu_short and not isinstance(error, torch.OutOfMemoryError):
             raise
-        message = f"{failed} ({error})"
-        raise WorkspaceGrowthError(message, needed_bytes=nbytes, **fields) from error
+        raise WorkspaceGrowthError(f"{failed} ({error})", needed_bytes=nbytes, **fields) from error
 
 
 @dataclass(frozen=True)
@@ -134,18 +133,10 @@ class GrowableBuffer:
         with self.lock:
             added, allocation = self._largest_growth
             return WorkspaceStats(
-                self.name,
-                self.tensor.numel(),
-                self.floor_bytes,
-                self.floor,
-                self._times_grown,
-                added,
-                allocation,
-                self.sealed,
-                self._grown_to_agree,
-                self.kind.kind,
+                self.name, self.tensor.numel(), self.floor_bytes, self.floor, self._times_grown,
+                added, allocation, self.sealed, self._grown_to_agree, self.kind.kind,
                 self._sealed_refusals,
-            )
+            )  # fmt: skip
 
     def grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
         """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
@@ -162,13 +153,8 @@ class GrowableBuffer:
                 self._largest_growth = (added, overflow.allocation)
         logger.info(
             "workspace %r grew from %d to %d bytes for %s; set %s=%d to reserve it up front",
-            self.name,
-            have,
-            need,
-            overflow.allocation,
-            self.floor,
-            mb_to_hold(need),
-        )
+            self.name, have, need, overflow.allocation, self.floor, mb_to_hold(need),
+        )  # fmt: skip
 
     def grow_to_agree(self, nbytes: int, ranks: str) -> int:
         """Grow to ``nbytes``, what ``ranks`` hold of this buffer; returns the bytes added."""
@@ -305,9 +291,8 @@ class BufferHolder:
 
 
 def wait_for_every_stream(tensor: torch.Tensor) -> None:
-    """Wait until no CUDA stream can use ``tensor``'s storage, before it is copied and before it
-    goes back to the caching allocator, which knows only the stream a block was made on: work
-    another stream queued would land after the copy, or in the block's next tensor (seen on an
-    H200). Growth is rare, so the whole device is synchronised."""
+    """Wait until no CUDA stream can use ``tensor``'s storage (the whole device: growth is rare).
+    The caching allocator knows only a block's own stream: work another stream queued would land
+    after the copy, or in the block's next tensor (seen on an H200)."""
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)

@@ -46,12 +46,10 @@ class WorkspacePool:
     makes none.
 
     Keyword-only (:func:`mstar_resources.build_pools` passes them for a declared resource):
-        int_size_mb: the floor of each int workspace, in MB (None: the variable, else 8).
-        config_key: the resource's key, e.g. ``resources.attn.decode``; its ``declared_mb`` and
-            ``int_declared_mb`` are then the settings errors point to.
-        serves: the (label, cg slot) pairs the pool hands out; None (the default) serves any.
-        env: where the two variables are read (``os.environ`` by default).
-        floors: the float and int floors already resolved, taken as they are, env unread.
+    ``int_size_mb``, each int floor (None: the variable, else 8); ``config_key``, the resource's key
+    (``resources.attn.decode``), whose ``declared_mb`` and ``int_declared_mb`` errors then name;
+    ``serves``, the (label, cg slot) pairs handed out (None: any); ``env``, where the variables are
+    read (default ``os.environ``); ``floors``, both floors already resolved (``env`` unread).
     """
 
     def __init__(
@@ -218,7 +216,10 @@ class WorkspacePool:
             rank, ranks = dist.get_rank(group), dist.get_world_size(group)
             held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
             every_held = _gather_held(identity, held, group)
-            agreed = _largest(every_held.values())
+            agreed: dict[Key, int] = {}  # each key any rank made, at the most any rank holds
+            for sizes in every_held.values():
+                for key, nbytes in sizes.items():
+                    agreed[key] = max(agreed.get(key, 0), nbytes)
             others = plural(ranks - 1, "other rank")
             failure: Exception | None = None
             added = 0
@@ -358,11 +359,7 @@ def _gather_held(
         pools = {}
         for rank, (identity, _) in enumerate(everyone):
             served = identity[2]
-            keys = (
-                ", ".join(f"{label}/{slot}" for label, slot in served)
-                if served is not None
-                else "any key"
-            )
+            keys = "any key" if served is None else ", ".join("/".join(map(str, k)) for k in served)
             pools[rank] = f"{_describe(identity)} serving {keys}"
         listed = "; ".join(f"rank {rank}: {described}" for rank, described in pools.items())
         raise WorkspaceAgreementError(
@@ -372,15 +369,6 @@ def _gather_held(
             held=every_held,
         )
     return every_held
-
-
-def _largest(every_held: Iterable[Mapping[Key, int]]) -> dict[Key, int]:
-    """Each key any rank made, at the most bytes any rank holds of it."""
-    agreed: dict[Key, int] = {}
-    for sizes in every_held:
-        for key, nbytes in sizes.items():
-            agreed[key] = max(agreed.get(key, 0), nbytes)
-    return agreed
 
 
 def _share_outcome(

@@ -89,8 +89,7 @@ def xqa_workspace_bytes(
 
     The heads are the layer's, per rank; ``max_seq_len``: the widest page table in tokens (xqa.py
     reads the length from its width); ``q_len_per_req`` above 1: speculative decoding;
-    ``hopper_fp8_kv``: an fp8 KV cache on SM90, where xqa.py may also run ``mha_sm90.cu``.
-    """
+    ``hopper_fp8_kv``: an fp8 KV cache on SM90, where xqa.py may also run ``mha_sm90.cu``."""
     _positive(batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
               head_dim=head_dim, max_seq_len=max_seq_len, sm_count=sm_count,
               q_len_per_req=q_len_per_req)  # fmt: skip
@@ -116,7 +115,6 @@ def trtllm_gen_workspace_bytes(
     max_q_len: int = 1,
     return_lse: bool = False,
     counters_in_workspace: bool = False,
-    max_step_q: int = TRTLLM_GEN_MAX_STEP_Q,
 ) -> int:
     """Bytes of ``workspace_buffer`` ``trtllm_batch_decode_with_kv_cache`` (trtllm-gen) can touch.
 
@@ -127,12 +125,10 @@ def trtllm_gen_workspace_bytes(
     split (which checks its partials against the scratch left, else falls back) a split launch has
     at most SMs CTAs (fmhaKernels.cuh computeCtaAndClusterConfig), each with headDimPerCtaV <=
     head_dim_vo. ``return_lse`` adds the softmax stats; ``counters_in_workspace``: FlashInfer
-    0.6.14 keeps 8 MiB of counters at the workspace's head (0.6.16.post3: a separate buffer);
-    ``max_step_q``: the largest query tile of the kernels that may run.
-    """
+    0.6.14 keeps 8 MiB of counters at the workspace's head (0.6.16.post3: a separate buffer)."""
     _positive(batch=batch, num_qo_heads=num_qo_heads, head_dim_vo=head_dim_vo,
-              sm_count=sm_count, max_q_len=max_q_len, max_step_q=max_step_q)  # fmt: skip
+              sm_count=sm_count, max_q_len=max_q_len)  # fmt: skip
     head = TRTLLM_GEN_COUNTER_BYTES_0_6_14 if counters_in_workspace else 0
     if return_lse:
         head += num_qo_heads * batch * round_up(max_q_len, 256) * 8 + TRTLLM_GEN_STATS_GUARD_BYTES
-    return round_up(head, 16) + sm_count * max_step_q * (8 + 2 * head_dim_vo)
+    return round_up(head, 16) + sm_count * TRTLLM_GEN_MAX_STEP_Q * (8 + 2 * head_dim_vo)

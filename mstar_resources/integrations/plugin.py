@@ -214,8 +214,7 @@ class PluginState:
         self.pools: dict[str, WorkspacePool] = {}  # by resource path
         self.sealed_before: str | None = None  # the engine's graph capture...
         self.shared_int_wrappers = 0  # decode wrappers given a shared int workspace
-        # By resource path: where a floor measured or derived here came from, in words.
-        self.provenance: dict[str, str] = {}
+        self.provenance: dict[str, str] = {}  # by resource path: whence a floor here, in words
 
     @property
     def serving(self) -> bool:
@@ -296,8 +295,7 @@ class EnginePlugin:
 
     setting: PluginSetting
     distribution: str  # the engine's, e.g. ``vllm``
-    releases: tuple[str, ...]
-    """The releases whose source every seam was read in, oldest first."""
+    releases: tuple[str, ...]  # those whose source every seam was read in, oldest first
     seams: tuple[Seam, ...]
     state: Callable[[Setting], PluginState]
     _active: PluginState | None = field(default=None, init=False)
@@ -306,30 +304,26 @@ class EnginePlugin:
         """This process's state, where the plugin is enabled in it (None: it is not)."""
         return self._active
 
-    @property
-    def engine(self) -> str:
-        return self.setting.engine
-
     def version_problem(self, version: str | None) -> str | None:
         """Why the plugin does not serve ``version`` (None: it does, seams permitting)."""
+        engine = self.setting.engine
         if version is None:
-            return f"{self.engine} is not installed here"
+            return f"{engine} is not installed here"
         if not release(version):
-            return f"{self.engine}'s version {version!r} is not a version number"
+            return f"{engine}'s version {version!r} is not a version number"
         first = release(self.releases[0])
         # a pre-release (0.26.0rc1, 0.26.0.dev3) comes before its release
         pre_release = re.match(r"\d+(\.\d+)*\.?(a|b|rc|dev)", version.lower())
         if release(version) < first or (release(version) == first and pre_release):
             return (
-                f"{self.engine} {version} is older than every release this plugin was read in "
+                f"{engine} {version} is older than every release this plugin was read in "
                 f"({', '.join(self.releases)})"
             )
         return None
 
     def register(self) -> None:
-        """The engine's entry point, in each of its processes: where the setting is set and the
-        release served, patch each seam's module as it is imported. A bad setting ends the process
-        with status 2 and one paragraph (an engine would log an exception and go on)."""
+        """The engine's entry point, in each of its processes: patch each seam's module as it is
+        imported. A bad setting exits with status 2 and one paragraph (an engine would go on)."""
         try:
             setting = self.setting.read()
         except ResourceConfigError as error:
@@ -349,11 +343,11 @@ class EnginePlugin:
                 "mstar-resources: %s %s is not a release this plugin was read in (%s); it is "
                 "served where each seam the plugin needs is there, and left as it is, the seam "
                 "named, where one is not",
-                self.engine, version, ", ".join(self.releases),
+                self.setting.engine, version, ", ".join(self.releases),
             )  # fmt: skip
         state.logger.info(
             "mstar-resources: %s: %s's FlashInfer workspaces from its pools",
-            setting.describe(), self.engine,
+            setting.describe(), self.setting.engine,
         )  # fmt: skip
         for module in dict.fromkeys(seam.module for seam in self.seams if seam.patch):
             when_imported(module, functools.partial(patch_module, state, self.seams))

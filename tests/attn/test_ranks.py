@@ -257,19 +257,19 @@ def plan_races_the_seal(rank: int, world: int) -> dict[str, Any]:
 
     pool = _pool(serves=SERVES)
     pool.get("decode", 0)
-    gathered_then = pool_module._largest
+    gather = pool_module._gather_held
     refused: list[str] = []
 
-    def gather_then_plan(every_held):  # the window a growth could slip into
-        agreed = gathered_then(every_held)
+    def gather_then_plan(*args):  # the window a growth could slip into
+        every_held = gather(*args)
         if rank == 0:
             try:
                 _grow(pool, "decode", 0, 5 * MIB)
             except WorkspaceSealedError as error:
                 refused.append(error.workspace)
-        return agreed
+        return every_held
 
-    pool_module._largest = gather_then_plan
+    pool_module._gather_held = gather_then_plan
     pool.seal(group=dist.group.WORLD)
     return {**_holding(pool), "refused": refused}
 

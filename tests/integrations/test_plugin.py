@@ -147,19 +147,19 @@ def test_every_release_from_the_first_read_is_served(engine, version, served):
     problem = package.version_problem(version)
     assert (problem is None) is served
     if not served:
-        assert problem.startswith(f"{package.PLUGIN.engine} {version} is older than every")
+        assert problem.startswith(f"{package.PLUGIN.setting.engine} {version} is older than every")
 
 
 def test_no_engine_installed_is_a_problem_named_so(engine):
     package = ENGINES[engine][0]
-    assert package.version_problem(None) == f"{package.PLUGIN.engine} is not installed here"
+    assert package.version_problem(None) == f"{package.PLUGIN.setting.engine} is not installed here"
 
 
 @pytest.mark.parametrize("version", ["", "garbage", "v1"])
 def test_a_version_that_is_no_number_is_named_so(engine, version):
     package = ENGINES[engine][0]
     assert package.version_problem(version) == (
-        f"{package.PLUGIN.engine}'s version {version!r} is not a version number"
+        f"{package.PLUGIN.setting.engine}'s version {version!r} is not a version number"
     )
 
 
@@ -203,10 +203,11 @@ def test_a_release_older_than_every_one_read_is_one_warning_and_left_as_it_is(
     with caplog.at_level(logging.WARNING, logger=package.PLUGIN.state.logger.name):
         package.register()
     assert package.active() is None
+    name = package.PLUGIN.setting.engine
     assert [r.getMessage() for r in caplog.records] == [
-        f"mstar-resources: {package.ENV_VAR}=auto set, but {package.PLUGIN.engine} 0.1.0 is older "
+        f"mstar-resources: {package.ENV_VAR}=auto set, but {name} 0.1.0 is older "
         f"than every release this plugin was read in ({', '.join(package.READ_IN)}); "
-        f"{package.PLUGIN.engine} keeps its own FlashInfer workspace"
+        f"{name} keeps its own FlashInfer workspace"
     ]
 
 

@@ -46,8 +46,7 @@ class SglangWorkspaces(PluginState):
         self.backends = 0  # FlashInfer backends given the workspaces
         self.own_workspaces = 0  # backends that made one of their own (init_new_workspace)
         self.other_backends: list[str] = []  # subclasses that run other kernels, by name
-        # The backend whose decode wrappers share the decode int workspace.
-        self._int_sharer: weakref.ref[Any] | None = None
+        self._int_sharer: weakref.ref[Any] | None = None  # whose decode wrappers share the int
 
     @property
     def serving(self) -> bool:
@@ -159,9 +158,8 @@ class SglangWorkspaces(PluginState):
             self.other_backends.append(backend)
             logger.info(
                 "mstar-resources: SGLang's %s runs TRT-LLM's kernels on a workspace of its own, "
-                "which the plugin does not size; its FlashInfer wrappers plan nothing",
-                backend,
-            )
+                "which the plugin does not size; its FlashInfer wrappers plan nothing", backend,
+            )  # fmt: skip
 
     def share_int(self, backend: Any, wrappers: Any) -> None:
         """Give ``backend``'s decode ``wrappers`` the decode int workspace in place of their own,

@@ -24,8 +24,7 @@ READ_IN = (
 """The vLLM releases whose wheels every seam below was read in (0.26.0 also run on an H200)."""
 
 BACKEND = "vllm.v1.attention.backends.flashinfer"
-V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
-"""vLLM's V1 model runner, gone from 0.34."""
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"  # gone from 0.34
 WORKER = "vllm.v1.worker.gpu_worker"
 RAY_ENV = "vllm.ray.ray_env"
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ...units import plural
 from ..plugin import dtype_name
 
 if TYPE_CHECKING:
@@ -46,9 +47,8 @@ class BuilderPlans:
         return self.kernels[role] == NATIVE or (role == "prefill" and self.non_causal)
 
     def describe(self) -> str:
-        count = len(self.layers)
         return (
-            f"KV-cache group {self.group} ({count} layer{'s' * (count != 1)}: "
+            f"KV-cache group {self.group} ({plural(len(self.layers), 'layer')}: "
             f"{self.num_qo_heads}/{self.num_kv_heads} heads of {self.head_dim}, page "
             f"{self.page_size}, KV {self.kv_dtype})"
         )
@@ -209,15 +209,13 @@ def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> Calibratio
     sizes: set[int] = set()
     if role == "decode":
         q_len, top = plans.decode_q_len, plans.decode_graph_max_batch or 0
-        plan["tensor_cores"] = True
-        plan["q_len_per_req"] = q_len
+        plan.update(tensor_cores=True, q_len_per_req=q_len)
         # its FULL graphs' batches (requests): vLLM's capture sizes (tokens) up to the builder's
         # cap, over q_len, at most max_num_seqs
         captured = vllm_config.compilation_config.cudagraph_capture_sizes or []
         sizes = {min(s // q_len, scheduler.max_num_seqs) for s in captured if q_len <= s <= top}
     if vllm_envs().VLLM_BATCH_INVARIANT:
-        plan["fixed_split_size"] = 2048 if role == "decode" else 4096
-        plan["disable_split_kv"] = True
+        plan.update(fixed_split_size=2048 if role == "decode" else 4096, disable_split_kv=True)
     node = {
         "model": {
             "num_qo_heads": plans.num_qo_heads * plans.dcp_world_size,

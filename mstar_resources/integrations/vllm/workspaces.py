@@ -68,8 +68,7 @@ class VllmWorkspaces(PluginState):
         # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
         self._routed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._keys: dict[str, tuple[str, int | None]] = {}  # each role's pool path and cg slot
-        # The metadata builder whose decode wrappers share the decode int workspace.
-        self._int_builder: weakref.ref[Any] | None = None
+        self._int_builder: weakref.ref[Any] | None = None  # whose decode wrappers share the int
         self.shared_int_wrappers = 0
         self.untouched = self.blocked
         self.plans: list[BuilderPlans] = []  # each FlashInfer metadata builder's
@@ -91,7 +90,6 @@ class VllmWorkspaces(PluginState):
 
     @property
     def sealed(self) -> bool:
-        """Whether the workspaces keep their addresses from now on."""
         return (
             self.serving
             and all(pool.sealed for pool in self.pools.values())
