@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import NoReturn
 
-from mstar_resources.apps.hydra_app import guarded_stdout
+from mstar_resources._internal.output import guarded_stdout
 from mstar_resources.errors import did_you_mean
 from mstar_resources.files import folder_problem
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from mstar_resources._internal.table import display_width, format_table
+from mstar_resources._internal.output import display_width, format_table
 
 
 @pytest.mark.parametrize(

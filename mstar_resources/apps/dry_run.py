@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .._internal.table import format_table
+from .._internal.output import format_table
 from ..calibration.profile import load_profile
 from ..calibration.record import (
     CalibratedFloor,

@@ -7,15 +7,13 @@ first composed with the Compose API, so a compose error is an exception to expla
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import functools
 import importlib.metadata
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
 
 import hydra
 from hydra import compose
@@ -23,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .._internal.output import guarded_stdout
 from ..compose import (
     COMPOSE_ERRORS,
     DEPLOYMENT_GROUP,
@@ -38,7 +37,7 @@ from ..errors import ResourceConfigError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cuda_device", "fail", "guarded_stdout", "hydra_app", "package_version",
+__all__ = ["cuda_device", "fail", "hydra_app", "package_version",
            "register_options_resolver", "register_settings"]  # fmt: skip
 
 RESOLVERS = ("mstar_resources.options", "mstar_resources.shown")
@@ -314,66 +313,3 @@ def register_options_resolver(config_name: str) -> None:
 
     OmegaConf.register_new_resolver(RESOLVERS[0], options, replace=True)
     OmegaConf.register_new_resolver(RESOLVERS[1], command_line_form, replace=True)
-
-
-class _StdoutFailed(BaseException):
-    """stdout refused a write (``args[0]``, the OSError): a BaseException, so that it passes the
-    handlers of the app and of Hydra, which catch ``Exception``."""
-
-
-class _Stdout:
-    """``sys.stdout``, whose failing writes and flushes raise :class:`_StdoutFailed`."""
-
-    def __init__(self, stream: TextIO | None) -> None:
-        self._stream = stream  # None where Python started with file descriptor 1 closed
-
-    def write(self, text: str) -> int:
-        try:
-            if self._stream is None:
-                raise OSError(errno.EBADF, "stdout is closed")
-            return self._stream.write(text)
-        except OSError as error:
-            raise _StdoutFailed(error) from error
-
-    def flush(self) -> None:
-        try:
-            if self._stream is not None:
-                self._stream.flush()
-        except OSError as error:
-            raise _StdoutFailed(error) from error
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-@contextlib.contextmanager
-def guarded_stdout(prog: str) -> Iterator[None]:
-    """``sys.stdout`` guarded inside and flushed on the way out (a closed pipe shows here, not at
-    exit): a stdout that fails (``> /dev/full``, closed) ends an app or a benchmark in one line,
-    status 2, and a reader that went away (``| head``) with status 0."""
-    stream = sys.stdout
-    sys.stdout = cast(TextIO, _Stdout(stream))
-    try:
-        try:
-            yield
-        except SystemExit:  # an error told on stderr, or Hydra's help printed
-            sys.stdout.flush()
-            raise
-        sys.stdout.flush()
-    except _StdoutFailed as failed:
-        sys.stdout = stream
-        if stream is not None:  # what is left in its buffer goes nowhere at exit (Python's advice)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, stream.fileno())
-            os.close(devnull)
-        error = failed.args[0]
-        if isinstance(error, BrokenPipeError):  # the reader read all it wanted
-            raise SystemExit(0) from None
-        print(
-            f"{prog}: error: stdout can't take the output ({error.strerror}); send it to a file "
-            "or pipe that can, e.g. > output.txt",
-            file=sys.stderr,
-        )
-        raise SystemExit(2) from None
-    finally:
-        sys.stdout = stream

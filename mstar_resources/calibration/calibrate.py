@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._internal.table import format_table
+from .._internal.output import format_table
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource
 from ..units import MIB
