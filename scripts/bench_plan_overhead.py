@@ -1,4 +1,5 @@
-"""What Workspace.plan adds around a plan, as a ratio to calling the planner directly.
+"""What a workspace adds around a plan, as a ratio to calling the planner directly: through
+``plan_through(workspace, plan)``, which the plugins put where an engine calls its planner.
 
     python scripts/bench_plan_overhead.py                 # CPU rows; GPU rows where they can run
     python scripts/bench_plan_overhead.py --device cpu --rounds 3 --min-run-time 0.05
@@ -6,18 +7,17 @@
 
 The planners: a real FlashInfer decode plan (batch 64, 4096 tokens each, its inputs in pinned
 host memory as an engine's are), its wrapper given the pool's int workspace (its plans write the
-pageable host mirror), the same plan through a Python function that does
-nothing else (the least any layer of Python adds beside a real plan, whose work leaves the host's
-caches cold), the plan on an int workspace of its own; and a no-op wrapper
-on the shared int workspace, which leaves Workspace.plan's own cost on the GPU. These GPU rows
-only where there are a CUDA GPU and FlashInfer, else they are left out and stderr says why, or,
-asked for alone with ``--device cuda``, the run is refused with status 2
-(``scripts/bench_int_mirror.py`` times the int workspace's host side in an engine's loop). On
-the CPU: a planner of similar cost (host work
-calibrated to the decode plan's ~220 us), and a no-op planner, which leaves only Workspace.plan's
-own cost. Each round calls the planner directly and through the workspace in turn, one call each
-a pair, the pair's order swapped every time (ABBA, so a drift in the machine's speed cancels out),
-and takes the median of the pairs' differences; the table gives the medians over rounds.
+pageable host mirror), the same plan through a Python function that does nothing else (the least
+any layer of Python adds beside a real plan, whose work leaves the host's caches cold), the plan
+on an int workspace of its own; and a no-op wrapper on the shared int workspace, which leaves the
+workspace's own cost on the GPU. These GPU rows only where there are a CUDA GPU and FlashInfer,
+else they are left out and stderr says why, or, asked for alone with ``--device cuda``, the run
+is refused with status 2 (``scripts/bench_int_mirror.py`` times the int workspace's host side in
+an engine's loop). On the CPU: a planner of similar cost (host work calibrated to the decode
+plan's ~220 us), and a no-op planner, which leaves only the workspace's own cost. Each round
+calls the planner directly and through the workspace in turn, one call each a pair, the pair's
+order swapped every time (ABBA, so a drift in the machine's speed cancels out), and takes the
+median of the pairs' differences; the table gives the medians over rounds.
 
 It draws a figure only with ``--png`` (matplotlib: the ``bench`` extra), into a folder that exists.
 """
@@ -104,14 +104,15 @@ def host_row(case: str, planner: Callable[..., object], rounds: int, t: float) -
     import torch
 
     from mstar_resources import WorkspacePool
+    from mstar_resources.attn.float_workspace import plan_through
 
-    workspace = WorkspacePool("cpu", size_mb=1).get("decode")
+    planned = plan_through(WorkspacePool("cpu", size_mb=1).get("decode"), planner)
     args = (1, 2, 3, 32, 8, 128, 16)
     kwargs = {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
     return measure(
         case,
         lambda: planner(*args, **kwargs),
-        lambda: workspace.plan(planner, *args, **kwargs),
+        lambda: planned(*args, **kwargs),
         rounds,
         t,
     )
@@ -123,12 +124,12 @@ def call_through(plan: Callable[..., object], *args: object, **kwargs: object) -
 
 
 def noop(*args: object, **kwargs: object) -> None:
-    """A planner that does nothing: what remains around it is Workspace.plan's own cost."""
+    """A planner that does nothing: what remains around it is the workspace's own cost."""
 
 
 class _NoOpWrapper:
     """A wrapper whose plan does nothing, with the buffers FlashInfer's wrappers keep: given the
-    pool's int workspace, Workspace.plan treats its plans as it does a real wrapper's."""
+    pool's int workspace, its plans are treated as a real wrapper's."""
 
     def __init__(self, float_workspace_buffer: object) -> None:
         import torch
@@ -147,12 +148,13 @@ class _NoOpWrapper:
 def gpu_rows(rounds: int, t: float) -> list[Row]:
     """The FlashInfer decode plan through a workspace, its wrapper given the pool's int workspace
     (as the vLLM plugin's decode wrappers are) and on an int workspace of its own; and
-    Workspace.plan around a no-op wrapper on the shared int workspace, which leaves its own cost
+    the workspace around a no-op wrapper on the shared int workspace, which leaves its own cost
     on the GPU."""
     import flashinfer
     import torch
 
     from mstar_resources import WorkspacePool
+    from mstar_resources.attn.float_workspace import plan_through
 
     batch, kv_len, page = 64, 4096, 16
     pages = kv_len // page
@@ -175,8 +177,9 @@ def gpu_rows(rounds: int, t: float) -> list[Row]:
             else wrapper_class(workspace.tensor, "NHD", backend="fa2")
         )
         plan = wrapper.plan
-        workspace.plan(plan, *args, **kwargs)  # builds the kernel and grows once, untimed
-        wrapped = functools.partial(workspace.plan, plan, *args, **kwargs)
+        planned = plan_through(workspace, plan)
+        planned(*args, **kwargs)  # builds the kernel and grows once, untimed
+        wrapped = functools.partial(planned, *args, **kwargs)
         direct = functools.partial(plan, *args, **kwargs)
         rows.append(measure(f"FlashInfer decode plan, {case} ({name})", direct, wrapped, rounds, t))
         if shared:  # the floor under any layer of Python, on the same plan and host
@@ -188,8 +191,8 @@ def gpu_rows(rounds: int, t: float) -> list[Row]:
     noop_wrapper = pool.build(_NoOpWrapper, label="decode")
     workspace = pool.get("decode")
     rows.append(measure(
-        "no-op wrapper on the shared int workspace (Workspace.plan's own cost)",
-        noop_wrapper.plan, functools.partial(workspace.plan, noop_wrapper.plan), rounds, t,
+        "no-op wrapper on the shared int workspace (the workspace's own cost)",
+        noop_wrapper.plan, plan_through(workspace, noop_wrapper.plan), rounds, t,
     ))  # fmt: skip
     return rows
 
@@ -212,7 +215,7 @@ def plot(rows: list[Row], png: Path) -> None:
     ax.barh(
         [y + 0.2 for y in ys], [r.direct_us for r in rows], 0.4, label="planner called directly"
     )
-    ax.barh([y - 0.2 for y in ys], [r.wrapped_us for r in rows], 0.4, label="via Workspace.plan")
+    ax.barh([y - 0.2 for y in ys], [r.wrapped_us for r in rows], 0.4, label="through the workspace")
     for y, row in zip(ys, rows, strict=True):
         ax.annotate(
             f"  ratio {row.ratio:.4f}, {row.added_us:+.2f} us",
@@ -223,7 +226,7 @@ def plot(rows: list[Row], png: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlim(right=max(r.wrapped_us for r in rows) * 30)
     ax.set_xlabel("median time per call (us, log scale)")
-    ax.set_title("Workspace.plan overhead (medians over ABBA rounds)")
+    ax.set_title("plan_through overhead (medians over ABBA rounds)")
     ax.legend(loc="lower right", fontsize=8)
     save(fig, png)
 
@@ -250,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if options.device in ("cpu", "all"):
         planners = {
-            "no-op planner (Workspace.plan's own cost)": noop,
+            "no-op planner (the workspace's own cost)": noop,
             "CPU planner of similar cost": cpu_planner(DECODE_PLAN_US),
         }
         for case, planner in planners.items():
@@ -260,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no FlashInfer decode row: {missing}", file=sys.stderr)
         else:
             rows.extend(gpu_rows(options.rounds, options.min_run_time))
-    print(f"{'planner':<62} {'direct us':>10} {'via plan us':>12} {'added us':>9} {'ratio':>7}")
+    print(f"{'planner':<62} {'direct us':>10} {'through us':>12} {'added us':>9} {'ratio':>7}")
     for row in rows:
         print(
             f"{row.case:<62} {row.direct_us:>10.1f} {row.wrapped_us:>12.1f} "

@@ -58,45 +58,24 @@ class Config:
         """The runs' names start with it."""
         return f"L{self.layers}-S{self.max_num_seqs}"
 
-    def case(self, plugin: str | None, run: int, parts: bool = False) -> Case:
+    def case(self, plugin: str | None, run: int) -> Case:
         shape = f"llama3-8b-{self.layers}l"
-        side = "parts" if parts else "plugin" if plugin else "vllm"
+        side = "plugin" if plugin else "vllm"
         return Case(
             f"{self.group}/{side}-{run}", shape, plugin,
             max_num_seqs=self.max_num_seqs, requests=self.max_num_seqs, generations=4,
-            plan_parts=parts,
         )  # fmt: skip
 
 
-def order(configs: list[Config], rounds: int, parts: bool = False) -> list[tuple[Config, Case]]:
+def order(configs: list[Config], rounds: int) -> list[tuple[Config, Case]]:
     """Every configuration's runs, A B B A A B B A...: ``rounds`` of vLLM as it is (A) and as
-    many with the plugin (B); with ``parts``, then one with the plugin's layers timed."""
+    many with the plugin (B)."""
     runs = []
     for config in configs:
         for i in range(rounds):
             pair = [None, AUTO] if i % 2 == 0 else [AUTO, None]
             runs += [(config, config.case(plugin, i)) for plugin in pair]
-        if parts:
-            runs.append((config, config.case(AUTO, 0, parts=True)))
     return runs
-
-
-PARTS = ("workspace_plan",)
-"""The plugin's layers a ``parts`` run times (``vllm_proof._PlanClock``)."""
-
-
-def parts_lines(configs: list[Config], results: dict[str, dict[str, Any]]) -> list[str]:
-    """For each configuration's ``parts`` run: each timed layer's median us a call, and calls."""
-    lines = []
-    for config in configs:
-        clock = (results.get(f"{config.group}/parts-0") or {}).get("decode_plan_clock") or {}
-        found = [f"{name} {clock[f'{name}_median_us']} us x {clock[f'{name}_calls']:,}"
-                 for name in PARTS if f"{name}_median_us" in clock]  # fmt: skip
-        if found:
-            lines.append(f"{config.name}, the plugin's layers timed (median a call): "
-                         f"{'; '.join(found)}; a plan adds {clock['added_median_us']} us "
-                         "(median) with these timers in")  # fmt: skip
-    return lines
 
 
 def finished_runs(config: Config, results: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
@@ -228,9 +207,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="each configuration's runs one after another in one process (the "
                         "plugin loaded, its setting read again as each engine starts), free of "
                         "the differences between processes")  # fmt: skip
-    parser.add_argument("--parts", action="store_true",
-                        help="after each configuration's runs, one with the plugin's layers of "
-                        "each decode plan timed, to see where its cost goes")  # fmt: skip
     parser.add_argument("--timeout", type=seconds(DAY), default=400.0,
                         help="seconds a run may take, at most a day")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench-vllm"), help="folder of results")
@@ -239,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     output_folder(parser, "--out", args.out)
     configs = [Config(d, n) for d in args.depths for n in args.max_num_seqs]
-    runs = order(configs, args.rounds, args.parts)
+    runs = order(configs, args.rounds)
     if args.dry_run:
         for _, case in runs:
             print(f"{case.name}: {case.shape}, MSTAR_RESOURCES_VLLM={case.plugin or '(unset)'}, "
@@ -255,14 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     for config in configs:
         mine = [case for c, case in runs if c == config]
         if args.in_turn:
-            timed = [case for case in mine if not case.plan_parts]
             left = time_left(config.name, deadline)
             if left is None:
                 continue
-            found = launch_in_turn(timed, args.out, args.models, left)
-            results.update(found)
+            results.update(launch_in_turn(mine, args.out, args.models, left))
             write_summary(results, summary)
-            mine = [case for case in mine if case.plan_parts]
+            continue
         for case in mine:
             left = time_left(case.name, deadline)
             if left is None:
@@ -271,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             results[case.name] = result
             write_summary(results, summary)
     print(table(configs, results))
-    print("\n".join(parts_lines(configs, results) + host_lines(configs, results)))
+    print("\n".join(host_lines(configs, results)))
     return 0 if all(r.get("ok") for r in results.values()) and results else 1
 
 

@@ -113,9 +113,6 @@ class Case:
     generations: int = 1
     """How many times the prompts are generated; the time is the last one's (the first also pays
     for what runs once per engine)."""
-    plan_parts: bool = False
-    """Time the plugin's layers of each decode plan too (``_PlanClock``'s ``parts``): a run to
-    see where its cost goes, not one to time generation by."""
 
     @property
     def side(self) -> str:
@@ -358,24 +355,17 @@ def _vllm_buffers() -> dict[int, int]:
 
 class _PlanClock:
     """The time vLLM's decode plans take inside FlashInfer's plan (``fast_plan_decode``) and as
-    vLLM's builder calls them (through the plugin's ``Workspace.plan`` where it serves), in the
+    vLLM's builder calls them (through the plugin's ``plan_through`` where it serves), in the
     same process, plan by plan: their difference is what the plugin adds to each plan, free of the
-    noise between runs. Without the plugin the difference is the clock's own cost. With
-    ``parts``, ``Workspace.plan`` around FlashInfer's plan is timed too (its timer adding its own
-    cost)."""
+    noise between runs. Without the plugin the difference is the clock's own cost."""
 
-    def __init__(self, parts: bool = False) -> None:
+    def __init__(self) -> None:
         import vllm.v1.attention.backends.flashinfer as backend
 
         self.backend = backend
         self.spans: dict[str, list[int]] = {}
         """By what was timed, each call's nanoseconds."""
         backend.fast_plan_decode = self._timed(backend.fast_plan_decode, "inner")
-        if parts:
-            from mstar_resources.attn.float_workspace import Workspace
-
-            Workspace.plan = self._timed(Workspace.plan, "workspace_plan")  # type: ignore[method-assign]
-        self.parts = parts
 
     def _timed(self, call: Any, name: str) -> Any:
         spans = self.spans.setdefault(name, [])
@@ -411,7 +401,7 @@ class _PlanClock:
         # Nested calls end inner first: the k-th outer span holds the k-th inner one.
         added = [o - i for o, i in zip(outer, inner, strict=False)]
         us = 1e-3
-        found: dict[str, Any] = {
+        return {
             "decode_plans": plans,
             "flashinfer_plan_us": round(sum(inner) / max(len(inner), 1) * us, 2),
             "added_per_plan_us": round(sum(added) / max(plans, 1) * us, 2),
@@ -419,12 +409,6 @@ class _PlanClock:
             "added_p90_us": round(_quantile(added, 0.9) * us, 2) if added else None,
             "added_of_generate": round(sum(added) * 1e-9 / generate_s, 5),
         }
-        for name, spans in self.spans.items():
-            if name not in ("inner", "outer") and spans:
-                found[f"{name}_calls"] = len(spans)
-                found[f"{name}_mean_us"] = round(sum(spans) / len(spans) * us, 2)
-                found[f"{name}_median_us"] = round(statistics.median(spans) * us, 2)
-        return found
 
 
 def _quantile(values: list[int], q: float) -> float:
@@ -476,7 +460,7 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
     process's decode-plan clock, set around the plugin already (engines one after another in one
     process, :func:`run_in_turn`); None: this run's own."""
     made = _vllm_buffers() if case.plugin is None else {}
-    clock = clock or _PlanClock(parts=case.plan_parts)
+    clock = clock or _PlanClock()
     collections = _GcClock()
     from vllm import LLM, SamplingParams
     from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode

@@ -19,7 +19,7 @@ from ._overflow import Overflow, parse_overflow
 from .buffer import BufferHolder, GrowableBuffer
 from .int_workspace import IntWorkspace
 
-__all__ = ["Workspace", "install_int_workspace"]
+__all__ = ["Workspace", "install_int_workspace", "plan_through"]
 
 T = TypeVar("T")
 
@@ -89,37 +89,19 @@ class Workspace(BufferHolder):
         it asked for. Any other error reaches the caller unchanged, an int overflow of a wrapper
         not found planning on the int workspace included. A wrapper planning on the int workspace
         writes its mirror, and its plan is marked as the one the int workspace holds.
+        :func:`plan_through` makes the same call with one layer less, for an engine's every step.
         """
-        # The common case, at every plan of an engine's steps (each object read costs, the host's
-        # caches cold): a wrapper planned before, a plan that fits. The rest in _plan.
-        owner = getattr(plan, "__self__", None)
-        key = owner if owner is not None else args[0] if args else None
-        # A route is dropped as its wrapper dies, before its id can be another object's.
-        planner = self._routes.get(id(key))
-        if planner is None:
-            return self._plan(plan, args, kwargs, key)
-        sizes = self._sizes  # what the plan sees, whatever another thread grows
-        attributes = key.__dict__  # a remembered route's wrapper is the key
-        int_workspace = self._int
-        if int_workspace is not None and attributes.get(INT_BUFFER) is self._int_tensor:
-            attributes[HOST_MIRROR] = self._mirror
-        else:
-            int_workspace = None
-        try:
-            planned = plan(*args, **kwargs)
-        except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-            return self._plan(plan, args, kwargs, key, (error, sizes))
-        if int_workspace is not None:
-            int_workspace.last_planner = planner
-        return planned
+        return self._plan(plan, args, kwargs)
 
     def _plan(
-        self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], key: Any,
+        self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
         failed: tuple[Exception, dict[str, int]] | None = None,
     ) -> T:  # fmt: skip
         """:meth:`plan`'s whole loop: the wrapper's route found first where it has none, and the
         buffer a plan ran short of grown before it runs again (``failed``: the first run's error
         and the sizes it saw)."""
+        owner = getattr(plan, "__self__", None)
+        key = owner if owner is not None else args[0] if args else None
         planner = self._routes.get(id(key))
         if planner is not None:
             attributes = key.__dict__
@@ -138,7 +120,7 @@ class Workspace(BufferHolder):
                 sizes = self._sizes
                 try:
                     planned = plan(*args, **kwargs)
-                except (RuntimeError, ValueError) as error:
+                except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
                     failed = (error, sizes)
                 else:
                     if int_workspace is not None:
@@ -219,7 +201,6 @@ class Workspace(BufferHolder):
         """A weak reference to the wrapper ``plan`` plans (the bound ``plan``'s object, else its
         first argument, as vLLM's ``fast_plan_decode(wrapper, ...)``) and its attributes ({}: none
         found), after refusing its views; remembered by id until it dies, where it is ``key``."""
-        self._refuse_views(plan)
         owner = getattr(plan, "__self__", None)
         wrapper, attributes = None, {}
         for candidate in (owner, args[0] if args else None):
@@ -227,6 +208,7 @@ class Workspace(BufferHolder):
             if own is not None:
                 wrapper, attributes = candidate, own
                 break
+        self._refuse_views(owner if owner is not None else wrapper)
         # The plan's object records a size even where it is no wrapper found (a cascade level).
         for each in (attributes, getattr(owner, "__dict__", None)):
             if each:
@@ -242,11 +224,10 @@ class Workspace(BufferHolder):
             routes[wrapper_id] = planner
         return planner, attributes
 
-    def _refuse_views(self, plan: Callable[..., Any]) -> None:
+    def _refuse_views(self, wrapper: Any) -> None:
         """Refuse a wrapper holding a view of this growable buffer (:func:`buffer_views`): growth
         would leave the view on the old memory. Each wrapper is checked once; a sealed workspace
         never moves, so views of it are safe."""
-        wrapper = getattr(plan, "__self__", None)
         if wrapper is None or self._buffer.sealed:
             return
         with contextlib.suppress(TypeError):  # no weak references to it: checked at every plan
@@ -283,6 +264,41 @@ class Workspace(BufferHolder):
         if added:
             self._grown()
         return added
+
+
+def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., T]:
+    """``plan`` as ``workspace`` plans it: calling the result is ``workspace.plan(plan, ...)``
+    (a bound ``plan``'s wrapper is its object, else its first argument, as vLLM's
+    ``fast_plan_decode(wrapper, ...)``). Made once and put where the engine calls its planner:
+    the common case of every step (a wrapper planned before, a plan that fits) runs here, with no
+    Python layer between the engine's call and ``plan`` but this one; the rest in ``_plan``."""
+    owner = getattr(plan, "__self__", None)
+    routes = workspace._routes
+
+    @functools.wraps(plan)
+    def planned(*args: Any, **kwargs: Any) -> T:
+        # Each object read costs here: an engine's forward pass leaves the host's caches cold.
+        key = owner if owner is not None else args[0] if args else None
+        # A route is dropped as its wrapper dies, before its id can be another object's.
+        planner = routes.get(id(key))
+        if planner is None:
+            return workspace._plan(plan, args, kwargs)
+        sizes = workspace._sizes  # what the plan sees, whatever another thread grows
+        attributes = key.__dict__  # a remembered route's wrapper is the key
+        int_workspace = workspace._int
+        if int_workspace is not None and attributes.get(INT_BUFFER) is workspace._int_tensor:
+            attributes[HOST_MIRROR] = workspace._mirror
+        else:
+            int_workspace = None
+        try:
+            result = plan(*args, **kwargs)
+        except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+            return workspace._plan(plan, args, kwargs, (error, sizes))
+        if int_workspace is not None:
+            int_workspace.last_planner = planner
+        return result
+
+    return planned
 
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any, index: int) -> int | None:

@@ -246,38 +246,38 @@ def test_an_int_workspace_that_cannot_grow_keeps_both_buffers():
     assert int_workspace.mirror.numel() == int_workspace.tensor.numel() == 1024
 
 
-def test_every_wrapper_on_the_int_workspace_plans_into_its_one_mirror():
+def test_every_wrapper_on_the_int_workspace_plans_into_its_one_mirror(plan_on):
     """Plans through Workspace.plan, whichever wrapper of the key makes them, write the int
     workspace's mirror: a wrapper whose mirror was set to another buffer is given it back."""
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
     first, second = (pool.build(FakeWrapper, label="decode") for _ in range(2))
-    second._pin_memory_int_workspace_buffer = torch.zeros(MIB, dtype=torch.uint8)
     written = []
-    for wrapper in [first, second, second, first]:
-        workspace.plan(wrapper.plan)
+    for wrapper in [first, second, second, first]:  # given another mirror before each plan
+        wrapper._pin_memory_int_workspace_buffer = torch.zeros(MIB, dtype=torch.uint8)
+        plan_on(workspace, wrapper)
         written.append(wrapper._pin_memory_int_workspace_buffer)
     assert all(mirror is workspace.int_workspace.mirror for mirror in written)
 
 
-def test_a_wrapper_with_its_own_int_workspace_keeps_its_own_mirror():
+def test_a_wrapper_with_its_own_int_workspace_keeps_its_own_mirror(plan_on):
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
     own = FakeWrapper(workspace.tensor)
     mirror = own._pin_memory_int_workspace_buffer
     for _ in range(3):
-        workspace.plan(own.plan)
+        plan_on(workspace, own)
     assert own._pin_memory_int_workspace_buffer is mirror
 
 
-def test_a_wrapper_planned_on_the_int_workspace_and_then_given_its_own_keeps_its_own_mirror():
+def test_a_wrapper_planned_on_the_int_workspace_then_given_its_own_keeps_its_own_mirror(plan_on):
     """Whether a wrapper plans on the int workspace is asked at every plan, not only its first:
     one given an int buffer of its own later (FlashInfer's ``reset_workspace_buffer``) is handed
     no more of the int workspace's mirror, which its plan would overrun."""
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
     wrapper = pool.build(FakeWrapper, label="decode")
-    workspace.plan(wrapper.plan)
+    plan_on(workspace, wrapper)
     assert wrapper._pin_memory_int_workspace_buffer is workspace.int_workspace.mirror
     own_int, own_mirror = (
         torch.empty(2 * MIB, dtype=torch.uint8),
@@ -285,11 +285,11 @@ def test_a_wrapper_planned_on_the_int_workspace_and_then_given_its_own_keeps_its
     )
     wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer = own_int, own_mirror
     for _ in range(3):
-        workspace.plan(wrapper.plan)
+        plan_on(workspace, wrapper)
     assert wrapper._pin_memory_int_workspace_buffer is own_mirror
 
 
-def test_a_wrapper_moved_to_another_workspace_writes_the_mirror_of_the_one_it_plans_on():
+def test_a_wrapper_moved_to_another_workspace_writes_the_mirror_of_the_one_it_plans_on(plan_on):
     """A wrapper given another key's workspaces and planned there writes that int workspace's
     mirror and not the first's; given the first's back, it writes the first's again."""
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
@@ -300,7 +300,7 @@ def test_a_wrapper_moved_to_another_workspace_writes_the_mirror_of_the_one_it_pl
         wrapper._float_workspace_buffer = workspace.tensor
         pool.install(wrapper, "decode", slot)
         for _ in range(2):
-            workspace.plan(wrapper.plan)
+            plan_on(workspace, wrapper)
             written.append(wrapper._pin_memory_int_workspace_buffer)
     where = {id(workspace.int_workspace.mirror): i for i, workspace in enumerate((first, second))}
     assert [where.get(id(mirror)) for mirror in written] == [0, 0, 1, 1, 0, 0]
@@ -312,19 +312,19 @@ def test_int_workspace_must_be_an_int_workspace():
         Workspace(torch.zeros(8, dtype=torch.uint8), "w", int_workspace=torch.zeros(8))
 
 
-def test_a_wrapper_whose_plan_another_overwrote_refuses_to_run():
+def test_a_wrapper_whose_plan_another_overwrote_refuses_to_run(plan_on):
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode", 0)
     first, second = (pool.build(FakeWrapper, label="decode", cg_slot=0) for _ in range(2))
-    workspace.plan(first.plan)
+    plan_on(workspace, first)
     assert first.run("q") == "ran"  # its own plan: it runs
-    workspace.plan(second.plan)
+    plan_on(workspace, second)
     with pytest.raises(WorkspacePlanError) as raised:
         first.run("q")
     assert raised.value.workspace == "attention:decode:cg0:int"
     assert "must each be planned right before they run" in str(raised.value)
     assert second.run("q") == "ran"
-    workspace.plan(first.plan)  # planned again, right before it runs
+    plan_on(workspace, first)  # planned again, right before it runs
     assert first.run("q") == "ran"
 
 

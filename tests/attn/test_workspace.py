@@ -90,6 +90,28 @@ def test_a_second_plan_that_fits_does_not_grow():
     assert (workspace.tensor.numel(), small.calls) == (size, 1)
 
 
+def test_a_wrapper_planned_before_grows_the_workspace_then_is_refused_once_sealed(plan_on):
+    """The plans of every step after a wrapper's first: one that fits runs once, one that does
+    not grows the workspace before the seal and is refused after it, the buffer kept."""
+    pool = WorkspacePool("cpu", 1, int_size_mb=1, config_key="resources.attn.decode")
+    workspace = pool.get("decode")
+    wrapper = pool.build(FakeWrapper, label="decode")
+    plan_on(workspace, wrapper)
+    wrapper.float_allocations = [("batch_decode_tmp_v", 2 * MIB, 16)]
+    plan_on(workspace, wrapper, 1, page_size=16)
+    assert (wrapper.plans, workspace.tensor.numel()) == (3, 2 * MIB)  # the second ran twice
+    assert wrapper.run("q") == "ran"  # its plan is the one the int workspace holds
+    pool.seal()
+    address = workspace.tensor.data_ptr()
+    wrapper.float_allocations = [("batch_decode_tmp_v", 3 * MIB, 16)]
+    with pytest.raises(WorkspaceSealedError) as raised:
+        plan_on(workspace, wrapper)
+    assert (raised.value.setting, raised.value.suggested_mb) == (
+        "resources.attn.decode.declared_mb", 3,
+    )  # fmt: skip
+    assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, 2 * MIB)
+
+
 def test_int_workspace_overflow_reaches_the_caller_unchanged():
     workspace = make_workspace()
     planner = FakePlanner(workspace.tensor, [("batch_prefill_request_indices", 2 * MIB, 16)])
@@ -172,23 +194,23 @@ def test_a_wrapper_that_recorded_its_buffers_size_learns_the_grown_size():
     assert before._workspace_size == 3 * MIB
 
 
-def test_a_growth_brings_the_recorded_size_of_every_wrapper_planned_before_it_up_to_date():
+def test_a_growth_brings_the_recorded_size_of_every_wrapper_planned_before_it_up_to_date(plan_on):
     # Each wrapper is brought up to date when the workspace grows, not at each of its plans.
     workspace = make_workspace()
     planned_before = FakeWrapper(workspace.tensor)
     planned_before._workspace_size = MIB  # as FlashInfer's paged prefill wrapper records it
-    workspace.plan(planned_before.plan)
+    plan_on(workspace, planned_before)
     grows = FakeWrapper(workspace.tensor, float_allocations=[("batch_prefill_tmp_v", 3 * MIB, 16)])
-    workspace.plan(grows.plan)
+    plan_on(workspace, grows)
     assert workspace.tensor.numel() == 3 * MIB
     assert planned_before._workspace_size == 3 * MIB  # without planning again
 
 
-def test_a_workspace_keeps_no_wrapper_alive_that_planned_through_it():
+def test_a_workspace_keeps_no_wrapper_alive_that_planned_through_it(plan_on):
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
-    wrapper = pool.build(FakeWrapper, label="decode")  # on the int workspace: its plans fenced
-    workspace.plan(wrapper.plan)
+    wrapper = pool.build(FakeWrapper, label="decode")  # on the int workspace
+    plan_on(workspace, wrapper)
     gone = weakref.ref(wrapper)
     del wrapper
     gc.collect()
@@ -744,12 +766,12 @@ class ViewTakingWrapper(FakeWrapper):
         self._partials = float_workspace_buffer[MIB // 2 :]
 
 
-def test_a_wrapper_holding_views_of_its_buffer_is_refused_on_a_growable_workspace():
+def test_a_wrapper_holding_views_of_its_buffer_is_refused_on_a_growable_workspace(plan_on):
     pool = WorkspacePool("cpu", 1, config_key="resources.attn.decode")
     workspace = pool.get("decode")
     wrapper = ViewTakingWrapper(workspace.tensor, float_allocations=[("tmp_v", 2 * MIB, 16)])
     with pytest.raises(WorkspacePlanError) as caught:
-        workspace.plan(wrapper.plan)
+        plan_on(workspace, wrapper)
     assert caught.value.workspace == "attention:decode"
     assert "_partials" in str(caught.value)
     assert "resources.attn.decode.declared_mb" in str(caught.value)

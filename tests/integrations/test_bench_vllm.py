@@ -92,22 +92,12 @@ def test_the_table_gives_the_decode_plans_clock_both_ways():
     assert row[-3:] == ["65.0/65.0", "0.5/13.0", "0.29%"]
 
 
-def test_parts_runs_follow_each_configuration_and_their_layers_are_listed():
+def test_each_configurations_runs_alternate_vllm_and_the_plugin_abba():
     bench = load_script("bench_vllm")
     configs = [bench.Config(3, 256), bench.Config(16, 512)]
-    names = [case.name for _, case in bench.order(configs, 2, parts=True)]
-    runs = ("vllm-0", "plugin-0", "plugin-1", "vllm-1", "parts-0")
+    names = [case.name for _, case in bench.order(configs, 2)]
+    runs = ("vllm-0", "plugin-0", "plugin-1", "vllm-1")
     assert names == [f"{g}/{run}" for g in ("L3-S256", "L16-S512") for run in runs]
-    clock = {"added_median_us": 9.5, "workspace_plan_median_us": 90.5,
-             "workspace_plan_calls": 256}  # fmt: skip
-    parts = _result(1.0, "aa", 1000) | {"decode_plan_clock": clock}
-    results = {"L3-S256/parts-0": parts, "L3-S256/plugin-0": _clocked(1.0, 65.0, 12.0, 0.002)}
-    (line,) = bench.parts_lines(configs, results)
-    assert line.startswith("3 layers, max_num_seqs 256")
-    assert "workspace_plan 90.5 us x 256; a plan adds 9.5 us" in line
-    # a parts run is not one of the plugin's timed runs
-    row = bench.table(configs[:1], results).splitlines()[1].split()
-    assert row[4] == "0+1"
 
 
 def test_the_host_lines_give_each_sides_cpu_time_and_the_hosts_steal(monkeypatch):

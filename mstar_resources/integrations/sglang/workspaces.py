@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-import types
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ...attn._flashinfer import FLOAT_BUFFER, RECORDED_SIZE
-from ...attn.float_workspace import install_int_workspace
+from ...attn.float_workspace import install_int_workspace, plan_through
 from ...attn.workspace import Workspace
 from ...resolver import ResolvedResource, build_pools
 from ..plugin import PluginState
@@ -43,6 +42,7 @@ class SglangWorkspaces(PluginState):
         super().__init__(setting)
         self.workspaces: dict[str, Workspace] = {}  # by role
         self._by_tensor: dict[int, Workspace] = {}
+        self._planners: dict[tuple[int, Any], Any] = {}  # plan_through(workspace, plan)
         self.backends = 0  # FlashInfer backends given the workspaces
         self.own_workspaces = 0  # backends that made one of their own (init_new_workspace)
         self.other_backends: list[str] = []  # subclasses that run other kernels, by name
@@ -91,7 +91,7 @@ class SglangWorkspaces(PluginState):
             self._by_tensor[id(workspace.tensor)] = workspace
         decode = self.workspaces["decode"]
         if get_buffer(BUFFER_NAME, lambda: decode.tensor) is not decode.tensor:
-            self.pools, self.workspaces, self._by_tensor = {}, {}, {}
+            self.pools, self.workspaces, self._by_tensor, self._planners = {}, {}, {}, {}
             self.leave_untouched(f"SGLang made its {BUFFER_NAME!r} buffer before the plugin")
             return
         for role, workspace in self.workspaces.items():
@@ -178,7 +178,10 @@ class SglangWorkspaces(PluginState):
         workspace = self._by_tensor.get(id(getattr(wrapper, FLOAT_BUFFER, None)))
         if workspace is None:
             return plan(wrapper, *args, **kwargs)
-        return workspace.plan(types.MethodType(plan, wrapper), *args, **kwargs)
+        planned = self._planners.get((id(workspace), plan))
+        if planned is None:
+            planned = self._planners[id(workspace), plan] = plan_through(workspace, plan)
+        return planned(wrapper, *args, **kwargs)
 
     # Step 3: before SGLang captures CUDA graphs (ModelRunner.init_cuda_graphs).
     def seal(self, before: str) -> None:

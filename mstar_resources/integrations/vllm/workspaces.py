@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import logging
 import os
@@ -347,6 +346,7 @@ class VllmWorkspaces(PluginState):
         if wrapper is None or workspace is None or self._routed.get(id(wrapper)) is wrapper:
             return
         from ...attn._flashinfer import own_buffers
+        from ...attn.float_workspace import plan_through
 
         if (
             role == "decode"
@@ -359,9 +359,7 @@ class VllmWorkspaces(PluginState):
             self.shared_int_wrappers += 1
         self._routed[id(wrapper)] = wrapper
         if role == "prefill":
-            # A partial, not a function around it: no frame of Python's between vLLM's call and
-            # the workspace's plan.
-            wrapper.plan = functools.partial(workspace.plan, wrapper.plan)
+            wrapper.plan = plan_through(workspace, wrapper.plan)
 
     def _shares_int(self, builder: Any) -> bool:
         if builder is None:
@@ -379,13 +377,13 @@ class VllmWorkspaces(PluginState):
         return backend.fast_plan_decode
 
     def _set_decode_planner(self) -> None:
+        from ...attn.float_workspace import plan_through
+
         if self._decode_seam is not None:
             backend, original = self._decode_seam
             decode = self._workspaces.get("decode")
-            # A partial, not a function around it: each layer of Python between vLLM's call (16
-            # keyword arguments) and FlashInfer's plan costs a few us a plan in vLLM's process.
             backend.fast_plan_decode = (
-                original if decode is None else functools.partial(decode.plan, original)
+                original if decode is None else plan_through(decode, original)
             )
 
     # Step 3: before vLLM captures CUDA graphs, or, where it captures none, before it serves.
