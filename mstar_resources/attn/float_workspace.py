@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -270,45 +272,123 @@ def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., 
     """``plan`` as ``workspace`` plans it: calling the result is ``workspace.plan(plan, ...)``
     (a bound ``plan``'s wrapper is its object, else its first argument, as vLLM's
     ``fast_plan_decode(wrapper, ...)``). Made once and put where the engine calls its planner:
-    the common case of every step (a wrapper planned before, a plan that fits) runs here, with no
-    Python layer between the engine's call and ``plan`` but this one; the rest in ``_plan``."""
+    the common case of every step (a wrapper planned before, a plan that fits) runs in it, the
+    rest in ``Workspace._plan``.
+
+    It takes ``plan``'s own parameters where they can be read (:func:`inspect.signature`), so an
+    engine's arguments bind to them as they would to ``plan`` and go on to it in place, with no
+    tuple and dict of them made and unpacked again on the way (vLLM passes 16 keywords a decode
+    plan); else it takes ``*args, **kwargs``."""
     owner = getattr(plan, "__self__", None)
-    routes = workspace._routes
+    scope: dict[str, Any] = {
+        "workspace": workspace, "plan": plan, "owner": owner, "routes": workspace._routes,
+        "INT_BUFFER": INT_BUFFER, "HOST_MIRROR": HOST_MIRROR,
+    }  # fmt: skip
+    forms = _forwarding(plan, bound=owner is not None, defaults=scope)
+    name = getattr(plan, "__qualname__", type(plan).__qualname__)
+    exec(compile(_PLANNED.format_map(forms), f"<plan_through of {name}>", "exec"), scope)
+    planned: Callable[..., T] = scope["planned"]
+    return functools.wraps(plan)(planned)
 
-    @functools.wraps(plan)
-    def planned(*args: Any, **kwargs: Any) -> T:
-        # Each object read costs here: an engine's forward pass leaves the host's caches cold.
-        key = owner if owner is not None else args[0] if args else None
-        # A route is dropped as its wrapper dies, before its id can be another object's.
-        planner = routes.get(id(key))
-        if planner is None:
-            return workspace._plan(plan, args, kwargs)
-        sizes = workspace._sizes  # what the plan sees, whatever another thread grows
-        attributes = key.__dict__  # a remembered route's wrapper is the key
-        int_workspace = workspace._int
-        if int_workspace is not None and attributes.get(INT_BUFFER) is workspace._int_tensor:
-            attributes[HOST_MIRROR] = workspace._mirror
+
+# plan_through's function, made for each plan's parameters: ``parameters`` its own, ``forward``
+# the same passed on, ``args`` and ``kwargs`` as a tuple and a dict, ``key`` the wrapper. Each
+# object read costs here: an engine's forward pass leaves the host's caches cold.
+_PLANNED = """
+def planned({parameters}):
+    key = {key}
+    # A route is dropped as its wrapper dies, before its id can be another object's.
+    planner = routes.get(id(key))
+    if planner is None:
+        return workspace._plan(plan, {args}, {kwargs})
+    sizes = workspace._sizes  # what the plan sees, whatever another thread grows
+    attributes = key.__dict__  # a remembered route's wrapper is the key
+    int_workspace = workspace._int
+    if int_workspace is not None and attributes.get(INT_BUFFER) is workspace._int_tensor:
+        attributes[HOST_MIRROR] = workspace._mirror
+    else:
+        int_workspace = None
+    try:
+        result = plan({forward})
+    except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+        return workspace._plan(plan, {args}, {kwargs}, (error, sizes))
+    if int_workspace is not None:
+        int_workspace.last_planner = planner
+    return result
+"""
+_ANY_CALL = {"parameters": "*args, **kwargs", "forward": "*args, **kwargs", "args": "args",
+             "kwargs": "kwargs", "key": "args[0] if args else None"}  # fmt: skip
+_PLANNED_NAMES = {  # what a parameter of its own may not be called
+    name
+    for code in compile(_PLANNED.format_map(_ANY_CALL), "", "exec").co_consts
+    if isinstance(code, types.CodeType)
+    for name in code.co_varnames + code.co_names
+} - {"args", "kwargs"} | {"owner"}
+
+
+def _forwarding(plan: Callable[..., Any], bound: bool, defaults: dict[str, Any]) -> dict[str, str]:
+    """The pieces of :data:`_PLANNED` for ``plan``'s parameters, their defaults put in
+    ``defaults`` by name; ``*args, **kwargs`` where they cannot be read or a name is taken. The
+    plan is called with its arguments in place; ``Workspace._plan`` gets them by name where it
+    can, as ``workspace_size()`` takes them (the wrapper, first of an unbound plan, in place)."""
+    anyhow = {**_ANY_CALL, "key": "owner" if bound else _ANY_CALL["key"]}
+    try:
+        parameters = list(inspect.signature(plan).parameters.values())
+    except (TypeError, ValueError):  # no signature Python can read (some builtins)
+        return anyhow
+    if any(p.name in _PLANNED_NAMES or p.name.startswith("default_") for p in parameters):
+        return anyhow
+    kind = inspect.Parameter
+    first = parameters[0] if parameters else None
+    starred = any(p.kind is kind.VAR_POSITIONAL for p in parameters)
+    written: list[str] = []
+    forward: list[str] = []
+    args: list[str] = []
+    kwargs: list[str] = []
+    stars: dict[Any, str] = {kind.VAR_POSITIONAL: "*", kind.VAR_KEYWORD: "**"}
+    for i, p in enumerate(parameters):
+        if p.kind is kind.KEYWORD_ONLY and not starred and "*" not in written:
+            written.append("*")
+        if p.default is not kind.empty:
+            defaults[f"default_{i}"] = p.default
+        star = stars.get(p.kind, "")
+        written.append(star + p.name + ("" if p.default is kind.empty else f"=default_{i}"))
+        forward.append(f"{p.name}={p.name}" if p.kind is kind.KEYWORD_ONLY else star + p.name)
+        by_name = p.kind is kind.KEYWORD_ONLY or (
+            p.kind is kind.POSITIONAL_OR_KEYWORD and not starred and (bound or p is not first)
+        )
+        if by_name:
+            kwargs.append(f"{p.name!r}: {p.name}")
         else:
-            int_workspace = None
-        try:
-            result = plan(*args, **kwargs)
-        except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-            return workspace._plan(plan, args, kwargs, (error, sizes))
-        if int_workspace is not None:
-            int_workspace.last_planner = planner
-        return result
-
-    return planned
+            (kwargs if p.kind is kind.VAR_KEYWORD else args).append(star + p.name)
+    positional_only = [i for i, p in enumerate(parameters) if p.kind is kind.POSITIONAL_ONLY]
+    if positional_only:
+        written.insert(positional_only[-1] + 1, "/")
+    key = "None" if first is None or first.kind in (kind.KEYWORD_ONLY, kind.VAR_KEYWORD) else (
+        f"{first.name}[0] if {first.name} else None" if first.kind is kind.VAR_POSITIONAL
+        else first.name
+    )  # fmt: skip
+    return {
+        "parameters": ", ".join(written),
+        "forward": ", ".join(forward),
+        "args": f"({', '.join(args)},)" if args else "()",
+        "kwargs": "{" + ", ".join(kwargs) + "}",
+        "key": "owner" if bound else key,
+    }
 
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any, index: int) -> int | None:
     """What the whole plan needs of one buffer (``index`` 0: float, 1: int), where its wrapper
     answers ``workspace_size()`` (float bytes, int bytes) with the arguments of ``plan()``, as
-    decode and paged-prefill wrappers do; else None. Asked only on the way to a sealed error."""
+    decode and paged-prefill wrappers do; else None. Asked only on the way to a sealed error,
+    with the keywords it takes (:func:`plan_through` names each of the plan's arguments)."""
     query = getattr(getattr(plan, "__self__", None), "workspace_size", None)
     if not callable(query):
         return None
     try:
+        taken = inspect.signature(query).parameters
+        if all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in taken.values()):
+            kwargs = {name: value for name, value in kwargs.items() if name in taken}
         answer = query(*args, **kwargs)
         need = answer[index] if isinstance(answer, tuple) else (answer if index == 0 else None)
     except Exception:  # not this wrapper's arguments, or no query for its backend

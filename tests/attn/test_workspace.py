@@ -5,6 +5,7 @@ checked in test_workspace_gpu.py."""
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import pickle
 import re
@@ -29,7 +30,7 @@ from mstar_resources import (
 )
 from mstar_resources._internal.floor import MAX_MB
 from mstar_resources.attn._overflow import MLA_PARTIALS
-from mstar_resources.attn.float_workspace import MAX_GROWTHS_PER_PLAN
+from mstar_resources.attn.float_workspace import MAX_GROWTHS_PER_PLAN, plan_through
 from mstar_resources.units import MIB
 
 from .fake_allocator import (
@@ -110,6 +111,49 @@ def test_a_wrapper_planned_before_grows_the_workspace_then_is_refused_once_seale
         "resources.attn.decode.declared_mb", 3,
     )  # fmt: skip
     assert (workspace.tensor.data_ptr(), workspace.tensor.numel()) == (address, 2 * MIB)
+
+
+class _EveryKind(FakeWrapper):
+    """A wrapper whose plan takes every kind of parameter, and returns what it was given."""
+
+    def plan(self, a, b=2, /, c=3, *rest, d, e=5, **more):  # type: ignore[override]
+        super().plan()
+        return (a, b, c, rest, d, e, more)
+
+
+def _every_kind(wrapper, a, b=2, /, c=3, *rest, d, e=5, **more):
+    return _EveryKind.plan(wrapper, a, b, c, *rest, d=d, e=e, **more)
+
+
+def _named_as_its_locals(wrapper, key, plan=0, *, planner=1, result=2):
+    return (key, plan, planner, result)
+
+
+CALLS = [((1,), {"d": 4}), ((1, 9, 8, 7, 6), {"d": 4, "e": 0, "f": -1}), ((1,), {"c": 7, "d": 4})]
+
+
+@pytest.mark.parametrize("args, kwargs", CALLS)
+def test_plan_through_gives_a_plan_its_arguments_as_a_direct_call_would(args, kwargs):
+    """Before and after the wrapper's route is known, bound and with the wrapper first."""
+    workspace = make_workspace()
+    wrapper = _EveryKind(workspace.tensor)
+    bound, first = plan_through(workspace, wrapper.plan), plan_through(workspace, _every_kind)
+    direct = wrapper.plan(*args, **kwargs)
+    for _ in range(2):
+        assert bound(*args, **kwargs) == direct
+        assert first(wrapper, *args, **kwargs) == direct
+    assert wrapper.plans == 5
+    assert inspect.signature(first) == inspect.signature(_every_kind)
+    with pytest.raises(TypeError):
+        first(wrapper, 1)  # d is required, as it is of the plan
+
+
+def test_plan_through_takes_a_plan_whose_parameters_are_named_as_its_own_names():
+    workspace = make_workspace()
+    wrapper = FakeWrapper(workspace.tensor)
+    planned = plan_through(workspace, _named_as_its_locals)
+    for _ in range(2):
+        assert planned(wrapper, "k", result=5) == ("k", 0, 1, 5)
 
 
 def test_int_workspace_overflow_reaches_the_caller_unchanged():
@@ -343,6 +387,28 @@ def test_sealed_overflow_of_a_wrapper_plan_says_what_the_whole_plan_needs():
         "the largest shape before sealing"
     )
     assert (planner.calls, workspace.tensor.numel()) == (1, MIB)
+
+
+class _SizedWrapper(FakeWrapper):
+    """A plan taking a keyword its ``workspace_size()`` does not, as FlashInfer's may."""
+
+    def plan(self, page_size, non_blocking=True):  # type: ignore[override]
+        super().plan()
+
+    def workspace_size(self, page_size):  # type: ignore[override]
+        return super().workspace_size()
+
+
+def test_a_sealed_overflow_through_plan_through_says_what_the_whole_plan_needs():
+    workspace = make_workspace()
+    wrapper = _SizedWrapper(workspace.tensor, float_allocations=DECODE_CHAIN[:1])
+    planned = plan_through(workspace, wrapper.plan)
+    planned(16)  # grows to 2 MiB
+    workspace.seal()
+    wrapper.float_allocations = [("batch_decode_tmp_v", 3 * MIB, 16), DECODE_CHAIN[1]]
+    with pytest.raises(WorkspaceSealedError) as raised:
+        planned(page_size=16)
+    assert raised.value.needed_bytes == 3 * MIB + 16_400  # the whole plan, not its first part
 
 
 def test_sealed_workspace_still_plans_what_fits():
