@@ -160,8 +160,9 @@ def pair_ratios(config: Config, results: dict[str, dict[str, Any]]) -> list[floa
 def _plan_clock(sides: dict[str, list[dict[str, Any]]]) -> tuple[str, str, str]:
     """Medians of the decode plan's clock (``vllm_proof._PlanClock``): FlashInfer's plan without
     and with the plugin (how fast the host ran each side), what the call around it added without
-    the plugin (the clock's own cost) and with it, and the plugin's path as a share of its
-    generation: its added time's share less the clock's own share on vLLM's side."""
+    the plugin (the clock's own cost) and with it, and the plugin's path as a share of
+    generation: in each plugin run, what the calls added less the clock's own cost a plan (vLLM's
+    side, mean), over the same generation, so the host's speed in that run moves both."""
 
     def median(side: str, key: str) -> float | None:
         found = [c[key] for r in sides[side] if key in (c := r.get("decode_plan_clock") or {})]
@@ -171,11 +172,17 @@ def _plan_clock(sides: dict[str, list[dict[str, Any]]]) -> tuple[str, str, str]:
         found = [median(side, key) for side in ("vllm", "plugin")]
         return "/".join("-" if a is None else f"{a:.1f}" for a in found)
 
-    share, clock_share = median("plugin", "added_of_generate"), median("vllm", "added_of_generate")
+    clock_us = median("vllm", "added_per_plan_us") or 0.0
+    clocks = [
+        c
+        for r in sides["plugin"]
+        if (c := r.get("decode_plan_clock") or {}).get("added_per_plan_us")
+    ]
+    shares = [c["added_of_generate"] * (1 - clock_us / c["added_per_plan_us"]) for c in clocks]
     return (
         both("flashinfer_plan_us"),
         both("added_median_us"),
-        "-" if share is None else f"{share - (clock_share or 0.0):.2%}",
+        f"{statistics.median(shares):.2%}" if shares else "-",
     )
 
 
