@@ -270,30 +270,27 @@ class Workspace(BufferHolder):
 
 def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., T]:
     """``plan`` as ``workspace`` plans it: calling the result is ``workspace.plan(plan, ...)``
-    (a bound ``plan``'s wrapper is its object, else its first argument, as vLLM's
-    ``fast_plan_decode(wrapper, ...)``). Made once and put where the engine calls its planner:
+    (the wrapper a bound ``plan``'s object, else its first argument, as vLLM's
+    ``fast_plan_decode(wrapper, ...)``). Made once and put where an engine calls its planner:
     the common case of every step (a wrapper planned before, a plan that fits) runs in it, the
-    rest in ``Workspace._plan``.
-
-    It takes ``plan``'s own parameters where they can be read (:func:`inspect.signature`), so an
-    engine's arguments bind to them as they would to ``plan`` and go on to it in place, with no
-    tuple and dict of them made and unpacked again on the way (vLLM passes 16 keywords a decode
-    plan); else it takes ``*args, **kwargs``."""
+    rest in ``Workspace._plan``. It takes ``plan``'s own parameters (``*args, **kwargs`` where
+    they cannot be read), so an engine's arguments bind once and go on in place, with no tuple
+    and dict of them made on the way (vLLM passes 16 keywords a decode plan)."""
     owner = getattr(plan, "__self__", None)
     scope: dict[str, Any] = {
         "workspace": workspace, "plan": plan, "owner": owner, "routes": workspace._routes,
         "INT_BUFFER": INT_BUFFER, "HOST_MIRROR": HOST_MIRROR,
     }  # fmt: skip
-    forms = _forwarding(plan, bound=owner is not None, defaults=scope)
+    source = _PLANNED.format_map(_forwarding(plan, owner is not None, scope))
     name = getattr(plan, "__qualname__", type(plan).__qualname__)
-    exec(compile(_PLANNED.format_map(forms), f"<plan_through of {name}>", "exec"), scope)
+    exec(compile(source, f"<plan_through of {name}>", "exec"), scope)
     planned: Callable[..., T] = scope["planned"]
     return functools.wraps(plan)(planned)
 
 
-# plan_through's function, made for each plan's parameters: ``parameters`` its own, ``forward``
-# the same passed on, ``args`` and ``kwargs`` as a tuple and a dict, ``key`` the wrapper. Each
-# object read costs here: an engine's forward pass leaves the host's caches cold.
+# plan_through's function: ``parameters`` the plan's own, ``forward`` them passed on, ``args`` and
+# ``kwargs`` them as a tuple and a dict, ``key`` the wrapper. Each object read costs here: an
+# engine's forward pass leaves the host's caches cold.
 _PLANNED = """
 def planned({parameters}):
     key = {key}
@@ -318,7 +315,7 @@ def planned({parameters}):
 """
 _ANY_CALL = {"parameters": "*args, **kwargs", "forward": "*args, **kwargs", "args": "args",
              "kwargs": "kwargs", "key": "args[0] if args else None"}  # fmt: skip
-_PLANNED_NAMES = {  # what a parameter of its own may not be called
+_TAKEN = {  # the names of _PLANNED a parameter of the plan's may not have
     name
     for code in compile(_PLANNED.format_map(_ANY_CALL), "", "exec").co_consts
     if isinstance(code, types.CodeType)
@@ -326,54 +323,48 @@ _PLANNED_NAMES = {  # what a parameter of its own may not be called
 } - {"args", "kwargs"} | {"owner"}
 
 
+class _Named(str):
+    """A default written as its name in a signature's text."""
+
+    __repr__ = str.__str__
+
+
 def _forwarding(plan: Callable[..., Any], bound: bool, defaults: dict[str, Any]) -> dict[str, str]:
     """The pieces of :data:`_PLANNED` for ``plan``'s parameters, their defaults put in
-    ``defaults`` by name; ``*args, **kwargs`` where they cannot be read or a name is taken. The
-    plan is called with its arguments in place; ``Workspace._plan`` gets them by name where it
-    can, as ``workspace_size()`` takes them (the wrapper, first of an unbound plan, in place)."""
-    anyhow = {**_ANY_CALL, "key": "owner" if bound else _ANY_CALL["key"]}
+    ``defaults``. ``Workspace._plan`` gets the arguments by name where it can, as
+    ``workspace_size()`` takes them (the wrapper first of an unbound plan)."""
     try:
         parameters = list(inspect.signature(plan).parameters.values())
     except (TypeError, ValueError):  # no signature Python can read (some builtins)
-        return anyhow
-    if any(p.name in _PLANNED_NAMES or p.name.startswith("default_") for p in parameters):
-        return anyhow
+        parameters = []
+    if not parameters or any(p.name in _TAKEN or p.name.startswith("default_") for p in parameters):
+        return {**_ANY_CALL, "key": "owner" if bound else _ANY_CALL["key"]}
     kind = inspect.Parameter
-    first = parameters[0] if parameters else None
-    starred = any(p.kind is kind.VAR_POSITIONAL for p in parameters)
-    written: list[str] = []
+    stars: dict[Any, str] = {kind.VAR_POSITIONAL: "*", kind.VAR_KEYWORD: "**"}
+    starred = kind.VAR_POSITIONAL in {p.kind for p in parameters}
+    written: list[inspect.Parameter] = []
     forward: list[str] = []
     args: list[str] = []
     kwargs: list[str] = []
-    stars: dict[Any, str] = {kind.VAR_POSITIONAL: "*", kind.VAR_KEYWORD: "**"}
     for i, p in enumerate(parameters):
-        if p.kind is kind.KEYWORD_ONLY and not starred and "*" not in written:
-            written.append("*")
-        if p.default is not kind.empty:
-            defaults[f"default_{i}"] = p.default
-        star = stars.get(p.kind, "")
-        written.append(star + p.name + ("" if p.default is kind.empty else f"=default_{i}"))
-        forward.append(f"{p.name}={p.name}" if p.kind is kind.KEYWORD_ONLY else star + p.name)
-        by_name = p.kind is kind.KEYWORD_ONLY or (
-            p.kind is kind.POSITIONAL_OR_KEYWORD and not starred and (bound or p is not first)
-        )
-        if by_name:
-            kwargs.append(f"{p.name!r}: {p.name}")
+        if p.default is not p.empty:
+            defaults[f"default_{i}"], p = p.default, p.replace(default=_Named(f"default_{i}"))
+        written.append(p.replace(annotation=p.empty))
+        as_given = stars.get(p.kind, "") + p.name
+        forward.append(f"{p.name}={p.name}" if p.kind is kind.KEYWORD_ONLY else as_given)
+        if p.kind is kind.KEYWORD_ONLY or (
+            p.kind is kind.POSITIONAL_OR_KEYWORD and not starred and (bound or i > 0)
+        ):
+            kwargs.append(f"{p.name}={p.name}")
         else:
-            (kwargs if p.kind is kind.VAR_KEYWORD else args).append(star + p.name)
-    positional_only = [i for i, p in enumerate(parameters) if p.kind is kind.POSITIONAL_ONLY]
-    if positional_only:
-        written.insert(positional_only[-1] + 1, "/")
-    key = "None" if first is None or first.kind in (kind.KEYWORD_ONLY, kind.VAR_KEYWORD) else (
-        f"{first.name}[0] if {first.name} else None" if first.kind is kind.VAR_POSITIONAL
-        else first.name
-    )  # fmt: skip
+            (kwargs if p.kind is kind.VAR_KEYWORD else args).append(as_given)
+    in_place = parameters[0].kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD)
     return {
-        "parameters": ", ".join(written),
+        "parameters": str(inspect.Signature(written))[1:-1],
         "forward": ", ".join(forward),
         "args": f"({', '.join(args)},)" if args else "()",
-        "kwargs": "{" + ", ".join(kwargs) + "}",
-        "key": "owner" if bound else key,
+        "kwargs": f"dict({', '.join(kwargs)})",
+        "key": "owner" if bound else parameters[0].name if in_place else "None",
     }
 
 
