@@ -71,11 +71,11 @@ def register_settings(config_name: str, settings: type) -> None:
 
 
 def compose_deployment(
-    config_name: str, deployment: str, config_dir: Path | None = None, *, settings: type
+    config_name: str, deployment: str, config_dir: Path | None = None
 ) -> DictConfig:
     """The shipped primary config ``config_name`` composed as ``mstar-resources --config-dir
     <config_dir> deployment=<deployment>`` does, for an engine's plugin (its own Hydra kept)."""
-    register_settings(config_name, settings)
+    register_settings(config_name, ComposedTree)
     with hydra_on(SHIPPED_CONF, compose_deployment):
         # Quoted: a file named inf.yaml, null.yaml or x,y.yaml is a name, not a number or a sweep.
         on = Composition(config_name, [f"{DEPLOYMENT_GROUP}={quoted(deployment)}"], config_dir)

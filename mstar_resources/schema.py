@@ -9,8 +9,7 @@ from dataclasses import dataclass, field, fields
 from omegaconf import MISSING
 
 from ._internal.floor import INT, MAX_MB, mb_problem, number_text
-from ._internal.limits import name_problem
-from .errors import Problem, ResourceConfigError
+from .errors import Problem, ResourceConfigError, name_problem
 
 __all__ = ["Resource"]
 

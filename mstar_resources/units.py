@@ -1,13 +1,13 @@
-"""Units and the few number rules every layer shares: one place for each."""
+"""Units, and the few number and version rules every layer shares: one place for each."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from typing import TypeGuard
 
-__all__ = [
-    "ALIGNMENT", "MIB", "is_int", "mb_to_hold", "plural", "release", "round_up",
-]  # fmt: skip
+__all__ = ["ALIGNMENT", "MIB", "installed_version", "is_int", "mb_to_hold", "plural", "release",
+           "round_up"]  # fmt: skip
 
 MIB = 1 << 20
 """One MB as engines size workspaces, and as every setting here counts it: a mebibyte."""
@@ -41,3 +41,11 @@ def release(version: str) -> tuple[int, ...]:
     engine: ``0.7.2.post1`` is ``(0, 7, 2)``, ``0.35.0rc1+cu130`` is ``(0, 35, 0)``."""
     match = re.match(r"\d+(\.\d+)*", version)
     return tuple(int(part) for part in match.group().split(".")) if match else ()
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed ``distribution``'s version (FlashInfer's, an engine's), None where absent."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -125,7 +125,7 @@ def test_importing_the_package_and_its_conf_imports_no_torch():
 
 CORE = {"mstar_resources", "mstar_resources.errors", "mstar_resources.units",
         "mstar_resources._internal", "mstar_resources._internal.floor",
-        "mstar_resources._internal.limits", "mstar_resources.attn",
+        "mstar_resources.attn",
         "mstar_resources.attn.workspace", "mstar_resources.attn.buffer",
         "mstar_resources.attn.float_workspace", "mstar_resources.attn.int_workspace",
         "mstar_resources.attn.pool", "mstar_resources.attn._overflow",

@@ -92,8 +92,8 @@ def test_the_checks_find_an_upward_import_and_circles():
     graph = {"errors": {"apps.dry_run"}, "apps.dry_run": set(),  # upward
              "integrations.setting": {"apps.settings"}, "apps.settings": set(),  # a plugin: too
              "attn.pool": {"attn.buffer", "_internal.floor"}, "attn.buffer": {"attn.pool"},
-             "_internal.floor": set(), "_internal.limits": {"attn.buffer"}}  # fmt: skip
-    assert upward(graph) == ["_internal.limits imports attn.buffer (the core)",
+             "_internal.floor": set(), "_internal.output": {"attn.buffer"}}  # fmt: skip
+    assert upward(graph) == ["_internal.output imports attn.buffer (the core)",
                              "errors imports apps.dry_run (the apps)",
                              "integrations.setting imports apps.settings (the apps)"]  # fmt: skip
     assert circles(graph) == ["attn.buffer", "attn.pool"]

@@ -18,7 +18,7 @@ from mstar_resources.calibration.measure import Need, Shape
 from mstar_resources.calibration.override import users_deployment_folder, write_override
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import Machine, calibration_inputs
-from mstar_resources.compose import ComposedTree, compose_deployment
+from mstar_resources.compose import compose_deployment
 from mstar_resources.errors import ResourceConfigError
 from mstar_resources.integrations.sglang import SGLANG
 from mstar_resources.integrations.vllm import VLLM
@@ -60,7 +60,7 @@ def write_the_pages_files(folder: Path) -> dict[str, Path]:
 def composed(folder: Path, deployment: str):
     """``deployment`` of ``folder/my-conf``, composed as the plugins compose it."""
     config_dir = folder / "my-conf"
-    return compose_deployment("mstar_resources_vllm", deployment, config_dir, settings=ComposedTree)
+    return compose_deployment("mstar_resources_vllm", deployment, config_dir)
 
 
 def calibrate_on_the_cpu(folder: Path, deployment: str, searchpath: list[str]) -> Path:

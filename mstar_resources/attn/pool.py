@@ -13,12 +13,12 @@ import torch
 import torch.distributed as dist
 
 from .._internal.floor import INT, Floor, resolve_floor
-from .._internal.limits import name_problem
 from ..errors import (
     ResourceConfigError,
     ResourceUsageError,
     WorkspaceAgreementError,
     check_argument,
+    name_problem,
 )
 from ..units import is_int, plural
 from ._flashinfer import FLOAT_BUFFER, own_buffers

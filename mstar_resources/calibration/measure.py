@@ -142,9 +142,8 @@ class Planner:
             "q_data_type": getattr(torch, model.q_dtype),
             "kv_data_type": getattr(torch, model.kv_dtype),
         }
-        self.output = (
-            {} if model.o_dtype is None else {"o_data_type": getattr(torch, model.o_dtype)}
-        )
+        o_dtype = model.o_dtype
+        self.output = {} if o_dtype is None else {"o_data_type": getattr(torch, o_dtype)}
 
     def _indptr(self, batch: int, step: int) -> torch.Tensor:
         return torch.arange(batch + 1, dtype=torch.int32, device=self.device) * step

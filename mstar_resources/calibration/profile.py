@@ -6,7 +6,6 @@ GPU work, :func:`load_profile` reports every problem of a composed node, and
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from omegaconf.errors import (
 
 from ..attn._flashinfer import plain_decode_groups
 from ..errors import ResourceConfigError, did_you_mean
-from ..units import is_int, release
+from ..units import installed_version, is_int, release
 
 PROFILE_KEY = "calibration"
 _WHERE = "the calibration profile"
@@ -297,23 +296,15 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
     return profile
 
 
-OLDEST = (0, 6, 6)
+OLDEST = "0.6.6"
 """Calibration runs on FlashInfer 0.6.6 and newer (0.6.x measured by growth: its wrappers have no
 ``workspace_size()``); 0.7.2 brought ``MLAPlanMetadata`` and ``q_len_per_req``."""
-MLA_SINCE = (0, 7, 2)
-MULTI_TOKEN_DECODE_SINCE = (0, 7, 2)
+MLA_SINCE = MULTI_TOKEN_DECODE_SINCE = "0.7.2"
 
 
 def installed_flashinfer() -> str | None:
     """The installed ``flashinfer-python``'s version, or None."""
-    try:
-        return importlib.metadata.version("flashinfer-python")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _release(numbers: tuple[int, ...]) -> str:
-    return ".".join(map(str, numbers))
+    return installed_version("flashinfer-python")
 
 
 def version_problems(
@@ -324,24 +315,22 @@ def version_problems(
     (``DISPATCH_GQA_GROUP_SIZE``: 1, 2, 3, 4 and 8 in 0.6.6; 0.7.4 adds 6 and 16), or None."""
     have = release(version)
     problems = []
-    if have < OLDEST:
-        problems.append(
-            f"FlashInfer {version} is older than {_release(OLDEST)}, the oldest supported"
-        )
+    if have < release(OLDEST):
+        problems.append(f"FlashInfer {version} is older than {OLDEST}, the oldest supported")
     mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
-    if mla and have < MLA_SINCE:
+    if mla and have < release(MLA_SINCE):
         problems.append(
             f"mla plans ({', '.join(f'calibration.plans.{x}' for x in mla)}) need FlashInfer "
-            f"{_release(MLA_SINCE)} or newer (installed: {version})"
+            f"{MLA_SINCE} or newer (installed: {version})"
         )
     multi = [
         f"calibration.plans.{label}.q_len_per_req={plan.q_len_per_req}"
         for label, plan in profile.plans.items()
         if plan.q_len_per_req > 1
     ]
-    if multi and have < MULTI_TOKEN_DECODE_SINCE:
+    if multi and have < release(MULTI_TOKEN_DECODE_SINCE):
         problems.append(
-            f"{', '.join(multi)} needs FlashInfer {_release(MULTI_TOKEN_DECODE_SINCE)} or newer "
+            f"{', '.join(multi)} needs FlashInfer {MULTI_TOKEN_DECODE_SINCE} or newer "
             f"(installed: {version})"
         )
     model = profile.model

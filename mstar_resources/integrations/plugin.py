@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import importlib.abc
 import importlib.machinery
-import importlib.metadata
 import logging
 import re
 import sys
@@ -20,7 +19,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ResourceConfigError
-from ..units import release
+from ..units import installed_version, release
 from .setting import AUTO, PluginSetting, Setting
 
 if TYPE_CHECKING:
@@ -114,14 +113,6 @@ def _find(module: Any, dotted: str) -> Any:
 
 def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def installed_version(distribution: str) -> str | None:
-    """The version of the installed ``distribution`` (an engine), None where it is not."""
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 # -- a module patched once the engine imports it -----------------------------------------------

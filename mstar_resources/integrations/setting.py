@@ -97,7 +97,7 @@ class PluginSetting:
 
     def compose(self, value: str) -> Any:
         """The shipped tree composed with deployment ``value``: a shipped name, or a file's path."""
-        from ..compose import NO_DEPLOYMENT, ComposedTree, compose_deployment, deployment_options
+        from ..compose import NO_DEPLOYMENT, compose_deployment, deployment_options
 
         named, off = self.assignment(value), self.off
         if os.sep in value or "/" in value or value.endswith((".yaml", ".yml")):
@@ -121,7 +121,7 @@ class PluginSetting:
                 )
             config_dir, name = None, value
         try:
-            return compose_deployment(self.config_name, name, config_dir, settings=ComposedTree)
+            return compose_deployment(self.config_name, name, config_dir)
         except ResourceConfigError as error:
             raise ResourceConfigError(f"{named}: {error}") from None
 

@@ -126,6 +126,7 @@ def read_builder(
     # 0.33 plans speculative tokens as decode in its fa2 native decode; 0.26 sends them to prefill.
     fa2_decode = getattr(builder, "use_fa2_native_decode", False)
     decode_q_len = builder.reorder_batch_threshold if fa2_decode else 1
+    graph_max_batch = builder._decode_cudagraph_max_bs if builder.enable_cuda_graph else None
     return BuilderPlans(
         group=group,
         layers=tuple(layers),
@@ -141,9 +142,7 @@ def read_builder(
         kernels={"prefill": "trtllm-gen" if prefill_trtllm else NATIVE, "decode": decode},
         dcp_world_size=builder.dcp_world_size,
         decode_q_len=max(1, decode_q_len),
-        decode_graph_max_batch=builder._decode_cudagraph_max_bs
-        if builder.enable_cuda_graph
-        else None,
+        decode_graph_max_batch=graph_max_batch,
         non_causal=bool(getattr(attention, "use_non_causal", False)),
         trtllm_dcp_prefill=bool(getattr(builder, "use_trtllm_dcp_prefill", False)),
     )
