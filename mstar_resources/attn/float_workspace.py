@@ -3,7 +3,6 @@ workspace) grows that buffer in place and runs again; once sealed, it is refused
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import types
@@ -49,7 +48,7 @@ class Workspace(BufferHolder):
             own, and an int overflow reaches the caller.
     """
 
-    __slots__ = ("_by_kind", "_checked", "_int", "_int_tensor", "_mirror", "_routes", "_sizes")
+    __slots__ = ("_by_kind", "_int", "_int_tensor", "_mirror", "_routes", "_sizes")
 
     def __init__(
         self,
@@ -73,7 +72,6 @@ class Workspace(BufferHolder):
         self._by_kind = {"float": self._buffer}
         if int_workspace is not None:
             self._by_kind["int"] = int_workspace._buffer
-        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()  # wrappers _refuse_views passed
         # A weak reference to each wrapper planned, by its id (:meth:`_route`): an engine's wrapper
         # often refers to itself through its attributes, and a strong one would keep it alive.
         self._routes: dict[int, Callable[[], Any]] = {}
@@ -228,17 +226,10 @@ class Workspace(BufferHolder):
 
     def _refuse_views(self, wrapper: Any) -> None:
         """Refuse a wrapper holding a view of this growable buffer (:func:`buffer_views`): growth
-        would leave the view on the old memory. Each wrapper is checked once; a sealed workspace
-        never moves, so views of it are safe."""
-        if wrapper is None or self._buffer.sealed:
-            return
-        with contextlib.suppress(TypeError):  # no weak references to it: checked at every plan
-            if wrapper in self._checked:
-                return
-        views = buffer_views(wrapper, self.tensor)
+        would leave the view on the old memory. Checked as its route is found (once a wrapper
+        that is remembered); a sealed workspace never moves, so views of it are safe."""
+        views = [] if wrapper is None or self._buffer.sealed else buffer_views(wrapper, self.tensor)
         if not views:
-            with contextlib.suppress(TypeError):
-                self._checked.add(wrapper)
             return
         raise WorkspacePlanError(
             f"workspace {self.name!r} can grow, and the {type(wrapper).__name__} planning "
