@@ -42,7 +42,7 @@ class SglangWorkspaces(PluginState):
         super().__init__(setting)
         self.workspaces: dict[str, Workspace] = {}  # by role
         self._by_tensor: dict[int, Workspace] = {}
-        self._planners: dict[tuple[int, Any], Any] = {}  # plan_through(workspace, plan)
+        self._planners: dict[tuple[int, Any], Any] = {}  # by (id(workspace.tensor), plan)
         self.backends = 0  # FlashInfer backends given the workspaces
         self.own_workspaces = 0  # backends that made one of their own (init_new_workspace)
         self.other_backends: list[str] = []  # subclasses that run other kernels, by name
@@ -175,12 +175,13 @@ class SglangWorkspaces(PluginState):
 
     def plan(self, plan: Callable[..., Any], wrapper: Any, *args: Any, **kwargs: Any) -> Any:
         """``plan(wrapper, ...)``, through ``wrapper``'s workspace where it is the plugin's."""
-        workspace = self._by_tensor.get(id(getattr(wrapper, FLOAT_BUFFER, None)))
-        if workspace is None:
-            return plan(wrapper, *args, **kwargs)
-        planned = self._planners.get((id(workspace), plan))
+        key = (id(getattr(wrapper, FLOAT_BUFFER, None)), plan)
+        planned = self._planners.get(key)
         if planned is None:
-            planned = self._planners[id(workspace), plan] = plan_through(workspace, plan)
+            workspace = self._by_tensor.get(key[0])
+            if workspace is None:
+                return plan(wrapper, *args, **kwargs)
+            planned = self._planners[key] = plan_through(workspace, plan)
         return planned(wrapper, *args, **kwargs)
 
     # Step 3: before SGLang captures CUDA graphs (ModelRunner.init_cuda_graphs).
