@@ -34,7 +34,7 @@ from hydra.core.global_hydra import GlobalHydra
 from mstar_resources import resolve
 from mstar_resources.apps.dry_run import DryRunSettings
 from mstar_resources.apps.hydra_app import register_settings
-from mstar_resources.calibration.override import CALIBRATED_SUFFIX
+from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.compose import shipped_deployments
 from mstar_resources.units import MIB

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 import vllm_proof  # noqa: E402
 from vllm_proof import INIT_STD, VOCAB, digest, trace_requests  # noqa: E402
 
-from mstar_resources.calibration.override import calibrated_name  # noqa: E402
+from mstar_resources.calibration.calibrate import calibrated_name  # noqa: E402
 
 from _args import DAY, output_folder, run_main, seconds  # noqa: E402
 from _engines import engine_plans  # noqa: E402

@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from mstar_resources.calibration.calibrate import LabelNeed, per_resource
+from mstar_resources.calibration.calibrate import (
+    LabelNeed,
+    per_resource,
+    users_deployment_folder,
+    write_override,
+)
 from mstar_resources.calibration.measure import Need, Shape
-from mstar_resources.calibration.override import users_deployment_folder, write_override
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import Machine, calibration_inputs
 from mstar_resources.compose import compose_deployment

@@ -11,13 +11,17 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ..calibration.calibrate import check_labels, measure_all, one_buffer, per_resource, table
-from ..calibration.override import (
+from ..calibration.calibrate import (
     DEFAULT_MARGIN,
     DEFAULT_OUTPUT_DIR,
     base_deployment,
+    check_labels,
     how_to_compose,
+    measure_all,
+    one_buffer,
+    per_resource,
     profile_settings,
+    table,
     users_deployment_folder,
     write_override,
 )

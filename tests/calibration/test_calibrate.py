@@ -12,21 +12,19 @@ from omegaconf import OmegaConf
 
 from mstar_resources import ResourceConfigError, resolve
 from mstar_resources.calibration.calibrate import (
+    DEFAULT_OUTPUT_DIR,
     LabelNeed,
+    base_deployment,
+    calibrated_name,
     check_backends,
     check_labels,
+    how_to_compose,
     one_buffer,
     per_resource,
     table,
-)
-from mstar_resources.calibration.measure import Need, Shape
-from mstar_resources.calibration.override import (
-    DEFAULT_OUTPUT_DIR,
-    base_deployment,
-    calibrated_name,
-    how_to_compose,
     write_override,
 )
+from mstar_resources.calibration.measure import Need, Shape
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.compose import shipped_deployments
 from mstar_resources.resolver import ResolvedResource

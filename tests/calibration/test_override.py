@@ -9,9 +9,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mstar_resources import resolve
-from mstar_resources.calibration.calibrate import LabelNeed, per_resource, table
+from mstar_resources.calibration.calibrate import (
+    LabelNeed,
+    per_resource,
+    profile_settings,
+    table,
+    write_override,
+)
 from mstar_resources.calibration.measure import Need, Shape
-from mstar_resources.calibration.override import profile_settings, write_override
 from mstar_resources.calibration.profile import load_profile
 from mstar_resources.calibration.record import (
     Machine,

@@ -541,7 +541,7 @@ def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
     and the log names the group that set it. The decode wrappers' int workspace holds the most
     any builder's decode plans need of it; vLLM's prefill wrappers keep their own, so the
     prefill workspace has none."""
-    from mstar_resources.calibration.override import Measured
+    from mstar_resources.calibration.calibrate import Measured
 
     wide = replace(PLANS, group=1, layers=("l1",), num_qo_heads=64, num_kv_heads=4)
     vllm_stand_in.plans = [PLANS, replace(PLANS, layers=("l2",)), wide]
@@ -578,7 +578,7 @@ def test_each_tensor_parallel_rank_measures_its_own_heads_and_the_ranks_agree(mo
     plugin's ``auto``, in each worker process, measures the plans of those; the two ranks, alike,
     reserve the same bytes, so vLLM's cut of every worker's KV blocks to the smallest takes
     nothing more from either."""
-    from mstar_resources.calibration.override import Measured
+    from mstar_resources.calibration.calibrate import Measured
 
     monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
         VLLM_BATCH_INVARIANT=False))  # fmt: skip

@@ -169,8 +169,7 @@ def _captures(phase: Any) -> bool:
 
 def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], dict[str, str]]:
     """The resources of ``plans``, each floor what its plans need on ``device``, and whence."""
-    from ...calibration.calibrate import measure_all, per_resource
-    from ...calibration.override import declared_floors
+    from ...calibration.calibrate import declared_floors, measure_all, per_resource
 
     tree = plans.tree()
     needs = per_resource(measure_all(resolve(tree), plans.profile(), device, show_progress=False))

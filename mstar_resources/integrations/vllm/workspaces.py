@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from ...attn.workspace import Workspace, WorkspacePool
-    from ...calibration.override import Measured
+    from ...calibration.calibrate import Measured
     from ...calibration.profile import CalibrationProfile
 
 ENV_VAR = "MSTAR_RESOURCES_VLLM"
@@ -218,7 +218,7 @@ class VllmWorkspaces(PluginState):
         self, config: Any, device: torch.device, roles: Sequence[Role]
     ) -> tuple[ResolvedResource, ...]:
         """``auto``: each native phase's resource, its floor the most any builder's plans need."""
-        from ...calibration.override import declared_floors
+        from ...calibration.calibrate import declared_floors
 
         tree: dict[str, Any] = {"attn": {}}
         for role in roles:
