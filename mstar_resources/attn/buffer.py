@@ -106,7 +106,7 @@ class GrowableBuffer:
                 f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
             )
         self.tensor = tensor
-        self.nbytes = self.floor_bytes = tensor.numel()  # kept as a number for the plan to read
+        self.floor_bytes = tensor.numel()
         self.name = name
         self.sealed = sealed
         self.floor = floor
@@ -124,7 +124,7 @@ class GrowableBuffer:
         with self.lock:
             self.sealed = True
 
-    def refuse_growth(self, refused: bool = True) -> None:
+    def refuse_growth(self, refused: bool) -> None:
         """Refuse a plan's overflow as if sealed while the ranks agree on sizes, or no longer."""
         with self.lock:
             self._growth_refused = refused
@@ -250,7 +250,6 @@ class GrowableBuffer:
         self.tensor.set_(grown.untyped_storage())
         if self.mirror is not None and grown_mirror is not None:
             self.mirror.set_(grown_mirror.untyped_storage())
-        self.nbytes = need
         return need - have
 
 
