@@ -105,28 +105,26 @@ class Workspace(BufferHolder):
             planner, attributes = self._route(plan, args, key)
         growths, last = 0, None
         while True:
-            # The mirror is the int workspace's to hand out only to a wrapper planning on it;
-            # growth keeps the int workspace's tensor, so the wrapper plans on it as it did.
+            if failed is not None:
+                raised, seen = failed
+                last = self._grow_for(raised, (plan, args, kwargs), planner(), seen, growths, last)
+                growths += 1
+                self._refresh(plan, attributes)
+            # The mirror is the int workspace's to hand out only to a wrapper planning on it.
             int_workspace = self._int
             if int_workspace is not None and attributes.get(INT_BUFFER) is self._int_tensor:
                 attributes[HOST_MIRROR] = self._mirror
             else:
                 int_workspace = None
-            if failed is None:
-                sizes = self._sizes
-                try:
-                    planned = plan(*args, **kwargs)
-                except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-                    failed = (error, sizes)
-                else:
-                    if int_workspace is not None:
-                        int_workspace.last_planner = planner
-                    return planned
-            raised, seen = failed
-            last = self._grow_for(raised, (plan, args, kwargs), planner(), seen, growths, last)
-            growths += 1
-            self._refresh(plan, attributes)
-            failed = None
+            sizes = self._sizes
+            try:
+                planned = plan(*args, **kwargs)
+            except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+                failed = (error, sizes)
+            else:
+                if int_workspace is not None:
+                    int_workspace.last_planner = planner
+                return planned
 
     def _refresh(
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
