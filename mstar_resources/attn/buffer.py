@@ -182,14 +182,13 @@ class GrowableBuffer:
             else f"{overflow.allocation} asked for {overflow.size:,} bytes, alignment "
             f"{overflow.alignment}, with {have - overflow.available:,} taken"
         )
+        asked, caveat = f"{need:,} ({failed})", ""
         if whole is not None and whole >= need:
-            asked, caveat = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})", ""
-        elif overflow.whole_buffer:
-            whole, asked, caveat = need, f"{need:,} ({failed})", ""
-        else:
-            whole = need
-            asked = f"at least {need:,} ({failed})"
+            asked = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})"
+        elif not overflow.whole_buffer:
+            asked = f"at least {asked}"
             caveat = " (allocations after it were not tried and may ask for more)"
+        whole = max(whole or 0, need)
         return self.refusal(
             f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan needs {asked}; "
             f"set {self.floor}={mb_to_hold(whole)} or more{caveat}, or plan the largest shape "

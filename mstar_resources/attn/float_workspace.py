@@ -41,8 +41,7 @@ class Workspace(BufferHolder):
         tensor: the buffer, 1-D ``torch.uint8``, as given to FlashInfer's wrappers.
         name: how errors and logs refer to this workspace, e.g. ``attention:decode:cg0``.
         sealed: start sealed.
-        floor: the setting (config key or environment variable) that sizes its floor, which
-            errors and logs name as the one to raise.
+        floor: the setting (config key or environment variable) that sizes its floor.
         int_workspace: the int workspace the same wrappers plan their indices into, grown by
             :meth:`plan` and sealed by :meth:`seal` with this one. None: each wrapper keeps its
             own, and an int overflow reaches the caller.
@@ -133,8 +132,7 @@ class Workspace(BufferHolder):
         never changed), and the recorded size of every remembered wrapper, ``plan``'s object (a
         cascade level records one too) and ``attributes``' wrapper."""
         self._sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
-        wrappers = [getattr(plan, "__self__", None)]
-        wrappers += [planner() for planner in list(self._routes.values())]
+        wrappers = [getattr(plan, "__self__", None), *(p() for p in list(self._routes.values()))]
         for each in [attributes, *(getattr(w, "__dict__", None) for w in wrappers)]:
             if each is not None:
                 refresh_recorded_size(each, self._buffer.tensor)
@@ -348,9 +346,8 @@ def _forwarding(plan: Callable[..., Any], bound: bool, defaults: dict[str, Any])
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any, index: int) -> int | None:
     """What the whole plan needs of one buffer (``index`` 0: float, 1: int), where its wrapper
-    answers ``workspace_size()`` (float bytes, int bytes) with the arguments of ``plan()``, as
-    decode and paged-prefill wrappers do; else None. Asked only on the way to a sealed error,
-    with the keywords it takes (:func:`plan_through` names each of the plan's arguments)."""
+    answers ``workspace_size()`` (float bytes, int bytes) given the plan's arguments (those it
+    takes by name), as decode and paged-prefill wrappers do; else None."""
     query = getattr(getattr(plan, "__self__", None), "workspace_size", None)
     if not callable(query):
         return None
