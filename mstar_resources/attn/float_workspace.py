@@ -40,7 +40,6 @@ class Workspace(BufferHolder):
     Args:
         tensor: the buffer, 1-D ``torch.uint8``, as given to FlashInfer's wrappers.
         name: how errors and logs refer to this workspace, e.g. ``attention:decode:cg0``.
-        sealed: start sealed.
         floor: the setting (config key or environment variable) that sizes its floor.
         int_workspace: the int workspace the same wrappers plan their indices into, grown by
             :meth:`plan` and sealed by :meth:`seal` with this one. None: each wrapper keeps its
