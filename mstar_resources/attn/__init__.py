@@ -1,2 +1,1 @@
-"""FlashInfer's workspaces (``workspace``) and what they read of FlashInfer (``_flashinfer``).
-Importing the package imports no torch, so that torch-free checks can read ``_flashinfer``."""
+"""FlashInfer's workspaces; importing this package imports no torch (``_flashinfer`` says why)."""

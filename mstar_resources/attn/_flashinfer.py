@@ -34,9 +34,8 @@ construction (0.6.6, 0.7.4); its run hands the figure to the ``trtllm-gen`` back
 its scratch by it. The decode wrapper reads the tensor's size at each plan instead."""
 
 REFUSAL = ("flashinfer.mla._batch_mla._backends._capabilities", "_BackendPlanUnsupportedError")
-"""The module and name of FlashInfer's refusal to plan a shape (0.7.4: "typed signal for backend
-preflight rejection before launch/compile", a ``ValueError``). Its MLA backends raise it for a
-shape they cannot run. 0.6.6 has none, and refuses nothing calibration would accept."""
+"""The module and name of FlashInfer's refusal to plan a shape: a ``ValueError`` its MLA backends
+raise for a shape they cannot run (0.7.4; 0.6.6 has none, and refuses nothing calibration takes)."""
 
 _GROUP_DISPATCH = re.compile(r"#define DISPATCH_GQA_GROUP_SIZE\b(?P<body>.*?)\n\s*\n", re.S)
 _GROUP_CASE = re.compile(r"group_size == (\d+)")

@@ -106,7 +106,7 @@ class GrowableBuffer:
                 f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
             )
         self.tensor = tensor
-        self.nbytes = self.floor_bytes = tensor.numel()  # kept as a number for the plan to read
+        self.floor_bytes = tensor.numel()
         self.name = name
         self.sealed = sealed
         self.floor = floor
@@ -124,7 +124,7 @@ class GrowableBuffer:
         with self.lock:
             self.sealed = True
 
-    def refuse_growth(self, refused: bool = True) -> None:
+    def refuse_growth(self, refused: bool) -> None:
         """Refuse a plan's overflow as if sealed while the ranks agree on sizes, or no longer."""
         with self.lock:
             self._growth_refused = refused
@@ -182,14 +182,13 @@ class GrowableBuffer:
             else f"{overflow.allocation} asked for {overflow.size:,} bytes, alignment "
             f"{overflow.alignment}, with {have - overflow.available:,} taken"
         )
+        asked, caveat = f"{need:,} ({failed})", ""
         if whole is not None and whole >= need:
-            asked, caveat = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})", ""
-        elif overflow.whole_buffer:
-            whole, asked, caveat = need, f"{need:,} ({failed})", ""
-        else:
-            whole = need
-            asked = f"at least {need:,} ({failed})"
+            asked = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})"
+        elif not overflow.whole_buffer:
+            asked = f"at least {asked}"
             caveat = " (allocations after it were not tried and may ask for more)"
+        whole = max(whole or 0, need)
         return self.refusal(
             f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan needs {asked}; "
             f"set {self.floor}={mb_to_hold(whole)} or more{caveat}, or plan the largest shape "
@@ -250,7 +249,6 @@ class GrowableBuffer:
         self.tensor.set_(grown.untyped_storage())
         if self.mirror is not None and grown_mirror is not None:
             self.mirror.set_(grown_mirror.untyped_storage())
-        self.nbytes = need
         return need - have
 
 

@@ -40,9 +40,7 @@ class Workspace(BufferHolder):
     Args:
         tensor: the buffer, 1-D ``torch.uint8``, as given to FlashInfer's wrappers.
         name: how errors and logs refer to this workspace, e.g. ``attention:decode:cg0``.
-        sealed: start sealed.
-        floor: the setting (config key or environment variable) that sizes its floor, which
-            errors and logs name as the one to raise.
+        floor: the setting (config key or environment variable) that sizes its floor.
         int_workspace: the int workspace the same wrappers plan their indices into, grown by
             :meth:`plan` and sealed by :meth:`seal` with this one. None: each wrapper keeps its
             own, and an int overflow reaches the caller.
@@ -75,7 +73,7 @@ class Workspace(BufferHolder):
         # A weak reference to each wrapper planned, by its id (:meth:`_route`): an engine's wrapper
         # often refers to itself through its attributes, and a strong one would keep it alive.
         self._routes: dict[int, Callable[[], Any]] = {}
-        self._grown()
+        self._refresh()
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -85,21 +83,17 @@ class Workspace(BufferHolder):
     def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``plan(*args, **kwargs)``. One that runs short of room grows this workspace (or its
         :attr:`int_workspace` and mirror) to the bytes it had taken plus the allocation that
-        failed, and runs again; MLA's check of the whole buffer (FlashInfer 0.7.4) grows it to what
-        it asked for. Any other error reaches the caller unchanged, an int overflow of a wrapper
-        not found planning on the int workspace included. A wrapper planning on the int workspace
-        writes its mirror, and its plan is marked as the one the int workspace holds.
-        :func:`plan_through` makes the same call with one layer less, for an engine's every step.
-        """
+        failed (MLA's whole-buffer check, FlashInfer 0.7.4: to what it asked), and runs again; any
+        other error reaches the caller unchanged, an int overflow of a wrapper keeping its own
+        included. A wrapper on the int workspace is marked as the one whose plan it holds."""
         return self._plan(plan, args, kwargs)
 
     def _plan(
         self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
         failed: tuple[Exception, dict[str, int]] | None = None,
     ) -> T:  # fmt: skip
-        """:meth:`plan`'s whole loop: the wrapper's route found first where it has none, and the
-        buffer a plan ran short of grown before it runs again (``failed``: the first run's error
-        and the sizes it saw)."""
+        """:meth:`plan`'s loop, entered with ``failed`` (the first run's error and the sizes it
+        saw) where :func:`plan_through`'s run overflowed."""
         owner = getattr(plan, "__self__", None)
         key = owner if owner is not None else args[0] if args else None
         planner = self._routes.get(id(key))
@@ -109,37 +103,35 @@ class Workspace(BufferHolder):
             planner, attributes = self._route(plan, args, key)
         growths, last = 0, None
         while True:
-            # The mirror is the int workspace's to hand out only to a wrapper planning on it;
-            # growth keeps the int workspace's tensor, so the wrapper plans on it as it did.
+            if failed is not None:
+                raised, seen = failed
+                last = self._grow_for(raised, (plan, args, kwargs), planner(), seen, growths, last)
+                growths += 1
+                self._refresh(plan, attributes)
+            # The mirror is the int workspace's to hand out only to a wrapper planning on it.
             int_workspace = self._int
             if int_workspace is not None and attributes.get(INT_BUFFER) is self._int_tensor:
                 attributes[HOST_MIRROR] = self._mirror
             else:
                 int_workspace = None
-            if failed is None:
-                sizes = self._sizes
-                try:
-                    planned = plan(*args, **kwargs)
-                except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-                    failed = (error, sizes)
-                else:
-                    if int_workspace is not None:
-                        int_workspace.last_planner = planner
-                    return planned
-            raised, seen = failed
-            last = self._grow_for(raised, (plan, args, kwargs), planner(), seen, growths, last)
-            growths += 1
-            self._grown(plan, attributes)
-            failed = None
+            sizes = self._sizes
+            try:
+                planned = plan(*args, **kwargs)
+            except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
+                failed = (error, sizes)
+            else:
+                if int_workspace is not None:
+                    int_workspace.last_planner = planner
+                return planned
 
-    def _grown(
+    def _refresh(
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
     ) -> None:
-        """After a growth: the sizes a plan reads as it starts (replaced, never changed), and the
-        recorded size of every remembered wrapper, ``plan``'s object and ``attributes``' wrapper."""
-        self._sizes = {kind: buffer.nbytes for kind, buffer in self._by_kind.items()}
-        wrappers = [getattr(plan, "__self__", None)]
-        wrappers += [planner() for planner in list(self._routes.values())]
+        """After a growth, and as a route is found: the sizes a plan reads as it starts (replaced,
+        never changed), and the recorded size of every remembered wrapper, ``plan``'s object (a
+        cascade level records one too) and ``attributes``' wrapper."""
+        self._sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
+        wrappers = [getattr(plan, "__self__", None), *(p() for p in list(self._routes.values()))]
         for each in [attributes, *(getattr(w, "__dict__", None) for w in wrappers)]:
             if each is not None:
                 refresh_recorded_size(each, self._buffer.tensor)
@@ -158,7 +150,7 @@ class Workspace(BufferHolder):
         if (
             short is None
             or overflow is None
-            or (overflow.available or 0) > seen[overflow.kind]
+            or overflow.available > seen[overflow.kind]
             or (overflow.kind == "int" and getattr(wrapper, INT_BUFFER, None) is not short.tensor)
         ):
             raise error
@@ -204,15 +196,12 @@ class Workspace(BufferHolder):
         owner = getattr(plan, "__self__", None)
         wrapper, attributes = None, {}
         for candidate in (owner, args[0] if args else None):
-            own = None if candidate is None else own_buffers(candidate)
+            own = own_buffers(candidate)
             if own is not None:
                 wrapper, attributes = candidate, own
                 break
         self._refuse_views(owner if owner is not None else wrapper)
-        # The plan's object records a size even where it is no wrapper found (a cascade level).
-        for each in (attributes, getattr(owner, "__dict__", None)):
-            if each:
-                refresh_recorded_size(each, self._buffer.tensor)
+        self._refresh(plan, attributes)
         if wrapper is None:
             return (lambda: None), attributes
         routes, wrapper_id = self._routes, id(wrapper)
@@ -225,9 +214,8 @@ class Workspace(BufferHolder):
         return planner, attributes
 
     def _refuse_views(self, wrapper: Any) -> None:
-        """Refuse a wrapper holding a view of this growable buffer (:func:`buffer_views`): growth
-        would leave the view on the old memory. Checked as its route is found (once a wrapper
-        that is remembered); a sealed workspace never moves, so views of it are safe."""
+        """Refuse a wrapper holding a view of this buffer while it can grow (a sealed one never
+        moves): checked as its route is found, so once for a remembered wrapper."""
         views = [] if wrapper is None or self._buffer.sealed else buffer_views(wrapper, self.tensor)
         if not views:
             return
@@ -241,8 +229,7 @@ class Workspace(BufferHolder):
         )
 
     def seal(self) -> None:
-        """Keep this buffer's address from now on, and its int workspace's: graphs are about to
-        be captured over them."""
+        """:meth:`BufferHolder.seal`, and the int workspace's too."""
         super().seal()
         if self._int is not None:
             self._int.seal()
@@ -255,18 +242,15 @@ class Workspace(BufferHolder):
     def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
         added = self._buffer.grow_to_agree(nbytes, ranks)
         if added:
-            self._grown()
+            self._refresh()
         return added
 
 
 def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., T]:
-    """``plan`` as ``workspace`` plans it: calling the result is ``workspace.plan(plan, ...)``
-    (the wrapper a bound ``plan``'s object, else its first argument, as vLLM's
-    ``fast_plan_decode(wrapper, ...)``). Made once and put where an engine calls its planner:
-    the common case of every step (a wrapper planned before, a plan that fits) runs in it, the
-    rest in ``Workspace._plan``. It takes ``plan``'s own parameters (``*args, **kwargs`` where
-    they cannot be read), so an engine's arguments bind once and go on in place, with no tuple
-    and dict of them made on the way (vLLM passes 16 keywords a decode plan)."""
+    """``plan`` as ``workspace`` plans it: calling the result is ``workspace.plan(plan, ...)``.
+    Made once and put where an engine calls its planner, it runs the common case (a wrapper
+    planned before, a plan that fits) itself, with ``plan``'s own parameters: an engine's
+    arguments bind once, with no tuple and dict made of them (vLLM passes 16 keywords a plan)."""
     owner = getattr(plan, "__self__", None)
     scope: dict[str, Any] = {
         "workspace": workspace, "plan": plan, "owner": owner, "routes": workspace._routes,
@@ -361,9 +345,8 @@ def _forwarding(plan: Callable[..., Any], bound: bool, defaults: dict[str, Any])
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any, index: int) -> int | None:
     """What the whole plan needs of one buffer (``index`` 0: float, 1: int), where its wrapper
-    answers ``workspace_size()`` (float bytes, int bytes) with the arguments of ``plan()``, as
-    decode and paged-prefill wrappers do; else None. Asked only on the way to a sealed error,
-    with the keywords it takes (:func:`plan_through` names each of the plan's arguments)."""
+    answers ``workspace_size()`` (float bytes, int bytes) given the plan's arguments (those it
+    takes by name), as decode and paged-prefill wrappers do; else None."""
     query = getattr(getattr(plan, "__self__", None), "workspace_size", None)
     if not callable(query):
         return None

@@ -48,8 +48,8 @@ class WorkspacePool:
     Keyword-only (:func:`mstar_resources.build_pools` passes them for a declared resource):
     ``int_size_mb``, each int floor (None: the variable, else 8); ``config_key``, the resource's key
     (``resources.attn.decode``), whose ``declared_mb`` and ``int_declared_mb`` errors then name;
-    ``serves``, the (label, cg slot) pairs handed out (None: any); ``env``, where the variables are
-    read (default ``os.environ``); ``floors``, both floors already resolved (``env`` unread).
+    ``serves``, the (label, cg slot) pairs handed out (None: any); ``floors``, both floors already
+    resolved.
     """
 
     def __init__(
@@ -61,15 +61,9 @@ class WorkspacePool:
         int_size_mb: int | None = None,
         config_key: str | None = None,
         serves: Iterable[Key] | None = None,
-        env: Mapping[str, str] | None = None,
         floors: tuple[Floor, Floor] | None = None,
     ) -> None:
-        if not isinstance(owner, str) or not owner.strip():
-            raise ResourceUsageError(
-                f"owner={owner!r} must name who the pool belongs to (e.g. owner='attention')"
-            )
-        if (problem := name_problem("owner", owner)) is not None:
-            raise ResourceUsageError(problem)
+        _check_name("owner", owner, "must name who the pool belongs to (e.g. owner='attention')")
         check_argument("config_key", config_key, (str, type(None)), "a config key or None")
         try:
             self.device = torch.device(device)
@@ -83,8 +77,8 @@ class WorkspacePool:
             setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
             int_setting = "int_size_mb" if config_key is None else f"{config_key}.int_declared_mb"
             floors = (
-                resolve_floor(size_mb, env, setting),
-                resolve_floor(int_size_mb, env, int_setting, INT),
+                resolve_floor(size_mb, declared_setting=setting),
+                resolve_floor(int_size_mb, declared_setting=int_setting, buffer=INT),
             )
         self._floor, self._int_floor = floors
         self.serves = None if serves is None else tuple(dict.fromkeys(_pairs(serves)))
@@ -207,9 +201,8 @@ class WorkspacePool:
 
     def _agree(self, group: dist.ProcessGroup) -> None:
         """Agree with ``group`` in two ``all_gather_object`` calls (every rank's pool and sizes,
-        then whether each could grow to the largest), while no plan can grow a workspace here: a
-        growth after the sizes are gathered would leave this rank at a size the others never
-        saw. If it fails, nothing is sealed and plans may grow again."""
+        then whether each could grow to the largest), growth refused meanwhile lest this rank
+        leave the sizes gathered; if it fails, nothing is sealed and plans may grow again."""
         identity = (self.owner, self._config_key, self.serves)
         self._refuse_growth(True)
         try:
@@ -274,12 +267,7 @@ class WorkspacePool:
         return "\n".join([head, *(f"  {s}" for s in [*stats, *int_stats])])
 
     def _check_key(self, label: str, cg_slot: int | None) -> None:
-        if not isinstance(label, str) or not label.strip():
-            raise ResourceUsageError(
-                f"{self.owner}: label={label!r} must be a non-empty string naming a plan"
-            )
-        if (problem := name_problem("label", label)) is not None:
-            raise ResourceUsageError(f"{self.owner}: {problem}")
+        _check_name("label", label, "must be a non-empty string naming a plan", f"{self.owner}: ")
         if cg_slot is not None and not (is_int(cg_slot) and cg_slot >= 0):
             raise ResourceUsageError(
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
@@ -331,6 +319,14 @@ class WorkspacePool:
             held_bytes=0,
             setting=floor.setting,
         )
+
+
+def _check_name(setting: str, value: object, must: str, where: str = "") -> None:
+    """Raise the library's error, prefixed with ``where``, unless ``value`` is a usable name."""
+    if not isinstance(value, str) or not value.strip():
+        raise ResourceUsageError(f"{where}{setting}={value!r} {must}")
+    if (problem := name_problem(setting, value)) is not None:
+        raise ResourceUsageError(where + problem)
 
 
 def _pairs(serves: object) -> list[Key]:

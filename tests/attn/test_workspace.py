@@ -552,8 +552,10 @@ def test_pool_rejects_bad_arguments(kwargs, error, match):
         pytest.param(None, {VAR: "2"}, VAR, 2 * MIB, id="env"),
     ],
 )
-def test_a_pool_declared_in_the_config_names_its_setting(size_mb, env, setting, floor):
-    pool = WorkspacePool("cpu", size_mb, config_key="resources.attn.decode", env=env)
+def test_a_pool_declared_in_the_config_names_its_setting(size_mb, env, setting, floor, monkeypatch):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    pool = WorkspacePool("cpu", size_mb, config_key="resources.attn.decode")
     assert pool.floor_bytes == floor
     workspace = pool.get("decode", 0)
     assert (workspace.floor, workspace.tensor.numel()) == (setting, floor)
