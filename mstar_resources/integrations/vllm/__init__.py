@@ -36,9 +36,6 @@ BUILDER_DECISIONS = (
 )  # fmt: skip
 """What ``FlashInferMetadataBuilder.__init__`` decides, read from the plugin's own builders."""
 
-# Added to DEFAULT_EXTRA_ENV_VARS, which vLLM copies to its Ray workers (beside VLLM_*, NCCL_*...).
-COPIED_TO_RAY_WORKERS = (ENV_VAR, FLOOR_ENV_VAR)
-
 
 # -- the patches: each (state, vLLM's original, its owner) -> what replaces it -------------------
 
@@ -85,10 +82,6 @@ def _trtllm_workspace(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -
     return _get_trtllm_workspace_buffer
 
 
-def _decode_plans(workspaces: VllmWorkspaces, fast_plan_decode: Any, module: Any) -> Any:
-    return workspaces.take_decode_plans(module, fast_plan_decode)
-
-
 def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any) -> Any:
     """A model runner's capture, the workspaces sealed first (not at V2's profiling capture)."""
 
@@ -107,9 +100,10 @@ def _warmed_up(workspaces: VllmWorkspaces, worker: Any, done: Any) -> None:
 
 
 def _copied_to_ray(workspaces: VllmWorkspaces, names: Any, module: Any) -> Any:
-    """vLLM's set of variables copied to Ray workers, with the plugin's settings in it."""
+    """vLLM's set of variables copied to Ray workers (beside VLLM_*, NCCL_*...), with the
+    plugin's settings in it."""
     if isinstance(names, set):
-        names.update(COPIED_TO_RAY_WORKERS)
+        names.update((ENV_VAR, FLOOR_ENV_VAR))
     return names
 
 
@@ -135,7 +129,7 @@ SEAMS = (
       for name in BUILDER_DECISIONS),
     Seam(BACKEND, "FlashInferMetadataBuilder.use_trtllm_dcp_prefill", instance=True,
          required=False, since="0.33.0"),
-    Seam(BACKEND, "fast_plan_decode", patch=_decode_plans),
+    Seam(BACKEND, "fast_plan_decode", patch=VllmWorkspaces.take_decode_plans),
     Seam(BACKEND, "_get_trtllm_workspace_buffer", patch=_trtllm_workspace),
     Seam(BACKEND, "FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM"),
     Seam(BACKEND, "FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT"),

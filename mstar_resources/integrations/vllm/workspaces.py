@@ -149,7 +149,7 @@ class VllmWorkspaces(PluginState):
             self.leave_untouched(f"it failed ({type(error).__name__}: {error})")
             return
         native = [r for r in records if any(role in r.labels for role in roles)]
-        self.pools = build_pools(native, device) if native else {}
+        self.pools = build_pools(native, device)
         if trtllm is not None:  # zeroed: the kernels' semaphores must start at zero
             import torch
 
@@ -235,15 +235,15 @@ class VllmWorkspaces(PluginState):
             # Only decode wrappers are given the int workspace (route()); vLLM's prefill wrappers
             # keep their own, so none is reserved for them, nor where no int need was measured.
             int_needs = [m.int_need_bytes for m, _, _ in measured.values()]
-            shared_int = role == "decode" and None not in int_needs
-            int_need = max((n for n in int_needs if n is not None), default=0)
+            known = [n for n in int_needs if n is not None]
+            int_need = max(known) if role == "decode" and len(known) == len(int_needs) else None
             path = f"attn.{role}"
-            held = dataclasses.replace(
-                need, path=path, int_need_bytes=int_need if shared_int else None
-            )
+            held = dataclasses.replace(need, path=path, int_need_bytes=int_need)
             declared_floors([held], margin=0.0, into=tree)
             others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
-            int_held = f", int need {int_need:,} bytes" if shared_int else ", no int workspace"
+            int_held = (
+                ", no int workspace" if int_need is None else f", int need {int_need:,} bytes"
+            )
             self.provenance[path] = (
                 f"measured here ({ENV_VAR}={AUTO}): need {need.need_bytes:,} bytes, worst "
                 f"{need.worst}, by {need.method}, for {plans.describe()}{others}{int_held}"
@@ -337,7 +337,7 @@ class VllmWorkspaces(PluginState):
             page, ", ".join(str(p) for p in sorted(planned)),
         )  # fmt: skip
 
-    def route(self, wrapper: Any, role: Role, builder: Any = None) -> None:
+    def route(self, wrapper: Any, role: Role, builder: Any) -> None:
         """Send ``wrapper``'s plans through its workspace: a decode wrapper's go through vLLM's
         ``fast_plan_decode`` (:meth:`take_decode_plans`); a prefill wrapper's ``plan`` is
         rebound on the wrapper itself (vLLM checks its type, so it stays FlashInfer's). The
@@ -362,13 +362,11 @@ class VllmWorkspaces(PluginState):
             wrapper.plan = plan_through(workspace, wrapper.plan)
 
     def _shares_int(self, builder: Any) -> bool:
-        if builder is None:
-            return False
         if self._int_builder is None or self._int_builder() is None:
             self._int_builder = weakref.ref(builder)
         return self._int_builder() is builder
 
-    def take_decode_plans(self, backend: Any, fast_plan_decode: Callable[..., Any]) -> Any:
+    def take_decode_plans(self, fast_plan_decode: Callable[..., Any], backend: Any) -> Any:
         """Make ``backend.fast_plan_decode`` the decode workspace's plan of vLLM's own
         ``fast_plan_decode`` while an engine is served with one, and vLLM's own while none is;
         returns the planner in place now."""
