@@ -109,7 +109,7 @@ def read_builder(
     if builder.use_trtllm_decode_attention:
         decode = builder.flashinfer_trtllm_api_decode_kernel.value
     attention = vllm_config.attention_config
-    force = True if builder.page_size >= 128 else attention.use_trtllm_attention
+    force = builder.page_size >= 128 or attention.use_trtllm_attention
     prefill_trtllm = vllm.use_trtllm_attention(
         builder.num_qo_heads,
         builder.num_kv_heads,
