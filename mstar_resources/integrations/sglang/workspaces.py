@@ -92,8 +92,8 @@ class SglangWorkspaces(PluginState):
             return
         self.pools, self.workspaces = pools, workspaces
         self._by_tensor = {id(workspace.tensor): workspace for workspace in workspaces.values()}
-        for role, workspace in self.workspaces.items():
-            record, _ = keys[role]
+        for role, (record, _) in keys.items():
+            workspace = workspaces[role]
             shared = workspace.int_workspace
             logger.info(
                 "mstar-resources: %s: %s bytes for SGLang's FlashInfer %s wrappers (floor %s)%s, "

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
 from ..plugin import EnginePlugin, Seam, after, before
+from .plans import Role
 from .workspaces import ENV_VAR, ROLE, V2_RUNNER, VLLM, VllmWorkspaces
 
 __all__ = [
@@ -45,25 +46,24 @@ def _workspace_buffer(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -
 
     @functools.wraps(own_buffer)
     def _get_workspace_buffer(self: Any) -> Any:
-        workspace = None if workspaces.untouched else workspaces.workspace(self, ROLE.get())
+        workspace = workspaces.workspace(self, ROLE.get())
         return own_buffer(self) if workspace is None else workspace.tensor
 
     return _get_workspace_buffer
 
 
-def _built_as(role: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
+def _built_as(role: Role) -> Callable[[VllmWorkspaces, Any, Any], Any]:
     """A wrapper getter: the wrapper built on ``role``'s workspace, and routed through it."""
 
     def patch(workspaces: VllmWorkspaces, getter: Any, owner: Any) -> Any:
         @functools.wraps(getter)
         def get(self: Any, *args: Any, **kwargs: Any) -> Any:
-            token = ROLE.set(role)  # type: ignore[arg-type]
+            token = ROLE.set(role)
             try:
                 wrapper = getter(self, *args, **kwargs)
             finally:
                 ROLE.reset(token)
-            if workspaces.serving:
-                workspaces.route(wrapper, role, self)  # type: ignore[arg-type]
+            workspaces.route(wrapper, role, self)
             return wrapper
 
         return get
