@@ -9,7 +9,7 @@ import gc
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +66,7 @@ class VllmWorkspaces(PluginState):
         self._workspaces: dict[str, Workspace] = {}
         # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
         self._routed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        self._keys: dict[str, tuple[str, int | None]] = {}  # each role's pool path and cg slot
+        self._keys: dict[str, tuple[ResolvedResource, int | None]] = {}  # by role (serving_keys)
         self._int_builder: weakref.ref[Any] | None = None  # whose decode wrappers share the int
         self.shared_int_wrappers = 0
         self.untouched = self.blocked
@@ -159,9 +159,9 @@ class VllmWorkspaces(PluginState):
             self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=trtllm[1])
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
-            self._keys[role] = (record.path, cg_slot)
+        self._keys = keys
         self._set_decode_planner()
-        self._log_reserved(keys, vllm_how)
+        self._log_reserved(vllm_how)
 
     def _trtllm_size(
         self, config: Any, device: torch.device, records: Sequence[ResolvedResource]
@@ -250,8 +250,7 @@ class VllmWorkspaces(PluginState):
             )
         return tuple(resolve(tree))
 
-    def _log_reserved(self, keys: Mapping[str, tuple[ResolvedResource, int | None]],
-                      vllm_how: str) -> None:  # fmt: skip
+    def _log_reserved(self, vllm_how: str) -> None:
         for plans in self.plans:
             logger.info(
                 "mstar-resources: vLLM's FlashInfer builder for %s: prefill on %s (q %s), "
@@ -268,7 +267,7 @@ class VllmWorkspaces(PluginState):
                     "(%s runs it)", role, role, kernels,
                 )  # fmt: skip
                 continue
-            record, _ = keys[role]
+            record, _ = self._keys[role]
             source = self.provenance.get(
                 record.path, f"{record.floor_setting} ({record.floor_source})"
             )
@@ -354,8 +353,8 @@ class VllmWorkspaces(PluginState):
             and self._shares_int(builder)
             and own_buffers(wrapper) is not None
         ):
-            path, cg_slot = self._keys[role]
-            self.pools[path].install(wrapper, role, cg_slot)
+            record, cg_slot = self._keys[role]
+            self.pools[record.path].install(wrapper, role, cg_slot)
             self.shared_int_wrappers += 1
         self._routed[id(wrapper)] = wrapper
         if role == "prefill":
