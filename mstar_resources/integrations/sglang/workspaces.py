@@ -142,8 +142,6 @@ class SglangWorkspaces(PluginState):
         if self._int_sharer is None and backend.num_wrappers == 1:
             self._int_sharer = weakref.ref(backend)
             self.share_int(backend, backend.decode_wrappers)
-        if prefill is decode:
-            return
         for name in PREFILL_WRAPPERS:
             held = getattr(backend, name, None)
             for wrapper in held if isinstance(held, list) else [held]:

@@ -156,5 +156,4 @@ SEAMS = (
 
 PLUGIN = EnginePlugin(VLLM, "vllm", READ_IN, SEAMS, VllmWorkspaces)
 
-# The plugin's public functions; register is vLLM's entry point (vllm.general_plugins).
 active, register, version_problem = PLUGIN.active, PLUGIN.register, PLUGIN.version_problem

@@ -34,8 +34,7 @@ VLLM = PluginSetting(ENV_VAR, "mstar_resources_vllm", "vLLM", ROLES)
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 
-TRTLLM_LABEL = "trtllm"
-"""The label of a deployment's resource that raises the TRT-LLM kernels' workspace."""
+TRTLLM_LABEL = "trtllm"  # a deployment's resource of this label raises the TRT-LLM workspace
 TRTLLM_PATH = "attn.trtllm"
 
 # Under vLLM's logger, so its handler prints these lines with its own.
