@@ -103,14 +103,13 @@ class PluginSetting:
         if os.sep in value or "/" in value or value.endswith((".yaml", ".yml")):
             config_dir, name = _deployment_file(value, named, off)
         else:
-            options = deployment_options(self.config_name)
             if value == NO_DEPLOYMENT:
                 raise ResourceConfigError(
                     f"{named} names the shipped tree's empty deployment, which declares no floor "
                     f"(each would be MSTAR_WORKSPACE_BUFFER_MB, else 512 MB); set {AUTO} to "
                     f"measure {self.engine}'s plans, or name a deployment with floors; {off}"
                 )
-            if value not in options:
+            if value not in deployment_options(self.config_name):
                 shipped = self.deployments_served()
                 choices = [AUTO, *shipped]
                 close = did_you_mean(value.lower(), choices) or did_you_mean(value, choices)

@@ -105,5 +105,4 @@ SEAMS = (
 
 PLUGIN = EnginePlugin(SGLANG, "sglang", READ_IN, SEAMS, SglangWorkspaces)
 
-# The plugin's public functions; register is SGLang's entry point (sglang.srt.plugins).
 active, register, version_problem = PLUGIN.active, PLUGIN.register, PLUGIN.version_problem

@@ -32,11 +32,9 @@ class SglangPlans:
     kv_dtype: str
     max_running_requests: int
     """The most requests in a decode batch (an upper bound, known before the KV pool)."""
-    max_prefill_tokens: int
-    """The most tokens in one prefill plan."""
+    max_prefill_tokens: int  # the most tokens in one prefill plan
     context_len: int
-    decode_graph_batch_sizes: tuple[int, ...]
-    """Empty where SGLang captures no decode graphs."""
+    decode_graph_batch_sizes: tuple[int, ...]  # empty where SGLang captures no decode graphs
 
     def describe(self) -> str:
         graphs = self.decode_graph_batch_sizes
@@ -91,27 +89,25 @@ class SglangPlans:
 def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     """What SGLang's FlashInfer backend of ``runner`` will plan under the settings of ``context``
     (its ``runtime_context``); where the profile cannot hold it, why."""
+    reason = _not_planned(runner, context)
+    if reason is not None:
+        return reason
     model = runner.model_config
     parallel = context.get_parallel()
     schedule = context.get_schedule()
-    execution = context.get_exec()
-    reason = _not_planned(runner, context, execution)
-    if reason is not None:
-        return reason
-    graphs = execution.graph.cuda_graph_config
+    graphs = context.get_exec().graph.cuda_graph_config
+    tp = parallel.attn_tp_size
     requests = schedule.max_running_requests
     most = MOST_RUNNING_REQUESTS if requests is None else max(1, requests // parallel.attn_dp_size)
     # SGLang pads its batches (graph and eager) to an alignment of at most 2 (two-batch overlap)
     # x the attention TP ranks (a gathered buffer) x the context-parallel ranks.
-    align = 2 * parallel.attn_tp_size * parallel.attn_cp_size
-    padded = round_up(most, align)
+    padded = round_up(most, 2 * tp * parallel.attn_cp_size)
     chunk = schedule.chunked_prefill_size
     prompt = chunk if chunk is not None and chunk > 0 else model.context_len
     # A prefill graph (breakable: attention eager, on the same wrappers) pads a batch up to its
     # largest captured token count.
     prefill = graphs.prefill
     prefill_graph = max([*(prefill.bs or ()), prefill.max_bs or 0]) if _captures(prefill) else 0
-    tp = parallel.attn_tp_size
     return SglangPlans(
         num_qo_heads=model.num_attention_heads // tp,
         num_kv_heads=model.get_num_kv_heads(tp),
@@ -126,7 +122,7 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     )
 
 
-def _not_planned(runner: Any, context: Any, execution: Any) -> str | None:
+def _not_planned(runner: Any, context: Any) -> str | None:
     """Why the profile cannot hold what SGLang will plan (None: it can)."""
     model = runner.model_config
     dcp = getattr(context.get_parallel(), "attn_dcp_size", 1) or 1
@@ -144,7 +140,7 @@ def _not_planned(runner: Any, context: Any, execution: Any) -> str | None:
     speculative = context.get_spec().speculative_algorithm
     if speculative is not None and str(getattr(speculative, "name", speculative)).upper() != "NONE":
         return f"speculative decoding ({speculative}) plans draft and verify batches on it"
-    if execution.deterministic.enable_deterministic_inference:
+    if context.get_exec().deterministic.enable_deterministic_inference:
         # Its eager decode splits KV in fixed chunks and its graphs do not: two plans of one
         # label that the profile plans as one.
         return "deterministic inference plans decode with two KV splits"

@@ -84,18 +84,16 @@ class SglangWorkspaces(PluginState):
             r.path: r if r.path == decode_path else dataclasses.replace(r, int_floor_mb=0)
             for r, _ in keys.values()
         }
-        self.pools = build_pools(list(records.values()), device)
-        for role, (record, cg_slot) in keys.items():
-            workspace = self.pools[record.path].get(role, cg_slot)
-            self.workspaces[role] = workspace
-            self._by_tensor[id(workspace.tensor)] = workspace
-        decode = self.workspaces["decode"]
+        pools = build_pools(list(records.values()), device)
+        workspaces = {role: pools[r.path].get(role, cg_slot) for role, (r, cg_slot) in keys.items()}
+        decode = workspaces["decode"]
         if get_buffer(BUFFER_NAME, lambda: decode.tensor) is not decode.tensor:
-            self.pools, self.workspaces, self._by_tensor, self._planners = {}, {}, {}, {}
             self.leave_untouched(f"SGLang made its {BUFFER_NAME!r} buffer before the plugin")
             return
-        for role, workspace in self.workspaces.items():
-            record, _ = keys[role]
+        self.pools, self.workspaces = pools, workspaces
+        self._by_tensor = {id(workspace.tensor): workspace for workspace in workspaces.values()}
+        for role, (record, _) in keys.items():
+            workspace = workspaces[role]
             shared = workspace.int_workspace
             logger.info(
                 "mstar-resources: %s: %s bytes for SGLang's FlashInfer %s wrappers (floor %s)%s, "
@@ -144,13 +142,14 @@ class SglangWorkspaces(PluginState):
         if self._int_sharer is None and backend.num_wrappers == 1:
             self._int_sharer = weakref.ref(backend)
             self.share_int(backend, backend.decode_wrappers)
-        if prefill is decode:
-            return
         for name in PREFILL_WRAPPERS:
             held = getattr(backend, name, None)
             for wrapper in held if isinstance(held, list) else [held]:
-                if wrapper is not None:
-                    _move_to(wrapper, prefill)
+                if wrapper is not None:  # as if built on the prefill workspace
+                    attributes = vars(wrapper)
+                    attributes[FLOAT_BUFFER] = prefill.tensor
+                    if RECORDED_SIZE in attributes:
+                        attributes[RECORDED_SIZE] = prefill.tensor.numel()
 
     def not_adopted(self, backend: str) -> None:
         """Say once that ``backend``, a subclass running other kernels, is not served."""
@@ -202,11 +201,3 @@ class SglangWorkspaces(PluginState):
             "own_workspaces": self.own_workspaces,
             "other_backends": list(self.other_backends),
         }
-
-
-def _move_to(wrapper: Any, workspace: Workspace) -> None:
-    """Point ``wrapper`` at ``workspace``'s tensor (and size), as if built on it."""
-    attributes = vars(wrapper)
-    attributes[FLOAT_BUFFER] = workspace.tensor
-    if RECORDED_SIZE in attributes:
-        attributes[RECORDED_SIZE] = workspace.tensor.numel()

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
 from ..plugin import EnginePlugin, Seam, after, before
+from .plans import Role
 from .workspaces import ENV_VAR, ROLE, V2_RUNNER, VLLM, VllmWorkspaces
 
 __all__ = [
@@ -36,9 +37,6 @@ BUILDER_DECISIONS = (
 )  # fmt: skip
 """What ``FlashInferMetadataBuilder.__init__`` decides, read from the plugin's own builders."""
 
-# Added to DEFAULT_EXTRA_ENV_VARS, which vLLM copies to its Ray workers (beside VLLM_*, NCCL_*...).
-COPIED_TO_RAY_WORKERS = (ENV_VAR, FLOOR_ENV_VAR)
-
 
 # -- the patches: each (state, vLLM's original, its owner) -> what replaces it -------------------
 
@@ -48,25 +46,24 @@ def _workspace_buffer(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -
 
     @functools.wraps(own_buffer)
     def _get_workspace_buffer(self: Any) -> Any:
-        workspace = None if workspaces.untouched else workspaces.workspace(self, ROLE.get())
+        workspace = workspaces.workspace(self, ROLE.get())
         return own_buffer(self) if workspace is None else workspace.tensor
 
     return _get_workspace_buffer
 
 
-def _built_as(role: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
+def _built_as(role: Role) -> Callable[[VllmWorkspaces, Any, Any], Any]:
     """A wrapper getter: the wrapper built on ``role``'s workspace, and routed through it."""
 
     def patch(workspaces: VllmWorkspaces, getter: Any, owner: Any) -> Any:
         @functools.wraps(getter)
         def get(self: Any, *args: Any, **kwargs: Any) -> Any:
-            token = ROLE.set(role)  # type: ignore[arg-type]
+            token = ROLE.set(role)
             try:
                 wrapper = getter(self, *args, **kwargs)
             finally:
                 ROLE.reset(token)
-            if workspaces.serving:
-                workspaces.route(wrapper, role, self)  # type: ignore[arg-type]
+            workspaces.route(wrapper, role, self)
             return wrapper
 
         return get
@@ -83,10 +80,6 @@ def _trtllm_workspace(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -
         return own_buffer() if held is None else held.tensor
 
     return _get_trtllm_workspace_buffer
-
-
-def _decode_plans(workspaces: VllmWorkspaces, fast_plan_decode: Any, module: Any) -> Any:
-    return workspaces.take_decode_plans(module, fast_plan_decode)
 
 
 def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any) -> Any:
@@ -107,9 +100,10 @@ def _warmed_up(workspaces: VllmWorkspaces, worker: Any, done: Any) -> None:
 
 
 def _copied_to_ray(workspaces: VllmWorkspaces, names: Any, module: Any) -> Any:
-    """vLLM's set of variables copied to Ray workers, with the plugin's settings in it."""
+    """vLLM's set of variables copied to Ray workers (beside VLLM_*, NCCL_*...), with the
+    plugin's settings in it."""
     if isinstance(names, set):
-        names.update(COPIED_TO_RAY_WORKERS)
+        names.update((ENV_VAR, FLOOR_ENV_VAR))
     return names
 
 
@@ -135,7 +129,7 @@ SEAMS = (
       for name in BUILDER_DECISIONS),
     Seam(BACKEND, "FlashInferMetadataBuilder.use_trtllm_dcp_prefill", instance=True,
          required=False, since="0.33.0"),
-    Seam(BACKEND, "fast_plan_decode", patch=_decode_plans),
+    Seam(BACKEND, "fast_plan_decode", patch=VllmWorkspaces.take_decode_plans),
     Seam(BACKEND, "_get_trtllm_workspace_buffer", patch=_trtllm_workspace),
     Seam(BACKEND, "FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM"),
     Seam(BACKEND, "FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT"),
@@ -162,5 +156,4 @@ SEAMS = (
 
 PLUGIN = EnginePlugin(VLLM, "vllm", READ_IN, SEAMS, VllmWorkspaces)
 
-# The plugin's public functions; register is vLLM's entry point (vllm.general_plugins).
 active, register, version_problem = PLUGIN.active, PLUGIN.register, PLUGIN.version_problem

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...units import plural
+from ...units import plural, release
 from ..plugin import dtype_name
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def read_builder(
     if builder.use_trtllm_decode_attention:
         decode = builder.flashinfer_trtllm_api_decode_kernel.value
     attention = vllm_config.attention_config
-    force = True if builder.page_size >= 128 else attention.use_trtllm_attention
+    force = builder.page_size >= 128 or attention.use_trtllm_attention
     prefill_trtllm = vllm.use_trtllm_attention(
         builder.num_qo_heads,
         builder.num_kv_heads,
@@ -305,7 +305,6 @@ def trtllm_workspace_bound(
     """The most vLLM's TRT-LLM kernels can touch of their workspace, over every builder that runs
     them, and how; a DCP context run (0.33+) checks its own fit against vLLM's size, kept."""
     from ...attn import trtllm_workspace as bound
-    from ...units import release
 
     scheduler = vllm_config.scheduler_config
     batch, tokens = scheduler.max_num_seqs, scheduler.max_num_batched_tokens

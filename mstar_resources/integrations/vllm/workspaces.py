@@ -9,7 +9,7 @@ import gc
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +34,7 @@ VLLM = PluginSetting(ENV_VAR, "mstar_resources_vllm", "vLLM", ROLES)
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 
-TRTLLM_LABEL = "trtllm"
-"""The label of a deployment's resource that raises the TRT-LLM kernels' workspace."""
+TRTLLM_LABEL = "trtllm"  # a deployment's resource of this label raises the TRT-LLM workspace
 TRTLLM_PATH = "attn.trtllm"
 
 # Under vLLM's logger, so its handler prints these lines with its own.
@@ -66,7 +65,7 @@ class VllmWorkspaces(PluginState):
         self._workspaces: dict[str, Workspace] = {}
         # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
         self._routed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        self._keys: dict[str, tuple[str, int | None]] = {}  # each role's pool path and cg slot
+        self._keys: dict[str, tuple[ResolvedResource, int | None]] = {}  # by role (serving_keys)
         self._int_builder: weakref.ref[Any] | None = None  # whose decode wrappers share the int
         self.shared_int_wrappers = 0
         self.untouched = self.blocked
@@ -149,7 +148,7 @@ class VllmWorkspaces(PluginState):
             self.leave_untouched(f"it failed ({type(error).__name__}: {error})")
             return
         native = [r for r in records if any(role in r.labels for role in roles)]
-        self.pools = build_pools(native, device) if native else {}
+        self.pools = build_pools(native, device)
         if trtllm is not None:  # zeroed: the kernels' semaphores must start at zero
             import torch
 
@@ -159,9 +158,9 @@ class VllmWorkspaces(PluginState):
             self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=trtllm[1])
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
-            self._keys[role] = (record.path, cg_slot)
+        self._keys = keys
         self._set_decode_planner()
-        self._log_reserved(keys, vllm_how)
+        self._log_reserved(vllm_how)
 
     def _trtllm_size(
         self, config: Any, device: torch.device, records: Sequence[ResolvedResource]
@@ -235,23 +234,22 @@ class VllmWorkspaces(PluginState):
             # Only decode wrappers are given the int workspace (route()); vLLM's prefill wrappers
             # keep their own, so none is reserved for them, nor where no int need was measured.
             int_needs = [m.int_need_bytes for m, _, _ in measured.values()]
-            shared_int = role == "decode" and None not in int_needs
-            int_need = max((n for n in int_needs if n is not None), default=0)
+            known = [n for n in int_needs if n is not None]
+            int_need = max(known) if role == "decode" and len(known) == len(int_needs) else None
             path = f"attn.{role}"
-            held = dataclasses.replace(
-                need, path=path, int_need_bytes=int_need if shared_int else None
-            )
+            held = dataclasses.replace(need, path=path, int_need_bytes=int_need)
             declared_floors([held], margin=0.0, into=tree)
             others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
-            int_held = f", int need {int_need:,} bytes" if shared_int else ", no int workspace"
+            int_held = (
+                ", no int workspace" if int_need is None else f", int need {int_need:,} bytes"
+            )
             self.provenance[path] = (
                 f"measured here ({ENV_VAR}={AUTO}): need {need.need_bytes:,} bytes, worst "
                 f"{need.worst}, by {need.method}, for {plans.describe()}{others}{int_held}"
             )
         return tuple(resolve(tree))
 
-    def _log_reserved(self, keys: Mapping[str, tuple[ResolvedResource, int | None]],
-                      vllm_how: str) -> None:  # fmt: skip
+    def _log_reserved(self, vllm_how: str) -> None:
         for plans in self.plans:
             logger.info(
                 "mstar-resources: vLLM's FlashInfer builder for %s: prefill on %s (q %s), "
@@ -268,7 +266,7 @@ class VllmWorkspaces(PluginState):
                     "(%s runs it)", role, role, kernels,
                 )  # fmt: skip
                 continue
-            record, _ = keys[role]
+            record, _ = self._keys[role]
             source = self.provenance.get(
                 record.path, f"{record.floor_setting} ({record.floor_source})"
             )
@@ -337,7 +335,7 @@ class VllmWorkspaces(PluginState):
             page, ", ".join(str(p) for p in sorted(planned)),
         )  # fmt: skip
 
-    def route(self, wrapper: Any, role: Role, builder: Any = None) -> None:
+    def route(self, wrapper: Any, role: Role, builder: Any) -> None:
         """Send ``wrapper``'s plans through its workspace: a decode wrapper's go through vLLM's
         ``fast_plan_decode`` (:meth:`take_decode_plans`); a prefill wrapper's ``plan`` is
         rebound on the wrapper itself (vLLM checks its type, so it stays FlashInfer's). The
@@ -354,21 +352,19 @@ class VllmWorkspaces(PluginState):
             and self._shares_int(builder)
             and own_buffers(wrapper) is not None
         ):
-            path, cg_slot = self._keys[role]
-            self.pools[path].install(wrapper, role, cg_slot)
+            record, cg_slot = self._keys[role]
+            self.pools[record.path].install(wrapper, role, cg_slot)
             self.shared_int_wrappers += 1
         self._routed[id(wrapper)] = wrapper
         if role == "prefill":
             wrapper.plan = plan_through(workspace, wrapper.plan)
 
     def _shares_int(self, builder: Any) -> bool:
-        if builder is None:
-            return False
         if self._int_builder is None or self._int_builder() is None:
             self._int_builder = weakref.ref(builder)
         return self._int_builder() is builder
 
-    def take_decode_plans(self, backend: Any, fast_plan_decode: Callable[..., Any]) -> Any:
+    def take_decode_plans(self, fast_plan_decode: Callable[..., Any], backend: Any) -> Any:
         """Make ``backend.fast_plan_decode`` the decode workspace's plan of vLLM's own
         ``fast_plan_decode`` while an engine is served with one, and vLLM's own while none is;
         returns the planner in place now."""
