@@ -142,7 +142,7 @@ def number_text(value: int) -> str:
     Python to print: ints of more than 4,300 digits refuse ``str``)."""
     if value.bit_length() <= 200:  # up to 60 digits
         return f"{value:,}"
-    digits = max(1, int(value.bit_length() * 0.30103) - 1)  # log10(2): at most the count
+    digits = int(value.bit_length() * 0.30103) - 1  # log10(2): at most the count
     while 10**digits <= value:
         digits += 1
     return f"<a number of {digits:,} digits>"
