@@ -47,12 +47,10 @@ class OutputFormat(Enum):
 
 @dataclass
 class DryRunSettings(ComposedTree):
-    """``mstar-resources``: resolve the tree and print what it reserves."""
+    """``mstar-resources``'s settings, each told in the help of its primary config."""
 
     format: OutputFormat = field(default=OutputFormat.table, metadata={"expects": "table or json"})
     device: str = field(default="cpu", metadata={"expects": "cpu, cuda or cuda:N"})
-    """``cpu``: a dry run, allocating nothing. ``cuda`` or ``cuda:N``: also make every declared
-    workspace there and report what the GPU then holds."""
 
 
 @hydra_app(
