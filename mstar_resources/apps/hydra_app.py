@@ -263,19 +263,18 @@ def _group_value_problem(on: Composition) -> str | None:
     for override in on.overrides:
         group, value = override.key_or_group, override.value()
         options = on.options(group)
+        text = (override.input_line or "").partition("=")[2]
         if (override.is_add() or override.is_force_add()) and "." not in group and not options:
             return (f"{override.input_line} adds a key {group!r} at the top of the config, "
                     "which nothing reads; set one of the settings, or add a resource under "
                     "resources")  # fmt: skip
         if override.is_add() and options and group in on.choices:
-            text = (override.input_line or "").partition("=")[2]
             return (f"{override.input_line} adds a second {group}, and the config picks one "
                     f"already; pick yours without the +: {group}={text}")  # fmt: skip
         if override.is_delete() and not options and (problem := on.deletion_problem(override)):
             return problem
         if override.is_delete() or not options or (isinstance(value, str) and value in options):
             continue
-        text = (override.input_line or "").partition("=")[2]
         if isinstance(value, list):
             why = f": {group}= takes one name, and a list would merge several"
             return not_a_choice(group, text, options, why, closest=False)
