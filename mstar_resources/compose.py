@@ -12,7 +12,6 @@ import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ NODE_EXPECTS: dict[type, str] = {BooleanNode: "true or false", IntegerNode: "a w
                                  DictConfig: "a mapping, e.g. {key: value}"}  # fmt: skip
 
 
-@dataclass
+@dataclasses.dataclass
 class ComposedTree:
     """The top keys of the tree: the schema a plugin composes, the base of each app's settings."""
 

@@ -4,10 +4,9 @@ workspace and reports what the GPU then holds."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -75,12 +74,12 @@ def main(cfg: DictConfig) -> None:
         )
     calibrated = _check_calibration_inputs(cfg, records)
     report: dict[str, Any] = {
-        "resources": [dataclasses.asdict(record) for record in records],
+        "resources": [asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
         "total_int_reserved_bytes": sum(record.int_reserved_bytes for record in records),
     }
     if calibrated:
-        report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}
+        report["calibrated"] = {path: asdict(c) for path, c in calibrated.items()}
     if device != "cpu":
         report["device"] = device
         report["allocated_bytes"] = _allocate(cfg, records, device)

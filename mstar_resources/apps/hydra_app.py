@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
 import hydra
-from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -297,7 +296,7 @@ def register_options_resolver(config_name: str) -> None:
 
     def sets(group: str, option: str, key: str) -> bool:  # the config with group=option sets key
         try:
-            return compose(config_name, overrides=[f"{group}={option}"]).get(key) is not None
+            return hydra.compose(config_name, overrides=[f"{group}={option}"]).get(key) is not None
         except COMPOSE_ERRORS:  # a broken option of the user's: --help lists it, unread
             return False
 
