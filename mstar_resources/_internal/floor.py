@@ -96,9 +96,8 @@ MAX_DIGITS = 60
 
 
 def read_mb(setting: str, text: str, buffer: Buffer = FLOAT) -> int:
-    """A floor given as text (a variable, an interpolation's value, ``size_mb="8"``) as the whole
-    number of MB it spells by the command line's rule (:data:`WHOLE_NUMBER`, spaces around it
-    left out), else :class:`ResourceConfigError` naming ``setting``."""
+    """The whole number of MB ``text`` spells by :data:`WHOLE_NUMBER`, spaces around it left out: a
+    floor given as text (a variable, ``size_mb="8"``); else :class:`ResourceConfigError`."""
     stripped, number = text.strip(), None
     if WHOLE_NUMBER.fullmatch(stripped):
         digits = stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
