@@ -228,7 +228,6 @@ def _walk(
         return
     for name in node:
         child_key = key + "." + str(name)
-        path = child_key.removeprefix(f"{RESOURCES_KEY}.")
         try:
             child = node[name]
         except OmegaConfBaseException as error:
@@ -237,7 +236,7 @@ def _walk(
         if name == "_target_":
             problems.append(_no_target(child_key, child))
         elif isinstance(child, DictConfig) and _is_resource(child):
-            yield path, child
+            yield child_key.removeprefix(f"{RESOURCES_KEY}."), child
         elif isinstance(child, DictConfig):
             yield from _walk(child, child_key, problems, level + 1)
         else:

@@ -146,8 +146,7 @@ def _table(
     total, int_total = report["total_reserved_bytes"], report["total_int_reserved_bytes"]
     workspaces = sum(record.workspaces for record in records)
     footer = ["total", "", "", "", "", "", str(workspaces), _mb(total), "", "", _mb(int_total)]
-    table = [_COLUMNS, None, *rows, None, footer]
-    lines = [format_table(table, right={4, 6, 7, 8, 10})]
+    lines = [format_table([_COLUMNS, None, *rows, None, footer], right={4, 6, 7, 8, 10})]
     for path, c in calibrated.items():
         line = (
             f"{path}: declared by calibration, need {c.need_bytes:,} bytes + {c.margin:.0%} "
