@@ -143,7 +143,7 @@ def hydra_app(
             on = Composition(
                 config_name, line.overrides, line.config_dir, line.config_name, settings
             )
-            if refusal := _refusal(line, on, prog, invoked, compose_once, config_name):
+            if refusal := _refusal(line, on, prog, invoked, compose_once):
                 fail(prog, refusal)
             flags = [k for k, v in vars(line).items()
                      if v and k not in ("overrides", "config_dir", "config_name")]  # fmt: skip
@@ -189,9 +189,8 @@ def hydra_app(
 
 
 def _refusal(
-    line: argparse.Namespace, on: Composition, prog: str, invoked: str, compose_once: bool,
-    config_name: str,
-) -> str | None:  # fmt: skip
+    line: argparse.Namespace, on: Composition, prog: str, invoked: str, compose_once: bool
+) -> str | None:
     """What in the command line ``line`` the app does not run, found before composing."""
     config_dir = line.config_dir
     if config_dir is not None and not os.path.isdir(config_dir):
@@ -200,9 +199,9 @@ def _refusal(
                 "a deployment/ folder, as mstar-resources-calibrate writes it)")  # fmt: skip
     if line.config_path is not None:
         folder = line.config_path.removeprefix("file://")
-        if not os.path.isfile(os.path.join(folder, f"{line.config_name or config_name}.yaml")):
+        if not os.path.isfile(os.path.join(folder, f"{on.composed_name}.yaml")):
             return (f"--config-path {line.config_path} replaces the folder of {prog}'s own "
-                    f"configs, and holds no {line.config_name or config_name}.yaml; add a "
+                    f"configs, and holds no {on.composed_name}.yaml; add a "
                     "folder of your own with --config-dir DIR instead")  # fmt: skip
     for override in line.overrides:
         key, _, value = override.partition("=")
