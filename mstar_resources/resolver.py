@@ -99,13 +99,13 @@ def resolve(
     check_argument("env", env, Mapping, "a mapping of environment variables (os.environ) or None")
     problems: list[str] = []
     declared: list[tuple[str, Resource]] = []
-    for path, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
-        if resource := _validate(node, f"{RESOURCES_KEY}.{path}", problems):
-            declared.append((path, resource))
+    for key, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
+        if resource := _validate(node, key, problems):
+            declared.append((key, resource))
     problems += [
-        f"{RESOURCES_KEY}.{path} is declared twice (a dotted key and a nested path both spell "
-        "it), and one pool would serve only one of them; declare it once"
-        for path, count in Counter(path for path, _ in declared).items()
+        f"{key} is declared twice (a dotted key and a nested path both spell it), and one pool "
+        "would serve only one of them; declare it once"
+        for key, count in Counter(key for key, _ in declared).items()
         if count > 1
     ]
     # Checked once, and even where every floor is declared: a bad value is a mistake either way.
@@ -117,13 +117,12 @@ def resolve(
     if problems:
         raise ResourceConfigError(*problems, where="the resources config")
     records = []
-    for path, resource in declared:
-        key = f"{RESOURCES_KEY}.{path}"
+    for key, resource in declared:
         floor = resolve_floor(resource.declared_mb, env, f"{key}.declared_mb")
         int_floor = resolve_floor(resource.int_declared_mb, env, f"{key}.int_declared_mb", INT)
         records.append(
             ResolvedResource(
-                path=path,
+                path=key.removeprefix(f"{RESOURCES_KEY}."),
                 owner=resource.owner,
                 labels=tuple(resource.labels),
                 cg_slots=tuple(resource.cg_slots),
@@ -222,7 +221,7 @@ def _too_deep(key: str) -> str:
 def _walk(
     node: DictConfig, key: str, problems: list[str], level: int = 0
 ) -> Iterator[tuple[str, DictConfig]]:
-    """The resources below ``node`` as (path, node); any other mapping is a group of them."""
+    """The resources below ``node`` as (full key, node); any other mapping is a group of them."""
     if level > MAX_DEPTH:
         problems.append(_too_deep(key))
         return
@@ -236,7 +235,7 @@ def _walk(
         if name == "_target_":
             problems.append(_no_target(child_key, child))
         elif isinstance(child, DictConfig) and _is_resource(child):
-            yield child_key.removeprefix(f"{RESOURCES_KEY}."), child
+            yield child_key, child
         elif isinstance(child, DictConfig):
             yield from _walk(child, child_key, problems, level + 1)
         else:
