@@ -60,12 +60,12 @@ class ResolvedResource:
     """One per label and slot: ``len(labels) * max(1, len(cg_slots))``."""
     reserved_bytes: int = field(init=False)
     """``workspaces * floor_bytes``: what the pool holds once every workspace is made."""
-    int_declared_mb: int | None
-    int_floor_mb: int
+    int_declared_mb: int | None = None
+    int_floor_mb: int = INT.default_mb
     """The floor of each int workspace (and of its host mirror), in MB."""
     int_floor_bytes: int = field(init=False)
-    int_floor_source: FloorSource
-    int_floor_setting: str
+    int_floor_source: FloorSource = "default"
+    int_floor_setting: str = INT.env_var
     """What to change to move the int floor, as ``floor_setting``."""
     int_reserved_bytes: int = field(init=False)
     """``workspaces * int_floor_bytes``, on the GPU (and as many on the host)."""
