@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import typing
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -16,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ._internal.floor import FLOAT, INT, Floor, FloorSource, read_mb, resolve_floor
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
-from .schema import FIELDS, Resource
+from .schema import FIELDS, Resource, repeats
 from .units import MIB, is_int
 
 if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools allocates
@@ -105,8 +104,7 @@ def resolve(
     problems += [
         f"{key} is declared twice (a dotted key and a nested path both spell it), and one pool "
         "would serve only one of them; declare it once"
-        for key, count in Counter(key for key, _ in declared).items()
-        if count > 1
+        for key in repeats([key for key, _ in declared])
     ]
     # Checked once, and even where every floor is declared: a bad value is a mistake either way.
     for buffer in (FLOAT, INT):
