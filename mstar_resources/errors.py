@@ -71,8 +71,7 @@ class _ProblemsError(ResourceError, ValueError):
         else:
             shown = problems[:MAX_PROBLEMS_SHOWN]
             lines = "\n".join(f"  - {problem}" for problem in shown)
-            more = len(problems) - len(shown)
-            if more:  # all of them stay in ``problems``
+            if more := len(problems) - len(shown):  # all of them stay in ``problems``
                 lines += f"\n  - ... and {more:,} more, each like those above"
             text = f"{len(problems):,} problems in {where}:\n{lines}"
         super().__init__(text)
