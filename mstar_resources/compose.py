@@ -12,7 +12,6 @@ import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ NODE_EXPECTS: dict[type, str] = {BooleanNode: "true or false", IntegerNode: "a w
                                  DictConfig: "a mapping, e.g. {key: value}"}  # fmt: skip
 
 
-@dataclass
+@dataclasses.dataclass
 class ComposedTree:
     """The top keys of the tree: the schema a plugin composes, the base of each app's settings."""
 
@@ -133,6 +132,7 @@ class Composition:
         given_name: str | None = None, settings: type | None = None,
     ) -> None:  # fmt: skip
         self.config_name, self.texts, self.given_name = config_name, list(texts), given_name
+        self.composed_name = given_name or config_name
         self.settings = settings
         self.folder = Path(config_dir).resolve() if config_dir else None
         try:
@@ -169,7 +169,7 @@ class Composition:
         of the config composed without it; None where it deletes a value."""
         others = [text for text in self.texts if text != override.input_line]
         try:
-            composed = compose(self.given_name or self.config_name, [*others, *self.searchpath])
+            composed = compose(self.composed_name, [*others, *self.searchpath])
         except COMPOSE_ERRORS:  # composing with the deletion says what is wrong
             return None
         key = override.key_or_group
@@ -253,8 +253,7 @@ class Composition:
             raise ResourceConfigError(refused)
         try:
             overrides = [*self.texts, *self.searchpath]
-            return compose(self.given_name or self.config_name, overrides,
-                           return_hydra_config=hydra)  # fmt: skip
+            return compose(self.composed_name, overrides, return_hydra_config=hydra)
         except COMPOSE_ERRORS as error:
             paragraph = None if full_error else self.paragraph(error)
             if paragraph is None:
@@ -306,8 +305,7 @@ class Composition:
         for i, override in enumerate(self.overrides):
             parts = override.key_or_group.split(".")
             try:
-                cfg = compose(self.given_name or self.config_name,
-                              [*self.texts[:i], *self.searchpath])  # fmt: skip
+                cfg = compose(self.composed_name, [*self.texts[:i], *self.searchpath])
             except COMPOSE_ERRORS:
                 return None
             for depth, part in enumerate(parts[1:], 1):

@@ -71,8 +71,7 @@ class _ProblemsError(ResourceError, ValueError):
         else:
             shown = problems[:MAX_PROBLEMS_SHOWN]
             lines = "\n".join(f"  - {problem}" for problem in shown)
-            more = len(problems) - len(shown)
-            if more:  # all of them stay in ``problems``
+            if more := len(problems) - len(shown):  # all of them stay in ``problems``
                 lines += f"\n  - ... and {more:,} more, each like those above"
             text = f"{len(problems):,} problems in {where}:\n{lines}"
         super().__init__(text)
@@ -154,9 +153,8 @@ def check_argument(
     name: str, value: object, expected: type | tuple[type, ...], expects: str
 ) -> None:
     """Raise :class:`ResourceUsageError` naming ``name``, ``value`` and ``expects`` (what it takes)
-    unless the value is an ``expected`` (a bool is an int only where ``expected`` says bool)."""
-    kinds = expected if isinstance(expected, tuple) else (expected,)
-    if isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool)):
+    unless the value is an ``expected``."""
+    if isinstance(value, expected):
         return
     raise ResourceUsageError(
         Problem(f"{name}={value!r} must be {expects}", setting=name, value=value, expects=expects)
@@ -167,11 +165,9 @@ MAX_NAME = 128
 """The most characters an owner or a label may have: tables, logs and errors print each."""
 
 
-def name_problem(setting: str, value: object) -> str | None:
-    """What is wrong with ``value`` as a name that tables and logs print (printable, at most
-    :data:`MAX_NAME` long), or None; ``setting`` is how the message names it (``labels[1]``)."""
-    if not isinstance(value, str) or not value.strip():
-        return None  # blank or not a string: the callers' own checks say how to fill it in
+def name_problem(setting: str, value: str) -> str | None:
+    """What is wrong with ``value``, a non-blank name that tables and logs print (printable, at
+    most :data:`MAX_NAME` long), or None; ``setting`` names it (``labels[1]``)."""
     if len(value) > MAX_NAME:
         return (
             f"{setting} has {len(value):,} characters ({value[:20]!r}...); a name has at most "

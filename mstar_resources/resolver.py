@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import typing
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -16,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ._internal.floor import FLOAT, INT, Floor, FloorSource, read_mb, resolve_floor
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
-from .schema import FIELDS, Resource
+from .schema import FIELDS, Resource, repeats
 from .units import MIB, is_int
 
 if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools allocates
@@ -99,14 +98,13 @@ def resolve(
     check_argument("env", env, Mapping, "a mapping of environment variables (os.environ) or None")
     problems: list[str] = []
     declared: list[tuple[str, Resource]] = []
-    for path, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
-        if resource := _validate(node, f"{RESOURCES_KEY}.{path}", problems):
-            declared.append((path, resource))
+    for key, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
+        if resource := _validate(node, key, problems):
+            declared.append((key, resource))
     problems += [
-        f"{RESOURCES_KEY}.{path} is declared twice (a dotted key and a nested path both spell "
-        "it), and one pool would serve only one of them; declare it once"
-        for path, count in Counter(path for path, _ in declared).items()
-        if count > 1
+        f"{key} is declared twice (a dotted key and a nested path both spell it), and one pool "
+        "would serve only one of them; declare it once"
+        for key in repeats([key for key, _ in declared])
     ]
     # Checked once, and even where every floor is declared: a bad value is a mistake either way.
     for buffer in (FLOAT, INT):
@@ -117,13 +115,12 @@ def resolve(
     if problems:
         raise ResourceConfigError(*problems, where="the resources config")
     records = []
-    for path, resource in declared:
-        key = f"{RESOURCES_KEY}.{path}"
+    for key, resource in declared:
         floor = resolve_floor(resource.declared_mb, env, f"{key}.declared_mb")
         int_floor = resolve_floor(resource.int_declared_mb, env, f"{key}.int_declared_mb", INT)
         records.append(
             ResolvedResource(
-                path=path,
+                path=key.removeprefix(f"{RESOURCES_KEY}."),
                 owner=resource.owner,
                 labels=tuple(resource.labels),
                 cg_slots=tuple(resource.cg_slots),
@@ -222,13 +219,12 @@ def _too_deep(key: str) -> str:
 def _walk(
     node: DictConfig, key: str, problems: list[str], level: int = 0
 ) -> Iterator[tuple[str, DictConfig]]:
-    """The resources below ``node`` as (path, node); any other mapping is a group of them."""
+    """The resources below ``node`` as (full key, node); any other mapping is a group of them."""
     if level > MAX_DEPTH:
         problems.append(_too_deep(key))
         return
     for name in node:
         child_key = key + "." + str(name)
-        path = child_key.removeprefix(f"{RESOURCES_KEY}.")
         try:
             child = node[name]
         except OmegaConfBaseException as error:
@@ -237,7 +233,7 @@ def _walk(
         if name == "_target_":
             problems.append(_no_target(child_key, child))
         elif isinstance(child, DictConfig) and _is_resource(child):
-            yield path, child
+            yield child_key, child
         elif isinstance(child, DictConfig):
             yield from _walk(child, child_key, problems, level + 1)
         else:

@@ -102,7 +102,7 @@ def _label_problems(labels: list[str]) -> list[str | None]:
         problems.append(f"labels={labels!r} has an empty label; give every label a name")
     else:
         problems += (name_problem(f"labels[{i}]", label) for i, label in enumerate(labels))
-    if repeated := _repeats([label for label in labels if isinstance(label, Hashable)]):
+    if repeated := repeats([label for label in labels if isinstance(label, Hashable)]):
         problems.append(f"labels={labels!r} repeats {repeated}; list each label once")
     return problems
 
@@ -124,10 +124,10 @@ def _slot_problems(slots: list[int]) -> list[str]:
             f"cg_slots has slots [{', '.join(map(number_text, large))}] past the largest, "
             f"{MAX_ITEMS - 1}; a slot numbers one of at most {MAX_ITEMS} graph contexts, from 0"
         )
-    if repeated := _repeats(slots):
+    if repeated := repeats(slots):
         problems.append(f"cg_slots={slots!r} repeats {repeated}; list each slot once")
     return problems
 
 
-def _repeats(items: Sequence[Hashable]) -> list[Hashable]:
+def repeats(items: Sequence[Hashable]) -> list[Hashable]:
     return [item for item, count in Counter(items).items() if count > 1]

@@ -96,9 +96,8 @@ MAX_DIGITS = 60
 
 
 def read_mb(setting: str, text: str, buffer: Buffer = FLOAT) -> int:
-    """A floor given as text (a variable, an interpolation's value, ``size_mb="8"``) as the whole
-    number of MB it spells by the command line's rule (:data:`WHOLE_NUMBER`, spaces around it
-    left out), else :class:`ResourceConfigError` naming ``setting``."""
+    """The whole number of MB ``text`` spells by :data:`WHOLE_NUMBER`, spaces around it left out: a
+    floor given as text (a variable, ``size_mb="8"``); else :class:`ResourceConfigError`."""
     stripped, number = text.strip(), None
     if WHOLE_NUMBER.fullmatch(stripped):
         digits = stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
@@ -142,7 +141,7 @@ def number_text(value: int) -> str:
     Python to print: ints of more than 4,300 digits refuse ``str``)."""
     if value.bit_length() <= 200:  # up to 60 digits
         return f"{value:,}"
-    digits = max(1, int(value.bit_length() * 0.30103) - 1)  # log10(2): at most the count
+    digits = int(value.bit_length() * 0.30103) - 1  # log10(2): at most the count
     while 10**digits <= value:
         digits += 1
     return f"<a number of {digits:,} digits>"

@@ -41,17 +41,12 @@ MARGIN_EXPECTS = f"a fraction, at least 0 and at most {MAX_MARGIN}"
 
 @dataclass
 class CalibrateSettings(ComposedTree):
-    """``mstar-resources-calibrate``: measure a deployment's workspaces on this GPU."""
+    """``mstar-resources-calibrate``'s settings, each told in the help of its primary config."""
 
     margin: float = field(default=DEFAULT_MARGIN, metadata={"expects": MARGIN_EXPECTS})
-    """Added to each measured need before it is declared, as a fraction of it."""
     device: str = field(default="cuda", metadata={"expects": "cuda or cuda:N"})
-    """The GPU to plan on."""
     output_dir: str | None = field(default=None, metadata={"expects": "a folder, or null"})
-    """Where ``<deployment>_calibrated.yaml`` goes (made if missing); null: beside a deployment of
-    a ``--config-dir`` (the file lists it under its defaults), else ``calibrated/deployment``."""
     progress: bool = field(default=True, metadata={"expects": "true or false"})
-    """Show a progress bar on stderr."""
 
 
 @hydra_app(

@@ -4,10 +4,9 @@ workspace and reports what the GPU then holds."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -47,12 +46,10 @@ class OutputFormat(Enum):
 
 @dataclass
 class DryRunSettings(ComposedTree):
-    """``mstar-resources``: resolve the tree and print what it reserves."""
+    """``mstar-resources``'s settings, each told in the help of its primary config."""
 
     format: OutputFormat = field(default=OutputFormat.table, metadata={"expects": "table or json"})
     device: str = field(default="cpu", metadata={"expects": "cpu, cuda or cuda:N"})
-    """``cpu``: a dry run, allocating nothing. ``cuda`` or ``cuda:N``: also make every declared
-    workspace there and report what the GPU then holds."""
 
 
 @hydra_app(
@@ -77,12 +74,12 @@ def main(cfg: DictConfig) -> None:
         )
     calibrated = _check_calibration_inputs(cfg, records)
     report: dict[str, Any] = {
-        "resources": [dataclasses.asdict(record) for record in records],
+        "resources": [asdict(record) for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
         "total_int_reserved_bytes": sum(record.int_reserved_bytes for record in records),
     }
     if calibrated:
-        report["calibrated"] = {path: dataclasses.asdict(c) for path, c in calibrated.items()}
+        report["calibrated"] = {path: asdict(c) for path, c in calibrated.items()}
     if device != "cpu":
         report["device"] = device
         report["allocated_bytes"] = _allocate(cfg, records, device)
@@ -149,8 +146,7 @@ def _table(
     total, int_total = report["total_reserved_bytes"], report["total_int_reserved_bytes"]
     workspaces = sum(record.workspaces for record in records)
     footer = ["total", "", "", "", "", "", str(workspaces), _mb(total), "", "", _mb(int_total)]
-    table = [_COLUMNS, None, *rows, None, footer]
-    lines = [format_table(table, right={4, 6, 7, 8, 10})]
+    lines = [format_table([_COLUMNS, None, *rows, None, footer], right={4, 6, 7, 8, 10})]
     for path, c in calibrated.items():
         line = (
             f"{path}: declared by calibration, need {c.need_bytes:,} bytes + {c.margin:.0%} "

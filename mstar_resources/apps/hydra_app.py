@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
 import hydra
-from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -144,7 +143,7 @@ def hydra_app(
             on = Composition(
                 config_name, line.overrides, line.config_dir, line.config_name, settings
             )
-            if refusal := _refusal(line, on, prog, invoked, compose_once, config_name):
+            if refusal := _refusal(line, on, prog, invoked, compose_once):
                 fail(prog, refusal)
             flags = [k for k, v in vars(line).items()
                      if v and k not in ("overrides", "config_dir", "config_name")]  # fmt: skip
@@ -190,9 +189,8 @@ def hydra_app(
 
 
 def _refusal(
-    line: argparse.Namespace, on: Composition, prog: str, invoked: str, compose_once: bool,
-    config_name: str,
-) -> str | None:  # fmt: skip
+    line: argparse.Namespace, on: Composition, prog: str, invoked: str, compose_once: bool
+) -> str | None:
     """What in the command line ``line`` the app does not run, found before composing."""
     config_dir = line.config_dir
     if config_dir is not None and not os.path.isdir(config_dir):
@@ -201,9 +199,9 @@ def _refusal(
                 "a deployment/ folder, as mstar-resources-calibrate writes it)")  # fmt: skip
     if line.config_path is not None:
         folder = line.config_path.removeprefix("file://")
-        if not os.path.isfile(os.path.join(folder, f"{line.config_name or config_name}.yaml")):
+        if not os.path.isfile(os.path.join(folder, f"{on.composed_name}.yaml")):
             return (f"--config-path {line.config_path} replaces the folder of {prog}'s own "
-                    f"configs, and holds no {line.config_name or config_name}.yaml; add a "
+                    f"configs, and holds no {on.composed_name}.yaml; add a "
                     "folder of your own with --config-dir DIR instead")  # fmt: skip
     for override in line.overrides:
         key, _, value = override.partition("=")
@@ -263,19 +261,18 @@ def _group_value_problem(on: Composition) -> str | None:
     for override in on.overrides:
         group, value = override.key_or_group, override.value()
         options = on.options(group)
+        text = (override.input_line or "").partition("=")[2]
         if (override.is_add() or override.is_force_add()) and "." not in group and not options:
             return (f"{override.input_line} adds a key {group!r} at the top of the config, "
                     "which nothing reads; set one of the settings, or add a resource under "
                     "resources")  # fmt: skip
         if override.is_add() and options and group in on.choices:
-            text = (override.input_line or "").partition("=")[2]
             return (f"{override.input_line} adds a second {group}, and the config picks one "
                     f"already; pick yours without the +: {group}={text}")  # fmt: skip
         if override.is_delete() and not options and (problem := on.deletion_problem(override)):
             return problem
         if override.is_delete() or not options or (isinstance(value, str) and value in options):
             continue
-        text = (override.input_line or "").partition("=")[2]
         if isinstance(value, list):
             why = f": {group}= takes one name, and a list would merge several"
             return not_a_choice(group, text, options, why, closest=False)
@@ -298,7 +295,7 @@ def register_options_resolver(config_name: str) -> None:
 
     def sets(group: str, option: str, key: str) -> bool:  # the config with group=option sets key
         try:
-            return compose(config_name, overrides=[f"{group}={option}"]).get(key) is not None
+            return hydra.compose(config_name, overrides=[f"{group}={option}"]).get(key) is not None
         except COMPOSE_ERRORS:  # a broken option of the user's: --help lists it, unread
             return False
 
