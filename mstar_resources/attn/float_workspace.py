@@ -127,8 +127,9 @@ class Workspace(BufferHolder):
     def _refresh(
         self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
     ) -> None:
-        """After a growth: the sizes a plan reads as it starts (replaced, never changed), and the
-        recorded size of every remembered wrapper, ``plan``'s object and ``attributes``' wrapper."""
+        """After a growth, and as a route is found: the sizes a plan reads as it starts (replaced,
+        never changed), and the recorded size of every remembered wrapper, ``plan``'s object (a
+        cascade level records one too) and ``attributes``' wrapper."""
         self._sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
         wrappers = [getattr(plan, "__self__", None), *(p() for p in list(self._routes.values()))]
         for each in [attributes, *(getattr(w, "__dict__", None) for w in wrappers)]:
@@ -200,12 +201,7 @@ class Workspace(BufferHolder):
                 wrapper, attributes = candidate, own
                 break
         self._refuse_views(owner if owner is not None else wrapper)
-        # Its recorded size, and the plan's object's (a cascade level records one too): not every
-        # remembered wrapper's, as after a growth, since a route is found again at every plan of a
-        # wrapper that is not remembered.
-        for each in (attributes, getattr(owner, "__dict__", None)):
-            if each is not None:
-                refresh_recorded_size(each, self._buffer.tensor)
+        self._refresh(plan, attributes)
         if wrapper is None:
             return (lambda: None), attributes
         routes, wrapper_id = self._routes, id(wrapper)
