@@ -2,12 +2,18 @@
 trtllm-gen (SM100), as read in FlashInfer 0.6.14, 0.6.16.post3, 0.6.18.post1, 0.7.0.post1,
 0.7.2.post1 and 0.7.4 (paths under ``flashinfer/``; the same arithmetic in each unless said).
 Each covers every launch of up to ``batch`` requests: the kernels lay out their scratch by the
-launch grid (requests, heads, page-table width), never by the sequences' actual lengths."""
+launch grid (requests, heads, page-table width), never by the sequences' actual lengths.
+:class:`TrtllmLaunchCheck` compares each launch with the workspace it is given, before it runs."""
 
 from __future__ import annotations
 
-from ..errors import ResourceUsageError
-from ..units import MIB, round_up
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ResourceUsageError, WorkspaceSealedError
+from ..units import MIB, mb_to_hold, plural, release, round_up
+
+if TYPE_CHECKING:
+    from .float_workspace import Workspace
 
 # decode.py xqa_batch_decode_with_kv_cache: workspace[:8 MiB] is the semaphores, the rest scratch.
 XQA_SEMAPHORE_BYTES = 8 * MIB
@@ -26,6 +32,12 @@ TRTLLM_GEN_STATS_GUARD_BYTES = 1 * MIB
 TRTLLM_GEN_MAX_STEP_Q = 128
 # 0.6.14 trtllm_fmha_kernel_launcher.cu: counters of 8192 x 256 uint32 at the workspace's head.
 TRTLLM_GEN_COUNTER_BYTES_0_6_14 = 8192 * 256 * 4
+
+
+def counters_in_workspace(flashinfer: str) -> bool:
+    """Whether FlashInfer ``flashinfer`` keeps trtllm-gen's counters at the workspace's head
+    (before 0.6.16; from 0.6.16.post3 they are a buffer of their own)."""
+    return release(flashinfer) < (0, 6, 16)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -73,6 +85,29 @@ def _sm90_scratch(b: int, hkv: int, group: int, head_dim: int, seq: int, sms: in
     return out
 
 
+def xqa_launch_bytes(
+    *,
+    batch: int,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_seq_len: int,
+    sm_count: int,
+    q_len_per_req: int = 1,
+    hopper_fp8_kv: bool = False,
+) -> int:
+    """Bytes of ``workspace_buffer`` one ``xqa_batch_decode_with_kv_cache`` launch of ``batch``
+    requests of ``q_len_per_req`` query tokens can touch: the 8 MiB semaphore region plus its
+    multi-block scratch. The heads are the layer's, per rank; ``max_seq_len``: the page table's
+    width in tokens (xqa.py reads the length from it); ``hopper_fp8_kv``: an fp8 KV cache, which
+    xqa.py may run on ``mha_sm90.cu`` on SM90."""
+    group = _xqa_group(batch, num_qo_heads, num_kv_heads, head_dim, max_seq_len, sm_count,
+                       q_len_per_req)  # fmt: skip
+    kernels = [_mha_scratch] + ([_sm90_scratch] if hopper_fp8_kv else [])
+    args = (num_kv_heads, group, head_dim, max_seq_len, sm_count, q_len_per_req)
+    return XQA_SEMAPHORE_BYTES + max(kernel(batch, *args) for kernel in kernels)
+
+
 def xqa_workspace_bytes(
     *,
     batch: int,
@@ -84,26 +119,33 @@ def xqa_workspace_bytes(
     q_len_per_req: int = 1,
     hopper_fp8_kv: bool = False,
 ) -> int:
-    """Bytes of ``workspace_buffer`` ``xqa_batch_decode_with_kv_cache`` can touch: the 8 MiB
-    semaphore region plus the largest multi-block scratch over every batch size up to ``batch``.
+    """The most :func:`xqa_launch_bytes` over every launch of up to ``batch`` requests of up to
+    ``q_len_per_req`` query tokens each (1 + speculative tokens) on a page table up to
+    ``max_seq_len`` tokens wide: what a workspace needs to hold for all of them."""
+    group = _xqa_group(batch, num_qo_heads, num_kv_heads, head_dim, max_seq_len, sm_count,
+                       q_len_per_req)  # fmt: skip
+    kernels = [_mha_scratch] + ([_sm90_scratch] if hopper_fp8_kv else [])
+    # Splitting needs b x kv heads <= SMs / 2, so larger batches add no scratch.
+    scratch = max(
+        kernel(b, num_kv_heads, group, head_dim, max_seq_len, sm_count, q)
+        for kernel in kernels
+        for b in range(1, min(batch, sm_count) + 1)
+        for q in range(1, q_len_per_req + 1)
+    )
+    return XQA_SEMAPHORE_BYTES + scratch
 
-    The heads are the layer's, per rank; ``max_seq_len``: the widest page table in tokens (xqa.py
-    reads the length from its width); ``q_len_per_req`` above 1: speculative decoding;
-    ``hopper_fp8_kv``: an fp8 KV cache on SM90, where xqa.py may also run ``mha_sm90.cu``."""
-    _positive(batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-              head_dim=head_dim, max_seq_len=max_seq_len, sm_count=sm_count,
-              q_len_per_req=q_len_per_req)  # fmt: skip
-    if num_qo_heads % num_kv_heads:
-        raise ResourceUsageError(f"num_qo_heads={num_qo_heads} is not a multiple of "
-                         f"num_kv_heads={num_kv_heads}")  # fmt: skip
+
+def _xqa_group(
+    batch: int, qo: int, kv: int, head_dim: int, max_seq_len: int, sms: int, q_len: int
+) -> int:
+    """The query heads a KV head serves, once the launch's arguments are checked."""
+    _positive(batch=batch, num_qo_heads=qo, num_kv_heads=kv, head_dim=head_dim,
+              max_seq_len=max_seq_len, sm_count=sms, q_len_per_req=q_len)  # fmt: skip
+    if qo % kv:
+        raise ResourceUsageError(f"num_qo_heads={qo} is not a multiple of num_kv_heads={kv}")
     if head_dim % 16 or head_dim > 512:
         raise ResourceUsageError(f"head_dim must be a multiple of 16 up to 512, got {head_dim!r}")
-    group = num_qo_heads // num_kv_heads
-    kernels = [_mha_scratch] + ([_sm90_scratch] if hopper_fp8_kv else [])
-    args = (num_kv_heads, group, head_dim, max_seq_len, sm_count, q_len_per_req)
-    # Splitting needs b x kv heads <= SMs / 2, so larger batches add no scratch.
-    scratch = max(k(b, *args) for k in kernels for b in range(1, min(batch, sm_count) + 1))
-    return XQA_SEMAPHORE_BYTES + scratch
+    return qo // kv
 
 
 def trtllm_gen_workspace_bytes(
@@ -132,3 +174,97 @@ def trtllm_gen_workspace_bytes(
     if return_lse:
         head += num_qo_heads * batch * round_up(max_q_len, 256) * 8 + TRTLLM_GEN_STATS_GUARD_BYTES
     return round_up(head, 16) + sm_count * TRTLLM_GEN_MAX_STEP_Q * (8 + 2 * head_dim_vo)
+
+
+# -- each launch checked where the engine makes it -------------------------------------------
+
+_FIRST_ARGUMENTS = ("query", "kv_cache", "workspace_buffer", "block_tables", "seq_lens")
+"""The first positional parameters of both FlashInfer entry points, in their order."""
+# The kernel layout each entry point takes where the caller names none.
+_DEFAULT_LAYOUT = {"xqa": "NHD", "trtllm": "HND"}
+
+
+class TrtllmLaunchCheck:
+    """Each decode launch of FlashInfer's TRT-LLM kernels on ``workspace``, compared before the
+    kernel runs with the bytes it touches (:func:`xqa_launch_bytes`,
+    :func:`trtllm_gen_workspace_bytes`): the kernels check nothing, so a launch that would write
+    past the workspace is refused here with the launch and the setting that makes room.
+
+    Under a CUDA graph the check runs as the launch is captured; a replay runs the same launch.
+    ``counters_in_workspace``: FlashInfer before 0.6.16 keeps trtllm-gen's counters in it."""
+
+    def __init__(
+        self, workspace: Workspace, sm_count: int, *, counters_in_workspace: bool = False
+    ) -> None:
+        self.workspace = workspace
+        self.sm_count = sm_count
+        self.counters_in_workspace = counters_in_workspace
+        self._needs: dict[tuple[Any, ...], int] = {}  # by launch shape: computed once
+        self.launches = 0  # checked on the workspace (eager, or as a graph captured them)
+        self.refused = 0
+
+    def check(self, entry: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Refuse a launch of FlashInfer's ``entry`` (``"xqa"`` for
+        ``xqa_batch_decode_with_kv_cache``, ``"trtllm"`` for ``trtllm_batch_decode_with_kv_cache``)
+        with these arguments that would touch more of the workspace than it holds; a launch on
+        another buffer is not this check's."""
+        values = dict(zip(_FIRST_ARGUMENTS, args, strict=False))
+        values.update(kwargs)
+        buffer = values.get("workspace_buffer")
+        if buffer is not self.workspace.tensor:
+            return
+        self.launches += 1
+        query, kv_cache, tables = values["query"], values["kv_cache"], values["block_tables"]
+        k_cache = kv_cache[0] if isinstance(kv_cache, tuple | list) else kv_cache
+        if values.get("kv_layout", _DEFAULT_LAYOUT[entry]) == "HND":
+            kv_heads, page = k_cache.shape[-3], k_cache.shape[-2]
+        else:
+            page, kv_heads = k_cache.shape[-3], k_cache.shape[-2]
+        q_len = values.get("q_len_per_req") or values.get("max_q_len") or 1
+        batch = max(values["seq_lens"].shape[0], query.shape[0] // q_len)
+        kernel = values.get("backend", "auto") if entry == "trtllm" else "xqa"
+        key = (kernel, batch, q_len, query.shape[-2], kv_heads, query.shape[-1],
+               tables.shape[-1] * page, k_cache.dtype, bool(values.get("return_lse")))  # fmt: skip
+        need = self._needs.get(key)
+        if need is None:
+            need = self._needs[key] = self._need(*key)
+        have = buffer.numel()
+        if need > have:
+            self.refused += 1
+            raise self._refusal(key, need, have)
+
+    def _need(
+        self, kernel: str, batch: int, q_len: int, qo: int, kv: int, head_dim: int,
+        table_tokens: int, kv_dtype: Any, return_lse: bool,
+    ) -> int:  # fmt: skip
+        needs = []
+        if kernel in ("xqa", "auto"):
+            needs.append(xqa_launch_bytes(
+                batch=batch, num_qo_heads=qo, num_kv_heads=kv, head_dim=head_dim,
+                max_seq_len=table_tokens, sm_count=self.sm_count, q_len_per_req=q_len,
+                hopper_fp8_kv="float8" in str(kv_dtype),
+            ))  # fmt: skip
+        if kernel != "xqa":  # trtllm-gen, or "auto", which may pick either
+            needs.append(trtllm_gen_workspace_bytes(
+                batch=batch, num_qo_heads=qo, head_dim_vo=head_dim, sm_count=self.sm_count,
+                max_q_len=q_len, return_lse=return_lse,
+                counters_in_workspace=self.counters_in_workspace,
+            ))  # fmt: skip
+        return max(needs)
+
+    def _refusal(self, key: tuple[Any, ...], need: int, have: int) -> WorkspaceSealedError:
+        kernel, batch, q_len, qo, kv, head_dim, table_tokens, kv_dtype, return_lse = key
+        lse = ", returning the LSE" if return_lse else ""
+        workspace = self.workspace
+        return WorkspaceSealedError(
+            f"a {kernel} decode launch of {plural(batch, 'request')} x {q_len} query tokens "
+            f"({qo}/{kv} heads of {head_dim}, a page table of {table_tokens:,} tokens, KV "
+            f"{str(kv_dtype).removeprefix('torch.')}{lse}, {self.sm_count} SMs) would touch "
+            f"{need:,} bytes of workspace {workspace.name!r}, which holds {have:,}; it was not "
+            f"launched. Set {workspace.floor}={mb_to_hold(need)} or more",
+            workspace=workspace.name,
+            held_bytes=have,
+            needed_bytes=need,
+            setting=workspace.floor,
+            suggested_mb=mb_to_hold(need),
+        )

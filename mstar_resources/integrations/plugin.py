@@ -206,6 +206,9 @@ class PluginState:
         self.sealed_before: str | None = None  # the engine's graph capture...
         self.shared_int_wrappers = 0  # decode wrappers given a shared int workspace
         self.provenance: dict[str, str] = {}  # by resource path: whence a floor here, in words
+        self.unread_release: str | None = None
+        """The engine's version where no release read was it: what the plugin sizes from how the
+        releases read launch their kernels (the TRT-LLM workspace) is left to the engine there."""
 
     @property
     def serving(self) -> bool:
@@ -330,10 +333,11 @@ class EnginePlugin:
             return
         self._active = state
         if version is not None and version.split("+")[0] not in self.releases:
+            state.unread_release = version
             state.logger.info(
                 "mstar-resources: %s %s is not a release this plugin was read in (%s); it is "
                 "served where each seam the plugin needs is there, and left as it is, the seam "
-                "named, where one is not",
+                "named, where one is not; buffers no allocator checks stay the engine's",
                 self.setting.engine, version, ", ".join(self.releases),
             )  # fmt: skip
         state.logger.info(

@@ -383,13 +383,20 @@ def vllm_stand_in(monkeypatch):
     backend.FlashInferMetadataBuilder = type("FlashInferMetadataBuilder", (StandInBuilder,), {})
     backend.fast_plan_decode = lambda wrapper, *args, **kwargs: wrapper.plan(*args, **kwargs)
     backend._get_trtllm_workspace_buffer = lambda: TRTLLM
+    launched: list[tuple[str, dict]] = []  # the kernels' launches that reached FlashInfer
+
+    def launcher(entry):
+        return lambda **kwargs: launched.append((entry, kwargs))
+
+    backend.trtllm_batch_decode_with_kv_cache = launcher("trtllm")
+    backend.flashinfer_xqa_batch_decode_with_kv_cache = launcher("xqa")
     backend.FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM = 16
     backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT = 2 << 30
     runner = types.ModuleType(workspaces.V2_RUNNER)
     runner.GPUModelRunner = type("GPUModelRunner", (StandInRunner,), {})
     worker = types.ModuleType(plugin.WORKER)
     worker.Worker = type("Worker", (StandInWorker,), {})
-    state = types.SimpleNamespace(plans=[PLANS])
+    state = types.SimpleNamespace(plans=[PLANS], launched=launched)
     monkeypatch.setattr(vllm_plans, "uncovered_attention", lambda config: None)
     monkeypatch.setattr(vllm_plans, "builder_plans", lambda runner: state.plans)
     monkeypatch.setattr(vllm_plans, "vllm_buffer_bytes", lambda config, plans: (VLLM_BYTES, "-"))

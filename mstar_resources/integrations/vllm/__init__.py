@@ -46,8 +46,14 @@ def _workspace_buffer(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -
 
     @functools.wraps(own_buffer)
     def _get_workspace_buffer(self: Any) -> Any:
-        workspace = workspaces.workspace(self, ROLE.get())
-        return own_buffer(self) if workspace is None else workspace.tensor
+        role = ROLE.get()
+        workspace = workspaces.workspace(self, role)
+        if workspace is not None:
+            return workspace.tensor
+        buffer = own_buffer(self)
+        if role is not None:
+            workspaces.unserved(role, buffer)
+        return buffer
 
     return _get_workspace_buffer
 
@@ -80,6 +86,24 @@ def _trtllm_workspace(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -
         return own_buffer() if held is None else held.tensor
 
     return _get_trtllm_workspace_buffer
+
+
+def _checked_launch(entry: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
+    """A decode entry point of FlashInfer's TRT-LLM kernels, as vLLM's backend imported it: a
+    launch on the plugin's TRT-LLM workspace is checked against what it touches before it runs
+    (the kernels check nothing; :class:`~...attn.trtllm_workspace.TrtllmLaunchCheck`)."""
+
+    def patch(workspaces: VllmWorkspaces, launch: Any, owner: Any) -> Any:
+        @functools.wraps(launch)
+        def checked_launch(*args: Any, **kwargs: Any) -> Any:
+            check = workspaces.trtllm_check
+            if check is not None:
+                check.check(entry, args, kwargs)
+            return launch(*args, **kwargs)
+
+        return checked_launch
+
+    return patch
 
 
 def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any) -> Any:
@@ -131,6 +155,12 @@ SEAMS = (
          required=False, since="0.33.0"),
     Seam(BACKEND, "fast_plan_decode", patch=VllmWorkspaces.take_decode_plans),
     Seam(BACKEND, "_get_trtllm_workspace_buffer", patch=_trtllm_workspace),
+    # The TRT-LLM decode launches, checked on the plugin's workspace: trtllm-gen's and, until
+    # 0.27, XQA's through trtllm_batch_decode_with_kv_cache(backend=...); XQA's own from 0.28
+    # (speculative tokens as decode: SM120 in 0.28 and 0.29, Hopper too from 0.30).
+    Seam(BACKEND, "trtllm_batch_decode_with_kv_cache", patch=_checked_launch("trtllm")),
+    Seam(BACKEND, "flashinfer_xqa_batch_decode_with_kv_cache", required=False, since="0.28.0",
+         patch=_checked_launch("xqa")),
     Seam(BACKEND, "FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM"),
     Seam(BACKEND, "FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT"),
     *_runner_seams(V1_RUNNER, until="0.33.0"),

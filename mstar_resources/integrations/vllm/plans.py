@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...units import plural, release
+from ...units import plural
 from ..plugin import dtype_name
 
 if TYPE_CHECKING:
@@ -34,7 +34,9 @@ class BuilderPlans:
     """Each phase's query dtype (on SM90 with an FP8 KV cache, decode keeps the model's dtype)."""
     kernels: Mapping[Role, str]  # each phase's: NATIVE, xqa or trtllm-gen
     dcp_world_size: int = 1  # the query heads of every DCP rank are planned together
-    decode_q_len: int = 1  # query tokens a request (1 + speculative, where vLLM decodes them)
+    decode_q_len: int = 1
+    """The most query tokens a decode request has: 1 + speculative tokens where the release's
+    decode kernel takes them (vLLM's ``reorder_batch_threshold``)."""
     decode_graph_max_batch: int | None = None  # of a FULL CUDA graph; None: no decode graphs
     non_causal: bool = False
     """vLLM also builds a native non-causal prefill wrapper (attention_config.use_non_causal)."""
@@ -123,9 +125,11 @@ def read_builder(
         has_sinks=builder.has_sinks,
         has_spec=builder.reorder_batch_threshold > 1,
     )
-    # 0.33 plans speculative tokens as decode in its fa2 native decode; 0.26 sends them to prefill.
-    fa2_decode = getattr(builder, "use_fa2_native_decode", False)
-    decode_q_len = builder.reorder_batch_threshold if fa2_decode else 1
+    # The most query tokens a request its decode kernel takes: vLLM's own threshold, which
+    # counts speculative tokens (1 + k, 1 + 2k with parallel drafting) wherever the release
+    # decodes them (trtllm-gen; XQA from 0.28 on SM120, 0.30 on Hopper; 0.33's fa2 native
+    # decode), and is 1 where they go to prefill (0.26's XQA and native decode) or under DCP.
+    decode_q_len = builder.reorder_batch_threshold or 1
     graph_max_batch = builder._decode_cudagraph_max_bs if builder.enable_cuda_graph else None
     return BuilderPlans(
         group=group,
@@ -141,7 +145,7 @@ def read_builder(
         },
         kernels={"prefill": "trtllm-gen" if prefill_trtllm else NATIVE, "decode": decode},
         dcp_world_size=builder.dcp_world_size,
-        decode_q_len=max(1, decode_q_len),
+        decode_q_len=max(1, int(decode_q_len)),
         decode_graph_max_batch=graph_max_batch,
         non_causal=bool(getattr(attention, "use_non_causal", False)),
         trtllm_dcp_prefill=bool(getattr(builder, "use_trtllm_dcp_prefill", False)),
@@ -308,7 +312,7 @@ def trtllm_workspace_bound(
 
     scheduler = vllm_config.scheduler_config
     batch, tokens = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
-    counters = release(flashinfer) < (0, 6, 16)
+    counters = bound.counters_in_workspace(flashinfer)
     sizes: list[tuple[int, str]] = []
     for builder, role, kernel in trtllm_kernels(plans):
         heads = builder.num_qo_heads * builder.dcp_world_size

@@ -24,6 +24,7 @@ from .plans import ROLES, BuilderPlans, Role
 if TYPE_CHECKING:
     import torch
 
+    from ...attn.trtllm_workspace import TrtllmLaunchCheck
     from ...attn.workspace import Workspace, WorkspacePool
     from ...calibration.calibrate import Measured
     from ...calibration.profile import CalibrationProfile
@@ -33,6 +34,7 @@ VLLM = PluginSetting(ENV_VAR, "mstar_resources_vllm", "vLLM", ROLES)
 """The vLLM plugin's setting; its deployments compose with ``conf/mstar_resources_vllm``."""
 
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+SCALE_UP_LAUNCH = "VLLM_ELASTIC_EP_SCALE_UP_LAUNCH"  # 0.34: no profile, no warm-up (engine/core.py)
 
 TRTLLM_LABEL = "trtllm"  # a deployment's resource of this label raises the TRT-LLM workspace
 TRTLLM_PATH = "attn.trtllm"
@@ -58,6 +60,11 @@ class VllmWorkspaces(PluginState):
         # vLLM's FlashInfer backend module and its own fast_plan_decode.
         self._decode_seam: tuple[Any, Callable[..., Any]] | None = None
         self._start_engine()
+        if os.environ.get(SCALE_UP_LAUNCH, "0").strip() not in ("", "0"):
+            self.block(
+                f"{SCALE_UP_LAUNCH} is set: vLLM skips its memory profile in this launch (an "
+                "elastic EP scale-up), and with it the plugin's reserve"
+            )
 
     def _start_engine(self) -> None:
         """One engine's state, empty."""
@@ -73,8 +80,10 @@ class VllmWorkspaces(PluginState):
         self.vllm_bytes: int | None = None  # what vLLM would make for each builder
         self.vllm_outside_budget = False  # vLLM makes it after it sizes its KV cache (V2 runner)
         self.kv_cache_extensible = False  # vLLM sizes the KV cache after capture (0.34)
-        # vLLM's TRT-LLM kernels' workspace (zeroed, at their bound), where a phase runs them.
+        # vLLM's TRT-LLM kernels' workspace (zeroed, at their bound), where a phase runs them,
+        # and the check of each launch on it.
         self.trtllm_workspace: Workspace | None = None
+        self.trtllm_check: TrtllmLaunchCheck | None = None
         self.sealed_before = None
         self.unexpected: list[str] = []  # phases given a native wrapper no builder said would run
         self._unplanned_pages: set[int] = set()
@@ -152,10 +161,15 @@ class VllmWorkspaces(PluginState):
         if trtllm is not None:  # zeroed: the kernels' semaphores must start at zero
             import torch
 
+            from ...attn.trtllm_workspace import TrtllmLaunchCheck
             from ...attn.workspace import Workspace
 
-            zeros = torch.zeros(trtllm[0], dtype=torch.uint8, device=device)
-            self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=trtllm[1])
+            nbytes, setting, sms, counters = trtllm
+            zeros = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+            self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=setting)
+            self.trtllm_check = TrtllmLaunchCheck(
+                self.trtllm_workspace, sms, counters_in_workspace=counters
+            )
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
         self._keys = keys
@@ -164,29 +178,40 @@ class VllmWorkspaces(PluginState):
 
     def _trtllm_size(
         self, config: Any, device: torch.device, records: Sequence[ResolvedResource]
-    ) -> tuple[int, str] | None:
-        """The TRT-LLM kernels' workspace bytes and the setting that raises them (None: no phase
-        runs them): their bound, or a deployment's ``trtllm`` floor where that is more."""
+    ) -> tuple[int, str, int, bool] | None:
+        """The TRT-LLM kernels' workspace bytes, the setting that raises them, the SMs and whether
+        FlashInfer keeps trtllm-gen's counters in it (None: no phase runs them, or the release was
+        not read): their bound, or a deployment's ``trtllm`` floor where that is more."""
         if not any(vllm_plans.trtllm_kernels(self.plans)):
+            return None
+        if self.unread_release is not None:
+            # The bound covers the launches of the releases read; another may launch otherwise.
+            logger.info(
+                "mstar-resources: vLLM %s is not a release this plugin was read in, so it does "
+                "not size the TRT-LLM kernels' workspace there: vLLM keeps its own "
+                "(VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE) for them",
+                self.unread_release,
+            )  # fmt: skip
             return None
         import torch
 
+        from ...attn.trtllm_workspace import counters_in_workspace
         from ...calibration.profile import installed_flashinfer
 
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        need, how = vllm_plans.trtllm_workspace_bound(
-            self.plans, config, sms, installed_flashinfer() or "unknown"
-        )
+        flashinfer = installed_flashinfer() or "unknown"
+        counters = counters_in_workspace(flashinfer)
+        need, how = vllm_plans.trtllm_workspace_bound(self.plans, config, sms, flashinfer)
         self.provenance[TRTLLM_PATH] = f"the bound of what the kernels touch: {how}"
         declared = serving(records, TRTLLM_LABEL)
         if declared is None:
-            return need, f"resources.{TRTLLM_PATH}.declared_mb"
+            return need, f"resources.{TRTLLM_PATH}.declared_mb", sms, counters
         floor = declared.floor_mb * MIB
         if floor > need:
             self.provenance[TRTLLM_PATH] = (
                 f"{declared.floor_setting} ({declared.floor_mb} MB), above the bound {need:,}"
             )
-        return max(need, floor), declared.floor_setting
+        return max(need, floor), declared.floor_setting, sms, counters
 
     def _on_engine_freed(self, runner: weakref.ref[Any]) -> None:
         """Let the workspaces go with their engine, before another engine's profile measures what
@@ -309,16 +334,27 @@ class VllmWorkspaces(PluginState):
             self._check_page_size(builder)
         if role is None:  # any of them: the caller hands it to builders that build on it
             return next(iter(self._workspaces.values()), None)
-        found = self._workspaces.get(role)
-        if found is None and role not in self.unexpected:
-            self.unexpected.append(role)
-            logger.warning(
-                "mstar-resources: vLLM built a FlashInfer native %s wrapper, though its builders "
-                "run %s on %s; it takes vLLM's own buffer, which its KV-cache budget does not "
-                "count",
-                role, role, ", ".join(sorted({p.kernels[role] for p in self.plans})),
-            )  # fmt: skip
-        return found
+        return self._workspaces.get(role)
+
+    def unserved(self, role: Role, buffer: Any) -> None:
+        """Say once that vLLM built a native ``role`` wrapper, on ``buffer``, where its builders
+        said none would run (so the plugin made no workspace for it)."""
+        if not self.serving or role in self.unexpected:
+            return
+        self.unexpected.append(role)
+        ours = next((w for w in self._workspaces.values() if w.tensor is buffer), None)
+        where = (
+            "it takes vLLM's own buffer, which its KV-cache budget does not count"
+            if ours is None
+            else f"it plans on the plugin's {ours.name} workspace, which vLLM's V2 runner gave "
+            "every builder as its buffer, without growing it: FlashInfer checks each plan "
+            "against that buffer's size"
+        )
+        logger.warning(
+            "mstar-resources: vLLM built a FlashInfer native %s wrapper, though its builders run "
+            "%s on %s; %s",
+            role, role, ", ".join(sorted({p.kernels[role] for p in self.plans})), where,
+        )  # fmt: skip
 
     def _check_page_size(self, builder: Any) -> None:
         """Warn once of a builder whose page size was not planned (0.32+ keeps the manager's
@@ -393,6 +429,7 @@ class VllmWorkspaces(PluginState):
         return 0 if self.trtllm_workspace is None else self.trtllm_workspace.tensor.numel()
 
     def report(self) -> dict[str, Any]:
+        check = self.trtllm_check
         return {
             **super().report(),
             "builders_planned": [
@@ -401,6 +438,8 @@ class VllmWorkspaces(PluginState):
             ],
             "native_roles": self.native_roles(),
             "trtllm_workspace_bytes": self.trtllm_bytes,
+            "trtllm_launches_checked": check.launches if check else 0,
+            "trtllm_launches_refused": check.refused if check else 0,
             "vllm_bytes_per_builder": self.vllm_bytes,
             "vllm_bytes_outside_budget": self.vllm_bytes if self.vllm_outside_budget else 0,
             "kv_cache_sized": (
