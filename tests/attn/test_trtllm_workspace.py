@@ -1,19 +1,24 @@
 """The TRT-LLM decode workspace bounds: the kernels' layouts worked by hand, their properties over
-batch and length sweeps, and trtllm-gen's LSE carve-out against vLLM's own check of it."""
+batch and length sweeps, trtllm-gen's LSE carve-out against vLLM's own check of it, and the check
+of each launch against the workspace it is given (on the kernels' own argument shapes)."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
+import torch
 
 from mstar_resources.attn.trtllm_workspace import (
     MIB,
     XQA_SEMAPHORE_BYTES,
+    TrtllmLaunchCheck,
     trtllm_gen_workspace_bytes,
+    xqa_launch_bytes,
     xqa_workspace_bytes,
 )
-from mstar_resources.errors import ResourceUsageError
+from mstar_resources.attn.workspace import Workspace
+from mstar_resources.errors import ResourceUsageError, WorkspaceSealedError
 
 H200_SMS = 132
 B200_SMS = 148
@@ -154,3 +159,129 @@ def test_trtllm_gen_errors_name_the_setting():
     with pytest.raises(ResourceUsageError, match="max_q_len must be a positive integer, got 0"):
         trtllm_gen_workspace_bytes(batch=1, num_qo_heads=8, head_dim_vo=128, sm_count=1,
                                    max_q_len=0)  # fmt: skip
+
+
+# -- the bound over launches, and each launch -------------------------------------------------
+
+
+def test_speculative_launches_need_more_than_the_one_token_bound():
+    # 32/8 heads of 128 on 132 SMs, 256 requests over any page table: one token a request,
+    # then 1 + k tokens (bf16 KV on mha.cu; FP8 KV may run mha_sm90.cu's larger layout).
+    one = dict(batch=256, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+               max_seq_len=H200_SMS * 256, sm_count=H200_SMS)  # fmt: skip
+    assert xqa_workspace_bytes(**one) == 8_552_448
+    for q in (2, 3, 5):
+        assert xqa_workspace_bytes(**one, q_len_per_req=q) == 9_469_952
+        assert xqa_workspace_bytes(**one, q_len_per_req=q, hopper_fp8_kv=True) == 10_551_296
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("heads", [(32, 8), (40, 8), (8, 1), (64, 4)])
+def test_the_bound_holds_every_launch_up_to_its_batch_and_query_length(heads, fp8):
+    qo, kv = heads
+    args = dict(num_qo_heads=qo, num_kv_heads=kv, head_dim=128, sm_count=H200_SMS,
+                hopper_fp8_kv=fp8)  # fmt: skip
+    bound = xqa_workspace_bytes(batch=64, max_seq_len=32768, q_len_per_req=4, **args)
+    launches = {
+        xqa_launch_bytes(batch=b, max_seq_len=n, q_len_per_req=q, **args)
+        for b in (1, 2, 3, 5, 8, 16, 17, 33, 64)
+        for n in (16, 512, 4096, 32768)
+        for q in (1, 2, 3, 4)
+    }
+    assert max(launches) == bound  # reached by a launch, and none past it
+    assert min(launches) == XQA_SEMAPHORE_BYTES
+
+
+def tensors(batch: int, q_len: int, table_tokens: int, kv_dtype=torch.bfloat16, layout="NHD",
+            heads=(32, 8), page=16) -> dict:  # fmt: skip
+    """A decode launch's arguments as vLLM passes them (shapes only matter here)."""
+    qo, kv = heads
+    pages = (4, page, kv, 128) if layout == "NHD" else (4, kv, page, 128)
+    return {
+        "query": torch.empty(batch * q_len, qo, 128, dtype=torch.bfloat16),
+        "kv_cache": (torch.empty(pages, dtype=kv_dtype), torch.empty(pages, dtype=kv_dtype)),
+        "block_tables": torch.zeros(batch, table_tokens // page, dtype=torch.int32),
+        "seq_lens": torch.ones(batch, dtype=torch.int32),
+        "max_seq_len": table_tokens,
+        "kv_layout": layout,
+        "q_len_per_req": q_len,
+    }
+
+
+def checked(nbytes: int) -> TrtllmLaunchCheck:
+    held = Workspace(torch.zeros(nbytes, dtype=torch.uint8), "attn.trtllm",
+                     floor="resources.attn.trtllm.declared_mb")  # fmt: skip
+    return TrtllmLaunchCheck(held, H200_SMS)
+
+
+def test_a_launch_inside_the_workspace_passes_and_one_past_it_is_refused_naming_the_setting():
+    check = checked(8_552_448)  # the one-token bound at 32/8
+    one = tensors(batch=1, q_len=1, table_tokens=32768)
+    check.check("xqa", (), {**one, "workspace_buffer": check.workspace.tensor})
+    spec = tensors(batch=1, q_len=3, table_tokens=32768)
+    with pytest.raises(WorkspaceSealedError) as refused:
+        check.check("xqa", (), {**spec, "workspace_buffer": check.workspace.tensor})
+    error = refused.value
+    need = xqa_launch_bytes(batch=1, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+                            max_seq_len=32768, sm_count=H200_SMS, q_len_per_req=3)  # fmt: skip
+    assert (error.workspace, error.held_bytes, error.needed_bytes) == (
+        "attn.trtllm",
+        8_552_448,
+        need,
+    )
+    assert error.setting == "resources.attn.trtllm.declared_mb" and error.suggested_mb == 10
+    assert "1 request x 3 query tokens" in str(error)
+    assert "resources.attn.trtllm.declared_mb=10 or more" in str(error)
+    assert (check.launches, check.refused) == (2, 1)
+
+
+def test_the_arguments_are_read_positionally_and_in_either_layout():
+    check = checked(XQA_SEMAPHORE_BYTES)  # no scratch: any split is refused
+    for layout in ("NHD", "HND"):
+        a = tensors(batch=1, q_len=1, table_tokens=4096, layout=layout)
+        positional = (a.pop("query"), a.pop("kv_cache"), check.workspace.tensor)
+        # both read as 32/8 heads on 16-token pages: a 4,096-token table, split 16 ways
+        with pytest.raises(WorkspaceSealedError, match=r"32/8 heads of 128, a page table of 4,096"):
+            check.check("xqa", positional, a)
+
+
+def test_a_single_kv_tensor_fp8_and_ragged_queries_are_read_as_flashinfer_reads_them():
+    fp8 = tensors(batch=1, q_len=2, table_tokens=32768, kv_dtype=torch.float8_e4m3fn)
+    k, v = fp8.pop("kv_cache")
+    fp8["kv_cache"] = torch.stack([k, v], dim=1)  # [pages, 2, page, kv heads, dim]
+    need = xqa_launch_bytes(batch=1, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+                            max_seq_len=32768, sm_count=H200_SMS, q_len_per_req=2,
+                            hopper_fp8_kv=True)  # fmt: skip
+    for held, refused in ((need, False), (need - 1, True)):
+        check = checked(held)
+        call = {**fp8, "workspace_buffer": check.workspace.tensor}
+        if refused:
+            with pytest.raises(WorkspaceSealedError, match="KV float8_e4m3fn"):
+                check.check("xqa", (), call)
+        else:
+            check.check("xqa", (), call)
+    # ragged drafts: the batch is the requests' count, not the rows over the longest draft
+    ragged = tensors(batch=3, q_len=4, table_tokens=32768)
+    ragged["query"] = ragged["query"][:5]  # 5 draft rows in all, the longest 4
+    ragged["q_cu_seq_lens"] = torch.tensor([0, 1, 4, 5], dtype=torch.int32)
+    check = checked(XQA_SEMAPHORE_BYTES)
+    with pytest.raises(WorkspaceSealedError, match="3 requests x 4 query tokens"):
+        check.check("xqa", (), {**ragged, "workspace_buffer": check.workspace.tensor})
+
+
+def test_trtllm_gen_launches_are_checked_with_their_lse_and_other_buffers_are_not():
+    gen = tensors(batch=8, q_len=1, table_tokens=4096, layout="HND")
+    gen.update(backend="trtllm-gen", return_lse=True, q_len_per_req=None, max_q_len=4)
+    need = trtllm_gen_workspace_bytes(batch=8, num_qo_heads=32, head_dim_vo=128,
+                                      sm_count=H200_SMS, max_q_len=4, return_lse=True)  # fmt: skip
+    check = checked(need - 1)
+    with pytest.raises(
+        WorkspaceSealedError, match=r"trtllm-gen decode launch .* returning the LSE"
+    ):
+        check.check("trtllm", (), {**gen, "workspace_buffer": check.workspace.tensor})
+    fits = checked(need)
+    fits.check("trtllm", (), {**gen, "workspace_buffer": fits.workspace.tensor})
+    assert (fits.launches, fits.refused) == (1, 0)
+    # the engine's own buffer (a launch the plugin does not hold the workspace of): not checked
+    check.check("trtllm", (), {**gen, "workspace_buffer": torch.zeros(16, dtype=torch.uint8)})
+    assert (check.launches, check.refused) == (1, 1)

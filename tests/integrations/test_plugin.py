@@ -191,6 +191,7 @@ def test_a_release_not_read_is_served_with_one_line_saying_so(
         r for r in caplog.records if "is not a release this plugin was read in" in r.msg % r.args
     ]
     assert len(noted) == unread and all(version in r.getMessage() for r in noted)
+    assert package.active().unread_release == (version if unread else None)
 
 
 def test_a_release_older_than_every_one_read_is_one_warning_and_left_as_it_is(

@@ -31,6 +31,7 @@ from mstar_resources.integrations.vllm import workspaces
 from mstar_resources.integrations.vllm.plans import NATIVE, BuilderPlans, VllmFunctions
 from mstar_resources.units import MIB
 from tests.attn.fake_allocator import FakePlanner, FakePrefillWrapper, FakeWrapper
+from tests.attn.test_trtllm_workspace import tensors as trtllm_launch
 
 ROOT = Path(__file__).parents[2]
 
@@ -501,6 +502,139 @@ def test_trtllm_gens_bound_holds_a_dcp_decodes_softmax_stats_and_0_6_14s_counter
     monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: envs)
     own, _ = vllm_plans.trtllm_workspace_bound([context], config, 148, "0.7.4")
     assert own == 394 * MIB
+
+
+SPEC_AS_DECODE = {
+    "0.26.0": {"trtllm-gen"},
+    "0.28.0": {"trtllm-gen"},  # and XQA on SM120 (use_dedicated_xqa)
+    "0.30.0": {"trtllm-gen", "xqa"},
+    "0.34.0": {"trtllm-gen", "xqa"},  # and fa2 native decode, off on SM90
+}
+"""The decode kernels each release's builder counts speculative tokens as decode for on Hopper
+(``supports_spec_as_decode``, read in its wheel)."""
+
+
+def threshold(release: str, kernel: str, drafts: int, parallel: bool = False) -> int:
+    """vLLM's ``reorder_batch_threshold`` as that release's builder sets it on Hopper."""
+    if kernel not in SPEC_AS_DECODE[release]:
+        return 1  # speculative tokens go to prefill (0.26's XQA refuses them outright)
+    return 1 + (2 if parallel else 1) * drafts
+
+
+@pytest.mark.parametrize(
+    ("release", "parallel", "q_len", "bound"),
+    [
+        ("0.26.0", False, 1, 8_552_448),
+        ("0.28.0", False, 1, 8_552_448),
+        ("0.30.0", False, 3, 9_469_952),
+        ("0.34.0", False, 3, 9_469_952),
+        ("0.34.0", True, 5, 9_469_952),
+    ],
+)
+def test_the_xqa_bound_covers_the_query_length_each_releases_builder_decodes(
+    release, parallel, q_len, bound
+):
+    made: list = []
+    vllm = functions(made, xqa=True)
+    spec = Spec(num_kv_heads=8, head_size=128, block_size=16)
+    builder = vllm.make_builder(spec, ["l0"])
+    builder.reorder_batch_threshold = threshold(release, "xqa", drafts=2, parallel=parallel)
+    plans = vllm_plans.read_builder(builder, 0, ["l0"], vllm_config(), vllm)
+    assert plans.kernels["decode"] == "xqa" and plans.decode_q_len == q_len
+    need, _ = vllm_plans.trtllm_workspace_bound([plans], vllm_config(), H200_SMS, "0.7.4")
+    assert need == bound == trtllm_workspace.xqa_workspace_bytes(
+        batch=256, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+        max_seq_len=H200_SMS * trtllm_workspace.XQA_MHA_TILE_TOKENS, sm_count=H200_SMS,
+        q_len_per_req=q_len,
+    )  # fmt: skip
+    fp8 = replace(plans, kv_dtype="float8_e4m3fn")
+    fp8_need, _ = vllm_plans.trtllm_workspace_bound([fp8], vllm_config(), H200_SMS, "0.7.4")
+    assert fp8_need == (10_551_296 if q_len > 1 else 8_552_448)
+
+
+def launch(q_len: int, batch: int = 1, **kwargs):
+    """A decode launch's arguments as vLLM's backend passes them, on the TRT-LLM workspace."""
+    return {
+        **trtllm_launch(batch=batch, q_len=q_len, table_tokens=32768),
+        "workspace_buffer": backend._get_trtllm_workspace_buffer(),
+        **kwargs,
+    }
+
+
+def test_each_trtllm_launch_is_checked_before_it_reaches_flashinfer(vllm_stand_in):
+    """0.30+: speculative tokens decoded on XQA through its own entry point; 0.26: XQA one token a
+    request through trtllm_batch_decode_with_kv_cache(backend="xqa"). A launch the bound covers
+    reaches FlashInfer; one past the workspace (the one-token bound planted where drafts decode)
+    is refused before the kernel runs, naming the setting, and FlashInfer never sees it."""
+    xqa = replace(PLANS, kernels={"prefill": NATIVE, "decode": "xqa"}, decode_q_len=3)
+    vllm_stand_in.plans = [xqa]
+    served = vllm_stand_in.served
+    vllm_stand_in.runner.profile_run()
+    assert served.trtllm_bytes == 9_469_952
+    backend.flashinfer_xqa_batch_decode_with_kv_cache(**launch(3))
+    backend.flashinfer_xqa_batch_decode_with_kv_cache(**launch(2, batch=4))
+    backend.trtllm_batch_decode_with_kv_cache(**launch(1, backend="xqa"))
+    assert [entry for entry, _ in vllm_stand_in.launched] == ["xqa", "xqa", "trtllm"]
+    vllm_stand_in.worker.compile_or_warm_up_model()  # sealed: the launches are checked the same
+
+    # The next engine planted with the bound of one token a request, as the plugin once sized it.
+    vllm_stand_in.plans = [replace(xqa, decode_q_len=1)]
+    next_engine = type(vllm_stand_in.runner)()
+    next_engine.profile_run()
+    assert served.trtllm_bytes == 8_552_448
+    with pytest.raises(WorkspaceSealedError) as refused:
+        backend.flashinfer_xqa_batch_decode_with_kv_cache(**launch(3))
+    assert refused.value.setting == "resources.attn.trtllm.declared_mb"
+    assert refused.value.needed_bytes == 9_469_952 and refused.value.suggested_mb == 10
+    assert len(vllm_stand_in.launched) == 3  # the refused launch never reached FlashInfer
+    report = served.report()
+    assert (report["trtllm_launches_checked"], report["trtllm_launches_refused"]) == (1, 1)
+
+
+def test_a_release_not_read_keeps_vllms_trtllm_workspace_and_serves_the_native_ones(
+    vllm_stand_in, caplog
+):
+    vllm_stand_in.plans = [replace(PLANS, kernels={"prefill": NATIVE, "decode": "xqa"})]
+    served = vllm_stand_in.served
+    served.unread_release = "0.35.0"
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        vllm_stand_in.runner.profile_run()
+    assert served.held_bytes == 2 * MIB and served.trtllm_bytes == 0
+    assert backend._get_trtllm_workspace_buffer() is TRTLLM
+    assert served.trtllm_check is None  # vLLM's own buffer: its launches are vLLM's as they are
+    backend.flashinfer_xqa_batch_decode_with_kv_cache(**launch(3))
+    assert len(vllm_stand_in.launched) == 1
+    assert "vLLM 0.35.0 is not a release this plugin was read in" in caplog.text
+    assert "vLLM keeps its own (VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE)" in caplog.text
+
+
+def test_an_elastic_ep_scale_up_launch_says_the_plugin_reserves_nothing(monkeypatch, caplog):
+    """vLLM 0.34 skips its memory profile (where the plugin reserves) in such a launch."""
+    monkeypatch.setenv(workspaces.SCALE_UP_LAUNCH, "1")
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        served = workspaces.VllmWorkspaces(plugin.VLLM.read({plugin.ENV_VAR: "auto"}))
+    assert served.untouched is not None and workspaces.SCALE_UP_LAUNCH in served.untouched
+    assert "vLLM keeps its own FlashInfer workspace" in caplog.text
+    monkeypatch.setenv(workspaces.SCALE_UP_LAUNCH, "0")
+    assert workspaces.VllmWorkspaces(plugin.VLLM.read({plugin.ENV_VAR: "auto"})).untouched is None
+
+
+def test_an_unplanned_wrapper_on_v2s_shared_buffer_is_said_to_plan_on_the_plugins_workspace(
+    vllm_stand_in, caplog
+):
+    """vLLM's V2 runner (0.30+) hands the first builder's buffer, the plugin's first workspace, to
+    every other builder as its own: a native decode wrapper no builder planned is built on it."""
+    vllm_stand_in.plans = [replace(PLANS, kernels={"prefill": NATIVE, "decode": "xqa"})]
+    vllm_stand_in.runner.profile_run()
+    first, other = vllm_stand_in.Builder(), vllm_stand_in.Builder()
+    shared = first._get_workspace_buffer()  # as V2's attn_utils asks it, no wrapper being built
+    other._workspace_buffer = shared  # other.set_workspace_buffer(shared)
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        decode = other._get_decode_wrapper(8, True)
+    assert (
+        decode.buffer is shared is vllm_stand_in.served.pools["attn.prefill"].get("prefill").tensor
+    )
+    assert "it plans on the plugin's attention:prefill workspace" in caplog.text
 
 
 def test_where_trtllm_gen_runs_both_phases_only_its_workspace_is_made_and_sealed(vllm_stand_in):
