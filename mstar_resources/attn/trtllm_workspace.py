@@ -208,23 +208,26 @@ class TrtllmLaunchCheck:
         ``xqa_batch_decode_with_kv_cache``, ``"trtllm"`` for ``trtllm_batch_decode_with_kv_cache``)
         with these arguments that would touch more of the workspace than it holds; a launch on
         another buffer is not this check's."""
-        values = dict(zip(_FIRST_ARGUMENTS, args, strict=False))
-        values.update(kwargs)
-        buffer = values.get("workspace_buffer")
+        if args:  # as vLLM calls them, all by keyword; FlashInfer's order otherwise
+            kwargs = {**dict(zip(_FIRST_ARGUMENTS, args, strict=False)), **kwargs}
+        buffer = kwargs.get("workspace_buffer")
         if buffer is not self.workspace.tensor:
             return
         self.launches += 1
-        query, kv_cache, tables = values["query"], values["kv_cache"], values["block_tables"]
-        k_cache = kv_cache[0] if isinstance(kv_cache, tuple | list) else kv_cache
-        if values.get("kv_layout", _DEFAULT_LAYOUT[entry]) == "HND":
-            kv_heads, page = k_cache.shape[-3], k_cache.shape[-2]
-        else:
-            page, kv_heads = k_cache.shape[-3], k_cache.shape[-2]
-        q_len = values.get("q_len_per_req") or values.get("max_q_len") or 1
-        batch = max(values["seq_lens"].shape[0], query.shape[0] // q_len)
-        kernel = values.get("backend", "auto") if entry == "trtllm" else "xqa"
-        key = (kernel, batch, q_len, query.shape[-2], kv_heads, query.shape[-1],
-               tables.shape[-1] * page, k_cache.dtype, bool(values.get("return_lse")))  # fmt: skip
+        get = kwargs.get
+        query, kv_cache = kwargs["query"], kwargs["kv_cache"]
+        k_cache = kv_cache[0] if type(kv_cache) is tuple else kv_cache
+        shape = k_cache.shape  # [pages, (2,) page, kv heads, dim], or HND's heads then page
+        rows, cols = shape[-3], shape[-2]
+        layout = get("kv_layout") or _DEFAULT_LAYOUT[entry]
+        kv_heads, page = (rows, cols) if layout == "HND" else (cols, rows)
+        q_len = get("q_len_per_req") or get("max_q_len") or 1
+        tokens, qo, head_dim = query.shape
+        batch = max(kwargs["seq_lens"].shape[0], tokens // q_len)
+        kernel = get("backend", "auto") if entry == "trtllm" else "xqa"
+        key = (kernel, batch, q_len, qo, kv_heads, head_dim,
+               kwargs["block_tables"].shape[-1] * page, k_cache.dtype,
+               bool(get("return_lse")))  # fmt: skip
         need = self._needs.get(key)
         if need is None:
             need = self._needs[key] = self._need(*key)

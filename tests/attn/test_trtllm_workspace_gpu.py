@@ -17,7 +17,13 @@ import sys
 import pytest
 import torch
 
-from mstar_resources.attn.trtllm_workspace import XQA_SEMAPHORE_BYTES, xqa_workspace_bytes
+from mstar_resources.attn.trtllm_workspace import (
+    XQA_SEMAPHORE_BYTES,
+    TrtllmLaunchCheck,
+    xqa_workspace_bytes,
+)
+from mstar_resources.attn.workspace import Workspace
+from mstar_resources.errors import WorkspaceSealedError
 
 pytestmark = pytest.mark.gpu
 
@@ -30,6 +36,7 @@ GUARD = 4 << 20
 LAYOUTS = [(32, 8), (40, 8)]
 FP8 = torch.float8_e4m3fn
 DRAFTS = 16  # speculative tokens a request: 16 x 4 query heads = two 32-row token blocks
+SPECULATIVE = (1, 3)  # vLLM's num_speculative_tokens k: decode launches of 1 + k tokens a request
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +54,8 @@ def _built_kernels() -> None:
              for qo, kv in LAYOUTS]  # fmt: skip
     specs.append(gen_xqa_module(DTYPE, FP8, PAGE, HEAD_DIM, 5, False, DTYPE, 1))
     specs.append(gen_xqa_module(DTYPE, DTYPE, PAGE, HEAD_DIM, 4, False, DTYPE, DRAFTS))
+    specs += [gen_xqa_module(DTYPE, kv_dtype, PAGE, HEAD_DIM, 4, False, DTYPE, 1 + k)
+              for kv_dtype in (DTYPE, FP8) for k in SPECULATIVE]  # fmt: skip
     build_jit_specs(specs)
 
 
@@ -185,6 +194,73 @@ def test_speculative_token_blocks_fill_the_bound(sm_count):
     assert torch.equal(buf[nbytes:], pattern)
     assert buf[nbytes - 256 : nbytes].any(), "the last token block's partial output is unwritten"
     assert not buf[:XQA_SEMAPHORE_BYTES].any()
+
+
+def all_visible(batch: int, q_len: int) -> torch.Tensor:
+    """XQA's draft mask (uint16 words a row), every draft token seeing every other."""
+    words = -(-q_len // 32) * 2
+    return torch.full((batch, q_len, words), -1, dtype=torch.int16, device="cuda").view(
+        torch.uint16
+    )
+
+
+@pytest.mark.parametrize("kv_dtype", [DTYPE, FP8], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("k", SPECULATIVE)
+def test_speculative_decode_stays_inside_its_bound_and_overruns_the_one_token_bound(
+    k, kv_dtype, sm_count
+):
+    # 32/8 heads, 1 + k query tokens a request, as vLLM 0.30+ launches XQA with k speculative
+    # tokens: the bound for 1 + k holds every batch that splits; the one-token bound is overrun.
+    q_len, fp8 = 1 + k, kv_dtype == FP8
+    nbytes = bound(32, 8, sm_count, q_len_per_req=q_len, hopper_fp8_kv=fp8)
+    one_token = bound(32, 8, sm_count, hopper_fp8_kv=fp8)
+    assert nbytes > one_token
+    buf, pattern = guarded(nbytes)
+    split = sm_count // (2 * 8)
+    for batch in sorted({1, 2, split, split + 1}):
+        case = decode_case(32, 8, [MAX_MODEL_LEN] * batch, seed=batch, kv_dtype=kv_dtype,
+                           q_len=q_len)  # fmt: skip
+        out = run_xqa(*case, buf[:nbytes], q_len_per_req=q_len, mask=all_visible(batch, q_len))
+        assert torch.equal(buf[nbytes:], pattern), f"batch {batch} wrote past {nbytes} bytes"
+        assert not buf[:XQA_SEMAPHORE_BYTES].any(), f"batch {batch} left semaphores set"
+        assert bool(out.float().isfinite().all())
+    short, pattern = guarded(one_token)
+    case = decode_case(32, 8, [MAX_MODEL_LEN], seed=5, kv_dtype=kv_dtype, q_len=q_len)
+    run_xqa(*case, short[:one_token], q_len_per_req=q_len, mask=all_visible(1, q_len))
+    overrun = int((short[one_token:] != pattern).nonzero().max()) + 1
+    print(f"q_len {q_len}, KV {kv_dtype}: {overrun:,} bytes written past the one-token bound "
+          f"{one_token:,}; the bound for {q_len} tokens is {nbytes:,}")  # fmt: skip
+    assert one_token + overrun <= nbytes
+
+
+def test_the_check_refuses_a_launch_past_the_workspace_before_the_kernel_runs(sm_count):
+    # The workspace at the one-token bound, as a plugin that read no speculative tokens sized
+    # it: a launch of 1 + 3 tokens a request is refused and the guard stays as it was; a launch of
+    # one token a request runs.
+    from flashinfer.decode import xqa_batch_decode_with_kv_cache
+
+    one_token = bound(32, 8, sm_count)
+    buf, pattern = guarded(one_token)
+    workspace = Workspace(buf[:one_token], "attn.trtllm", floor="resources.attn.trtllm.declared_mb")
+    check = TrtllmLaunchCheck(workspace, sm_count)
+
+    def checked_xqa(*args, **kwargs):
+        check.check("xqa", args, kwargs)
+        return xqa_batch_decode_with_kv_cache(*args, **kwargs)
+
+    scale = 1.0 / math.sqrt(HEAD_DIM)
+    q, k, v, table, seq_lens = decode_case(32, 8, [MAX_MODEL_LEN], seed=17, q_len=4)
+    with pytest.raises(WorkspaceSealedError) as refused:
+        checked_xqa(q, (k, v), workspace.tensor, table, seq_lens, MAX_MODEL_LEN,
+                    bmm1_scale=scale, q_len_per_req=4, mask=all_visible(1, 4))  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.equal(buf[one_token:], pattern) and not buf[:one_token].any()
+    assert refused.value.needed_bytes == bound(32, 8, sm_count, batch=1, q_len_per_req=4)
+    q, k, v, table, seq_lens = decode_case(32, 8, [MAX_MODEL_LEN], seed=17)
+    checked_xqa(q, (k, v), workspace.tensor, table, seq_lens, MAX_MODEL_LEN, bmm1_scale=scale)
+    torch.cuda.synchronize()
+    assert torch.equal(buf[one_token:], pattern)
+    assert (check.launches, check.refused) == (2, 1)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from .plans import Role
 from .workspaces import ENV_VAR, ROLE, V2_RUNNER, VLLM, VllmWorkspaces
 
 __all__ = [
-    "ENV_VAR", "PLUGIN", "READ_IN", "SEAMS", "VLLM", "Seam", "active", "register", "version_problem"
+    "ENV_VAR", "PLUGIN", "READ_IN", "SEAMS", "VLLM", "Seam", "active", "checked_launch",
+    "register", "version_problem"
 ]  # fmt: skip
 
 READ_IN = (
@@ -88,7 +89,7 @@ def _trtllm_workspace(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -
     return _get_trtllm_workspace_buffer
 
 
-def _checked_launch(entry: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
+def checked_launch(entry: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
     """A decode entry point of FlashInfer's TRT-LLM kernels, as vLLM's backend imported it: a
     launch on the plugin's TRT-LLM workspace is checked against what it touches before it runs
     (the kernels check nothing; :class:`~...attn.trtllm_workspace.TrtllmLaunchCheck`)."""
@@ -158,9 +159,9 @@ SEAMS = (
     # The TRT-LLM decode launches, checked on the plugin's workspace: trtllm-gen's and, until
     # 0.27, XQA's through trtllm_batch_decode_with_kv_cache(backend=...); XQA's own from 0.28
     # (speculative tokens as decode: SM120 in 0.28 and 0.29, Hopper too from 0.30).
-    Seam(BACKEND, "trtllm_batch_decode_with_kv_cache", patch=_checked_launch("trtllm")),
+    Seam(BACKEND, "trtllm_batch_decode_with_kv_cache", patch=checked_launch("trtllm")),
     Seam(BACKEND, "flashinfer_xqa_batch_decode_with_kv_cache", required=False, since="0.28.0",
-         patch=_checked_launch("xqa")),
+         patch=checked_launch("xqa")),
     Seam(BACKEND, "FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM"),
     Seam(BACKEND, "FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT"),
     *_runner_seams(V1_RUNNER, until="0.33.0"),
