@@ -113,6 +113,11 @@ class Case:
     generations: int = 1
     """How many times the prompts are generated; the time is the last one's (the first also pays
     for what runs once per engine)."""
+    speculative_tokens: int = 0
+    """ngram speculative decoding with this many draft tokens a step (0: none)."""
+    planted_trtllm_bytes: int | None = None
+    """The TRT-LLM workspace planted at this many bytes in place of the plugin's bound: its check
+    must refuse the launches past it before they run."""
 
     @property
     def side(self) -> str:
@@ -122,6 +127,8 @@ class Case:
     def settings(self) -> str:
         """What this run sets beside the prompts, as the dry run prints it."""
         engine = {"shape": self.shape, "max_num_seqs": self.max_num_seqs,
+                  "num_speculative_tokens (ngram)": self.speculative_tokens or None,
+                  "planted TRT-LLM bytes": self.planted_trtllm_bytes,
                   "max_num_batched_tokens": self.max_num_batched_tokens,
                   "max_model_len": self.max_model_len, "kv_cache_dtype": self.kv_cache_dtype,
                   "enforce_eager": self.eager, "max_cudagraph_capture_size": self.max_capture,
@@ -133,7 +140,7 @@ class Case:
         return ", ".join(shown + [f"{k}={v}" for k, v in env.items()])
 
 
-SIDES = ("vllm", "plugin", "plugin-mp", "plugin-stale", "vllm-raised")
+SIDES = ("vllm", "plugin", "plugin-mp", "plugin-stale", "plugin-planted", "vllm-raised")
 """The runs a group can have (``--sides``); ``plugin-file`` follows ``plugin``
 (``--file-floors``)."""
 
@@ -177,6 +184,7 @@ up to 256 running where the largest decode graph holds 128."""
 
 USERS_CASES: dict[str, dict[str, Any]] = {
     "xqa": {"env": XQA},
+    "spec-xqa": {"env": XQA, "speculative_tokens": 2},
     "fp8": {"kv_cache_dtype": "fp8"},
     "fp8-xqa": {"kv_cache_dtype": "fp8", "env": XQA},
     "eager": {"eager": True},
@@ -187,13 +195,23 @@ USERS_CASES: dict[str, dict[str, Any]] = {
 with the plugin, and with the plugin and the engine core in its own process."""
 
 
+PLANTED_TRTLLM_BYTES = 8 << 20
+"""XQA's semaphores alone: every launch that splits a sequence needs more."""
+
+
 def users_cases(group: str) -> list[Case]:
+    """As vLLM runs it, with the plugin, with the engine core in its own process; where vLLM
+    decodes on XQA, also with the TRT-LLM workspace planted too small."""
     settings = {"shape": "llama3-8b", **USERS_CASES[group]}
-    return [
+    cases = [
         Case(f"{group}/vllm", plugin=None, **settings),
         Case(f"{group}/plugin", plugin="auto", **settings),
         Case(f"{group}/plugin-mp", plugin="auto", in_process=False, **settings),
     ]
+    if settings.get("env") == XQA:
+        cases.append(Case(f"{group}/plugin-planted", plugin="auto",
+                          planted_trtllm_bytes=PLANTED_TRTLLM_BYTES, **settings))  # fmt: skip
+    return cases
 
 
 def crash_cases(group: str = "crash") -> list[Case]:
@@ -469,6 +487,16 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
     logging.getLogger("vllm").addHandler(handler)
 
     requests = prompts(case)
+    if case.planted_trtllm_bytes is not None:
+        from mstar_resources.integrations.vllm import plans as vllm_plans
+
+        planted = (case.planted_trtllm_bytes, f"planted at {case.planted_trtllm_bytes:,} bytes")
+        vllm_plans.trtllm_workspace_bound = lambda *args, **kwargs: planted
+    speculative = {}
+    if case.speculative_tokens:
+        speculative["speculative_config"] = {
+            "method": "ngram", "num_speculative_tokens": case.speculative_tokens,
+        }  # fmt: skip
     start = time.perf_counter()
     shape = shape_of(case.shape)
     # Full CUDA graphs of the decode batches, where FlashInfer's workspace is captured; no
@@ -484,7 +512,7 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
         max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
         gpu_memory_utilization=0.3, enable_flashinfer_autotune=False,
         kv_cache_dtype=case.kv_cache_dtype, enforce_eager=case.eager,
-        **({} if case.eager else {"compilation_config": graphs}),
+        **({} if case.eager else {"compilation_config": graphs}), **speculative,
     )  # fmt: skip
     started = time.perf_counter() - start
     clock.around_the_plugin()
@@ -696,7 +724,8 @@ def _reserved_line(r: dict[str, Any]) -> str:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     head = ("run", "ok", "tokens", "digest", "same tokens", "KV cache (vLLM's line)",
-            "decode on", "workspace bytes", "TRT-LLM bytes", "growths", "sealed refusals",
+            "decode on", "workspace bytes", "TRT-LLM bytes", "launches checked/refused",
+            "growths", "sealed refusals",
             "sealed before", "start s", "generate s")  # fmt: skip
     rows = [head]
     for name, r in results.items():
@@ -718,6 +747,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             f"{r['workspace_bytes']:,}" if "workspace_bytes" in r else _reserved_line(r),
             f"{plugin['trtllm_workspace_bytes']:,}" if "trtllm_workspace_bytes" in plugin
             else "-",
+            f"{plugin['trtllm_launches_checked']:,}/{plugin['trtllm_launches_refused']:,}"
+            if "trtllm_launches_checked" in plugin else "-",
             str(plugin.get("growths", "-")), str(plugin.get("sealed_overflows", "-")), sealed,
             str(r.get("start_s", "-")), str(r.get("generate_s", "-")),
         ))  # fmt: skip

@@ -39,6 +39,11 @@ FAST = [
         "bench_resolver_scale.py", ["--sizes", "10", "100", "--repeats", "1"], id="resolver-scale"
     ),
     pytest.param("bench_memory.py", [], id="memory"),
+    pytest.param(
+        "bench_launch_check.py",
+        ["--device", "cpu", "--rounds", "1", "--calls", "5"],
+        id="launch-check",
+    ),
     pytest.param("bench_dry_run.py", ["--rounds", "2"], id="dry-run"),
     # Two gloo ranks (each process imports torch: about 2 s) and two rounds after the warm-up.
     pytest.param("bench_seal_ranks.py", ["--ranks", "2", "--rounds", "2"], id="seal-ranks"),
