@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from .apps import run_cli
 
 pytestmark = pytest.mark.gpu
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 @pytest.mark.parametrize(
@@ -43,10 +45,24 @@ def test_the_table_reports_what_the_gpu_holds(tmp_path):
 def test_a_calibration_reused_with_another_mla_shape_is_named_stale(tmp_path):
     """DeepSeek-V3's calibration, as shipped, holds on the H200 it was measured on; composed with
     another compressed-KV width, pools built on the GPU warn, naming the field and both values."""
-    deployment = "deployment=deepseek-v3-tp8-h200_calibrated"
-    done = run_cli("device=cuda", deployment, cwd=tmp_path)
-    assert (done.returncode, done.stderr) == (0, ""), done.stderr
-    done = run_cli("device=cuda", deployment, "calibration.model.head_dim_ckv=256", cwd=tmp_path)
+    import torch
+    import yaml
+
+    name = "deepseek-v3-tp8-h200_calibrated"
+    recorded = yaml.safe_load((CONF / "deployment" / f"{name}.yaml").read_text())["calibrated"]
+    here = torch.cuda.get_device_name()
+    # Made on another GPU (an H100 runs this as often as the H200 it was made on): one warning
+    # naming both, and nothing else.
+    other_gpu = f"gpu ('{recorded['gpu']}' recorded, '{here}' here)"
+    done = run_cli("device=cuda", f"deployment={name}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    if here == recorded["gpu"]:
+        assert done.stderr == ""
+    else:
+        assert other_gpu in done.stderr and "head_dim_ckv" not in done.stderr
+    done = run_cli("device=cuda", f"deployment={name}", "calibration.model.head_dim_ckv=256",
+                   cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "profile.model.head_dim_ckv (512 recorded, 256 here)" in done.stderr
+    assert (other_gpu in done.stderr) == (here != recorded["gpu"])
     assert "mstar-resources-calibrate deployment=deepseek-v3-tp8-h200" in done.stderr
