@@ -86,9 +86,14 @@ def rows(device: str, calls: int, rounds: int) -> list[tuple[str, float, float]]
         from flashinfer.decode import xqa_batch_decode_with_kv_cache as kernel
 
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        sync = torch.cuda.synchronize
+
+        def sync() -> None:
+            torch.cuda.synchronize()
     else:
-        sms, sync = 132, lambda: None
+        sms = 132
+
+        def sync() -> None:
+            return None
 
         def kernel(**kwargs: Any) -> None:
             return None
@@ -100,7 +105,7 @@ def rows(device: str, calls: int, rounds: int) -> list[tuple[str, float, float]]
                                      q_len_per_req=q_len)  # fmt: skip
         held = Workspace(torch.zeros(nbytes, dtype=torch.uint8, device=device), "attn.trtllm",
                          floor="resources.attn.trtllm.declared_mb")  # fmt: skip
-        state = types.SimpleNamespace(trtllm_check=TrtllmLaunchCheck(held, sms))
+        state: Any = types.SimpleNamespace(trtllm_check=TrtllmLaunchCheck(held, sms))
         seam = checked_launch("xqa")(state, kernel, None)
         kwargs = {**launch_arguments(q_len, device), "workspace_buffer": held.tensor}
 
@@ -112,7 +117,8 @@ def rows(device: str, calls: int, rounds: int) -> list[tuple[str, float, float]]
             seam(**kwargs)
             sync()
 
-        direct(), checked()  # the kernel built and the launch's need computed, once
+        direct()  # the kernel built and the launch's need computed, once
+        checked()
         pairs = [paired(direct, checked, calls) for _ in range(rounds)]
         found.append((
             f"{device}: batch {BATCH} x {q_len} token{'s' if q_len > 1 else ''}",

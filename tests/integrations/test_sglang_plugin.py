@@ -194,6 +194,11 @@ def _stand_ins(
 
         def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True) -> None:
             self.captured = True
+            self.decode_cuda_graph_captured = capture_decode_cuda_graph
+
+        def ensure_decode_cuda_graphs(self, capture_bs: list[int] | None = None) -> None:
+            # SGLang 0.5.21+: a prefill instance switching to decode captures its decode graphs.
+            self.decode_cuda_graph_captured = True
 
     class FlashInferAttnBackend:
         def __init__(
@@ -328,6 +333,41 @@ def test_a_plan_grows_its_workspace_in_place_before_the_seal_and_is_refused_afte
         backend_module.fast_prefill_plan(verify, need=5 * MIB)
     assert served.report()["sealed_overflows"] == 2
     assert served.report()["growths"] == 1
+
+
+def test_decode_graphs_captured_after_the_seal_are_named_once_and_held_to_the_sealed_floor(
+    worker, caplog
+):
+    """SGLang's PD role switch: an instance launched as prefill (no decode graph) captures its
+    decode graphs after startup, over the sealed workspaces."""
+    served, _, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+    backend = backend_module.FlashInferAttnBackend(runner)
+    runner.init_cuda_graphs(capture_decode_cuda_graph=False)
+    decode = served.workspaces["decode"]
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        runner.ensure_decode_cuda_graphs()
+        runner.ensure_decode_cuda_graphs()  # captured: SGLang skips it, the plugin says nothing
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert f"'{decode.name}' of {2 * MIB:,} bytes" in warnings[0]
+    assert "resources.attn.decode.declared_mb" in warnings[0]
+    with pytest.raises(WorkspaceSealedError) as refused:
+        backend_module.fast_decode_plan(backend.decode_wrappers[0], need=5 * MIB)
+    assert refused.value.setting == "resources.attn.decode.declared_mb"
+    assert decode.tensor.numel() == 2 * MIB
+
+
+def test_decode_graphs_captured_at_startup_need_no_word_at_a_role_switch(worker, caplog):
+    _, _, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+    backend_module.FlashInferAttnBackend(runner)
+    runner.init_cuda_graphs()
+    with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
+        runner.ensure_decode_cuda_graphs()
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
 def test_a_wrapper_on_a_buffer_not_the_plugins_plans_as_flashinfer_does(worker):

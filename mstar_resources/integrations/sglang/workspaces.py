@@ -194,6 +194,20 @@ class SglangWorkspaces(PluginState):
             )  # fmt: skip
         super().seal(before)
 
+    def decode_graphs_after_seal(self) -> None:
+        """SGLang captures decode graphs after startup (a prefill instance switching to decode):
+        over the sealed workspaces, which do not grow; say which floor must hold them."""
+        if not self.serving or "decode" not in self.workspaces:
+            return
+        decode = self.workspaces["decode"]
+        logger.warning(
+            "mstar-resources: SGLang captures decode CUDA graphs after startup (a switch to the "
+            "decode role) over workspace '%s' of %s bytes, sealed at startup; a decode plan past "
+            "it is refused, naming %s. Declare it for this instance's decode graphs: calibrate "
+            "the deployment on an instance launched as decode",
+            decode.name, f"{decode.tensor.numel():,}", decode.floor,
+        )  # fmt: skip
+
     def report(self) -> dict[str, Any]:
         return {
             **super().report(),
