@@ -187,14 +187,47 @@ def gpu_rows(rounds: int, t: float) -> list[Row]:
                 "the same, through a Python function that only calls it",
                 direct, functools.partial(call_through, plan, *args, **kwargs), rounds, t,
             ))  # fmt: skip
-    pool = WorkspacePool("cuda", size_mb=1, int_size_mb=1)
-    noop_wrapper = pool.build(_NoOpWrapper, label="decode")
-    workspace = pool.get("decode")
-    rows.append(measure(
-        "no-op wrapper on the shared int workspace (the workspace's own cost)",
-        noop_wrapper.plan, plan_through(workspace, noop_wrapper.plan), rounds, t,
-    ))  # fmt: skip
+    rows.append(wrapper_row("cuda", rounds, t))
     return rows
+
+
+def wrapper_row(device: str, rounds: int, t: float) -> Row:
+    """A no-op wrapper built by the pool on ``device``, so given its int workspace, planned
+    through it with vLLM's ``fast_plan_decode`` arguments (a wrapper first, 16 keywords): the
+    path every plan of an engine's wrapper takes after its first."""
+    from mstar_resources import WorkspacePool
+    from mstar_resources.attn.float_workspace import plan_through
+
+    pool = WorkspacePool(device, size_mb=1, int_size_mb=1)
+    wrapper = pool.build(_NoOpWrapper, label="decode")
+    planned = plan_through(pool.get("decode"), _NoOpWrapper.plan)
+    kwargs = {name: i for i, name in enumerate(VLLM_PLAN_KEYWORDS)}
+    return measure(
+        f"no-op wrapper, shared int workspace ({device}: the workspace's own cost)",
+        functools.partial(_NoOpWrapper.plan, wrapper, **kwargs),
+        functools.partial(planned, wrapper, **kwargs), rounds, t,
+    )  # fmt: skip
+
+
+VLLM_PLAN_KEYWORDS = (
+    "indptr_cpu",
+    "indices",
+    "last_page_len_cpu",
+    "num_qo_heads",
+    "num_kv_heads",
+    "head_dim",
+    "page_size",
+    "pos_encoding_mode",
+    "window_left",
+    "logits_soft_cap",
+    "q_data_type",
+    "kv_data_type",
+    "o_data_type",
+    "sm_scale",
+    "rope_scale",
+    "rope_theta",
+)
+"""The keywords vLLM passes ``fast_plan_decode`` after the wrapper (0.26.0)."""
 
 
 def gpu_missing() -> str | None:
@@ -258,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for case, planner in planners.items():
             rows.append(host_row(case, planner, options.rounds, options.min_run_time))
+        rows.append(wrapper_row("cpu", options.rounds, options.min_run_time))
     if options.device in ("cuda", "all"):
         if missing:
             print(f"no FlashInfer decode row: {missing}", file=sys.stderr)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import types
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -72,7 +71,7 @@ class Workspace(BufferHolder):
             self._by_kind["int"] = int_workspace._buffer
         # A weak reference to each wrapper planned, by its id (:meth:`_route`): an engine's wrapper
         # often refers to itself through its attributes, and a strong one would keep it alive.
-        self._routes: dict[int, Callable[[], Any]] = {}
+        self._routes: dict[int, _Route] = {}
         self._refresh()
 
     @property
@@ -88,53 +87,41 @@ class Workspace(BufferHolder):
         included. A wrapper on the int workspace is marked as the one whose plan it holds."""
         return self._plan(plan, args, kwargs)
 
-    def _plan(
-        self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any],
-        failed: tuple[Exception, dict[str, int]] | None = None,
-    ) -> T:  # fmt: skip
-        """:meth:`plan`'s loop, entered with ``failed`` (the first run's error and the sizes it
-        saw) where :func:`plan_through`'s run overflowed."""
-        owner = getattr(plan, "__self__", None)
-        key = owner if owner is not None else args[0] if args else None
-        planner = self._routes.get(id(key))
-        if planner is not None:
-            attributes = key.__dict__
-        else:
-            planner, attributes = self._route(plan, args, key)
+    def _plan(self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        """:meth:`plan`, given the arguments as they came (:func:`plan_through` passes its own)."""
+        # The wrapper planned: the bound plan's object, else the first argument (vLLM's
+        # ``fast_plan_decode(wrapper, ...)``); found once, then remembered until it dies.
+        wrapper = getattr(plan, "__self__", None)
+        if wrapper is None and args:
+            wrapper = args[0]
+        route = self._routes.get(id(wrapper)) or self._route(wrapper)
+        attributes = route.attributes
         growths, last = 0, None
         while True:
-            if failed is not None:
-                raised, seen = failed
-                last = self._grow_for(raised, (plan, args, kwargs), planner(), seen, growths, last)
-                growths += 1
-                self._refresh(plan, attributes)
+            sizes = self._sizes  # what the plan sees, whatever another thread grows
+            if route.sizes is not sizes:  # first planned, or grown since it last planned
+                route.sizes = sizes
+                refresh_recorded_size(attributes, self._buffer.tensor)
             # The mirror is the int workspace's to hand out only to a wrapper planning on it.
-            int_workspace = self._int
-            if int_workspace is not None and attributes.get(INT_BUFFER) is self._int_tensor:
+            lends_mirror = self._int is not None and attributes.get(INT_BUFFER) is self._int_tensor
+            if lends_mirror:
                 attributes[HOST_MIRROR] = self._mirror
-            else:
-                int_workspace = None
-            sizes = self._sizes
             try:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-                failed = (error, sizes)
-            else:
-                if int_workspace is not None:
-                    int_workspace.last_planner = planner
-                return planned
+                last = self._grow_for(error, (plan, args, kwargs), route.wrapper(), sizes,
+                                      growths, last)  # fmt: skip
+                growths += 1
+                self._refresh()
+                continue
+            if lends_mirror:
+                self._int.last_planner = route.wrapper  # type: ignore[union-attr]
+            return planned
 
-    def _refresh(
-        self, plan: Callable[..., Any] | None = None, attributes: dict[str, Any] | None = None
-    ) -> None:
-        """After a growth, and as a route is found: the sizes a plan reads as it starts (replaced,
-        never changed), and the recorded size of every remembered wrapper, ``plan``'s object (a
-        cascade level records one too) and ``attributes``' wrapper."""
+    def _refresh(self) -> None:
+        """The sizes a plan reads as it starts (replaced, never changed): at the start and after
+        each growth."""
         self._sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
-        wrappers = [getattr(plan, "__self__", None), *(p() for p in list(self._routes.values()))]
-        for each in [attributes, *(getattr(w, "__dict__", None) for w in wrappers)]:
-            if each is not None:
-                refresh_recorded_size(each, self._buffer.tensor)
 
     def _grow_for(
         self, error: Exception, call: tuple[Callable[..., Any], Any, Any], wrapper: Any,
@@ -187,31 +174,21 @@ class Workspace(BufferHolder):
         short.grow(overflow, planned_on, error)
         return overflow
 
-    def _route(
-        self, plan: Callable[..., Any], args: tuple[Any, ...], key: Any
-    ) -> tuple[Callable[[], Any], dict[str, Any]]:
-        """A weak reference to the wrapper ``plan`` plans (the bound ``plan``'s object, else its
-        first argument, as vLLM's ``fast_plan_decode(wrapper, ...)``) and its attributes ({}: none
-        found), after refusing its views; remembered by id until it dies, where it is ``key``."""
-        owner = getattr(plan, "__self__", None)
-        wrapper, attributes = None, {}
-        for candidate in (owner, args[0] if args else None):
-            own = own_buffers(candidate)
-            if own is not None:
-                wrapper, attributes = candidate, own
-                break
-        self._refuse_views(owner if owner is not None else wrapper)
-        self._refresh(plan, attributes)
-        if wrapper is None:
-            return (lambda: None), attributes
+    def _route(self, wrapper: Any) -> _Route:
+        """``wrapper``'s route, after refusing its views of this buffer: its attributes ({} where
+        it has none), remembered by its id while it lives (one that takes no weak reference is
+        found again at every plan)."""
+        attributes = getattr(wrapper, "__dict__", None)
+        if attributes is None:  # no wrapper: an int, a function
+            return _Route(lambda: None, {})
+        self._refuse_views(wrapper)
         routes, wrapper_id = self._routes, id(wrapper)
         try:
-            planner = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
-        except TypeError:  # no weak references to it: found again at every plan
-            return (lambda: wrapper), attributes
-        if wrapper is key:
-            routes[wrapper_id] = planner
-        return planner, attributes
+            reference = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
+        except TypeError:
+            return _Route(lambda: wrapper, attributes)
+        route = routes[wrapper_id] = _Route(reference, attributes)
+        return route
 
     def _refuse_views(self, wrapper: Any) -> None:
         """Refuse a wrapper holding a view of this buffer while it can grow (a sealed one never
@@ -246,101 +223,42 @@ class Workspace(BufferHolder):
         return added
 
 
+class _Route:
+    """What :meth:`Workspace.plan` remembers of a wrapper: a (weak) reference to it, its
+    attributes, and the workspace's sizes when it last planned."""
+
+    __slots__ = ("attributes", "sizes", "wrapper")
+
+    def __init__(self, wrapper: Callable[[], Any], attributes: dict[str, Any]) -> None:
+        self.wrapper, self.attributes = wrapper, attributes
+        self.sizes: dict[str, int] | None = None  # the workspace's sizes it last planned at
+
+
 def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., T]:
-    """``plan`` as ``workspace`` plans it: calling the result is ``workspace.plan(plan, ...)``.
-    Made once and put where an engine calls its planner, it runs the common case (a wrapper
-    planned before, a plan that fits) itself, with ``plan``'s own parameters: an engine's
-    arguments bind once, with no tuple and dict made of them (vLLM passes 16 keywords a plan)."""
-    owner = getattr(plan, "__self__", None)
-    scope: dict[str, Any] = {
-        "workspace": workspace, "plan": plan, "owner": owner, "routes": workspace._routes,
-        "INT_BUFFER": INT_BUFFER, "HOST_MIRROR": HOST_MIRROR,
-    }  # fmt: skip
-    source = _PLANNED.format_map(_forwarding(plan, owner is not None, scope))
-    name = getattr(plan, "__qualname__", type(plan).__qualname__)
-    exec(compile(source, f"<plan_through of {name}>", "exec"), scope)
-    planned: Callable[..., T] = scope["planned"]
-    return functools.wraps(plan)(planned)
-
-
-# plan_through's function: ``parameters`` the plan's own, ``forward`` them passed on, ``args`` and
-# ``kwargs`` them as a tuple and a dict, ``key`` the wrapper. Each object read costs here: an
-# engine's forward pass leaves the host's caches cold.
-_PLANNED = """
-def planned({parameters}):
-    key = {key}
-    # A route is dropped as its wrapper dies, before its id can be another object's.
-    planner = routes.get(id(key))
-    if planner is None:
-        return workspace._plan(plan, {args}, {kwargs})
-    sizes = workspace._sizes  # what the plan sees, whatever another thread grows
-    attributes = key.__dict__  # a remembered route's wrapper is the key
-    int_workspace = workspace._int
-    if int_workspace is not None and attributes.get(INT_BUFFER) is workspace._int_tensor:
-        attributes[HOST_MIRROR] = workspace._mirror
-    else:
-        int_workspace = None
+    """``plan`` as ``workspace`` plans it: calling the result is ``workspace.plan(plan, ...)``,
+    made once and put where an engine calls its planner (``wraps`` keeps ``plan``'s name). A
+    bound ``plan``'s wrapper is held weakly, so the result may be set on the wrapper itself
+    without keeping it alive in a cycle."""
+    plan_on = workspace._plan
+    function: Any = getattr(plan, "__func__", None)
     try:
-        result = plan({forward})
-    except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
-        return workspace._plan(plan, {args}, {kwargs}, (error, sizes))
-    if int_workspace is not None:
-        int_workspace.last_planner = planner
-    return result
-"""
-_ANY_CALL = {"parameters": "*args, **kwargs", "forward": "*args, **kwargs", "args": "args",
-             "kwargs": "kwargs", "key": "args[0] if args else None"}  # fmt: skip
-_TAKEN = {  # the names of _PLANNED a parameter of the plan's may not have
-    name
-    for code in compile(_PLANNED.format_map(_ANY_CALL), "", "exec").co_consts
-    if isinstance(code, types.CodeType)
-    for name in code.co_varnames + code.co_names
-} - {"args", "kwargs"} | {"owner"}
+        this = None if function is None else weakref.ref(plan.__self__)  # type: ignore[attr-defined]
+    except TypeError:  # no weak reference to it: held as the bound plan holds it
+        this = None
+    if this is None:
 
+        @functools.wraps(plan)
+        def planned(*args: Any, **kwargs: Any) -> T:
+            return plan_on(plan, args, kwargs)
 
-class _Named(str):
-    """A default written as its name in a signature's text."""
+        return planned
 
-    __repr__ = str.__str__
+    @functools.wraps(function)
+    def planned_on_wrapper(*args: Any, **kwargs: Any) -> T:
+        bound: Callable[..., T] = function.__get__(this())
+        return plan_on(bound, args, kwargs)
 
-
-def _forwarding(plan: Callable[..., Any], bound: bool, defaults: dict[str, Any]) -> dict[str, str]:
-    """The pieces of :data:`_PLANNED` for ``plan``'s parameters, their defaults put in
-    ``defaults``. ``Workspace._plan`` gets the arguments by name where it can, as
-    ``workspace_size()`` takes them (the wrapper first of an unbound plan)."""
-    try:
-        parameters = list(inspect.signature(plan).parameters.values())
-    except (TypeError, ValueError):  # no signature Python can read (some builtins)
-        parameters = []
-    if not parameters or any(p.name in _TAKEN or p.name.startswith("default_") for p in parameters):
-        return {**_ANY_CALL, "key": "owner" if bound else _ANY_CALL["key"]}
-    kind = inspect.Parameter
-    stars: dict[Any, str] = {kind.VAR_POSITIONAL: "*", kind.VAR_KEYWORD: "**"}
-    starred = kind.VAR_POSITIONAL in {p.kind for p in parameters}
-    written: list[inspect.Parameter] = []
-    forward: list[str] = []
-    args: list[str] = []
-    kwargs: list[str] = []
-    for i, p in enumerate(parameters):
-        if p.default is not p.empty:
-            defaults[f"default_{i}"], p = p.default, p.replace(default=_Named(f"default_{i}"))
-        written.append(p.replace(annotation=p.empty))
-        as_given = stars.get(p.kind, "") + p.name
-        forward.append(f"{p.name}={p.name}" if p.kind is kind.KEYWORD_ONLY else as_given)
-        if p.kind is kind.KEYWORD_ONLY or (
-            p.kind is kind.POSITIONAL_OR_KEYWORD and not starred and (bound or i > 0)
-        ):
-            kwargs.append(f"{p.name}={p.name}")
-        else:
-            (kwargs if p.kind is kind.VAR_KEYWORD else args).append(as_given)
-    in_place = parameters[0].kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD)
-    return {
-        "parameters": str(inspect.Signature(written))[1:-1],
-        "forward": ", ".join(forward),
-        "args": f"({', '.join(args)},)" if args else "()",
-        "kwargs": f"dict({', '.join(kwargs)})",
-        "key": "owner" if bound else parameters[0].name if in_place else "None",
-    }
+    return planned_on_wrapper
 
 
 def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any, index: int) -> int | None:
@@ -372,17 +290,23 @@ def install_int_workspace(wrapper: Any, workspace: Workspace) -> bool:
     # Assigned, not reset_workspace_buffer(): that would allocate a pinned mirror of its own.
     own[INT_BUFFER] = int_workspace.tensor
     own[HOST_MIRROR] = int_workspace.mirror
-    run = own.get("run") or getattr(wrapper, "run", None)
-    run = getattr(run, "_unchecked", run)  # given another int workspace before: not that check
+    # The run it had: one set on the wrapper itself (not a check given before), else its class's,
+    # called on the wrapper, which the check holds weakly: a wrapper holding a closure that held
+    # it would live on in a cycle until the garbage collector ran.
+    given = own.get("run")
+    given = getattr(given, "_unchecked", given)
+    run = given if given is not None else getattr(type(wrapper), "run", None)
     if callable(run):
+        this = weakref.ref(wrapper)
 
         @functools.wraps(run)
         def checked_run(*args: Any, **kwargs: Any) -> Any:
-            int_workspace.check_planned_by(wrapper)
-            return run(*args, **kwargs)
+            planned = this()
+            int_workspace.check_planned_by(planned)
+            return run(*args, **kwargs) if given is not None else run(planned, *args, **kwargs)
 
         # Not functools' __wrapped__: FlashInfer 0.7 decorates run() itself, and its __wrapped__
         # is the undecorated, unbound function.
-        checked_run._unchecked = run  # type: ignore[attr-defined]
+        checked_run._unchecked = given  # type: ignore[attr-defined]
         own["run"] = checked_run
     return True

@@ -238,27 +238,38 @@ def test_a_wrapper_that_recorded_its_buffers_size_learns_the_grown_size():
     assert before._workspace_size == 3 * MIB
 
 
-def test_a_growth_brings_the_recorded_size_of_every_wrapper_planned_before_it_up_to_date(plan_on):
-    # Each wrapper is brought up to date when the workspace grows, not at each of its plans.
+def test_a_wrapper_records_the_size_its_last_plan_was_made_on(plan_on):
+    # Its run hands the recorded size to trtllm-gen, which bounds its scratch by it: a wrapper
+    # planned before another's growth runs that plan within the size it was made on, and learns
+    # the grown size at its next plan.
     workspace = make_workspace()
     planned_before = FakeWrapper(workspace.tensor)
     planned_before._workspace_size = MIB  # as FlashInfer's paged prefill wrapper records it
     plan_on(workspace, planned_before)
     grows = FakeWrapper(workspace.tensor, float_allocations=[("batch_prefill_tmp_v", 3 * MIB, 16)])
+    grows._workspace_size = MIB
     plan_on(workspace, grows)
-    assert workspace.tensor.numel() == 3 * MIB
-    assert planned_before._workspace_size == 3 * MIB  # without planning again
+    assert workspace.tensor.numel() == grows._workspace_size == 3 * MIB
+    assert planned_before._workspace_size == MIB
+    plan_on(workspace, planned_before)
+    assert planned_before._workspace_size == 3 * MIB
 
 
 def test_a_workspace_keeps_no_wrapper_alive_that_planned_through_it(plan_on):
+    """Freed as its last reference goes, with the garbage collector off: neither the workspace
+    nor the int workspace's check of its run holds it in a cycle with what it holds."""
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
-    wrapper = pool.build(FakeWrapper, label="decode")  # on the int workspace
+    wrapper = pool.build(FakeWrapper, label="decode")  # on the int workspace, its run checked
     plan_on(workspace, wrapper)
+    assert wrapper.run("q") == "ran"
     gone = weakref.ref(wrapper)
-    del wrapper
-    gc.collect()
-    assert gone() is None
+    gc.disable()
+    try:
+        del wrapper
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 def test_a_wrapper_on_another_buffer_keeps_its_recorded_size():
@@ -895,3 +906,20 @@ def test_an_argument_of_the_wrong_type_is_refused_by_name(call, setting, value):
 def test_a_slot_of_another_type_names_its_value(slot):
     with pytest.raises(ResourceUsageError, match=rf"cg_slot={slot!r} must be None"):
         _served_slot(slot)
+
+
+def test_a_wrappers_plan_through_its_workspace_set_on_it_keeps_it_in_no_cycle():
+    """As the vLLM plugin sets a prefill wrapper's ``plan``: the wrapper is freed by its last
+    reference, with the garbage collector off, and plans through the workspace while it lives."""
+    workspace = make_workspace()
+    wrapper = FakePrefillWrapper(workspace.tensor, [("batch_prefill_tmp_v", 3 * MIB, 16)])
+    wrapper.plan = plan_through(workspace, wrapper.plan)
+    wrapper.plan()
+    assert workspace.tensor.numel() == wrapper._workspace_size == 3 * MIB
+    gone = weakref.ref(wrapper)
+    gc.disable()
+    try:
+        del wrapper
+        assert gone() is None
+    finally:
+        gc.enable()

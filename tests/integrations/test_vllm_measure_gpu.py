@@ -64,3 +64,19 @@ def test_a_peak_reached_before_the_measurement_is_kept():
         scratch = torch.empty(16 * MIB, dtype=torch.uint8, device=device)
         del scratch
     assert torch.cuda.max_memory_allocated(device) - start == 64 * MIB
+
+
+def test_the_measurement_frees_what_it_allocated_without_the_garbage_collector():
+    """Its wrappers, workspaces and graphs are freed as it returns, by their last reference: no
+    cycle holds them until a collection (both plugins free the measurement's memory so)."""
+    device = torch.device("cuda")
+    profile = load_profile(PROFILE)
+    start = _profile_window(device)
+    gc.disable()
+    try:
+        need = measured_need(profile, "decode", True, device)
+        left = torch.cuda.memory_allocated(device) - start
+    finally:
+        gc.enable()
+    assert need.need_bytes > 0
+    assert left == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import weakref
 from collections.abc import Callable
@@ -115,10 +114,9 @@ class SglangWorkspaces(PluginState):
         try:
             records, self.provenance = measure(plans, device)
         finally:
-            if device.type == "cuda":
+            if device.type == "cuda":  # what the measurement freed, given back before KV sizing
                 import torch
 
-                gc.collect()  # the measurement's wrappers, in cycles, with what they hold
                 torch.cuda.empty_cache()
         return records
 
