@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.resources
+import importlib
 import inspect
 import re
 import stat
@@ -21,13 +21,14 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
+from hydra.core.singleton import Singleton
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from hydra.version import VersionBase
 from omegaconf import DictConfig, ListConfig, OmegaConf, ValidationError
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
 from .errors import ResourceConfigError, did_you_mean
+from .files import DEPLOYMENT_GROUP, shipped_deployments
 from .schema import FIELDS
 
 __all__ = ["DEPLOYMENT_GROUP", "NO_DEPLOYMENT", "SHIPPED_CONF", "ComposedTree", "Composition",
@@ -37,7 +38,6 @@ __all__ = ["DEPLOYMENT_GROUP", "NO_DEPLOYMENT", "SHIPPED_CONF", "ComposedTree", 
 SHIPPED_CONF = "pkg://mstar_resources.conf"
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError,
                   RecursionError)  # fmt: skip
-DEPLOYMENT_GROUP = "deployment"  # its options are `# @package _global_`: keys of the whole tree
 NO_DEPLOYMENT = "none"
 """The shipped tree's empty deployment: listed among the options, never offered as the closest to
 a misspelt name (it is no deployment, and calibration refuses it)."""
@@ -57,11 +57,6 @@ class ComposedTree:
     """The deployment's calibration profile, if it has one (``CalibrationProfile``)."""
     calibrated: Any = None
     """What calibration measured, in a ``..._calibrated`` deployment."""
-
-
-def shipped_deployments() -> Path:
-    """The folder of the shipped deployments, calibrated ones included."""
-    return Path(str(importlib.resources.files("mstar_resources.conf"))) / DEPLOYMENT_GROUP
 
 
 def register_settings(config_name: str, settings: type) -> None:
@@ -96,20 +91,25 @@ def deployment_options(config_name: str) -> list[str]:
 
 @contextmanager
 def hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
-    """Hydra initialised on ``config_path`` as ``@hydra.main`` over ``run`` finds it; the program's
-    own Hydra, which ``initialize_*`` refuse to run beside, given back after."""
-    instance, base = GlobalHydra.instance(), VersionBase.instance().version_base
-    program_hydra, instance.hydra = instance.hydra, None
+    """Hydra initialised on ``config_path`` as ``@hydra.main`` over ``run`` finds it, by Hydra's
+    public API. A program that runs Hydra already (``initialize_*`` refuse to run beside it) has
+    its Hydra saved and given back after as Hydra's launchers carry it to a job's process
+    (``Singleton.get_state`` and ``set_state``: the program's singletons come back as copies)."""
     pkg = config_path.removeprefix("pkg://")
+    if pkg != config_path:  # imported first, as Hydra would: what it registers stays after
+        importlib.import_module(pkg)
+    program = Singleton.get_state() if GlobalHydra.instance().is_initialized() else None
+    if program is not None:
+        GlobalHydra.instance().clear()
     folder = str((Path(inspect.getfile(run)).parent / config_path).resolve())
     try:
         with initialize_config_module(pkg, version_base="1.3") if pkg != config_path else (
             initialize_config_dir(folder, version_base="1.3")
         ):  # fmt: skip
             yield
-    finally:  # initialize_*'s exit leaves a copy of the instance it found
-        GlobalHydra.set_instance(instance)
-        instance.hydra, VersionBase.instance().version_base = program_hydra, base
+    finally:
+        if program is not None:
+            Singleton.set_state(program)
 
 
 def group_options(group: str, config_name: str | None, searchpath: Sequence[str] = ()) -> list[str]:

@@ -1,15 +1,24 @@
-"""Files written whole or not at all (a calibrated deployment), into a folder checked first."""
+"""The shipped deployments' folder, and files written whole or not at all (a calibrated
+deployment) into a folder checked first. Imports no Hydra: a worker in ``auto`` reads it."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.resources
 import os
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["folder_problem", "replacing", "write_whole"]
+__all__ = ["DEPLOYMENT_GROUP", "folder_problem", "replacing", "shipped_deployments", "write_whole"]
+
+DEPLOYMENT_GROUP = "deployment"  # its options are `# @package _global_`: keys of the whole tree
+
+
+def shipped_deployments() -> Path:
+    """The folder of the shipped deployments, calibrated ones included."""
+    return Path(str(importlib.resources.files("mstar_resources.conf"))) / DEPLOYMENT_GROUP
 
 
 def write_whole(path: Path, text: str) -> None:

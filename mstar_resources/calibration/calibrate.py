@@ -14,9 +14,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .._internal.floor import INT
 from .._internal.output import format_table
-from ..compose import shipped_deployments
 from ..errors import ResourceConfigError
-from ..files import write_whole
+from ..files import shipped_deployments, write_whole
 from ..resolver import ResolvedResource
 from ..units import MIB
 from .profile import GRAPH_KINDS, PROFILE_KEY, CalibrationProfile, PlanKind, check_flashinfer

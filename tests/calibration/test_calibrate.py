@@ -26,7 +26,7 @@ from mstar_resources.calibration.calibrate import (
 )
 from mstar_resources.calibration.measure import Need, Shape
 from mstar_resources.calibration.profile import load_profile
-from mstar_resources.compose import shipped_deployments
+from mstar_resources.files import shipped_deployments
 from mstar_resources.resolver import ResolvedResource
 
 from ..test_profile import GOOD, dense, with_

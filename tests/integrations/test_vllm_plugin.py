@@ -48,8 +48,9 @@ def test_the_entry_point_is_registered_for_vllms_general_plugins():
 def test_without_its_setting_the_plugin_does_nothing_and_imports_no_vllm():
     probe = (
         "import sys; from mstar_resources.integrations import vllm as p; p.register(); "
+        "from mstar_resources.integrations import plugin as f; "
         "print(p.active(), [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')], "
-        "[type(f).__name__ for f in sys.meta_path if 'post_import' in type(f).__module__])"
+        "f._finder in sys.meta_path)"
     )
     env = {k: v for k, v in os.environ.items() if k != plugin.ENV_VAR}
     for value in (None, "", "  "):
@@ -59,7 +60,25 @@ def test_without_its_setting_the_plugin_does_nothing_and_imports_no_vllm():
             [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True,
             cwd=ROOT, timeout=120,
         )  # fmt: skip
-        assert done.stdout.split() == ["None", "[]", "[]"]
+        assert done.stdout.split() == ["None", "[]", "False"]
+
+
+def test_a_worker_in_auto_waits_for_vllm_and_imports_no_hydra():
+    """``auto`` composes nothing: what its worker runs (the measurement, the pools) imports no
+    Hydra; the plugin's import hook waits for vLLM's modules."""
+    probe = (
+        "import sys; from mstar_resources.integrations import vllm as p, plugin as f; "
+        "f.installed_version = lambda distribution: '0.26.0'; "  # no vLLM installed here
+        "p.register(); import mstar_resources.integrations.vllm.workspaces, "
+        "mstar_resources.calibration.calibrate, mstar_resources.calibration.measure; "
+        "print(f._finder in sys.meta_path, 'hydra' in sys.modules)"
+    )
+    env = {**os.environ, plugin.ENV_VAR: "auto"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True,
+        cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.split()[-2:] == ["True", "False"], done.stderr
 
 
 # -- the seams (every release's: test_plugin.py) ------------------------------------------------

@@ -9,8 +9,9 @@ import types
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import MissingConfigException
 
 from mstar_resources.errors import ResourceConfigError
 from mstar_resources.integrations import plugin as engine_plugin
@@ -161,12 +162,15 @@ def test_a_deployment_that_serves_no_decode_label_says_which(tmp_path):
 # -- the processes it reaches ---------------------------------------------------------------------
 
 
-def test_a_program_that_initialised_hydra_keeps_it_and_the_plugin_composes_its_own():
-    with initialize_config_module("mstar_resources.conf", version_base="1.3"):
-        program_hydra = GlobalHydra.instance().hydra
+def test_a_program_that_initialised_hydra_keeps_it_and_the_plugin_composes_its_own(tmp_path):
+    (tmp_path / "program.yaml").write_text("served_by: the program\n")
+    with initialize_config_dir(str(tmp_path), version_base="1.3"):
         setting = plugin.VLLM.read({ENV: "llama3-8b-h200"})
-        assert GlobalHydra.instance().hydra is program_hydra
-        assert "resources" in compose("resources/default")  # the program's Hydra still works
+        assert GlobalHydra.instance().is_initialized()
+        # The program's Hydra still composes from its own search path, which has no deployments.
+        assert compose("program") == {"served_by": "the program"}
+        with pytest.raises(MissingConfigException):
+            compose("resources/default")
     assert {r.floor_mb for r in setting.records} == {256, 128}
 
 
