@@ -17,8 +17,10 @@ from pathlib import Path
 WHEELS = Path(__file__).parents[1] / ".venv" / "wheels"
 """Where ``scripts/test.sh`` puts FlashInfer's wheel (``MSTAR_FLASHINFER_WHEELS`` for another)."""
 
-NEEDED = ("data/include/flashinfer/", "mla/_batch_mla/_backends/")
-"""What of the package the tests read: the headers, and MLA's check of its whole buffer."""
+NEEDED = ("data/include/flashinfer/", "mla/_batch_mla/_backends/", "data/csrc/xqa/",
+          "data/csrc/trtllm_fmha_kernel_launcher.cu", "decode.py")  # fmt: skip
+"""What of the package the tests read: the headers, MLA's check of its whole buffer, and what the
+TRT-LLM kernels' workspace model is read from (XQA's sources, trtllm-gen's launcher, decode.py)."""
 
 
 def flashinfer_package() -> Path | None:
@@ -49,8 +51,9 @@ def _extract(wheel: Path) -> Path:
     """The needed members of ``wheel``, extracted once into a folder named for it (made whole in
     a temporary folder and renamed, so test workers that extract at once do not mix)."""
     target = wheel.with_suffix("")
-    if target.is_dir():
+    if target.is_dir() and all((target / "flashinfer" / part).exists() for part in NEEDED):
         return target
+    shutil.rmtree(target, ignore_errors=True)  # extracted when fewer members were needed
     partial = Path(tempfile.mkdtemp(dir=wheel.parent, prefix=f".{target.name}."))
     try:
         with zipfile.ZipFile(wheel) as archive:

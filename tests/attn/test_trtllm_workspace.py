@@ -1,14 +1,19 @@
-"""The TRT-LLM decode workspace bounds: the kernels' layouts worked by hand, their properties over
-batch and length sweeps, trtllm-gen's LSE carve-out against vLLM's own check of it, and the check
-of each launch against the workspace it is given (on the kernels' own argument shapes)."""
+"""The TRT-LLM decode workspace bounds: each constant of the kernels' model against FlashInfer's
+sources, the figures the GPU measured (tests/attn/test_trtllm_workspace_gpu.py proves the model
+there: the kernels themselves on a buffer of the bound with a guard after it), the bounds'
+properties over batch and length sweeps, trtllm-gen's LSE carve-out against vLLM's own check of
+it, and the check of each launch against the workspace it is given (on the kernels' own argument
+shapes)."""
 
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
 
+from mstar_resources.attn import trtllm_workspace as model
 from mstar_resources.attn.trtllm_workspace import (
     MIB,
     XQA_SEMAPHORE_BYTES,
@@ -20,47 +25,51 @@ from mstar_resources.attn.trtllm_workspace import (
 from mstar_resources.attn.workspace import Workspace
 from mstar_resources.errors import ResourceUsageError, WorkspaceSealedError
 
+from ..flashinfer_sources import flashinfer_package, flashinfer_version
+
 H200_SMS = 132
 B200_SMS = 148
+
+SOURCES = flashinfer_package()
+
+
+def _read(path: str, pattern: str) -> list[int]:
+    assert SOURCES is not None
+    text = (SOURCES / path).read_text(encoding="utf-8")
+    return [int(n) for n in re.findall(pattern, text)]
+
+
+@pytest.mark.flashinfer
+@pytest.mark.skipif(SOURCES is None, reason="needs FlashInfer's sources (the wheel test.sh fetches)")
+def test_each_constant_of_the_model_is_the_one_in_flashinfers_sources():
+    """Where each constant ``trtllm_workspace.py`` names comes from, read in the FlashInfer the
+    tests have (0.7.4): a kernel that changed one fails here, on the CPU."""
+    version = flashinfer_version()
+    (semaphore,) = set(_read("decode.py", r"semaphore = workspace_u8\[: (\d+) \* 1024 \* 1024\]"))
+    assert semaphore * MIB == model.XQA_SEMAPHORE_BYTES, version
+    (warp_tile,) = _read("data/csrc/xqa/mha.cu", r"constexpr uint2 warpTile = \{(\d+),")
+    (warps,) = _read("data/csrc/xqa/mha.cu", r"constexpr uint3 ctaShapeInWarps = \{(\d+),")
+    assert warp_tile * warps == model.XQA_MHA_TILE_TOKENS, version
+    sm90 = "data/csrc/xqa/mha_sm90.cu"
+    (group_tokens,) = _read(sm90, r"constexpr uint32_t gemm0WarpGrpTileNbTokens = (\d+);")
+    (groups,) = _read(sm90, r"constexpr uint32_t gemm0NbGmmaGrps = (\d+);")
+    assert group_tokens * groups == model.XQA_SM90_TILE_TOKENS, version
+    assert _read(sm90, r"#define Q_HEADS_PER_CTA (\d+)") == [model.XQA_SM90_SPEC_DEC_ROWS]
+    assert _read("data/csrc/xqa/defines.h", r"#define M_TILESIZE (\d+)") == [
+        model.XQA_SPEC_DEC_ROWS
+    ]
+    (guard,) = _read("data/csrc/trtllm_fmha_kernel_launcher.cu",
+                     r"kTrtllmGenSoftmaxStatsGuardBytes = (\d+) \* 1024 \* 1024;")  # fmt: skip
+    assert guard * MIB == model.TRTLLM_GEN_STATS_GUARD_BYTES, version
+    tile_sizes = _read("data/include/flashinfer/trtllm/fmha/fmhaKernels.cuh",
+                       r"Cost factor when tileSizeQ = (\d+)")  # fmt: skip
+    assert max(tile_sizes) == model.TRTLLM_GEN_MAX_STEP_Q, version
 
 
 def xqa(**kwargs: int | bool) -> int:
     args: dict[str, int | bool] = dict(batch=512, num_qo_heads=40, num_kv_heads=8, head_dim=128,
                                        max_seq_len=32768, sm_count=H200_SMS)  # fmt: skip
     return xqa_workspace_bytes(**{**args, **kwargs})
-
-
-def test_xqa_hand_computed_mha_layout():
-    # 40/8 heads: 5 query rows per CTA. 132 SMs over 8 KV heads split a request into at most
-    # 132 // (8 b) sub-sequences: b = 1, 2, 4, 8 give 16, 8, 4, 2 of them, 128 in all.
-    sub_seqs = 128
-    row_max = 32 * 4  # SMemWarpRowMax: float[1][8 quads][4] for up to 32 rows
-    partial = 5 * 128 * 2  # ScratchBuf x nbHeadSlices: 5 rows x 128 elements x 2 B
-    rows_end = 2 * sub_seqs * row_max  # rowMax then rowSum
-    aligned = -(-rows_end // partial) * partial  # the partials' segment aligns to its size
-    assert aligned == 33280
-    assert xqa() == XQA_SEMAPHORE_BYTES + aligned + sub_seqs * partial == 8_585_728
-
-
-def test_xqa_hand_computed_sm90_layout():
-    # One request, a 512-token table, fp8 KV on Hopper: mha_sm90.cu splits into
-    # min(round((3 x 132 // 8) / 4), 512 / 64) = min(12, 8) = 8 sub-sequences per KV head, where
-    # mha.cu's 256-token tiles allow only 2; its chunks are 5 rows x 128 x 2 B with 8 B of stats
-    # a row, the stats segment rounded up to a chunk.
-    chunks, chunk = 8 * 8, 5 * 128 * 2
-    sm90 = -(-(chunks * 8 * 5) // chunk) * chunk + chunks * chunk
-    mha = xqa(batch=1, max_seq_len=512)
-    assert mha == XQA_SEMAPHORE_BYTES + 5120 + 16 * chunk  # 2 x 8 sub-sequences
-    assert xqa(batch=1, max_seq_len=512, hopper_fp8_kv=True) == XQA_SEMAPHORE_BYTES + sm90 > mha
-
-
-def test_xqa_speculative_tokens_share_the_split_count():
-    # q_len 16 x group 4 = 64 rows: two 32-row token blocks per KV head, each its own sequence
-    # for the scratch, while the split count still counts only requests x KV heads.
-    blocks, sub_seqs = 2, 128
-    partial = 32 * 128 * 2  # the row stats (2 x 256 x 128 B) end on a multiple of it
-    expected = XQA_SEMAPHORE_BYTES + 2 * blocks * sub_seqs * 128 + blocks * sub_seqs * partial
-    assert xqa(num_qo_heads=32, q_len_per_req=16) == expected
 
 
 def test_xqa_no_split_leaves_only_the_semaphores():
@@ -130,20 +139,6 @@ def test_trtllm_gen_stats_match_vllm_fits_workspace(heads):
         assert not vllm_fits_workspace(q_lens, heads, need - 1)
 
 
-def test_trtllm_gen_hand_computed_layout():
-    # 40 heads, head dim 128, 148 SMs: at most 148 split CTAs of up to 128 query rows, each with
-    # a float2 of partial stats and 128 two-byte partial outputs a row.
-    scratch = 148 * 128 * (8 + 128 * 2)
-    assert scratch == 5_001_216
-    base = dict(batch=512, num_qo_heads=40, head_dim_vo=128, sm_count=B200_SMS)
-    assert trtllm_gen_workspace_bytes(**base) == scratch
-    stats = 40 * 512 * 256 * 8 + MIB
-    assert trtllm_gen_workspace_bytes(**base, return_lse=True) == stats + scratch
-    counters = 8192 * 256 * 4
-    with_counters = trtllm_gen_workspace_bytes(**base, counters_in_workspace=True)
-    assert with_counters == counters + scratch
-
-
 def test_trtllm_gen_bound_is_monotone():
     for lse in (False, True):
         grid = [[trtllm_gen_workspace_bytes(batch=b, num_qo_heads=32, head_dim_vo=128,
@@ -162,6 +157,17 @@ def test_trtllm_gen_errors_name_the_setting():
 
 
 # -- the bound over launches, and each launch -------------------------------------------------
+
+
+def test_the_bounds_the_gpu_ran_the_kernels_on():
+    """The figures the GPU tests and docs/vllm.md measured: XQA at 32/8 and 40/8 heads of 128 on
+    132 SMs, one query token a request, held with a guard after it; two tokens a request on
+    the one-token bound wrote 917,504 bytes past it, the difference to the two-token bound."""
+    one = dict(batch=256, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+               max_seq_len=H200_SMS * 256, sm_count=H200_SMS)  # fmt: skip
+    assert xqa_workspace_bytes(**one) == 8_552_448
+    assert xqa_workspace_bytes(**{**one, "num_qo_heads": 40}) == 8_585_728
+    assert xqa_workspace_bytes(**one, q_len_per_req=2) - 8_552_448 == 917_504
 
 
 def test_speculative_launches_need_more_than_the_one_token_bound():
