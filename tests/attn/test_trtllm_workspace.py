@@ -40,7 +40,7 @@ def _read(path: str, pattern: str) -> list[int]:
 
 
 @pytest.mark.flashinfer
-@pytest.mark.skipif(SOURCES is None, reason="needs FlashInfer's sources (the wheel test.sh fetches)")
+@pytest.mark.skipif(SOURCES is None, reason="needs FlashInfer's sources (test.sh fetches them)")
 def test_each_constant_of_the_model_is_the_one_in_flashinfers_sources():
     """Where each constant ``trtllm_workspace.py`` names comes from, read in the FlashInfer the
     tests have (0.7.4): a kernel that changed one fails here, on the CPU."""
