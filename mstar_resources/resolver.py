@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 
     from .attn.workspace import WorkspacePool
 
-__all__ = ["ResolvedResource", "build_pools", "resolve", "serving"]
+__all__ = ["ResolvedResource", "build_pools", "redeclared", "resolve", "serving"]
 
 MAX_DEPTH = 32
 """How many groups deep a resource may sit: deeper would exhaust OmegaConf's recursion."""
@@ -114,27 +114,36 @@ def resolve(
             problems.extend(error.problems)
     if problems:
         raise ResourceConfigError(*problems, where="the resources config")
-    records = []
-    for key, resource in declared:
-        floor = resolve_floor(resource.declared_mb, env, f"{key}.declared_mb")
-        int_floor = resolve_floor(resource.int_declared_mb, env, f"{key}.int_declared_mb", INT)
-        records.append(
-            ResolvedResource(
-                path=key.removeprefix(f"{RESOURCES_KEY}."),
-                owner=resource.owner,
-                labels=tuple(resource.labels),
-                cg_slots=tuple(resource.cg_slots),
-                declared_mb=resource.declared_mb,
-                floor_mb=floor.mb,
-                floor_source=floor.source,
-                floor_setting=floor.setting,
-                int_declared_mb=resource.int_declared_mb,
-                int_floor_mb=int_floor.mb,
-                int_floor_source=int_floor.source,
-                int_floor_setting=int_floor.setting,
-            )
-        )
-    return records
+    paths = [key.removeprefix(f"{RESOURCES_KEY}.") for key, _ in declared]
+    return [
+        _record(path, r.owner, r.labels, r.cg_slots, r.declared_mb, r.int_declared_mb, env)
+        for path, (_, r) in zip(paths, declared, strict=True)
+    ]
+
+
+def redeclared(
+    record: ResolvedResource, declared_mb: int, int_declared_mb: int | None,
+    env: Mapping[str, str] | None = None,
+) -> ResolvedResource:  # fmt: skip
+    """``record`` declaring these floors, resolved as :func:`resolve` resolves a tree's (the
+    plugins' ``auto`` declares what it measured so, with no tree in between)."""
+    return _record(record.path, record.owner, record.labels, record.cg_slots, declared_mb,
+                   int_declared_mb, os.environ if env is None else env)  # fmt: skip
+
+
+def _record(
+    path: str, owner: str, labels: Sequence[str], cg_slots: Sequence[int],
+    declared_mb: int | None, int_declared_mb: int | None, env: Mapping[str, str],
+) -> ResolvedResource:  # fmt: skip
+    key = f"{RESOURCES_KEY}.{path}"
+    floor = resolve_floor(declared_mb, env, f"{key}.declared_mb")
+    int_floor = resolve_floor(int_declared_mb, env, f"{key}.int_declared_mb", INT)
+    return ResolvedResource(
+        path=path, owner=owner, labels=tuple(labels), cg_slots=tuple(cg_slots),
+        declared_mb=declared_mb, floor_mb=floor.mb, floor_source=floor.source,
+        floor_setting=floor.setting, int_declared_mb=int_declared_mb, int_floor_mb=int_floor.mb,
+        int_floor_source=int_floor.source, int_floor_setting=int_floor.setting,
+    )  # fmt: skip
 
 
 def build_pools(
@@ -168,9 +177,7 @@ def build_pools(
     pools = {
         record.path: WorkspacePool(
             device,
-            record.declared_mb,
-            record.owner,
-            int_size_mb=record.int_declared_mb,
+            owner=record.owner,
             config_key=record.key,
             serves=[(label, slot) for label in record.labels for slot in record.cg_slots or [None]],
             floors=(

@@ -17,6 +17,7 @@ from mstar_resources import (
     build_pools,
     resolve,
 )
+from mstar_resources.resolver import redeclared
 from mstar_resources.units import MIB
 
 from .attn.fake_allocator import FakePlanner
@@ -533,3 +534,28 @@ def test_an_argument_of_the_wrong_type_is_refused_by_name(call, setting, value):
         call()
     (problem,) = raised.value.problems
     assert (problem.setting, problem.value) == (setting, value)
+
+
+def test_measured_floors_are_declared_as_a_trees_are_resolved():
+    """``auto`` declares what it measured on the records it measured, with no tree in between:
+    the same record as a tree declaring those floors resolves to, the environment's floor ignored
+    as a declared one ignores it."""
+    tree = {"attn": {"decode": {"owner": "attention", "labels": ["decode"], "cg_slots": [0]}}}
+    env = {VAR: "64", INT_VAR: "16"}
+    (measured_on,) = resolve(tree, env)
+    assert (measured_on.floor_source, measured_on.floor_mb) == ("env", 64)
+    tree["attn"]["decode"] |= {"declared_mb": 3, "int_declared_mb": 1}
+    (declared,) = resolve(tree, env)
+    assert redeclared(measured_on, 3, 1, env) == declared
+    assert (declared.floor_source, declared.floor_setting) == (
+        "declared", "resources.attn.decode.declared_mb"
+    )  # fmt: skip
+
+
+def test_a_pool_takes_its_floors_one_way():
+    (record,) = resolve({"attn": {"decode": {"owner": "attention", "labels": ["decode"]}}}, {})
+    floors = build_pools([record], "cpu")["attn.decode"]
+    assert floors.floor_bytes == 512 * MIB
+    with pytest.raises(ResourceUsageError) as refused:
+        WorkspacePool("cpu", 4, floors=(floors._floor, floors._int_floor))
+    assert "size_mb=4" in str(refused.value) and "floors=" in str(refused.value)

@@ -73,6 +73,12 @@ class WorkspacePool:
             ) from None
         self.owner = owner
         self._config_key = config_key
+        if floors is not None and (size_mb, int_size_mb) != (None, None):
+            raise ResourceUsageError(
+                f"WorkspacePool takes its floors one way: size_mb={size_mb!r} and "
+                f"int_size_mb={int_size_mb!r} beside floors={floors!r}; give floors alone (the "
+                "floors resolve() gave) or the sizes alone"
+            )
         if floors is None:
             setting = "size_mb" if config_key is None else f"{config_key}.declared_mb"
             int_setting = "int_size_mb" if config_key is None else f"{config_key}.int_declared_mb"

@@ -104,19 +104,23 @@ class OneBuffer:
 def declared_floors(
     measured: Sequence[Measured], margin: float = DEFAULT_MARGIN, into: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The one conversion of measured needs to floors, for calibration's file and the plugins'
-    ``auto``: ``into`` (else a new resource tree), each measured resource declaring ``declared_mb``
-    and ``int_declared_mb`` (0 for an int need of None: the wrappers keep their own)."""
+    """Measured needs as the floors calibration's file declares: ``into`` (else a new resource
+    tree), each measured resource declaring :func:`declared_mbs`."""
     resources = {} if into is None else into
     for m in measured:
         node = resources
         for part in m.path.split("."):
             node = node.setdefault(part, {})
-        node["declared_mb"] = declared_mb_for(m.need_bytes, margin)
-        node["int_declared_mb"] = (
-            0 if m.int_need_bytes is None else declared_mb_for(m.int_need_bytes, margin)
-        )
+        node["declared_mb"], node["int_declared_mb"] = declared_mbs(m, margin)
     return resources
+
+
+def declared_mbs(measured: Measured, margin: float = DEFAULT_MARGIN) -> tuple[int, int]:
+    """The ``declared_mb`` and ``int_declared_mb`` a measured resource declares (an int need of
+    None: 0, the wrappers keep their own)."""
+    need = measured.int_need_bytes
+    int_mb = 0 if need is None else declared_mb_for(need, margin)
+    return declared_mb_for(measured.need_bytes, margin), int_mb
 
 
 @dataclass(frozen=True)

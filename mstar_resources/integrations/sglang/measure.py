@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...calibration.profile import CalibrationProfile, load_profile
-from ...resolver import ResolvedResource, resolve
+from ...resolver import ResolvedResource, redeclared, resolve
 from ...units import round_up
 from ..plugin import dtype_name
 
@@ -165,13 +165,17 @@ def _captures(phase: Any) -> bool:
 
 def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], dict[str, str]]:
     """The resources of ``plans``, each floor what its plans need on ``device``, and whence."""
-    from ...calibration.calibrate import declared_floors, measure_all, per_resource
+    from ...calibration.calibrate import declared_mbs, measure_all, per_resource
 
-    tree = plans.tree()
-    needs = per_resource(measure_all(resolve(tree), plans.profile(), device, show_progress=False))
+    records = {record.path: record for record in resolve(plans.tree())}
+    measured = measure_all(list(records.values()), plans.profile(), device, show_progress=False)
+    needs = per_resource(measured)
     provenance = {
         need.path: f"measured here: need {need.need_bytes:,} bytes, worst {need.worst}, by "
         f"{need.method}, for {plans.describe()}"
         for need in needs
     }
-    return resolve(declared_floors(needs, into=tree)), provenance
+    by_path = {need.path: need for need in needs}
+    floors = [redeclared(r, *declared_mbs(by_path[r.path], margin=0.0)) if r.path in by_path
+              else r for r in records.values()]  # fmt: skip
+    return floors, provenance

@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError
-from ...resolver import ResolvedResource, build_pools, resolve, serving
+from ...resolver import ResolvedResource, build_pools, redeclared, resolve, serving
 from ...units import MIB
 from ..plugin import PluginState
 from ..setting import AUTO, PluginSetting, Setting
@@ -241,9 +241,9 @@ class VllmWorkspaces(PluginState):
         self, config: Any, device: torch.device, roles: Sequence[Role]
     ) -> tuple[ResolvedResource, ...]:
         """``auto``: each native phase's resource, its floor the most any builder's plans need."""
-        from ...calibration.calibrate import declared_floors
+        from ...calibration.calibrate import declared_mbs
 
-        tree: dict[str, Any] = {"attn": {}}
+        records = []
         for role in roles:
             measured: dict[str, tuple[Measured, BuilderPlans, bool]] = {}
             for plans in (p for p in self.plans if p.native(role)):
@@ -254,7 +254,6 @@ class VllmWorkspaces(PluginState):
                 need = measured_need(profile, role, graphs, device)
                 measured[repr(profile)] = (need, plans, graphs)
             need, plans, graphs = max(measured.values(), key=lambda m: m[0].need_bytes)
-            tree["attn"][role] = vllm_plans.serving_tree(role, graphs)["attn"][role]
             # Only decode wrappers are given the int workspace (route()); vLLM's prefill wrappers
             # keep their own, so none is reserved for them, nor where no int need was measured.
             int_needs = [m.int_need_bytes for m, _, _ in measured.values()]
@@ -262,7 +261,8 @@ class VllmWorkspaces(PluginState):
             int_need = max(known) if role == "decode" and len(known) == len(int_needs) else None
             path = f"attn.{role}"
             held = dataclasses.replace(need, path=path, int_need_bytes=int_need)
-            declared_floors([held], margin=0.0, into=tree)
+            (record,) = resolve(vllm_plans.serving_tree(role, graphs))
+            records.append(redeclared(record, *declared_mbs(held, margin=0.0)))
             others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
             int_held = (
                 ", no int workspace" if int_need is None else f", int need {int_need:,} bytes"
@@ -271,7 +271,7 @@ class VllmWorkspaces(PluginState):
                 f"measured here ({ENV_VAR}={AUTO}): need {need.need_bytes:,} bytes, worst "
                 f"{need.worst}, by {need.method}, for {plans.describe()}{others}{int_held}"
             )
-        return tuple(resolve(tree))
+        return tuple(records)
 
     def _log_reserved(self, vllm_how: str) -> None:
         for plans in self.plans:
