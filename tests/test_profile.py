@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import types
+import dataclasses
 
 import pytest
 
@@ -287,21 +287,24 @@ def dense(**top: object) -> dict:
     return node
 
 
-def test_the_vllm_plugin_plans_tensor_core_decode_and_batch_invariant_fixed_splits(monkeypatch):
+def test_the_vllm_plugin_plans_tensor_core_decode_and_the_builders_fixed_splits():
+    """The splits the builder plans with (vLLM sets them under VLLM_BATCH_INVARIANT), read from
+    it: none here, and whatever it set there."""
     from mstar_resources.integrations.vllm import plans as vllm_plans
 
     from .integrations.test_vllm_plugin import PLANS, vllm_config
 
-    def plan(role: str, batch_invariant: bool) -> tuple:
-        envs = types.SimpleNamespace(VLLM_BATCH_INVARIANT=batch_invariant)
-        monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: envs)
-        p = vllm_plans.profile_for(PLANS, role, vllm_config()).plans[role]  # type: ignore[arg-type]
+    def plan(role: str, plans: vllm_plans.BuilderPlans) -> tuple:
+        p = vllm_plans.profile_for(plans, role, vllm_config()).plans[role]  # type: ignore[arg-type]
         return p.backend, p.tensor_cores, p.fixed_split_size, p.disable_split_kv
 
-    assert plan("decode", False) == ("auto", True, -1, False)
-    assert plan("prefill", False) == ("auto", False, -1, False)
-    assert plan("decode", True) == ("auto", True, 2048, True)
-    assert plan("prefill", True) == ("auto", False, 4096, True)
+    assert plan("decode", PLANS) == ("auto", True, -1, False)
+    assert plan("prefill", PLANS) == ("auto", False, -1, False)
+    fixed = dataclasses.replace(
+        PLANS, fixed_split_sizes={"prefill": 1024, "decode": 512}, disable_split_kv=True
+    )
+    assert plan("decode", fixed) == ("auto", True, 512, True)
+    assert plan("prefill", fixed) == ("auto", False, 1024, True)
 
 
 @pytest.mark.parametrize(

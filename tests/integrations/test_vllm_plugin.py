@@ -140,6 +140,8 @@ class DecidingBuilder:
         self.flashinfer_trtllm_api_decode_kernel = Kernel() if self.xqa else None
         self.dcp_world_size, self.has_sinks = 1, False
         self.enable_cuda_graph, self._decode_cudagraph_max_bs = True, 256
+        self.prefill_fixed_split_size = self.decode_fixed_split_size = -1
+        self.disable_split_kv = False
 
 
 class Layer:

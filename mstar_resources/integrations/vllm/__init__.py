@@ -34,7 +34,8 @@ BUILDER_DECISIONS = (
     "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "kv_cache_dtype", "cache_dtype",
     "q_data_type_prefill", "q_data_type_decode", "use_trtllm_decode_attention",
     "flashinfer_trtllm_api_decode_kernel", "dcp_world_size", "enable_cuda_graph",
-    "_decode_cudagraph_max_bs", "has_sinks",
+    "_decode_cudagraph_max_bs", "has_sinks", "prefill_fixed_split_size",
+    "decode_fixed_split_size", "disable_split_kv",
 )  # fmt: skip
 """What ``FlashInferMetadataBuilder.__init__`` decides, read from the plugin's own builders."""
 

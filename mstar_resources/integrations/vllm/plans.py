@@ -43,6 +43,12 @@ class BuilderPlans:
     trtllm_dcp_prefill: bool = False
     """Its DCP prefill runs trtllm-gen's context kernel on vLLM's TRT-LLM workspace where that
     fits (``use_trtllm_dcp_prefill``, 0.33+), beside its native wrappers."""
+    fixed_split_sizes: Mapping[Role, int] = field(
+        default_factory=lambda: {"prefill": -1, "decode": -1}
+    )
+    """Each phase's fixed KV split, as the builder plans it (-1: FlashInfer's scheduler picks;
+    ``VLLM_BATCH_INVARIANT`` sets them), with ``disable_split_kv``."""
+    disable_split_kv: bool = False
 
     def native(self, role: Role) -> bool:
         """Whether a ``role`` plan of this builder runs on FlashInfer's native wrappers."""
@@ -149,6 +155,11 @@ def read_builder(
         decode_graph_max_batch=graph_max_batch,
         non_causal=bool(getattr(attention, "use_non_causal", False)),
         trtllm_dcp_prefill=bool(getattr(builder, "use_trtllm_dcp_prefill", False)),
+        fixed_split_sizes={
+            "prefill": int(builder.prefill_fixed_split_size),
+            "decode": int(builder.decode_fixed_split_size),
+        },
+        disable_split_kv=bool(builder.disable_split_kv),
     )
 
 
@@ -202,8 +213,8 @@ def vllm_envs() -> Any:
 
 def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> CalibrationProfile:
     """The calibration profile of ``plans``' ``role`` plans as vLLM 0.33 makes them: decode on
-    tensor cores (backend ``auto``) at its graph batch sizes; under ``VLLM_BATCH_INVARIANT``, KV
-    split in fixed chunks and the split turned off."""
+    tensor cores (backend ``auto``) at its graph batch sizes; its KV split fixed and turned off
+    where the builder plans so (``VLLM_BATCH_INVARIANT``)."""
     from ...calibration.profile import load_profile
 
     scheduler, model = vllm_config.scheduler_config, vllm_config.model_config
@@ -217,8 +228,9 @@ def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> Calibratio
         # cap, over q_len, at most max_num_seqs
         captured = vllm_config.compilation_config.cudagraph_capture_sizes or []
         sizes = {min(s // q_len, scheduler.max_num_seqs) for s in captured if q_len <= s <= top}
-    if vllm_envs().VLLM_BATCH_INVARIANT:
-        plan.update(fixed_split_size=2048 if role == "decode" else 4096, disable_split_kv=True)
+    split = plans.fixed_split_sizes[role]
+    if split > 0 or plans.disable_split_kv:  # the builder's, as it plans each phase
+        plan.update(fixed_split_size=split, disable_split_kv=plans.disable_split_kv)
     node = {
         "model": {
             "num_qo_heads": plans.num_qo_heads * plans.dcp_world_size,
