@@ -307,20 +307,6 @@ def test_the_vllm_plugin_plans_tensor_core_decode_and_the_builders_fixed_splits(
     assert plan("prefill", fixed) == ("auto", False, 1024, True)
 
 
-@pytest.mark.parametrize(
-    ("qo", "kv", "kv_dtype", "tensor_cores"),
-    [(32, 8, "bfloat16", True), (24, 8, "bfloat16", False), (32, 32, "float8_e4m3fn", True)],
-)
-def test_the_sglang_plugin_plans_tensor_core_decode_for_gqa_groups_of_4_or_an_fp8_cache(
-    qo, kv, kv_dtype, tensor_cores
-):
-    from mstar_resources.integrations.sglang.measure import SglangPlans
-
-    plans = SglangPlans(qo, kv, 128, 1, "bfloat16", kv_dtype, 256, 16384, 8192, (1, 2, 4))
-    decode = plans.profile().plans["decode"]
-    assert (decode.backend, decode.tensor_cores) == ("auto", tensor_cores)
-
-
 def test_tensor_core_decode_shapes_are_the_graph_batches_at_the_query_length():
     node = dense()
     node["plans"]["decode"] = {"kind": "decode", "tensor_cores": True, "q_len_per_req": 2}

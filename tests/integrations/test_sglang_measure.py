@@ -68,8 +68,30 @@ def context(
     )
 
 
+def sglang_tensor_cores(kv_cache_dtype: torch.dtype, num_attention_heads: int,
+                        num_kv_heads: int) -> bool:  # fmt: skip
+    """SGLang 0.5.23's ``should_use_tensor_core`` as it reads without its environment override:
+    an FP8 cache, or GQA groups of 4 or more."""
+    fp8 = kv_cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    return fp8 or num_attention_heads // num_kv_heads >= 4
+
+
+def test_the_decode_kernel_is_the_one_sglangs_own_rule_picks_asked_as_its_backend_asks():
+    asked: list[dict[str, Any]] = []
+
+    def rule(**kwargs: Any) -> bool:
+        asked.append(kwargs)
+        return False  # SGLANG_FLASHINFER_USE_TENSOR_CORE=false, say
+
+    plans = sglang_plans(runner(), context(tp=2), rule)
+    assert isinstance(plans, SglangPlans)
+    assert asked == [{"kv_cache_dtype": torch.bfloat16, "num_attention_heads": 16,
+                      "num_kv_heads": 4}]  # fmt: skip
+    assert plans.profile().plans["decode"].tensor_cores is False
+
+
 def test_sglangs_defaults_plan_its_most_requests_and_largest_prefill_batch():
-    plans = sglang_plans(runner(), context(tp=2))
+    plans = sglang_plans(runner(), context(tp=2), sglang_tensor_cores)
     assert isinstance(plans, SglangPlans)
     assert (plans.num_qo_heads, plans.num_kv_heads, plans.head_dim) == (16, 4, 128)
     assert (plans.q_dtype, plans.kv_dtype, plans.page_size) == ("bfloat16", "bfloat16", 1)
@@ -97,7 +119,7 @@ def test_sglangs_defaults_plan_its_most_requests_and_largest_prefill_batch():
     ],
 )  # fmt: skip
 def test_the_limits_in_effect_are_the_limits_planned(settings, requests, tokens, graphs):
-    plans = sglang_plans(runner(), context(**settings))
+    plans = sglang_plans(runner(), context(**settings), sglang_tensor_cores)
     assert isinstance(plans, SglangPlans)
     assert plans.max_running_requests == requests
     assert plans.max_prefill_tokens == tokens
@@ -105,7 +127,7 @@ def test_the_limits_in_effect_are_the_limits_planned(settings, requests, tokens,
 
 
 def test_the_profile_plans_both_prefill_wrappers_and_decode_as_sglang_does():
-    plans = sglang_plans(runner(), context())
+    plans = sglang_plans(runner(), context(), sglang_tensor_cores)
     assert isinstance(plans, SglangPlans)
     profile = plans.profile()
     assert {label: p.kind for label, p in profile.plans.items()} == {
@@ -137,10 +159,12 @@ def test_the_profile_plans_both_prefill_wrappers_and_decode_as_sglang_does():
     ],
 )  # fmt: skip
 def test_what_the_profile_cannot_hold_is_left_to_sglang_saying_why(model, settings, why):
-    reason = sglang_plans(runner(**model), context(**settings))
+    reason = sglang_plans(runner(**model), context(**settings), sglang_tensor_cores)
     assert isinstance(reason, str) and why in reason
 
 
 def test_no_speculative_algorithm_as_sglang_names_it_is_planned():
     none = types.SimpleNamespace(name="NONE")  # SGLang's SpeculativeAlgorithm.NONE
-    assert isinstance(sglang_plans(runner(), context(speculative=none)), SglangPlans)
+    assert isinstance(
+        sglang_plans(runner(), context(speculative=none), sglang_tensor_cores), SglangPlans
+    )

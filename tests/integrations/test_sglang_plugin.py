@@ -237,6 +237,7 @@ def _stand_ins(
     backend_module.FlashInferAttnBackend = FlashInferAttnBackend  # type: ignore[attr-defined]
     backend_module.fast_decode_plan = fast_decode_plan  # type: ignore[attr-defined]
     backend_module.fast_prefill_plan = fast_prefill_plan  # type: ignore[attr-defined]
+    backend_module.should_use_tensor_core = lambda **_: True  # type: ignore[attr-defined]
     # Classes of their own, so that patching them leaves the next test's unpatched.
     for name, base in zip(plugin.WRAPPERS, (Ragged, Paged, Decode), strict=True):
         setattr(backend_module, name, type(name, (base,), {}))
@@ -263,6 +264,7 @@ def _patched_stand_ins(
     for name in ("sglang", "sglang.srt"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, plugin.CONTEXT, context)
+    monkeypatch.setitem(sys.modules, plugin.BACKEND, backend_module)
     patch_module(served, plugin.SEAMS, runner_module)
     patch_module(served, plugin.SEAMS, backend_module)
     return registry, runner_module, backend_module
@@ -522,7 +524,7 @@ def test_auto_reserves_the_measured_floors_before_sglang_sizes_its_kv_pool(
     auto_worker, monkeypatch, caplog
 ):
     served, registry, runner_module, measured = auto_worker
-    monkeypatch.setattr(workspaces, "sglang_plans", lambda runner, context: PLANS)
+    monkeypatch.setattr(workspaces, "sglang_plans", lambda runner, context, rule: PLANS)
     runner = runner_module.ModelRunner()
     with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
         runner.alloc_memory_pool()
@@ -537,7 +539,9 @@ def test_auto_reserves_the_measured_floors_before_sglang_sizes_its_kv_pool(
 def test_auto_leaves_a_model_it_cannot_plan_to_sglang_saying_why(auto_worker, monkeypatch, caplog):
     served, registry, runner_module, measured = auto_worker
     monkeypatch.setattr(
-        workspaces, "sglang_plans", lambda runner, context: "the model has sliding-window layers"
+        workspaces,
+        "sglang_plans",
+        lambda runner, context, rule: "the model has sliding-window layers",
     )
     with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):
         runner_module.ModelRunner().alloc_memory_pool()
@@ -550,7 +554,7 @@ def test_auto_leaves_a_model_it_cannot_plan_to_sglang_saying_why(auto_worker, mo
 
 def test_auto_whose_measurement_fails_leaves_sglang_as_it_is(auto_worker, monkeypatch, caplog):
     served, registry, runner_module, measured = auto_worker
-    monkeypatch.setattr(workspaces, "sglang_plans", lambda runner, context: PLANS)
+    monkeypatch.setattr(workspaces, "sglang_plans", lambda runner, context, rule: PLANS)
     measured.append(ResourceConfigError("calibration.model.head_dim=96 is not valid"))
     runner = runner_module.ModelRunner()
     with caplog.at_level(logging.WARNING, logger=workspaces.logger.name):

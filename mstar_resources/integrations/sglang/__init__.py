@@ -99,6 +99,7 @@ SEAMS = (
     # auto: the settings in effect (the parallel widths, the scheduler's limits, the graphs)
     *(Seam(CONTEXT, name) for name in ("get_parallel", "get_schedule", "get_exec", "get_spec")),
     *(Seam(RUNNER, f"ModelRunner.{name}", instance=True) for name in ("model_config", "page_size")),
+    Seam(BACKEND, "should_use_tensor_core"),  # auto: the decode kernel SGLang's backend picks
     Seam(BACKEND, "FlashInferAttnBackend.__init__", patch=_adopt_when_built),
     *(Seam(BACKEND, f"FlashInferAttnBackend.{name}", instance=True)
       for name in ("workspace_buffer", "prefill_wrapper_ragged", "prefill_wrappers_paged",

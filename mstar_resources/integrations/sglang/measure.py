@@ -4,6 +4,7 @@ cannot hold is left to SGLang, the log saying why (:func:`_not_planned`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,8 @@ class SglangPlans:
     max_prefill_tokens: int  # the most tokens in one prefill plan
     context_len: int
     decode_graph_batch_sizes: tuple[int, ...]  # empty where SGLang captures no decode graphs
+    decode_tensor_cores: bool = False
+    """Whether SGLang's backend decodes on tensor cores: its own ``should_use_tensor_core``."""
 
     def describe(self) -> str:
         graphs = self.decode_graph_batch_sizes
@@ -46,12 +49,9 @@ class SglangPlans:
         )
 
     def profile(self) -> CalibrationProfile:
-        """Calibration's profile of these plans: decode on tensor cores (backend ``auto``) for an
-        fp8 KV cache or GQA groups of 4 or more (SGLang 0.5.23's ``should_use_tensor_core``), at
-        its captured graph batch sizes."""
-        tensor_cores = (
-            self.kv_dtype.startswith("float8") or self.num_qo_heads // self.num_kv_heads >= 4
-        )
+        """Calibration's profile of these plans: decode on tensor cores (backend ``auto``) where
+        SGLang's backend does, at its captured graph batch sizes."""
+        tensor_cores = self.decode_tensor_cores
         node = {
             "model": {
                 "num_qo_heads": self.num_qo_heads,
@@ -86,9 +86,13 @@ class SglangPlans:
         }
 
 
-def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
+def sglang_plans(
+    runner: Any, context: Any, should_use_tensor_core: Callable[..., bool]
+) -> SglangPlans | str:
     """What SGLang's FlashInfer backend of ``runner`` will plan under the settings of ``context``
-    (its ``runtime_context``); where the profile cannot hold it, why."""
+    (its ``runtime_context``), its decode on tensor cores where SGLang's own
+    ``should_use_tensor_core`` says (as the backend asks it); where the profile cannot hold it,
+    why."""
     reason = _not_planned(runner, context)
     if reason is not None:
         return reason
@@ -108,9 +112,10 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
     # largest captured token count.
     prefill = graphs.prefill
     prefill_graph = max([*(prefill.bs or ()), prefill.max_bs or 0]) if _captures(prefill) else 0
+    heads, kv_heads = model.num_attention_heads // tp, model.get_num_kv_heads(tp)
     return SglangPlans(
-        num_qo_heads=model.num_attention_heads // tp,
-        num_kv_heads=model.get_num_kv_heads(tp),
+        num_qo_heads=heads,
+        num_kv_heads=kv_heads,
         head_dim=model.head_dim,
         page_size=runner.page_size,
         q_dtype=dtype_name(model.dtype),
@@ -119,7 +124,11 @@ def sglang_plans(runner: Any, context: Any) -> SglangPlans | str:
         max_prefill_tokens=max(schedule.max_prefill_tokens, prompt, prefill_graph),
         context_len=model.context_len,
         decode_graph_batch_sizes=_graph_batch_sizes(graphs.decode, most, padded),
-    )
+        decode_tensor_cores=bool(should_use_tensor_core(
+            kv_cache_dtype=runner.kv_cache_dtype, num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+        )),
+    )  # fmt: skip
 
 
 def _not_planned(runner: Any, context: Any) -> str | None:

@@ -106,8 +106,9 @@ class SglangWorkspaces(PluginState):
     def _measure(self, runner: Any, device: Any) -> list[ResolvedResource] | None:
         """``auto``: the floors measured here (None: SGLang keeps its own, the log says why)."""
         from sglang.srt import runtime_context
+        from sglang.srt.layers.attention.flashinfer_backend import should_use_tensor_core
 
-        plans = sglang_plans(runner, runtime_context)
+        plans = sglang_plans(runner, runtime_context, should_use_tensor_core)
         if isinstance(plans, str):
             self.leave_untouched(f"{plans}, which {AUTO} does not measure")
             return None
