@@ -217,15 +217,26 @@ class Composition:
                     f"not {path}: Hydra finds the package's configs before a --config-dir's, so "
                     f"the file would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and "
                     "use the new name")  # fmt: skip
+        named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return (f"{named} is {path.stat().st_size:,} bytes, more than the "
+                    f"{MAX_FILE_BYTES:,} a deployment file may hold (a deployment is a few "
+                    "dozen lines); give one of its own size")  # fmt: skip
         try:
             data = path.read_bytes()
             text = data.decode("utf-8")
+            if too_large := _too_large(yaml.compose(text, Loader=yaml.SafeLoader)):
+                return f"{named} {too_large}; write the deployment out plainly"
             body = yaml.safe_load(text)
         except UnicodeDecodeError as error:
             return not_utf8(path, data, error)
-        except (OSError, yaml.YAMLError):
+        except OSError as error:
+            return (f"{named} can't be read ({error.strerror or error}); make it readable to "
+                    "this user, or pick another")  # fmt: skip
+        except RecursionError:  # the YAML reader recurses into each level
+            return f"{named} nests more than {MAX_NESTING} levels deep; write it out plainly"
+        except yaml.YAMLError:  # Hydra's error says where
             return None
-        named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
         if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
             return (f"{named} declares nothing: a deployment sets resources (or lists another "
                     "deployment under defaults), and without them every floor would be "
@@ -315,6 +326,35 @@ class Composition:
                             f"items are set by position ({path}.0=...) or all at once "
                             f"({path}=[...])")  # fmt: skip
         return None
+
+
+MAX_FILE_BYTES = 1 << 20
+"""The most bytes a deployment file may hold: the shipped ones hold under 4 KB."""
+MAX_VALUES = 100_000
+"""The most values a deployment file's YAML may expand to, its aliases followed."""
+MAX_NESTING = 64
+"""The most levels a deployment file's YAML may nest (OmegaConf walks it recursively)."""
+
+
+def _too_large(root: yaml.Node | None) -> str | None:
+    """What about a YAML document makes it too large to compose (None: nothing): more than
+    :data:`MAX_VALUES` values once its aliases are followed (anchors nesting anchors grow it
+    exponentially), or more than :data:`MAX_NESTING` levels deep. Walked without recursion."""
+    stack = [] if root is None else [(root, 1)]
+    values = 0
+    while stack:
+        node, depth = stack.pop()
+        values += 1
+        if values > MAX_VALUES:
+            return (f"expands to more than {MAX_VALUES:,} values once its YAML aliases are "
+                    "followed (anchors that nest anchors)")  # fmt: skip
+        if depth > MAX_NESTING:
+            return f"nests more than {MAX_NESTING} levels deep"
+        if isinstance(node, yaml.MappingNode):
+            stack += [(child, depth + 1) for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += [(child, depth + 1) for child in node.value]
+    return None
 
 
 def explain(error: BaseException, deployment_file: Path | None = None) -> str:

@@ -4,6 +4,7 @@ exit status 2, and a calibrated deployment checked against what it composes now.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,3 +166,54 @@ def test_check_calibration_on_a_cpu_says_it_needs_a_cuda_device():
 
 def test_check_calibration_of_a_deployment_not_calibrated_is_none_on_any_device():
     assert check_calibration(compose_shipped(["deployment=llama3-8b-h200"]), "cpu") is None
+
+
+BOMB = "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}' if prev else repr('lol')] * 9)}]\n"
+    for prev, name in zip(["", "a", "b", "c", "d", "e", "f", "g"], "abcdefgh", strict=True)
+)  # 9**8 values once followed, in 400 bytes
+FILES = {
+    "an alias bomb": (BOMB, "expands to more than 100,000 values once its YAML aliases"),
+    "nested lists": ("resources: " + "[" * 5000 + "]" * 5000, "nests more than 64 levels deep"),
+    "nested mappings": (
+        "resources: " + "{a: " * 2000 + "1" + "}" * 2000,
+        "nests more than 64 levels deep",
+    ),  # fmt: skip
+    "too many bytes": ("# " + "x" * (1 << 20) + "\nresources: {}", "more than the 1,048,576"),
+}
+
+
+@pytest.mark.parametrize("body, said", FILES.values(), ids=FILES.keys())
+def test_a_deployment_file_too_large_to_compose_is_refused_in_bounded_time(tmp_path, body, said):
+    """Before Hydra reads it: in the dry run (status 2, one paragraph) and in both plugins'
+    settings (the same paragraph, as ResourceConfigError)."""
+    from mstar_resources.integrations import sglang, vllm
+
+    path = tmp_path / "deployment" / "big.yaml"
+    path.parent.mkdir()
+    path.write_text("# @package _global_\n" + body)
+    done = run_app(f"--config-dir={tmp_path}", "deployment=big", cwd=tmp_path)
+    assert done.returncode == 2 and said in done.stderr and str(path) in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    for setting in (vllm.VLLM, sglang.SGLANG):
+        with pytest.raises(ResourceConfigError) as refused:
+            setting.read({setting.env_var: str(path)})
+        assert said in str(refused.value) and setting.env_var in str(refused.value)
+
+
+def test_a_deployment_file_that_cannot_be_read_says_so(tmp_path, monkeypatch):
+    """As for a file of mode 000 read by a user other than root (who reads any file)."""
+    path = tmp_path / "deployment" / "locked.yaml"
+    path.parent.mkdir()
+    path.write_text("# @package _global_\nresources: {}\n")
+    read_bytes = Path.read_bytes
+
+    def refused_to_this_user(self: Path) -> bytes:
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refused_to_this_user)
+    done = run_app(f"--config-dir={tmp_path}", "deployment=locked", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "deployment=locked" in done.stderr and "can't be read (Permission denied)" in done.stderr
