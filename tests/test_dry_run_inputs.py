@@ -178,7 +178,7 @@ FILES = {
     "nested mappings": (
         "resources: " + "{a: " * 2000 + "1" + "}" * 2000,
         "nests more than 64 levels deep",
-    ),  # fmt: skip
+    ),
     "too many bytes": ("# " + "x" * (1 << 20) + "\nresources: {}", "more than the 1,048,576"),
 }
 
