@@ -13,12 +13,11 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .._internal.output import format_table
-from ..calibration.profile import load_profile
 from ..calibration.record import (
     CalibratedFloor,
     calibrated_floors,
-    calibration_nodes,
     check_calibration,
+    checked_calibration_nodes,
     stale_record,
 )
 from ..compose import ComposedTree
@@ -94,9 +93,7 @@ def _check_calibration_inputs(
 ) -> dict[str, CalibratedFloor]:
     """Refuse an invalid calibration profile, warn on stderr where a calibrated deployment no
     longer composes what it was measured with, and return the floors that are calibration's."""
-    profile, record = calibration_nodes(cfg)
-    if profile is not None:
-        load_profile(profile)
+    profile, record = checked_calibration_nodes(cfg)
     stale = None if record is None or profile is None else stale_record(record, profile, records)
     if stale is not None:
         print(

@@ -220,6 +220,15 @@ def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
     return profile, record
 
 
+def checked_calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
+    """:func:`calibration_nodes`, the profile loaded (refused naming each bad key): the rule the
+    dry run and both plugins apply to a deployment's calibration."""
+    profile, record = calibration_nodes(cfg)
+    if profile is not None:
+        load_profile(profile)
+    return profile, record
+
+
 def check_calibration(
     cfg: DictConfig,
     device: Device | str,

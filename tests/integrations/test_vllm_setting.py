@@ -199,3 +199,22 @@ def test_without_vllm_the_warning_says_vllm_is_not_installed(monkeypatch, caplog
     assert plugin.active() is None
     assert "vLLM is not installed here" in caplog.text
     assert "None" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ("calibrated: hello\n", "calibrated='hello' is not valid"),
+        ("calibration:\n  modle: {}\n", "calibration.modle"),
+    ],
+)
+def test_a_calibration_the_dry_run_refuses_the_plugins_refuse(tmp_path, body, named):
+    from mstar_resources.integrations import sglang
+
+    path = deployment_file(tmp_path, OVER_LLAMA3_8B + body)
+    assert named in refusal(str(path))
+    with pytest.raises(ResourceConfigError) as refused:
+        sglang.SGLANG.read({sglang.ENV_VAR: str(path)})
+    assert named in str(refused.value)
+    done = run_app(f"--config-dir={path.parent.parent}", f"deployment={path.stem}", cwd=tmp_path)
+    assert done.returncode == 2 and named in done.stderr
