@@ -144,6 +144,12 @@ def test_a_deployment_file_is_refused_for_what_hydra_would_compose_without_a_wor
         pytest.param(["--config-path", "{tmp}"],
                      ["--config-path {tmp} replaces the folder", "mstar_resources.yaml",
                       "--config-dir DIR"], id="config-path-without-the-primary-config"),
+        pytest.param(["--foo"], ["--foo is not a flag mstar-resources takes"], id="no-such-flag"),
+        pytest.param(["--cfg"], ["--cfg/-c: expected one argument"], id="a-flag-without-its-value"),
+        pytest.param(["--resolve"], ["--resolve resolves the config --cfg prints"],
+                     id="resolve-without-cfg"),
+        pytest.param(["--experimental-rerun", "x"], ["--experimental-rerun is not supported"],
+                     id="rerun"),
     ],
 )  # fmt: skip
 def test_an_odd_command_line_is_one_paragraph_naming_what_was_given(tmp_path, args, named):

@@ -52,6 +52,8 @@ FLAGS.add_argument("-cd", "--config-dir", action="append")  # Hydra takes the la
 FLAGS.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
 FLAGS.add_argument("--info", "-i", nargs="?", const="all")
 FLAGS.add_argument("overrides", nargs="*")
+HYDRA_FLAGS = frozenset({"-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"})
+"""@hydra.main's flags that take no value (and ``-m``, refused before): any other is no flag."""
 
 
 def fail(prog: str, message: str) -> NoReturn:
@@ -130,8 +132,18 @@ def hydra_app(
                      "instead")  # fmt: skip
             try:
                 line, unknown = FLAGS.parse_known_args(args)
-            except argparse.ArgumentError:
-                return hydra_main()  # type: ignore[no-any-return]
+            except argparse.ArgumentError as error:
+                fail(prog, f"{error}; `{invoked} --help` lists the flags and settings")
+            if stray := [a for a in unknown if a.startswith("-") and a not in HYDRA_FLAGS]:
+                fail(prog, f"{stray[0]} is not a flag {prog} takes; `{invoked} --help` lists "
+                     "the flags and settings")  # fmt: skip
+            if line.experimental_rerun is not None:
+                fail(prog, "--experimental-rerun is not supported: it reruns a job from the "
+                     f"output folder Hydra writes, which {prog} does not write; run it again with "
+                     "the same settings instead")  # fmt: skip
+            if "--resolve" in unknown and line.cfg is None and not {"-h", "--help"} & set(args):
+                fail(prog, "--resolve resolves the config --cfg prints: give it with --cfg job "
+                     "(or leave it out)")  # fmt: skip
             config_dirs = line.config_dir or []
             if len(config_dirs) > 1:
                 fail(prog, f"--config-dir is given {len(config_dirs)} times "
