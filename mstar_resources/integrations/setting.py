@@ -169,7 +169,12 @@ def _deployment_file(value: str, named: str, off: str) -> tuple[Path, str]:
     else:
         # a relative path is read from the process's working directory: say which one that was
         reason = f"no such file as {path.absolute()}" if not path.exists() else "not a file"
-    if path.suffix not in (".yaml", ".yml"):
+    if path.suffix == ".yml":  # Hydra looks for NAME.yaml only
+        is_file, reason = (
+            False,
+            f"Hydra reads a deployment as NAME.yaml: rename it {path.stem}.yaml",
+        )
+    elif path.suffix != ".yaml":
         is_file, reason = False, f"a deployment file ends in .yaml, and this one in {path.suffix!r}"
     if not is_file:
         raise ResourceConfigError(

@@ -218,3 +218,11 @@ def test_a_calibration_the_dry_run_refuses_the_plugins_refuse(tmp_path, body, na
     assert named in str(refused.value)
     done = run_app(f"--config-dir={path.parent.parent}", f"deployment={path.stem}", cwd=tmp_path)
     assert done.returncode == 2 and named in done.stderr
+
+
+def test_a_yml_deployment_file_is_named_with_the_name_hydra_reads(tmp_path):
+    path = deployment_file(tmp_path, OVER_LLAMA3_8B, name="mine")
+    yml = path.rename(path.with_suffix(".yml"))
+    text = refusal(str(yml))
+    assert "Hydra reads a deployment as NAME.yaml: rename it mine.yaml" in text
+    assert "pick one of" not in text
