@@ -10,10 +10,11 @@ from omegaconf import MISSING
 
 from ._internal.floor import INT, MAX_MB, mb_problem, number_text
 from .errors import Problem, ResourceConfigError, name_problem
+from .units import MAX_SLOTS
 
 __all__ = ["Resource"]
 
-MAX_ITEMS = 256
+MAX_ITEMS = MAX_SLOTS
 """The most labels, and the most CUDA-graph slots, one resource may list: each label and slot is
 a workspace of its own, and an engine has a handful; a longer list is a mistake."""
 

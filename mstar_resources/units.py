@@ -6,14 +6,17 @@ import importlib.metadata
 import re
 from typing import TypeGuard
 
-__all__ = ["ALIGNMENT", "MIB", "installed_version", "is_int", "mb_to_hold", "plural", "release",
-           "round_up"]  # fmt: skip
+__all__ = ["ALIGNMENT", "MAX_SLOTS", "MIB", "installed_version", "is_int", "mb_to_hold", "plural",
+           "release", "round_up"]  # fmt: skip
 
 MIB = 1 << 20
 """One MB as engines size workspaces, and as every setting here counts it: a mebibyte."""
 
 ALIGNMENT = 16
 """FlashInfer's alignment: a workspace's first byte, and each allocation it carves from one."""
+
+MAX_SLOTS = 256
+"""CUDA-graph slots are numbered from 0 to 255, in a resource's ``cg_slots`` and a pool's keys."""
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -12,11 +12,14 @@ from mstar_resources import (
     ResolvedResource,
     ResourceConfigError,
     ResourceUsageError,
+    Workspace,
     WorkspacePool,
     WorkspaceSealedError,
     build_pools,
+    check_calibration,
     resolve,
 )
+from mstar_resources.integrations import vllm
 from mstar_resources.resolver import redeclared
 from mstar_resources.units import MIB
 
@@ -559,3 +562,23 @@ def test_a_pool_takes_its_floors_one_way():
     with pytest.raises(ResourceUsageError) as refused:
         WorkspacePool("cpu", 4, floors=(floors._floor, floors._int_floor))
     assert "size_mb=4" in str(refused.value) and "floors=" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: WorkspacePool(2**64, 1), "device=18446744073709551616"),
+        (lambda: WorkspacePool("mps", 1), "device='mps' is not one FlashInfer runs on"),
+        (lambda: WorkspacePool("cpu", 1, serves=torch.tensor(8)), "serves=tensor(8)"),
+        (lambda: WorkspacePool("cpu", 1, serves=[("d", 2**40)]), "cg_slot=1099511627776"),
+        (lambda: WorkspacePool("cpu", 1).get("d", cg_slot=2**63), "an int from 0 to 255"),
+        (lambda: WorkspacePool("cpu", 1).build(int, label="d"), "wrapper_class=<class 'int'>"),
+        (lambda: Workspace(torch.zeros(8, dtype=torch.uint8), "a\nb"), "control character"),
+        (lambda: check_calibration(None, "cpu"), "cfg=None must be the composed config"),
+        (lambda: vllm.version_problem(5), "version=5 must be vLLM's version as a string"),
+    ],
+)  # fmt: skip
+def test_the_python_api_names_the_bad_argument(make, named):
+    with pytest.raises(ResourceUsageError) as refused:
+        make()
+    assert named in str(refused.value)

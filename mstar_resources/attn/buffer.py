@@ -11,7 +11,13 @@ from typing import Any
 import torch
 
 from .._internal.floor import FLOAT, INT, Buffer
-from ..errors import ResourceUsageError, WorkspaceSealedError, WorkspaceShortError, check_argument
+from ..errors import (
+    ResourceUsageError,
+    WorkspaceSealedError,
+    WorkspaceShortError,
+    check_argument,
+    name_problem,
+)  # fmt: skip
 from ..units import ALIGNMENT, mb_to_hold, plural
 from ._overflow import Overflow
 
@@ -89,6 +95,8 @@ class GrowableBuffer:
             raise ResourceUsageError(
                 f"name={name!r} must be a non-empty string: errors and logs name the workspace"
             )
+        if (problem := name_problem("name", name)) is not None:
+            raise ResourceUsageError(problem)
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
             described = (
                 f"{tensor.dim()}-D {tensor.dtype}"

@@ -20,7 +20,7 @@ from ..errors import (
     check_argument,
     name_problem,
 )
-from ..units import is_int, plural
+from ..units import MAX_SLOTS, is_int, plural
 from ._flashinfer import FLOAT_BUFFER, own_buffers
 from .buffer import WorkspaceStats, allocate
 from .float_workspace import Workspace, install_int_workspace
@@ -67,10 +67,15 @@ class WorkspacePool:
         check_argument("config_key", config_key, (str, type(None)), "a config key or None")
         try:
             self.device = torch.device(device)
-        except (RuntimeError, TypeError):
+        except (RuntimeError, TypeError, ValueError, OverflowError):
             raise ResourceUsageError(
                 f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'"
             ) from None
+        if self.device.type not in ("cuda", "cpu", "meta"):
+            raise ResourceUsageError(
+                f"device={str(self.device)!r} is not one FlashInfer runs on; make the pools on "
+                "'cuda' (or 'cpu' to plan without a GPU)"
+            )
         self.owner = owner
         self._config_key = config_key
         if floors is not None and (size_mb, int_size_mb) != (None, None):
@@ -160,6 +165,11 @@ class WorkspacePool:
                 "flashinfer.BatchDecodeWithPagedKVCacheWrapper)"
             )
         workspace = self.get(label, cg_slot)
+        if getattr(wrapper_class, "__module__", None) == "builtins":  # int, dict, print, ...
+            raise ResourceUsageError(
+                f"wrapper_class={wrapper_class!r} must be a FlashInfer wrapper class (e.g. "
+                "flashinfer.BatchDecodeWithPagedKVCacheWrapper), built on the workspace"
+            )
         wrapper = wrapper_class(workspace.tensor, *args, **kwargs)
         self.install(wrapper, label, cg_slot)
         return wrapper
@@ -274,9 +284,10 @@ class WorkspacePool:
 
     def _check_key(self, label: str, cg_slot: int | None) -> None:
         _check_name("label", label, "must be a non-empty string naming a plan", f"{self.owner}: ")
-        if cg_slot is not None and not (is_int(cg_slot) and cg_slot >= 0):
+        if cg_slot is not None and not (is_int(cg_slot) and 0 <= cg_slot < MAX_SLOTS):
             raise ResourceUsageError(
-                f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int >= 0"
+                f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int from 0 to "
+                f"{MAX_SLOTS - 1}, as a resource's cg_slots"
             )
         if self.serves is None or (label, cg_slot) in self.serves:
             return
@@ -337,7 +348,9 @@ def _check_name(setting: str, value: object, must: str, where: str = "") -> None
 
 def _pairs(serves: object) -> list[Key]:
     """``serves`` as (label, cg slot) pairs, or the library's error saying what it got."""
-    good = not isinstance(serves, str | bytes) and isinstance(serves, Iterable)
+    good = isinstance(serves, list | tuple | set | frozenset | dict) or (
+        isinstance(serves, Iterable) and not isinstance(serves, str | bytes | torch.Tensor)
+    )
     pairs = list(serves) if good else []  # type: ignore[call-overload]
     if not good or not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
         raise ResourceUsageError(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ResourceConfigError
+from ..errors import ResourceConfigError, ResourceUsageError
 from ..resolver import RESOURCES_KEY, ResolvedResource, resolve
 from ..units import mb_to_hold
 from .profile import PROFILE_KEY, CalibrationProfile, installed_flashinfer, load_profile
@@ -241,6 +241,11 @@ def check_calibration(
     or is not calibrated. ``resolved``: ``resolve(cfg.resources)``, where the caller has it."""
     import torch
 
+    if not isinstance(cfg, DictConfig | Mapping):
+        raise ResourceUsageError(
+            f"cfg={cfg!r} must be the composed config (a DictConfig), e.g. the cfg @hydra.main "
+            "gives, or compose_deployment()'s"
+        )
     profile, record = calibration_nodes(cfg)
     if record is None or profile is None:
         return None  # not calibrated: nothing to hold, on any device

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ResourceConfigError
+from ..errors import ResourceConfigError, ResourceUsageError
 from ..units import installed_version, release
 from .setting import AUTO, PluginSetting, Setting
 
@@ -303,6 +303,11 @@ class EnginePlugin:
         engine = self.setting.engine
         if version is None:
             return f"{engine} is not installed here"
+        if not isinstance(version, str):
+            raise ResourceUsageError(
+                f"version={version!r} must be {engine}'s version as a string (e.g. "
+                f"{self.releases[-1]!r}), or None where it is not installed"
+            )
         if not release(version):
             return f"{engine}'s version {version!r} is not a version number"
         first = release(self.releases[0])

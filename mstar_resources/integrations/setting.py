@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..calibration.record import checked_calibration_nodes
 from ..errors import ResourceConfigError, did_you_mean
 from ..resolver import ResolvedResource, resolve, serving
 
@@ -58,6 +57,8 @@ class PluginSetting:
         if value == AUTO:
             return Setting(self.env_var, value)
         root = self.compose(value)
+        from ..calibration.record import checked_calibration_nodes  # composing loaded OmegaConf
+
         try:
             checked_calibration_nodes(root)  # as the dry run checks it
             records = tuple(resolve(root.get("resources") or {}, env=env))
