@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import weakref
 from collections.abc import Callable
@@ -118,6 +119,7 @@ class SglangWorkspaces(PluginState):
             if device.type == "cuda":  # what the measurement freed, given back before KV sizing
                 import torch
 
+                gc.collect()  # as the vLLM plugin's left_out_of_peak says
                 torch.cuda.empty_cache()
         return records
 
