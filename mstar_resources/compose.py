@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import json
 import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
@@ -244,6 +245,8 @@ class Composition:
                     "into the file, or pick another")  # fmt: skip
         if not isinstance(body, dict):
             return None
+        if silent := _silently_changed(body):
+            return f"{named} {silent}"
         if "hydra" in body:
             return (f"{named} sets hydra, Hydra's own settings, which a deployment does not "
                     "take (an app's Hydra settings are its primary config's); take the hydra: "
@@ -354,6 +357,26 @@ def _too_large(root: yaml.Node | None) -> str | None:
             stack += [(child, depth + 1) for pair in node.value for child in pair]
         elif isinstance(node, yaml.SequenceNode):
             stack += [(child, depth + 1) for child in node.value]
+    return None
+
+
+def _silently_changed(body: dict[Any, Any]) -> str | None:
+    """A value of a deployment file that composing would drop or turn into another without a
+    word (None: none): ``???``, which leaves the value composed before it, or a name (an owner,
+    a label) written as a number, a boolean or null, which becomes a string."""
+    stack: list[tuple[str, Any]] = [(str(key), value) for key, value in body.items()]
+    while stack:
+        key, value = stack.pop()
+        if value == "???":
+            return (f"sets {key} to ???, which leaves the value composed before it as it was; "
+                    f"give {key} a value, or leave it out")  # fmt: skip
+        names = [value] if key.endswith(".owner") else value if key.endswith(".labels") else []
+        if isinstance(names, list) and (odd := [n for n in names if not isinstance(n, str)]):
+            written = json.dumps(odd[0])  # as YAML writes a boolean, a number or null
+            return (f"sets {key} to {json.dumps(value)}, and {written} would become the name "
+                    f"{str(odd[0])!r}; quote it ('{written}') if a name is meant")  # fmt: skip
+        if isinstance(value, dict):
+            stack += [(f"{key}.{k}", v) for k, v in value.items()]
     return None
 
 

@@ -173,6 +173,11 @@ def name_problem(setting: str, value: str) -> str | None:
             f"{setting} has {len(value):,} characters ({value[:20]!r}...); a name has at most "
             f"{MAX_NAME}"
         )
+    if value != value.strip():
+        return (
+            f"{setting}={value!r} has spaces at its ends, which would make it another name than "
+            f"{value.strip()!r}; write it without them"
+        )
     if not value.isprintable():
         bad = next(c for c in value if not c.isprintable())
         return (

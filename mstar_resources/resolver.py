@@ -239,6 +239,11 @@ def _walk(
             continue
         if name == "_target_":
             problems.append(_no_target(child_key, child))
+        elif isinstance(child, DictConfig) and not child:
+            problems.append(
+                f"{child_key} is empty: a resource declares its labels (and owner, floors), a "
+                f"group holds resources; give it {child_key}.labels=[...] or leave it out"
+            )
         elif isinstance(child, DictConfig) and _is_resource(child):
             yield child_key, child
         elif isinstance(child, DictConfig):

@@ -217,3 +217,32 @@ def test_a_deployment_file_that_cannot_be_read_says_so(tmp_path, monkeypatch):
     done = run_app(f"--config-dir={tmp_path}", "deployment=locked", cwd=tmp_path)
     assert done.returncode == 2
     assert "deployment=locked" in done.stderr and "can't be read (Permission denied)" in done.stderr
+
+
+OVER = "# @package _global_\ndefaults:\n  - llama3-8b-h200\n  - _self_\nresources:\n  attn:\n"
+SILENT = {
+    "missing-mark": ("    decode:\n      declared_mb: ???\n",
+                     "sets resources.attn.decode.declared_mb to ???, which leaves the value"),
+    "boolean-owner": ("    decode:\n      owner: true\n",
+                      "sets resources.attn.decode.owner to true, and true would become the name"),
+    "number-label": ("    decode:\n      labels: [decode, 7]\n",
+                     "sets resources.attn.decode.labels to [\"decode\", 7], and 7 would become"),
+    "spaced-label": ("    decode:\n      labels: [' decode ']\n",
+                     "labels[0]=' decode ' has spaces at its ends"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("body, said", SILENT.values(), ids=SILENT.keys())
+def test_a_value_composing_would_change_without_a_word_is_refused(tmp_path, body, said):
+    """docs/own-deployment.md: nothing is dropped without a word."""
+    path = tmp_path / "deployment" / "mine.yaml"
+    path.parent.mkdir()
+    path.write_text(OVER + body)
+    done = run_app(f"--config-dir={tmp_path}", "deployment=mine", cwd=tmp_path)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_an_empty_resource_added_on_the_command_line_is_refused(tmp_path):
+    done = run_app("deployment=llama3-8b-h200", "+resources.new.res={}", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "resources.new.res is empty" in done.stderr
