@@ -226,9 +226,9 @@ class Composition:
         try:
             data = path.read_bytes()
             text = data.decode("utf-8")
-            if too_large := _too_large(yaml.compose(text, Loader=yaml.SafeLoader)):
+            if too_large := _too_large(yaml.compose(text, Loader=SAFE_LOADER)):
                 return f"{named} {too_large}; write the deployment out plainly"
-            body = yaml.safe_load(text)
+            body = yaml.load(text, Loader=SAFE_LOADER)
         except UnicodeDecodeError as error:
             return not_utf8(path, data, error)
         except OSError as error:
@@ -236,7 +236,9 @@ class Composition:
                     "this user, or pick another")  # fmt: skip
         except RecursionError:  # the YAML reader recurses into each level
             return f"{named} nests more than {MAX_NESTING} levels deep; write it out plainly"
-        except yaml.YAMLError:  # Hydra's error says where
+        except yaml.YAMLError as error:  # Hydra's error says where, unless libyaml's depth
+            if "maximum nesting depth" in str(error):
+                return f"{named} nests more than {MAX_NESTING} levels deep; write it out plainly"
             return None
         if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
             return (f"{named} declares nothing: a deployment sets resources (or lists another "
@@ -331,6 +333,7 @@ class Composition:
         return None
 
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where PyYAML has it
 MAX_FILE_BYTES = 1 << 20
 """The most bytes a deployment file may hold: the shipped ones hold under 4 KB."""
 MAX_VALUES = 100_000
@@ -349,8 +352,8 @@ def _too_large(root: yaml.Node | None) -> str | None:
         node, depth = stack.pop()
         values += 1
         if values > MAX_VALUES:
-            return (f"expands to more than {MAX_VALUES:,} values once its YAML aliases are "
-                    "followed (anchors that nest anchors)")  # fmt: skip
+            return (f"holds more than {MAX_VALUES:,} values, its YAML aliases followed (a "
+                    "deployment holds a few dozen; nested anchors multiply them)")  # fmt: skip
         if depth > MAX_NESTING:
             return f"nests more than {MAX_NESTING} levels deep"
         if isinstance(node, yaml.MappingNode):

@@ -173,7 +173,7 @@ BOMB = "".join(
     for prev, name in zip(["", "a", "b", "c", "d", "e", "f", "g"], "abcdefgh", strict=True)
 )  # 9**8 values once followed, in 400 bytes
 FILES = {
-    "an alias bomb": (BOMB, "expands to more than 100,000 values once its YAML aliases"),
+    "an alias bomb": (BOMB, "holds more than 100,000 values, its YAML aliases followed"),
     "nested lists": ("resources: " + "[" * 5000 + "]" * 5000, "nests more than 64 levels deep"),
     "nested mappings": (
         "resources: " + "{a: " * 2000 + "1" + "}" * 2000,
