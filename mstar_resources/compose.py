@@ -5,10 +5,12 @@ PyYAML's exceptions: the setting, the bad value, what it takes and the closest v
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import importlib
 import inspect
 import json
+import os
 import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
@@ -206,8 +208,13 @@ class Composition:
             return None
         try:
             mode = path.stat().st_mode
-        except OSError:  # not there (another folder may have it), or a broken link
-            return None
+        except OSError as error:  # not there (another folder may have it), or a broken link
+            if not path.is_symlink():
+                return None
+            why = "loops back to itself" if error.errno == errno.ELOOP else "does not exist"
+            return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, a symbolic link to "
+                    f"{os.readlink(path)}, which {why}; point it at a deployment file, or "
+                    "remove it")  # fmt: skip
         if not stat.S_ISREG(mode):
             what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
             return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is {what}; a deployment "
@@ -247,6 +254,10 @@ class Composition:
                     "into the file, or pick another")  # fmt: skip
         if not isinstance(body, dict):
             return None
+        if not isinstance(body.get("resources", {}), dict | type(None)):
+            return (f"{named} sets resources to {json.dumps(body['resources'])}; resources maps "
+                    "each resource's name to its fields (e.g. resources: {attn: {decode: "
+                    "{labels: [decode]}}})")  # fmt: skip
         if silent := _silently_changed(body):
             return f"{named} {silent}"
         if "hydra" in body:
@@ -434,6 +445,11 @@ def not_a_choice(
                 f"pick from; leave {group} out, or add --config-dir DIR with a {group}/ "
                 "folder")  # fmt: skip
     offered = [o for o in options if not (group == DEPLOYMENT_GROUP and o == NO_DEPLOYMENT)]
+    base = name.removesuffix("_calibrated")
+    if group == DEPLOYMENT_GROUP and base != name and base in options:  # not calibrated yet
+        return (f"{group}={name} is not a {group} yet: `mstar-resources-calibrate "
+                f"{group}={base}` writes it, on the GPU {base} runs on; pick one of "
+                f"{', '.join(options)}")  # fmt: skip
     close = did_you_mean(name, offered) if closest else ""
     noun = "resource tree" if group == "resources" else group
     return (f"{group}={name} is not a {noun}{why}{close}; "

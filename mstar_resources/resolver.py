@@ -278,8 +278,10 @@ def _validate(node: DictConfig, key: str, problems: list[str]) -> Resource | Non
     values: dict[str, Any] | None
     try:
         values = cast(dict[str, Any], OmegaConf.to_container(node, resolve=True))
-    except OmegaConfBaseException as error:
-        problems.append(f"{key} can't be read: {_first_line(error)}")
+    except OmegaConfBaseException as error:  # an interpolation: name the field it is in
+        field = getattr(error, "key", None)
+        where = f"{key}.{field}" if isinstance(field, str) and field in FIELDS else key
+        problems.append(f"{where} can't be read: {_first_line(error)}")
         return None
     if not _already_typed(node, values):  # converting is most of resolve()'s cost
         values = _converted(values, key, problems)

@@ -246,3 +246,27 @@ def test_an_empty_resource_added_on_the_command_line_is_refused(tmp_path):
     done = run_app("deployment=llama3-8b-h200", "+resources.new.res={}", cwd=tmp_path)
     assert done.returncode == 2
     assert "resources.new.res is empty" in done.stderr
+
+
+def test_misleading_messages_now_name_what_is_wrong(tmp_path):
+    """A link that leads nowhere, a calibrated name before calibrating, an interpolation that
+    fails, and resources given as a list: each named as it is."""
+    folder = tmp_path / "deployment"
+    folder.mkdir()
+    (folder / "mine.yaml").write_text(OVER.removesuffix("resources:\n  attn:\n"))
+    (folder / "broken.yaml").symlink_to(tmp_path / "nowhere.yaml")
+    (folder / "loop.yaml").symlink_to("loop.yaml")
+    (folder / "interp.yaml").write_text(
+        OVER + "    decode:\n      declared_mb: ${oc.env:MSTAR_TEST_UNSET,abc}\n"
+    )
+    (folder / "list.yaml").write_text("# @package _global_\nresources: []\n")
+    expected = {
+        "broken": f"a symbolic link to {tmp_path / 'nowhere.yaml'}, which does not exist",
+        "loop": "a symbolic link to loop.yaml, which loops back to itself",
+        "mine_calibrated": "is not a deployment yet: `mstar-resources-calibrate deployment=mine`",
+        "interp": "resources.attn.decode.declared_mb can't be read",
+        "list": "sets resources to []; resources maps each resource's name to its fields",
+    }
+    for name, said in expected.items():
+        done = run_app(f"--config-dir={tmp_path}", f"deployment={name}", cwd=tmp_path)
+        assert done.returncode == 2 and said in done.stderr, (name, done.stderr)

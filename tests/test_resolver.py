@@ -183,7 +183,7 @@ BAD_TREES = [
     ),
     pytest.param(
         {"d": {"labels": ["x"], "declared_mb": "${nowhere}"}}, {},
-        [r"resources\.d can't be read: "],
+        [r"resources\.d\.declared_mb can't be read: "],
         id="broken-interpolation",
     ),
     pytest.param(
