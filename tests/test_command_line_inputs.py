@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,8 @@ from .test_app_inputs import CALIBRATE, assert_one_paragraph
 ROOT = Path(__file__).parents[1]
 SHIPPED = ROOT / "conf" / "deployment"
 PROG = "mstar-resources"
+OWNED = ("# @package _global_\ndefaults:\n  - llama3-8b-h200\n  - _self_\nresources:\n  attn:\n"
+         "    decode:\n      owner: {owner}\n")  # fmt: skip
 
 
 def config_dir(parent: Path, name: str, body: str | None = None) -> Path:
@@ -184,3 +188,25 @@ def test_an_engine_s_config_dir_of_its_own_groups_is_taken(tmp_path):
     done = run_engine("--config-dir", "mine", "model=tiny", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["model"] == "tiny"
+
+
+def test_a_config_dir_that_is_a_loop_of_links_is_refused(tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    done = run_app(f"--config-dir={tmp_path / 'loop'}", cwd=tmp_path)
+    assert_one_paragraph(done, PROG, f"--config-dir {tmp_path / 'loop'} can't be read")
+
+
+def test_a_deleted_working_directory_and_an_ascii_terminal_end_without_a_traceback(tmp_path):
+    folder = config_dir(tmp_path, "conf", OWNED.format(owner="équipe"))
+    script = (f"mkdir gone && cd gone && rmdir ../gone && {sys.executable} -m "
+              "mstar_resources.apps.dry_run deployment=llama3-8b-h200")  # fmt: skip
+    gone = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert gone.returncode == 2 and "the working directory was deleted" in gone.stderr
+    ascii_only = subprocess.run(
+        [sys.executable, "-m", "mstar_resources.apps.dry_run", f"--config-dir={folder}",
+         "deployment=mine"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+    )  # fmt: skip
+    assert ascii_only.returncode == 0, ascii_only.stderr
+    assert "\\xe9quipe" in ascii_only.stdout and "Traceback" not in ascii_only.stderr

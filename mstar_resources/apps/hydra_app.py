@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.metadata
+import io
 import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import hydra
@@ -152,6 +154,8 @@ def hydra_app(
                      "lists, as mstar-resources-calibrate writes it) and give that "
                      "folder")  # fmt: skip
             line.config_dir = config_dirs[0] if config_dirs else None
+            if line.config_dir is not None and (problem := _unreadable_folder(line.config_dir)):
+                fail(prog, f"--config-dir {line.config_dir} {problem}; give a folder of configs")
             on = Composition(
                 config_name, line.overrides, line.config_dir, line.config_name, settings
             )
@@ -178,6 +182,15 @@ def hydra_app(
             hydra_main()
 
         def main() -> None:
+            # A name the terminal's encoding lacks is written escaped, not as a traceback.
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, io.TextIOWrapper):
+                    stream.reconfigure(errors="backslashreplace")
+            try:
+                os.getcwd()
+            except OSError:
+                fail(prog, "the working directory was deleted (Hydra reads paths from it); cd "
+                     "to a folder that exists and run it again")  # fmt: skip
             if settings is not None:
                 register_settings(config_name, settings)
             register_options_resolver(config_name)
@@ -198,6 +211,15 @@ def hydra_app(
         return main
 
     return decorate
+
+
+def _unreadable_folder(folder: str) -> str | None:
+    """Why ``folder`` cannot be resolved (a loop of links, a name too long), or None."""
+    try:
+        Path(folder).resolve(strict=False)
+    except (OSError, RuntimeError) as error:  # RuntimeError: a loop of links (Python 3.11)
+        return f"can't be read ({error})"
+    return None
 
 
 def _refusal(
