@@ -244,6 +244,8 @@ def _walk(
                 f"{child_key} is empty: a resource declares its labels (and owner, floors), a "
                 f"group holds resources; give it {child_key}.labels=[...] or leave it out"
             )
+        elif isinstance(child, DictConfig) and level + 1 > MAX_DEPTH:  # as _as_config counts
+            problems.append(_too_deep(child_key))
         elif isinstance(child, DictConfig) and _is_resource(child):
             yield child_key, child
         elif isinstance(child, DictConfig):

@@ -582,3 +582,22 @@ def test_the_python_api_names_the_bad_argument(make, named):
     with pytest.raises(ResourceUsageError) as refused:
         make()
     assert named in str(refused.value)
+
+
+@pytest.mark.parametrize("groups", [31, 32])
+def test_a_tree_as_a_dict_and_as_a_config_is_as_deep_as_it_may_be(groups):
+    """One answer for one tree: as YAML composes it and as a plain mapping, a resource at the
+    deepest level allowed resolves, and one a level deeper is refused."""
+
+    def tree(depth: int) -> dict:
+        node: dict = {"labels": ["x"]}
+        for i in range(depth):
+            node = {f"g{i}": node}
+        return node
+
+    for given in (tree(groups + 1), OmegaConf.create(tree(groups + 1))):
+        if groups + 1 <= 32:
+            assert len(resolve(given, {})) == 1
+        else:
+            with pytest.raises(ResourceConfigError, match="nested more than 32 levels"):
+                resolve(given, {})
