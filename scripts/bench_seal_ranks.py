@@ -173,6 +173,8 @@ def rank_main(rank: int, world: int, backend: str, rounds: int, store: str, resu
             payload = (name, gathered)
     except Exception:
         error = traceback.format_exc().strip().splitlines()[-1]
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank of the process group: the parent says it
+        error = "interrupted"
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
