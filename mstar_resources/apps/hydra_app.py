@@ -231,6 +231,9 @@ def _refusal(
         what = "a file" if os.path.exists(config_dir) else "not there"
         return (f"--config-dir {config_dir} is {what}; it takes a folder of configs (one with "
                 "a deployment/ folder, as mstar-resources-calibrate writes it)")  # fmt: skip
+    if line.package is not None:
+        return (f"--package {line.package} is not supported: {prog} composes its own config, "
+                "whose keys stay where its schema puts them; leave it out")  # fmt: skip
     if line.config_path is not None:
         folder = line.config_path.removeprefix("file://")
         if not os.path.isfile(os.path.join(folder, f"{on.composed_name}.yaml")):
@@ -263,10 +266,10 @@ def _refusal(
             value = override.get_value_string()
             return (f"{override.input_line} moves a config group to another package, which "
                     f"no setting here takes; set {key}={value}")  # fmt: skip
-        if compose_once and key.startswith("hydra/"):
+        if compose_once and key.startswith(("hydra/", "hydra.")):
             return (f"{override.input_line} is not supported: {prog} runs without Hydra's job "
-                    "set-up (no log files, no output folders), so Hydra's own config groups "
-                    f"stay as its config sets them; leave {key} out")  # fmt: skip
+                    "set-up (no log files, no output folders), so Hydra's own settings and "
+                    f"config groups stay as its config sets them; leave {key} out")  # fmt: skip
     return None
 
 
