@@ -381,6 +381,9 @@ def _silently_changed(body: dict[Any, Any]) -> str | None:
     stack: list[tuple[str, Any]] = [(str(key), value) for key, value in body.items()]
     while stack:
         key, value = stack.pop()
+        if isinstance(value, str) and value.strip().isdigit() and not value.strip().isascii():
+            return (f"sets {key} to {value!r}, digits other than 0-9, which "
+                    "MSTAR_WORKSPACE_BUFFER_MB refuses; write the number in 0-9")  # fmt: skip
         if value == "???":
             return (f"sets {key} to ???, which leaves the value composed before it as it was; "
                     f"give {key} a value, or leave it out")  # fmt: skip

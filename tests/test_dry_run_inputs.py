@@ -229,6 +229,8 @@ SILENT = {
                      "sets resources.attn.decode.labels to [\"decode\", 7], and 7 would become"),
     "spaced-label": ("    decode:\n      labels: [' decode ']\n",
                      "labels[0]=' decode ' has spaces at its ends"),
+    "other-digits": ("    decode:\n      declared_mb: '\u0663'\n",
+                     "digits other than 0-9, which MSTAR_WORKSPACE_BUFFER_MB refuses"),
 }  # fmt: skip
 
 
@@ -270,3 +272,13 @@ def test_misleading_messages_now_name_what_is_wrong(tmp_path):
     for name, said in expected.items():
         done = run_app(f"--config-dir={tmp_path}", f"deployment={name}", cwd=tmp_path)
         assert done.returncode == 2 and said in done.stderr, (name, done.stderr)
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [("calibrated.foo=1", "calibrated.foo is not a setting"),
+     ("+calibrated.foo=1", "calibrated.foo is not a field of what calibration records")],
+)  # fmt: skip
+def test_a_field_calibration_does_not_record_is_refused(tmp_path, given, said):
+    done = run_app(CAL, given, cwd=tmp_path)
+    assert done.returncode == 2 and said in done.stderr, done.stderr

@@ -226,6 +226,16 @@ def checked_calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
     profile, record = calibration_nodes(cfg)
     if profile is not None:
         load_profile(profile)
+    if record is not None:
+        known = (
+            NOT_INPUTS | {f.name for f in dataclasses.fields(Machine)} | {"profile", "resources"}
+        )
+        if unknown := [str(key) for key in record if str(key) not in known]:
+            raise ResourceConfigError(
+                f"{RECORD_KEY}.{unknown[0]} is not a field of what calibration records, which "
+                f"the calibration's check would ignore; {RECORD_KEY} takes "
+                f"{', '.join(sorted(known))} (mstar-resources-calibrate writes them)"
+            )
     return profile, record
 
 
