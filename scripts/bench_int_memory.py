@@ -2,7 +2,7 @@
 CUDA-graph batch size: FlashInfer's own (8 MiB and 8 MiB pinned each) against one shared int
 workspace (its host mirror pageable).
 
-    python scripts/bench_int_memory.py       # vLLM 0.33's 51 graph sizes at max_num_seqs 256
+    python scripts/bench_int_memory.py       # vLLM 0.33's 51 graph sizes at max_num_seqs 512
     python scripts/bench_int_memory.py --int-mb 1 --batch-sizes 1 2 4 8 16
 
 On a CUDA GPU with FlashInfer. Each way builds the wrappers (the fa2 decode wrapper, under CUDA
@@ -29,7 +29,8 @@ from _args import count, run_main
 
 QO, KV, HEAD_DIM, PAGE, CONTEXT = 32, 8, 128, 16, 1024
 VLLM_GRAPH_SIZES = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
-"""vLLM 0.33's decode graph sizes at max_num_seqs 256 (``config/vllm.py``): 51 of them."""
+"""vLLM 0.33's decode graph sizes at max_num_seqs 512 (``config/vllm.py``: captured up to
+min(2 x max_num_seqs, 512) tokens, decode graphs up to max_num_seqs): 51 of them."""
 
 
 def build(batch: int, float_buffer: torch.Tensor, pool: WorkspacePool | None) -> Any:
