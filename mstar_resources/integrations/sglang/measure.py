@@ -15,7 +15,8 @@ from ..plugin import dtype_name
 
 MOST_RUNNING_REQUESTS = 4096
 """SGLang's cap on running requests a data-parallel rank where ``--max-running-requests`` is unset
-(0.5.17 ``resolve_max_num_reqs``)."""
+(``resolve_max_num_reqs``, read in 0.5.17 to 0.5.23). A copy: SGLang settles it inside
+``alloc_memory_pool``, after the plugin reserves; it can go once SGLang settles it before."""
 
 PREFILL_LABELS = {"prefill": "paged_prefill", "ragged_prefill": "ragged_prefill"}
 """The prefill workspace's labels, each planned as its wrapper's kind."""

@@ -116,6 +116,9 @@ def read_builder(
     decode = NATIVE
     if builder.use_trtllm_decode_attention:
         decode = builder.flashinfer_trtllm_api_decode_kernel.value
+    # Prefill's kernel is vLLM's own use_trtllm_attention, asked with the largest batch: the
+    # builder decides it per batch in build(), not in __init__ (0.26.0 to 0.34.0), so this call
+    # copies build()'s arguments; it can go once the builder records its decision.
     attention = vllm_config.attention_config
     force = builder.page_size >= 128 or attention.use_trtllm_attention
     prefill_trtllm = vllm.use_trtllm_attention(
