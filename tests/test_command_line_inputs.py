@@ -213,3 +213,15 @@ def test_a_deleted_working_directory_and_an_ascii_terminal_end_without_a_traceba
     )  # fmt: skip
     assert ascii_only.returncode == 0, ascii_only.stderr
     assert "\\xe9quipe" in ascii_only.stdout and "Traceback" not in ascii_only.stderr
+
+
+@pytest.mark.parametrize("locked", ["", "deployment"])
+def test_a_config_dir_this_user_cannot_read_is_named_as_such(tmp_path, monkeypatch, locked):
+    """As for a folder of mode 000 and a user other than root (who reads any folder)."""
+    folder = config_dir(tmp_path, "conf")
+    unreadable = str(folder / locked) if locked else str(folder)
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: os.fspath(path).rstrip("/") != unreadable
+                        and access(path, mode))  # fmt: skip
+    done = run_app(f"--config-dir={folder}", "deployment=mine", cwd=tmp_path)
+    assert_one_paragraph(done, PROG, "can't be read by this user")

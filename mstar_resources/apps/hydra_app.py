@@ -280,7 +280,16 @@ def _config_dir_problem(line: argparse.Namespace, on: Composition) -> str | None
     if config_dir is None or line.config_name is not None:
         return None
     groups = sorted(g for g in on.choices if not g.startswith("hydra/")) or [DEPLOYMENT_GROUP]
-    if any(os.path.isdir(os.path.join(config_dir, group)) for group in groups):
+    readable = os.R_OK | os.X_OK
+    if not os.access(config_dir, readable):
+        mode = oct(os.stat(config_dir).st_mode & 0o777)
+        return (f"--config-dir {config_dir} can't be read by this user (mode {mode}); make it "
+                "readable, or give another")  # fmt: skip
+    folders = [os.path.join(config_dir, group) for group in groups]
+    if any(os.path.isdir(folder) for folder in folders):
+        if locked := [f for f in folders if os.path.isdir(f) and not os.access(f, readable)]:
+            return (f"--config-dir {config_dir}: {locked[0]} can't be read by this user; make "
+                    "it readable, or give another folder")  # fmt: skip
         return None
     inside = os.path.basename(os.path.normpath(config_dir)) in groups
     parent = os.path.dirname(os.path.normpath(os.path.abspath(config_dir)))
