@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, cast
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ._internal.floor import FLOAT, INT, Floor, FloorSource, read_mb, resolve_floor
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
+from .floor import FLOAT, INT, Floor, FloorSource, read_mb, resolve_floor
 from .schema import FIELDS, Resource, repeats
 from .units import MIB, is_int
 

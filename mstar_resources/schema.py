@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, fields
 
 from omegaconf import MISSING
 
-from ._internal.floor import INT, MAX_MB, mb_problem, number_text
 from .errors import Problem, ResourceConfigError, name_problem
+from .floor import INT, MAX_MB, mb_problem, number_text
 from .units import MAX_SLOTS
 
 __all__ = ["Resource"]

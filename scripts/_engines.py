@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mstar_resources._internal.floor import INT
 from mstar_resources.calibration.calibrate import vllm_formula_bytes
 from mstar_resources.calibration.profile import CalibrationProfile
+from mstar_resources.floor import INT
 from mstar_resources.units import mb_to_hold
 
 VLLM_MIN_MB = 394

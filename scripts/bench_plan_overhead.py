@@ -104,7 +104,7 @@ def host_row(case: str, planner: Callable[..., object], rounds: int, t: float) -
     import torch
 
     from mstar_resources import WorkspacePool
-    from mstar_resources.attn.float_workspace import plan_through
+    from mstar_resources.attn._float_workspace import plan_through
 
     planned = plan_through(WorkspacePool("cpu", size_mb=1).get("decode"), planner)
     args = (1, 2, 3, 32, 8, 128, 16)
@@ -154,7 +154,7 @@ def gpu_rows(rounds: int, t: float) -> list[Row]:
     import torch
 
     from mstar_resources import WorkspacePool
-    from mstar_resources.attn.float_workspace import plan_through
+    from mstar_resources.attn._float_workspace import plan_through
 
     batch, kv_len, page = 64, 4096, 16
     pages = kv_len // page
@@ -196,7 +196,7 @@ def wrapper_row(device: str, rounds: int, t: float) -> Row:
     through it with vLLM's ``fast_plan_decode`` arguments (a wrapper first, 16 keywords): the
     path every plan of an engine's wrapper takes after its first."""
     from mstar_resources import WorkspacePool
-    from mstar_resources.attn.float_workspace import plan_through
+    from mstar_resources.attn._float_workspace import plan_through
 
     pool = WorkspacePool(device, size_mb=1, int_size_mb=1)
     wrapper = pool.build(_NoOpWrapper, label="decode")

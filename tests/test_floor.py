@@ -7,7 +7,7 @@ import re
 import pytest
 
 from mstar_resources import ResourceConfigError, workspace_bytes
-from mstar_resources._internal.floor import Floor, resolve_floor
+from mstar_resources.floor import Floor, resolve_floor
 from mstar_resources.units import MIB
 
 VAR = "MSTAR_WORKSPACE_BUFFER_MB"
@@ -79,7 +79,7 @@ def test_a_bad_variable_does_not_matter_when_the_size_is_declared():
     ids=["2M", "60-digits", "62-digits", "320-digits", "5001-digits"],
 )
 def test_a_floor_too_large_is_named_as_such_and_shown_readably(value, shown):
-    from mstar_resources._internal.floor import mb_problem
+    from mstar_resources.floor import mb_problem
 
     assert mb_problem("declared_mb", value) == (
         f"declared_mb={shown} MB is more than 1,048,576 (1 TiB, more than any GPU holds); "

@@ -124,11 +124,11 @@ def test_importing_the_package_and_its_conf_imports_no_torch():
 
 
 CORE = {"mstar_resources", "mstar_resources.errors", "mstar_resources.units",
-        "mstar_resources._internal", "mstar_resources._internal.floor",
+        "mstar_resources._internal", "mstar_resources.floor",
         "mstar_resources.attn",
-        "mstar_resources.attn.workspace", "mstar_resources.attn.buffer",
-        "mstar_resources.attn.float_workspace", "mstar_resources.attn.int_workspace",
-        "mstar_resources.attn.pool", "mstar_resources.attn._overflow",
+        "mstar_resources.attn.workspace", "mstar_resources.attn._buffer",
+        "mstar_resources.attn._float_workspace", "mstar_resources.attn._int_workspace",
+        "mstar_resources.attn._pool", "mstar_resources.attn._overflow",
         "mstar_resources.attn._flashinfer"}  # fmt: skip
 """The modules an engine adopts for its workspaces."""
 RESOLVE = "pools = build_pools(resolve({'attn': {'d': {'labels': ['d']}}}), 'cpu')"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 LAYERS = {
-    "errors and units": "errors units files _internal",
+    "errors and units": "errors units files floor _internal",
     "the core": "attn testing",
     "config": "schema resolver compose",
     "calibration's terms": "calibration.profile calibration.record conf",

@@ -13,7 +13,7 @@ from ..errors import ResourceUsageError, WorkspaceSealedError
 from ..units import MIB, mb_to_hold, plural, release, round_up
 
 if TYPE_CHECKING:
-    from .float_workspace import Workspace
+    from ._float_workspace import Workspace
 
 # decode.py xqa_batch_decode_with_kv_cache: workspace[:8 MiB] is the semaphores, the rest scratch.
 XQA_SEMAPHORE_BYTES = 8 * MIB

@@ -4,11 +4,11 @@ three, on the conditions ``docs/workspaces-and-ranks.md`` gives."""
 
 from __future__ import annotations
 
-from .._internal.floor import resolve_floor
-from .buffer import WorkspaceGrowthError, WorkspaceStats
-from .float_workspace import Workspace, install_int_workspace
-from .int_workspace import IntWorkspace
-from .pool import WorkspacePool
+from ..floor import resolve_floor
+from ._buffer import WorkspaceGrowthError, WorkspaceStats
+from ._float_workspace import Workspace, install_int_workspace
+from ._int_workspace import IntWorkspace
+from ._pool import WorkspacePool
 
 __all__ = [
     "IntWorkspace", "Workspace", "WorkspaceGrowthError", "WorkspacePool", "WorkspaceStats",

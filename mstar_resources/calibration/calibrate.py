@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .._internal.floor import INT
 from .._internal.output import format_table
 from ..errors import ResourceConfigError
 from ..files import shipped_deployments, write_whole
+from ..floor import INT
 from ..resolver import ResolvedResource
 from ..units import MIB
 from .profile import GRAPH_KINDS, PROFILE_KEY, CalibrationProfile, PlanKind, check_flashinfer

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mstar_resources.attn.float_workspace import Workspace, plan_through
+from mstar_resources.attn._float_workspace import Workspace, plan_through
 
 PlanOn = Callable[..., Any]
 """``plan_on(workspace, wrapper, *args, **kwargs)``: ``wrapper``'s plan through ``workspace``."""

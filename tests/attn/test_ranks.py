@@ -253,7 +253,7 @@ def test_a_rank_that_sealed_alone_refuses_to_grow_and_no_rank_seals(tmp_path):
 def plan_races_the_seal(rank: int, world: int) -> dict[str, Any]:
     """Rank 0's plan, made while the group agrees (after the sizes were gathered, before they
     are applied), would grow its workspace past the agreed size."""
-    from mstar_resources.attn import pool as pool_module
+    from mstar_resources.attn import _pool as pool_module
 
     pool = _pool(serves=SERVES)
     pool.get("decode", 0)
@@ -308,7 +308,7 @@ class _KeywordOnly(Exception):
 
 
 def test_a_peer_gets_the_error_whole_or_its_type_and_text():
-    from mstar_resources.attn.pool import _picklable
+    from mstar_resources.attn._pool import _picklable
 
     whole = _picklable(WorkspaceSealedError(
         "sealed", workspace="w", held_bytes=1, needed_bytes=2, setting="s", suggested_mb=1

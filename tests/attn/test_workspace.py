@@ -28,9 +28,9 @@ from mstar_resources import (
     WorkspaceSealedError,
     WorkspaceStats,
 )
-from mstar_resources._internal.floor import MAX_MB
+from mstar_resources.attn._float_workspace import MAX_GROWTHS_PER_PLAN, plan_through
 from mstar_resources.attn._overflow import MLA_PARTIALS
-from mstar_resources.attn.float_workspace import MAX_GROWTHS_PER_PLAN, plan_through
+from mstar_resources.floor import MAX_MB
 from mstar_resources.units import MIB
 
 from .fake_allocator import (

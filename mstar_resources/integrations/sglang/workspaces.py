@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...attn._flashinfer import FLOAT_BUFFER, RECORDED_SIZE
-from ...attn.float_workspace import install_int_workspace, plan_through
+from ...attn._float_workspace import install_int_workspace, plan_through
 from ...attn.workspace import Workspace
 from ...resolver import ResolvedResource, build_pools
 from ..plugin import PluginState

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..._internal.floor import ENV_VAR as FLOOR_ENV_VAR
+from ...floor import ENV_VAR as FLOOR_ENV_VAR
 from ..plugin import EnginePlugin, Seam, after, before
 from .plans import Role
 from .workspaces import ENV_VAR, ROLE, V2_RUNNER, VLLM, VllmWorkspaces

@@ -380,7 +380,7 @@ class VllmWorkspaces(PluginState):
         if wrapper is None or workspace is None or self._routed.get(id(wrapper)) is wrapper:
             return
         from ...attn._flashinfer import own_buffers
-        from ...attn.float_workspace import plan_through
+        from ...attn._float_workspace import plan_through
 
         if (
             role == "decode"
@@ -409,7 +409,7 @@ class VllmWorkspaces(PluginState):
         return backend.fast_plan_decode
 
     def _set_decode_planner(self) -> None:
-        from ...attn.float_workspace import plan_through
+        from ...attn._float_workspace import plan_through
 
         if self._decode_seam is not None:
             backend, original = self._decode_seam

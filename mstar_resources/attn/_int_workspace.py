@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from .._internal.floor import INT
 from ..errors import WorkspacePlanError
-from .buffer import BufferHolder, GrowableBuffer
+from ..floor import INT
+from ._buffer import BufferHolder, GrowableBuffer
 
 
 class IntWorkspace(BufferHolder):

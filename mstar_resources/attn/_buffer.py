@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from .._internal.floor import FLOAT, INT, Buffer
 from ..errors import (
     ResourceUsageError,
     WorkspaceSealedError,
@@ -18,6 +17,7 @@ from ..errors import (
     check_argument,
     name_problem,
 )  # fmt: skip
+from ..floor import FLOAT, INT, Buffer
 from ..units import ALIGNMENT, mb_to_hold, plural
 from ._overflow import Overflow
 

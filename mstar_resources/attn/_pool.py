@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from .._internal.floor import INT, Floor, resolve_floor
 from ..errors import (
     ResourceConfigError,
     ResourceUsageError,
@@ -20,11 +19,12 @@ from ..errors import (
     check_argument,
     name_problem,
 )
+from ..floor import INT, Floor, resolve_floor
 from ..units import MAX_SLOTS, is_int, plural
+from ._buffer import WorkspaceStats, allocate
 from ._flashinfer import FLOAT_BUFFER, own_buffers
-from .buffer import WorkspaceStats, allocate
-from .float_workspace import Workspace, install_int_workspace
-from .int_workspace import IntWorkspace
+from ._float_workspace import Workspace, install_int_workspace
+from ._int_workspace import IntWorkspace
 
 logger = logging.getLogger("mstar_resources.attn.workspace")
 

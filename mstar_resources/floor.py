@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from ..errors import Problem, ResourceConfigError
-from ..units import MIB, is_int
+from .errors import Problem, ResourceConfigError
+from .units import MIB, is_int
 
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 

@@ -11,13 +11,13 @@ from typing import Any, TypeVar
 
 import torch
 
-from .._internal.floor import ENV_VAR
 from ..errors import ResourceUsageError, WorkspacePlanError
+from ..floor import ENV_VAR
 from ..units import is_int, plural
+from ._buffer import BufferHolder, GrowableBuffer
 from ._flashinfer import HOST_MIRROR, INT_BUFFER, buffer_views, own_buffers, refresh_recorded_size
+from ._int_workspace import IntWorkspace
 from ._overflow import Overflow, parse_overflow
-from .buffer import BufferHolder, GrowableBuffer
-from .int_workspace import IntWorkspace
 
 __all__ = ["Workspace", "install_int_workspace", "plan_through"]
 
