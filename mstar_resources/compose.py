@@ -381,7 +381,8 @@ def _silently_changed(body: dict[Any, Any]) -> str | None:
     stack: list[tuple[str, Any]] = [(str(key), value) for key, value in body.items()]
     while stack:
         key, value = stack.pop()
-        if isinstance(value, str) and value.strip().isdigit() and not value.strip().isascii():
+        digits = isinstance(value, str) and value.strip().isdigit()
+        if key.endswith("declared_mb") and digits and not value.strip().isascii():
             return (f"sets {key} to {value!r}, digits other than 0-9, which "
                     "MSTAR_WORKSPACE_BUFFER_MB refuses; write the number in 0-9")  # fmt: skip
         if value == "???":
