@@ -4,6 +4,7 @@ checked in test_workspace_gpu.py."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import logging
@@ -12,6 +13,7 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -255,6 +257,16 @@ def test_a_wrapper_records_the_size_its_last_plan_was_made_on(plan_on):
     assert planned_before._workspace_size == 3 * MIB
 
 
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """Python's garbage collector off: what is freed is freed by its last reference."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def test_a_workspace_keeps_no_wrapper_alive_that_planned_through_it(plan_on):
     """Freed as its last reference goes, with the garbage collector off: neither the workspace
     nor the int workspace's check of its run holds it in a cycle with what it holds."""
@@ -264,12 +276,9 @@ def test_a_workspace_keeps_no_wrapper_alive_that_planned_through_it(plan_on):
     plan_on(workspace, wrapper)
     assert wrapper.run("q") == "ran"
     gone = weakref.ref(wrapper)
-    gc.disable()
-    try:
+    with collector_off():
         del wrapper
         assert gone() is None
-    finally:
-        gc.enable()
 
 
 def test_a_wrapper_on_another_buffer_keeps_its_recorded_size():
@@ -917,9 +926,6 @@ def test_a_wrappers_plan_through_its_workspace_set_on_it_keeps_it_in_no_cycle():
     wrapper.plan()
     assert workspace.tensor.numel() == wrapper._workspace_size == 3 * MIB
     gone = weakref.ref(wrapper)
-    gc.disable()
-    try:
+    with collector_off():
         del wrapper
         assert gone() is None
-    finally:
-        gc.enable()
