@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
 from .floor import FLOAT, INT, Floor, FloorSource, read_mb, resolve_floor
-from .schema import FIELDS, Resource, repeats
+from .schema import FIELDS, MAX_ITEMS, Resource, repeats
 from .units import MIB, is_int
 
 if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools allocates
@@ -206,6 +206,12 @@ def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
         key, node, level = stack.pop()
         if level > MAX_DEPTH:
             raise ResourceConfigError(_too_deep(key))
+        if long := next((k for k, v in node.items() if isinstance(v, list | tuple)
+                         and len(v) > MAX_ITEMS), None):  # fmt: skip
+            raise ResourceConfigError(  # before a config of it is made, which takes seconds
+                f"{key}.{long} has {len(node[long]):,} items; at most {MAX_ITEMS} (each label and "
+                "slot is a workspace of its own)"
+            )
         stack += [(f"{key}.{k}", v, level + 1) for k, v in node.items() if isinstance(v, Mapping)]
     try:
         return OmegaConf.create(dict(resources_node))

@@ -601,3 +601,11 @@ def test_a_tree_as_a_dict_and_as_a_config_is_as_deep_as_it_may_be(groups):
         else:
             with pytest.raises(ResourceConfigError, match="nested more than 32 levels"):
                 resolve(given, {})
+
+
+def test_a_list_past_the_cap_in_a_plain_mapping_is_refused_before_it_is_converted():
+    """Found in the mapping itself ("items", where the schema's own check says "slots"): a
+    config of 100,000 slots takes seconds to make before the schema refuses it."""
+    tree = {"attn": {"decode": {"labels": ["d"], "cg_slots": list(range(100_000))}}}
+    with pytest.raises(ResourceConfigError, match=r"cg_slots has 100,000 items; at most 256"):
+        resolve(tree, {})
