@@ -226,27 +226,20 @@ class Composition:
                     f"the file would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and "
                     "use the new name")  # fmt: skip
         named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return (f"{named} is {path.stat().st_size:,} bytes, more than the "
-                    f"{MAX_FILE_BYTES:,} a deployment file may hold (a deployment is a few "
-                    "dozen lines); give one of its own size")  # fmt: skip
-        try:
-            data = path.read_bytes()
-            text = data.decode("utf-8")
-            if too_large := _too_large(yaml.compose(text, Loader=SAFE_LOADER)):
-                return f"{named} {too_large}; write the deployment out plainly"
-            body = yaml.load(text, Loader=SAFE_LOADER)
-        except UnicodeDecodeError as error:
-            return not_utf8(path, data, error)
-        except OSError as error:
-            return (f"{named} can't be read ({error.strerror or error}); make it readable to "
-                    "this user, or pick another")  # fmt: skip
-        except RecursionError:  # the YAML reader recurses into each level
-            return f"{named} nests more than {MAX_NESTING} levels deep; write it out plainly"
-        except yaml.YAMLError as error:  # Hydra's error says where, unless libyaml's depth
-            if "maximum nesting depth" in str(error):
-                return f"{named} nests more than {MAX_NESTING} levels deep; write it out plainly"
-            return None
+        read = _read_bounded(path, named)
+        if read is None or isinstance(read, str):
+            return read
+        body, text = read
+        # The deployments its defaults list from the same folder, read within the same bounds.
+        seen, listed = {path}, _listed_beside(body, path)
+        while listed:
+            other = listed.pop()
+            if other not in seen:
+                seen.add(other)
+                found = _read_bounded(other, f"{named} lists {other.stem}, whose file {other}")
+                if isinstance(found, str):
+                    return found
+                listed += _listed_beside(found[0], other) if found else []
         if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
             return (f"{named} declares nothing: a deployment sets resources (or lists another "
                     "deployment under defaults), and without them every floor would be "
@@ -351,6 +344,39 @@ MAX_VALUES = 100_000
 """The most values a deployment file's YAML may expand to, its aliases followed."""
 MAX_NESTING = 64
 """The most levels a deployment file's YAML may nest (OmegaConf walks it recursively)."""
+
+
+def _read_bounded(path: Path, named: str) -> tuple[Any, str] | str | None:
+    """``path``'s YAML (its body and text), what makes it unreadable or too large to compose
+    (said of ``named``), or None where Hydra's own error says more (a syntax error)."""
+    if path.stat().st_size > MAX_FILE_BYTES:
+        return (f"{named} is {path.stat().st_size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
+                "deployment file may hold (a deployment is a few dozen lines); give one of its "
+                "own size")  # fmt: skip
+    try:
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+        if too_large := _too_large(yaml.compose(text, Loader=SAFE_LOADER)):
+            return f"{named} {too_large}; write the deployment out plainly"
+        return yaml.load(text, Loader=SAFE_LOADER), text
+    except UnicodeDecodeError as error:
+        return not_utf8(path, data, error)
+    except OSError as error:
+        return (f"{named} can't be read ({error.strerror or error}); make it readable to this "
+                "user, or pick another")  # fmt: skip
+    except RecursionError:  # the YAML reader recurses into each level
+        return f"{named} nests more than {MAX_NESTING} levels deep; write it out plainly"
+    except yaml.YAMLError as error:  # Hydra's error says where, unless libyaml's depth
+        if "maximum nesting depth" in str(error):
+            return f"{named} nests more than {MAX_NESTING} levels deep; write it out plainly"
+        return None
+
+
+def _listed_beside(body: Any, path: Path) -> list[Path]:
+    """The deployment files in ``path``'s folder that its defaults list names."""
+    defaults = body.get("defaults") if isinstance(body, dict) else None
+    names = [d for d in defaults if isinstance(d, str)] if isinstance(defaults, list) else []
+    return [p for p in (path.with_name(f"{n}.yaml") for n in names) if p.is_file()]
 
 
 def _too_large(root: yaml.Node | None) -> str | None:

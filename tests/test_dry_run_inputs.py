@@ -282,3 +282,15 @@ def test_misleading_messages_now_name_what_is_wrong(tmp_path):
 def test_a_field_calibration_does_not_record_is_refused(tmp_path, given, said):
     done = run_app(CAL, given, cwd=tmp_path)
     assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_a_deployment_listing_a_file_too_large_to_compose_is_refused(tmp_path):
+    """The bound holds for the files a deployment's defaults list beside it, too."""
+    folder = tmp_path / "deployment"
+    folder.mkdir()
+    (folder / "bomb.yaml").write_text("# @package _global_\n" + BOMB)
+    (folder / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - bomb\n  - _self_\n")
+    done = run_app(f"--config-dir={tmp_path}", "deployment=mine", cwd=tmp_path)
+    assert done.returncode == 2
+    assert f"deployment=mine ({folder / 'mine.yaml'}) lists bomb, whose file" in done.stderr
+    assert "holds more than 100,000 values" in done.stderr
