@@ -375,7 +375,8 @@ def _read_bounded(path: Path, named: str) -> tuple[Any, str] | str | None:
 def _listed_beside(body: Any, path: Path) -> list[Path]:
     """The deployment files in ``path``'s folder that its defaults list names."""
     defaults = body.get("defaults") if isinstance(body, dict) else None
-    names = [d for d in defaults if isinstance(d, str)] if isinstance(defaults, list) else []
+    names = [d for d in defaults if isinstance(d, str) and not set(d) & set("/@:\\")
+             and d.strip()] if isinstance(defaults, list) else []  # fmt: skip
     return [p for p in (path.with_name(f"{n}.yaml") for n in names) if p.is_file()]
 
 
