@@ -333,3 +333,31 @@ def test_argument_rule(
             convert(text)
     else:
         assert convert(text) == value
+
+
+def test_the_memory_tables_in_the_docs_are_what_bench_memory_prints(tmp_path: Path) -> None:
+    """One source for these figures: the README's table and benchmarks.md's block are the
+    script's columns, row for row."""
+    done = run("bench_memory.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    printed = {
+        cells[0]: cells[1:] for cells in (line.split() for line in done.stdout.splitlines()[1:])
+    }
+    root = SCRIPTS.parent
+    readme = [line for line in (root / "README.md").read_text().splitlines()
+              if line.startswith("| `") and "_calibrated`" in line]  # fmt: skip
+    assert len(readme) == len(printed)
+    for line in readme:
+        cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
+        # README: need, reserved, vLLM, SGLang, TRT-LLM, MLC, int need, int reserved, engines int
+        ours = printed[cells[0]]
+        assert cells[1:] == [ours[1], ours[2], *ours[4:]], cells[0]
+    block = (
+        (root / "docs" / "benchmarks.md")
+        .read_text()
+        .split("$ python scripts/bench_memory.py   # the float columns\n")[1]
+        .split("```")[0]
+    )
+    for line in block.splitlines()[1:]:
+        cells = line.split()
+        assert cells[1:] == printed[cells[0]][:8], cells[0]
