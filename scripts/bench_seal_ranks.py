@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import queue
+import signal
 import statistics
 import sys
 import tempfile
@@ -173,8 +174,6 @@ def rank_main(rank: int, world: int, backend: str, rounds: int, store: str, resu
             payload = (name, gathered)
     except Exception:
         error = traceback.format_exc().strip().splitlines()[-1]
-    except KeyboardInterrupt:  # Ctrl-C reaches every rank of the process group: the parent says it
-        error = "interrupted"
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -227,8 +226,14 @@ def run_world(world: int, backend: str, rounds: int) -> Row:
             context.Process(target=rank_main, args=(rank, world, backend, rounds, store, results))
             for rank in range(world)
         ]
-        for process in ranks:
-            process.start()
+        # The ranks start with Ctrl-C ignored (a spawned Python keeps an ignored SIGINT): it reaches
+        # the whole process group, and the parent alone says so, ending the ranks below.
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for process in ranks:
+                process.start()
+        finally:
+            signal.signal(signal.SIGINT, handler)
         finished = False
         try:
             got = collect(ranks, results, backend)

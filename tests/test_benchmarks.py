@@ -361,3 +361,32 @@ def test_the_memory_tables_in_the_docs_are_what_bench_memory_prints(tmp_path: Pa
     for line in block.splitlines()[1:]:
         cells = line.split()
         assert cells[1:] == printed[cells[0]][:8], cells[0]
+
+
+def test_ctrl_c_to_the_ranks_process_group_is_one_line_not_a_traceback_a_rank(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C reaches every process of the terminal's group: the ranks (started with it
+    ignored) say nothing, and the parent says it once and ends them."""
+
+    def children(pid: int) -> list[str]:
+        return [c for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]  # fmt: skip
+
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "bench_seal_ranks.py"), "--ranks", "2", "--rounds", "1000"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's job is
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # whatever pytest's is
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(children(process.pid)) < 2:  # the ranks (and the queue's feeder) started
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr
+            time.sleep(0.1)
+        time.sleep(2)  # the ranks importing torch, as a Ctrl-C would find them
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert (process.returncode, stdout, stderr) == (130, "", "bench_seal_ranks.py: interrupted\n")
