@@ -385,6 +385,11 @@ def test_ctrl_c_to_the_ranks_process_group_is_one_line_not_a_traceback_a_rank(
             assert process.poll() is None and time.monotonic() < deadline, process.stderr
             time.sleep(0.1)
         time.sleep(2)  # the ranks importing torch, as a Ctrl-C would find them
+        for child in children(process.pid):  # each ignores SIGINT (a rank killed first may not
+            # live to print its traceback: the race is the parent's, this is what decides it)
+            ignored = next(line for line in Path(f"/proc/{child}/status").read_text().splitlines()
+                           if line.startswith("SigIgn:"))  # fmt: skip
+            assert int(ignored.split()[1], 16) & (1 << (signal.SIGINT - 1)), child
         os.killpg(process.pid, signal.SIGINT)
         stdout, stderr = process.communicate(timeout=120)
     finally:
