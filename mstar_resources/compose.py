@@ -344,13 +344,14 @@ MAX_VALUES = 100_000
 """The most values a deployment file's YAML may expand to, its aliases followed."""
 MAX_NESTING = 64
 """The most levels a deployment file's YAML may nest (OmegaConf walks it recursively)."""
+TOO_DEEP = f"nests more than {MAX_NESTING} levels deep"
 
 
 def _read_bounded(path: Path, named: str) -> tuple[Any, str] | str | None:
     """``path``'s YAML (its body and text), what makes it unreadable or too large to compose
     (said of ``named``), or None where Hydra's own error says more (a syntax error)."""
-    if path.stat().st_size > MAX_FILE_BYTES:
-        return (f"{named} is {path.stat().st_size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
+    if (size := path.stat().st_size) > MAX_FILE_BYTES:
+        return (f"{named} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
                 "deployment file may hold (a deployment is a few dozen lines); give one of its "
                 "own size")  # fmt: skip
     try:
@@ -364,12 +365,10 @@ def _read_bounded(path: Path, named: str) -> tuple[Any, str] | str | None:
     except OSError as error:
         return (f"{named} can't be read ({error.strerror or error}); make it readable to this "
                 "user, or pick another")  # fmt: skip
-    except RecursionError:  # the YAML reader recurses into each level
-        return f"{named} nests more than {MAX_NESTING} levels deep; write it out plainly"
-    except yaml.YAMLError as error:  # Hydra's error says where, unless libyaml's depth
-        if "maximum nesting depth" in str(error):
-            return f"{named} nests more than {MAX_NESTING} levels deep; write it out plainly"
-        return None
+    except (RecursionError, yaml.YAMLError) as error:  # Python's YAML reader recurses a level
+        if isinstance(error, RecursionError) or "maximum nesting depth" in str(error):  # libyaml
+            return f"{named} {TOO_DEEP}; write the deployment out plainly"
+        return None  # Hydra's error says where
 
 
 def _listed_beside(body: Any, path: Path) -> list[Path]:
@@ -393,7 +392,7 @@ def _too_large(root: yaml.Node | None) -> str | None:
             return (f"holds more than {MAX_VALUES:,} values, its YAML aliases followed (a "
                     "deployment holds a few dozen; nested anchors multiply them)")  # fmt: skip
         if depth > MAX_NESTING:
-            return f"nests more than {MAX_NESTING} levels deep"
+            return TOO_DEEP
         if isinstance(node, yaml.MappingNode):
             stack += [(child, depth + 1) for pair in node.value for child in pair]
         elif isinstance(node, yaml.SequenceNode):

@@ -161,6 +161,15 @@ def check_argument(
     )
 
 
+def check_name(setting: str, value: object, must: str, where: str = "") -> None:
+    """Raise :class:`ResourceUsageError`, prefixed with ``where``, unless ``value`` is a usable
+    name (:func:`name_problem`); ``must`` says what it takes where it is no string or blank."""
+    if not isinstance(value, str) or not value.strip():
+        raise ResourceUsageError(f"{where}{setting}={value!r} {must}")
+    if (problem := name_problem(setting, value)) is not None:
+        raise ResourceUsageError(where + problem)
+
+
 MAX_NAME = 128
 """The most characters an owner or a label may have: tables, logs and errors print each."""
 

@@ -114,11 +114,12 @@ def resolve(
             problems.extend(error.problems)
     if problems:
         raise ResourceConfigError(*problems, where="the resources config")
-    paths = [key.removeprefix(f"{RESOURCES_KEY}.") for key, _ in declared]
+    prefix = f"{RESOURCES_KEY}."
     return [
-        _record(path, r.owner, r.labels, r.cg_slots, r.declared_mb, r.int_declared_mb, env)
-        for path, (_, r) in zip(paths, declared, strict=True)
-    ]
+        _record(key.removeprefix(prefix), r.owner, r.labels, r.cg_slots, r.declared_mb,
+                r.int_declared_mb, env)
+        for key, r in declared
+    ]  # fmt: skip
 
 
 def redeclared(

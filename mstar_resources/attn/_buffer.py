@@ -15,7 +15,7 @@ from ..errors import (
     WorkspaceSealedError,
     WorkspaceShortError,
     check_argument,
-    name_problem,
+    check_name,
 )  # fmt: skip
 from ..floor import FLOAT, INT, Buffer
 from ..units import ALIGNMENT, mb_to_hold, plural
@@ -91,12 +91,7 @@ class GrowableBuffer:
         self, tensor: torch.Tensor, name: str, sealed: bool, floor: str, kind: Buffer = FLOAT
     ) -> None:
         check_argument("sealed", sealed, bool, "True or False")
-        if not isinstance(name, str) or not name.strip():
-            raise ResourceUsageError(
-                f"name={name!r} must be a non-empty string: errors and logs name the workspace"
-            )
-        if (problem := name_problem("name", name)) is not None:
-            raise ResourceUsageError(problem)
+        check_name("name", name, "must be a non-empty string: errors and logs name the workspace")
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
             described = (
                 f"{tensor.dim()}-D {tensor.dtype}"

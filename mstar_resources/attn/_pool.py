@@ -17,7 +17,7 @@ from ..errors import (
     ResourceUsageError,
     WorkspaceAgreementError,
     check_argument,
-    name_problem,
+    check_name,
 )
 from ..floor import INT, Floor, resolve_floor
 from ..units import MAX_SLOTS, is_int, plural
@@ -63,7 +63,7 @@ class WorkspacePool:
         serves: Iterable[Key] | None = None,
         floors: tuple[Floor, Floor] | None = None,
     ) -> None:
-        _check_name("owner", owner, "must name who the pool belongs to (e.g. owner='attention')")
+        check_name("owner", owner, "must name who the pool belongs to (e.g. owner='attention')")
         check_argument("config_key", config_key, (str, type(None)), "a config key or None")
         try:
             self.device = torch.device(device)
@@ -159,17 +159,13 @@ class WorkspacePool:
     ) -> T:
         """``wrapper_class(float workspace, *args, **kwargs)`` on (``label``, ``cg_slot``)'s
         workspaces (:meth:`install`); plan it through ``pool.get(label, cg_slot).plan``."""
-        if not callable(wrapper_class):
+        # A builtin (int, dict, print) is callable too, and would fail on the tensor in its words.
+        if not callable(wrapper_class) or getattr(wrapper_class, "__module__", "") == "builtins":
             raise ResourceUsageError(
                 f"wrapper_class={wrapper_class!r} must be a FlashInfer wrapper class (e.g. "
                 "flashinfer.BatchDecodeWithPagedKVCacheWrapper)"
             )
         workspace = self.get(label, cg_slot)
-        if getattr(wrapper_class, "__module__", None) == "builtins":  # int, dict, print, ...
-            raise ResourceUsageError(
-                f"wrapper_class={wrapper_class!r} must be a FlashInfer wrapper class (e.g. "
-                "flashinfer.BatchDecodeWithPagedKVCacheWrapper), built on the workspace"
-            )
         wrapper = wrapper_class(workspace.tensor, *args, **kwargs)
         self.install(wrapper, label, cg_slot)
         return wrapper
@@ -283,7 +279,7 @@ class WorkspacePool:
         return "\n".join([head, *(f"  {s}" for s in [*stats, *int_stats])])
 
     def _check_key(self, label: str, cg_slot: int | None) -> None:
-        _check_name("label", label, "must be a non-empty string naming a plan", f"{self.owner}: ")
+        check_name("label", label, "must be a non-empty string naming a plan", f"{self.owner}: ")
         if cg_slot is not None and not (is_int(cg_slot) and 0 <= cg_slot < MAX_SLOTS):
             raise ResourceUsageError(
                 f"{self.owner}: cg_slot={cg_slot!r} must be None (eager) or an int from 0 to "
@@ -336,14 +332,6 @@ class WorkspacePool:
             held_bytes=0,
             setting=floor.setting,
         )
-
-
-def _check_name(setting: str, value: object, must: str, where: str = "") -> None:
-    """Raise the library's error, prefixed with ``where``, unless ``value`` is a usable name."""
-    if not isinstance(value, str) or not value.strip():
-        raise ResourceUsageError(f"{where}{setting}={value!r} {must}")
-    if (problem := name_problem(setting, value)) is not None:
-        raise ResourceUsageError(where + problem)
 
 
 def _pairs(serves: object) -> list[Key]:
