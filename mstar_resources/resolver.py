@@ -7,16 +7,16 @@ from __future__ import annotations
 import os
 import typing
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import Problem, ResourceConfigError, ResourceUsageError, check_argument, did_you_mean
-from .floor import FLOAT, INT, Floor, FloorSource, read_mb, resolve_floor
+from .floor import FLOAT, INT, Floor, read_mb, resolve_floor
 from .schema import FIELDS, MAX_ITEMS, Resource, repeats
-from .units import MIB, is_int
+from .units import is_int
 
 if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools allocates
     import torch
@@ -38,8 +38,7 @@ _BUFFERS = {buffer.declared_key: buffer for buffer in (FLOAT, INT)}
 
 @dataclass(frozen=True)
 class ResolvedResource:
-    """One declared resource with its floors resolved: what its pool will reserve, and why. The
-    fields are the keys of ``mstar-resources format=json``."""
+    """One declared resource with its floors resolved: what its pool will reserve, and why."""
 
     path: str
     """Where it sits below ``resources``, e.g. ``attn.decode``."""
@@ -48,39 +47,45 @@ class ResolvedResource:
     cg_slots: tuple[int, ...]
     """Empty: eager only."""
     declared_mb: int | None
-    floor_mb: int
-    """The floor of each workspace, in MB: declared, else from the environment, else 512."""
-    floor_bytes: int = field(init=False)
-    floor_source: FloorSource
-    """Where ``floor_mb`` came from: ``declared``, ``env`` or ``default``."""
-    floor_setting: str
-    """What to change to move the floor: ``resources.<path>.declared_mb`` or the variable."""
-    workspaces: int = field(init=False)
-    """One per label and slot: ``len(labels) * max(1, len(cg_slots))``."""
-    reserved_bytes: int = field(init=False)
-    """``workspaces * floor_bytes``: what the pool holds once every workspace is made."""
-    int_declared_mb: int | None = None
-    int_floor_mb: int = INT.default_mb
-    """The floor of each int workspace (and of its host mirror), in MB."""
-    int_floor_bytes: int = field(init=False)
-    int_floor_source: FloorSource = "default"
-    int_floor_setting: str = INT.env_var
-    """What to change to move the int floor, as ``floor_setting``."""
-    int_reserved_bytes: int = field(init=False)
-    """``workspaces * int_floor_bytes``, on the GPU (and as many on the host)."""
-
-    def __post_init__(self) -> None:
-        workspaces = len(self.labels) * max(1, len(self.cg_slots))
-        object.__setattr__(self, "workspaces", workspaces)
-        object.__setattr__(self, "floor_bytes", self.floor_mb * MIB)
-        object.__setattr__(self, "int_floor_bytes", self.int_floor_mb * MIB)
-        object.__setattr__(self, "reserved_bytes", workspaces * self.floor_bytes)
-        object.__setattr__(self, "int_reserved_bytes", workspaces * self.int_floor_bytes)
+    int_declared_mb: int | None
+    floor: Floor
+    """Each workspace's floor: declared, else from the environment, else 512 MB; its ``setting``
+    is what to change to move it (``resources.<path>.declared_mb`` or the variable)."""
+    int_floor: Floor
+    """Each int workspace's floor (and its host mirror's)."""
 
     @property
     def key(self) -> str:
         """The resource's full config key, e.g. ``resources.attn.decode``."""
         return f"{RESOURCES_KEY}.{self.path}"
+
+    @property
+    def workspaces(self) -> int:
+        """One per label and slot: ``len(labels) * max(1, len(cg_slots))``."""
+        return len(self.labels) * max(1, len(self.cg_slots))
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What the pool holds once every workspace is made (int workspaces: ``int_``)."""
+        return self.workspaces * self.floor.bytes
+
+    @property
+    def int_reserved_bytes(self) -> int:
+        return self.workspaces * self.int_floor.bytes
+
+    def as_json(self) -> dict[str, Any]:
+        """The record as ``mstar-resources format=json`` gives it, each floor's fields flat."""
+        floor, int_floor = self.floor, self.int_floor
+        return {
+            "path": self.path, "owner": self.owner, "labels": list(self.labels),
+            "cg_slots": list(self.cg_slots), "declared_mb": self.declared_mb,
+            "floor_mb": floor.mb, "floor_bytes": floor.bytes, "floor_source": floor.source,
+            "floor_setting": floor.setting, "workspaces": self.workspaces,
+            "reserved_bytes": self.reserved_bytes, "int_declared_mb": self.int_declared_mb,
+            "int_floor_mb": int_floor.mb, "int_floor_bytes": int_floor.bytes,
+            "int_floor_source": int_floor.source, "int_floor_setting": int_floor.setting,
+            "int_reserved_bytes": self.int_reserved_bytes,
+        }  # fmt: skip
 
 
 def serving(records: Iterable[ResolvedResource], label: str) -> ResolvedResource | None:
@@ -137,13 +142,10 @@ def _record(
     declared_mb: int | None, int_declared_mb: int | None, env: Mapping[str, str],
 ) -> ResolvedResource:  # fmt: skip
     key = f"{RESOURCES_KEY}.{path}"
-    floor = resolve_floor(declared_mb, env, f"{key}.declared_mb")
-    int_floor = resolve_floor(int_declared_mb, env, f"{key}.int_declared_mb", INT)
     return ResolvedResource(
-        path=path, owner=owner, labels=tuple(labels), cg_slots=tuple(cg_slots),
-        declared_mb=declared_mb, floor_mb=floor.mb, floor_source=floor.source,
-        floor_setting=floor.setting, int_declared_mb=int_declared_mb, int_floor_mb=int_floor.mb,
-        int_floor_source=int_floor.source, int_floor_setting=int_floor.setting,
+        path, owner, tuple(labels), tuple(cg_slots), declared_mb, int_declared_mb,
+        floor=resolve_floor(declared_mb, env, f"{key}.declared_mb"),
+        int_floor=resolve_floor(int_declared_mb, env, f"{key}.int_declared_mb", INT),
     )  # fmt: skip
 
 
@@ -181,10 +183,7 @@ def build_pools(
             owner=record.owner,
             config_key=record.key,
             serves=[(label, slot) for label in record.labels for slot in record.cg_slots or [None]],
-            floors=(
-                Floor(record.floor_mb, record.floor_source, record.floor_setting),
-                Floor(record.int_floor_mb, record.int_floor_source, record.int_floor_setting),
-            ),
+            floors=(record.floor, record.int_floor),
         )
         for record in records
     }

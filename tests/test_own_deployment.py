@@ -125,7 +125,7 @@ def test_the_page_s_commands_run_in_order_with_the_floors_it_promises(tmp_path, 
             variable, _, value = words[0].partition("=")
             setting = SETTINGS[variable].read({variable: value})
             assert setting is not None, command
-            floors = {record.path: record.floor_mb for record in setting.records}
+            floors = {record.path: record.floor.mb for record in setting.records}
             assert floors == expected[Path(value).stem], command
         ran.append(words[0].partition("=")[0])
     assert ran.count("MSTAR_RESOURCES_VLLM") == 3 and ran.count("MSTAR_RESOURCES_SGLANG") == 1

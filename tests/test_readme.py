@@ -64,7 +64,7 @@ from mstar_resources.apps.hydra_app import hydra_app
 
 @hydra_app("my-engine", config_name="engine", config_path="conf")
 def main(cfg: DictConfig) -> None:
-    print(json.dumps([dataclasses.asdict(r) for r in resolve(cfg.resources)]))
+    print(json.dumps([r.as_json() for r in resolve(cfg.resources)]))
 
 main()
 """

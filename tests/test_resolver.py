@@ -9,7 +9,6 @@ import torch
 from omegaconf import OmegaConf
 
 from mstar_resources import (
-    ResolvedResource,
     ResourceConfigError,
     ResourceUsageError,
     Workspace,
@@ -19,6 +18,7 @@ from mstar_resources import (
     check_calibration,
     resolve,
 )
+from mstar_resources.floor import Floor
 from mstar_resources.integrations import vllm
 from mstar_resources.resolver import redeclared
 from mstar_resources.units import MIB
@@ -41,24 +41,28 @@ def test_floors_come_from_the_composed_tree_then_the_environment():
     # a deployment's value, a command-line override that unsets another, the variable behind it.
     cfg = compose_shipped(["deployment=llama3-70b-tp8-h200", f"{DECODE}=null"])
     records = resolve(cfg.resources, {VAR: "8"})
-    got = [(r.path, r.floor_mb, r.floor_source, r.floor_setting) for r in records]
+    got = [(r.path, r.floor.mb, r.floor.source, r.floor.setting) for r in records]
     assert got == [("attn.prefill", 128, "declared", PREFILL), ("attn.decode", 8, "env", VAR)]
 
 
 def test_env_defaults_to_the_process_environment(monkeypatch):
     monkeypatch.setenv(VAR, "48")
     (prefill, _) = resolve(compose_shipped().resources)
-    assert (prefill.floor_mb, prefill.floor_source) == (48, "env")
+    assert (prefill.floor.mb, prefill.floor.source) == (48, "env")
 
 
-def test_record_fields_are_the_json_keys_and_derive_their_sizes():
+def test_a_record_carries_each_floor_whole_and_gives_the_json_keys_flat():
     (prefill, decode) = resolve(compose_shipped(["deployment=llama3-8b-h200"]).resources, {})
-    assert [f.name for f in dataclasses.fields(ResolvedResource)] == JSON_KEYS
-    assert dataclasses.asdict(decode) == {
+    assert (decode.floor, decode.int_floor) == (
+        Floor(128, "declared", DECODE),
+        Floor(8, "default", "MSTAR_INT_WORKSPACE_BUFFER_MB"),
+    )
+    assert list(decode.as_json()) == JSON_KEYS
+    assert decode.as_json() == {
         "path": "attn.decode",
         "owner": "attention",
-        "labels": ("decode",),
-        "cg_slots": (0, 1),
+        "labels": ["decode"],
+        "cg_slots": [0, 1],
         "declared_mb": 128,
         "floor_mb": 128,
         "floor_bytes": 128 * MIB,
@@ -75,7 +79,7 @@ def test_record_fields_are_the_json_keys_and_derive_their_sizes():
     }
     assert (prefill.workspaces, prefill.reserved_bytes) == (1, 256 * MIB)  # eager: one per label
     with pytest.raises(dataclasses.FrozenInstanceError):
-        decode.floor_mb = 1  # type: ignore[misc]
+        decode.floor = Floor(1, "declared", DECODE)  # type: ignore[misc]
 
 
 def test_nested_tree_in_order_from_a_plain_mapping():
@@ -90,7 +94,7 @@ def test_nested_tree_in_order_from_a_plain_mapping():
         ("mla.deep.er", "mla", 1),
         ("sampler", "attention", 1),
     ]
-    assert records[1].floor_setting == "resources.mla.deep.er.declared_mb"
+    assert records[1].floor.setting == "resources.mla.deep.er.declared_mb"
 
 
 def test_an_empty_tree_resolves_to_nothing():
@@ -335,7 +339,7 @@ def test_build_pools_reads_the_env_it_is_given_not_the_process(monkeypatch):
 )  # fmt: skip
 def test_typed_and_converted_values_resolve_alike(node):
     (record,) = resolve({"attn": {"decode": node}}, env={})
-    assert (record.declared_mb, record.cg_slots, record.floor_source) == (64, (0,), "declared")
+    assert (record.declared_mb, record.cg_slots, record.floor.source) == (64, (0,), "declared")
 
 
 def test_a_dotted_key_and_the_nested_path_it_spells_are_refused_by_name():
@@ -449,7 +453,7 @@ def test_the_pools_built_from_records_are_the_floors_they_resolved_not_the_envir
     same floors under another, each naming the setting that won."""
     tree = {"a": {"labels": ["x"]}, "b": {"labels": ["y"], "declared_mb": 3}}
     records = resolve(tree, env={VAR: "2", INT_VAR: "1"})
-    assert [(r.floor_mb, r.floor_source) for r in records] == [(2, "env"), (3, "declared")]
+    assert [(r.floor.mb, r.floor.source) for r in records] == [(2, "env"), (3, "declared")]
     pools = build_pools(records, "cpu", env={VAR: "64", INT_VAR: "16"})
     assert pools["a"].get("x").tensor.numel() == 2 * MIB
     assert pools["a"].int_floor_bytes == MIB
@@ -494,7 +498,7 @@ def test_a_floor_given_as_text_is_read_by_the_command_lines_rule_in_both_apis(te
     from mstar_resources import WorkspacePool
 
     (record,) = resolve({"d": {"labels": ["x"], "declared_mb": text, "int_declared_mb": text}}, {})
-    assert (record.floor_mb, record.int_floor_mb) == (12, 12)
+    assert (record.floor.mb, record.int_floor.mb) == (12, 12)
     pool = WorkspacePool("cpu", size_mb=text, int_size_mb=text)
     assert pool.get("x").tensor.numel() == pool.get("x").int_workspace.tensor.numel() == 12 * MIB
 
@@ -546,11 +550,11 @@ def test_measured_floors_are_declared_as_a_trees_are_resolved():
     tree = {"attn": {"decode": {"owner": "attention", "labels": ["decode"], "cg_slots": [0]}}}
     env = {VAR: "64", INT_VAR: "16"}
     (measured_on,) = resolve(tree, env)
-    assert (measured_on.floor_source, measured_on.floor_mb) == ("env", 64)
+    assert (measured_on.floor.source, measured_on.floor.mb) == ("env", 64)
     tree["attn"]["decode"] |= {"declared_mb": 3, "int_declared_mb": 1}
     (declared,) = resolve(tree, env)
     assert redeclared(measured_on, 3, 1, env) == declared
-    assert (declared.floor_source, declared.floor_setting) == (
+    assert (declared.floor.source, declared.floor.setting) == (
         "declared", "resources.attn.decode.declared_mb"
     )  # fmt: skip
 

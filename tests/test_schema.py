@@ -88,7 +88,7 @@ def test_every_shipped_deployment_composes_and_resolves(deployment):
     records = resolve(compose_shipped([f"deployment={deployment}"]).resources, {})
     assert [r.path for r in records] == ["attn.prefill", "attn.decode"]
     if deployment != "none":
-        assert {r.floor_source for r in records} == {"declared"}
+        assert {r.floor.source for r in records} == {"declared"}
 
 
 def test_the_shipped_deployments_are_the_documented_ones():

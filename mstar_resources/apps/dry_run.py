@@ -73,7 +73,7 @@ def main(cfg: DictConfig) -> None:
         )
     calibrated = _check_calibration_inputs(cfg, records)
     report: dict[str, Any] = {
-        "resources": [asdict(record) for record in records],
+        "resources": [record.as_json() for record in records],
         "total_reserved_bytes": sum(record.reserved_bytes for record in records),
         "total_int_reserved_bytes": sum(record.int_reserved_bytes for record in records),
     }
@@ -130,12 +130,12 @@ def _table(
             record.owner,
             ",".join(record.labels),
             ",".join(map(str, record.cg_slots)) or "eager",
-            f"{record.floor_mb:,}",
-            record.floor_source,
+            f"{record.floor.mb:,}",
+            record.floor.source,
             str(record.workspaces),
             _mb(record.reserved_bytes),
-            f"{record.int_floor_mb:,}",
-            record.int_floor_source,
+            f"{record.int_floor.mb:,}",
+            record.int_floor.source,
             _mb(record.int_reserved_bytes),
         )
         for record in records

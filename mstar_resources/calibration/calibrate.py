@@ -281,10 +281,10 @@ def table(
             row.label,
             str(row.need.worst or "-"),
             f"{row.need.bytes:,}",
-            f"{row.resource.floor_bytes:,} ({row.resource.floor_source})",
-            f"{row.resource.floor_bytes - row.need.bytes:+,}",
+            f"{row.resource.floor.bytes:,} ({row.resource.floor.source})",
+            f"{row.resource.floor.bytes - row.need.bytes:+,}",
             "-" if row.need.int_bytes is None else f"{row.need.int_bytes:,}",
-            f"{row.resource.int_floor_bytes:,} ({row.resource.int_floor_source})",
+            f"{row.resource.int_floor.bytes:,} ({row.resource.int_floor.source})",
         )
         for row in rows
     ]

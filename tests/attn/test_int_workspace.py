@@ -39,24 +39,24 @@ def test_the_int_floor_is_declared_else_the_variable_else_flashinfers_8_mb():
         "inherited": {"labels": ["prefill"]},
     }
     declared, inherited = resolve(tree, {})
-    assert (declared.int_floor_mb, declared.int_floor_source, declared.int_floor_setting) == (
+    assert (declared.int_floor.mb, declared.int_floor.source, declared.int_floor.setting) == (
         2, "declared", "resources.declared.int_declared_mb",
     )  # fmt: skip
-    assert (inherited.int_floor_mb, inherited.int_floor_source) == (8, "default")
+    assert (inherited.int_floor.mb, inherited.int_floor.source) == (8, "default")
     _, from_env = resolve(tree, {INT_VAR: "3"})
-    assert (from_env.int_floor_mb, from_env.int_floor_source, from_env.int_floor_setting) == (
+    assert (from_env.int_floor.mb, from_env.int_floor.source, from_env.int_floor.setting) == (
         3, "env", INT_VAR,
     )  # fmt: skip
     # The float floor's variable leaves the int floor alone, and the other way round.
     _, float_only = resolve(tree, {"MSTAR_WORKSPACE_BUFFER_MB": "64"})
-    assert (float_only.floor_mb, float_only.int_floor_mb) == (64, 8)
+    assert (float_only.floor.mb, float_only.int_floor.mb) == (64, 8)
 
 
 def test_a_deployment_and_the_command_line_declare_the_int_floor():
     cfg = compose_shipped(["resources.attn.decode.int_declared_mb=1"])
     prefill, decode = resolve(cfg.resources, {})
-    assert (decode.int_floor_mb, decode.int_reserved_bytes) == (1, 2 * MIB)  # two slots
-    assert (prefill.int_floor_mb, prefill.int_reserved_bytes) == (8, 8 * MIB)
+    assert (decode.int_floor.mb, decode.int_reserved_bytes) == (1, 2 * MIB)  # two slots
+    assert (prefill.int_floor.mb, prefill.int_reserved_bytes) == (8, 8 * MIB)
 
 
 @pytest.mark.parametrize(
@@ -344,7 +344,7 @@ def test_an_int_floor_of_zero_reserves_no_int_workspace_and_the_wrappers_keep_th
     workspace, FlashInfer 0.7's MLA): the pool reserves only float workspaces, and a wrapper it
     builds or is given keeps the int workspace and mirror it made."""
     (record,) = resolve({"d": {"labels": ["decode"], "int_declared_mb": 0, "declared_mb": 1}}, {})
-    assert (record.int_floor_mb, record.int_floor_source) == (0, "declared")
+    assert (record.int_floor.mb, record.int_floor.source) == (0, "declared")
     (pool,) = build_pools([record], "cpu").values()
     assert pool.reserve() == MIB
     workspace = pool.get("decode")

@@ -96,11 +96,11 @@ def test_calibrated_override_composes_and_round_trips_its_numbers(tmp_path):
     records = {r.path: r for r in resolve(cfg.resources, env={})}
     assert records["attn.decode"].declared_mb == 3
     assert records["attn.prefill"].declared_mb == 4  # 3 MiB + 5 bytes, + 10%
-    assert records["attn.decode"].floor_setting == "resources.attn.decode.declared_mb"
+    assert records["attn.decode"].floor.setting == "resources.attn.decode.declared_mb"
     # The int needs, with the margin, in whole MB: 1 and 2 (1 MiB + 1 byte, + 10%).
     assert records["attn.decode"].int_declared_mb == 1
     assert records["attn.prefill"].int_declared_mb == 2
-    assert records["attn.prefill"].int_floor_setting == "resources.attn.prefill.int_declared_mb"
+    assert records["attn.prefill"].int_floor.setting == "resources.attn.prefill.int_declared_mb"
     needs = OmegaConf.to_container(cfg.calibrated.needs)
     assert needs == [
         {

@@ -9,7 +9,6 @@ own settings or in the resource tree, ends in one paragraph on stderr and exit s
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 from omegaconf import DictConfig
@@ -21,9 +20,7 @@ from mstar_resources.apps.hydra_app import hydra_app
 @hydra_app("engine", config_name="engine", config_path="conf", command="python -m tests.engine.app")
 def main(cfg: DictConfig) -> None:
     records = resolve(cfg.resources)
-    print(
-        json.dumps({"model": cfg.model.name, "resources": [dataclasses.asdict(r) for r in records]})
-    )
+    print(json.dumps({"model": cfg.model.name, "resources": [r.as_json() for r in records]}))
 
 
 if __name__ == "__main__":

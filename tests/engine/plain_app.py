@@ -17,7 +17,7 @@ register_options_resolver("engine")  # ${mstar_resources.options:deployment} in 
 @hydra.main(version_base="1.3", config_path="conf", config_name="engine")
 def main(cfg: DictConfig) -> None:
     for record in resolve(cfg.resources):
-        print(record.path, record.floor_mb, record.floor_source)
+        print(record.path, record.floor.mb, record.floor.source)
 
 
 if __name__ == "__main__":

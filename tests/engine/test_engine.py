@@ -27,7 +27,7 @@ def compose_engine(overrides: list[str]):
 
 
 def floors(cfg, env=None):
-    return {r.path: (r.floor_mb, r.floor_source) for r in resolve(cfg.resources, env or {})}
+    return {r.path: (r.floor.mb, r.floor.source) for r in resolve(cfg.resources, env or {})}
 
 
 # Which deployment an engine runs: overrides -> {path: (floor MB, source)}. (Where a floor comes

@@ -62,7 +62,7 @@ def test_a_deployment_file_is_composed_whatever_its_path_holds(tmp_path, folder,
     path.write_text("# @package _global_\nresources: {attn: {decode: {declared_mb: 33}}}\n")
     setting = OTHER.read({"MSTAR_RESOURCES_OTHER": str(path)})
     assert setting is not None
-    floors = {record.key: record.floor_mb for record in setting.records}
+    floors = {record.key: record.floor.mb for record in setting.records}
     assert floors["resources.attn.decode"] == 33
 
 

@@ -24,6 +24,7 @@ import torch
 
 from mstar_resources.attn import trtllm_workspace
 from mstar_resources.errors import WorkspaceSealedError
+from mstar_resources.floor import Floor
 from mstar_resources.integrations import vllm as plugin
 from mstar_resources.integrations.plugin import patch_module
 from mstar_resources.integrations.vllm import plans as vllm_plans
@@ -426,8 +427,7 @@ def vllm_stand_in(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: sms)
     setting = plugin.VLLM.read({plugin.ENV_VAR: "llama3-8b-h200"})  # 256 / 128 MB: lowered
     records = tuple(
-        type(r)(**{**{f: getattr(r, f) for f in ("path", "owner", "labels", "cg_slots",
-                  "floor_source", "floor_setting")}, "declared_mb": mb, "floor_mb": mb})
+        replace(r, declared_mb=mb, floor=replace(r.floor, mb=mb))
         for r, mb in zip(setting.records, (2, 4), strict=True)
     )  # fmt: skip
     monkeypatch.setenv(plugin.ENV_VAR, setting.value)  # as vLLM loaded the plugin
@@ -1049,7 +1049,7 @@ def test_decode_wrappers_keep_their_own_int_workspace_where_none_is_reserved(vll
     none counted as sharing."""
     served, runner = vllm_stand_in.served, vllm_stand_in.runner
     records = tuple(
-        replace(r, int_declared_mb=0, int_floor_mb=0, int_floor_source="declared")
+        replace(r, int_declared_mb=0, int_floor=Floor(0, "declared", r.int_floor.setting))
         for r in served.setting.records
     )
     served.setting = workspaces.Setting(plugin.ENV_VAR, served.setting.value, records)

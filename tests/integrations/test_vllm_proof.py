@@ -117,7 +117,7 @@ def test_an_auto_runs_floors_become_a_deployment_file_the_plugin_reads(tmp_path)
     ]}}  # fmt: skip
     path = proof.floors_file(auto, tmp_path / "deployment" / "crash.yaml")
     setting = VLLM.read({"MSTAR_RESOURCES_VLLM": str(path)})
-    floors = {r.path: (r.floor_mb, r.int_floor_mb, r.floor_source) for r in setting.records}
+    floors = {r.path: (r.floor.mb, r.int_floor.mb, r.floor.source) for r in setting.records}
     assert floors["attn.prefill"] == (3, 0, "declared")
     assert floors["attn.decode"] == (106, 1, "declared")
 

@@ -56,7 +56,7 @@ def test_unset_or_empty_is_off_and_auto_composes_nothing():
 def test_a_shipped_calibrated_deployment_gives_its_floors_and_where_they_came_from():
     setting = plugin.VLLM.read({ENV: "llama3-8b-h200_calibrated"})
     assert setting is not None and not setting.auto
-    floors = {r.path: (r.floor_mb, r.floor_source, r.floor_setting) for r in setting.records}
+    floors = {r.path: (r.floor.mb, r.floor.source, r.floor.setting) for r in setting.records}
     assert floors == {
         "attn.prefill": (17, "declared", "resources.attn.prefill.declared_mb"),
         "attn.decode": (3, "declared", "resources.attn.decode.declared_mb"),
@@ -66,13 +66,13 @@ def test_a_shipped_calibrated_deployment_gives_its_floors_and_where_they_came_fr
 def test_a_deployment_file_of_the_users_composes_over_the_shipped_tree(tmp_path):
     path = deployment_file(tmp_path, OVER_LLAMA3_8B + DECODE_MB.format(41))
     setting = plugin.VLLM.read({ENV: str(path)})
-    assert {r.path: r.floor_mb for r in setting.records} == {"attn.prefill": 256, "attn.decode": 41}
+    assert {r.path: r.floor.mb for r in setting.records} == {"attn.prefill": 256, "attn.decode": 41}
 
 
 def test_the_floor_variable_sizes_what_a_deployment_file_leaves_undeclared(tmp_path):
     path = deployment_file(tmp_path, DECODE_MB.format(41))
     setting = plugin.VLLM.read({ENV: str(path), "MSTAR_WORKSPACE_BUFFER_MB": "64"})
-    floors = {r.path: (r.floor_mb, r.floor_source) for r in setting.records}
+    floors = {r.path: (r.floor.mb, r.floor.source) for r in setting.records}
     assert floors == {"attn.prefill": (64, "env"), "attn.decode": (41, "declared")}
 
 
@@ -171,7 +171,7 @@ def test_a_program_that_initialised_hydra_keeps_it_and_the_plugin_composes_its_o
         assert compose("program") == {"served_by": "the program"}
         with pytest.raises(MissingConfigException):
             compose("resources/default")
-    assert {r.floor_mb for r in setting.records} == {256, 128}
+    assert {r.floor.mb for r in setting.records} == {256, 128}
 
 
 def test_the_plugins_settings_are_copied_to_vllms_ray_workers(monkeypatch):

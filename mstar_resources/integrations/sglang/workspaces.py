@@ -81,7 +81,9 @@ class SglangWorkspaces(PluginState):
         # both prefill wrappers of a batch before it runs either, so each keeps its own.
         decode_path = keys["decode"][0].path
         records = {
-            r.path: r if r.path == decode_path else dataclasses.replace(r, int_floor_mb=0)
+            r.path: r
+            if r.path == decode_path
+            else dataclasses.replace(r, int_floor=dataclasses.replace(r.int_floor, mb=0))
             for r, _ in keys.values()
         }
         pools = build_pools(list(records.values()), device)
@@ -99,7 +101,7 @@ class SglangWorkspaces(PluginState):
                 "mstar-resources: %s: %s bytes for SGLang's FlashInfer %s wrappers (floor %s)%s, "
                 "before SGLang sizes its KV pool",
                 workspace.name, f"{workspace.tensor.numel():,}", role,
-                self.provenance.get(record.path) or f"from {record.floor_setting}",
+                self.provenance.get(record.path) or f"from {record.floor.setting}",
                 "" if shared is None or role != "decode" else
                 f", and an int workspace of {shared.tensor.numel():,} bytes its wrappers share",
             )  # fmt: skip

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError
 from ...resolver import ResolvedResource, build_pools, redeclared, resolve, serving
-from ...units import MIB
 from ..plugin import PluginState
 from ..setting import AUTO, PluginSetting, Setting
 from . import plans as vllm_plans
@@ -206,12 +205,12 @@ class VllmWorkspaces(PluginState):
         declared = serving(records, TRTLLM_LABEL)
         if declared is None:
             return need, f"resources.{TRTLLM_PATH}.declared_mb", sms, counters
-        floor = declared.floor_mb * MIB
+        floor = declared.floor.bytes
         if floor > need:
             self.provenance[TRTLLM_PATH] = (
-                f"{declared.floor_setting} ({declared.floor_mb} MB), above the bound {need:,}"
+                f"{declared.floor.setting} ({declared.floor.mb} MB), above the bound {need:,}"
             )
-        return max(need, floor), declared.floor_setting, sms, counters
+        return max(need, floor), declared.floor.setting, sms, counters
 
     def _on_engine_freed(self, runner: weakref.ref[Any]) -> None:
         """Let the workspaces go with their engine, before another engine's profile measures what
@@ -293,7 +292,7 @@ class VllmWorkspaces(PluginState):
                 continue
             record, _ = self._keys[role]
             source = self.provenance.get(
-                record.path, f"{record.floor_setting} ({record.floor_source})"
+                record.path, f"{record.floor.setting} ({record.floor.source})"
             )
             logger.info(
                 "mstar-resources: %s: %s bytes for vLLM's FlashInfer %s wrappers; floor from %s",
