@@ -13,6 +13,8 @@ from typing import Any
 from ...floor import ENV_VAR as FLOOR_ENV_VAR
 from ..plugin import EnginePlugin, Seam, after, before
 from .plans import Role
+from .workspace_manager import MODULE as MANAGER
+from .workspace_manager import checked_growth
 from .workspaces import ENV_VAR, ROLE, V2_RUNNER, VLLM, VllmWorkspaces
 
 __all__ = [
@@ -133,6 +135,18 @@ def _copied_to_ray(workspaces: VllmWorkspaces, names: Any, module: Any) -> Any:
     return names
 
 
+def _manager_growth(workspaces: VllmWorkspaces, ensure: Any, owner: Any) -> Any:
+    return checked_growth(workspaces.manager, ensure, owner)
+
+
+def _manager_locked(workspaces: VllmWorkspaces, manager: Any, result: Any) -> None:
+    workspaces.manager.locked(manager)
+
+
+def _manager_unlocked(workspaces: VllmWorkspaces, manager: Any, result: Any) -> None:
+    workspaces.manager.unlocked(manager)
+
+
 def _runner_seams(runner: str, until: str | None = None) -> tuple[Seam, ...]:
     return (
         # the workspaces made before the memory profile, so that it counts them
@@ -183,6 +197,18 @@ SEAMS = (
     Seam("vllm.envs", "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE"),
     Seam("vllm.envs", "VLLM_BATCH_INVARIANT"),
     Seam(RAY_ENV, "DEFAULT_EXTRA_ENV_VARS", patch=_copied_to_ray),
+    # vLLM's WorkspaceManager: a floor made before the profile, sealed at vLLM's lock
+    Seam(MANAGER, "WorkspaceManager._ensure_workspace_size", patch=_manager_growth),
+    Seam(MANAGER, "WorkspaceManager.lock", patch=after(_manager_locked)),
+    Seam(MANAGER, "WorkspaceManager.unlock", patch=after(_manager_unlocked)),
+    *(Seam(MANAGER, f"WorkspaceManager.{name}", instance=True)
+      for name in ("_current_workspaces", "_device", "_locked")),
+    Seam(MANAGER, "WorkspaceManager.is_locked"),
+    Seam(MANAGER, "is_workspace_manager_initialized"),
+    Seam(MANAGER, "current_workspace_manager"),
+    Seam(MANAGER, "dbo_current_ubatch_id"),
+    Seam(MANAGER, "_workspace_lane", required=False, since="0.28.0"),
+    Seam(MANAGER, "WorkspaceManager._get_workspace_id", required=False, since="0.31.0"),
 )  # fmt: skip
 """Every name of vLLM's the plugin relies on (``scripts/engine_seams.py`` checks each wheel)."""
 

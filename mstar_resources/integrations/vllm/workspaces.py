@@ -19,6 +19,7 @@ from ..plugin import PluginState
 from ..setting import AUTO, PluginSetting, Setting
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, Role
+from .workspace_manager import ManagerScratch
 
 if TYPE_CHECKING:
     import torch
@@ -88,6 +89,7 @@ class VllmWorkspaces(PluginState):
         self._unplanned_pages: set[int] = set()
         self._builders: weakref.WeakSet[Any] = weakref.WeakSet()  # the builders served
         self.provenance = {}
+        self.manager = ManagerScratch()  # vLLM's WorkspaceManager
         self._set_decode_planner()
 
     @property
@@ -120,6 +122,7 @@ class VllmWorkspaces(PluginState):
             self._engine = lambda: runner
         if self.untouched is not None or not self._read_setting_again():
             return
+        self.manager.reserve(self.setting.records, runner)  # a floor with no room ends the start
         config, device = runner.vllm_config, runner.device
         try:
             reason = vllm_plans.uncovered_attention(config)
@@ -449,6 +452,7 @@ class VllmWorkspaces(PluginState):
             "builders": len(self._builders),
             "sealed": self.sealed,
             "unexpected_wrappers": list(self.unexpected),
+            "workspace_manager": self.manager.report(),
         }
 
 

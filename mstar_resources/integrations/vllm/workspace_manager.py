@@ -1,0 +1,193 @@
+"""vLLM's WorkspaceManager (``vllm/v1/worker/workspace.py``, read in 0.26.0 to 0.34.0) as a
+resource: the scratch vLLM's MoE kernels, MLA prefill, Marlin and sparse indexers take with
+``get_simultaneous``, one buffer per micro-batch slot (from 0.28, per lane too), which vLLM grows on
+demand and locks after graph capture. A deployment's floor (``resources.vllm.workspace_manager``)
+is made in the slots it serves before vLLM's memory profile, so the KV cache pays it; vLLM grows
+it further until it locks it (its profile runs the largest batch: ``auto`` holds what that takes);
+from the lock it is sealed. A growth vLLM would refuse with an ``AssertionError`` after its lock,
+or one the GPU has no room for, ends in one paragraph naming the resource, the caller, the bytes and
+the setting to change."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ...attn._buffer import WorkspaceGrowthError
+from ...errors import WorkspaceSealedError
+from ...resolver import ResolvedResource, serving
+from ...units import mb_to_hold
+
+MODULE = "vllm.v1.worker.workspace"
+LABEL = "workspace_manager"  # the label of a deployment's resource that declares its floor
+PATH = "vllm.workspace_manager"
+SETTING = f"resources.{PATH}.declared_mb"
+
+logger = logging.getLogger("vllm.plugins.mstar_resources")
+_PACKAGE = str(Path(__file__).resolve().parents[2])
+
+
+class ManagerScratch:
+    """What the plugin holds and saw of vLLM's workspace manager in one engine."""
+
+    def __init__(self) -> None:
+        self.record: ResolvedResource | None = None  # the deployment's resource (None: auto)
+        self.sealed = False
+        self.reserved: list[int] = []  # each slot's bytes before vLLM's memory profile
+        self.at_lock: list[int] = []  # each slot's bytes when vLLM locked it
+        self.refused = 0  # growths asked after the lock
+        self.max_num_batched_tokens: int | None = None
+
+    @property
+    def setting(self) -> str:
+        return SETTING if self.record is None else self.record.floor.setting
+
+    def reserve(self, records: Sequence[ResolvedResource], runner: Any) -> None:
+        """The declared floor made in each slot it serves, before vLLM's memory profile."""
+        module = sys.modules.get(MODULE)
+        if module is None or not module.is_workspace_manager_initialized():
+            return
+        manager = module.current_workspace_manager()
+        scheduler = getattr(runner.vllm_config, "scheduler_config", None)
+        self.max_num_batched_tokens = getattr(scheduler, "max_num_batched_tokens", None)
+        self.record = serving(records, LABEL)
+        slots: list[Any] = manager._current_workspaces
+        if self.record is not None:
+            import torch
+
+            floor = self.record.floor.bytes
+            # 0.32+ allocates in a context of its own (sleep mode's pool): so does the floor.
+            pool = getattr(manager, "_alloc_context", contextlib.nullcontext)
+            for slot in self.record.cg_slots or range(len(slots)):
+                if slot < len(slots) and held(slots[slot]) < floor:
+                    try:
+                        with pool():
+                            slots[slot] = torch.empty(
+                                floor, dtype=torch.uint8, device=manager._device
+                            )
+                    except torch.OutOfMemoryError as error:
+                        raise self.no_room(manager, floor, slot, "the plugin's floor") from error
+        self.reserved = [held(tensor) for tensor in slots]
+        floor_from = (
+            f"floor from {self.setting}" if self.record else "no floor declared: vLLM's profile "
+            "grows it to what its largest batch takes"
+        )  # fmt: skip
+        logger.info(
+            "mstar-resources: %s: %s bytes in vLLM's workspace manager (%d slots), before vLLM's "
+            "memory profile; %s", PATH, f"{sum(self.reserved):,}", len(slots), floor_from,
+        )  # fmt: skip
+
+    def locked(self, manager: Any) -> None:
+        """Sealed where vLLM locks it (after graph capture)."""
+        self.sealed = True
+        self.at_lock = [held(tensor) for tensor in manager._current_workspaces]
+        logger.info(
+            "mstar-resources: %s: sealed where vLLM locked it, at %s bytes (%s by slot; %s "
+            "before its memory profile)", PATH, f"{sum(self.at_lock):,}",
+            ", ".join(f"{n:,}" for n in self.at_lock), f"{sum(self.reserved):,}",
+        )  # fmt: skip
+
+    def unlocked(self, manager: Any) -> None:
+        """vLLM's own unlock (elastic EP scaling): it may grow again until vLLM locks it."""
+        self.sealed = False
+        logger.info("mstar-resources: %s: unlocked by vLLM: it grows until vLLM locks it", PATH)
+
+    def refusal(self, manager: Any, required: int) -> WorkspaceSealedError:
+        """A growth asked after vLLM's lock, as the error that replaces vLLM's assertion."""
+        self.refused += 1
+        slot = current_slot(manager)
+        have = held(manager._current_workspaces[slot])
+        return WorkspaceSealedError(
+            f"vLLM's workspace manager ({PATH}, slot {slot}) is sealed at {have:,} bytes, "
+            f"where vLLM locked it after graph capture, and {caller()} asks for {required:,}; "
+            f"declare {self.setting}={mb_to_hold(required)} or more in the deployment, so that "
+            "it is made before vLLM's memory profile and its KV cache pays it",
+            workspace=f"{PATH}:{slot}", held_bytes=have, needed_bytes=required,
+            setting=self.setting, suggested_mb=mb_to_hold(required),
+        )  # fmt: skip
+
+    def no_room(
+        self, manager: Any, required: int, slot: int | None = None, asker: str | None = None
+    ) -> WorkspaceGrowthError:
+        """The GPU has no room for ``required`` bytes in a slot: what was free, and what to set."""
+        import torch
+
+        slot = current_slot(manager) if slot is None else slot
+        free, total = torch.cuda.mem_get_info(manager._device)
+        tokens = self.max_num_batched_tokens
+        declared = (
+            f"; or lower {self.setting} (now {self.record.floor.mb} MB)"
+            if self.record and asker else ""
+        )  # fmt: skip
+        return WorkspaceGrowthError(
+            f"vLLM's workspace manager ({PATH}, slot {slot}) needs {required:,} bytes for "
+            f"{asker or caller()}, and the GPU has {free:,} of {total:,} bytes free before vLLM "
+            "sizes its KV cache (the model and vLLM's profile hold the rest; "
+            "gpu_memory_utilization does not change it): lower max_num_batched_tokens"
+            f"{'' if tokens is None else f' (now {tokens:,})'}, whose largest batch the kernels "
+            f"taking this scratch are sized for{declared}",
+            workspace=f"{PATH}:{slot}", needed_bytes=required,
+            held_bytes=held(manager._current_workspaces[slot]), setting=self.setting,
+        )  # fmt: skip
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "floor_setting": self.setting if self.record else None,
+            "bytes_before_profile": list(self.reserved),
+            "bytes_at_lock": list(self.at_lock),
+            "growths_refused_after_lock": self.refused,
+            "sealed": self.sealed,
+        }
+
+
+def checked_growth(scratch: ManagerScratch, ensure: Any, owner: Any) -> Any:
+    """``WorkspaceManager._ensure_workspace_size``: vLLM's, its refusal after the lock and an
+    allocator with no room raised as the plugin's errors."""
+    import torch
+
+    @functools.wraps(ensure)
+    def _ensure_workspace_size(self: Any, required_bytes: int) -> Any:
+        try:
+            return ensure(self, required_bytes)
+        except AssertionError:
+            if not self.is_locked():
+                raise
+            raise scratch.refusal(self, required_bytes) from None
+        except torch.OutOfMemoryError as error:
+            raise scratch.no_room(self, required_bytes) from error
+
+    return _ensure_workspace_size
+
+
+def current_slot(manager: Any) -> int:
+    """The slot vLLM's manager serves now: its own count from 0.31 (``_get_workspace_id``);
+    before, as 0.26 to 0.30 count it (this copy goes once 0.31 is the oldest release served)."""
+    if hasattr(manager, "_get_workspace_id"):
+        return int(manager._get_workspace_id())
+    module = sys.modules[MODULE]
+    lane = getattr(module, "_workspace_lane", None)  # 0.28 to 0.30
+    lanes = getattr(manager, "_num_lanes", 1)
+    return int(module.dbo_current_ubatch_id()) * lanes + (0 if lane is None else lane.get())
+
+
+def caller() -> str:
+    """Where the bytes were asked for, as vLLM's own message names it (``file:line:function``):
+    the first frame outside this package and the manager's own methods."""
+    frame = sys._getframe(1)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_PACKAGE)
+        or type(frame.f_locals.get("self")).__name__ == "WorkspaceManager"
+    ):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "an unknown caller"
+    return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}:{frame.f_code.co_name}"
+
+
+def held(tensor: Any) -> int:
+    return 0 if tensor is None else int(tensor.numel() * tensor.element_size())
