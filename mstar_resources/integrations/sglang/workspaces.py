@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import weakref
 from collections.abc import Callable
@@ -121,7 +120,6 @@ class SglangWorkspaces(PluginState):
             if device.type == "cuda":  # what the measurement freed, given back before KV sizing
                 import torch
 
-                gc.collect()  # as the vLLM plugin's left_out_of_peak says
                 torch.cuda.empty_cache()
         return records
 

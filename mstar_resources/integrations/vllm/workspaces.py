@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import logging
 import os
 import weakref
@@ -467,11 +466,7 @@ def left_out_of_peak(device: torch.device) -> Iterator[None]:
 
     at_peak = torch.cuda.max_memory_allocated(device) == torch.cuda.memory_allocated(device)
     yield
-    if at_peak:
-        # The library's own objects hold the measurement's wrappers in no cycle (tested on the
-        # CPU); FlashInfer's, collected here until test_vllm_measure_gpu's check without the
-        # collector has run on a GPU.
-        gc.collect()
+    if at_peak:  # the measurement's memory is freed by then: it holds no cycle (tested on a GPU)
         torch.cuda.reset_peak_memory_stats(device)
     else:
         logger.info(
