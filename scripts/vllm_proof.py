@@ -66,6 +66,9 @@ class Shape:
     """A Qwen3-architecture model whose first layer attends a sliding window of this many tokens
     and whose second attends all: two KV-cache groups in vLLM."""
     layers: int = 2
+    experts: int = 0
+    """A Qwen3-MoE model of this many experts (4 a token) in every layer: vLLM's MoE kernels take
+    their scratch from its WorkspaceManager."""
 
 
 SHAPES = {
@@ -73,6 +76,7 @@ SHAPES = {
     "qwen3.5": Shape("qwen3.5", 32, 2, 256),
 }
 TWO_GROUPS = Shape("two-groups", 32, 8, 128, sliding_window=256)
+MOE = Shape("moe", 32, 8, 128, layers=3, experts=16)
 DEPTHS = {
     "llama3-8b-3l": Shape("llama3-8b-3l", 32, 8, 128, layers=3),
     "llama3-8b-16l": Shape("llama3-8b-16l", 32, 8, 128, layers=16),
@@ -81,7 +85,7 @@ DEPTHS = {
 
 
 def shape_of(name: str) -> Shape:
-    return {**SHAPES, **DEPTHS, TWO_GROUPS.name: TWO_GROUPS}[name]
+    return {**SHAPES, **DEPTHS, TWO_GROUPS.name: TWO_GROUPS, MOE.name: MOE}[name]
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,9 @@ class Case:
     planted_trtllm_bytes: int | None = None
     """The TRT-LLM workspace planted at this many bytes in place of the plugin's bound: its check
     must refuse the launches past it before they run."""
+    planted_manager_growth: bool = False
+    """After generating, vLLM's WorkspaceManager is asked for one byte more than its slot holds:
+    sealed, the plugin must refuse it naming the setting."""
 
     @property
     def side(self) -> str:
@@ -140,7 +147,8 @@ class Case:
         return ", ".join(shown + [f"{k}={v}" for k, v in env.items()])
 
 
-SIDES = ("vllm", "plugin", "plugin-mp", "plugin-stale", "plugin-planted", "vllm-raised")
+SIDES = ("vllm", "plugin", "plugin-mp", "plugin-stale", "plugin-planted", "vllm-raised",
+         "plugin-declared", "plugin-no-room")  # fmt: skip
 """The runs a group can have (``--sides``); ``plugin-file`` follows ``plugin``
 (``--file-floors``)."""
 
@@ -214,6 +222,32 @@ def users_cases(group: str) -> list[Case]:
     return cases
 
 
+MANAGER_MB = 256
+"""The floor the MoE group's deployment declares for vLLM's WorkspaceManager."""
+
+
+def moe_cases(folder: Path) -> list[Case]:
+    """A 3-layer Qwen3-MoE as vLLM runs it, with the plugin's ``auto``, and with deployments (in
+    ``folder``) that declare the WorkspaceManager's floor: ``MANAGER_MB``, then a floor past what
+    the GPU holds (the start must end with the plugin's paragraph)."""
+    files = {}
+    for side, mb in (("plugin-declared", MANAGER_MB), ("plugin-no-room", 1 << 20)):
+        files[side] = folder / "deployment" / f"moe-{side}.yaml"
+        files[side].parent.mkdir(parents=True, exist_ok=True)
+        files[side].write_text(
+            "# @package _global_\ndefaults:\n  - llama3-8b-h200\n  - _self_\nresources:\n"
+            "  vllm:\n    workspace_manager: {owner: vllm, labels: [workspace_manager], "
+            f"cg_slots: [0], declared_mb: {mb}, int_declared_mb: 0}}\n"
+        )
+    return [
+        Case("moe/vllm", "moe", None),
+        Case("moe/plugin", "moe", "auto"),
+        Case("moe/plugin-declared", "moe", str(files["plugin-declared"].resolve()),
+             planted_manager_growth=True),
+        Case("moe/plugin-no-room", "moe", str(files["plugin-no-room"].resolve())),
+    ]  # fmt: skip
+
+
 def crash_cases(group: str = "crash") -> list[Case]:
     """The public crash's configuration; ``crash-v1``: on vLLM's V1 model runner."""
     env = V1_RUNNER if group.endswith("-v1") else {}
@@ -277,7 +311,14 @@ def build_model(shape: Shape, folder: Path) -> Path:
     if (path / "config.json").exists():
         return path
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     common = dict(
         vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=shape.layers,
@@ -286,7 +327,11 @@ def build_model(shape: Shape, folder: Path) -> Path:
         initializer_range=INIT_STD,
     )  # fmt: skip
     torch.manual_seed(0)
-    if shape.sliding_window is None:
+    if shape.experts:
+        moe = Qwen3MoeConfig(**common, num_experts=shape.experts, num_experts_per_tok=4,
+                             moe_intermediate_size=512, decoder_sparse_step=1)  # fmt: skip
+        model = Qwen3MoeForCausalLM(moe).to(torch.bfloat16)
+    elif shape.sliding_window is None:
         model = LlamaForCausalLM(LlamaConfig(**common)).to(torch.bfloat16)
     else:
         config = Qwen3Config(
@@ -549,6 +594,9 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
         "decode_plan_clock": clock.report(times[-1]),
         "gc": collections.report(),
     }
+    manager = _workspace_manager(case.planted_manager_growth)
+    if manager:
+        result["workspace_manager"] = manager
     from mstar_resources.integrations import vllm as plugin
 
     # With the engine core in its own process, the plugin served that one: its log says what.
@@ -564,6 +612,26 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
     logging.getLogger("vllm").removeHandler(handler)
     llm.llm_engine.engine_core.shutdown()  # in this process: its memory goes with it
     return result
+
+
+def _workspace_manager(planted: bool) -> dict[str, Any]:
+    """vLLM's WorkspaceManager after generating: each slot's bytes, and where ``planted``, what a
+    growth of one byte past slot 0 ended with (the manager is locked after capture)."""
+    import torch
+    from vllm.v1.worker import workspace
+
+    if not workspace.is_workspace_manager_initialized():
+        return {}
+    manager = workspace.current_workspace_manager()
+    slots = [0 if t is None else t.numel() for t in manager._current_workspaces]
+    found: dict[str, Any] = {"slot_bytes": slots, "locked": manager.is_locked()}
+    if planted:
+        try:
+            manager.get_simultaneous(((slots[0] + 1,), torch.uint8))
+            found["planted_growth"] = "grown: nothing refused it"
+        except Exception as error:
+            found["planted_growth"] = f"{type(error).__name__}: {error}"
+    return found
 
 
 def run_in_turn(cases: list[Case], models: Path, out: Path) -> None:
@@ -759,7 +827,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash", "crash-v1", *USERS_CASES]
+    choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash", "crash-v1", *USERS_CASES, "moe"]
     parser.add_argument("--cases", nargs="*", default=[*SHAPES, "crash", "llama3-8b-v1",
                         *USERS_CASES], choices=choices, help="shapes to run (-v1: on vLLM's V1 "
                         "model runner), the crash case, and the configurations vLLM's users run "
@@ -802,6 +870,8 @@ def main() -> None:
     for name in args.cases:
         if name.startswith("crash"):
             order += crash_cases(name)
+        elif name == "moe":
+            order += moe_cases(args.out)
         elif name in USERS_CASES:
             order += users_cases(name)
         else:

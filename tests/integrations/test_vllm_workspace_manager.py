@@ -107,8 +107,9 @@ def test_the_declared_floor_is_made_in_each_slot_before_the_profile(vllm_stand_i
     assert report == {
         "floor_setting": "resources.vllm.workspace_manager.declared_mb",
         "bytes_before_profile": [3 * MIB, 3 * MIB],
-        "bytes_at_lock": [4 * MIB, 3 * MIB],
-        "growths_refused_after_lock": 0,
+        "bytes_at_seal": [4 * MIB, 3 * MIB],
+        "sealed_when": "vLLM locked it",
+        "growths_refused_after_seal": 0,
         "sealed": True,
     }
 
@@ -136,7 +137,33 @@ def test_a_growth_after_vllms_lock_names_the_caller_the_bytes_and_the_setting(
     assert "test_vllm_workspace_manager.py" in str(error) and ":moe_kernel" in str(error)
     assert "resources.vllm.workspace_manager.declared_mb=6 or more" in str(error)
     assert manager._current_workspaces[1] is held  # sealed: the slot keeps its buffer
-    assert state.report()["workspace_manager"]["growths_refused_after_lock"] == 1
+    assert state.report()["workspace_manager"]["growths_refused_after_seal"] == 1
+
+
+def test_graph_capture_seals_it_where_vllm_never_locks_it(vllm_stand_in, monkeypatch):
+    """vLLM 0.26 to 0.29's V2 model runner captures graphs over the manager's buffers and never
+    locks it: a growth would move a buffer the graphs replay into."""
+    state, manager = served(vllm_stand_in, monkeypatch)
+    vllm_stand_in.runner.profile_run()
+    vllm_stand_in.runner.capture_model()
+    assert not manager.is_locked()
+    held = manager._current_workspaces[0]
+    moe_kernel(manager, 3 * MIB)  # within what it holds: served
+    with pytest.raises(WorkspaceSealedError) as refused:
+        moe_kernel(manager, 3 * MIB + 1)
+    assert "(as vLLM captures CUDA graphs over it)" in str(refused.value)
+    assert manager._current_workspaces[0] is held
+    manager.lock()  # vLLM's lock after it: sealed already, as it was
+    assert state.manager.sealed_when == "vLLM captures CUDA graphs over it"
+
+
+def test_without_graphs_vllm_grows_it_after_the_warm_up_as_it_would(vllm_stand_in, monkeypatch):
+    _, manager = served(vllm_stand_in, monkeypatch)
+    vllm_stand_in.worker.eager = True
+    vllm_stand_in.runner.profile_run()
+    vllm_stand_in.worker.compile_or_warm_up_model()  # seals the attention workspaces
+    moe_kernel(manager, 8 * MIB)
+    assert manager._current_workspaces[0].numel() == 8 * MIB
 
 
 def test_vllms_own_unlock_is_followed_and_its_next_lock_seals_again(vllm_stand_in, monkeypatch):
@@ -147,7 +174,7 @@ def test_vllms_own_unlock_is_followed_and_its_next_lock_seals_again(vllm_stand_i
     moe_kernel(manager, 6 * MIB)
     assert not state.manager.sealed
     manager.lock()
-    assert state.manager.sealed and state.manager.at_lock == [6 * MIB, 3 * MIB]
+    assert state.manager.sealed and state.manager.at_seal == [6 * MIB, 3 * MIB]
 
 
 def test_without_a_declared_floor_vllm_grows_it_and_the_lock_still_seals(
@@ -161,7 +188,7 @@ def test_without_a_declared_floor_vllm_grows_it_and_the_lock_still_seals(
     with pytest.raises(WorkspaceSealedError) as refused:
         moe_kernel(manager, 3 * MIB)
     assert refused.value.setting == "resources.vllm.workspace_manager.declared_mb"
-    assert state.report()["workspace_manager"]["bytes_at_lock"] == [2 * MIB, 0]
+    assert state.report()["workspace_manager"]["bytes_at_seal"] == [2 * MIB, 0]
 
 
 def test_a_growth_the_gpu_has_no_room_for_says_what_was_free_and_what_to_lower(

@@ -117,6 +117,7 @@ def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any)
     def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not kwargs.get("profile_only"):
             workspaces.seal("captures CUDA graphs")
+            workspaces.manager.seal("vLLM captures CUDA graphs over it")
         return capture_model(self, *args, **kwargs)
 
     return seal_then_capture
@@ -140,11 +141,11 @@ def _manager_growth(workspaces: VllmWorkspaces, ensure: Any, owner: Any) -> Any:
 
 
 def _manager_locked(workspaces: VllmWorkspaces, manager: Any, result: Any) -> None:
-    workspaces.manager.locked(manager)
+    workspaces.manager.seal("vLLM locked it")
 
 
 def _manager_unlocked(workspaces: VllmWorkspaces, manager: Any, result: Any) -> None:
-    workspaces.manager.unlocked(manager)
+    workspaces.manager.unlocked()
 
 
 def _runner_seams(runner: str, until: str | None = None) -> tuple[Seam, ...]:

@@ -1,12 +1,13 @@
 """vLLM's WorkspaceManager (``vllm/v1/worker/workspace.py``, read in 0.26.0 to 0.34.0) as a
 resource: the scratch vLLM's MoE kernels, MLA prefill, Marlin and sparse indexers take with
 ``get_simultaneous``, one buffer per micro-batch slot (from 0.28, per lane too), which vLLM grows on
-demand and locks after graph capture. A deployment's floor (``resources.vllm.workspace_manager``)
-is made in the slots it serves before vLLM's memory profile, so the KV cache pays it; vLLM grows
-it further until it locks it (its profile runs the largest batch: ``auto`` holds what that takes);
-from the lock it is sealed. A growth vLLM would refuse with an ``AssertionError`` after its lock,
-or one the GPU has no room for, ends in one paragraph naming the resource, the caller, the bytes and
-the setting to change."""
+demand and locks after graph capture (from 0.30 in its V2 model runner). A deployment's floor
+(``resources.vllm.workspace_manager``) is made in the slots it serves before vLLM's memory profile,
+so the KV cache pays it; vLLM grows it further (its profile runs the largest batch: ``auto`` holds
+what that takes) until graphs are captured over it or vLLM locks it, whichever comes first: from
+there it is sealed, since a graph replays into the buffer it was captured on. A growth after the
+seal, or one the GPU has no room for, ends in one paragraph naming the resource, the caller, the
+bytes and the setting to change, in place of vLLM's ``AssertionError`` or a moved buffer."""
 
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ class ManagerScratch:
     def __init__(self) -> None:
         self.record: ResolvedResource | None = None  # the deployment's resource (None: auto)
         self.sealed = False
+        self.sealed_when: str | None = None  # what sealed it last
         self.reserved: list[int] = []  # each slot's bytes before vLLM's memory profile
-        self.at_lock: list[int] = []  # each slot's bytes when vLLM locked it
-        self.refused = 0  # growths asked after the lock
+        self.at_seal: list[int] = []  # each slot's bytes when it was sealed
+        self.room = 0  # the least any slot held then: a request within it grows nothing
+        self.refused = 0  # growths asked after the seal
         self.max_num_batched_tokens: int | None = None
 
     @property
@@ -49,10 +52,9 @@ class ManagerScratch:
 
     def reserve(self, records: Sequence[ResolvedResource], runner: Any) -> None:
         """The declared floor made in each slot it serves, before vLLM's memory profile."""
-        module = sys.modules.get(MODULE)
-        if module is None or not module.is_workspace_manager_initialized():
+        manager = _manager()
+        if manager is None:
             return
-        manager = module.current_workspace_manager()
         scheduler = getattr(runner.vllm_config, "scheduler_config", None)
         self.max_num_batched_tokens = getattr(scheduler, "max_num_batched_tokens", None)
         self.record = serving(records, LABEL)
@@ -82,17 +84,21 @@ class ManagerScratch:
             "memory profile; %s", PATH, f"{sum(self.reserved):,}", len(slots), floor_from,
         )  # fmt: skip
 
-    def locked(self, manager: Any) -> None:
-        """Sealed where vLLM locks it (after graph capture)."""
-        self.sealed = True
-        self.at_lock = [held(tensor) for tensor in manager._current_workspaces]
+    def seal(self, when: str) -> None:
+        """Sealed where graphs are captured over it or vLLM locks it, whichever comes first."""
+        manager = _manager()
+        if manager is None or self.sealed:
+            return
+        self.sealed, self.sealed_when = True, when
+        self.at_seal = [held(tensor) for tensor in manager._current_workspaces]
+        self.room = min(self.at_seal)
         logger.info(
-            "mstar-resources: %s: sealed where vLLM locked it, at %s bytes (%s by slot; %s "
-            "before its memory profile)", PATH, f"{sum(self.at_lock):,}",
-            ", ".join(f"{n:,}" for n in self.at_lock), f"{sum(self.reserved):,}",
+            "mstar-resources: %s: sealed as %s, at %s bytes (%s by slot; %s before its memory "
+            "profile)", PATH, when, f"{sum(self.at_seal):,}",
+            ", ".join(f"{n:,}" for n in self.at_seal), f"{sum(self.reserved):,}",
         )  # fmt: skip
 
-    def unlocked(self, manager: Any) -> None:
+    def unlocked(self) -> None:
         """vLLM's own unlock (elastic EP scaling): it may grow again until vLLM locks it."""
         self.sealed = False
         logger.info("mstar-resources: %s: unlocked by vLLM: it grows until vLLM locks it", PATH)
@@ -103,8 +109,8 @@ class ManagerScratch:
         slot = current_slot(manager)
         have = held(manager._current_workspaces[slot])
         return WorkspaceSealedError(
-            f"vLLM's workspace manager ({PATH}, slot {slot}) is sealed at {have:,} bytes, "
-            f"where vLLM locked it after graph capture, and {caller()} asks for {required:,}; "
+            f"vLLM's workspace manager ({PATH}, slot {slot}) is sealed at {have:,} bytes (as "
+            f"{self.sealed_when}), and {caller()} asks for {required:,}; "
             f"declare {self.setting}={mb_to_hold(required)} or more in the deployment, so that "
             "it is made before vLLM's memory profile and its KV cache pays it",
             workspace=f"{PATH}:{slot}", held_bytes=have, needed_bytes=required,
@@ -139,8 +145,9 @@ class ManagerScratch:
         return {
             "floor_setting": self.setting if self.record else None,
             "bytes_before_profile": list(self.reserved),
-            "bytes_at_lock": list(self.at_lock),
-            "growths_refused_after_lock": self.refused,
+            "bytes_at_seal": list(self.at_seal),
+            "sealed_when": self.sealed_when,
+            "growths_refused_after_seal": self.refused,
             "sealed": self.sealed,
         }
 
@@ -152,6 +159,12 @@ def checked_growth(scratch: ManagerScratch, ensure: Any, owner: Any) -> Any:
 
     @functools.wraps(ensure)
     def _ensure_workspace_size(self: Any, required_bytes: int) -> Any:
+        if (  # sealed: refused before vLLM moves the buffer graphs replay into
+            scratch.sealed
+            and required_bytes > scratch.room
+            and held(self._current_workspaces[current_slot(self)]) < required_bytes
+        ):
+            raise scratch.refusal(self, required_bytes)
         try:
             return ensure(self, required_bytes)
         except AssertionError:
@@ -162,6 +175,14 @@ def checked_growth(scratch: ManagerScratch, ensure: Any, owner: Any) -> Any:
             raise scratch.no_room(self, required_bytes) from error
 
     return _ensure_workspace_size
+
+
+def _manager() -> Any:
+    """vLLM's workspace manager of this process, None where there is none yet."""
+    module = sys.modules.get(MODULE)
+    if module is None or not module.is_workspace_manager_initialized():
+        return None
+    return module.current_workspace_manager()
 
 
 def current_slot(manager: Any) -> int:
