@@ -152,18 +152,15 @@ def did_you_mean(word: str, options: Iterable[str], prefix: str = "") -> str:
 def check_argument(
     name: str, value: object, expected: type | tuple[type, ...], expects: str
 ) -> None:
-    """Raise :class:`ResourceUsageError` naming ``name``, ``value`` and ``expects`` (what it takes)
-    unless the value is an ``expected``."""
-    if isinstance(value, expected):
-        return
-    raise ResourceUsageError(
-        Problem(f"{name}={value!r} must be {expects}", setting=name, value=value, expects=expects)
-    )
+    """Raise :class:`ResourceUsageError` unless ``value`` is an ``expected``."""
+    if not isinstance(value, expected):
+        text = f"{name}={value!r} must be {expects}"
+        raise ResourceUsageError(Problem(text, setting=name, value=value, expects=expects))
 
 
 def check_name(setting: str, value: object, must: str, where: str = "") -> None:
-    """Raise :class:`ResourceUsageError`, prefixed with ``where``, unless ``value`` is a usable
-    name (:func:`name_problem`); ``must`` says what it takes where it is no string or blank."""
+    """Raise :class:`ResourceUsageError` (after ``where``) unless ``value`` is a usable name;
+    ``must`` says what it takes where it is no string or blank."""
     if not isinstance(value, str) or not value.strip():
         raise ResourceUsageError(f"{where}{setting}={value!r} {must}")
     if (problem := name_problem(setting, value)) is not None:
@@ -175,8 +172,7 @@ MAX_NAME = 128
 
 
 def name_problem(setting: str, value: str) -> str | None:
-    """What is wrong with ``value``, a non-blank name that tables and logs print (printable, at
-    most :data:`MAX_NAME` long), or None; ``setting`` names it (``labels[1]``)."""
+    """What is wrong with ``value``, a non-blank name of ``setting`` that tables and logs print."""
     if len(value) > MAX_NAME:
         return (
             f"{setting} has {len(value):,} characters ({value[:20]!r}...); a name has at most "

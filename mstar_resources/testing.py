@@ -44,10 +44,10 @@ def flashinfer_overflow(
     fixture of its C++ headers' text (``attn/flashinfer_overflow.json``)."""
     where = _expressions()["overflow"]
     header = Path(sysconfig.get_path("purelib")) / "flashinfer/data/include/flashinfer"
+    file = header / where["header"]
     message = _render(
         "overflow", name=allocation, size=size, alignment=alignment, remaining_space=available
     )
-    file = header / where["header"]
     line, func = where["throw_line"], where["function"]
     return RuntimeError(_render("error_prefix", func=func, file=file, line=line, message=message))
 
@@ -64,10 +64,9 @@ class OverflowingPlanner:
 
     def __call__(self, *args: object, **kwargs: object) -> None:
         self.calls += 1
-        taken, available = 0, self.buffer.numel()
+        taken = 0
         for name, size in self.allocations:
             padding = -taken % ALIGNMENT
-            if padding + size > available:
-                raise flashinfer_overflow(name, size, available)
+            if taken + padding + size > self.buffer.numel():
+                raise flashinfer_overflow(name, size, self.buffer.numel() - taken)
             taken += padding + size
-            available -= padding + size

@@ -114,11 +114,9 @@ def _allocate(cfg: DictConfig, records: list[ResolvedResource], device: str) -> 
     check_calibration(cfg, target, resolved=records)
     torch.cuda.synchronize(target)
     before = torch.cuda.memory_allocated(target)
-    pools = build_pools(records, target, reserve=True)  # held until measured
+    _pools = build_pools(records, target, reserve=True)  # held until measured
     torch.cuda.synchronize(target)
-    allocated = torch.cuda.memory_allocated(target) - before
-    del pools
-    return allocated
+    return torch.cuda.memory_allocated(target) - before
 
 
 def _table(

@@ -38,8 +38,8 @@ from ..errors import ResourceConfigError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cuda_device", "fail", "hydra_app", "package_version",
-           "register_options_resolver", "register_settings"]  # fmt: skip
+__all__ = ["cuda_device", "hydra_app", "package_version", "register_options_resolver",
+           "register_settings"]  # fmt: skip
 
 RESOLVERS = ("mstar_resources.options", "mstar_resources.shown")
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
@@ -154,8 +154,12 @@ def hydra_app(
                      "lists, as mstar-resources-calibrate writes it) and give that "
                      "folder")  # fmt: skip
             line.config_dir = config_dirs[0] if config_dirs else None
-            if line.config_dir is not None and (problem := _unreadable_folder(line.config_dir)):
-                fail(prog, f"--config-dir {line.config_dir} {problem}; give a folder of configs")
+            try:
+                if line.config_dir is not None:
+                    Path(line.config_dir).resolve()
+            except (OSError, RuntimeError) as error:  # RuntimeError: a loop of links (Python 3.11)
+                unreadable = f"--config-dir {line.config_dir} can't be read ({error})"
+                fail(prog, f"{unreadable}; give a folder of configs")
             on = Composition(
                 config_name, line.overrides, line.config_dir, line.config_name, settings
             )
@@ -211,15 +215,6 @@ def hydra_app(
         return main
 
     return decorate
-
-
-def _unreadable_folder(folder: str) -> str | None:
-    """Why ``folder`` cannot be resolved (a loop of links, a name too long), or None."""
-    try:
-        Path(folder).resolve(strict=False)
-    except (OSError, RuntimeError) as error:  # RuntimeError: a loop of links (Python 3.11)
-        return f"can't be read ({error})"
-    return None
 
 
 def _refusal(

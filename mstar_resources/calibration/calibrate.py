@@ -1,7 +1,6 @@
 """Calibrating a deployment on this GPU: the checks before any GPU work, each resource's labels
 planned on FlashInfer's wrappers, the report of their needs against today's floors, and the
-deployment override that declares them (``<name>_calibrated.yaml``: it pulls in ``<name>``,
-declares the measured floors, and keeps the measurements as ``calibrated``)."""
+deployment override that declares them (``<name>_calibrated.yaml``)."""
 
 from __future__ import annotations
 
@@ -101,12 +100,9 @@ class OneBuffer:
         return lines
 
 
-def declared_floors(
-    measured: Sequence[Measured], margin: float = DEFAULT_MARGIN, into: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Measured needs as the floors calibration's file declares: ``into`` (else a new resource
-    tree), each measured resource declaring :func:`declared_mbs`."""
-    resources = {} if into is None else into
+def declared_floors(measured: Sequence[Measured], margin: float) -> dict[str, Any]:
+    """The resource tree of the floors calibration's file declares (:func:`declared_mbs`)."""
+    resources: dict[str, Any] = {}
     for m in measured:
         node = resources
         for part in m.path.split("."):

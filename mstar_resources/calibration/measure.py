@@ -1,12 +1,10 @@
 """Measuring on the GPU what a label's plans need of the float and int workspaces, through
 FlashInfer: the plan shapes that bound that need (``docs/calibration.md``, "Why the need is a
-bound"), and the one set of wrapper factories and plan arguments. A wrapper's ``workspace_size()``
-is asked where it has one (decode and paged prefill, FlashInfer 0.7); elsewhere the shapes are
-planned on float and int workspaces that start empty and grow to exactly the largest needs.
-FlashInfer 0.7's MLA wrapper makes a fresh int workspace at each plan: its int need is None."""
+bound"), and the one set of wrapper factories and plan arguments."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,10 +41,7 @@ class Shape:
 
 
 def _powers_of_two_up_to(limit: int) -> list[int]:
-    values = [1]
-    while values[-1] * 2 < limit:
-        values.append(values[-1] * 2)
-    return sorted({*values, limit})
+    return sorted({1, *(1 << i for i in range(limit.bit_length())), limit})
 
 
 def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool) -> list[Shape]:
@@ -126,7 +121,8 @@ class Need:
     """Shapes FlashInfer refused for a reason of its own (MLA's work-item capacity, say), with
     the reason: an engine cannot plan them either. None bounds the need."""
     int_bytes: int | None = None
-    """The most int workspace any shape needs; None where it cannot be measured."""
+    """The most int workspace any shape needs; None where it cannot be measured (FlashInfer 0.7's
+    MLA wrapper makes a fresh int workspace at each plan)."""
 
 
 class Planner:
@@ -237,10 +233,8 @@ class Planner:
     def need(self, plan: PlanProfile, shapes: list[Shape], progress: Any = None) -> Need:
         """The largest need over ``shapes``; ``progress`` (a tqdm bar) advances once a shape."""
         if plan.kind in (PlanKind.decode, PlanKind.paged_prefill):
-            try:
+            with contextlib.suppress(NotImplementedError):  # this backend has no workspace_size()
                 return self.need_by_query(plan, shapes, progress)
-            except NotImplementedError:  # this backend has no workspace_size()
-                pass
         return self.need_by_growth(plan, shapes, progress)
 
     def need_by_query(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:

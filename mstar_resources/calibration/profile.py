@@ -12,13 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeGuard, cast
 
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import (
-    ConfigAttributeError,
-    ConfigKeyError,
-    OmegaConfBaseException,
-    ValidationError,
-)
+from omegaconf import MISSING, DictConfig, OmegaConf, ValidationError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from ..attn._flashinfer import plain_decode_groups
 from ..errors import ResourceConfigError, did_you_mean
@@ -178,7 +173,6 @@ def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
 
 
 def _graph_size_problems(profile: CalibrationProfile, name: str, limit_name: str) -> list[str]:
-    """Graph sizes must be distinct positive whole numbers, none above their limit."""
     key, sizes = f"{PROFILE_KEY}.{name}", getattr(profile, name)
     limit = getattr(profile.limits, limit_name)
     if any(not is_positive_int(s) for s in sizes) or len(set(sizes)) != len(sizes):

@@ -17,12 +17,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...attn._buffer import WorkspaceGrowthError
 from ...errors import WorkspaceSealedError
 from ...resolver import ResolvedResource, serving
 from ...units import mb_to_hold
+
+if TYPE_CHECKING:  # torch is imported where vLLM's manager is: not by the plugin's registration
+    from ...attn._buffer import WorkspaceGrowthError
 
 MODULE = "vllm.v1.worker.workspace"
 LABEL = "workspace_manager"  # the label of a deployment's resource that declares its floor
@@ -122,6 +124,8 @@ class ManagerScratch:
     ) -> WorkspaceGrowthError:
         """The GPU has no room for ``required`` bytes in a slot: what was free, and what to set."""
         import torch
+
+        from ...attn._buffer import WorkspaceGrowthError
 
         slot = current_slot(manager) if slot is None else slot
         free, total = torch.cuda.mem_get_info(manager._device)
