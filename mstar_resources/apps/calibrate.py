@@ -5,6 +5,7 @@ today, and write ``NAME_calibrated.yaml`` (``docs/calibration.md``)."""
 from __future__ import annotations
 
 import datetime
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from ..compose import ComposedTree
 from ..errors import Problem, ResourceConfigError
 from ..files import folder_problem
 from ..resolver import resolve
+from ..schema import WORKSPACE_MANAGER_LABEL
 from .hydra_app import cuda_device, hydra_app, package_version
 
 PROG = "mstar-resources-calibrate"
@@ -72,7 +74,15 @@ def main(cfg: DictConfig) -> None:
         )
     profile = load_profile(cfg[PROFILE_KEY])
     records = resolve(cfg.resources)
-    check_labels(records, profile)
+    planned = [r for r in records if WORKSPACE_MANAGER_LABEL not in r.labels]
+    if unplanned := [f"resources.{r.path}" for r in records if r not in planned]:
+        print(
+            f"{PROG}: {', '.join(unplanned)} ({WORKSPACE_MANAGER_LABEL}) is vLLM's "
+            "WorkspaceManager, which calibration does not measure: vLLM's memory profile grows "
+            "it to what its largest batch takes; its floor stays as declared",
+            file=sys.stderr,
+        )
+    check_labels(planned, profile)
     name = base_deployment(str(deployment))
     # A deployment of the user's --config-dir: the calibrated file lists it under its defaults,
     # which Hydra finds only in a folder holding it, so it is written beside it.
@@ -93,7 +103,7 @@ def main(cfg: DictConfig) -> None:
         )
 
     device = cuda_device(cfg.device, "calibration plans on a GPU")
-    rows = measure_all(records, profile, device, show_progress=cfg.progress)
+    rows = measure_all(planned, profile, device, show_progress=cfg.progress)
     buffer = one_buffer(rows, profile, margin)
     print(table(rows, margin, buffer))
     record = {

@@ -91,3 +91,18 @@ def test_an_output_dir_that_cannot_be_made_is_refused_before_the_gpu(tmp_path):
         done.stderr,
     ), done.stderr
     assert list(work.iterdir()) == []
+
+
+def test_vllms_workspace_manager_is_said_and_left_out_of_the_measurement(tmp_path):
+    """A deployment declaring vLLM's WorkspaceManager is calibrated for the rest: one line says
+    calibration does not measure the manager (vLLM's profile does), and no plan is asked for."""
+    args = [
+        "deployment=llama3-8b-h200",
+        "device=tpu",
+        "+resources.vllm.workspace_manager={owner: vllm, labels: [workspace_manager]}",
+    ]
+    done = run_app(*args, cwd=tmp_path, python=[sys.executable, *CALIBRATE])
+    told, refused = done.stderr.strip().splitlines()
+    assert told.startswith("mstar-resources-calibrate: resources.vllm.workspace_manager ")
+    assert "calibration does not measure" in told
+    assert "device='tpu' is not a CUDA device" in refused and done.returncode == 2

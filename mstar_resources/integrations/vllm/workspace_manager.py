@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import WorkspaceSealedError
 from ...resolver import ResolvedResource, serving
+from ...schema import WORKSPACE_MANAGER_LABEL as LABEL
 from ...units import mb_to_hold
 
 if TYPE_CHECKING:  # torch is imported where vLLM's manager is: not by the plugin's registration
     from ...attn._buffer import WorkspaceGrowthError
 
 MODULE = "vllm.v1.worker.workspace"
-LABEL = "workspace_manager"  # the label of a deployment's resource that declares its floor
 PATH = "vllm.workspace_manager"
 SETTING = f"resources.{PATH}.declared_mb"
 
