@@ -241,10 +241,10 @@ def moe_cases(folder: Path) -> list[Case]:
         )
     return [
         Case("moe/vllm", "moe", None),
-        Case("moe/plugin", "moe", "auto"),
         Case("moe/plugin-declared", "moe", str(files["plugin-declared"].resolve()),
              planted_manager_growth=True),
         Case("moe/plugin-no-room", "moe", str(files["plugin-no-room"].resolve())),
+        Case("moe/plugin", "moe", "auto"),
     ]  # fmt: skip
 
 
