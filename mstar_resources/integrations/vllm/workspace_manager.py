@@ -106,7 +106,7 @@ class ManagerScratch:
         logger.info("mstar-resources: %s: unlocked by vLLM: it grows until vLLM locks it", PATH)
 
     def refusal(self, manager: Any, required: int) -> WorkspaceSealedError:
-        """A growth asked after vLLM's lock, as the error that replaces vLLM's assertion."""
+        """A growth asked after the seal, as the error that replaces vLLM's assertion."""
         self.refused += 1
         slot = current_slot(manager)
         have = held(manager._current_workspaces[slot])
