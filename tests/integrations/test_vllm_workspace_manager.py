@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mstar_resources.attn._buffer import WorkspaceGrowthError
-from mstar_resources.errors import WorkspaceSealedError
+from mstar_resources.errors import ResourceConfigError, WorkspaceSealedError
 from mstar_resources.integrations import vllm as plugin
 from mstar_resources.integrations.plugin import patch_module
 from mstar_resources.integrations.setting import Setting
@@ -24,7 +24,8 @@ from tests.integrations import test_vllm_plugin
 vllm_stand_in = test_vllm_plugin.vllm_stand_in  # the stand-in engine (a fixture)
 ROOM = 64 * MIB
 """What the stand-in's allocator has free: a larger buffer runs out, as CUDA's would."""
-FREE = (5 * MIB, 80 * 1024 * MIB)  # what torch.cuda.mem_get_info says then
+GIB = 1024 * MIB
+FREE = (70 * GIB, 80 * GIB)  # what torch.cuda.mem_get_info says: the model holds 10 GiB
 
 
 class StandInManager:
@@ -91,6 +92,7 @@ def served(stand_in, monkeypatch, *, declared_mb=3, cg_slots=(0, 1), ubatches=2)
     stand_in.runner.vllm_config.scheduler_config = types.SimpleNamespace(
         max_num_batched_tokens=8192
     )
+    stand_in.runner.vllm_config.cache_config.gpu_memory_utilization = 0.9  # 72 GiB: 62 left
     return state, manager
 
 
@@ -218,6 +220,21 @@ def test_a_declared_floor_with_no_room_ends_the_start_naming_the_floor(vllm_stan
     text = str(short.value)
     assert f"needs {2048 * MIB:,} bytes for the plugin's floor" in text
     assert "lower resources.vllm.workspace_manager.declared_mb (now 2048 MB)" in text
+
+
+def test_floors_that_leave_no_kv_cache_in_vllms_budget_end_the_start(vllm_stand_in, monkeypatch):
+    def made(*args, **kwargs):
+        raise AssertionError("nothing is allocated")
+
+    served(vllm_stand_in, monkeypatch, declared_mb=32 * 1024)  # two slots: 64 GiB
+    monkeypatch.setattr(torch, "empty", made)
+    with pytest.raises(ResourceConfigError) as refused:
+        vllm_stand_in.runner.profile_run()
+    assert vllm_stand_in.runner.profiled == 0
+    text = str(refused.value)
+    assert text.startswith(f"resources.vllm.workspace_manager.declared_mb=32768 makes {64 * GIB:,}")
+    assert f"gpu_memory_utilization=0.9 of the GPU's {80 * GIB:,} bytes" in text
+    assert f"less the {10 * GIB:,} it holds now" in text and f"leaves {62 * GIB:,}" in text
 
 
 def test_the_floor_fills_only_the_slots_it_serves_and_keeps_a_larger_buffer(

@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import WorkspaceSealedError
+from ...errors import ResourceConfigError, WorkspaceSealedError
 from ...resolver import ResolvedResource, serving
 from ...schema import WORKSPACE_MANAGER_LABEL as LABEL
 from ...units import mb_to_hold
@@ -65,17 +66,17 @@ class ManagerScratch:
             import torch
 
             floor = self.record.floor.bytes
+            fill = [s for s in self.record.cg_slots or range(len(slots))
+                    if s < len(slots) and held(slots[s]) < floor]  # fmt: skip
+            self._check_budget(runner, manager, floor * len(fill), self.record.floor.mb)
             # 0.32+ allocates in a context of its own (sleep mode's pool): so does the floor.
             pool = getattr(manager, "_alloc_context", contextlib.nullcontext)
-            for slot in self.record.cg_slots or range(len(slots)):
-                if slot < len(slots) and held(slots[slot]) < floor:
-                    try:
-                        with pool():
-                            slots[slot] = torch.empty(
-                                floor, dtype=torch.uint8, device=manager._device
-                            )
-                    except torch.OutOfMemoryError as error:
-                        raise self.no_room(manager, floor, slot, "the plugin's floor") from error
+            for slot in fill:
+                try:
+                    with pool():
+                        slots[slot] = torch.empty(floor, dtype=torch.uint8, device=manager._device)
+                except torch.OutOfMemoryError as error:
+                    raise self.no_room(manager, floor, slot, "the plugin's floor") from error
         self.reserved = [held(tensor) for tensor in slots]
         floor_from = (
             f"floor from {self.setting}" if self.record else "no floor declared: vLLM's profile "
@@ -85,6 +86,30 @@ class ManagerScratch:
             "mstar-resources: %s: %s bytes in vLLM's workspace manager (%d slots), before vLLM's "
             "memory profile; %s", PATH, f"{sum(self.reserved):,}", len(slots), floor_from,
         )  # fmt: skip
+
+    def _check_budget(self, runner: Any, manager: Any, need: int, mb: int) -> None:
+        """Refuse floors that leave no KV cache in the memory the user gave vLLM
+        (``gpu_memory_utilization`` of the GPU, less what it holds now: the model's weights...)."""
+        import torch
+
+        cache = getattr(runner.vllm_config, "cache_config", None)
+        share = getattr(cache, "gpu_memory_utilization", None)
+        if (
+            not need
+            or not isinstance(share, float)
+            or getattr(cache, "kv_cache_memory_bytes", None)
+        ):
+            return  # an explicit KV cache size is vLLM's to check
+        free, total = torch.cuda.mem_get_info(manager._device)
+        left = math.ceil(total * share) - (total - free)
+        if need > left:
+            raise ResourceConfigError(
+                f"{self.setting}={mb} makes {need:,} bytes of vLLM's workspace "
+                f"manager before its memory profile, and gpu_memory_utilization={share} of the "
+                f"GPU's {total:,} bytes, less the {total - free:,} it holds now (the model's "
+                f"weights among them), leaves {max(left, 0):,} for it, vLLM's activations and its "
+                f"KV cache: lower {self.setting}, or raise gpu_memory_utilization"
+            )
 
     def seal(self, when: str) -> None:
         """Sealed where graphs are captured over it or vLLM locks it, whichever comes first."""
