@@ -259,3 +259,17 @@ def test_the_slot_is_vllms_own_count_where_the_release_has_one():
         module._workspace_lane = lanes
         assert current_slot(old) == 3
         assert current_slot(newer) == 5
+
+
+def test_a_failure_of_the_plugins_own_leaves_the_manager_as_vllm_makes_it(
+    vllm_stand_in, monkeypatch, caplog
+):
+    def broken(*args):
+        raise KeyError("a vLLM the plugin does not expect")
+
+    state, manager = served(vllm_stand_in, monkeypatch)
+    monkeypatch.setattr(type(state.manager), "_check_budget", broken)
+    vllm_stand_in.runner.profile_run()
+    assert vllm_stand_in.runner.profiled == 1  # vLLM went on, its attention served
+    assert manager._current_workspaces == [None, None] and state.held_bytes == 6 * MIB
+    assert "workspace manager is left as vLLM makes it" in caplog.text

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ResourceConfigError
+from ...errors import ResourceConfigError, WorkspaceShortError
 from ...resolver import ResolvedResource, build_pools, redeclared, resolve, serving
 from ..plugin import PluginState
 from ..setting import AUTO, PluginSetting, Setting
@@ -121,7 +121,15 @@ class VllmWorkspaces(PluginState):
             self._engine = lambda: runner
         if self.untouched is not None or not self._read_setting_again():
             return
-        self.manager.reserve(self.setting.records, runner)  # a floor with no room ends the start
+        try:
+            self.manager.reserve(self.setting.records, runner)
+        except (ResourceConfigError, WorkspaceShortError):
+            raise  # a floor with no room: the start ends, saying so
+        except Exception as error:  # the plugin's own failure must not stop vLLM
+            logger.warning(
+                "mstar-resources: vLLM's workspace manager is left as vLLM makes it: the plugin "
+                "failed to reserve it (%s: %s)", type(error).__name__, error,
+            )  # fmt: skip
         config, device = runner.vllm_config, runner.device
         try:
             reason = vllm_plans.uncovered_attention(config)
