@@ -790,6 +790,24 @@ def _reserved_line(r: dict[str, Any]) -> str:
     return line.split("mstar-resources: reserved ")[1].split()[0] if line else "-"
 
 
+def manager_lines(results: dict[str, dict[str, Any]]) -> list[str]:
+    """vLLM's WorkspaceManager in each run that has one: its slots' bytes after generating, what the
+    plugin saw of it, and what a planted growth past the seal ended with."""
+    found = []
+    for name, r in results.items():
+        held, seen = r.get("workspace_manager"), (r.get("plugin") or {}).get("workspace_manager")
+        if not held:
+            continue
+        line = f"{name}: vLLM's WorkspaceManager {held['slot_bytes']} bytes by slot"
+        if seen:
+            line += (f"; before the profile {seen['bytes_before_profile']}, at the seal "
+                     f"{seen['bytes_at_seal']} ({seen['sealed_when']}), growths refused after it "
+                     f"{seen['growths_refused_after_seal']}")  # fmt: skip
+        found.append(line + (f"; planted: {held['planted_growth']}" if "planted_growth" in held
+                             else ""))  # fmt: skip
+    return found
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
     head = ("run", "ok", "tokens", "digest", "same tokens", "KV cache (vLLM's line)",
             "decode on", "workspace bytes", "TRT-LLM bytes", "launches checked/refused",
@@ -912,7 +930,7 @@ def main() -> None:
                 results[file.name] = launch(file, args.out, args.models, min(args.timeout, left))
         write_summary(results, args.out / "vllm_proof.json")
     print(table(results))
-    print("\n".join(kv_cost(results)))
+    print("\n".join([*kv_cost(results), *manager_lines(results)]))
     shapes = [results.get(f"{s}/vllm", {}).get("tokens") for s in SHAPES]
     if all(shapes):
         print(f"the two shapes generate different tokens: {shapes[0] != shapes[1]}")

@@ -142,3 +142,28 @@ def test_crash_v1_runs_the_crash_configuration_on_vllms_v1_runner():
     assert (vllm.name, plugin.name) == ("crash-v1/vllm", "crash-v1/plugin")
     assert vllm.env == plugin.env == proof.V1_RUNNER and plugin.max_num_seqs == 512
     assert proof.crash_cases()[0].env == {}
+
+
+def test_the_moe_group_declares_the_managers_floor_and_its_lines_say_what_sealed_it(tmp_path):
+    proof = load_script("vllm_proof")
+    cases = {case.side: case for case in proof.moe_cases(tmp_path)}
+    assert list(cases) == ["vllm", "plugin-declared", "plugin-no-room", "plugin"]
+    assert cases["plugin-declared"].planted_manager_growth
+    declared = (tmp_path / "deployment" / "moe-plugin-declared.yaml").read_text()
+    assert "labels: [workspace_manager]" in declared and "declared_mb: 256" in declared
+    seen = {"bytes_before_profile": [256], "bytes_at_seal": [256], "sealed_when": "at capture",
+            "growths_refused_after_seal": 1}  # fmt: skip
+    results = {
+        "moe/vllm": {"workspace_manager": {"slot_bytes": [48]}},
+        "moe/plugin-declared": {
+            "workspace_manager": {"slot_bytes": [256], "planted_growth": "WorkspaceSealedError: x"},
+            "plugin": {"workspace_manager": seen},
+        },
+        "llama3-8b/vllm": {},
+    }
+    assert proof.manager_lines(results) == [
+        "moe/vllm: vLLM's WorkspaceManager [48] bytes by slot",
+        "moe/plugin-declared: vLLM's WorkspaceManager [256] bytes by slot; before the profile "
+        "[256], at the seal [256] (at capture), growths refused after it 1; planted: "
+        "WorkspaceSealedError: x",
+    ]
