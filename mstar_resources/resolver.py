@@ -233,9 +233,6 @@ def _walk(
     node: DictConfig, key: str, problems: list[str], level: int = 0
 ) -> Iterator[tuple[str, DictConfig]]:
     """The resources below ``node`` as (full key, node); any other mapping is a group of them."""
-    if level > MAX_DEPTH:
-        problems.append(_too_deep(key))
-        return
     for name in node:
         child_key = key + "." + str(name)
         try:

@@ -15,11 +15,11 @@ from .units import MAX_SLOTS
 __all__ = ["Resource"]
 
 MAX_ITEMS = MAX_SLOTS
+"""The most labels, and the most CUDA-graph slots, one resource may list: each label and slot is
+a workspace of its own, and an engine has a handful; a longer list is a mistake."""
 WORKSPACE_MANAGER_LABEL = "workspace_manager"
 """The label of the resource that declares vLLM's WorkspaceManager's floor: sized by vLLM's memory
 profile (its largest batch) and sealed by the vLLM plugin, never planned by calibration."""
-"""The most labels, and the most CUDA-graph slots, one resource may list: each label and slot is
-a workspace of its own, and an engine has a handful; a longer list is a mistake."""
 
 
 @dataclass

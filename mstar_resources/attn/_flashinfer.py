@@ -74,8 +74,7 @@ def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:
 
 def refresh_recorded_size(attributes: dict[str, Any], tensor: torch.Tensor) -> None:
     """Bring a wrapper's :data:`RECORDED_SIZE` up to ``tensor``'s size where it plans on it."""
-    recorded = attributes.get(RECORDED_SIZE)
-    if is_int(recorded) and attributes.get(FLOAT_BUFFER) is tensor:
+    if is_int(attributes.get(RECORDED_SIZE)) and attributes.get(FLOAT_BUFFER) is tensor:
         attributes[RECORDED_SIZE] = tensor.numel()
 
 

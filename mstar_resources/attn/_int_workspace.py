@@ -42,8 +42,7 @@ class IntWorkspace(BufferHolder):
         """Raise :class:`WorkspacePlanError` unless the plan held is ``wrapper``'s (or none is
         known): it would run on another wrapper's indices. Called by each installed wrapper's
         ``run``, eagerly and at graph capture; a replay runs no Python, and relies on the rule."""
-        planner = self.last_planner()
-        if planner is not None and planner is not wrapper:
+        if (planner := self.last_planner()) is not None and planner is not wrapper:
             raise WorkspacePlanError(
                 f"int workspace {self.name!r} holds the plan of another {type(planner).__name__} "
                 f"({id(planner):#x}), made after this {type(wrapper).__name__}'s "

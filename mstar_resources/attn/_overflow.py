@@ -53,8 +53,7 @@ class Overflow:
 def parse_overflow(error: BaseException) -> Overflow | None:
     """The workspace overflow ``error`` reports (float or int), or None."""
     text = str(error)
-    asked = [int(m["size"]) for m in _MLA_PREFLIGHT.finditer(text)]
-    if asked:
+    if asked := [int(m["size"]) for m in _MLA_PREFLIGHT.finditer(text)]:
         return Overflow(MLA_PARTIALS, max(asked), 1, 0, whole_buffer=True)
     match = _OVERFLOW.search(text)
     if match is None:

@@ -386,8 +386,7 @@ def _share_outcome(
     dist.all_gather_object(outcomes, _picklable(failure), group=group)
     if failure is not None:
         raise failure
-    failed = {rank: error for rank, error in enumerate(outcomes) if error is not None}
-    if failed:
+    if failed := {rank: error for rank, error in enumerate(outcomes) if error is not None}:
         reasons = {rank: f"{type(error).__name__}: {error}" for rank, error in failed.items()}
         told = "; ".join(f"rank {rank} failed: {reason}" for rank, reason in reasons.items())
         raise WorkspaceAgreementError(

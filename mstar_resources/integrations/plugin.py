@@ -182,8 +182,7 @@ _finder = _Finder()
 def when_imported(name: str, callback: Callback) -> None:
     """``callback(module)`` once module ``name`` is imported: now, or right after its import
     (importing a model runner costs seconds, and may initialise CUDA before the engine forks)."""
-    module = sys.modules.get(name)
-    if module is not None:
+    if (module := sys.modules.get(name)) is not None:
         callback(module)
         return
     with _finder._lock:
@@ -275,8 +274,7 @@ class PluginState:
         root, records = self.setting.root, list(self.setting.records)
         if root is None or root.get("calibrated") is None or getattr(device, "type", "") != "cuda":
             return
-        stale = check_calibration(root, device, resolved=records, warn=False)
-        if stale is not None:
+        if (stale := check_calibration(root, device, resolved=records, warn=False)) is not None:
             self.logger.warning(
                 "mstar-resources: %s: %s; or set %s=%s to measure %s's plans in the worker",
                 self.setting.describe(), stale, self.setting.name, AUTO, self.engine,
@@ -332,8 +330,7 @@ class EnginePlugin:
             return
         state = self.state(setting)
         version = installed_version(self.distribution)
-        problem = self.version_problem(version)
-        if problem is not None:
+        if (problem := self.version_problem(version)) is not None:
             state.block(problem)
             return
         self._active = state

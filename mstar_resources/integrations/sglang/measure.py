@@ -94,8 +94,7 @@ def sglang_plans(
     (its ``runtime_context``), its decode on tensor cores where SGLang's own
     ``should_use_tensor_core`` says (as the backend asks it); where the profile cannot hold it,
     why."""
-    reason = _not_planned(runner, context)
-    if reason is not None:
+    if (reason := _not_planned(runner, context)) is not None:
         return reason
     model = runner.model_config
     parallel = context.get_parallel()

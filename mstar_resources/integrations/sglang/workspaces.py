@@ -8,7 +8,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ...attn._flashinfer import FLOAT_BUFFER, RECORDED_SIZE
+from ...attn._flashinfer import FLOAT_BUFFER, refresh_recorded_size
 from ...attn._float_workspace import install_int_workspace, plan_through
 from ...attn.workspace import Workspace
 from ...resolver import ResolvedResource, build_pools
@@ -69,8 +69,7 @@ class SglangWorkspaces(PluginState):
         if device.type == "cuda" and device.index is None and isinstance(gpu_id, int):
             device = torch.device("cuda", gpu_id)  # SGLang's device is "cuda", gpu_id its index
         if self.setting.auto:
-            measured = self._measure(runner, device)
-            if measured is None:
+            if (measured := self._measure(runner, device)) is None:
                 return
         else:
             measured = list(self.setting.records)
@@ -149,8 +148,7 @@ class SglangWorkspaces(PluginState):
                 if wrapper is not None:  # as if built on the prefill workspace
                     attributes = vars(wrapper)
                     attributes[FLOAT_BUFFER] = prefill.tensor
-                    if RECORDED_SIZE in attributes:
-                        attributes[RECORDED_SIZE] = prefill.tensor.numel()
+                    refresh_recorded_size(attributes, prefill.tensor)
 
     def not_adopted(self, backend: str) -> None:
         """Say once that ``backend``, a subclass running other kernels, is not served."""
@@ -165,12 +163,10 @@ class SglangWorkspaces(PluginState):
         """Give ``backend``'s decode ``wrappers`` the decode int workspace in place of their own,
         where it is the first with one decode wrapper a batch; any other (a multi-step draft's, a
         sliding-window pair) plans several before running them."""
-        sharer = self._int_sharer
-        if sharer is None or sharer() is not backend:
+        if (sharer := self._int_sharer) is None or sharer() is not backend:
             return
-        decode = self.workspaces["decode"]
         for wrapper in wrappers or ():
-            if install_int_workspace(wrapper, decode):
+            if install_int_workspace(wrapper, self.workspaces["decode"]):
                 self.shared_int_wrappers += 1
 
     def plan(self, plan: Callable[..., Any], wrapper: Any, *args: Any, **kwargs: Any) -> Any:

@@ -51,8 +51,7 @@ def _workspace_buffer(workspaces: VllmWorkspaces, own_buffer: Any, owner: Any) -
     @functools.wraps(own_buffer)
     def _get_workspace_buffer(self: Any) -> Any:
         role = ROLE.get()
-        workspace = workspaces.workspace(self, role)
-        if workspace is not None:
+        if (workspace := workspaces.workspace(self, role)) is not None:
             return workspace.tensor
         buffer = own_buffer(self)
         if role is not None:
@@ -100,8 +99,7 @@ def checked_launch(entry: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
     def patch(workspaces: VllmWorkspaces, launch: Any, owner: Any) -> Any:
         @functools.wraps(launch)
         def checked_launch(*args: Any, **kwargs: Any) -> Any:
-            check = workspaces.trtllm_check
-            if check is not None:
+            if (check := workspaces.trtllm_check) is not None:
                 check.check(entry, args, kwargs)
             return launch(*args, **kwargs)
 

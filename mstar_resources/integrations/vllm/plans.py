@@ -120,7 +120,6 @@ def read_builder(
     # builder decides it per batch in build(), not in __init__ (0.26.0 to 0.34.0), so this call
     # copies build()'s arguments; it can go once the builder records its decision.
     attention = vllm_config.attention_config
-    force = builder.page_size >= 128 or attention.use_trtllm_attention
     prefill_trtllm = vllm.use_trtllm_attention(
         builder.num_qo_heads,
         builder.num_kv_heads,
@@ -130,7 +129,7 @@ def read_builder(
         builder.cache_dtype,
         builder.q_data_type_prefill,
         is_prefill=True,
-        force_use_trtllm=force,
+        force_use_trtllm=builder.page_size >= 128 or attention.use_trtllm_attention,
         has_sinks=builder.has_sinks,
         has_spec=builder.reorder_batch_threshold > 1,
     )

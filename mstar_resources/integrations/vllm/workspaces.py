@@ -132,8 +132,7 @@ class VllmWorkspaces(PluginState):
             )  # fmt: skip
         config, device = runner.vllm_config, runner.device
         try:
-            reason = vllm_plans.uncovered_attention(config)
-            if reason is not None:
+            if (reason := vllm_plans.uncovered_attention(config)) is not None:
                 self.leave_untouched(reason)
                 return
             self.plans = vllm_plans.builder_plans(runner)
@@ -231,8 +230,7 @@ class VllmWorkspaces(PluginState):
 
     def _read_setting_again(self) -> bool:
         """Whether this engine is served by the setting as it is now, where it changed."""
-        value = os.environ.get(ENV_VAR, "").strip()
-        if value == self._loaded_value:
+        if os.environ.get(ENV_VAR, "").strip() == self._loaded_value:
             return True
         try:
             setting = VLLM.read()
