@@ -122,6 +122,9 @@ class Case:
     planted_trtllm_bytes: int | None = None
     """The TRT-LLM workspace planted at this many bytes in place of the plugin's bound: its check
     must refuse the launches past it before they run."""
+    extensible_kv_cache: bool | None = None
+    """vLLM 0.34's ``enable_extensible_kv_cache`` (None: vLLM's default, on for CUDA from 0.34;
+    earlier releases have no such setting)."""
     planted_manager_growth: bool = False
     """After generating, vLLM's WorkspaceManager is asked for one byte more than its slot holds:
     sealed, the plugin must refuse it naming the setting."""
@@ -135,6 +138,7 @@ class Case:
         """What this run sets beside the prompts, as the dry run prints it."""
         engine = {"shape": self.shape, "max_num_seqs": self.max_num_seqs,
                   "num_speculative_tokens (ngram)": self.speculative_tokens or None,
+                  "enable_extensible_kv_cache": self.extensible_kv_cache,
                   "planted TRT-LLM bytes": self.planted_trtllm_bytes,
                   "max_num_batched_tokens": self.max_num_batched_tokens,
                   "max_model_len": self.max_model_len, "kv_cache_dtype": self.kv_cache_dtype,
@@ -195,6 +199,7 @@ USERS_CASES: dict[str, dict[str, Any]] = {
     "spec-xqa": {"env": XQA, "speculative_tokens": 2},
     "fp8": {"kv_cache_dtype": "fp8"},
     "fp8-xqa": {"kv_cache_dtype": "fp8", "env": XQA},
+    "extensible-off": {"extensible_kv_cache": False},
     "eager": {"eager": True},
     "two-groups": {"shape": TWO_GROUPS.name},
     "soak": SOAK,
@@ -537,9 +542,11 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
 
         planted = (case.planted_trtllm_bytes, f"planted at {case.planted_trtllm_bytes:,} bytes")
         vllm_plans.trtllm_workspace_bound = lambda *args, **kwargs: planted
-    speculative = {}
+    optional: dict[str, Any] = {}  # settings passed only where the case sets them
+    if case.extensible_kv_cache is not None:
+        optional["enable_extensible_kv_cache"] = case.extensible_kv_cache
     if case.speculative_tokens:
-        speculative["speculative_config"] = {
+        optional["speculative_config"] = {
             "method": "ngram", "num_speculative_tokens": case.speculative_tokens,
         }  # fmt: skip
     start = time.perf_counter()
@@ -557,7 +564,7 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
         max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
         gpu_memory_utilization=0.3, enable_flashinfer_autotune=False,
         kv_cache_dtype=case.kv_cache_dtype, enforce_eager=case.eager,
-        **({} if case.eager else {"compilation_config": graphs}), **speculative,
+        **({} if case.eager else {"compilation_config": graphs}), **optional,
     )  # fmt: skip
     started = time.perf_counter() - start
     clock.around_the_plugin()
