@@ -94,10 +94,9 @@ def deployment_options(config_name: str) -> list[str]:
 
 @contextmanager
 def hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
-    """Hydra initialised on ``config_path`` as ``@hydra.main`` over ``run`` finds it, by Hydra's
-    public API. A program that runs Hydra already (``initialize_*`` refuse to run beside it) has
-    its Hydra saved and given back after as Hydra's launchers carry it to a job's process
-    (``Singleton.get_state`` and ``set_state``: the program's singletons come back as copies)."""
+    """Hydra initialised on ``config_path`` as ``@hydra.main`` over ``run`` finds it. A program's
+    own Hydra (``initialize_*`` refuse to run beside it) is saved and given back after, as Hydra's
+    launchers carry it to a job (``Singleton.get_state``/``set_state``: copies come back)."""
     pkg = config_path.removeprefix("pkg://")
     if pkg != config_path:  # imported first, as Hydra would: what it registers stays after
         importlib.import_module(pkg)
@@ -380,9 +379,8 @@ def _listed_beside(body: Any, path: Path) -> list[Path]:
 
 
 def _too_large(root: yaml.Node | None) -> str | None:
-    """What about a YAML document makes it too large to compose (None: nothing): more than
-    :data:`MAX_VALUES` values once its aliases are followed (anchors nesting anchors grow it
-    exponentially), or more than :data:`MAX_NESTING` levels deep. Walked without recursion."""
+    """What makes a YAML document too large to compose (None: nothing), walked without recursion:
+    its values past :data:`MAX_VALUES`, aliases followed, or its levels past :data:`MAX_NESTING`."""
     stack = [] if root is None else [(root, 1)]
     values = 0
     while stack:

@@ -129,9 +129,8 @@ class LabelNeed:
 
 
 def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfile) -> None:
-    """Refuse, naming every problem, resources that cannot be calibrated as they run: a label
-    without a plan, graph slots on a kind not calibrated under graphs, a prefill graph without
-    token counts, a fixed KV split under graphs, a label served by resources of several owners."""
+    """Refuse, naming every problem, resources that cannot be calibrated as they run (their
+    labels, graph slots and owners against the profile's plans)."""
     missing = [f"calibration.plans.{label} (for resources.{r.path})"
                for r in records for label in r.labels if label not in profile.plans]  # fmt: skip
     problems = []

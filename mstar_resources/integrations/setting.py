@@ -163,21 +163,18 @@ def _mla_labels(root: Any, records: Sequence[ResolvedResource], roles: Sequence[
 def _deployment_file(value: str, named: str, off: str) -> tuple[Path, str]:
     """The config dir and the deployment name of the deployment file ``value``."""
     path = Path(value).expanduser()
-    try:
-        is_file = path.is_file()
-    except OSError as error:  # a name too long for the file system, ...
-        is_file, reason = False, error.strerror
-    else:
-        # a relative path is read from the process's working directory: say which one that was
-        reason = f"no such file as {path.absolute()}" if not path.exists() else "not a file"
     if path.suffix == ".yml":  # Hydra looks for NAME.yaml only
-        is_file, reason = (
-            False,
-            f"Hydra reads a deployment as NAME.yaml: rename it {path.stem}.yaml",
-        )
+        reason = f"Hydra reads a deployment as NAME.yaml: rename it {path.stem}.yaml"
     elif path.suffix != ".yaml":
-        is_file, reason = False, f"a deployment file ends in .yaml, and this one in {path.suffix!r}"
-    if not is_file:
+        reason = f"a deployment file ends in .yaml, and this one in {path.suffix!r}"
+    else:
+        try:
+            # a relative path is read from the process's working directory: say which one that was
+            missing = "not a file" if path.exists() else f"no such file as {path.absolute()}"
+            reason = "" if path.is_file() else missing
+        except OSError as error:  # a name too long for the file system, ...
+            reason = str(error.strerror)
+    if reason:
         raise ResourceConfigError(
             f"{named} is not a deployment file ({reason}); give the path of one (e.g. "
             f"{EXAMPLE_FILE}, as mstar-resources-calibrate writes it), the name of a shipped "

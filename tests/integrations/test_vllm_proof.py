@@ -19,12 +19,15 @@ def test_the_dry_run_lists_every_run_with_its_trace_slice_and_starts_none(tmp_pa
         "qwen3.5/plugin", "crash/vllm", "crash/plugin", "llama3-8b-v1/vllm",
         "llama3-8b-v1/plugin",
         *(f"{group}/{run}"
-          for group in ("xqa", "spec-xqa", "fp8", "fp8-xqa", "eager", "two-groups", "soak")
+          for group in ("xqa", "spec-xqa", "fp8", "fp8-xqa", "extensible-off", "eager",
+                        "two-groups", "soak")
           for run in ("vllm", "plugin", "plugin-mp", "plugin-planted")
           if run != "plugin-planted" or "xqa" in group),
     ]  # fmt: skip
     assert "num_speculative_tokens (ngram)=2" in runs["spec-xqa/plugin"]
     assert "planted TRT-LLM bytes=8388608" in runs["xqa/plugin-planted"]
+    assert "enable_extensible_kv_cache=False" in runs["extensible-off/plugin"]
+    assert "enable_extensible_kv_cache" not in runs["llama3-8b/plugin"]
     assert "MSTAR_RESOURCES_VLLM=(unset)" in runs["llama3-8b/vllm"]
     assert "MSTAR_RESOURCES_VLLM=auto" in runs["qwen3.5/plugin"]
     assert "MSTAR_RESOURCES_VLLM=llama3-8b-h200_calibrated" in runs["llama3-8b/plugin-stale"]
