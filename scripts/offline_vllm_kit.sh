@@ -94,7 +94,8 @@ EOS
 cat > "$kit/run.sh" <<'EOS'
 #!/usr/bin/env bash
 # From the checkout, once stage.sh said ready: bash KIT/run.sh [vllm_proof.py arguments]. Installs dist/*.whl
-# beside vLLM (vLLM finds the plugin's entry point as in a user's install), prints the versions, runs the proof.
+# beside vLLM (vLLM finds the plugin's entry point as in a user's install), prints the versions, checks that vLLM's
+# own loader loads the plugin and every seam is patched (scripts/vllm_plugin_loads.py), then runs the proof.
 set -uo pipefail
 kit=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 [ -f .gpu/env.sh ] && { source .gpu/env.sh || exit 1; }  # the host's FlashInfer, Hydra and OmegaConf
@@ -110,6 +111,7 @@ print("torch", torch.__version__, "| triton", triton.__version__, "| vllm", vllm
       ".".join(map(str, torch.cuda.nccl.version())), "|", torch.cuda.get_device_name())
 print("vllm.general_plugins:", [e.name for e in md.entry_points(group="vllm.general_plugins")])
 EOF
+python3 scripts/vllm_plugin_loads.py 2>&1 | grep -v "set in __init__" || echo "the plugin load check failed"
 [ $# -gt 0 ] || exit 0
 python3 scripts/vllm_proof.py --out "${OUT:-/tmp/out}/vllm034" "$@"
 EOS

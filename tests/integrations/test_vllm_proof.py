@@ -170,3 +170,9 @@ def test_the_moe_group_declares_the_managers_floor_and_its_lines_say_what_sealed
         "[256], at the seal [256] (at capture), growths refused after it 1; planted: "
         "WorkspaceSealedError: x",
     ]
+
+
+def test_the_plugin_load_check_says_so_where_vllm_is_not_installed():
+    done = run_script("vllm_plugin_loads")
+    assert done.returncode == 2
+    assert "vLLM is not installed here" in done.stderr
