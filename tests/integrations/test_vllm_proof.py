@@ -172,7 +172,16 @@ def test_the_moe_group_declares_the_managers_floor_and_its_lines_say_what_sealed
     ]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
 def test_the_plugin_load_check_says_so_where_vllm_is_not_installed():
     done = run_script("vllm_plugin_loads")
     assert done.returncode == 2
     assert "vLLM is not installed here" in done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM installed")
+def test_the_installed_vllm_loads_the_plugin_and_every_seam_it_has():
+    done = run_script("vllm_plugin_loads")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "plugin active: True" in done.stdout
+    assert done.stdout.rstrip().endswith(" seams, 0 problems")
