@@ -14,7 +14,10 @@ import importlib
 import importlib.metadata as metadata
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mstar_resources.integrations.plugin import Seam
 
 LEFT_UNTIL_MADE = {"fast_plan_decode"}
 """Patched when the plugin makes the decode workspace (at vLLM's memory profile), not at import."""
@@ -36,6 +39,7 @@ def main() -> int:
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # as each of vLLM's processes loads its plugins
+    # the plugin as vLLM found it: the installed package, not this checkout
     from mstar_resources.integrations import vllm as plugin
     from mstar_resources.units import release
 
@@ -59,14 +63,14 @@ def main() -> int:
         if not expected:
             span = f" (up to {seam.until})" if seam.until else f" (from {seam.since})"
         print(f"  {seam.qualname}: {note}{span}")
-    if getattr(state, "blocked", None):
+    if state.blocked:
         print(f"the plugin left vLLM as it is: {state.blocked}")
         problems += 1
     print(f"{len(plugin.SEAMS)} seams, {problems} problems")
     return 1 if problems else 0
 
 
-def _seam_note(seam: Any) -> str:
+def _seam_note(seam: Seam) -> str:
     """Where ``seam`` is in the running vLLM: absent, found, patched, or vLLM's own."""
     from mstar_resources.integrations.plugin import PATCHED
 
