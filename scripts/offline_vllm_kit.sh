@@ -14,6 +14,10 @@ part_mib=61
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 cd "$root"
+kit=$(realpath -m "$kit")
+case $kit in  # a kit in the checkout is not the project's: git ignores it here
+  "$root"/*) rel=${kit#"$root"/}; grep -qxF "/$rel/" .git/info/exclude 2>/dev/null || echo "/$rel/" >> .git/info/exclude ;;
+esac
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_31_x86_64
@@ -41,7 +45,7 @@ echo "site: $(du -sm "$site" | cut -f1) MiB; packing (xz, about 10 minutes on 2 
 tar -C "$site" -cf - . | xz -T0 -6 -c > "$work/site.tar.xz"
 rm -rf "$kit" && mkdir -p "$kit"
 split -b "${part_mib}M" -d -a 2 "$work/site.tar.xz" "$kit/part-"
-(cd "$work/deps" && tar -cf "$root/$kit/deps.tar" ./*.whl)
+(cd "$work/deps" && tar -cf "$kit/deps.tar" ./*.whl)
 (cd "$kit" && sha256sum part-* deps.tar && sha256sum < "$work/site.tar.xz" | sed 's/-$/site.tar.xz/') > "$kit/MANIFEST"
 
 cat > "$kit/stage.sh" <<'EOS'
