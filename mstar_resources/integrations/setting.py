@@ -163,15 +163,16 @@ def _mla_labels(root: Any, records: Sequence[ResolvedResource], roles: Sequence[
 def _deployment_file(value: str, named: str, off: str) -> tuple[Path, str]:
     """The config dir and the deployment name of the deployment file ``value``."""
     path = Path(value).expanduser()
+    reason = ""
     if path.suffix == ".yml":  # Hydra looks for NAME.yaml only
         reason = f"Hydra reads a deployment as NAME.yaml: rename it {path.stem}.yaml"
     elif path.suffix != ".yaml":
         reason = f"a deployment file ends in .yaml, and this one in {path.suffix!r}"
     else:
         try:
-            # a relative path is read from the process's working directory: say which one that was
-            missing = "not a file" if path.exists() else f"no such file as {path.absolute()}"
-            reason = "" if path.is_file() else missing
+            if not path.is_file():
+                # a relative path is read from the working directory: say which one that was
+                reason = "not a file" if path.exists() else f"no such file as {path.absolute()}"
         except OSError as error:  # a name too long for the file system, ...
             reason = str(error.strerror)
     if reason:
