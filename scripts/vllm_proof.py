@@ -207,6 +207,9 @@ USERS_CASES: dict[str, dict[str, Any]] = {
 """The configurations vLLM's users run (llama3-8b's shape unless named): each as vLLM runs it,
 with the plugin, and with the plugin and the engine core in its own process."""
 
+FROM_0_34 = ("extensible-off",)
+"""Groups whose setting vLLM has from 0.34 only: run where named, not by default."""
+
 
 PLANTED_TRTLLM_BYTES = 8 << 20
 """XQA's semaphores alone: every launch that splits a sequence needs more."""
@@ -853,10 +856,12 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash", "crash-v1", *USERS_CASES, "moe"]
-    parser.add_argument("--cases", nargs="*", default=[*SHAPES, "crash", "llama3-8b-v1",
-                        *USERS_CASES], choices=choices, help="shapes to run (-v1: on vLLM's V1 "
-                        "model runner), the crash case, and the configurations vLLM's users run "
-                        f"({', '.join(USERS_CASES)})")  # fmt: skip
+    default = [*SHAPES, "crash", "llama3-8b-v1", *(c for c in USERS_CASES if c not in FROM_0_34)]
+    parser.add_argument("--cases", nargs="*", default=default, choices=choices,
+                        help="shapes to run (-v1: on vLLM's V1 model runner, to 0.33), the crash "
+                        "case, and the configurations vLLM's users run "
+                        f"({', '.join(USERS_CASES)}; {', '.join(FROM_0_34)} from vLLM 0.34, "
+                        "named only)")  # fmt: skip
     parser.add_argument(
         "--budget",
         type=seconds(math.inf),

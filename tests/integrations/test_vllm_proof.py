@@ -19,14 +19,12 @@ def test_the_dry_run_lists_every_run_with_its_trace_slice_and_starts_none(tmp_pa
         "qwen3.5/plugin", "crash/vllm", "crash/plugin", "llama3-8b-v1/vllm",
         "llama3-8b-v1/plugin",
         *(f"{group}/{run}"
-          for group in ("xqa", "spec-xqa", "fp8", "fp8-xqa", "extensible-off", "eager",
-                        "two-groups", "soak")
+          for group in ("xqa", "spec-xqa", "fp8", "fp8-xqa", "eager", "two-groups", "soak")
           for run in ("vllm", "plugin", "plugin-mp", "plugin-planted")
           if run != "plugin-planted" or "xqa" in group),
     ]  # fmt: skip
     assert "num_speculative_tokens (ngram)=2" in runs["spec-xqa/plugin"]
     assert "planted TRT-LLM bytes=8388608" in runs["xqa/plugin-planted"]
-    assert "enable_extensible_kv_cache=False" in runs["extensible-off/plugin"]
     assert "enable_extensible_kv_cache" not in runs["llama3-8b/plugin"]
     assert "MSTAR_RESOURCES_VLLM=(unset)" in runs["llama3-8b/vllm"]
     assert "MSTAR_RESOURCES_VLLM=auto" in runs["qwen3.5/plugin"]
@@ -185,3 +183,10 @@ def test_the_installed_vllm_loads_the_plugin_and_every_seam_it_has():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "plugin active: True" in done.stdout
     assert done.stdout.rstrip().endswith(" seams, 0 problems")
+
+
+def test_a_group_of_vllm_034_runs_where_named_with_its_setting():
+    done = run_script("vllm_proof", "--dry-run", "--cases", "extensible-off", "--sides", "plugin")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("extensible-off/plugin: ")
+    assert "enable_extensible_kv_cache=False" in done.stdout.splitlines()[0]
