@@ -18,8 +18,6 @@ MAX_MB = 1 << 20
 """The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a
 typo (and would overflow the float that a report divides it by)."""
 
-FloorSource = Literal["declared", "env", "default"]
-
 WHOLE_NUMBER = re.compile(r"\+?[0-9]+(?:_[0-9]+)*")
 """A floor given as text, by the command line's rule (Hydra's grammar for an integer): ASCII
 digits, an optional ``+``, ``_`` between digits (``+8``, ``1_000``, ``012``)."""
@@ -46,7 +44,7 @@ class Floor:
     """A workspace floor, where it came from, and the setting that controls it."""
 
     mb: int
-    source: FloorSource
+    source: Literal["declared", "env", "default"]
     setting: str  # what to change to move this floor: the declaring setting, or the variable
 
     @property

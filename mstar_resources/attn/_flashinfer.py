@@ -47,10 +47,9 @@ def own_buffers(wrapper: Any) -> dict[str, Any] | None:
     """``wrapper``'s attributes, where it keeps an int workspace and host mirror, else None."""
     import torch
 
-    own = getattr(wrapper, "__dict__", None)
-    if own is None or not isinstance(own.get(INT_BUFFER), torch.Tensor):
-        return None
-    return own if isinstance(own.get(HOST_MIRROR), torch.Tensor) else None
+    own = getattr(wrapper, "__dict__", None) or {}
+    buffers = own.get(INT_BUFFER), own.get(HOST_MIRROR)
+    return own if all(isinstance(buffer, torch.Tensor) for buffer in buffers) else None
 
 
 def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:

@@ -119,8 +119,7 @@ class Workspace(BufferHolder):
             return planned
 
     def _refresh(self) -> None:
-        """The sizes a plan reads as it starts (replaced, never changed): at the start and after
-        each growth."""
+        """The sizes a plan reads as it starts: replaced, never changed, at each growth."""
         self._sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
 
     def _grow_for(
@@ -131,17 +130,15 @@ class Workspace(BufferHolder):
         overflow; raise ``error`` where it is no shortage of ours, or the library's error where
         the buffer is sealed or growing did not help."""
         overflow = parse_overflow(error)
-        short = None if overflow is None else self._by_kind.get(overflow.kind)
+        if overflow is None or overflow.kind not in self._by_kind:
+            raise error
+        short, planned_on = self._by_kind[overflow.kind], seen[overflow.kind]
         # Not ours: an allocator with more room than this buffer holds, or an int overflow of a
         # wrapper not found planning on this int workspace (one keeping its own overflowed that).
-        if (
-            short is None
-            or overflow is None
-            or overflow.available > seen[overflow.kind]
-            or (overflow.kind == "int" and getattr(wrapper, INT_BUFFER, None) is not short.tensor)
+        if overflow.available > planned_on or (
+            overflow.kind == "int" and getattr(wrapper, INT_BUFFER, None) is not short.tensor
         ):
             raise error
-        planned_on = seen[overflow.kind]
         if short.sealed:
             whole = _whole_plan_need(*call, short.kind.size_query_index)
             raise short.sealed_error(overflow, whole) from error
@@ -175,13 +172,21 @@ class Workspace(BufferHolder):
         return overflow
 
     def _route(self, wrapper: Any) -> _Route:
-        """``wrapper``'s route, after refusing its views of this buffer: its attributes ({} where
-        it has none), remembered by its id while it lives (one that takes no weak reference is
-        found again at every plan)."""
+        """``wrapper``'s route: its attributes ({} where it has none), remembered by its id while
+        it lives (one that takes no weak reference is found again at every plan). A wrapper
+        holding a view of this buffer is refused while it can grow (a sealed one never moves)."""
         attributes = getattr(wrapper, "__dict__", None)
         if attributes is None:  # no wrapper: an int, a function
             return _Route(lambda: None, {})
-        self._refuse_views(wrapper)
+        if not self._buffer.sealed and (views := buffer_views(wrapper, self.tensor)):
+            raise WorkspacePlanError(
+                f"workspace {self.name!r} can grow, and the {type(wrapper).__name__} planning "
+                f"on it holds views of its buffer ({', '.join(views)}), which growing would "
+                "leave on the old memory; give the workspace room for every plan up front "
+                f"({self.floor}) and seal it before this wrapper plans",
+                workspace=self.name,
+                held_bytes=self.tensor.numel(),
+            )
         routes, wrapper_id = self._routes, id(wrapper)
         try:
             reference = weakref.ref(wrapper, lambda _: routes.pop(wrapper_id, None))
@@ -189,21 +194,6 @@ class Workspace(BufferHolder):
             return _Route(lambda: wrapper, attributes)
         route = routes[wrapper_id] = _Route(reference, attributes)
         return route
-
-    def _refuse_views(self, wrapper: Any) -> None:
-        """Refuse a wrapper holding a view of this buffer while it can grow (a sealed one never
-        moves): checked as its route is found, so once for a remembered wrapper."""
-        views = [] if wrapper is None or self._buffer.sealed else buffer_views(wrapper, self.tensor)
-        if not views:
-            return
-        raise WorkspacePlanError(
-            f"workspace {self.name!r} can grow, and the {type(wrapper).__name__} planning "
-            f"on it holds views of its buffer ({', '.join(views)}), which growing would "
-            "leave on the old memory; give the workspace room for every plan up front "
-            f"({self.floor}) and seal it before this wrapper plans",
-            workspace=self.name,
-            held_bytes=self.tensor.numel(),
-        )
 
     def seal(self) -> None:
         """:meth:`BufferHolder.seal`, and the int workspace's too."""
@@ -231,7 +221,7 @@ class _Route:
 
     def __init__(self, wrapper: Callable[[], Any], attributes: dict[str, Any]) -> None:
         self.wrapper, self.attributes = wrapper, attributes
-        self.sizes: dict[str, int] | None = None  # the workspace's sizes it last planned at
+        self.sizes: dict[str, int] | None = None
 
 
 def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., T]:

@@ -243,7 +243,7 @@ class WorkspacePool:
         )  # fmt: skip
 
     def _refuse_growth(self, refused: bool) -> None:
-        """Refuse any growth, as if sealed, in every workspace here and any made from now on."""
+        """Refuse growth, as if sealed, here and in any workspace made from now on."""
         with self._lock:
             self._sealing = refused
             workspaces = list(self._workspaces.values())
@@ -336,9 +336,7 @@ class WorkspacePool:
 
 def _pairs(serves: object) -> list[Key]:
     """``serves`` as (label, cg slot) pairs, or the library's error saying what it got."""
-    good = isinstance(serves, list | tuple | set | frozenset | dict) or (
-        isinstance(serves, Iterable) and not isinstance(serves, str | bytes | torch.Tensor)
-    )
+    good = isinstance(serves, Iterable) and not isinstance(serves, str | bytes | torch.Tensor)
     pairs = list(serves) if good else []  # type: ignore[call-overload]
     if not good or not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
         raise ResourceUsageError(

@@ -225,16 +225,30 @@ class TrtllmLaunchCheck:
         tokens, qo, head_dim = query.shape
         batch = max(kwargs["seq_lens"].shape[0], tokens // q_len)
         kernel = get("backend", "auto") if entry == "trtllm" else "xqa"
-        key = (kernel, batch, q_len, qo, kv_heads, head_dim,
-               kwargs["block_tables"].shape[-1] * page, k_cache.dtype,
-               bool(get("return_lse")))  # fmt: skip
+        table_tokens, kv_dtype = kwargs["block_tables"].shape[-1] * page, k_cache.dtype
+        return_lse = bool(get("return_lse"))
+        key = (kernel, batch, q_len, qo, kv_heads, head_dim, table_tokens, kv_dtype, return_lse)
         need = self._needs.get(key)
         if need is None:
             need = self._needs[key] = self._need(*key)
         have = buffer.numel()
-        if need > have:
-            self.refused += 1
-            raise self._refusal(key, need, have)
+        if need <= have:
+            return
+        self.refused += 1
+        lse = ", returning the LSE" if return_lse else ""
+        name, setting = self.workspace.name, self.workspace.floor
+        raise WorkspaceSealedError(
+            f"a {kernel} decode launch of {plural(batch, 'request')} x {q_len} query tokens "
+            f"({qo}/{kv_heads} heads of {head_dim}, a page table of {table_tokens:,} tokens, KV "
+            f"{str(kv_dtype).removeprefix('torch.')}{lse}, {self.sm_count} SMs) would touch "
+            f"{need:,} bytes of workspace {name!r}, which holds {have:,}; it was not "
+            f"launched. Set {setting}={mb_to_hold(need)} or more",
+            workspace=name,
+            held_bytes=have,
+            needed_bytes=need,
+            setting=setting,
+            suggested_mb=mb_to_hold(need),
+        )
 
     def _need(
         self, kernel: str, batch: int, q_len: int, qo: int, kv: int, head_dim: int,
@@ -254,20 +268,3 @@ class TrtllmLaunchCheck:
                 counters_in_workspace=self.counters_in_workspace,
             ))  # fmt: skip
         return max(needs)
-
-    def _refusal(self, key: tuple[Any, ...], need: int, have: int) -> WorkspaceSealedError:
-        kernel, batch, q_len, qo, kv, head_dim, table_tokens, kv_dtype, return_lse = key
-        lse = ", returning the LSE" if return_lse else ""
-        workspace = self.workspace
-        return WorkspaceSealedError(
-            f"a {kernel} decode launch of {plural(batch, 'request')} x {q_len} query tokens "
-            f"({qo}/{kv} heads of {head_dim}, a page table of {table_tokens:,} tokens, KV "
-            f"{str(kv_dtype).removeprefix('torch.')}{lse}, {self.sm_count} SMs) would touch "
-            f"{need:,} bytes of workspace {workspace.name!r}, which holds {have:,}; it was not "
-            f"launched. Set {workspace.floor}={mb_to_hold(need)} or more",
-            workspace=workspace.name,
-            held_bytes=have,
-            needed_bytes=need,
-            setting=workspace.floor,
-            suggested_mb=mb_to_hold(need),
-        )

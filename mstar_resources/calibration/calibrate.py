@@ -100,17 +100,6 @@ class OneBuffer:
         return lines
 
 
-def declared_floors(measured: Sequence[Measured], margin: float) -> dict[str, Any]:
-    """The resource tree of the floors calibration's file declares (:func:`declared_mbs`)."""
-    resources: dict[str, Any] = {}
-    for m in measured:
-        node = resources
-        for part in m.path.split("."):
-            node = node.setdefault(part, {})
-        node["declared_mb"], node["int_declared_mb"] = declared_mbs(m, margin)
-    return resources
-
-
 def declared_mbs(measured: Measured, margin: float = DEFAULT_MARGIN) -> tuple[int, int]:
     """The ``declared_mb`` and ``int_declared_mb`` a measured resource declares (an int need of
     None: 0, the wrappers keep their own)."""
@@ -155,7 +144,7 @@ def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfil
                     "calibration.cuda_graph_prefill_tokens is empty; list the token counts the "
                     "engine captures prefill graphs for"
                 )
-            if plan.fixed_split_size > 0 and not plan.disable_split_kv:
+            if plan.fixed_split:
                 problems.append(
                     f"{key}.fixed_split_size={plan.fixed_split_size} under CUDA graphs "
                     f"(resources.{r.path} has cg_slots): FlashInfer cannot pad a fixed split to a "
@@ -376,9 +365,15 @@ def write_override(
     in_config_dir = output_dir.name == "deployment" and not shipped
     folder = f"--config-dir {output_dir.parent} " if in_config_dir else ""
     needs = [{k: v for k, v in asdict(m).items() if v is not None} for m in measured]
+    resources: dict[str, Any] = {}  # the floors, nested by each resource's path
+    for m in measured:
+        node = resources
+        for part in m.path.split("."):
+            node = node.setdefault(part, {})
+        node["declared_mb"], node["int_declared_mb"] = declared_mbs(m, margin)
     body = {
         "defaults": [deployment, "_self_"],
-        "resources": declared_floors(measured, margin),
+        "resources": resources,
         **({} if profile is None else {PROFILE_KEY: dict(profile)}),
         RECORD_KEY: {
             "margin": margin,

@@ -26,7 +26,7 @@ DECODE_LIKE = frozenset({PlanKind.decode, PlanKind.pod})
 """Kinds whose plans have one query token a request (POD plans its decode batch)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Shape:
     """One plan: ``batch`` requests of ``q_len`` query tokens over ``kv_len`` tokens of context."""
 
@@ -57,13 +57,13 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
             for tokens in profile.cuda_graph_prefill_tokens
             for batch in _powers_of_two_up_to(min(limits.max_num_seqs, tokens))
         }
-        return sorted(graphs, key=lambda s: (s.batch, s.q_len))
+        return sorted(graphs)
     if cuda_graph:  # a graph replays one decode batch of its size
         return [Shape(b, q, max(q, long), cuda_graph=True) for b in profile.cuda_graph_batch_sizes]
     if plan.kind in DECODE_LIKE:
         batches = _powers_of_two_up_to(min(limits.max_num_seqs, limits.max_num_batched_tokens // q))
         eager = [Shape(b, q, max(q, kv)) for b in batches for kv in contexts]
-        if plan.kind is PlanKind.decode and not _fixed_split(plan):
+        if plan.kind is PlanKind.decode and not plan.fixed_split:
             # The bounding configuration: a graph plan, padded to the most any plan splits to.
             eager.insert(0, Shape(1, q, max(q, long), cuda_graph=True))
         return eager
@@ -78,12 +78,7 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
         tile_q = _full_tile_q(profile)
         for batch in _powers_of_two_up_to(min(limits.max_num_seqs, budget // tile_q)):
             shapes.append(Shape(batch, tile_q, long))
-    return sorted(set(shapes), key=lambda s: (s.batch, s.q_len, s.kv_len, s.cuda_graph))
-
-
-def _fixed_split(plan: PlanProfile) -> bool:
-    """Whether ``plan`` splits KV in chunks of a fixed size, unbounded by the grid."""
-    return plan.fixed_split_size > 0 and not plan.disable_split_kv
+    return sorted(set(shapes))
 
 
 def is_bounding(shape: Shape, plan: PlanProfile, profile: CalibrationProfile) -> bool:
@@ -94,9 +89,9 @@ def is_bounding(shape: Shape, plan: PlanProfile, profile: CalibrationProfile) ->
         return True
     long = profile.limits.max_model_len
     if plan.kind in (PlanKind.paged_prefill, PlanKind.ragged_prefill):
-        full_tile = _fixed_split(plan) or shape.q_len == _full_tile_q(profile)
+        full_tile = plan.fixed_split or shape.q_len == _full_tile_q(profile)
         return shape.kv_len == long and full_tile
-    if plan.kind is PlanKind.decode and _fixed_split(plan):
+    if plan.kind is PlanKind.decode and plan.fixed_split:
         return shape.kv_len >= long
     return plan.kind is PlanKind.pod and shape.kv_len == long
 
@@ -150,10 +145,10 @@ class Planner:
         model = self.profile.model
         heads = (model.num_qo_heads, model.num_kv_heads, model.head_dim)
         qo = self._indptr(shape.batch, shape.q_len)
-        options = plan.plan_options()
+        options = {**self.dtypes, **self.output, **plan.plan_options()}  # all but MLA's
         if kind is PlanKind.ragged_prefill:
             kv = self._indptr(shape.batch, shape.kv_len)
-            return (qo, kv, *heads), {"causal": True, **self.dtypes, **self.output, **options}
+            return (qo, kv, *heads), {"causal": True, **options}
         pages = -(-shape.kv_len // model.page_size)
         kv_indptr = self._indptr(shape.batch, pages)
         indices = torch.arange(shape.batch * pages, dtype=torch.int32, device=self.device)
@@ -178,8 +173,8 @@ class Planner:
         last_page_len = torch.full((shape.batch,), last, dtype=torch.int32, device=self.device)
         paged = (kv_indptr, indices, last_page_len, *heads, model.page_size)
         if kind in DECODE_LIKE:
-            return paged, {**self.dtypes, **self.output, **options}
-        return (qo, *paged), {"causal": True, **self.dtypes, **self.output, **options}
+            return paged, options
+        return (qo, *paged), {"causal": True, **options}
 
     def wrapper(self, plan: PlanProfile, buffer: torch.Tensor, shape: Shape) -> Any:
         """A wrapper of ``plan``'s kind on ``buffer``; under a graph, one for ``shape``'s batch."""

@@ -126,6 +126,11 @@ class PlanProfile:
             options["q_len_per_req"] = self.q_len_per_req
         return options
 
+    @property
+    def fixed_split(self) -> bool:
+        """Whether it splits KV in chunks of a fixed size, which the grid does not bound."""
+        return self.fixed_split_size > 0 and not self.disable_split_kv
+
 
 @dataclass
 class CalibrationProfile:
@@ -154,7 +159,9 @@ def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str
     ]
 
 
-def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
+def _value_problems(profile: CalibrationProfile) -> list[str]:
+    """What the schema's types let through: the ranges, the heads' grouping, the dtypes, the graph
+    sizes against the limits, and each plan."""
     key, model = f"{PROFILE_KEY}.model", profile.model
     problems = _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
     heads = (model.num_qo_heads, model.num_kv_heads)
@@ -169,7 +176,20 @@ def _model_and_limits_problems(profile: CalibrationProfile) -> list[str]:
         if getattr(model, name) not in (*DTYPES, None)  # None: o_dtype's default, the query's
     ]
     limits = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
-    return problems + _not_positive(f"{PROFILE_KEY}.limits", profile.limits, limits)
+    problems += _not_positive(f"{PROFILE_KEY}.limits", profile.limits, limits)
+    problems += _graph_size_problems(profile, "cuda_graph_batch_sizes", "max_num_seqs")
+    problems += _graph_size_problems(profile, "cuda_graph_prefill_tokens", "max_num_batched_tokens")
+    if not profile.plans:
+        problems.append(f"{PROFILE_KEY}.plans is empty: name the wrapper kind of every plan label")
+    for label, plan in profile.plans.items():
+        problems += _plan_problems(label, plan)
+    mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
+    return problems + [
+        f"{key}.{name}={getattr(model, name)!r} must be a positive whole number for the mla "
+        f"plans ({', '.join(mla)}); DeepSeek-V3 has head_dim_ckv=512, head_dim_kpe=64"
+        for name in ("head_dim_ckv", "head_dim_kpe")
+        if mla and not is_positive_int(getattr(model, name))
+    ]
 
 
 def _graph_size_problems(profile: CalibrationProfile, name: str, limit_name: str) -> list[str]:
@@ -182,11 +202,16 @@ def _graph_size_problems(profile: CalibrationProfile, name: str, limit_name: str
     return []
 
 
-def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
-    """Each option of one plan goes with the kinds FlashInfer takes it for."""
+def _plan_problems(label: str, plan: PlanProfile) -> list[str]:
+    """The plan's backend, and each option with the kinds FlashInfer takes it for."""
     key = f"{PROFILE_KEY}.plans.{label}"
     decode, tensor_cores = plan.kind is PlanKind.decode, plan.tensor_cores
     problems = []
+    if plan.backend not in BACKENDS[plan.kind]:
+        problems.append(
+            f"{key}.backend={plan.backend!r} cannot be calibrated for kind {plan.kind.value}; use "
+            f"one of {', '.join(BACKENDS[plan.kind])}"
+        )
     if tensor_cores and not decode:
         problems.append(f"{key}.tensor_cores=true is for kind decode, not {plan.kind.value}")
     problems += _not_positive(key, plan, ("q_len_per_req",))
@@ -210,29 +235,6 @@ def _plan_option_problems(label: str, plan: PlanProfile) -> list[str]:
     if plan.disable_split_kv and plan.kind not in SPLIT_KINDS:
         problems.append(f"{key}.disable_split_kv=true is not taken by kind {plan.kind.value}")
     return problems
-
-
-def _plans_problems(profile: CalibrationProfile) -> list[str]:
-    plans, key = profile.plans, f"{PROFILE_KEY}.plans"
-    problems = _graph_size_problems(profile, "cuda_graph_batch_sizes", "max_num_seqs")
-    problems += _graph_size_problems(profile, "cuda_graph_prefill_tokens", "max_num_batched_tokens")
-    if not plans:
-        problems.append(f"{key} is empty: name the wrapper kind of every plan label")
-    for label, plan in plans.items():
-        if plan.backend not in BACKENDS[plan.kind]:
-            problems.append(
-                f"{key}.{label}.backend={plan.backend!r} cannot be calibrated for kind "
-                f"{plan.kind.value}; use one of {', '.join(BACKENDS[plan.kind])}"
-            )
-        problems += _plan_option_problems(label, plan)
-    mla = [label for label, plan in plans.items() if plan.kind is PlanKind.mla]
-    return problems + [
-        f"{PROFILE_KEY}.model.{name}={getattr(profile.model, name)!r} must be a positive whole "
-        f"number for the mla plans ({', '.join(mla)}); DeepSeek-V3 has head_dim_ckv=512, "
-        "head_dim_kpe=64"
-        for name in ("head_dim_ckv", "head_dim_kpe")
-        if mla and not is_positive_int(getattr(profile.model, name))
-    ]
 
 
 def _schema_problem(error: OmegaConfBaseException, node: Mapping[str, Any]) -> str:
@@ -285,7 +287,7 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
         profile = cast(CalibrationProfile, OmegaConf.to_object(merged))
     except OmegaConfBaseException as error:
         raise ResourceConfigError(_schema_problem(error, node), where=_WHERE) from None
-    if problems := _model_and_limits_problems(profile) + _plans_problems(profile):
+    if problems := _value_problems(profile):
         raise ResourceConfigError(*problems, where=_WHERE)
     return profile
 
@@ -297,7 +299,6 @@ MLA_SINCE = MULTI_TOKEN_DECODE_SINCE = "0.7.2"
 
 
 def installed_flashinfer() -> str | None:
-    """The installed ``flashinfer-python``'s version, or None."""
     return installed_version("flashinfer-python")
 
 

@@ -38,9 +38,8 @@ def declared_mb_for(need_bytes: int, margin: float = 0.0) -> int:
 
 
 def _plain(node: Any) -> Mapping[str, Any]:
-    return cast(
-        Mapping[str, Any], OmegaConf.to_container(node) if isinstance(node, DictConfig) else node
-    )
+    plain = OmegaConf.to_container(node) if isinstance(node, DictConfig) else node
+    return cast(Mapping[str, Any], plain)
 
 
 @dataclass(frozen=True)
