@@ -415,7 +415,7 @@ def vllm_stand_in(monkeypatch):
     backend.flashinfer_xqa_batch_decode_with_kv_cache = launcher("xqa")
     backend.FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM = 16
     backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT = 2 << 30
-    runner = types.ModuleType(workspaces.V2_RUNNER)
+    runner = types.ModuleType(vllm_plans.V2_RUNNER)
     runner.GPUModelRunner = type("GPUModelRunner", (StandInRunner,), {})
     worker = types.ModuleType(plugin.WORKER)
     worker.Worker = type("Worker", (StandInWorker,), {})
@@ -764,7 +764,7 @@ def test_each_tensor_parallel_rank_measures_its_own_heads_and_the_ranks_agree(mo
         served.reserve(types.SimpleNamespace(vllm_config=vllm_config(), device=torch.device("cpu")))
         ranks.append(served)
     assert measured == [("prefill", 16, 4), ("decode", 16, 4)] * 2
-    assert [r.plans[0].describe() for r in ranks] == [
+    assert [r.reading.plans[0].describe() for r in ranks] == [
         "KV-cache group 0 (2 layers: 16/4 heads of 128, page 16, KV bfloat16)"
     ] * 2
     assert ranks[0].held_bytes == ranks[1].held_bytes == 2 * 16 * MIB  # prefill, decode
@@ -861,7 +861,7 @@ def test_at_the_profile_vllms_v2_buffer_is_said_outside_its_budget(
     """Before 0.34 (or with the extensible KV cache off), the V2 runner makes its buffer after
     it sizes the KV cache at the profile: the plugin's report counts it outside the budget."""
     served, runner = vllm_stand_in.served, vllm_stand_in.runner
-    monkeypatch.setattr(type(runner), "__module__", workspaces.V2_RUNNER)
+    monkeypatch.setattr(type(runner), "__module__", vllm_plans.V2_RUNNER)
     with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
         runner.profile_run()
     report = served.report()

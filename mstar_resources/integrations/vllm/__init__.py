@@ -12,10 +12,10 @@ from typing import Any
 
 from ...floor import ENV_VAR as FLOOR_ENV_VAR
 from ..plugin import EnginePlugin, Seam, after, before
-from .plans import Role
+from .plans import V2_RUNNER, Role
 from .workspace_manager import MODULE as MANAGER
 from .workspace_manager import checked_growth
-from .workspaces import ENV_VAR, ROLE, V2_RUNNER, VLLM, VllmWorkspaces
+from .workspaces import ENV_VAR, ROLE, VLLM, VllmWorkspaces
 
 __all__ = [
     "ENV_VAR", "PLUGIN", "READ_IN", "SEAMS", "VLLM", "Seam", "active", "checked_launch",

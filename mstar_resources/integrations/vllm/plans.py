@@ -17,6 +17,7 @@ Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, ...] = ("prefill", "decode")  # the labels vLLM's wrappers plan as
 FLASHINFER = "FLASHINFER"  # FlashInferBackend.get_name()
 NATIVE = "flashinfer-native"  # FlashInfer's own wrappers, as vLLM's log names them
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,40 @@ def read_builder(
             "decode": int(builder.decode_fixed_split_size),
         },
         disable_split_kv=bool(builder.disable_split_kv),
+    )
+
+
+@dataclass(frozen=True)
+class EngineReading:
+    """What the plugin reads of one vLLM engine at its memory profile, before it reserves."""
+
+    plans: tuple[BuilderPlans, ...] = ()  # each FlashInfer metadata builder's
+    native_roles: tuple[Role, ...] = ()  # the phases some builder runs on native wrappers
+    vllm_bytes: int | None = None  # the buffer vLLM would make for each builder
+    vllm_how: str = ""  # and how vLLM sizes it
+    kv_cache_extensible: bool = False  # 0.34's enable_extensible_kv_cache: sized after capture
+    vllm_outside_budget: bool = False
+    """vLLM makes its buffer after it sizes the KV cache (the V2 runner; V1's profile counts it)."""
+
+
+def read_engine(runner: Any, measuring: bool) -> EngineReading | str:
+    """What ``runner`` (vLLM's ``GPUModelRunner``, its model loaded) will plan and make; where the
+    plugin cannot serve it (``measuring``: for ``auto``), why."""
+    config = runner.vllm_config
+    if (reason := uncovered_attention(config)) is not None:
+        return reason
+    plans = tuple(builder_plans(runner))
+    if measuring and (packed := unmeasured_kv(plans)) is not None:
+        return packed
+    vllm_bytes, vllm_how = vllm_buffer_bytes(config, plans)
+    extensible = getattr(config.cache_config, "enable_extensible_kv_cache", None) is True
+    return EngineReading(
+        plans=plans,
+        native_roles=tuple(role for role in ROLES if any(p.native(role) for p in plans)),
+        vllm_bytes=vllm_bytes,
+        vllm_how=vllm_how,
+        kv_cache_extensible=extensible,
+        vllm_outside_budget=not extensible and type(runner).__module__ == V2_RUNNER,
     )
 
 
@@ -360,5 +395,6 @@ def unmeasured_kv(plans: Sequence[BuilderPlans]) -> str | None:
     vLLM 0.32+ plans on FlashInfer's native wrappers as ``uint8`` pages."""
     packed = [p for p in plans if p.kv_dtype == "uint8" and any(p.native(r) for r in ROLES)]
     if packed:
-        return f"the KV cache of {packed[0].describe()} is NVFP4, planned as uint8 pages"
+        return (f"the KV cache of {packed[0].describe()} is NVFP4, planned as uint8 pages, which "
+                "auto does not measure")  # fmt: skip
     return None

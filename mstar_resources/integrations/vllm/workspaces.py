@@ -17,7 +17,7 @@ from ...resolver import ResolvedResource, build_pools, redeclared, resolve, serv
 from ..plugin import PluginState
 from ..setting import AUTO, PluginSetting, Setting
 from . import plans as vllm_plans
-from .plans import ROLES, BuilderPlans, Role
+from .plans import ROLES, BuilderPlans, EngineReading, Role
 from .workspace_manager import ManagerScratch
 
 if TYPE_CHECKING:
@@ -32,7 +32,6 @@ ENV_VAR = "MSTAR_RESOURCES_VLLM"
 VLLM = PluginSetting(ENV_VAR, "mstar_resources_vllm", "vLLM", ROLES)
 """The vLLM plugin's setting; its deployments compose with ``conf/mstar_resources_vllm``."""
 
-V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 SCALE_UP_LAUNCH = "VLLM_ELASTIC_EP_SCALE_UP_LAUNCH"  # 0.34: no profile, no warm-up (engine/core.py)
 
 TRTLLM_LABEL = "trtllm"  # a deployment's resource of this label raises the TRT-LLM workspace
@@ -75,10 +74,7 @@ class VllmWorkspaces(PluginState):
         self._int_builder: weakref.ref[Any] | None = None  # whose decode wrappers share the int
         self.shared_int_wrappers = 0
         self.untouched = self.blocked
-        self.plans: list[BuilderPlans] = []  # each FlashInfer metadata builder's
-        self.vllm_bytes: int | None = None  # what vLLM would make for each builder
-        self.vllm_outside_budget = False  # vLLM makes it after it sizes its KV cache (V2 runner)
-        self.kv_cache_extensible = False  # vLLM sizes the KV cache after capture (0.34)
+        self.reading = EngineReading()  # what vLLM's builders will plan, and vLLM's own buffer
         # vLLM's TRT-LLM kernels' workspace (zeroed, at their bound), where a phase runs them,
         # and the check of each launch on it.
         self.trtllm_workspace: Workspace | None = None
@@ -103,9 +99,9 @@ class VllmWorkspaces(PluginState):
             and (self.trtllm_workspace is None or self.trtllm_workspace.sealed)
         )
 
-    def native_roles(self) -> list[Role]:
-        """The phases some builder runs on FlashInfer's native wrappers."""
-        return [role for role in ROLES if any(p.native(role) for p in self.plans)]
+    @property
+    def plans(self) -> tuple[BuilderPlans, ...]:
+        return self.reading.plans
 
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
@@ -130,18 +126,14 @@ class VllmWorkspaces(PluginState):
                 "mstar-resources: vLLM's workspace manager is left as vLLM makes it: the plugin "
                 "failed to reserve it (%s: %s)", type(error).__name__, error,
             )  # fmt: skip
-        config, device = runner.vllm_config, runner.device
+        config, device, auto = runner.vllm_config, runner.device, self.setting.auto
         try:
-            if (reason := vllm_plans.uncovered_attention(config)) is not None:
-                self.leave_untouched(reason)
+            reading = vllm_plans.read_engine(runner, measuring=auto)
+            if isinstance(reading, str):
+                self.leave_untouched(reading)
                 return
-            self.plans = vllm_plans.builder_plans(runner)
-            unmeasured = vllm_plans.unmeasured_kv(self.plans) if self.setting.auto else None
-            if unmeasured is not None:
-                self.leave_untouched(f"{unmeasured}, which {AUTO} does not measure")
-                return
-            roles = self.native_roles()
-            if self.setting.auto:
+            self.reading, roles = reading, reading.native_roles
+            if auto:
                 with left_out_of_peak(device):
                     records = self._measure(config, device, roles)
             else:
@@ -149,14 +141,6 @@ class VllmWorkspaces(PluginState):
                 self.check_calibration(device)
             # no native phase (trtllm-gen prefills and decodes): no native workspace is served
             keys = VLLM.serving_keys(records, self.setting.describe(), roles) if roles else {}
-            self.vllm_bytes, vllm_how = vllm_plans.vllm_buffer_bytes(config, self.plans)
-            # 0.34's enable_extensible_kv_cache (on by default on CUDA), settled before the profile
-            extensible = getattr(config.cache_config, "enable_extensible_kv_cache", None)
-            self.kv_cache_extensible = extensible is True
-            # vLLM's V2 runner makes its buffer after it sizes the KV cache (V1's profile counts it)
-            self.vllm_outside_budget = (
-                not self.kv_cache_extensible and type(runner).__module__ == V2_RUNNER
-            )
             trtllm = self._trtllm_size(config, device, records)
         except ResourceConfigError as error:
             self.leave_untouched(f"it cannot size the workspaces: {error}")
@@ -182,7 +166,7 @@ class VllmWorkspaces(PluginState):
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
         self._keys = keys
         self._set_decode_planner()
-        self._log_reserved(vllm_how)
+        self._log_reserved()
 
     def _trtllm_size(
         self, config: Any, device: torch.device, records: Sequence[ResolvedResource]
@@ -281,7 +265,7 @@ class VllmWorkspaces(PluginState):
             )
         return tuple(records)
 
-    def _log_reserved(self, vllm_how: str) -> None:
+    def _log_reserved(self) -> None:
         for plans in self.plans:
             logger.info(
                 "mstar-resources: vLLM's FlashInfer builder for %s: prefill on %s (q %s), "
@@ -313,12 +297,13 @@ class VllmWorkspaces(PluginState):
                 "cache; floor from %s",
                 TRTLLM_PATH, f"{self.trtllm_bytes:,}", self.provenance[TRTLLM_PATH],
             )  # fmt: skip
-        if self.kv_cache_extensible:
+        reading = self.reading
+        if reading.kv_cache_extensible:
             where = (
                 "before it sizes its extensible KV cache after graph capture, from the memory "
                 "then free: inside its budget, as these workspaces are"
             )
-        elif self.vllm_outside_budget:
+        elif reading.vllm_outside_budget:
             where = "once, shared by its builders, after it sizes its KV cache: outside its budget"
         else:
             where = "for each FlashInfer metadata builder, inside its memory profile"
@@ -327,7 +312,7 @@ class VllmWorkspaces(PluginState):
             "vLLM's TRT-LLM kernels before vLLM sizes its KV cache, where vLLM as it is would "
             "make %s bytes (%s) %s",
             f"{self.held_bytes:,}", len(self._workspaces), self.setting.describe(),
-            f"{self.trtllm_bytes:,}", f"{self.vllm_bytes:,}", vllm_how, where,
+            f"{self.trtllm_bytes:,}", f"{reading.vllm_bytes:,}", reading.vllm_how, where,
         )  # fmt: skip
 
     # Step 2: as vLLM builds and plans each wrapper.
@@ -443,15 +428,17 @@ class VllmWorkspaces(PluginState):
                 {"group": p.describe(), "kernels": dict(p.kernels), "q_dtypes": dict(p.q_dtypes)}
                 for p in self.plans
             ],
-            "native_roles": self.native_roles(),
+            "native_roles": list(self.reading.native_roles),
             "trtllm_workspace_bytes": self.trtllm_bytes,
             "trtllm_launches_checked": check.launches if check else 0,
             "trtllm_launches_refused": check.refused if check else 0,
-            "vllm_bytes_per_builder": self.vllm_bytes,
-            "vllm_bytes_outside_budget": self.vllm_bytes if self.vllm_outside_budget else 0,
+            "vllm_bytes_per_builder": self.reading.vllm_bytes,
+            "vllm_bytes_outside_budget": (
+                self.reading.vllm_bytes if self.reading.vllm_outside_budget else 0
+            ),
             "kv_cache_sized": (
                 "after graph capture, from the memory then free (extensible KV cache)"
-                if self.kv_cache_extensible
+                if self.reading.kv_cache_extensible
                 else "at the memory profile"
             ),
             "builders": len(self._builders),
