@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 
     from .attn.workspace import WorkspacePool
 
-__all__ = ["ResolvedResource", "build_pools", "redeclared", "resolve", "serving"]
+__all__ = ["ResolvedResource", "build_pools", "declared", "resolve", "serving"]
 
 MAX_DEPTH = 32
 """How many groups deep a resource may sit: deeper would exhaust OmegaConf's recursion."""
@@ -102,14 +102,14 @@ def resolve(
     env = os.environ if env is None else env
     check_argument("env", env, Mapping, "a mapping of environment variables (os.environ) or None")
     problems: list[str] = []
-    declared: list[tuple[str, Resource]] = []
+    found: list[tuple[str, Resource]] = []
     for key, node in _walk(_as_config(resources_node), RESOURCES_KEY, problems):
         if resource := _validate(node, key, problems):
-            declared.append((key, resource))
+            found.append((key, resource))
     problems += [
         f"{key} is declared twice (a dotted key and a nested path both spell it), and one pool "
         "would serve only one of them; declare it once"
-        for key in repeats([key for key, _ in declared])
+        for key in repeats([key for key, _ in found])
     ]
     # Checked once, and even where every floor is declared: a bad value is a mistake either way.
     for buffer in (FLOAT, INT):
@@ -121,26 +121,20 @@ def resolve(
         raise ResourceConfigError(*problems, where="the resources config")
     prefix = f"{RESOURCES_KEY}."
     return [
-        _record(key.removeprefix(prefix), r.owner, r.labels, r.cg_slots, r.declared_mb,
-                r.int_declared_mb, env)
-        for key, r in declared
+        declared(key.removeprefix(prefix), r.owner, r.labels, r.cg_slots, r.declared_mb,
+                 r.int_declared_mb, env)
+        for key, r in found
     ]  # fmt: skip
 
 
-def redeclared(
-    record: ResolvedResource, declared_mb: int, int_declared_mb: int | None,
+def declared(
+    path: str, owner: str, labels: Sequence[str], cg_slots: Sequence[int] = (),
+    declared_mb: int | None = None, int_declared_mb: int | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ResolvedResource:  # fmt: skip
-    """``record`` declaring these floors, resolved as :func:`resolve` resolves a tree's (the
-    plugins' ``auto`` declares what it measured so, with no tree in between)."""
-    return _record(record.path, record.owner, record.labels, record.cg_slots, declared_mb,
-                   int_declared_mb, os.environ if env is None else env)  # fmt: skip
-
-
-def _record(
-    path: str, owner: str, labels: Sequence[str], cg_slots: Sequence[int],
-    declared_mb: int | None, int_declared_mb: int | None, env: Mapping[str, str],
-) -> ResolvedResource:  # fmt: skip
+    """The record of a resource declared with these fields, its floors resolved as :func:`resolve`
+    resolves a tree's (the plugins' ``auto`` declares what it measured so, with no tree)."""
+    env = os.environ if env is None else env
     key = f"{RESOURCES_KEY}.{path}"
     return ResolvedResource(
         path, owner, tuple(labels), tuple(cg_slots), declared_mb, int_declared_mb,

@@ -20,7 +20,7 @@ from mstar_resources import (
 )
 from mstar_resources.floor import Floor
 from mstar_resources.integrations import vllm
-from mstar_resources.resolver import redeclared
+from mstar_resources.resolver import declared
 from mstar_resources.units import MIB
 
 from .attn.fake_allocator import FakePlanner
@@ -544,17 +544,18 @@ def test_an_argument_of_the_wrong_type_is_refused_by_name(call, setting, value):
 
 
 def test_measured_floors_are_declared_as_a_trees_are_resolved():
-    """``auto`` declares what it measured on the records it measured, with no tree in between:
-    the same record as a tree declaring those floors resolves to, the environment's floor ignored
-    as a declared one ignores it."""
+    """``auto`` declares what it measured with no tree in between: the same record as a tree
+    declaring those floors resolves to, the environment's floor ignored as a declared one ignores
+    it, and taken where none is declared."""
     tree = {"attn": {"decode": {"owner": "attention", "labels": ["decode"], "cg_slots": [0]}}}
     env = {VAR: "64", INT_VAR: "16"}
-    (measured_on,) = resolve(tree, env)
-    assert (measured_on.floor.source, measured_on.floor.mb) == ("env", 64)
+    (undeclared,) = resolve(tree, env)
+    assert declared("attn.decode", "attention", ["decode"], [0], env=env) == undeclared
+    assert (undeclared.floor.source, undeclared.floor.mb) == ("env", 64)
     tree["attn"]["decode"] |= {"declared_mb": 3, "int_declared_mb": 1}
-    (declared,) = resolve(tree, env)
-    assert redeclared(measured_on, 3, 1, env) == declared
-    assert (declared.floor.source, declared.floor.setting) == (
+    (from_tree,) = resolve(tree, env)
+    assert declared("attn.decode", "attention", ["decode"], [0], 3, 1, env) == from_tree
+    assert (from_tree.floor.source, from_tree.floor.setting) == (
         "declared", "resources.attn.decode.declared_mb"
     )  # fmt: skip
 

@@ -17,7 +17,7 @@ from mstar_resources.integrations.sglang.measure import (
     SglangPlans,
     sglang_plans,
 )
-from mstar_resources.resolver import resolve, serving
+from mstar_resources.resolver import serving
 
 GRAPHS = [1, 2, 4, 8, 12, 16, 24, 32]
 
@@ -140,7 +140,7 @@ def test_the_profile_plans_both_prefill_wrappers_and_decode_as_sglang_does():
     assert profile.cuda_graph_batch_sizes == GRAPHS
     assert (profile.limits.max_num_seqs, profile.limits.max_model_len) == (4096, 8192)
     # The tree measured serves both of SGLang's roles, decode under its graphs.
-    records = resolve(plans.tree(), env={})
+    records = plans.resources()
     assert serving(records, "prefill").labels == ("prefill", "ragged_prefill")
     assert serving(records, "decode").cg_slots == (0,)
 

@@ -21,7 +21,6 @@ from mstar_resources.integrations import sglang as plugin
 from mstar_resources.integrations.plugin import patch_module
 from mstar_resources.integrations.sglang import workspaces
 from mstar_resources.integrations.sglang.measure import SglangPlans
-from mstar_resources.resolver import resolve
 from tests.attn.fake_allocator import FakePlanner
 
 ROOT = Path(__file__).parents[2]
@@ -511,9 +510,8 @@ def auto_worker(monkeypatch):
         if measured and isinstance(measured[0], Exception):
             raise measured[0]
         measured.append(plans)
-        tree = plans.tree()
-        tree["attn"]["prefill"]["declared_mb"], tree["attn"]["decode"]["declared_mb"] = 3, 5
-        return resolve(tree, env={}), {"attn.decode": "measured here: need 5,000,000 bytes"}
+        floors = {"attn.prefill": (3, 0), "attn.decode": (5, 0)}
+        return plans.resources(floors), {"attn.decode": "measured here: need 5,000,000 bytes"}
 
     monkeypatch.setattr(workspaces, "measure", measure)
     registry, runner_module, _ = _patched_stand_ins(served, monkeypatch)

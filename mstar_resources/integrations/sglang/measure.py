@@ -4,12 +4,12 @@ cannot hold is left to SGLang, the log saying why (:func:`_not_planned`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ...calibration.profile import CalibrationProfile, load_profile
-from ...resolver import ResolvedResource, redeclared, resolve
+from ...resolver import ResolvedResource, declared
 from ...units import round_up
 from ..plugin import dtype_name
 
@@ -76,15 +76,16 @@ class SglangPlans:
         }
         return load_profile(node)
 
-    def tree(self) -> dict[str, Any]:
-        """The resources measured: prefill (both labels), and decode, under graphs if captured."""
+    def resources(
+        self, floors: Mapping[str, tuple[int, int]] | None = None
+    ) -> list[ResolvedResource]:
+        """The resources measured, declaring ``floors`` (by path: MB and int MB): prefill (both
+        labels), and decode, under graphs if captured."""
+        floors = floors or {}
         graphs = [0] if self.decode_graph_batch_sizes else []
-        return {
-            "attn": {
-                "prefill": {"owner": "attention", "labels": list(PREFILL_LABELS)},
-                "decode": {"owner": "attention", "labels": ["decode"], "cg_slots": graphs},
-            }
-        }
+        served = {"attn.prefill": (list(PREFILL_LABELS), []), "attn.decode": (["decode"], graphs)}
+        return [declared(path, "attention", labels, slots, *floors.get(path, (None, None)))
+                for path, (labels, slots) in served.items()]  # fmt: skip
 
 
 def sglang_plans(
@@ -176,15 +177,12 @@ def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], di
     """The resources of ``plans``, each floor what its plans need on ``device``, and whence."""
     from ...calibration.calibrate import declared_mbs, measure_all, per_resource
 
-    records = {record.path: record for record in resolve(plans.tree())}
-    measured = measure_all(list(records.values()), plans.profile(), device, show_progress=False)
+    measured = measure_all(plans.resources(), plans.profile(), device, show_progress=False)
     needs = per_resource(measured)
     provenance = {
         need.path: f"measured here: need {need.need_bytes:,} bytes, worst {need.worst}, by "
         f"{need.method}, for {plans.describe()}"
         for need in needs
     }
-    by_path = {need.path: need for need in needs}
-    floors = [redeclared(r, *declared_mbs(by_path[r.path], margin=0.0)) if r.path in by_path
-              else r for r in records.values()]  # fmt: skip
-    return floors, provenance
+    floors = {need.path: declared_mbs(need, margin=0.0) for need in needs}
+    return plans.resources(floors), provenance

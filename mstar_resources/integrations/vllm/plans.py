@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ...resolver import ResolvedResource, declared
 from ...units import plural
 from ..plugin import dtype_name
 
@@ -290,12 +291,13 @@ def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> Calibratio
     return load_profile(node)
 
 
-def serving_tree(role: Role, graphs: bool) -> dict[str, Any]:
-    """The resource tree one ``role`` is measured in: decode under CUDA graphs where captured."""
-    node: dict[str, Any] = {"owner": "attention", "labels": [role]}
-    if role == "decode":
-        node["cg_slots"] = [0] if graphs else []
-    return {"attn": {role: node}}
+def serving_record(
+    role: Role, graphs: bool, declared_mb: int | None = None, int_declared_mb: int | None = None
+) -> ResolvedResource:
+    """The resource one ``role`` is measured in and served from (decode under CUDA graphs where
+    captured), declaring the floors given."""
+    cg_slots = [0] if role == "decode" and graphs else []
+    return declared(f"attn.{role}", "attention", [role], cg_slots, declared_mb, int_declared_mb)
 
 
 # -- the model's attention, and vLLM's own buffers ----------------------------------------------

@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError, WorkspaceShortError
-from ...resolver import ResolvedResource, build_pools, redeclared, resolve, serving
+from ...resolver import ResolvedResource, build_pools, serving
 from ..plugin import PluginState
 from ..setting import AUTO, PluginSetting, Setting
 from . import plans as vllm_plans
@@ -253,8 +253,8 @@ class VllmWorkspaces(PluginState):
             int_need = max(known) if role == "decode" and len(known) == len(int_needs) else None
             path = f"attn.{role}"
             held = dataclasses.replace(need, path=path, int_need_bytes=int_need)
-            (record,) = resolve(vllm_plans.serving_tree(role, graphs))
-            records.append(redeclared(record, *declared_mbs(held, margin=0.0)))
+            floors = declared_mbs(held, margin=0.0)
+            records.append(vllm_plans.serving_record(role, graphs, *floors))
             others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
             int_held = (
                 ", no int workspace" if int_need is None else f", int need {int_need:,} bytes"
@@ -474,5 +474,5 @@ def measured_need(
     """What ``role``'s plans under ``profile`` need, measured on ``device`` (graphs: under them)."""
     from ...calibration.calibrate import measure_all, per_resource
 
-    records = resolve(vllm_plans.serving_tree(role, graphs))
+    records = [vllm_plans.serving_record(role, graphs)]
     return per_resource(measure_all(records, profile, device, show_progress=False))[0]
