@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ...resolver import ResolvedResource, declared
 from ...units import plural
 from ..plugin import dtype_name
+from ..setting import AUTO
 
 if TYPE_CHECKING:
     from ...calibration.profile import CalibrationProfile
@@ -398,5 +399,5 @@ def unmeasured_kv(plans: Sequence[BuilderPlans]) -> str | None:
     packed = [p for p in plans if p.kv_dtype == "uint8" and any(p.native(r) for r in ROLES)]
     if packed:
         return (f"the KV cache of {packed[0].describe()} is NVFP4, planned as uint8 pages, which "
-                "auto does not measure")  # fmt: skip
+                f"{AUTO} does not measure")  # fmt: skip
     return None
