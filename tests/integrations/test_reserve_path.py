@@ -1,22 +1,27 @@
 """The vLLM plugin's reserve, followed call by call: above the core (the integrations, calibration
 and config layers of docs/architecture.md; the pools' own calls into ``attn/``, ``errors``,
 ``floor`` and ``units`` left out), each module is entered for one step and left, not visited back
-and forth. ``pytest -s`` prints the path."""
+and forth, and the path climbs back up the layers once (from the pools to the plugin's log).
+``pytest -s`` prints the path."""
 
 from __future__ import annotations
 
+import itertools
 import sys
+import types
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from mstar_resources.integrations.vllm import workspace_manager
 from tests.integrations import test_vllm_plugin
 from tests.test_layers import LAYERS, layer
 
 vllm_stand_in = test_vllm_plugin.vllm_stand_in  # the stand-in engine (a fixture)
 
-MOST_STAYS = 16
-MOST_RETURNS = 10  # calls into a module the path had left
+MOST_STAYS = 10
+MOST_RETURNS = 4  # calls into a module the path had left
+MOST_CLIMBS = 1  # calls into a module of a layer above the caller's
 CORE = list(LAYERS).index("config")  # this layer and those above it are followed
 
 
@@ -41,10 +46,18 @@ def modules_called(run: Callable[[], object]) -> list[str]:
     return path
 
 
-def test_the_reserve_path_visits_each_module_for_a_step(vllm_stand_in):
+def test_the_reserve_path_visits_each_module_for_a_step(vllm_stand_in, monkeypatch):
     served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    manager = types.SimpleNamespace(_current_workspaces=[None], _device="cpu")
+    vllm_workspace = types.ModuleType(workspace_manager.MODULE)  # vLLM's manager, made
+    vllm_workspace.is_workspace_manager_initialized = lambda: True
+    vllm_workspace.current_workspace_manager = lambda: manager
+    monkeypatch.setitem(sys.modules, workspace_manager.MODULE, vllm_workspace)
     path = modules_called(lambda: served.reserve(runner))
     returns = sum(module in path[:i] for i, module in enumerate(path))
-    print(f"\n{len(set(path))} modules, {len(path)} stays, {returns} returns:", " > ".join(path))
-    assert served.held_bytes > 0  # it reserved: the whole path was followed
-    assert len(path) <= MOST_STAYS and returns <= MOST_RETURNS, " > ".join(path)
+    climbs = sum(layer(after) > layer(before) for before, after in itertools.pairwise(path))
+    print(f"\n{len(set(path))} modules, {len(path)} stays, {returns} returns, {climbs} climbs:",
+          " > ".join(path))  # fmt: skip
+    assert served.held_bytes > 0 and served.manager.reserved == [0]  # the whole path was followed
+    assert len(path) <= MOST_STAYS, " > ".join(path)
+    assert returns <= MOST_RETURNS and climbs <= MOST_CLIMBS, " > ".join(path)

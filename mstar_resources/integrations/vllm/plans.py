@@ -180,6 +180,14 @@ class EngineReading:
     vllm_outside_budget: bool = False
     """vLLM makes its buffer after it sizes the KV cache (the V2 runner; V1's profile counts it)."""
 
+    def builder_lines(self) -> list[str]:
+        """A line for each builder: its group and the kernel and query dtype of each phase."""
+        return [
+            f"vLLM's FlashInfer builder for {p.describe()}: "
+            + ", ".join(f"{role} on {p.kernels[role]} (q {p.q_dtypes[role]})" for role in ROLES)
+            for p in self.plans
+        ]
+
 
 def read_engine(runner: Any, measuring: bool) -> EngineReading | str:
     """What ``runner`` (vLLM's ``GPUModelRunner``, its model loaded) will plan and make; where the

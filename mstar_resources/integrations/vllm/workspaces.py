@@ -117,8 +117,12 @@ class VllmWorkspaces(PluginState):
             self._engine = lambda: runner
         if self.untouched is not None or not self._read_setting_again():
             return
+        # In order, each read once: the setting, vLLM's workspace manager, what vLLM's builders
+        # will plan; then the floors, the pools, the log.
+        setting, config, device = self.setting, runner.vllm_config, runner.device
+        auto, described = setting.auto, setting.describe()
         try:
-            self.manager.reserve(self.setting.records, runner)
+            self.manager.reserve(setting.records, runner)
         except (ResourceConfigError, WorkspaceShortError):
             raise  # a floor with no room: the start ends, saying so
         except Exception as error:  # the plugin's own failure must not stop vLLM
@@ -126,29 +130,31 @@ class VllmWorkspaces(PluginState):
                 "mstar-resources: vLLM's workspace manager is left as vLLM makes it: the plugin "
                 "failed to reserve it (%s: %s)", type(error).__name__, error,
             )  # fmt: skip
-        config, device, auto = runner.vllm_config, runner.device, self.setting.auto
         try:
             reading = vllm_plans.read_engine(runner, measuring=auto)
             if isinstance(reading, str):
                 self.leave_untouched(reading)
                 return
             self.reading, roles = reading, reading.native_roles
+            runs_trtllm = any(vllm_plans.trtllm_kernels(reading.plans))
+            for line in reading.builder_lines():
+                logger.info("mstar-resources: %s", line)
             if auto:
                 with left_out_of_peak(device):
                     records = self._measure(config, device, roles)
             else:
-                records = self.setting.records
+                records = setting.records
                 self.check_calibration(device)
+            native = [r for r in records if any(role in r.labels for role in roles)]
             # no native phase (trtllm-gen prefills and decodes): no native workspace is served
-            keys = VLLM.serving_keys(records, self.setting.describe(), roles) if roles else {}
-            trtllm = self._trtllm_size(config, device, records)
+            keys = VLLM.serving_keys(records, described, roles) if roles else {}
+            trtllm = self._trtllm_size(config, device, records) if runs_trtllm else None
         except ResourceConfigError as error:
             self.leave_untouched(f"it cannot size the workspaces: {error}")
             return
         except Exception as error:  # the plugin's own failure must not stop vLLM
             self.leave_untouched(f"it failed ({type(error).__name__}: {error})")
             return
-        native = [r for r in records if any(role in r.labels for role in roles)]
         self.pools = build_pools(native, device)
         if trtllm is not None:  # zeroed: the kernels' semaphores must start at zero
             import torch
@@ -156,9 +162,9 @@ class VllmWorkspaces(PluginState):
             from ...attn.trtllm_workspace import TrtllmLaunchCheck
             from ...attn.workspace import Workspace
 
-            nbytes, setting, sms, counters = trtllm
+            nbytes, floor_setting, sms, counters = trtllm
             zeros = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-            self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=setting)
+            self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=floor_setting)
             self.trtllm_check = TrtllmLaunchCheck(
                 self.trtllm_workspace, sms, counters_in_workspace=counters
             )
@@ -166,16 +172,14 @@ class VllmWorkspaces(PluginState):
             self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
         self._keys = keys
         self._set_decode_planner()
-        self._log_reserved()
+        self._log_reserved(described)
 
     def _trtllm_size(
         self, config: Any, device: torch.device, records: Sequence[ResolvedResource]
     ) -> tuple[int, str, int, bool] | None:
         """The TRT-LLM kernels' workspace bytes, the setting that raises them, the SMs and whether
-        FlashInfer keeps trtllm-gen's counters in it (None: no phase runs them, or the release was
-        not read): their bound, or a deployment's ``trtllm`` floor where that is more."""
-        if not any(vllm_plans.trtllm_kernels(self.plans)):
-            return None
+        FlashInfer keeps trtllm-gen's counters in it (None: the release was not read), where a
+        phase runs them: their bound, or a deployment's ``trtllm`` floor where that is more."""
         if self.unread_release is not None:
             # The bound covers the launches of the releases read; another may launch otherwise.
             logger.info(
@@ -265,14 +269,7 @@ class VllmWorkspaces(PluginState):
             )
         return tuple(records)
 
-    def _log_reserved(self) -> None:
-        for plans in self.plans:
-            logger.info(
-                "mstar-resources: vLLM's FlashInfer builder for %s: prefill on %s (q %s), "
-                "decode on %s (q %s)",
-                plans.describe(), plans.kernels["prefill"], plans.q_dtypes["prefill"],
-                plans.kernels["decode"], plans.q_dtypes["decode"],
-            )  # fmt: skip
+    def _log_reserved(self, described: str) -> None:
         for role in ROLES:
             workspace = self._workspaces.get(role)
             if workspace is None:
@@ -290,12 +287,13 @@ class VllmWorkspaces(PluginState):
                 "mstar-resources: %s: %s bytes for vLLM's FlashInfer %s wrappers; floor from %s",
                 workspace.name, f"{workspace.tensor.numel():,}", role, source,
             )  # fmt: skip
+        trtllm_bytes = self.trtllm_bytes
         if self.trtllm_workspace is not None:
             logger.info(
                 "mstar-resources: %s: %s bytes for vLLM's TRT-LLM kernels, zeroed, in place of "
                 "vLLM's VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE buffer, before vLLM sizes its KV "
                 "cache; floor from %s",
-                TRTLLM_PATH, f"{self.trtllm_bytes:,}", self.provenance[TRTLLM_PATH],
+                TRTLLM_PATH, f"{trtllm_bytes:,}", self.provenance[TRTLLM_PATH],
             )  # fmt: skip
         reading = self.reading
         if reading.kv_cache_extensible:
@@ -311,8 +309,8 @@ class VllmWorkspaces(PluginState):
             "mstar-resources: reserved %s bytes in %d FlashInfer workspaces (%s) and %s bytes for "
             "vLLM's TRT-LLM kernels before vLLM sizes its KV cache, where vLLM as it is would "
             "make %s bytes (%s) %s",
-            f"{self.held_bytes:,}", len(self._workspaces), self.setting.describe(),
-            f"{self.trtllm_bytes:,}", f"{reading.vllm_bytes:,}", reading.vllm_how, where,
+            f"{self.held_bytes:,}", len(self._workspaces), described,
+            f"{trtllm_bytes:,}", f"{reading.vllm_bytes:,}", reading.vllm_how, where,
         )  # fmt: skip
 
     # Step 2: as vLLM builds and plans each wrapper.
