@@ -105,8 +105,9 @@ class VllmWorkspaces(PluginState):
 
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
-        """Make the native wrappers' workspaces, and the TRT-LLM kernels', once an engine, before
-        vLLM sizes its KV cache; else log why. Another engine's ``runner`` starts afresh."""
+        """Make the floor of vLLM's workspace manager, the native wrappers' workspaces and the
+        TRT-LLM kernels', once an engine, before vLLM sizes its KV cache; else log why. Another
+        engine's ``runner`` starts afresh."""
         if self._engine is not None:
             if self._engine() is runner:
                 return
