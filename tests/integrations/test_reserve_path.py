@@ -61,3 +61,35 @@ def test_the_reserve_path_visits_each_module_for_a_step(vllm_stand_in, monkeypat
     assert served.held_bytes > 0 and served.manager.reserved == [0]  # the whole path was followed
     assert len(path) <= MOST_STAYS, " > ".join(path)
     assert returns <= MOST_RETURNS and climbs <= MOST_CLIMBS, " > ".join(path)
+
+
+AUTO_MOST_STAYS = 29  # with the measurement stood in; each phase adds 9 stays
+AUTO_MOST_RETURNS = 20
+AUTO_MOST_CLIMBS = 9
+
+
+def test_auto_takes_each_phase_through_its_profile_need_floors_and_record(
+    vllm_stand_in, monkeypatch
+):
+    """``auto`` (the measurement on FlashInfer's wrappers stood in): each native phase goes
+    through its profile, its need, its floors and its record, then the pools are made."""
+    from mstar_resources.calibration.calibrate import Measured
+    from mstar_resources.integrations.vllm import plans as vllm_plans
+    from mstar_resources.integrations.vllm import workspaces
+
+    def need(profile, role, graphs, device):
+        return Measured(f"attn.{role}", 3 << 20, f"{role}: bs=1", "query", 10_000)
+
+    monkeypatch.setattr(workspaces, "measured_need", need)
+    monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
+        VLLM_BATCH_INVARIANT=False))  # fmt: skip
+    served = workspaces.VllmWorkspaces(workspaces.Setting(workspaces.ENV_VAR, "auto"))
+    runner = vllm_stand_in.runner
+    path = modules_called(lambda: served.reserve(runner))
+    returns = sum(module in path[:i] for i, module in enumerate(path))
+    climbs = sum(layer(after) > layer(before) for before, after in itertools.pairwise(path))
+    print(f"\n{len(set(path))} modules, {len(path)} stays, {returns} returns, {climbs} climbs:",
+          " > ".join(path))  # fmt: skip
+    assert served.held_bytes == 2 * (3 << 20)  # both phases measured and reserved
+    assert len(path) <= AUTO_MOST_STAYS, " > ".join(path)
+    assert returns <= AUTO_MOST_RETURNS and climbs <= AUTO_MOST_CLIMBS, " > ".join(path)

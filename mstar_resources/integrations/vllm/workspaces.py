@@ -245,11 +245,10 @@ class VllmWorkspaces(PluginState):
             measured: dict[str, tuple[Measured, BuilderPlans, bool]] = {}
             for plans in (p for p in self.plans if p.native(role)):
                 profile = vllm_plans.profile_for(plans, role, config)
-                if repr(profile) in measured:  # a builder of the same plans: measured once
+                if (key := repr(profile)) in measured:  # a builder of the same plans: once
                     continue
                 graphs = role == "decode" and plans.decode_graph_max_batch is not None
-                need = measured_need(profile, role, graphs, device)
-                measured[repr(profile)] = (need, plans, graphs)
+                measured[key] = (measured_need(profile, role, graphs, device), plans, graphs)
             need, plans, graphs = max(measured.values(), key=lambda m: m[0].need_bytes)
             # Only decode wrappers are given the int workspace (route()); vLLM's prefill wrappers
             # keep their own, so none is reserved for them, nor where no int need was measured.
@@ -259,7 +258,6 @@ class VllmWorkspaces(PluginState):
             path = f"attn.{role}"
             held = dataclasses.replace(need, path=path, int_need_bytes=int_need)
             floors = declared_mbs(held, margin=0.0)
-            records.append(vllm_plans.serving_record(role, graphs, *floors))
             others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
             int_held = (
                 ", no int workspace" if int_need is None else f", int need {int_need:,} bytes"
@@ -268,6 +266,7 @@ class VllmWorkspaces(PluginState):
                 f"measured here ({ENV_VAR}={AUTO}): need {need.need_bytes:,} bytes, worst "
                 f"{need.worst}, by {need.method}, for {plans.describe()}{others}{int_held}"
             )
+            records.append(vllm_plans.serving_record(role, graphs, *floors))
         return tuple(records)
 
     def _log_reserved(self, described: str) -> None:
