@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError, WorkspaceSealedError
-from ...resolver import ResolvedResource
+from ...resolver import ResolvedResource, serving
 from ...schema import WORKSPACE_MANAGER_LABEL as LABEL
 from ...units import mb_to_hold
 
@@ -60,7 +60,7 @@ class ManagerScratch:
             return
         scheduler = getattr(runner.vllm_config, "scheduler_config", None)
         self.max_num_batched_tokens = getattr(scheduler, "max_num_batched_tokens", None)
-        self.record = next((r for r in records if LABEL in r.labels), None)
+        self.record = serving(records, LABEL)
         slots: list[Any] = manager._current_workspaces
         if self.record is not None:
             import torch
