@@ -31,8 +31,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from omegaconf.nodes import BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
 from .errors import ResourceConfigError, did_you_mean
-from .files import DEPLOYMENT_GROUP, shipped_deployments
+from .files import DEPLOYMENT_GROUP, calibrated_for, shipped_deployments
 from .schema import FIELDS
+from .units import installed_version
 
 __all__ = ["DEPLOYMENT_GROUP", "NO_DEPLOYMENT", "SHIPPED_CONF", "ComposedTree", "Composition",
            "compose_deployment", "deployment_options", "explain", "group_options", "hydra_on",
@@ -146,6 +147,32 @@ class Composition:
         return group_options(group, self.config_name, self.searchpath)
 
     @functools.cached_property
+    def deployment(self) -> Override | None:
+        """The override of the deployment, None where none is given."""
+        return next((o for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP), None)
+
+    @functools.cached_property
+    def deployment_name(self) -> str | None:
+        """The deployment picked, as measured with the FlashInfer installed where the package or
+        the ``--config-dir`` holds that version's (:func:`calibrated_for`); None: no name."""
+        name = self.deployment.value() if self.deployment else None
+        if not isinstance(name, str):
+            return None
+        folders = [
+            shipped_deployments(),
+            *([self.folder / DEPLOYMENT_GROUP] if self.folder else []),
+        ]
+        return calibrated_for(name, installed_version("flashinfer-python"), folders)
+
+    @functools.cached_property
+    def composed_texts(self) -> list[str]:
+        """The overrides as composed: the deployment as :attr:`deployment_name` picks it."""
+        texts, given, name = list(self.texts), self.deployment, self.deployment_name
+        if given and name and name != given.value() and given.input_line in texts:
+            texts[texts.index(given.input_line)] = f"{DEPLOYMENT_GROUP}={quoted(name)}"
+        return texts
+
+    @functools.cached_property
     def searchpath(self) -> tuple[str, ...]:
         """The override that adds ``--config-dir`` to the primary config's search path."""
         if not self.folder:
@@ -194,9 +221,8 @@ class Composition:
 
     def deployment_path(self) -> Path | None:
         """Where the user's ``--config-dir`` would hold the deployment the overrides pick."""
-        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
-        if self.folder and names and isinstance(names[0], str):
-            return self.folder / DEPLOYMENT_GROUP / f"{names[0]}.yaml"
+        if self.folder and self.deployment_name:
+            return self.folder / DEPLOYMENT_GROUP / f"{self.deployment_name}.yaml"
         return None
 
     def deployment_problem(self) -> str | None:
@@ -271,7 +297,7 @@ class Composition:
         if refused := self.deployment_problem():
             raise ResourceConfigError(refused)
         try:
-            overrides = [*self.texts, *self.searchpath]
+            overrides = [*self.composed_texts, *self.searchpath]
             return compose(self.composed_name, overrides, return_hydra_config=hydra)
         except COMPOSE_ERRORS as error:
             paragraph = None if full_error else self.paragraph(error)
@@ -371,11 +397,18 @@ def _read_bounded(path: Path, named: str) -> tuple[Any, str] | str | None:
 
 
 def _listed_beside(body: Any, path: Path) -> list[Path]:
-    """The deployment files in ``path``'s folder that its defaults list names."""
+    """The deployment files its defaults list names: in ``path``'s folder, or in the group's by
+    path (``/deployment/NAME``, as a deployment measured with a FlashInfer of its own lists it)."""
     defaults = body.get("defaults") if isinstance(body, dict) else None
-    names = [d for d in defaults if isinstance(d, str) and not set(d) & set("/@:\\")
-             and d.strip()] if isinstance(defaults, list) else []  # fmt: skip
-    return [p for p in (path.with_name(f"{n}.yaml") for n in names) if p.is_file()]
+    group = path.parent if path.parent.name == DEPLOYMENT_GROUP else path.parent.parent
+    found = []
+    for listed in defaults if isinstance(defaults, list) else []:
+        if not isinstance(listed, str) or not listed.strip():
+            continue
+        name = listed.removeprefix(f"/{DEPLOYMENT_GROUP}/")
+        if not set(name) & set("/@:\\"):
+            found.append((group if name != listed else path.parent) / f"{name}.yaml")
+    return [p for p in found if p.is_file()]
 
 
 def _too_large(root: yaml.Node | None) -> str | None:

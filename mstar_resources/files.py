@@ -8,10 +8,11 @@ import importlib.resources
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["DEPLOYMENT_GROUP", "folder_problem", "replacing", "shipped_deployments", "write_whole"]
+__all__ = ["DEPLOYMENT_GROUP", "calibrated_for", "folder_problem", "replacing",
+           "shipped_deployments", "write_whole"]  # fmt: skip
 
 DEPLOYMENT_GROUP = "deployment"  # its options are `# @package _global_`: keys of the whole tree
 
@@ -19,6 +20,16 @@ DEPLOYMENT_GROUP = "deployment"  # its options are `# @package _global_`: keys o
 def shipped_deployments() -> Path:
     """The folder of the shipped deployments, calibrated ones included."""
     return Path(str(importlib.resources.files("mstar_resources.conf"))) / DEPLOYMENT_GROUP
+
+
+def calibrated_for(deployment: str, flashinfer: str | None, folders: Sequence[Path]) -> str:
+    """``deployment`` as measured with FlashInfer ``flashinfer`` (the one installed):
+    ``flashinfer-<version>/<deployment>`` where one of the deployment ``folders`` (the shipped
+    ones', a ``--config-dir``'s) holds that file; else ``deployment`` itself."""
+    versioned = f"flashinfer-{flashinfer}/{deployment}"
+    if flashinfer is None or "/" in deployment:
+        return deployment
+    return versioned if any((f / f"{versioned}.yaml").is_file() for f in folders) else deployment
 
 
 def write_whole(path: Path, text: str) -> None:

@@ -83,6 +83,9 @@ def test_the_wheel_ships_the_config_tree(wheel):
         # What mstar_resources.testing renders FlashInfer's overflow from.
         "mstar_resources/attn/flashinfer_overflow.json",
     } <= names
+    # The calibrations measured with older FlashInfers, in their folders.
+    calibrated = ROOT.glob("conf/deployment/flashinfer-*/*.yaml")
+    assert {f"mstar_resources/{path.relative_to(ROOT)}" for path in calibrated} <= names
     assert not any(name.startswith(("conf/", "tests/")) for name in names)
 
 

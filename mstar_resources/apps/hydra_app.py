@@ -183,6 +183,9 @@ def hydra_app(
                         return task(cfg)
             except ResourceConfigError as error:
                 fail(prog, f"{error}; `{invoked} --help` lists the settings")
+            # Hydra reads the command line itself: the deployment as composed above.
+            composed = dict(zip(on.texts, on.composed_texts, strict=True))
+            sys.argv[1:] = [composed.get(arg, arg) for arg in args]
             hydra_main()
 
         def main() -> None:

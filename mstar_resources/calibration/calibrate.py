@@ -333,8 +333,9 @@ def users_deployment_folder(name: str, config_dirs: Sequence[str]) -> Path | Non
 
 
 def base_deployment(name: str) -> str:
-    """Calibrating ``x_calibrated`` (or ``x_recalibrated``) again recalibrates ``x``."""
-    return name.removesuffix(CALIBRATED_SUFFIX).removesuffix(RECALIBRATED_SUFFIX)
+    """Calibrating ``x_calibrated`` (or ``x_recalibrated``, or a shipped
+    ``flashinfer-<version>/x_calibrated``) again recalibrates ``x``."""
+    return name.rpartition("/")[2].removesuffix(CALIBRATED_SUFFIX).removesuffix(RECALIBRATED_SUFFIX)
 
 
 def calibrated_name(deployment: str, output_dir: Path) -> str:
