@@ -13,13 +13,17 @@ from omegaconf import OmegaConf
 
 from mstar_resources import compose
 from mstar_resources.calibration.calibrate import base_deployment
-from mstar_resources.calibration.record import Machine, stale_record
+from mstar_resources.calibration.profile import load_profile, version_problems
+from mstar_resources.calibration.record import Machine, calibrated_floors, stale_record
 from mstar_resources.compose import compose_deployment
 from mstar_resources.files import calibrated_for, shipped_deployments
 from mstar_resources.resolver import resolve
 
 from .apps import run_app
 
+SHIPPED = shipped_deployments()
+PINNED = ("0.6.14", "0.6.18.post1", "0.7.2.post1")
+"""The FlashInfer versions vLLM 0.26, 0.30 and 0.33 pin, shipped beside the newest (0.7.4)."""
 MINE = "mine_calibrated"
 NEWEST, OLDER = "0.7.4", "0.6.14"
 MB = {NEWEST: 17, OLDER: 67}
@@ -122,3 +126,33 @@ def test_only_a_file_that_is_there_is_chosen(tmp_path):
 
 def test_calibrating_a_version_s_calibration_recalibrates_its_deployment():
     assert base_deployment(f"flashinfer-{OLDER}/llama3-8b-h200_calibrated") == "llama3-8b-h200"
+
+
+@pytest.mark.parametrize("version", PINNED)
+def test_every_shipped_calibration_comes_measured_with_each_pinned_flashinfer(version):
+    # All but those the version cannot plan (MLA before 0.7.2), where the newest's composes.
+    plannable = []
+    for path in sorted(SHIPPED.glob("*_calibrated.yaml")):
+        profile = load_profile(compose_deployment("mstar_resources_vllm", path.stem).calibration)
+        if not version_problems(profile, version):
+            plannable.append(path.stem)
+    assert plannable and plannable == sorted(
+        path.stem for path in SHIPPED.glob(f"flashinfer-{version}/*.yaml")
+    )
+
+
+@pytest.mark.parametrize(
+    "path", sorted(SHIPPED.glob("flashinfer-*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
+def test_a_shipped_calibration_composes_where_its_flashinfer_runs_and_holds_there(
+    monkeypatch, path
+):
+    version = path.parent.name.removeprefix("flashinfer-")
+    installed(monkeypatch, version)
+    cfg = compose_deployment("mstar_resources_vllm", path.stem)
+    record = OmegaConf.to_container(cfg.calibrated)
+    assert isinstance(record, dict) and record["flashinfer"] == version
+    resources = resolve(cfg.resources)
+    # Every attention floor is the record's need, and no input differs where it was measured.
+    assert set(calibrated_floors(record, resources)) == {"attn.prefill", "attn.decode"}
+    assert stale_record(record, cfg.calibration, resources, Machine.of(record)) is None
