@@ -90,7 +90,10 @@ def test_the_dry_run_and_its_hydra_flags_show_the_same_calibration(
     given = ("--config-dir", str(config_dir), f"deployment={MINE}")
     table = run_app(*given, "format=json", cwd=tmp_path)
     job = run_app(*given, "--cfg", "job", cwd=tmp_path)
-    assert (table.returncode, job.returncode) == (0, 0), table.stderr + job.stderr
+    text = run_app(*given, cwd=tmp_path)
+    assert (table.returncode, job.returncode, text.returncode) == (0, 0, 0), text.stderr
+    # The table says which FlashInfer's calibration it composed.
+    assert f", FlashInfer {OLDER if version else NEWEST}, " in text.stdout.splitlines()[-1]
     mb = MB[OLDER if version else NEWEST]
     floors = {r["path"]: r["floor_mb"] for r in json.loads(table.stdout)["resources"]}
     assert floors["attn.prefill"] == mb

@@ -15,7 +15,9 @@ from omegaconf import DictConfig
 from .._internal.output import format_table
 from ..calibration.record import (
     CalibratedFloor,
+    Machine,
     calibrated_floors,
+    calibration_nodes,
     check_calibration,
     checked_calibration_nodes,
     stale_record,
@@ -86,6 +88,8 @@ def main(cfg: DictConfig) -> None:
         print(json.dumps(report))
     else:
         print(_table(records, report, calibrated))
+        if calibrated:  # which calibration composed: the FlashInfer installed picks it
+            print(f"calibrated on {Machine.of(calibration_nodes(cfg)[1])}")
 
 
 def _check_calibration_inputs(
