@@ -119,11 +119,16 @@ def test_an_output_that_is_a_folder_is_refused(tmp_path: Path, flag: str) -> Non
     assert list(tmp_path.iterdir()) == []
 
 
-def test_without_a_gpu_it_refuses_after_checking_the_config(tmp_path: Path) -> None:
-    # Hidden CUDA devices: the same refusal on a GPU machine as on this CPU one.
+@pytest.mark.parametrize("engine", [[], ["--engine", "vllm"], ["--engine", "sglang"]])
+def test_without_a_gpu_it_refuses_after_checking_the_config(
+    tmp_path: Path, engine: list[str]
+) -> None:
+    # Hidden CUDA devices: the same refusal on a GPU machine as on this CPU one, after composing
+    # every point (an engine's preset too).
     done = run(
-        "--json", str(tmp_path / "rows.json"), cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""}
-    )
+        "llama3-8b-h200", *engine, "--json", str(tmp_path / "rows.json"), cwd=tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
     assert_refused(done, "--device", "cuda", "torch.cuda.is_available() is False", "needs a GPU")
     assert list(tmp_path.iterdir()) == []
 

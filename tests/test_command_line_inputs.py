@@ -151,6 +151,8 @@ def test_a_deployment_file_is_refused_for_what_hydra_would_compose_without_a_wor
         pytest.param(["--foo"], ["--foo is not a flag mstar-resources takes"], id="no-such-flag"),
         pytest.param(["hydra.run.dir=/x"], ["hydra.run.dir=/x is not supported"],
                      id="a-hydra-setting"),
+        pytest.param(["hydra.job.chdir=true"], ["hydra.job.chdir=true is not supported"],
+                     id="hydra-job-chdir"),
         pytest.param(["--package", "x"], ["--package x is not supported"], id="package"),
         pytest.param(["--cfg"], ["--cfg/-c: expected one argument"], id="a-flag-without-its-value"),
         pytest.param(["--resolve"], ["--resolve resolves the config --cfg prints"],

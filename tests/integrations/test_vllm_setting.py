@@ -206,6 +206,7 @@ def test_without_vllm_the_warning_says_vllm_is_not_installed(monkeypatch, caplog
     [
         ("calibrated: hello\n", "calibrated='hello' is not valid"),
         ("calibration:\n  modle: {}\n", "calibration.modle"),
+        ("calibrated:\n  foo: bar\n", "calibrated.foo is not a field of what calibration records"),
     ],
 )
 def test_a_calibration_the_dry_run_refuses_the_plugins_refuse(tmp_path, body, named):
