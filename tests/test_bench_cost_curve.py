@@ -119,7 +119,9 @@ def test_an_output_that_is_a_folder_is_refused(tmp_path: Path, flag: str) -> Non
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("engine", [[], ["--engine", "vllm"], ["--engine", "sglang"]])
+@pytest.mark.parametrize(
+    "engine", [[], ["--engine", "vllm"], ["--engine", "sglang"]], ids=["declared", "vllm", "sglang"]
+)
 def test_without_a_gpu_it_refuses_after_checking_the_config(
     tmp_path: Path, engine: list[str]
 ) -> None:
