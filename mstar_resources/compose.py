@@ -69,14 +69,16 @@ def register_settings(config_name: str, settings: type) -> None:
 
 
 def compose_deployment(
-    config_name: str, deployment: str, config_dir: Path | None = None
+    config_name: str, deployment: str, config_dir: Path | None = None, *, by_flashinfer: bool = True
 ) -> DictConfig:
     """The shipped primary config ``config_name`` composed as ``mstar-resources --config-dir
-    <config_dir> deployment=<deployment>`` does, for an engine's plugin (its own Hydra kept)."""
+    <config_dir> deployment=<deployment>`` does, for an engine's plugin (its own Hydra kept);
+    ``by_flashinfer=False``: that very file, not one measured with the FlashInfer installed."""
     register_settings(config_name, ComposedTree)
     with hydra_on(SHIPPED_CONF, compose_deployment):
         # Quoted: a file named inf.yaml, null.yaml or x,y.yaml is a name, not a number or a sweep.
-        on = Composition(config_name, [f"{DEPLOYMENT_GROUP}={quoted(deployment)}"], config_dir)
+        texts = [f"{DEPLOYMENT_GROUP}={quoted(deployment)}"]
+        on = Composition(config_name, texts, config_dir, by_flashinfer=by_flashinfer)
         return on.config(hydra=False)
 
 
@@ -132,9 +134,10 @@ class Composition:
 
     def __init__(
         self, config_name: str, texts: Sequence[str], config_dir: str | Path | None = None,
-        given_name: str | None = None, settings: type | None = None,
+        given_name: str | None = None, settings: type | None = None, *, by_flashinfer: bool = True,
     ) -> None:  # fmt: skip
         self.config_name, self.texts, self.given_name = config_name, list(texts), given_name
+        self.by_flashinfer = by_flashinfer  # a deployment as measured with the FlashInfer installed
         self.composed_name = given_name or config_name
         self.settings = settings
         self.folder = Path(config_dir).resolve() if config_dir else None
@@ -147,17 +150,16 @@ class Composition:
         return group_options(group, self.config_name, self.searchpath)
 
     @functools.cached_property
-    def deployment(self) -> Override | None:
-        """The override of the deployment, None where none is given."""
-        return next((o for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP), None)
+    def deployment(self) -> str | None:
+        """The deployment the overrides pick (the last, as Hydra takes it); None: no name."""
+        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
+        return names[-1] if names and isinstance(names[-1], str) else None
 
-    @functools.cached_property
-    def deployment_name(self) -> str | None:
-        """The deployment picked, as measured with the FlashInfer installed where the package or
-        the ``--config-dir`` holds that version's (:func:`calibrated_for`); None: no name."""
-        name = self.deployment.value() if self.deployment else None
-        if not isinstance(name, str):
-            return None
+    def measured_here(self, name: str) -> str:
+        """``name``, or the deployment of that name measured with the FlashInfer installed where
+        the package or the ``--config-dir`` holds that version's (:func:`calibrated_for`)."""
+        if not self.by_flashinfer:
+            return name
         folders = [
             shipped_deployments(),
             *([self.folder / DEPLOYMENT_GROUP] if self.folder else []),
@@ -166,10 +168,14 @@ class Composition:
 
     @functools.cached_property
     def composed_texts(self) -> list[str]:
-        """The overrides as composed: the deployment as :attr:`deployment_name` picks it."""
-        texts, given, name = list(self.texts), self.deployment, self.deployment_name
-        if given and name and name != given.value() and given.input_line in texts:
-            texts[texts.index(given.input_line)] = f"{DEPLOYMENT_GROUP}={quoted(name)}"
+        """The overrides as composed: each deployment as :meth:`measured_here` picks it."""
+        texts = list(self.texts)
+        for i, override in enumerate(self.overrides):
+            name = override.value()
+            if override.key_or_group != DEPLOYMENT_GROUP or not isinstance(name, str):
+                continue
+            if (chosen := self.measured_here(name)) != name:
+                texts[i] = f"{DEPLOYMENT_GROUP}={quoted(chosen)}"
         return texts
 
     @functools.cached_property
@@ -221,16 +227,26 @@ class Composition:
 
     def deployment_path(self) -> Path | None:
         """Where the user's ``--config-dir`` would hold the deployment the overrides pick."""
-        if self.folder and self.deployment_name:
-            return self.folder / DEPLOYMENT_GROUP / f"{self.deployment_name}.yaml"
+        if self.folder and self.deployment:
+            return self.folder / DEPLOYMENT_GROUP / f"{self.measured_here(self.deployment)}.yaml"
         return None
 
     def deployment_problem(self) -> str | None:
         """What is wrong with the deployment the overrides pick in the user's ``--config-dir``
-        that Hydra would fail on, read without end, ignore or compose without a word."""
-        path = self.deployment_path()
-        if path is None:
+        (the file composed, and the one of the name given where that is another) that Hydra would
+        fail on, read without end, ignore or compose without a word."""
+        picked = self.deployment_path()
+        if picked is None or self.folder is None:
             return None
+        given = self.folder / DEPLOYMENT_GROUP / f"{self.deployment}.yaml"
+        for path in dict.fromkeys([picked, given]):  # the file composed first
+            if problem := self._file_problem(path):
+                return problem
+        return None
+
+    def _file_problem(self, path: Path) -> str | None:
+        """What is wrong with deployment file ``path`` of the ``--config-dir`` (None: nothing)."""
+        assert self.folder is not None
         try:
             mode = path.stat().st_mode
         except OSError as error:  # not there (another folder may have it), or a broken link
@@ -244,8 +260,8 @@ class Composition:
             what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
             return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is {what}; a deployment "
                     "is a YAML file: replace it with one")  # fmt: skip
-        if path.parent != shipped_deployments().resolve() and (
-                path.stem in group_options(DEPLOYMENT_GROUP, self.config_name)):  # fmt: skip
+        shipped = shipped_deployments() / path.relative_to(self.folder / DEPLOYMENT_GROUP)
+        if shipped.is_file() and shipped.resolve() != path.resolve():
             return (f"{DEPLOYMENT_GROUP}={path.stem} picks the shipped deployment of that name, "
                     f"not {path}: Hydra finds the package's configs before a --config-dir's, so "
                     f"the file would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and "
@@ -416,25 +432,38 @@ def _too_large(root: yaml.Node | None) -> str | None:
     """What makes a YAML document too large to compose (None: nothing), walked without recursion:
     its values past :data:`MAX_VALUES`, aliases followed, or its levels past :data:`MAX_NESTING`."""
     stack = [] if root is None else [(root, 1)]
-    values, nodes = 0, set()  # values counts a node each time an alias leads to it
+    values = 0  # a node each time an alias leads to it
     while stack:
         node, depth = stack.pop()
         values += 1
-        nodes.add(id(node))
-        if values > MAX_VALUES and len(nodes) < values:
+        if values > MAX_VALUES and len(_nodes(root)) > MAX_VALUES:
+            return (f"holds more than {MAX_VALUES:,} values, where a deployment holds a few "
+                    "dozen; declare what it needs")  # fmt: skip
+        if values > MAX_VALUES:
             return (f"holds more than {MAX_VALUES:,} values, its YAML aliases followed (a "
                     "deployment holds a few dozen; nested anchors multiply them); write the "
                     "deployment out plainly")  # fmt: skip
-        if values > MAX_VALUES:
-            return (f"holds more than {MAX_VALUES:,} values, where a deployment holds a few "
-                    "dozen; declare what it needs")  # fmt: skip
         if depth > MAX_NESTING:
             return TOO_DEEP
-        if isinstance(node, yaml.MappingNode):
-            stack += [(child, depth + 1) for pair in node.value for child in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            stack += [(child, depth + 1) for child in node.value]
+        stack += [(child, depth + 1) for child in _children(node)]
     return None
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [child for pair in node.value for child in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _nodes(root: yaml.Node | None) -> set[int]:
+    """The nodes of ``root``'s document, each once (an alias's not followed again)."""
+    seen: set[int] = set()
+    stack = [] if root is None else [root]
+    while stack:
+        if id(node := stack.pop()) not in seen:
+            seen.add(id(node))
+            stack += _children(node)
+    return seen
 
 
 def _silently_changed(body: dict[Any, Any]) -> str | None:

@@ -11,10 +11,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["DEPLOYMENT_GROUP", "calibrated_for", "folder_problem", "replacing",
+__all__ = ["DEPLOYMENT_GROUP", "FLASHINFER_FOLDER", "calibrated_for", "folder_problem", "replacing",
            "shipped_deployments", "write_whole"]  # fmt: skip
 
 DEPLOYMENT_GROUP = "deployment"  # its options are `# @package _global_`: keys of the whole tree
+FLASHINFER_FOLDER = "flashinfer-"
+"""``deployment/flashinfer-<version>/`` holds calibrations made with that FlashInfer."""
 
 
 def shipped_deployments() -> Path:
@@ -26,10 +28,12 @@ def calibrated_for(deployment: str, flashinfer: str | None, folders: Sequence[Pa
     """``deployment`` as measured with FlashInfer ``flashinfer`` (the one installed):
     ``flashinfer-<version>/<deployment>`` where one of the deployment ``folders`` (the shipped
     ones', a ``--config-dir``'s) holds that file; else ``deployment`` itself."""
-    versioned = f"flashinfer-{flashinfer}/{deployment}"
+    versioned = f"{FLASHINFER_FOLDER}{flashinfer}/{deployment}"
     if flashinfer is None or "/" in deployment:
         return deployment
-    return versioned if any((f / f"{versioned}.yaml").is_file() for f in folders) else deployment
+    # A broken link or a folder there too: composing it says what is wrong with it.
+    found = any(os.path.lexists(f / f"{versioned}.yaml") for f in folders)
+    return versioned if found else deployment
 
 
 def write_whole(path: Path, text: str) -> None:

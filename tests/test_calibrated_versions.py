@@ -5,6 +5,7 @@ deployment itself is composed, and its record names the version that differs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,11 +13,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from mstar_resources import compose
-from mstar_resources.calibration.calibrate import base_deployment
+from mstar_resources.calibration.calibrate import Measured, base_deployment, write_override
 from mstar_resources.calibration.profile import load_profile, version_problems
 from mstar_resources.calibration.record import Machine, calibrated_floors, stale_record
 from mstar_resources.compose import compose_deployment
 from mstar_resources.files import calibrated_for, shipped_deployments
+from mstar_resources.integrations.sglang import SGLANG
+from mstar_resources.integrations.vllm import VLLM
 from mstar_resources.resolver import resolve
 
 from .apps import run_app
@@ -159,3 +162,87 @@ def test_a_shipped_calibration_composes_where_its_flashinfer_runs_and_holds_ther
     # Every attention floor is the record's need, and no input differs where it was measured.
     assert set(calibrated_floors(record, resources)) == {"attn.prefill", "attn.decode"}
     assert stale_record(record, cfg.calibration, resources, Machine.of(record)) is None
+
+
+def floors_shown(*args: str, cwd: Path) -> dict[str, int]:
+    done = run_app(*args, "format=json", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    return {r["path"]: r["floor_mb"] for r in json.loads(done.stdout)["resources"]}
+
+
+def test_a_deployment_given_twice_is_the_last_as_measured_here(monkeypatch, config_dir, tmp_path):
+    installed(monkeypatch, OLDER)
+    at = ("--config-dir", str(config_dir))
+    for given in ([f"deployment={MINE}"] * 2, ["deployment=mine", f"deployment={MINE}"]):
+        assert floors_shown(*at, *given, cwd=tmp_path)["attn.prefill"] == MB[OLDER]
+    # The file composed is the one read within bounds.
+    versioned = config_dir / "deployment" / f"flashinfer-{OLDER}" / f"{MINE}.yaml"
+    versioned.write_text(versioned.read_text() + "x: &x [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("xabcd", "abcde", strict=True)
+    ))  # fmt: skip
+    done = run_app(*at, "deployment=mine", f"deployment={MINE}", cwd=tmp_path)
+    assert done.returncode == 2 and str(versioned) in done.stderr, done.stderr
+
+
+def test_a_users_file_named_as_a_shipped_one_is_refused_whichever_is_composed(
+    monkeypatch, tmp_path
+):
+    installed(monkeypatch, OLDER)  # the package's 0.6.14 file would be composed in its place
+    name = "llama3-8b-h200_calibrated"
+    (tmp_path / "deployment").mkdir()
+    (tmp_path / "deployment" / f"{name}.yaml").write_text("# @package _global_\n")
+    done = run_app("--config-dir", str(tmp_path), f"deployment={name}", cwd=tmp_path)
+    assert done.returncode == 2 and "picks the shipped deployment of that name" in done.stderr
+    # A version the package has no file for: the user's own is composed, and not refused.
+    installed(monkeypatch, "0.7.2")
+    mine = tmp_path / "deployment" / "flashinfer-0.7.2" / f"{name}.yaml"
+    mine.parent.mkdir()
+    shipped = (SHIPPED / "flashinfer-0.7.2.post1" / f"{name}.yaml").read_text()
+    mine.write_text(shipped.replace("flashinfer: 0.7.2.post1\n", "flashinfer: 0.7.2\n"))
+    (tmp_path / "deployment" / f"{name}.yaml").unlink()
+    cfg = compose_deployment("mstar_resources_vllm", name, tmp_path)
+    assert cfg.calibrated.flashinfer == "0.7.2"
+
+
+def test_a_plugin_setting_given_as_a_path_composes_that_file(monkeypatch, config_dir):
+    installed(monkeypatch, OLDER)
+    folder = config_dir / "deployment"
+    for path, mb in (
+        (folder / f"{MINE}.yaml", MB[NEWEST]),
+        (folder / f"flashinfer-{OLDER}" / f"{MINE}.yaml", MB[OLDER]),
+        (SHIPPED / "llama3-8b-h200_calibrated.yaml", MB[NEWEST]),
+        (SHIPPED / f"flashinfer-{OLDER}" / "llama3-8b-h200_calibrated.yaml", MB[OLDER]),
+    ):
+        for setting in (VLLM, SGLANG):
+            records = setting.read({setting.env_var: str(path)}).records
+            assert {r.path: r.floor.mb for r in records}["attn.prefill"] == mb, (path, setting)
+
+
+def test_a_broken_link_where_a_versions_file_would_be_is_named(monkeypatch, config_dir, tmp_path):
+    installed(monkeypatch, "0.9.0")
+    (config_dir / "deployment" / "flashinfer-0.9.0").mkdir()
+    (config_dir / "deployment" / "flashinfer-0.9.0" / f"{MINE}.yaml").symlink_to("gone.yaml")
+    done = run_app("--config-dir", str(config_dir), f"deployment={MINE}", cwd=tmp_path)
+    assert done.returncode == 2 and "gone.yaml, which does not exist" in done.stderr
+
+
+def test_calibrating_with_another_flashinfer_keeps_each_versions_file(monkeypatch, config_dir):
+    """The second FlashInfer's calibration goes into its folder, the first's kept; calibrating
+    with a FlashInfer that has its folder's file replaces that one."""
+    folder = config_dir / "deployment"
+    (folder / f"flashinfer-{OLDER}" / f"{MINE}.yaml").unlink()
+    shipped = compose_deployment("mstar_resources_vllm", "llama3-8b-h200_calibrated")
+    needs = [Measured(n.path, n.need_bytes, n.worst, n.method, n.int_need_bytes)
+             for n in shipped.calibrated.needs]  # fmt: skip
+    written = []
+    for version, grown in ((NEWEST, 0), (OLDER, 52 << 20), (OLDER, 60 << 20)):
+        bigger = [dataclasses.replace(n, need_bytes=n.need_bytes + grown) for n in needs]
+        written.append(write_override("mine", bigger, {"flashinfer": version}, folder, margin=0))
+    top, versioned = folder / f"{MINE}.yaml", folder / f"flashinfer-{OLDER}" / f"{MINE}.yaml"
+    assert written == [top, versioned, versioned]
+    for version, mb in ((NEWEST, 17), (OLDER, 17 + 60)):
+        installed(monkeypatch, version)
+        cfg = compose_deployment("mstar_resources_vllm", MINE, config_dir)
+        assert cfg.calibrated.flashinfer == version
+        assert cfg.resources.attn.prefill.declared_mb == mb

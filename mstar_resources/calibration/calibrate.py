@@ -9,11 +9,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .._internal.output import format_table
 from ..errors import ResourceConfigError
-from ..files import shipped_deployments, write_whole
+from ..files import FLASHINFER_FOLDER, shipped_deployments, write_whole
 from ..floor import INT
 from ..resolver import ResolvedResource
 from ..units import MIB
@@ -310,12 +311,14 @@ def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | Non
 
 def how_to_compose(path: Path) -> str:
     """How a config composes the calibrated deployment written at ``path``."""
-    name = path.stem
-    if path.parent.name != "deployment":
+    name, folder = path.stem, path.parent
+    if folder.name.startswith(FLASHINFER_FOLDER):  # one of several versions' calibrations
+        folder = folder.parent
+    if folder.name != "deployment":
         return f"move it into the deployment/ folder of a config dir, then use deployment={name}"
-    if path.parent.absolute() == shipped_deployments().absolute():
+    if folder.absolute() == shipped_deployments().absolute():
         return f"use it with deployment={name}"
-    config_dir = path.parent.parent
+    config_dir = folder.parent
     return (
         f"use it with --config-dir {config_dir} deployment={name} (or list "
         f"file://{config_dir.absolute()} under hydra.searchpath)"
@@ -348,6 +351,15 @@ def calibrated_name(deployment: str, output_dir: Path) -> str:
     return name
 
 
+def recorded_flashinfer(path: Path) -> str | None:
+    """The FlashInfer the calibration at ``path`` was made with; None where there is none."""
+    try:
+        record = yaml.safe_load(path.read_text(encoding="utf-8"))[RECORD_KEY]
+        return str(record["flashinfer"])
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, KeyError):
+        return None
+
+
 def write_override(
     deployment: str,
     measured: Sequence[Measured],
@@ -359,9 +371,17 @@ def write_override(
 ) -> Path:
     """Write ``deployment``'s calibration into ``output_dir`` (made if missing), whole or not at
     all, with the ``calibration`` settings ``profile`` (:func:`profile_settings`, so the file
-    composes the profile its floors hold for) where given; returns its path."""
-    path = output_dir / f"{calibrated_name(deployment, output_dir)}.yaml"
-    output_dir.mkdir(parents=True, exist_ok=True)
+    composes the profile its floors hold for) where given; returns its path. Where ``output_dir``
+    holds this calibration made with another FlashInfer, or this FlashInfer's in its
+    ``flashinfer-<version>/`` folder, it goes there (:func:`~mstar_resources.files.calibrated_for`
+    composes it where that FlashInfer is installed), the other kept."""
+    name = calibrated_name(deployment, output_dir)
+    path, version = output_dir / f"{name}.yaml", provenance.get("flashinfer")
+    versioned = output_dir / f"{FLASHINFER_FOLDER}{version}" / path.name
+    if version and (versioned.is_file() or recorded_flashinfer(path) not in (None, version)):
+        path = versioned
+    path.parent.mkdir(parents=True, exist_ok=True)
+    base = deployment if path.parent == output_dir else f"/deployment/{deployment}"  # by its path
     shipped = output_dir.absolute() == shipped_deployments().absolute()
     in_config_dir = output_dir.name == "deployment" and not shipped
     folder = f"--config-dir {output_dir.parent} " if in_config_dir else ""
@@ -373,7 +393,7 @@ def write_override(
             node = node.setdefault(part, {})
         node["declared_mb"], node["int_declared_mb"] = declared_mbs(m, margin)
     body = {
-        "defaults": [deployment, "_self_"],
+        "defaults": [base, "_self_"],
         "resources": resources,
         **({} if profile is None else {PROFILE_KEY: dict(profile)}),
         RECORD_KEY: {
@@ -391,7 +411,8 @@ def write_override(
           if isinstance(value, str | int | float | bool)),
         f"# declared_mb = need{f' x {1 + margin:g}' if margin else ''}, rounded up to a whole MB "
         "(int_declared_mb: the int need, the same way). Use it with",
-        f"#   mstar-resources {folder}deployment={path.stem}",
+        f"#   mstar-resources {folder}deployment={path.stem}"
+        + (f" (with FlashInfer {version} installed)" if base != deployment else ""),
     ]  # fmt: skip
     write_whole(path, "\n".join(header) + "\n" + OmegaConf.to_yaml(OmegaConf.create(body)))
     return path

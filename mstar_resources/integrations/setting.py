@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ResourceConfigError, did_you_mean
+from ..files import FLASHINFER_FOLDER
 from ..resolver import ResolvedResource, resolve, serving
 
 AUTO = "auto"  # measure each workspace's floor in the worker, on its GPU and its FlashInfer
@@ -103,8 +104,10 @@ class PluginSetting:
         from ..compose import NO_DEPLOYMENT, compose_deployment, deployment_options
 
         named, off = self.assignment(value), self.off
+        by_flashinfer = True  # a name: as measured with the FlashInfer installed; a path: its file
         if os.sep in value or "/" in value or value.endswith((".yaml", ".yml")):
             config_dir, name = _deployment_file(value, named, off)
+            by_flashinfer = False
         else:
             if value == NO_DEPLOYMENT:
                 raise ResourceConfigError(
@@ -123,7 +126,9 @@ class PluginSetting:
                 )
             config_dir, name = None, value
         try:
-            return compose_deployment(self.config_name, name, config_dir)
+            return compose_deployment(
+                self.config_name, name, config_dir, by_flashinfer=by_flashinfer
+            )
         except ResourceConfigError as error:
             raise ResourceConfigError(f"{named}: {error}") from None
 
@@ -181,10 +186,13 @@ def _deployment_file(value: str, named: str, off: str) -> tuple[Path, str]:
             f"{EXAMPLE_FILE}, as mstar-resources-calibrate writes it), the name of a shipped "
             f"deployment, or {AUTO}; {off}"
         )
-    if path.parent.name != "deployment":
+    measured = path.parent.name.startswith(FLASHINFER_FOLDER)  # one FlashInfer's calibration
+    if (path.parent.parent if measured else path.parent).name != "deployment":
         raise ResourceConfigError(
             f"{named}: a deployment file lives in the deployment/ folder of a config dir (as "
             f"mstar-resources-calibrate writes it), and this one is in "
             f"{path.parent.name or '/'}/; move it into a deployment/ folder"
         )
+    if measured:
+        return path.resolve().parents[2], f"{path.parent.name}/{path.stem}"
     return path.resolve().parent.parent, path.stem
