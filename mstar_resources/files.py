@@ -28,9 +28,10 @@ def calibrated_for(deployment: str, flashinfer: str | None, folders: Sequence[Pa
     """``deployment`` as measured with FlashInfer ``flashinfer`` (the one installed):
     ``flashinfer-<version>/<deployment>`` where one of the deployment ``folders`` (the shipped
     ones', a ``--config-dir``'s) holds that file; else ``deployment`` itself."""
-    versioned = f"{FLASHINFER_FOLDER}{flashinfer}/{deployment}"
     if flashinfer is None or "/" in deployment:
         return deployment
+    # A build's local label (0.6.14+cu128) is the release's code.
+    versioned = f"{FLASHINFER_FOLDER}{flashinfer.partition('+')[0]}/{deployment}"
     # A broken link or a folder there too: composing it says what is wrong with it.
     found = any(os.path.lexists(f / f"{versioned}.yaml") for f in folders)
     return versioned if found else deployment

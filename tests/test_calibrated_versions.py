@@ -13,6 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from mstar_resources import compose
+from mstar_resources.apps import dry_run
 from mstar_resources.calibration.calibrate import Measured, base_deployment, write_override
 from mstar_resources.calibration.profile import load_profile, version_problems
 from mstar_resources.calibration.record import Machine, calibrated_floors, stale_record
@@ -34,10 +35,14 @@ MB = {NEWEST: 17, OLDER: 67}
 
 
 def installed(monkeypatch, version: str | None) -> None:
-    """Compose as if FlashInfer ``version`` were installed (None: none is)."""
-    monkeypatch.setattr(
-        compose, "installed_version", lambda name: version if name == "flashinfer-python" else None
-    )
+    """Compose, and check in the dry run, as if FlashInfer ``version`` were installed (None: none
+    is)."""
+    for module in (compose, dry_run):
+        monkeypatch.setattr(
+            module,
+            "installed_version",
+            lambda name: version if name == "flashinfer-python" else None,
+        )
 
 
 @pytest.fixture
@@ -98,8 +103,11 @@ def test_the_dry_run_and_its_hydra_flags_show_the_same_calibration(
     # The table says which FlashInfer's calibration it composed.
     assert f", FlashInfer {OLDER if version else NEWEST}, " in text.stdout.splitlines()[-1]
     mb = MB[OLDER if version else NEWEST]
-    floors = {r["path"]: r["floor_mb"] for r in json.loads(table.stdout)["resources"]}
+    report = json.loads(table.stdout)
+    floors = {r["path"]: r["floor_mb"] for r in report["resources"]}
     assert floors["attn.prefill"] == mb
+    assert f", FlashInfer {OLDER if version else NEWEST}, " in report["calibrated_on"]
+    assert table.stderr == ""  # made with the FlashInfer installed, or none is: nothing to warn
     printed = OmegaConf.create(job.stdout)
     assert printed.resources.attn.prefill.declared_mb == mb
 
@@ -246,3 +254,16 @@ def test_calibrating_with_another_flashinfer_keeps_each_versions_file(monkeypatc
         cfg = compose_deployment("mstar_resources_vllm", MINE, config_dir)
         assert cfg.calibrated.flashinfer == version
         assert cfg.resources.attn.prefill.declared_mb == mb
+
+
+def test_the_dry_run_warns_where_the_flashinfer_installed_has_no_calibration(monkeypatch, tmp_path):
+    installed(monkeypatch, "0.7.2")  # SGLang 0.5.23's: none is shipped for it
+    done = run_app("deployment=glm-4.5-air-h200_calibrated", cwd=tmp_path)
+    assert done.returncode == 0
+    assert "flashinfer ('0.7.4' recorded, '0.7.2' here)" in done.stderr
+
+
+def test_a_builds_local_label_is_its_releases_calibration(tmp_path):
+    (tmp_path / f"flashinfer-{OLDER}").mkdir()
+    (tmp_path / f"flashinfer-{OLDER}" / "x.yaml").write_text("")
+    assert calibrated_for("x", f"{OLDER}+cu128", [tmp_path]) == f"flashinfer-{OLDER}/x"

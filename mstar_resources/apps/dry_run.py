@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -25,7 +25,7 @@ from ..calibration.record import (
 from ..compose import ComposedTree
 from ..errors import ResourceConfigError
 from ..resolver import ResolvedResource, build_pools, resolve
-from ..units import MIB
+from ..units import MIB, installed_version
 from .hydra_app import cuda_device, hydra_app, is_cuda_device, package_version
 
 __all__ = ["DryRunSettings", "OutputFormat", "main"]
@@ -81,6 +81,7 @@ def main(cfg: DictConfig) -> None:
     }
     if calibrated:
         report["calibrated"] = {path: asdict(c) for path, c in calibrated.items()}
+        report["calibrated_on"] = str(Machine.of(calibration_nodes(cfg)[1]))
     if device != "cpu":
         report["device"] = device
         report["allocated_bytes"] = _allocate(cfg, records, device)
@@ -89,16 +90,22 @@ def main(cfg: DictConfig) -> None:
     else:
         print(_table(records, report, calibrated))
         if calibrated:  # which calibration composed: the FlashInfer installed picks it
-            print(f"calibrated on {Machine.of(calibration_nodes(cfg)[1])}")
+            print(f"calibrated on {report['calibrated_on']}")
 
 
 def _check_calibration_inputs(
     cfg: DictConfig, records: list[ResolvedResource]
 ) -> dict[str, CalibratedFloor]:
     """Refuse an invalid calibration profile, warn on stderr where a calibrated deployment no
-    longer composes what it was measured with, and return the floors that are calibration's."""
+    longer composes what it was measured with, or another FlashInfer is installed, and return the
+    floors that are calibration's."""
     profile, record = checked_calibration_nodes(cfg)
-    stale = None if record is None or profile is None else stale_record(record, profile, records)
+    if record is None or profile is None:
+        return calibrated_floors(record, records)
+    # The GPU is the record's (a dry run has none to compare), the FlashInfer any installed.
+    machine = Machine.of(record)
+    flashinfer = installed_version("flashinfer-python") or machine.flashinfer
+    stale = stale_record(record, profile, records, replace(machine, flashinfer=flashinfer))
     if stale is not None:
         print(
             f"{PROG}: warning: deployment {stale.deployment}'s calibration was made with other "

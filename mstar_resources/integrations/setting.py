@@ -190,7 +190,8 @@ def _deployment_file(value: str, named: str, off: str) -> tuple[Path, str]:
     if (path.parent.parent if measured else path.parent).name != "deployment":
         raise ResourceConfigError(
             f"{named}: a deployment file lives in the deployment/ folder of a config dir (as "
-            f"mstar-resources-calibrate writes it), and this one is in "
+            f"mstar-resources-calibrate writes it; one measured with a FlashInfer of its own in "
+            f"deployment/{FLASHINFER_FOLDER}<version>/), and this one is in "
             f"{path.parent.name or '/'}/; move it into a deployment/ folder"
         )
     if measured:
