@@ -260,9 +260,11 @@ class Composition:
             what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
             return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is {what}; a deployment "
                     "is a YAML file: replace it with one")  # fmt: skip
-        shipped = shipped_deployments() / path.relative_to(self.folder / DEPLOYMENT_GROUP)
+        within = path.relative_to(self.folder / DEPLOYMENT_GROUP)
+        shipped = shipped_deployments() / within
         if shipped.is_file() and shipped.resolve() != path.resolve():
-            return (f"{DEPLOYMENT_GROUP}={path.stem} picks the shipped deployment of that name, "
+            name = within.with_suffix("").as_posix()  # flashinfer-<version>/NAME: the version's
+            return (f"{DEPLOYMENT_GROUP}={name} picks the shipped deployment of that name, "
                     f"not {path}: Hydra finds the package's configs before a --config-dir's, so "
                     f"the file would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and "
                     "use the new name")  # fmt: skip
