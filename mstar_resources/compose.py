@@ -438,10 +438,10 @@ def _too_large(root: yaml.Node | None) -> str | None:
     while stack:
         node, depth = stack.pop()
         values += 1
-        if values > MAX_VALUES and len(_nodes(root)) > MAX_VALUES:
-            return (f"holds more than {MAX_VALUES:,} values, where a deployment holds a few "
-                    "dozen; declare what it needs")  # fmt: skip
         if values > MAX_VALUES:
+            if len(_nodes(root)) > MAX_VALUES:  # as many without an alias followed
+                return (f"holds more than {MAX_VALUES:,} values, where a deployment holds a few "
+                        "dozen; declare what it needs")  # fmt: skip
             return (f"holds more than {MAX_VALUES:,} values, its YAML aliases followed (a "
                     "deployment holds a few dozen; nested anchors multiply them); write the "
                     "deployment out plainly")  # fmt: skip
