@@ -10,18 +10,17 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, TypeGuard, cast
+from typing import Any, cast
 
 from omegaconf import MISSING, DictConfig, OmegaConf, ValidationError
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from ..attn._flashinfer import plain_decode_groups
 from ..errors import ResourceConfigError, did_you_mean
-from ..units import installed_version, is_int, release
+from ..units import installed_version, release
 
 PROFILE_KEY = "calibration"
 _WHERE = "the calibration profile"
-TYPE_WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
 
 DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 """Query and KV dtypes a profile may name (``torch.<name>``)."""
@@ -147,15 +146,12 @@ class CalibrationProfile:
     """By plan label (as in the resources' ``labels``): which wrapper plans it."""
 
 
-def is_positive_int(value: object) -> TypeGuard[int]:
-    return is_int(value) and value > 0
-
-
 def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str]:
+    """A problem for each of ``names`` of ``node`` below 1 (the schema has made each an int)."""
     return [
         f"{prefix}.{name}={getattr(node, name)!r} must be a positive whole number"
         for name in names
-        if not is_positive_int(getattr(node, name))
+        if getattr(node, name) < 1
     ]
 
 
@@ -164,8 +160,7 @@ def _value_problems(profile: CalibrationProfile) -> list[str]:
     sizes against the limits, and each plan."""
     key, model = f"{PROFILE_KEY}.model", profile.model
     problems = _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
-    heads = (model.num_qo_heads, model.num_kv_heads)
-    if all(is_positive_int(h) for h in heads) and model.num_qo_heads % model.num_kv_heads:
+    if min(model.num_qo_heads, model.num_kv_heads) > 0 and model.num_qo_heads % model.num_kv_heads:
         problems.append(
             f"{key}.num_kv_heads={model.num_kv_heads} does not divide "
             f"{key}.num_qo_heads={model.num_qo_heads}"
@@ -188,16 +183,16 @@ def _value_problems(profile: CalibrationProfile) -> list[str]:
         f"{key}.{name}={getattr(model, name)!r} must be a positive whole number for the mla "
         f"plans ({', '.join(mla)}); DeepSeek-V3 has head_dim_ckv=512, head_dim_kpe=64"
         for name in ("head_dim_ckv", "head_dim_kpe")
-        if mla and not is_positive_int(getattr(model, name))
+        if mla and (getattr(model, name) or 0) < 1
     ]
 
 
 def _graph_size_problems(profile: CalibrationProfile, name: str, limit_name: str) -> list[str]:
     key, sizes = f"{PROFILE_KEY}.{name}", getattr(profile, name)
     limit = getattr(profile.limits, limit_name)
-    if any(not is_positive_int(s) for s in sizes) or len(set(sizes)) != len(sizes):
+    if min(sizes, default=1) < 1 or len(set(sizes)) != len(sizes):
         return [f"{key}={sizes!r} must be distinct positive whole numbers"]
-    if is_positive_int(limit) and sizes and max(sizes) > limit:
+    if limit > 0 and sizes and max(sizes) > limit:
         return [f"{key} has {max(sizes)}, more than {PROFILE_KEY}.limits.{limit_name}={limit}"]
     return []
 
@@ -221,7 +216,7 @@ def _plan_problems(label: str, plan: PlanProfile) -> list[str]:
             "(FlashInfer plans several query tokens a request only through tensor cores)"
         )
     split = plan.fixed_split_size
-    if split != -1 and not is_positive_int(split):
+    if split < 1 and split != -1:
         problems.append(
             f"{key}.fixed_split_size={split!r} must be -1 (the scheduler picks) or a positive "
             "whole number"
@@ -244,7 +239,7 @@ def _schema_problem(error: OmegaConfBaseException, node: Mapping[str, Any]) -> s
     reason = str(error).splitlines()[0]
     if isinstance(error, ValidationError):
         return f"{full_key}={error.value!r} is not valid: {reason}"
-    schema = OmegaConf.get_type(error.parent_node) if error.parent_node is not None else None
+    schema = OmegaConf.get_type(error.parent_node)
     unknown_key = isinstance(error, ConfigKeyError | ConfigAttributeError)
     if unknown_key and dataclasses.is_dataclass(schema):
         holder = full_key.rpartition(".")[0]
@@ -266,11 +261,12 @@ def _unset_problems(merged: DictConfig) -> list[str]:
         schema = OmegaConf.get_type(OmegaConf.select(merged, holder) if holder else merged)
         hints = typing.get_type_hints(schema) if dataclasses.is_dataclass(schema) else {}
         hint = hints.get(name)
-        takes = TYPE_WORDS.get(hint, "a value") if isinstance(hint, type) else "a value"
         if isinstance(hint, type) and issubclass(hint, Enum):
             takes = "one of " + ", ".join(member.name for member in hint)
         elif dataclasses.is_dataclass(hint):
             takes = "a mapping of " + ", ".join(f.name for f in dataclasses.fields(hint))
+        else:  # the schema's required values are whole numbers, a kind, or a mapping
+            takes = "a whole number" if hint is int else "a value"
         problems.append(f"{PROFILE_KEY}.{key} is not set; set it to {takes}")
     return problems
 
@@ -308,19 +304,19 @@ def version_problems(
     """What FlashInfer ``version`` cannot plan of ``profile``, one line a feature;
     ``plain_groups``: the GQA group sizes its plain decode kernels are compiled for
     (``DISPATCH_GQA_GROUP_SIZE``: 1, 2, 3, 4 and 8 in 0.6.6; 0.7.4 adds 6 and 16), or None."""
-    have = release(version)
+    have, plans = release(version), profile.plans.items()
     problems = []
     if have < release(OLDEST):
         problems.append(f"FlashInfer {version} is older than {OLDEST}, the oldest supported")
-    mla = [label for label, plan in profile.plans.items() if plan.kind is PlanKind.mla]
+    mla = [f"calibration.plans.{label}" for label, plan in plans if plan.kind is PlanKind.mla]
     if mla and have < release(MLA_SINCE):
         problems.append(
-            f"mla plans ({', '.join(f'calibration.plans.{x}' for x in mla)}) need FlashInfer "
-            f"{MLA_SINCE} or newer (installed: {version})"
+            f"mla plans ({', '.join(mla)}) need FlashInfer {MLA_SINCE} or newer (installed: "
+            f"{version})"
         )
     multi = [
         f"calibration.plans.{label}.q_len_per_req={plan.q_len_per_req}"
-        for label, plan in profile.plans.items()
+        for label, plan in plans
         if plan.q_len_per_req > 1
     ]
     if multi and have < release(MULTI_TOKEN_DECODE_SINCE):
@@ -331,17 +327,16 @@ def version_problems(
     model = profile.model
     group = model.num_qo_heads // model.num_kv_heads
     plain = [
-        label
-        for label, plan in profile.plans.items()
+        f"calibration.plans.{label}"
+        for label, plan in plans
         if plan.kind is PlanKind.decode and not plan.tensor_cores
     ]
     if plain and plain_groups is not None and group not in plain_groups:
-        keys = " and ".join(f"calibration.plans.{label}.tensor_cores=true" for label in plain)
         problems.append(
-            f"plain decode ({', '.join(f'calibration.plans.{x}' for x in plain)}) with "
-            f"{model.num_qo_heads} query heads on {model.num_kv_heads} KV heads, a group of "
-            f"{group}: FlashInfer {version}'s plain decode kernels take groups of "
-            f"{', '.join(map(str, sorted(plain_groups)))}; set {keys} (as vLLM and SGLang "
+            f"plain decode ({', '.join(plain)}) with {model.num_qo_heads} query heads on "
+            f"{model.num_kv_heads} KV heads, a group of {group}: FlashInfer {version}'s plain "
+            f"decode kernels take groups of {', '.join(map(str, sorted(plain_groups)))}; set "
+            f"{' and '.join(f'{key}.tensor_cores=true' for key in plain)} (as vLLM and SGLang "
             "plan such models), or install a FlashInfer whose kernels take it"
         )
     return problems
