@@ -70,7 +70,7 @@ class OneBuffer:
 
     def record(self) -> dict[str, Any]:
         return {
-            k: v for k, v in asdict(self).items() if k != "vllm_formula_bytes" and v is not None
+            k: v for k, v in asdict(self).items() if v is not None and k != "vllm_formula_bytes"
         }
 
     def advice(self) -> list[str]:
@@ -210,8 +210,12 @@ def measure_all(
     return rows
 
 
-def _most_int(rows: Sequence[LabelNeed]) -> int | None:
-    return max((r.need.int_bytes for r in rows if r.need.int_bytes is not None), default=None)
+def _hungriest(path: str, rows: Sequence[LabelNeed]) -> Measured:
+    """What ``rows`` need of one floor: the most any of them needs (the first of those that tie)."""
+    worst = max(rows, key=lambda row: row.need.bytes)
+    ints = [row.need.int_bytes for row in rows if row.need.int_bytes is not None]
+    where = f"{worst.label}: {worst.need.worst or '-'}"
+    return Measured(path, worst.need.bytes, where, worst.need.method, max(ints, default=None))
 
 
 def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
@@ -219,12 +223,7 @@ def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
     by_path: dict[str, list[LabelNeed]] = {}
     for row in rows:
         by_path.setdefault(row.resource.path, []).append(row)
-    measured = []
-    for path, its in by_path.items():
-        worst = max(its, key=lambda row: row.need.bytes)  # the first of those that tie
-        where = f"{worst.label}: {worst.need.worst or '-'}"
-        measured.append(Measured(path, worst.need.bytes, where, worst.need.method, _most_int(its)))
-    return measured
+    return [_hungriest(path, its) for path, its in by_path.items()]
 
 
 def vllm_formula(batched_tokens: int, heads: int, head_dim: int, per: int = 16) -> int:
@@ -247,11 +246,12 @@ def one_buffer(
     rows: Sequence[LabelNeed], profile: CalibrationProfile, margin: float = DEFAULT_MARGIN
 ) -> OneBuffer:
     """What an engine that keeps one buffer for every wrapper and graph size must reserve."""
-    worst = max(rows, key=lambda row: row.need.bytes, default=None)
-    need = worst.need.bytes if worst else 0
-    where = f"{worst.label}: {worst.need.worst}" if worst and worst.need.worst else "-"
-    reserve = declared_mb_for(need, margin) * MIB
-    return OneBuffer(need, reserve, where, vllm_formula_bytes(profile), _most_int(rows))
+    most = _hungriest("", rows) if rows else Measured("", 0, "-", "")
+    where = most.worst if most.need_bytes else "-"  # a need of nothing names no shape
+    reserve = declared_mb_for(most.need_bytes, margin) * MIB
+    return OneBuffer(
+        most.need_bytes, reserve, where, vllm_formula_bytes(profile), most.int_need_bytes
+    )
 
 
 def table(
@@ -309,6 +309,10 @@ def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | Non
     return cast(dict[str, Any], found).get(PROFILE_KEY) or None
 
 
+def _is_shipped(folder: Path) -> bool:
+    return folder.absolute() == shipped_deployments().absolute()
+
+
 def how_to_compose(path: Path) -> str:
     """How a config composes the calibrated deployment written at ``path``."""
     name, folder = path.stem, path.parent
@@ -316,23 +320,19 @@ def how_to_compose(path: Path) -> str:
         folder = folder.parent
     if folder.name != "deployment":
         return f"move it into the deployment/ folder of a config dir, then use deployment={name}"
-    if folder.absolute() == shipped_deployments().absolute():
+    if _is_shipped(folder):
         return f"use it with deployment={name}"
-    config_dir = folder.parent
     return (
-        f"use it with --config-dir {config_dir} deployment={name} (or list "
-        f"file://{config_dir.absolute()} under hydra.searchpath)"
+        f"use it with --config-dir {folder.parent} deployment={name} (or list "
+        f"file://{folder.parent.absolute()} under hydra.searchpath)"
     )
 
 
 def users_deployment_folder(name: str, config_dirs: Sequence[str]) -> Path | None:
     """The ``deployment/`` folder of the first of ``config_dirs`` (a user's ``--config-dir``s)
     that holds deployment ``name``; None where none does (a shipped deployment)."""
-    for config_dir in config_dirs:
-        folder = Path(config_dir) / "deployment"
-        if (folder / f"{name}.yaml").is_file():
-            return folder
-    return None
+    folders = (Path(config_dir) / "deployment" for config_dir in config_dirs)
+    return next((folder for folder in folders if (folder / f"{name}.yaml").is_file()), None)
 
 
 def base_deployment(name: str) -> str:
@@ -345,8 +345,7 @@ def calibrated_name(deployment: str, output_dir: Path) -> str:
     """``<deployment>_calibrated``, or ``<deployment>_recalibrated`` where the package ships a
     ``<deployment>_calibrated`` and ``output_dir`` is not the package's folder."""
     name = f"{deployment}{CALIBRATED_SUFFIX}"
-    shipped = shipped_deployments()
-    if (shipped / f"{name}.yaml").is_file() and output_dir.absolute() != shipped.absolute():
+    if (shipped_deployments() / f"{name}.yaml").is_file() and not _is_shipped(output_dir):
         return f"{deployment}{RECALIBRATED_SUFFIX}"
     return name
 
@@ -369,12 +368,9 @@ def write_override(
     buffer: OneBuffer | None = None,
     profile: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``deployment``'s calibration into ``output_dir`` (made if missing), whole or not at
-    all, with the ``calibration`` settings ``profile`` (:func:`profile_settings`, so the file
-    composes the profile its floors hold for) where given; returns its path. Where ``output_dir``
-    holds this calibration made with another FlashInfer, or this FlashInfer's in its
-    ``flashinfer-<version>/`` folder, it goes there (:func:`~mstar_resources.files.calibrated_for`
-    composes it where that FlashInfer is installed), the other kept."""
+    """Write ``deployment``'s calibration, with the ``calibration`` settings ``profile`` where
+    given, into ``output_dir`` (made if missing) whole or not at all; returns its path. It goes
+    into ``flashinfer-<version>/`` where that holds one, or where another FlashInfer's is there."""
     name = calibrated_name(deployment, output_dir)
     path, version = output_dir / f"{name}.yaml", provenance.get("flashinfer")
     versioned = output_dir / f"{FLASHINFER_FOLDER}{version}" / path.name
@@ -382,8 +378,7 @@ def write_override(
         path = versioned
     path.parent.mkdir(parents=True, exist_ok=True)
     base = deployment if path.parent == output_dir else f"/deployment/{deployment}"  # by its path
-    shipped = output_dir.absolute() == shipped_deployments().absolute()
-    in_config_dir = output_dir.name == "deployment" and not shipped
+    in_config_dir = output_dir.name == "deployment" and not _is_shipped(output_dir)
     folder = f"--config-dir {output_dir.parent} " if in_config_dir else ""
     needs = [{k: v for k, v in asdict(m).items() if v is not None} for m in measured]
     resources: dict[str, Any] = {}  # the floors, nested by each resource's path

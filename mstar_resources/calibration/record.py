@@ -197,12 +197,12 @@ def stale_calibration(
 
 
 def stale_record(
-    record: Any, profile: Any, resources: Sequence[ResolvedResource], machine: Machine | None = None
+    record: Any, profile: Any, resources: Sequence[ResolvedResource], machine: Machine
 ) -> StaleCalibration | None:
     """How the ``record`` differs from the ``profile`` and ``resources`` composed now on
-    ``machine`` (None: the record's own, the check any CPU can make)."""
+    ``machine``."""
     plain = _plain(record)
-    running = calibration_inputs(machine or Machine.of(plain), load_profile(profile), resources)
+    running = calibration_inputs(machine, load_profile(profile), resources)
     return stale_calibration(plain, running)
 
 
