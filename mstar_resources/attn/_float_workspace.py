@@ -223,12 +223,11 @@ def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., 
     made once and put where an engine calls its planner (``wraps`` keeps ``plan``'s name). A
     bound ``plan``'s wrapper is held weakly, so the result may be set on the wrapper itself
     without keeping it alive in a cycle."""
-    function: Any = getattr(plan, "__func__", None)
     try:
-        this = None if function is None else weakref.ref(plan.__self__)  # type: ignore[attr-defined]
-    except TypeError:  # no weak reference to it: held as the bound plan holds it
-        this = None
-    if this is None:
+        weak = weakref.WeakMethod(plan)
+    except TypeError:  # no bound method, or its object takes no weak reference: held as given
+        weak = None
+    if weak is None:
 
         @functools.wraps(plan)
         def planned(*args: Any, **kwargs: Any) -> T:
@@ -236,10 +235,9 @@ def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., 
 
         return planned
 
-    @functools.wraps(function)
+    @functools.wraps(plan.__func__)  # type: ignore[attr-defined]
     def planned_on_wrapper(*args: Any, **kwargs: Any) -> T:
-        bound: Callable[..., T] = function.__get__(this())
-        return workspace.plan(bound, *args, **kwargs)
+        return workspace.plan(weak(), *args, **kwargs)  # type: ignore[arg-type]
 
     return planned_on_wrapper
 
