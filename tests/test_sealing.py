@@ -22,7 +22,7 @@ def test_a_workspace_that_can_still_grow_fails_the_check(sealed):
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
     if sealed == "float only":
-        workspace._buffer.seal()
+        workspace.sealed = True  # the float buffer alone
     with pytest.raises(pytest.fail.Exception):
         assert_sealed(workspace)
     grown = workspace.tensor if sealed == "neither" else workspace.int_workspace.tensor

@@ -84,8 +84,9 @@ class WorkspaceStats:
 
 
 class GrowableBuffer:
-    """A workspace's device buffer (an int one's with a host ``mirror`` of as many bytes); every
-    change of size or state is made under :attr:`lock`: sealed while a plan runs, it stays."""
+    """A workspace's device buffer, the base of a float and an int workspace (the latter with a
+    pageable host mirror of as many bytes); every change of size or state is made under its lock:
+    sealed while a plan runs, it stays."""
 
     def __init__(
         self, tensor: torch.Tensor, name: str, sealed: bool, floor: str, kind: Buffer = FLOAT
@@ -109,44 +110,49 @@ class GrowableBuffer:
                 f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
             )
         self.tensor = tensor
-        self.floor_bytes = tensor.numel()
+        """The buffer wrappers are given: the same object for the workspace's whole life."""
         self.name = name
         self.sealed = sealed
         self.floor = floor
-        self.kind = kind
-        # An int workspace's pageable host mirror (IntWorkspace says why pageable).
-        self.mirror = torch.zeros(tensor.numel(), dtype=torch.uint8) if kind is INT else None
-        self.lock = threading.Lock()
+        self._floor_bytes = tensor.numel()
+        self._kind = kind
+        self._mirror = torch.zeros(tensor.numel(), dtype=torch.uint8) if kind is INT else None
+        self._lock = threading.Lock()
         self._growth_refused = False  # its group is agreeing: plans may no longer grow it
         self._times_grown = 0
         self._largest_growth: tuple[int, str | None] = (0, None)  # (bytes added, allocation)
         self._grown_to_agree = 0
         self._sealed_refusals = 0
 
+    def __repr__(self) -> str:
+        state = "sealed" if self.sealed else "growable"
+        return f"{type(self).__name__}({self.name!r}, {self.tensor.numel()} bytes, {state})"
+
     def seal(self) -> None:
-        with self.lock:
+        """Keep this buffer's address from now on: graphs are about to be captured over it."""
+        with self._lock:
             self.sealed = True
 
-    def refuse_growth(self, refused: bool) -> None:
+    def _refuse_growth(self, refused: bool) -> None:
         """Refuse a plan's overflow as if sealed while the ranks agree on sizes, or no longer."""
-        with self.lock:
+        with self._lock:
             self._growth_refused = refused
 
     def stats(self) -> WorkspaceStats:
-        with self.lock:
+        with self._lock:
             added, allocation = self._largest_growth
             return WorkspaceStats(
-                self.name, self.tensor.numel(), self.floor_bytes, self.floor, self._times_grown,
-                added, allocation, self.sealed, self._grown_to_agree, self.kind.kind,
+                self.name, self.tensor.numel(), self._floor_bytes, self.floor, self._times_grown,
+                added, allocation, self.sealed, self._grown_to_agree, self._kind.kind,
                 self._sealed_refusals,
             )  # fmt: skip
 
-    def grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
+    def _grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
         """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
-        with self.lock:
+        with self._lock:
             # Sealed while the plan ran, or its group agreeing on sizes a growth would leave behind.
             if self.sealed or self._growth_refused:
-                raise self.sealed_error(overflow, None) from error
+                raise self._sealed_error(overflow, None) from error
             have, need = self.tensor.numel(), overflow.bytes_needed(planned_on)
             added = self._resize(need, overflow.allocation)
             if not added:  # another plan grew it meanwhile
@@ -159,12 +165,12 @@ class GrowableBuffer:
             self.name, have, need, overflow.allocation, self.floor, mb_to_hold(need),
         )  # fmt: skip
 
-    def grow_to_agree(self, nbytes: int, ranks: str) -> int:
+    def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
         """Grow to ``nbytes``, what ``ranks`` hold of this buffer; returns the bytes added."""
-        with self.lock:
+        with self._lock:
             have = self.tensor.numel()
             if self.sealed and have < nbytes:
-                raise self.refusal(
+                raise self._refusal(
                     f"workspace {self.name!r} is sealed at {have:,} bytes, and {ranks} hold "
                     f"{nbytes:,}; seal with the group before any rank seals alone",
                     needed=nbytes,
@@ -173,7 +179,7 @@ class GrowableBuffer:
             self._grown_to_agree += added
             return added
 
-    def sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceShortError:
+    def _sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceShortError:
         """A sealed buffer's refusal of ``overflow``, counted (``whole``: what the whole plan
         needs, where FlashInfer's ``workspace_size()`` said)."""
         self._sealed_refusals += 1
@@ -192,14 +198,14 @@ class GrowableBuffer:
             asked = f"at least {asked}"
             caveat = " (allocations after it were not tried and may ask for more)"
         whole = max(whole or 0, need)
-        return self.refusal(
+        return self._refusal(
             f"workspace {self.name!r} is sealed at {have:,} bytes, and a plan needs {asked}; "
             f"set {self.floor}={mb_to_hold(whole)} or more{caveat}, or plan the largest shape "
             "before sealing",
             needed=whole,
         )
 
-    def refusal(self, message: str, needed: int) -> WorkspaceSealedError:
+    def _refusal(self, message: str, needed: int) -> WorkspaceSealedError:
         return WorkspaceSealedError(
             message,
             workspace=self.name,
@@ -225,7 +231,7 @@ class GrowableBuffer:
                 **fields,
             )
         grown_mirror = None
-        if self.mirror is not None:
+        if self._mirror is not None:
             grown_mirror = allocate(
                 need,
                 None,
@@ -250,45 +256,9 @@ class GrowableBuffer:
         grown[:have].copy_(self.tensor)
         wait_for_every_stream(self.tensor)  # the copy reads the block about to be let go
         self.tensor.set_(grown.untyped_storage())
-        if self.mirror is not None and grown_mirror is not None:
-            self.mirror.set_(grown_mirror.untyped_storage())
+        if self._mirror is not None and grown_mirror is not None:
+            self._mirror.set_(grown_mirror.untyped_storage())
         return need - have
-
-
-class BufferHolder:
-    """What a workspace, float or int, shows of its :class:`GrowableBuffer`."""
-
-    __slots__ = ("__weakref__", "_buffer")
-
-    _buffer: GrowableBuffer
-
-    @property
-    def tensor(self) -> torch.Tensor:
-        """The buffer wrappers are given: the same object for the workspace's whole life."""
-        return self._buffer.tensor
-
-    @property
-    def name(self) -> str:
-        return self._buffer.name
-
-    @property
-    def sealed(self) -> bool:
-        return self._buffer.sealed
-
-    @property
-    def floor(self) -> str:
-        return self._buffer.floor
-
-    def __repr__(self) -> str:
-        state = "sealed" if self.sealed else "growable"
-        return f"{type(self).__name__}({self.name!r}, {self.tensor.numel()} bytes, {state})"
-
-    def seal(self) -> None:
-        """Keep this buffer's address from now on: graphs are about to be captured over it."""
-        self._buffer.seal()
-
-    def stats(self) -> WorkspaceStats:
-        return self._buffer.stats()
 
 
 def wait_for_every_stream(tensor: torch.Tensor) -> None:

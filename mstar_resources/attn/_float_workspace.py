@@ -7,6 +7,7 @@ import functools
 import inspect
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from ..errors import ResourceUsageError, WorkspacePlanError
 from ..floor import ENV_VAR
 from ..units import is_int, plural
-from ._buffer import BufferHolder, GrowableBuffer
+from ._buffer import GrowableBuffer
 from ._flashinfer import HOST_MIRROR, INT_BUFFER, buffer_views, own_buffers, refresh_recorded_size
 from ._int_workspace import IntWorkspace
 from ._overflow import Overflow, parse_overflow
@@ -28,7 +29,7 @@ MAX_GROWTHS_PER_PLAN = 16
 (``tmp_v`` then ``tmp_s``: two growths at most seen); the bound stops a planner that never fits."""
 
 
-class Workspace(BufferHolder):
+class Workspace(GrowableBuffer):
     """One FlashInfer float workspace, which wrappers plan against through :meth:`plan`.
 
     A workspace starts at its floor and a plan that overflows it grows it in place: ``tensor``
@@ -45,8 +46,6 @@ class Workspace(BufferHolder):
             own, and an int overflow reaches the caller.
     """
 
-    __slots__ = ("_by_kind", "_int", "_int_tensor", "_mirror", "_routes", "_sizes")
-
     def __init__(
         self,
         tensor: torch.Tensor,
@@ -56,23 +55,20 @@ class Workspace(BufferHolder):
         *,
         int_workspace: IntWorkspace | None = None,
     ) -> None:
-        self._buffer = GrowableBuffer(tensor, name, sealed, floor)
+        super().__init__(tensor, name, sealed, floor)
         if int_workspace is not None and not isinstance(int_workspace, IntWorkspace):
             raise ResourceUsageError(
                 f"workspace {name!r}: int_workspace={int_workspace!r} must be an IntWorkspace "
                 "(or None: each wrapper keeps its own)"
             )
         self._int = int_workspace
-        self._int_tensor = None if int_workspace is None else int_workspace.tensor
-        self._mirror = None if int_workspace is None else int_workspace.mirror
         # The buffers a plan may grow, by the kind of overflow.
-        self._by_kind = {"float": self._buffer}
+        self._by_kind: dict[str, GrowableBuffer] = {"float": self}
         if int_workspace is not None:
-            self._by_kind["int"] = int_workspace._buffer
+            self._by_kind["int"] = int_workspace
         # A weak reference to each wrapper planned, by its id (:meth:`_route`): an engine's wrapper
         # often refers to itself through its attributes, and a strong one would keep it alive.
         self._routes: dict[int, _Route] = {}
-        self._refresh()
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -85,10 +81,6 @@ class Workspace(BufferHolder):
         failed (MLA's whole-buffer check, FlashInfer 0.7.4: to what it asked), and runs again; any
         other error reaches the caller unchanged, an int overflow of a wrapper keeping its own
         included. A wrapper on the int workspace is marked as the one whose plan it holds."""
-        return self._plan(plan, args, kwargs)
-
-    def _plan(self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
-        """:meth:`plan`, given the arguments as they came (:func:`plan_through` passes its own)."""
         # The wrapper planned: the bound plan's object, else the first argument (vLLM's
         # ``fast_plan_decode(wrapper, ...)``); found once, then remembered until it dies.
         wrapper = getattr(plan, "__self__", None)
@@ -98,29 +90,23 @@ class Workspace(BufferHolder):
         attributes = route.attributes
         growths, last = 0, None
         while True:
-            sizes = self._sizes  # what the plan sees, whatever another thread grows
-            if route.sizes is not sizes:  # first planned, or grown since it last planned
-                route.sizes = sizes
-                refresh_recorded_size(attributes, self._buffer.tensor)
+            # What the plan sees, whatever another thread grows.
+            sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
+            refresh_recorded_size(attributes, self.tensor)
             # The mirror is the int workspace's to hand out only to a wrapper planning on it.
-            lends_mirror = self._int is not None and attributes.get(INT_BUFFER) is self._int_tensor
+            lends_mirror = self._int is not None and attributes.get(INT_BUFFER) is self._int.tensor
             if lends_mirror:
-                attributes[HOST_MIRROR] = self._mirror
+                attributes[HOST_MIRROR] = self._int.mirror  # type: ignore[union-attr]
             try:
                 planned = plan(*args, **kwargs)
             except (RuntimeError, ValueError) as error:  # MLA's check raises ValueError
                 last = self._grow_for(error, (plan, args, kwargs), route.wrapper(), sizes,
                                       growths, last)  # fmt: skip
                 growths += 1
-                self._refresh()
                 continue
             if lends_mirror:
                 self._int.last_planner = route.wrapper  # type: ignore[union-attr]
             return planned
-
-    def _refresh(self) -> None:
-        """The sizes a plan reads as it starts: replaced, never changed, at each growth."""
-        self._sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
 
     def _grow_for(
         self, error: Exception, call: tuple[Callable[..., Any], Any, Any], wrapper: Any,
@@ -140,8 +126,8 @@ class Workspace(BufferHolder):
         ):
             raise error
         if short.sealed:
-            whole = _whole_plan_need(*call, short.kind.size_query_index)
-            raise short.sealed_error(overflow, whole) from error
+            whole = _whole_plan_need(*call, short._kind.size_query_index)
+            raise short._sealed_error(overflow, whole) from error
         if overflow == last:
             advice = (
                 "build the wrapper on workspace.tensor (or with WorkspacePool.build)"
@@ -168,7 +154,7 @@ class Workspace(BufferHolder):
                 workspace=short.name,
                 held_bytes=planned_on,
             ) from error
-        short.grow(overflow, planned_on, error)
+        short._grow(overflow, planned_on, error)
         return overflow
 
     def _route(self, wrapper: Any) -> _Route:
@@ -178,7 +164,7 @@ class Workspace(BufferHolder):
         attributes = getattr(wrapper, "__dict__", None)
         if attributes is None:  # no wrapper: an int, a function
             return _Route(lambda: None, {})
-        if not self._buffer.sealed and (views := buffer_views(wrapper, self.tensor)):
+        if not self.sealed and (views := buffer_views(wrapper, self.tensor)):
             raise WorkspacePlanError(
                 f"workspace {self.name!r} can grow, and the {type(wrapper).__name__} planning "
                 f"on it holds views of its buffer ({', '.join(views)}), which growing would "
@@ -196,32 +182,26 @@ class Workspace(BufferHolder):
         return route
 
     def seal(self) -> None:
-        """:meth:`BufferHolder.seal`, and the int workspace's too."""
+        """Keep this buffer's address from now on, and the int workspace's too: graphs are about
+        to be captured over them."""
         super().seal()
         if self._int is not None:
             self._int.seal()
 
     # What its pool asks of it when a group of ranks seals together (pool.py).
     def _refuse_growth(self, refused: bool) -> None:
-        for buffer in self._by_kind.values():
-            buffer.refuse_growth(refused)
-
-    def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
-        added = self._buffer.grow_to_agree(nbytes, ranks)
-        if added:
-            self._refresh()
-        return added
+        super()._refuse_growth(refused)
+        if self._int is not None:
+            self._int._refuse_growth(refused)
 
 
+@dataclass(slots=True)
 class _Route:
-    """What :meth:`Workspace.plan` remembers of a wrapper: a (weak) reference to it, its
-    attributes, and the workspace's sizes when it last planned."""
+    """What :meth:`Workspace.plan` remembers of a wrapper: a (weak) reference to it, and its
+    attributes."""
 
-    __slots__ = ("attributes", "sizes", "wrapper")
-
-    def __init__(self, wrapper: Callable[[], Any], attributes: dict[str, Any]) -> None:
-        self.wrapper, self.attributes = wrapper, attributes
-        self.sizes: dict[str, int] | None = None
+    wrapper: Callable[[], Any]
+    attributes: dict[str, Any]
 
 
 def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., T]:
@@ -229,24 +209,21 @@ def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., 
     made once and put where an engine calls its planner (``wraps`` keeps ``plan``'s name). A
     bound ``plan``'s wrapper is held weakly, so the result may be set on the wrapper itself
     without keeping it alive in a cycle."""
-    plan_on = workspace._plan
-    function: Any = getattr(plan, "__func__", None)
     try:
-        this = None if function is None else weakref.ref(plan.__self__)  # type: ignore[attr-defined]
-    except TypeError:  # no weak reference to it: held as the bound plan holds it
-        this = None
-    if this is None:
+        weak = weakref.WeakMethod(plan)
+    except TypeError:  # no bound method, or its object takes no weak reference: held as given
+        weak = None
+    if weak is None:
 
         @functools.wraps(plan)
         def planned(*args: Any, **kwargs: Any) -> T:
-            return plan_on(plan, args, kwargs)
+            return workspace.plan(plan, *args, **kwargs)
 
         return planned
 
-    @functools.wraps(function)
+    @functools.wraps(plan.__func__)  # type: ignore[attr-defined]
     def planned_on_wrapper(*args: Any, **kwargs: Any) -> T:
-        bound: Callable[..., T] = function.__get__(this())
-        return plan_on(bound, args, kwargs)
+        return workspace.plan(weak(), *args, **kwargs)  # type: ignore[arg-type]
 
     return planned_on_wrapper
 

@@ -10,10 +10,10 @@ import torch
 
 from ..errors import WorkspacePlanError
 from ..floor import INT
-from ._buffer import BufferHolder, GrowableBuffer
+from ._buffer import GrowableBuffer
 
 
-class IntWorkspace(BufferHolder):
+class IntWorkspace(GrowableBuffer):
     """One FlashInfer int workspace and its host mirror: a plan writes its indices to the mirror
     and copies them to the GPU buffer, where the run and its graph read them. It grows and seals
     as a float workspace does, its mirror with it (FlashInfer writes the mirror at the GPU
@@ -24,19 +24,17 @@ class IntWorkspace(BufferHolder):
     the bytes before ``cudaMemcpyAsync`` returns, so one mirror serves every wrapper.
     """
 
-    __slots__ = ("last_planner",)
-
     def __init__(
         self, tensor: torch.Tensor, name: str, sealed: bool = False, floor: str = INT.env_var
     ) -> None:
-        self._buffer = GrowableBuffer(tensor, name, sealed, floor, INT)
+        super().__init__(tensor, name, sealed, floor, INT)
         self.last_planner: Callable[[], Any] = lambda: None
         """A weak reference to the wrapper whose plan it holds now, set by ``Workspace.plan``."""
 
     @property
     def mirror(self) -> torch.Tensor:
         """The pageable host mirror: the same object, as many bytes as :attr:`tensor`."""
-        return self._buffer.mirror  # type: ignore[return-value]
+        return self._mirror  # type: ignore[return-value]
 
     def check_planned_by(self, wrapper: Any) -> None:
         """Raise :class:`WorkspacePlanError` unless the plan held is ``wrapper``'s (or none is

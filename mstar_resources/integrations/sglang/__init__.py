@@ -79,15 +79,12 @@ def _through_workspace(workspaces: SglangWorkspaces, plan: Any, owner: Any) -> A
 def _begin_forward_through_workspace(workspaces: SglangWorkspaces, wrapper_class: Any,
                                     owner: Any) -> Any:  # fmt: skip
     """A FlashInfer wrapper class as SGLang's backend imports it: its ``begin_forward`` through
-    the plugin's workspace (the class is FlashInfer's: any other wrapper pays one lookup). On the
-    class, not each wrapper: SGLang 0.5.17 to 0.5.23 build wrappers inside its capture and replay
-    paths too, and rebind some wrappers' ``begin_forward`` itself; it can go once each wrapper
-    SGLang builds passes a hook (``_create_decode_wrappers`` does for graphs)."""
+    the plugin's workspace. On the class, not each wrapper: SGLang builds wrappers inside its
+    capture and replay paths too, and rebinds some wrappers' ``begin_forward`` itself."""
     plan = wrapper_class.begin_forward
     if not getattr(plan, PATCHED, False):
-        replacement = _through_workspace(workspaces, plan, wrapper_class)
-        setattr(replacement, PATCHED, True)
-        wrapper_class.begin_forward = replacement
+        wrapper_class.begin_forward = _through_workspace(workspaces, plan, wrapper_class)
+        setattr(wrapper_class.begin_forward, PATCHED, True)
     return wrapper_class
 
 

@@ -194,7 +194,7 @@ class SglangWorkspaces(PluginState):
     def decode_graphs_after_seal(self) -> None:
         """SGLang captures decode graphs after startup (a prefill instance switching to decode):
         over the sealed workspaces, which do not grow; say which floor must hold them."""
-        if not self.serving or "decode" not in self.workspaces:
+        if not self.serving:
             return
         decode = self.workspaces["decode"]
         logger.warning(
