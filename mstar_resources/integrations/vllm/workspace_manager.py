@@ -16,13 +16,11 @@ import functools
 import logging
 import math
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError, WorkspaceSealedError
-from ...resolver import ResolvedResource, serving
-from ...schema import WORKSPACE_MANAGER_LABEL as LABEL
+from ...resolver import ResolvedResource
 from ...units import mb_to_hold
 
 if TYPE_CHECKING:  # torch is imported where vLLM's manager is: not by the plugin's registration
@@ -53,14 +51,15 @@ class ManagerScratch:
     def setting(self) -> str:
         return SETTING if self.record is None else self.record.floor.setting
 
-    def reserve(self, records: Sequence[ResolvedResource], runner: Any) -> None:
-        """The declared floor made in each slot it serves, before vLLM's memory profile."""
+    def reserve(self, record: ResolvedResource | None, runner: Any) -> None:
+        """``record``'s floor (None: auto's, none) made in each slot it serves, before vLLM's
+        memory profile."""
         manager = _manager()
         if manager is None:
             return
         scheduler = getattr(runner.vllm_config, "scheduler_config", None)
         self.max_num_batched_tokens = getattr(scheduler, "max_num_batched_tokens", None)
-        self.record = serving(records, LABEL)
+        self.record = record
         slots: list[Any] = manager._current_workspaces
         if self.record is not None:
             import torch

@@ -13,9 +13,10 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError, WorkspaceShortError
-from ...resolver import ResolvedResource, build_pools, serving
+from ...resolver import ResolvedResource
+from ...schema import WORKSPACE_MANAGER_LABEL
 from ..plugin import PluginState
-from ..setting import AUTO, PluginSetting, Setting
+from ..setting import AUTO, PluginSetting, Setting, serving
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, EngineReading, Role
 from .workspace_manager import ManagerScratch
@@ -118,12 +119,12 @@ class VllmWorkspaces(PluginState):
             self._engine = lambda: runner
         if self.untouched is not None or not self._read_setting_again():
             return
-        # In order, each read once: the setting, vLLM's workspace manager, what vLLM's builders
-        # will plan; then the floors, the pools, the log.
+        # Each read once, in order: the setting, vLLM's workspace manager (its floor made), what
+        # vLLM's builders will plan; then the floors, the pools, the log.
         setting, config, device = self.setting, runner.vllm_config, runner.device
         auto, described = setting.auto, setting.describe()
         try:
-            self.manager.reserve(setting.records, runner)
+            self.manager.reserve(serving(setting.records, WORKSPACE_MANAGER_LABEL), runner)
         except (ResourceConfigError, WorkspaceShortError):
             raise  # a floor with no room: the start ends, saying so
         except Exception as error:  # the plugin's own failure must not stop vLLM
@@ -146,9 +147,8 @@ class VllmWorkspaces(PluginState):
             else:
                 records = setting.records
                 self.check_calibration(device)
-            native = [r for r in records if any(role in r.labels for role in roles)]
             # no native phase (trtllm-gen prefills and decodes): no native workspace is served
-            keys = VLLM.serving_keys(records, described, roles) if roles else {}
+            pools, keys = VLLM.pools(records, described, device, roles) if roles else ({}, {})
             trtllm = self._trtllm_size(config, device, records) if runs_trtllm else None
         except ResourceConfigError as error:
             self.leave_untouched(f"it cannot size the workspaces: {error}")
@@ -156,7 +156,7 @@ class VllmWorkspaces(PluginState):
         except Exception as error:  # the plugin's own failure must not stop vLLM
             self.leave_untouched(f"it failed ({type(error).__name__}: {error})")
             return
-        self.pools = build_pools(native, device)
+        self.pools, self._keys = pools, keys
         if trtllm is not None:  # zeroed: the kernels' semaphores must start at zero
             import torch
 
@@ -170,8 +170,7 @@ class VllmWorkspaces(PluginState):
                 self.trtllm_workspace, sms, counters_in_workspace=counters
             )
         for role, (record, cg_slot) in keys.items():
-            self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
-        self._keys = keys
+            self._workspaces[role] = pools[record.path].get(role, cg_slot)
         self._set_decode_planner()
         self._log_reserved(described)
 
