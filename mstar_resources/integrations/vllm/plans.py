@@ -180,6 +180,10 @@ class EngineReading:
     vllm_outside_budget: bool = False
     """vLLM makes its buffer after it sizes the KV cache (the V2 runner; V1's profile counts it)."""
 
+    def kernels(self, role: Role) -> str:
+        """The kernels the builders run ``role`` on, named once each."""
+        return ", ".join(sorted({p.kernels[role] for p in self.plans}))
+
     def builder_lines(self) -> list[str]:
         """A line for each builder: its group and the kernel and query dtype of each phase."""
         return [
