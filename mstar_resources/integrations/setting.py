@@ -115,10 +115,8 @@ class PluginSetting:
         from ..compose import NO_DEPLOYMENT, compose_deployment, deployment_options
 
         named, off = self.assignment(value), self.off
-        by_flashinfer = True  # a name: as measured with the FlashInfer installed; a path: its file
         if os.sep in value or "/" in value or value.endswith((".yaml", ".yml")):
             config_dir, name = _deployment_file(value, named, off)
-            by_flashinfer = False
         else:
             if value == NO_DEPLOYMENT:
                 raise ResourceConfigError(
@@ -136,9 +134,9 @@ class PluginSetting:
                     f"path of a deployment file (e.g. {EXAMPLE_FILE}); {off}"
                 )
             config_dir, name = None, value
-        try:
+        try:  # a name: as measured with the FlashInfer installed; a path: its file
             return compose_deployment(
-                self.config_name, name, config_dir, by_flashinfer=by_flashinfer
+                self.config_name, name, config_dir, by_flashinfer=config_dir is None
             )
         except ResourceConfigError as error:
             raise ResourceConfigError(f"{named}: {error}") from None

@@ -99,10 +99,6 @@ class VllmWorkspaces(PluginState):
             and (self.trtllm_workspace is None or self.trtllm_workspace.sealed)
         )
 
-    @property
-    def plans(self) -> tuple[BuilderPlans, ...]:
-        return self.reading.plans
-
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
         """Make the floor of vLLM's workspace manager, the native wrappers' workspaces and the
@@ -196,7 +192,7 @@ class VllmWorkspaces(PluginState):
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         flashinfer = installed_flashinfer() or "unknown"
         counters = counters_in_workspace(flashinfer)
-        need, how = vllm_plans.trtllm_workspace_bound(self.plans, config, sms, flashinfer)
+        need, how = vllm_plans.trtllm_workspace_bound(self.reading.plans, config, sms, flashinfer)
         self.provenance[TRTLLM_PATH] = f"the bound of what the kernels touch: {how}"
         declared = serving(records, TRTLLM_LABEL)
         if declared is None:
@@ -241,7 +237,7 @@ class VllmWorkspaces(PluginState):
         records = []
         for role in roles:
             measured: dict[str, tuple[Measured, BuilderPlans, bool]] = {}
-            for plans in (p for p in self.plans if p.native(role)):
+            for plans in (p for p in self.reading.plans if p.native(role)):
                 profile = vllm_plans.profile_for(plans, role, config)
                 if (key := repr(profile)) in measured:  # a builder of the same plans: once
                     continue
@@ -344,7 +340,7 @@ class VllmWorkspaces(PluginState):
         """Warn once of a builder whose page size was not planned (0.32+ keeps the manager's
         block size for block-outermost packed KV tensors, which the profile cannot see)."""
         page = getattr(builder, "page_size", None)
-        planned = {p.page_size for p in self.plans}
+        planned = {p.page_size for p in self.reading.plans}
         if page is None or not planned or page in planned or page in self._unplanned_pages:
             return
         self._unplanned_pages.add(page)
@@ -418,7 +414,7 @@ class VllmWorkspaces(PluginState):
             **super().report(),
             "builders_planned": [
                 {"group": p.describe(), "kernels": dict(p.kernels), "q_dtypes": dict(p.q_dtypes)}
-                for p in self.plans
+                for p in self.reading.plans
             ],
             "native_roles": list(reading.native_roles),
             "trtllm_workspace_bytes": self.trtllm_bytes,
