@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import typing
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the resolver itself runs without torch: only build_pools al
 
     from .attn.workspace import WorkspacePool
 
-__all__ = ["ResolvedResource", "build_pools", "declared", "resolve", "serving"]
+__all__ = ["ResolvedResource", "build_pools", "declared", "resolve"]
 
 MAX_DEPTH = 32
 """How many groups deep a resource may sit: deeper would exhaust OmegaConf's recursion."""
@@ -86,11 +86,6 @@ class ResolvedResource:
             "int_floor_source": int_floor.source, "int_floor_setting": int_floor.setting,
             "int_reserved_bytes": self.int_reserved_bytes,
         }  # fmt: skip
-
-
-def serving(records: Iterable[ResolvedResource], label: str) -> ResolvedResource | None:
-    """The first of ``records`` that serves ``label`` (in any slot, or eagerly), or None."""
-    return next((record for record in records if label in record.labels), None)
 
 
 def resolve(

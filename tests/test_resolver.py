@@ -475,7 +475,7 @@ def test_build_pools_takes_the_tree_or_the_records_resolve_gave():
 
 def test_serving_finds_the_resource_of_a_label():
     """The one lookup of which resource serves a plan (the engines' plugins')."""
-    from mstar_resources.resolver import serving
+    from mstar_resources.integrations.setting import serving
 
     records = resolve(
         {

@@ -5,18 +5,29 @@ off; else ``auto``, a shipped deployment's name, or the path of a deployment fil
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ResourceConfigError, did_you_mean
 from ..files import FLASHINFER_FOLDER
-from ..resolver import ResolvedResource, resolve, serving
+from ..resolver import ResolvedResource, build_pools, resolve
+
+if TYPE_CHECKING:
+    from ..attn.workspace import WorkspacePool
+
+Keys = dict[str, tuple[ResolvedResource, int | None]]
+"""By role: the resource serving it and the slot the engine's wrappers take there."""
 
 AUTO = "auto"  # measure each workspace's floor in the worker, on its GPU and its FlashInfer
 EXAMPLE_FILE = "my-conf/deployment/mine_calibrated.yaml"  # where calibration writes ``mine``'s
 SHOWN_CHARACTERS = 256  # a value longer than this is shown cut, with its length
+
+
+def serving(records: Iterable[ResolvedResource], label: str) -> ResolvedResource | None:
+    """The first of ``records`` that serves ``label`` (in any slot, or eagerly), or None."""
+    return next((record for record in records if label in record.labels), None)
 
 
 @dataclass(frozen=True)
@@ -104,10 +115,8 @@ class PluginSetting:
         from ..compose import NO_DEPLOYMENT, compose_deployment, deployment_options
 
         named, off = self.assignment(value), self.off
-        by_flashinfer = True  # a name: as measured with the FlashInfer installed; a path: its file
         if os.sep in value or "/" in value or value.endswith((".yaml", ".yml")):
             config_dir, name = _deployment_file(value, named, off)
-            by_flashinfer = False
         else:
             if value == NO_DEPLOYMENT:
                 raise ResourceConfigError(
@@ -125,19 +134,19 @@ class PluginSetting:
                     f"path of a deployment file (e.g. {EXAMPLE_FILE}); {off}"
                 )
             config_dir, name = None, value
-        try:
+        try:  # a name: as measured with the FlashInfer installed; a path: its file
             return compose_deployment(
-                self.config_name, name, config_dir, by_flashinfer=by_flashinfer
+                self.config_name, name, config_dir, by_flashinfer=config_dir is None
             )
         except ResourceConfigError as error:
             raise ResourceConfigError(f"{named}: {error}") from None
 
     def serving_keys(
         self, records: Sequence[ResolvedResource], setting: str, roles: Sequence[str] = ()
-    ) -> dict[str, tuple[ResolvedResource, int | None]]:
+    ) -> Keys:
         """For each of ``roles`` (default: the engine's), the resource serving it and the slot the
         engine's wrappers take there: its first CUDA-graph slot, else None."""
-        found: dict[str, tuple[ResolvedResource, int | None]] = {}
+        found: Keys = {}
         for role in roles or self.roles:
             record = serving(records, role)
             if record is None:
@@ -149,6 +158,13 @@ class PluginSetting:
                 )
             found[role] = (record, record.cg_slots[0] if record.cg_slots else None)
         return found
+
+    def pools(
+        self, records: Sequence[ResolvedResource], setting: str, device: Any, roles: Sequence[str]
+    ) -> tuple[dict[str, WorkspacePool], Keys]:
+        """The pools of the resources serving ``roles`` (none made yet), and their keys."""
+        keys = self.serving_keys(records, setting, roles)
+        return build_pools(list({r.path: r for r, _ in keys.values()}.values()), device), keys
 
 
 def _mla_labels(root: Any, records: Sequence[ResolvedResource], roles: Sequence[str]) -> list[str]:

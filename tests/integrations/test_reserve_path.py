@@ -1,8 +1,7 @@
 """The vLLM plugin's reserve, followed call by call: above the core (the integrations, calibration
 and config layers of docs/architecture.md; the pools' own calls into ``attn/``, ``errors``,
 ``floor`` and ``units`` left out), each module is entered for one step and left, not visited back
-and forth, and the path climbs back up the layers twice (from the resources' lookup to the
-manager's floor, and from the pools to the plugin's log).
+and forth, and the path climbs back up the layers once (from the pools to the plugin's log).
 ``pytest -s`` prints the path."""
 
 from __future__ import annotations
@@ -20,9 +19,9 @@ from tests.test_layers import LAYERS, layer
 
 vllm_stand_in = test_vllm_plugin.vllm_stand_in  # the stand-in engine (a fixture)
 
-MOST_STAYS = 12
-MOST_RETURNS = 6  # calls into a module the path had left
-MOST_CLIMBS = 2  # calls into a module of a layer above the caller's
+MOST_STAYS = 9
+MOST_RETURNS = 3  # calls into a module the path had left
+MOST_CLIMBS = 1  # calls into a module of a layer above the caller's
 CORE = list(LAYERS).index("config")  # this layer and those above it are followed
 
 

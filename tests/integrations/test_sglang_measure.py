@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from mstar_resources.calibration.profile import PlanKind
+from mstar_resources.integrations.setting import serving
 from mstar_resources.integrations.sglang.measure import (
     MOST_RUNNING_REQUESTS,
     SglangPlans,
     sglang_plans,
 )
-from mstar_resources.resolver import serving
 
 GRAPHS = [1, 2, 4, 8, 12, 16, 24, 32]
 

@@ -134,18 +134,6 @@ def _copied_to_ray(workspaces: VllmWorkspaces, names: Any, module: Any) -> Any:
     return names
 
 
-def _manager_growth(workspaces: VllmWorkspaces, ensure: Any, owner: Any) -> Any:
-    return checked_growth(workspaces.manager, ensure, owner)
-
-
-def _manager_locked(workspaces: VllmWorkspaces, manager: Any, result: Any) -> None:
-    workspaces.manager.seal("vLLM locked it")
-
-
-def _manager_unlocked(workspaces: VllmWorkspaces, manager: Any, result: Any) -> None:
-    workspaces.manager.unlocked()
-
-
 def _runner_seams(runner: str, until: str | None = None) -> tuple[Seam, ...]:
     return (
         # the workspaces made before the memory profile, so that it counts them
@@ -197,9 +185,12 @@ SEAMS = (
     Seam("vllm.envs", "VLLM_BATCH_INVARIANT"),
     Seam(RAY_ENV, "DEFAULT_EXTRA_ENV_VARS", patch=_copied_to_ray),
     # vLLM's WorkspaceManager: a floor made before the profile, sealed at vLLM's lock
-    Seam(MANAGER, "WorkspaceManager._ensure_workspace_size", patch=_manager_growth),
-    Seam(MANAGER, "WorkspaceManager.lock", patch=after(_manager_locked)),
-    Seam(MANAGER, "WorkspaceManager.unlock", patch=after(_manager_unlocked)),
+    Seam(MANAGER, "WorkspaceManager._ensure_workspace_size",
+         patch=lambda state, ensure, owner: checked_growth(state.manager, ensure, owner)),
+    Seam(MANAGER, "WorkspaceManager.lock",
+         patch=after(lambda state, manager, result: state.manager.seal("vLLM locked it"))),
+    Seam(MANAGER, "WorkspaceManager.unlock",
+         patch=after(lambda state, manager, result: state.manager.unlocked())),
     *(Seam(MANAGER, f"WorkspaceManager.{name}", instance=True)
       for name in ("_current_workspaces", "_device", "_locked")),
     Seam(MANAGER, "WorkspaceManager.is_locked"),

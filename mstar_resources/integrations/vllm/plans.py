@@ -136,10 +136,7 @@ def read_builder(
         has_sinks=builder.has_sinks,
         has_spec=builder.reorder_batch_threshold > 1,
     )
-    # The most query tokens a request its decode kernel takes: vLLM's own threshold, which
-    # counts speculative tokens (1 + k, 1 + 2k with parallel drafting) wherever the release
-    # decodes them (trtllm-gen; XQA from 0.28 on SM120, 0.30 on Hopper; 0.33's fa2 native
-    # decode), and is 1 where they go to prefill (0.26's XQA and native decode) or under DCP.
+    # vLLM's threshold counts speculative tokens wherever the release decodes them, else is 1.
     decode_q_len = builder.reorder_batch_threshold or 1
     graph_max_batch = builder._decode_cudagraph_max_bs if builder.enable_cuda_graph else None
     return BuilderPlans(
@@ -179,6 +176,10 @@ class EngineReading:
     kv_cache_extensible: bool = False  # 0.34's enable_extensible_kv_cache: sized after capture
     vllm_outside_budget: bool = False
     """vLLM makes its buffer after it sizes the KV cache (the V2 runner; V1's profile counts it)."""
+
+    def kernels(self, role: Role) -> str:
+        """The kernels the builders run ``role`` on, named once each."""
+        return ", ".join(sorted({p.kernels[role] for p in self.plans}))
 
     def builder_lines(self) -> list[str]:
         """A line for each builder: its group and the kernel and query dtype of each phase."""

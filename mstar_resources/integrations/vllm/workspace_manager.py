@@ -1,13 +1,9 @@
 """vLLM's WorkspaceManager (``vllm/v1/worker/workspace.py``, read in 0.26.0 to 0.34.0) as a
-resource: the scratch vLLM's MoE kernels, MLA prefill, Marlin and sparse indexers take with
-``get_simultaneous``, one buffer per micro-batch slot (from 0.28, per lane too), which vLLM grows on
-demand and locks after graph capture (from 0.30 in its V2 model runner). A deployment's floor
-(``resources.vllm.workspace_manager``) is made in the slots it serves before vLLM's memory profile,
-so the KV cache pays it; vLLM grows it further (its profile runs the largest batch: ``auto`` holds
-what that takes) until graphs are captured over it or vLLM locks it, whichever comes first: from
-there it is sealed, since a graph replays into the buffer it was captured on. A growth after the
-seal, or one the GPU has no room for, ends in one paragraph naming the resource, the caller, the
-bytes and the setting to change, in place of vLLM's ``AssertionError`` or a moved buffer."""
+resource: the scratch vLLM's MoE kernels, MLA prefill, Marlin and sparse indexers take, one buffer
+per micro-batch slot (and lane), which vLLM grows on demand and locks after graph capture. A
+deployment's floor is made before vLLM's memory profile, so the KV cache pays it; the manager is
+sealed at graph capture or vLLM's lock, and a growth after that, or one the GPU has no room for,
+ends in one paragraph naming the resource, the caller, the bytes and the setting to change."""
 
 from __future__ import annotations
 
@@ -16,13 +12,11 @@ import functools
 import logging
 import math
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError, WorkspaceSealedError
-from ...resolver import ResolvedResource, serving
-from ...schema import WORKSPACE_MANAGER_LABEL as LABEL
+from ...resolver import ResolvedResource
 from ...units import mb_to_hold
 
 if TYPE_CHECKING:  # torch is imported where vLLM's manager is: not by the plugin's registration
@@ -53,14 +47,15 @@ class ManagerScratch:
     def setting(self) -> str:
         return SETTING if self.record is None else self.record.floor.setting
 
-    def reserve(self, records: Sequence[ResolvedResource], runner: Any) -> None:
-        """The declared floor made in each slot it serves, before vLLM's memory profile."""
+    def reserve(self, record: ResolvedResource | None, runner: Any) -> None:
+        """``record``'s floor (None: auto's, none) made in each slot it serves, before vLLM's
+        memory profile."""
         manager = _manager()
         if manager is None:
             return
         scheduler = getattr(runner.vllm_config, "scheduler_config", None)
         self.max_num_batched_tokens = getattr(scheduler, "max_num_batched_tokens", None)
-        self.record = serving(records, LABEL)
+        self.record = record
         slots: list[Any] = manager._current_workspaces
         if self.record is not None:
             import torch

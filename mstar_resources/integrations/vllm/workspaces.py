@@ -4,18 +4,19 @@ builds it, sealed before serving."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError, WorkspaceShortError
-from ...resolver import ResolvedResource, build_pools, serving
+from ...resolver import ResolvedResource
+from ...schema import WORKSPACE_MANAGER_LABEL
 from ..plugin import PluginState
-from ..setting import AUTO, PluginSetting, Setting
+from ..setting import AUTO, Keys, PluginSetting, Setting, serving
 from . import plans as vllm_plans
 from .plans import ROLES, BuilderPlans, EngineReading, Role
 from .workspace_manager import ManagerScratch
@@ -52,7 +53,7 @@ class VllmWorkspaces(PluginState):
 
     def __init__(self, setting: Setting) -> None:
         super().__init__(setting)
-        # As loaded: an engine started after the setting changed reads it again.
+        # An engine started after the setting changed reads it again.
         self._loaded_value = os.environ.get(ENV_VAR, "").strip()
         self._engine: Callable[[], Any] | None = None  # the model runner served, weakly
         # vLLM's FlashInfer backend module and its own fast_plan_decode.
@@ -70,13 +71,12 @@ class VllmWorkspaces(PluginState):
         self._workspaces: dict[str, Workspace] = {}
         # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
         self._routed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        self._keys: dict[str, tuple[ResolvedResource, int | None]] = {}  # by role (serving_keys)
+        self._keys: Keys = {}
         self._int_builder: weakref.ref[Any] | None = None  # whose decode wrappers share the int
         self.shared_int_wrappers = 0
         self.untouched = self.blocked
         self.reading = EngineReading()  # what vLLM's builders will plan, and vLLM's own buffer
-        # vLLM's TRT-LLM kernels' workspace (zeroed, at their bound), where a phase runs them,
-        # and the check of each launch on it.
+        # vLLM's TRT-LLM kernels' workspace, where a phase runs them, and the check of each launch.
         self.trtllm_workspace: Workspace | None = None
         self.trtllm_check: TrtllmLaunchCheck | None = None
         self.sealed_before = None
@@ -99,10 +99,6 @@ class VllmWorkspaces(PluginState):
             and (self.trtllm_workspace is None or self.trtllm_workspace.sealed)
         )
 
-    @property
-    def plans(self) -> tuple[BuilderPlans, ...]:
-        return self.reading.plans
-
     # Step 1: at vLLM's memory profile.
     def reserve(self, runner: Any) -> None:
         """Make the floor of vLLM's workspace manager, the native wrappers' workspaces and the
@@ -118,12 +114,12 @@ class VllmWorkspaces(PluginState):
             self._engine = lambda: runner
         if self.untouched is not None or not self._read_setting_again():
             return
-        # In order, each read once: the setting, vLLM's workspace manager, what vLLM's builders
-        # will plan; then the floors, the pools, the log.
+        # Each read once, in order: the setting, vLLM's workspace manager (its floor made), what
+        # vLLM's builders will plan; then the floors, the pools, the log.
         setting, config, device = self.setting, runner.vllm_config, runner.device
         auto, described = setting.auto, setting.describe()
         try:
-            self.manager.reserve(setting.records, runner)
+            self.manager.reserve(serving(setting.records, WORKSPACE_MANAGER_LABEL), runner)
         except (ResourceConfigError, WorkspaceShortError):
             raise  # a floor with no room: the start ends, saying so
         except Exception as error:  # the plugin's own failure must not stop vLLM
@@ -146,9 +142,8 @@ class VllmWorkspaces(PluginState):
             else:
                 records = setting.records
                 self.check_calibration(device)
-            native = [r for r in records if any(role in r.labels for role in roles)]
             # no native phase (trtllm-gen prefills and decodes): no native workspace is served
-            keys = VLLM.serving_keys(records, described, roles) if roles else {}
+            pools, keys = VLLM.pools(records, described, device, roles) if roles else ({}, {})
             trtllm = self._trtllm_size(config, device, records) if runs_trtllm else None
         except ResourceConfigError as error:
             self.leave_untouched(f"it cannot size the workspaces: {error}")
@@ -156,7 +151,7 @@ class VllmWorkspaces(PluginState):
         except Exception as error:  # the plugin's own failure must not stop vLLM
             self.leave_untouched(f"it failed ({type(error).__name__}: {error})")
             return
-        self.pools = build_pools(native, device)
+        self.pools, self._keys = pools, keys
         if trtllm is not None:  # zeroed: the kernels' semaphores must start at zero
             import torch
 
@@ -170,8 +165,7 @@ class VllmWorkspaces(PluginState):
                 self.trtllm_workspace, sms, counters_in_workspace=counters
             )
         for role, (record, cg_slot) in keys.items():
-            self._workspaces[role] = self.pools[record.path].get(role, cg_slot)
-        self._keys = keys
+            self._workspaces[role] = pools[record.path].get(role, cg_slot)
         self._set_decode_planner()
         self._log_reserved(described)
 
@@ -198,7 +192,7 @@ class VllmWorkspaces(PluginState):
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         flashinfer = installed_flashinfer() or "unknown"
         counters = counters_in_workspace(flashinfer)
-        need, how = vllm_plans.trtllm_workspace_bound(self.plans, config, sms, flashinfer)
+        need, how = vllm_plans.trtllm_workspace_bound(self.reading.plans, config, sms, flashinfer)
         self.provenance[TRTLLM_PATH] = f"the bound of what the kernels touch: {how}"
         declared = serving(records, TRTLLM_LABEL)
         if declared is None:
@@ -243,7 +237,7 @@ class VllmWorkspaces(PluginState):
         records = []
         for role in roles:
             measured: dict[str, tuple[Measured, BuilderPlans, bool]] = {}
-            for plans in (p for p in self.plans if p.native(role)):
+            for plans in (p for p in self.reading.plans if p.native(role)):
                 profile = vllm_plans.profile_for(plans, role, config)
                 if (key := repr(profile)) in measured:  # a builder of the same plans: once
                     continue
@@ -256,8 +250,7 @@ class VllmWorkspaces(PluginState):
             known = [n for n in int_needs if n is not None]
             int_need = max(known) if role == "decode" and len(known) == len(int_needs) else None
             path = f"attn.{role}"
-            held = dataclasses.replace(need, path=path, int_need_bytes=int_need)
-            floors = declared_mbs(held, margin=0.0)
+            floors = declared_mbs(replace(need, path=path, int_need_bytes=int_need), margin=0.0)
             others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
             int_held = (
                 ", no int workspace" if int_need is None else f", int need {int_need:,} bytes"
@@ -273,13 +266,12 @@ class VllmWorkspaces(PluginState):
         for role in ROLES:
             workspace = self._workspaces.get(role)
             if workspace is None:
-                kernels = ", ".join(sorted({p.kernels[role] for p in self.plans}))
                 logger.info(
                     "mstar-resources: no %s workspace: no FlashInfer native %s wrapper runs "
-                    "(%s runs it)", role, role, kernels,
+                    "(%s runs it)", role, role, self.reading.kernels(role),
                 )  # fmt: skip
                 continue
-            record, _ = self._keys[role]
+            record = self._keys[role][0]
             source = self.provenance.get(
                 record.path, f"{record.floor.setting} ({record.floor.source})"
             )
@@ -296,6 +288,7 @@ class VllmWorkspaces(PluginState):
                 TRTLLM_PATH, f"{trtllm_bytes:,}", self.provenance[TRTLLM_PATH],
             )  # fmt: skip
         reading = self.reading
+        where = "for each FlashInfer metadata builder, inside its memory profile"
         if reading.kv_cache_extensible:
             where = (
                 "before it sizes its extensible KV cache after graph capture, from the memory "
@@ -303,8 +296,6 @@ class VllmWorkspaces(PluginState):
             )
         elif reading.vllm_outside_budget:
             where = "once, shared by its builders, after it sizes its KV cache: outside its budget"
-        else:
-            where = "for each FlashInfer metadata builder, inside its memory profile"
         logger.info(
             "mstar-resources: reserved %s bytes in %d FlashInfer workspaces (%s) and %s bytes for "
             "vLLM's TRT-LLM kernels before vLLM sizes its KV cache, where vLLM as it is would "
@@ -332,25 +323,24 @@ class VllmWorkspaces(PluginState):
         if not self.serving or role in self.unexpected:
             return
         self.unexpected.append(role)
-        ours = next((w for w in self._workspaces.values() if w.tensor is buffer), None)
-        where = (
-            "it takes vLLM's own buffer, which its KV-cache budget does not count"
-            if ours is None
-            else f"it plans on the plugin's {ours.name} workspace, which vLLM's V2 runner gave "
-            "every builder as its buffer, without growing it: FlashInfer checks each plan "
-            "against that buffer's size"
-        )
+        where = "it takes vLLM's own buffer, which its KV-cache budget does not count"
+        if ours := next((w for w in self._workspaces.values() if w.tensor is buffer), None):
+            where = (
+                f"it plans on the plugin's {ours.name} workspace, which vLLM's V2 runner gave "
+                "every builder as its buffer, without growing it: FlashInfer checks each plan "
+                "against that buffer's size"
+            )
         logger.warning(
             "mstar-resources: vLLM built a FlashInfer native %s wrapper, though its builders run "
             "%s on %s; %s",
-            role, role, ", ".join(sorted({p.kernels[role] for p in self.plans})), where,
+            role, role, self.reading.kernels(role), where,
         )  # fmt: skip
 
     def _check_page_size(self, builder: Any) -> None:
         """Warn once of a builder whose page size was not planned (0.32+ keeps the manager's
         block size for block-outermost packed KV tensors, which the profile cannot see)."""
         page = getattr(builder, "page_size", None)
-        planned = {p.page_size for p in self.plans}
+        planned = {p.page_size for p in self.reading.plans}
         if page is None or not planned or page in planned or page in self._unplanned_pages:
             return
         self._unplanned_pages.add(page)
@@ -419,24 +409,22 @@ class VllmWorkspaces(PluginState):
         return 0 if self.trtllm_workspace is None else self.trtllm_workspace.tensor.numel()
 
     def report(self) -> dict[str, Any]:
-        check = self.trtllm_check
+        check, reading = self.trtllm_check, self.reading
         return {
             **super().report(),
             "builders_planned": [
                 {"group": p.describe(), "kernels": dict(p.kernels), "q_dtypes": dict(p.q_dtypes)}
-                for p in self.plans
+                for p in self.reading.plans
             ],
-            "native_roles": list(self.reading.native_roles),
+            "native_roles": list(reading.native_roles),
             "trtllm_workspace_bytes": self.trtllm_bytes,
             "trtllm_launches_checked": check.launches if check else 0,
             "trtllm_launches_refused": check.refused if check else 0,
-            "vllm_bytes_per_builder": self.reading.vllm_bytes,
-            "vllm_bytes_outside_budget": (
-                self.reading.vllm_bytes if self.reading.vllm_outside_budget else 0
-            ),
+            "vllm_bytes_per_builder": reading.vllm_bytes,
+            "vllm_bytes_outside_budget": reading.vllm_bytes if reading.vllm_outside_budget else 0,
             "kv_cache_sized": (
                 "after graph capture, from the memory then free (extensible KV cache)"
-                if self.reading.kv_cache_extensible
+                if reading.kv_cache_extensible
                 else "at the memory profile"
             ),
             "builders": len(self._builders),
