@@ -36,7 +36,7 @@ from .schema import FIELDS
 from .units import installed_version
 
 __all__ = ["DEPLOYMENT_GROUP", "NO_DEPLOYMENT", "SHIPPED_CONF", "ComposedTree", "Composition",
-           "compose_deployment", "deployment_options", "explain", "group_options", "hydra_on",
+           "compose_deployment", "deployment_options", "group_options", "hydra_on",
            "not_a_choice", "register_settings", "shipped_deployments"]  # fmt: skip
 
 SHIPPED_CONF = "pkg://mstar_resources.conf"
@@ -104,8 +104,7 @@ def hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
     if pkg != config_path:  # imported first, as Hydra would: what it registers stays after
         importlib.import_module(pkg)
     program = Singleton.get_state() if GlobalHydra.instance().is_initialized() else None
-    if program is not None:
-        GlobalHydra.instance().clear()
+    GlobalHydra.instance().clear()
     folder = str((Path(inspect.getfile(run)).parent / config_path).resolve())
     try:
         with initialize_config_module(pkg, version_base="1.3") if pkg != config_path else (
@@ -179,25 +178,26 @@ class Composition:
         return texts
 
     @functools.cached_property
+    def primary(self) -> Any:
+        """Hydra's settings of the primary config composed alone (None: it does not compose)."""
+        try:
+            return compose(self.config_name, return_hydra_config=True).hydra
+        except COMPOSE_ERRORS:
+            return None
+
+    @functools.cached_property
     def searchpath(self) -> tuple[str, ...]:
         """The override that adds ``--config-dir`` to the primary config's search path."""
         if not self.folder:
             return ()
-        try:
-            path = list(compose(self.config_name, return_hydra_config=True).hydra.searchpath)
-        except COMPOSE_ERRORS:
-            path = []
+        path = [*self.primary.searchpath] if self.primary else []
         entries = ",".join(quoted(entry) for entry in [*path, f"file://{self.folder}"])
         return (f"hydra.searchpath=[{entries}]",)
 
     @functools.cached_property
     def choices(self) -> frozenset[str]:
         """The config groups the primary config picks an option of by default."""
-        try:
-            composed = compose(self.config_name, [*self.searchpath], return_hydra_config=True)
-        except COMPOSE_ERRORS:
-            return frozenset()
-        return frozenset(str(group) for group in composed.hydra.runtime.choices)
+        return frozenset(map(str, self.primary.runtime.choices if self.primary else ()))
 
     def deletion_problem(self, override: Override) -> str | None:
         """Why ``~KEY`` (``override``) deletes nothing: KEY is unset (null) already, or no setting
@@ -225,27 +225,18 @@ class Composition:
         return (f"{override.input_line} deletes {key}, a setting of the schema, which stays; "
                 f"leave the deletion out, or give {key} another value")  # fmt: skip
 
-    def deployment_path(self) -> Path | None:
-        """Where the user's ``--config-dir`` would hold the deployment the overrides pick."""
-        if self.folder and self.deployment:
-            return self.folder / DEPLOYMENT_GROUP / f"{self.measured_here(self.deployment)}.yaml"
-        return None
-
-    def deployment_problem(self) -> str | None:
-        """What is wrong with the deployment the overrides pick in the user's ``--config-dir``
-        (the file composed, and the one of the name given where that is another) that Hydra would
-        fail on, read without end, ignore or compose without a word."""
-        picked = self.deployment_path()
-        if picked is None or self.folder is None:
-            return None
-        given = self.folder / DEPLOYMENT_GROUP / f"{self.deployment}.yaml"
-        for path in dict.fromkeys([picked, given]):  # the file composed first
-            if problem := self._file_problem(path):
-                return problem
-        return None
+    @functools.cached_property
+    def deployment_files(self) -> list[Path]:
+        """Where the user's ``--config-dir`` would hold the deployment the overrides pick: the file
+        composed (:meth:`measured_here`), then the one of the name given where that is another."""
+        if not (self.folder and self.deployment):
+            return []
+        names = dict.fromkeys([self.measured_here(self.deployment), self.deployment])
+        return [self.folder / DEPLOYMENT_GROUP / f"{name}.yaml" for name in names]
 
     def _file_problem(self, path: Path) -> str | None:
-        """What is wrong with deployment file ``path`` of the ``--config-dir`` (None: nothing)."""
+        """What is wrong with deployment file ``path`` of the ``--config-dir`` that Hydra would
+        fail on, read without end, ignore or compose without a word (None: nothing)."""
         assert self.folder is not None
         try:
             mode = path.stat().st_mode
@@ -312,8 +303,9 @@ class Composition:
     def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
         """The overrides composed (with Hydra's config where ``hydra``), a mistake in them or in a
         config file raised as ResourceConfigError (where ``full_error``, as Hydra raised it)."""
-        if refused := self.deployment_problem():
-            raise ResourceConfigError(refused)
+        for path in self.deployment_files:
+            if refused := self._file_problem(path):
+                raise ResourceConfigError(refused)
         try:
             overrides = [*self.composed_texts, *self.searchpath]
             return compose(self.composed_name, overrides, return_hydra_config=hydra)
@@ -345,9 +337,28 @@ class Composition:
                     data.decode("utf-8")
                 except UnicodeDecodeError as found:
                     return not_utf8(path, data, found)
+        if isinstance(error, MissingConfigException) and error.options is not None:
+            group, _, name = (error.missing_cfg_file or "").rpartition("/")
+            return not_a_choice(group, name, list(error.options))
+        if isinstance(error, OverrideParseException):
+            why = _paragraph(error.message) + _quoting_hint(error.override)
+            return f"{error.override!r} is not an override Hydra can read: {why}"
         if isinstance(error, HydraException | OmegaConfBaseException):
-            picked = self.deployment_path()
-            return explain(error, picked if picked and picked.is_file() else None)
+            # Hydra raises its own error from inside the handler of OmegaConf's (a value of a
+            # config file the schema refuses), or ``from`` it (one on the command line).
+            cause = error if isinstance(error, OmegaConfBaseException) else (
+                error.__cause__ or error.__context__)  # fmt: skip
+            if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
+                return self._unknown_key(cause)
+            if isinstance(cause, ValidationError) and cause.full_key:
+                return _bad_value(cause)
+            if isinstance(cause, OmegaConfBaseException) and cause is not error:
+                # Hydra's sentence ("Error merging override ~calibration.model") says what it was
+                # doing; the first line of OmegaConf's, its cause, says why it could not.
+                reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+                if reason not in str(error):
+                    return _paragraph(f"{error}: {reason}")
+            return _paragraph(str(error))
         if type(error) is ValueError:  # OmegaConf's int() of a list's index
             return self.list_index_problem()
         filename = str(error.filename) if isinstance(error, OSError) and error.filename else ""
@@ -362,6 +373,31 @@ class Composition:
                 shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key):,} characters)"
                 return f"{shown} is not a setting: no setting or config group has so long a name"
         return None
+
+    def _unknown_key(self, error: OmegaConfBaseException) -> str:
+        parent, full_key = error.parent_node, str(error.full_key)
+        if not isinstance(parent, DictConfig):
+            return _paragraph(str(error))
+        holder = full_key.rpartition(".")[0]
+        prefix, at = f"{holder}." if holder else "", holder or "the config"
+        settings = [str(key) for key in parent if key != "hydra"]
+        if full_key == DEPLOYMENT_GROUP:
+            picked = [path for path in self.deployment_files[:1] if path.is_file()]
+            file = f"the deployment file {picked[0]}" if picked else "a deployment file"
+            return (f"{DEPLOYMENT_GROUP} is not a setting: {file} was composed under the key "
+                    f"{DEPLOYMENT_GROUP} instead of at the top of the config; its first line "
+                    "must be `# @package _global_`, with no byte-order mark before it, as in the "
+                    "shipped deployments (an empty file has no such line)")  # fmt: skip
+        if not settings:
+            return (f"{full_key} is not a setting: {at} is empty as composed, so there is nothing "
+                    f"under it to set; compose an option that fills {at} first (e.g. "
+                    "deployment=NAME)")  # fmt: skip
+        if str(error.key) in FIELDS and FIELDS.keys() & set(settings):
+            # A resource declared in a user's YAML without the schema has only the keys it wrote.
+            return (f"{full_key} is a resource's setting, and {holder} is declared without it; add "
+                    f"it with a plus: +{full_key}=VALUE")  # fmt: skip
+        return (f"{full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
+                f"{at} takes {', '.join(settings)}")  # fmt: skip
 
     def list_index_problem(self) -> str | None:
         """The first override that sets an item of a list by a name, not a position."""
@@ -431,15 +467,11 @@ def _listed_beside(body: Any, path: Path) -> list[Path]:
 
 
 def _too_large(root: yaml.Node | None) -> str | None:
-    """What makes a YAML document too large to compose (None: nothing), walked without recursion:
-    its values past :data:`MAX_VALUES`, aliases followed, or its levels past :data:`MAX_NESTING`."""
-    stack = [] if root is None else [(root, 1)]
-    values = 0  # a node each time an alias leads to it
-    while stack:
-        node, depth = stack.pop()
-        values += 1
+    """What makes a YAML document too large to compose (None: nothing): its values past
+    :data:`MAX_VALUES`, aliases followed, or its levels past :data:`MAX_NESTING`."""
+    for values, depth in enumerate(_depths(root), 1):  # a node each time an alias leads to it
         if values > MAX_VALUES:
-            if len(_nodes(root)) > MAX_VALUES:  # as many without an alias followed
+            if sum(1 for _ in _depths(root, once=True)) > MAX_VALUES:  # as many without aliases
                 return (f"holds more than {MAX_VALUES:,} values, where a deployment holds a few "
                         "dozen; declare what it needs")  # fmt: skip
             return (f"holds more than {MAX_VALUES:,} values, its YAML aliases followed (a "
@@ -447,25 +479,24 @@ def _too_large(root: yaml.Node | None) -> str | None:
                     "deployment out plainly")  # fmt: skip
         if depth > MAX_NESTING:
             return TOO_DEEP
-        stack += [(child, depth + 1) for child in _children(node)]
     return None
 
 
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.MappingNode):
-        return [child for pair in node.value for child in pair]
-    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
-
-
-def _nodes(root: yaml.Node | None) -> set[int]:
-    """The nodes of ``root``'s document, each once (an alias's not followed again)."""
+def _depths(root: yaml.Node | None, once: bool = False) -> Iterator[int]:
+    """The depth of each node of ``root``'s document, walked without recursion: a node each time
+    an alias leads to it, or (``once``) only the first."""
     seen: set[int] = set()
-    stack = [] if root is None else [root]
+    stack = [] if root is None else [(root, 1)]
     while stack:
-        if id(node := stack.pop()) not in seen:
-            seen.add(id(node))
-            stack += _children(node)
-    return seen
+        node, depth = stack.pop()
+        if once and id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield depth
+        if isinstance(node, yaml.MappingNode):
+            stack += [(child, depth + 1) for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += [(child, depth + 1) for child in node.value]
 
 
 def _silently_changed(body: dict[Any, Any]) -> str | None:
@@ -490,32 +521,6 @@ def _silently_changed(body: dict[Any, Any]) -> str | None:
         if isinstance(value, dict):
             stack += [(f"{key}.{k}", v) for k, v in value.items()]
     return None
-
-
-def explain(error: BaseException, deployment_file: Path | None = None) -> str:
-    """``error``, raised while composing a config, as one paragraph that names the setting;
-    ``deployment_file``, the file of the deployment the line picks, where there is one."""
-    if isinstance(error, MissingConfigException) and error.options is not None:
-        group, _, name = (error.missing_cfg_file or "").rpartition("/")
-        return not_a_choice(group, name, list(error.options))
-    if isinstance(error, OverrideParseException):
-        text = f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
-        return text + _quoting_hint(error.override)
-    # Hydra raises its own error from inside the handler of OmegaConf's (a value of a config file
-    # the schema refuses), or ``from`` it (one on the command line): the context or the cause.
-    cause = error if isinstance(error, OmegaConfBaseException) else (
-        error.__cause__ or error.__context__)  # fmt: skip
-    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
-        return _unknown_key(cause, deployment_file)
-    if isinstance(cause, ValidationError) and cause.full_key:
-        return _bad_value(cause)
-    if isinstance(cause, OmegaConfBaseException) and cause is not error:
-        # Hydra's sentence ("Error merging override ~calibration.model") says what it was doing;
-        # the first line of OmegaConf's, its cause, says why it could not.
-        reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        if reason not in str(error):
-            return _paragraph(f"{error}: {reason}")
-    return _paragraph(str(error))
 
 
 def _quoting_hint(override: str) -> str:
@@ -579,31 +584,6 @@ def not_utf8(path: Path, data: bytes, error: UnicodeDecodeError) -> str:
     line = data.count(b"\n", 0, error.start) + 1
     return (f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} "
             f"({error.reason}); save the file as UTF-8")  # fmt: skip
-
-
-def _unknown_key(error: OmegaConfBaseException, deployment_file: Path | None) -> str:
-    parent, full_key = error.parent_node, str(error.full_key)
-    if not isinstance(parent, DictConfig):
-        return _paragraph(str(error))
-    holder = full_key.rpartition(".")[0]
-    prefix, at = f"{holder}." if holder else "", holder or "the config"
-    settings = [str(key) for key in parent if key != "hydra"]
-    if full_key == DEPLOYMENT_GROUP:
-        file = f"the deployment file {deployment_file}" if deployment_file else "a deployment file"
-        return (f"{DEPLOYMENT_GROUP} is not a setting: {file} was composed under the key "
-                f"{DEPLOYMENT_GROUP} instead of at the top of the config; its first line must be "
-                "`# @package _global_`, with no byte-order mark before it, as in the shipped "
-                "deployments (an empty file has no such line)")  # fmt: skip
-    if not settings:
-        return (f"{full_key} is not a setting: {at} is empty as composed, so there is nothing "
-                f"under it to set; compose an option that fills {at} first (e.g. "
-                "deployment=NAME)")  # fmt: skip
-    if str(error.key) in FIELDS and FIELDS.keys() & set(settings):
-        # A resource declared in a user's YAML without the schema has only the keys it wrote.
-        return (f"{full_key} is a resource's setting, and {holder} is declared without it; add "
-                f"it with a plus: +{full_key}=VALUE")  # fmt: skip
-    return (f"{full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
-            f"{at} takes {', '.join(settings)}")  # fmt: skip
 
 
 def _bad_value(error: ValidationError) -> str:
