@@ -234,78 +234,52 @@ class Composition:
         names = dict.fromkeys([self.measured_here(self.deployment), self.deployment])
         return [self.folder / DEPLOYMENT_GROUP / f"{name}.yaml" for name in names]
 
-    def _file_problem(self, path: Path) -> str | None:
-        """What is wrong with deployment file ``path`` of the ``--config-dir`` that Hydra would
-        fail on, read without end, ignore or compose without a word (None: nothing)."""
+    def _check_file(self, path: Path) -> None:
+        """Refuse deployment file ``path`` of the ``--config-dir`` where Hydra would fail on it,
+        read it without end, ignore it or compose it changed without a word."""
         assert self.folder is not None
         try:
             mode = path.stat().st_mode
         except OSError as error:  # not there (another folder may have it), or a broken link
             if not path.is_symlink():
-                return None
+                return
             why = "loops back to itself" if error.errno == errno.ELOOP else "does not exist"
-            return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, a symbolic link to "
-                    f"{os.readlink(path)}, which {why}; point it at a deployment file, or "
-                    "remove it")  # fmt: skip
+            raise ResourceConfigError(f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, a symbolic "
+                                      f"link to {os.readlink(path)}, which {why}; point it at a "
+                                      "deployment file, or remove it") from None  # fmt: skip
         if not stat.S_ISREG(mode):
             what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
-            return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is {what}; a deployment "
-                    "is a YAML file: replace it with one")  # fmt: skip
+            raise ResourceConfigError(f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is "
+                                      f"{what}; a deployment is a YAML file: replace it with "
+                                      "one")  # fmt: skip
         within = path.relative_to(self.folder / DEPLOYMENT_GROUP)
         shipped = shipped_deployments() / within
         if shipped.is_file() and shipped.resolve() != path.resolve():
             name = within.with_suffix("").as_posix()  # flashinfer-<version>/NAME: the version's
-            return (f"{DEPLOYMENT_GROUP}={name} picks the shipped deployment of that name, "
-                    f"not {path}: Hydra finds the package's configs before a --config-dir's, so "
-                    f"the file would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and "
-                    "use the new name")  # fmt: skip
+            raise ResourceConfigError(f"{DEPLOYMENT_GROUP}={name} picks the shipped deployment "
+                                      f"of that name, not {path}: Hydra finds the package's "
+                                      "configs before a --config-dir's, so the file would be "
+                                      f"ignored; rename it (e.g. to {path.stem}_mine.yaml) and "
+                                      "use the new name")  # fmt: skip
         named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
-        read = _read_bounded(path, named)
-        if read is None or isinstance(read, str):
-            return read
+        if (read := _read_bounded(path, named)) is None:
+            return
         body, text = read
         # The deployments its defaults list from the same folder, read within the same bounds.
         seen, listed = {path}, _listed_beside(body, path)
         while listed:
-            other = listed.pop()
-            if other not in seen:
+            if (other := listed.pop()) not in seen:
                 seen.add(other)
                 found = _read_bounded(other, f"{named} lists {other.stem}, whose file {other}")
-                if isinstance(found, str):
-                    return found
                 listed += _listed_beside(found[0], other) if found else []
-        if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
-            return (f"{named} declares nothing: a deployment sets resources (or lists another "
-                    "deployment under defaults), and without them every floor would be "
-                    "MSTAR_WORKSPACE_BUFFER_MB, else 512 MB; write the deployment's settings "
-                    "into the file, or pick another")  # fmt: skip
-        if not isinstance(body, dict):
-            return None
-        if not isinstance(body.get("resources", {}), dict | type(None)):
-            return (f"{named} sets resources to {json.dumps(body['resources'])}; resources maps "
-                    "each resource's name to its fields (e.g. resources: {attn: {decode: "
-                    "{labels: [decode]}}})")  # fmt: skip
-        if silent := _silently_changed(body):
-            return f"{named} {silent}"
-        if "hydra" in body:
-            return (f"{named} sets hydra, Hydra's own settings, which a deployment does not "
-                    "take (an app's Hydra settings are its primary config's); take the hydra: "
-                    "block out of the file")  # fmt: skip
-        tree = [field.name for field in dataclasses.fields(ComposedTree)]
-        own = [field.name for field in dataclasses.fields(self.settings or ComposedTree)]
-        if extra := [str(key) for key in body if key in own and key not in tree]:
-            return (f"{named} sets {', '.join(extra)}, the app's own settings, which its primary "
-                    f"config would override without a word: give them on the command line "
-                    f"({extra[0]}=...), and declare only {', '.join(tree)} in a deployment; take "
-                    "them out of the file")  # fmt: skip
-        return None
+        if problem := _body_problem(body, text, self.settings or ComposedTree):
+            raise ResourceConfigError(f"{named} {problem}")
 
     def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
         """The overrides composed (with Hydra's config where ``hydra``), a mistake in them or in a
         config file raised as ResourceConfigError (where ``full_error``, as Hydra raised it)."""
         for path in self.deployment_files:
-            if refused := self._file_problem(path):
-                raise ResourceConfigError(refused)
+            self._check_file(path)
         try:
             overrides = [*self.composed_texts, *self.searchpath]
             return compose(self.composed_name, overrides, return_hydra_config=hydra)
@@ -427,28 +401,30 @@ MAX_NESTING = 64
 TOO_DEEP = f"nests more than {MAX_NESTING} levels deep; write the deployment out plainly"
 
 
-def _read_bounded(path: Path, named: str) -> tuple[Any, str] | str | None:
-    """``path``'s YAML (its body and text), what makes it unreadable or too large to compose
-    (said of ``named``), or None where Hydra's own error says more (a syntax error)."""
+def _read_bounded(path: Path, named: str) -> tuple[Any, str] | None:
+    """``path``'s YAML (its body and text), or None where Hydra's own error says more (a syntax
+    error); a file unreadable or too large to compose is refused, said of ``named``."""
     if (size := path.stat().st_size) > MAX_FILE_BYTES:
-        return (f"{named} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
-                "deployment file may hold (a deployment is a few dozen lines); give one of its "
-                "own size")  # fmt: skip
+        raise ResourceConfigError(f"{named} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
+                                  "deployment file may hold (a deployment is a few dozen lines); "
+                                  "give one of its own size")  # fmt: skip
     try:
         data = path.read_bytes()
         text = data.decode("utf-8")
-        if too_large := _too_large(yaml.compose(text, Loader=SAFE_LOADER)):
-            return f"{named} {too_large}"
-        return yaml.load(text, Loader=SAFE_LOADER), text
+        too_large = _too_large(yaml.compose(text, Loader=SAFE_LOADER))
+        body = None if too_large else yaml.load(text, Loader=SAFE_LOADER)
     except UnicodeDecodeError as error:
-        return not_utf8(path, data, error)
+        raise ResourceConfigError(not_utf8(path, data, error)) from None
     except OSError as error:
-        return (f"{named} can't be read ({error.strerror or error}); make it readable to this "
-                "user, or pick another")  # fmt: skip
+        raise ResourceConfigError(f"{named} can't be read ({error.strerror or error}); make it "
+                                  "readable to this user, or pick another") from None  # fmt: skip
     except (RecursionError, yaml.YAMLError) as error:  # Python's YAML reader recurses a level
-        if isinstance(error, RecursionError) or "maximum nesting depth" in str(error):  # libyaml
-            return f"{named} {TOO_DEEP}"
-        return None  # Hydra's error says where
+        if not (isinstance(error, RecursionError) or "maximum nesting depth" in str(error)):
+            return None  # Hydra's error says where
+        too_large = TOO_DEEP  # libyaml's, or Python's reader's
+    if too_large:
+        raise ResourceConfigError(f"{named} {too_large}")
+    return body, text
 
 
 def _listed_beside(body: Any, path: Path) -> list[Path]:
@@ -499,10 +475,22 @@ def _depths(root: yaml.Node | None, once: bool = False) -> Iterator[int]:
             stack += [(child, depth + 1) for child in node.value]
 
 
-def _silently_changed(body: dict[Any, Any]) -> str | None:
-    """A value of a deployment file that composing would drop or turn into another without a
-    word (None: none): ``???``, which leaves the value composed before it, or a name (an owner,
-    a label) written as a number, a boolean or null, which becomes a string."""
+def _body_problem(body: Any, text: str, settings: type) -> str | None:
+    """What a deployment file's ``body`` (read from ``text``) sets that composing would refuse, or
+    drop or turn into another value without a word (None: nothing): ``???``, which leaves the
+    value composed before it, or a name (an owner, a label) written as a number, a boolean or null,
+    which becomes a string. Said after the file's name."""
+    if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
+        return ("declares nothing: a deployment sets resources (or lists another deployment under "
+                "defaults), and without them every floor would be MSTAR_WORKSPACE_BUFFER_MB, else "
+                "512 MB; write the deployment's settings into the file, or pick "
+                "another")  # fmt: skip
+    if not isinstance(body, dict):
+        return None
+    if not isinstance(body.get("resources", {}), dict | type(None)):
+        return (f"sets resources to {json.dumps(body['resources'])}; resources maps each "
+                "resource's name to its fields (e.g. resources: {attn: {decode: {labels: "
+                "[decode]}}})")  # fmt: skip
     stack: list[tuple[str, Any]] = [(str(key), value) for key, value in body.items()]
     while stack:
         key, value = stack.pop()
@@ -520,6 +508,17 @@ def _silently_changed(body: dict[Any, Any]) -> str | None:
                     f"{str(odd[0])!r}; quote it ('{written}') if a name is meant")  # fmt: skip
         if isinstance(value, dict):
             stack += [(f"{key}.{k}", v) for k, v in value.items()]
+    if "hydra" in body:
+        return ("sets hydra, Hydra's own settings, which a deployment does not take (an app's "
+                "Hydra settings are its primary config's); take the hydra: block out of the "
+                "file")  # fmt: skip
+    tree = [field.name for field in dataclasses.fields(ComposedTree)]
+    own = [field.name for field in dataclasses.fields(settings)]
+    if extra := [str(key) for key in body if key in own and key not in tree]:
+        return (f"sets {', '.join(extra)}, the app's own settings, which its primary config "
+                f"would override without a word: give them on the command line ({extra[0]}=...), "
+                f"and declare only {', '.join(tree)} in a deployment; take them out of the "
+                "file")  # fmt: skip
     return None
 
 

@@ -100,20 +100,19 @@ def _check_calibration_inputs(
     longer composes what it was measured with, or another FlashInfer is installed, and return the
     floors that are calibration's."""
     profile, record = checked_calibration_nodes(cfg)
-    if record is None or profile is None:
-        return calibrated_floors(record, records)
-    # The GPU is the record's (a dry run has none to compare), the FlashInfer any installed.
-    machine = Machine.of(record)
-    flashinfer = installed_version("flashinfer-python") or machine.flashinfer
-    stale = stale_record(record, profile, records, replace(machine, flashinfer=flashinfer))
-    if stale is not None:
-        print(
-            f"{PROG}: warning: deployment {stale.deployment}'s calibration was made with other "
-            f"inputs than it composes now: {'; '.join(map(str, stale.differences))}. Its floors "
-            "may not hold: recalibrate with `mstar-resources-calibrate "
-            f"deployment={stale.deployment}`",
-            file=sys.stderr,
-        )
+    if record is not None and profile is not None:
+        # The GPU is the record's (a dry run has none to compare), the FlashInfer any installed.
+        machine = Machine.of(record)
+        flashinfer = installed_version("flashinfer-python") or machine.flashinfer
+        here = replace(machine, flashinfer=flashinfer)
+        if stale := stale_record(record, profile, records, here):
+            print(
+                f"{PROG}: warning: deployment {stale.deployment}'s calibration was made with "
+                f"other inputs than it composes now: {'; '.join(map(str, stale.differences))}. "
+                "Its floors may not hold: recalibrate with `mstar-resources-calibrate "
+                f"deployment={stale.deployment}`",
+                file=sys.stderr,
+            )
     return calibrated_floors(record, records)
 
 
