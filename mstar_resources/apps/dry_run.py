@@ -17,7 +17,6 @@ from ..calibration.record import (
     CalibratedFloor,
     Machine,
     calibrated_floors,
-    calibration_nodes,
     check_calibration,
     checked_calibration_nodes,
     stale_record,
@@ -81,7 +80,7 @@ def main(cfg: DictConfig) -> None:
     }
     if calibrated:
         report["calibrated"] = {path: asdict(c) for path, c in calibrated.items()}
-        report["calibrated_on"] = str(Machine.of(calibration_nodes(cfg)[1]))
+        report["calibrated_on"] = str(Machine.of(cfg.calibrated))
     if device != "cpu":
         report["device"] = device
         report["allocated_bytes"] = _allocate(cfg, records, device)
