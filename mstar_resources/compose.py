@@ -148,12 +148,6 @@ class Composition:
     def options(self, group: str) -> list[str]:
         return group_options(group, self.config_name, self.searchpath)
 
-    @functools.cached_property
-    def deployment(self) -> str | None:
-        """The deployment the overrides pick (the last, as Hydra takes it); None: no name."""
-        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
-        return names[-1] if names and isinstance(names[-1], str) else None
-
     def measured_here(self, name: str) -> str:
         """``name``, or the deployment of that name measured with the FlashInfer installed where
         the package or the ``--config-dir`` holds that version's (:func:`calibrated_for`)."""
@@ -227,12 +221,15 @@ class Composition:
 
     @functools.cached_property
     def deployment_files(self) -> list[Path]:
-        """Where the user's ``--config-dir`` would hold the deployment the overrides pick: the file
-        composed (:meth:`measured_here`), then the one of the name given where that is another."""
-        if not (self.folder and self.deployment):
+        """Where the user's ``--config-dir`` would hold the deployment the overrides pick (the
+        last, as Hydra takes it): the file composed (:meth:`measured_here`), then the one of the
+        name given where that is another."""
+        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
+        given = names[-1] if names else None
+        if not (self.folder and isinstance(given, str) and given):
             return []
-        names = dict.fromkeys([self.measured_here(self.deployment), self.deployment])
-        return [self.folder / DEPLOYMENT_GROUP / f"{name}.yaml" for name in names]
+        picked = dict.fromkeys([self.measured_here(given), given])
+        return [self.folder / DEPLOYMENT_GROUP / f"{name}.yaml" for name in picked]
 
     def _check_file(self, path: Path) -> None:
         """Refuse deployment file ``path`` of the ``--config-dir`` where Hydra would fail on it,
