@@ -36,7 +36,7 @@ from .schema import FIELDS
 from .units import installed_version
 
 __all__ = ["DEPLOYMENT_GROUP", "NO_DEPLOYMENT", "SHIPPED_CONF", "ComposedTree", "Composition",
-           "compose_deployment", "deployment_options", "explain", "group_options", "hydra_on",
+           "compose_deployment", "deployment_options", "group_options", "hydra_on",
            "not_a_choice", "register_settings", "shipped_deployments"]  # fmt: skip
 
 SHIPPED_CONF = "pkg://mstar_resources.conf"
@@ -104,8 +104,7 @@ def hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
     if pkg != config_path:  # imported first, as Hydra would: what it registers stays after
         importlib.import_module(pkg)
     program = Singleton.get_state() if GlobalHydra.instance().is_initialized() else None
-    if program is not None:
-        GlobalHydra.instance().clear()
+    GlobalHydra.instance().clear()
     folder = str((Path(inspect.getfile(run)).parent / config_path).resolve())
     try:
         with initialize_config_module(pkg, version_base="1.3") if pkg != config_path else (
@@ -149,12 +148,6 @@ class Composition:
     def options(self, group: str) -> list[str]:
         return group_options(group, self.config_name, self.searchpath)
 
-    @functools.cached_property
-    def deployment(self) -> str | None:
-        """The deployment the overrides pick (the last, as Hydra takes it); None: no name."""
-        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
-        return names[-1] if names and isinstance(names[-1], str) else None
-
     def measured_here(self, name: str) -> str:
         """``name``, or the deployment of that name measured with the FlashInfer installed where
         the package or the ``--config-dir`` holds that version's (:func:`calibrated_for`)."""
@@ -179,25 +172,26 @@ class Composition:
         return texts
 
     @functools.cached_property
+    def primary(self) -> Any:
+        """Hydra's settings of the primary config composed alone (None: it does not compose)."""
+        try:
+            return compose(self.config_name, return_hydra_config=True).hydra
+        except COMPOSE_ERRORS:
+            return None
+
+    @functools.cached_property
     def searchpath(self) -> tuple[str, ...]:
         """The override that adds ``--config-dir`` to the primary config's search path."""
         if not self.folder:
             return ()
-        try:
-            path = list(compose(self.config_name, return_hydra_config=True).hydra.searchpath)
-        except COMPOSE_ERRORS:
-            path = []
+        path = [*self.primary.searchpath] if self.primary else []
         entries = ",".join(quoted(entry) for entry in [*path, f"file://{self.folder}"])
         return (f"hydra.searchpath=[{entries}]",)
 
     @functools.cached_property
     def choices(self) -> frozenset[str]:
         """The config groups the primary config picks an option of by default."""
-        try:
-            composed = compose(self.config_name, [*self.searchpath], return_hydra_config=True)
-        except COMPOSE_ERRORS:
-            return frozenset()
-        return frozenset(str(group) for group in composed.hydra.runtime.choices)
+        return frozenset(map(str, self.primary.runtime.choices if self.primary else ()))
 
     def deletion_problem(self, override: Override) -> str | None:
         """Why ``~KEY`` (``override``) deletes nothing: KEY is unset (null) already, or no setting
@@ -225,95 +219,64 @@ class Composition:
         return (f"{override.input_line} deletes {key}, a setting of the schema, which stays; "
                 f"leave the deletion out, or give {key} another value")  # fmt: skip
 
-    def deployment_path(self) -> Path | None:
-        """Where the user's ``--config-dir`` would hold the deployment the overrides pick."""
-        if self.folder and self.deployment:
-            return self.folder / DEPLOYMENT_GROUP / f"{self.measured_here(self.deployment)}.yaml"
-        return None
+    @functools.cached_property
+    def deployment_files(self) -> list[Path]:
+        """Where the user's ``--config-dir`` would hold the deployment the overrides pick (the
+        last, as Hydra takes it): the file composed (:meth:`measured_here`), then the one of the
+        name given where that is another."""
+        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
+        given = names[-1] if names else None
+        if not (self.folder and isinstance(given, str) and given):
+            return []
+        picked = dict.fromkeys([self.measured_here(given), given])
+        return [self.folder / DEPLOYMENT_GROUP / f"{name}.yaml" for name in picked]
 
-    def deployment_problem(self) -> str | None:
-        """What is wrong with the deployment the overrides pick in the user's ``--config-dir``
-        (the file composed, and the one of the name given where that is another) that Hydra would
-        fail on, read without end, ignore or compose without a word."""
-        picked = self.deployment_path()
-        if picked is None or self.folder is None:
-            return None
-        given = self.folder / DEPLOYMENT_GROUP / f"{self.deployment}.yaml"
-        for path in dict.fromkeys([picked, given]):  # the file composed first
-            if problem := self._file_problem(path):
-                return problem
-        return None
-
-    def _file_problem(self, path: Path) -> str | None:
-        """What is wrong with deployment file ``path`` of the ``--config-dir`` (None: nothing)."""
+    def _check_file(self, path: Path) -> None:
+        """Refuse deployment file ``path`` of the ``--config-dir`` where Hydra would fail on it,
+        read it without end, ignore it or compose it changed without a word."""
         assert self.folder is not None
         try:
             mode = path.stat().st_mode
         except OSError as error:  # not there (another folder may have it), or a broken link
             if not path.is_symlink():
-                return None
+                return
             why = "loops back to itself" if error.errno == errno.ELOOP else "does not exist"
-            return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, a symbolic link to "
-                    f"{os.readlink(path)}, which {why}; point it at a deployment file, or "
-                    "remove it")  # fmt: skip
+            raise ResourceConfigError(f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, a symbolic "
+                                      f"link to {os.readlink(path)}, which {why}; point it at a "
+                                      "deployment file, or remove it") from None  # fmt: skip
         if not stat.S_ISREG(mode):
             what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
-            return (f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is {what}; a deployment "
-                    "is a YAML file: replace it with one")  # fmt: skip
+            raise ResourceConfigError(f"{DEPLOYMENT_GROUP}={path.stem} picks {path}, which is "
+                                      f"{what}; a deployment is a YAML file: replace it with "
+                                      "one")  # fmt: skip
         within = path.relative_to(self.folder / DEPLOYMENT_GROUP)
         shipped = shipped_deployments() / within
         if shipped.is_file() and shipped.resolve() != path.resolve():
             name = within.with_suffix("").as_posix()  # flashinfer-<version>/NAME: the version's
-            return (f"{DEPLOYMENT_GROUP}={name} picks the shipped deployment of that name, "
-                    f"not {path}: Hydra finds the package's configs before a --config-dir's, so "
-                    f"the file would be ignored; rename it (e.g. to {path.stem}_mine.yaml) and "
-                    "use the new name")  # fmt: skip
+            raise ResourceConfigError(f"{DEPLOYMENT_GROUP}={name} picks the shipped deployment "
+                                      f"of that name, not {path}: Hydra finds the package's "
+                                      "configs before a --config-dir's, so the file would be "
+                                      f"ignored; rename it (e.g. to {path.stem}_mine.yaml) and "
+                                      "use the new name")  # fmt: skip
         named = f"{DEPLOYMENT_GROUP}={path.stem} ({path})"
-        read = _read_bounded(path, named)
-        if read is None or isinstance(read, str):
-            return read
+        if (read := _read_bounded(path, named)) is None:
+            return
         body, text = read
         # The deployments its defaults list from the same folder, read within the same bounds.
         seen, listed = {path}, _listed_beside(body, path)
         while listed:
-            other = listed.pop()
-            if other not in seen:
+            if (other := listed.pop()) not in seen:
                 seen.add(other)
                 found = _read_bounded(other, f"{named} lists {other.stem}, whose file {other}")
-                if isinstance(found, str):
-                    return found
                 listed += _listed_beside(found[0], other) if found else []
-        if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
-            return (f"{named} declares nothing: a deployment sets resources (or lists another "
-                    "deployment under defaults), and without them every floor would be "
-                    "MSTAR_WORKSPACE_BUFFER_MB, else 512 MB; write the deployment's settings "
-                    "into the file, or pick another")  # fmt: skip
-        if not isinstance(body, dict):
-            return None
-        if not isinstance(body.get("resources", {}), dict | type(None)):
-            return (f"{named} sets resources to {json.dumps(body['resources'])}; resources maps "
-                    "each resource's name to its fields (e.g. resources: {attn: {decode: "
-                    "{labels: [decode]}}})")  # fmt: skip
-        if silent := _silently_changed(body):
-            return f"{named} {silent}"
-        if "hydra" in body:
-            return (f"{named} sets hydra, Hydra's own settings, which a deployment does not "
-                    "take (an app's Hydra settings are its primary config's); take the hydra: "
-                    "block out of the file")  # fmt: skip
-        tree = [field.name for field in dataclasses.fields(ComposedTree)]
-        own = [field.name for field in dataclasses.fields(self.settings or ComposedTree)]
-        if extra := [str(key) for key in body if key in own and key not in tree]:
-            return (f"{named} sets {', '.join(extra)}, the app's own settings, which its primary "
-                    f"config would override without a word: give them on the command line "
-                    f"({extra[0]}=...), and declare only {', '.join(tree)} in a deployment; take "
-                    "them out of the file")  # fmt: skip
-        return None
+        if problem := _body_problem(body, text, self.settings or ComposedTree):
+            raise ResourceConfigError(f"{named} {problem}")
 
     def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
         """The overrides composed (with Hydra's config where ``hydra``), a mistake in them or in a
         config file raised as ResourceConfigError (where ``full_error``, as Hydra raised it)."""
-        if refused := self.deployment_problem():
-            raise ResourceConfigError(refused)
+        for path in self.deployment_files:
+            self._check_file(path)
         try:
             overrides = [*self.composed_texts, *self.searchpath]
             return compose(self.composed_name, overrides, return_hydra_config=hydra)
@@ -338,16 +301,37 @@ class Composition:
             configs = [c for c in self.options("") if c == self.config_name or c in mine]
             if name.removesuffix(".yaml") not in configs:  # not there, or another app's
                 return not_a_primary_config(name, configs)
-        if isinstance(error, UnicodeDecodeError) and self.folder:  # not the deployment's file
+        if isinstance(error, UnicodeDecodeError) and self.folder:  # the file Hydra could not read
             for path in sorted(self.folder.rglob("*.yaml")):
                 data = path.read_bytes() if path.is_file() else b""  # no FIFO, device or folder
                 try:
                     data.decode("utf-8")
                 except UnicodeDecodeError as found:
-                    return not_utf8(path, data, found)
+                    line = data.count(b"\n", 0, found.start) + 1
+                    return (f"{path} is not UTF-8 text: byte 0x{data[found.start]:02x} at line "
+                            f"{line} ({found.reason}); save the file as UTF-8")  # fmt: skip
+        if isinstance(error, MissingConfigException) and error.options is not None:
+            group, _, name = (error.missing_cfg_file or "").rpartition("/")
+            return not_a_choice(group, name, list(error.options))
+        if isinstance(error, OverrideParseException):
+            why = _paragraph(error.message) + _quoting_hint(error.override)
+            return f"{error.override!r} is not an override Hydra can read: {why}"
         if isinstance(error, HydraException | OmegaConfBaseException):
-            picked = self.deployment_path()
-            return explain(error, picked if picked and picked.is_file() else None)
+            # Hydra raises its own error from inside the handler of OmegaConf's (a value of a
+            # config file the schema refuses), or ``from`` it (one on the command line).
+            cause = error if isinstance(error, OmegaConfBaseException) else (
+                error.__cause__ or error.__context__)  # fmt: skip
+            if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
+                return self._unknown_key(cause)
+            if isinstance(cause, ValidationError) and cause.full_key:
+                return _bad_value(cause)
+            if isinstance(cause, OmegaConfBaseException) and cause is not error:
+                # Hydra's sentence ("Error merging override ~calibration.model") says what it was
+                # doing; the first line of OmegaConf's, its cause, says why it could not.
+                reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+                if reason not in str(error):
+                    return _paragraph(f"{error}: {reason}")
+            return _paragraph(str(error))
         if type(error) is ValueError:  # OmegaConf's int() of a list's index
             return self.list_index_problem()
         filename = str(error.filename) if isinstance(error, OSError) and error.filename else ""
@@ -362,6 +346,31 @@ class Composition:
                 shown = key if len(key) <= 80 else f"{key[:80]}... ({len(key):,} characters)"
                 return f"{shown} is not a setting: no setting or config group has so long a name"
         return None
+
+    def _unknown_key(self, error: OmegaConfBaseException) -> str:
+        parent, full_key = error.parent_node, str(error.full_key)
+        if not isinstance(parent, DictConfig):
+            return _paragraph(str(error))
+        holder = full_key.rpartition(".")[0]
+        prefix, at = f"{holder}." if holder else "", holder or "the config"
+        settings = [str(key) for key in parent if key != "hydra"]
+        if full_key == DEPLOYMENT_GROUP:
+            picked = [path for path in self.deployment_files[:1] if path.is_file()]
+            file = f"the deployment file {picked[0]}" if picked else "a deployment file"
+            return (f"{DEPLOYMENT_GROUP} is not a setting: {file} was composed under the key "
+                    f"{DEPLOYMENT_GROUP} instead of at the top of the config; its first line "
+                    "must be `# @package _global_`, with no byte-order mark before it, as in the "
+                    "shipped deployments (an empty file has no such line)")  # fmt: skip
+        if not settings:
+            return (f"{full_key} is not a setting: {at} is empty as composed, so there is nothing "
+                    f"under it to set; compose an option that fills {at} first (e.g. "
+                    "deployment=NAME)")  # fmt: skip
+        if str(error.key) in FIELDS and FIELDS.keys() & set(settings):
+            # A resource declared in a user's YAML without the schema has only the keys it wrote.
+            return (f"{full_key} is a resource's setting, and {holder} is declared without it; add "
+                    f"it with a plus: +{full_key}=VALUE")  # fmt: skip
+        return (f"{full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
+                f"{at} takes {', '.join(settings)}")  # fmt: skip
 
     def list_index_problem(self) -> str | None:
         """The first override that sets an item of a list by a name, not a position."""
@@ -391,28 +400,29 @@ MAX_NESTING = 64
 TOO_DEEP = f"nests more than {MAX_NESTING} levels deep; write the deployment out plainly"
 
 
-def _read_bounded(path: Path, named: str) -> tuple[Any, str] | str | None:
-    """``path``'s YAML (its body and text), what makes it unreadable or too large to compose
-    (said of ``named``), or None where Hydra's own error says more (a syntax error)."""
+def _read_bounded(path: Path, named: str) -> tuple[Any, str] | None:
+    """``path``'s YAML (its body and text), or None where Hydra's own error says more (a syntax
+    error); a file unreadable or too large to compose is refused, said of ``named``."""
     if (size := path.stat().st_size) > MAX_FILE_BYTES:
-        return (f"{named} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
-                "deployment file may hold (a deployment is a few dozen lines); give one of its "
-                "own size")  # fmt: skip
+        raise ResourceConfigError(f"{named} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
+                                  "deployment file may hold (a deployment is a few dozen lines); "
+                                  "give one of its own size")  # fmt: skip
     try:
-        data = path.read_bytes()
-        text = data.decode("utf-8")
-        if too_large := _too_large(yaml.compose(text, Loader=SAFE_LOADER)):
-            return f"{named} {too_large}"
-        return yaml.load(text, Loader=SAFE_LOADER), text
-    except UnicodeDecodeError as error:
-        return not_utf8(path, data, error)
+        text = path.read_bytes().decode("utf-8")
+        too_large = _too_large(yaml.compose(text, Loader=SAFE_LOADER))
+        body = None if too_large else yaml.load(text, Loader=SAFE_LOADER)
     except OSError as error:
-        return (f"{named} can't be read ({error.strerror or error}); make it readable to this "
-                "user, or pick another")  # fmt: skip
-    except (RecursionError, yaml.YAMLError) as error:  # Python's YAML reader recurses a level
-        if isinstance(error, RecursionError) or "maximum nesting depth" in str(error):  # libyaml
-            return f"{named} {TOO_DEEP}"
-        return None  # Hydra's error says where
+        raise ResourceConfigError(f"{named} can't be read ({error.strerror or error}); make it "
+                                  "readable to this user, or pick another") from None  # fmt: skip
+    except (RecursionError, yaml.YAMLError, UnicodeDecodeError) as error:
+        # Too deep (Python's YAML reader recurses a level, libyaml says so), or composing says
+        # what is wrong: where, or which file is not UTF-8 (:meth:`Composition.paragraph`).
+        if not (isinstance(error, RecursionError) or "maximum nesting depth" in str(error)):
+            return None
+        too_large = TOO_DEEP
+    if too_large:
+        raise ResourceConfigError(f"{named} {too_large}")
+    return body, text
 
 
 def _listed_beside(body: Any, path: Path) -> list[Path]:
@@ -431,15 +441,11 @@ def _listed_beside(body: Any, path: Path) -> list[Path]:
 
 
 def _too_large(root: yaml.Node | None) -> str | None:
-    """What makes a YAML document too large to compose (None: nothing), walked without recursion:
-    its values past :data:`MAX_VALUES`, aliases followed, or its levels past :data:`MAX_NESTING`."""
-    stack = [] if root is None else [(root, 1)]
-    values = 0  # a node each time an alias leads to it
-    while stack:
-        node, depth = stack.pop()
-        values += 1
+    """What makes a YAML document too large to compose (None: nothing): its values past
+    :data:`MAX_VALUES`, aliases followed, or its levels past :data:`MAX_NESTING`."""
+    for values, depth in enumerate(_depths(root), 1):  # a node each time an alias leads to it
         if values > MAX_VALUES:
-            if len(_nodes(root)) > MAX_VALUES:  # as many without an alias followed
+            if sum(1 for _ in _depths(root, once=True)) > MAX_VALUES:  # as many without aliases
                 return (f"holds more than {MAX_VALUES:,} values, where a deployment holds a few "
                         "dozen; declare what it needs")  # fmt: skip
             return (f"holds more than {MAX_VALUES:,} values, its YAML aliases followed (a "
@@ -447,31 +453,42 @@ def _too_large(root: yaml.Node | None) -> str | None:
                     "deployment out plainly")  # fmt: skip
         if depth > MAX_NESTING:
             return TOO_DEEP
-        stack += [(child, depth + 1) for child in _children(node)]
     return None
 
 
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.MappingNode):
-        return [child for pair in node.value for child in pair]
-    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
-
-
-def _nodes(root: yaml.Node | None) -> set[int]:
-    """The nodes of ``root``'s document, each once (an alias's not followed again)."""
+def _depths(root: yaml.Node | None, once: bool = False) -> Iterator[int]:
+    """The depth of each node of ``root``'s document, walked without recursion: a node each time
+    an alias leads to it, or (``once``) only the first."""
     seen: set[int] = set()
-    stack = [] if root is None else [root]
+    stack = [] if root is None else [(root, 1)]
     while stack:
-        if id(node := stack.pop()) not in seen:
-            seen.add(id(node))
-            stack += _children(node)
-    return seen
+        node, depth = stack.pop()
+        if once and id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield depth
+        if isinstance(node, yaml.MappingNode):
+            stack += [(child, depth + 1) for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += [(child, depth + 1) for child in node.value]
 
 
-def _silently_changed(body: dict[Any, Any]) -> str | None:
-    """A value of a deployment file that composing would drop or turn into another without a
-    word (None: none): ``???``, which leaves the value composed before it, or a name (an owner,
-    a label) written as a number, a boolean or null, which becomes a string."""
+def _body_problem(body: Any, text: str, settings: type) -> str | None:
+    """What a deployment file's ``body`` (read from ``text``) sets that composing would refuse, or
+    drop or turn into another value without a word (None: nothing): ``???``, which leaves the
+    value composed before it, or a name (an owner, a label) written as a number, a boolean or null,
+    which becomes a string. Said after the file's name."""
+    if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
+        return ("declares nothing: a deployment sets resources (or lists another deployment under "
+                "defaults), and without them every floor would be MSTAR_WORKSPACE_BUFFER_MB, else "
+                "512 MB; write the deployment's settings into the file, or pick "
+                "another")  # fmt: skip
+    if not isinstance(body, dict):
+        return None
+    if not isinstance(body.get("resources", {}), dict | type(None)):
+        return (f"sets resources to {json.dumps(body['resources'])}; resources maps each "
+                "resource's name to its fields (e.g. resources: {attn: {decode: {labels: "
+                "[decode]}}})")  # fmt: skip
     stack: list[tuple[str, Any]] = [(str(key), value) for key, value in body.items()]
     while stack:
         key, value = stack.pop()
@@ -489,33 +506,18 @@ def _silently_changed(body: dict[Any, Any]) -> str | None:
                     f"{str(odd[0])!r}; quote it ('{written}') if a name is meant")  # fmt: skip
         if isinstance(value, dict):
             stack += [(f"{key}.{k}", v) for k, v in value.items()]
+    if "hydra" in body:
+        return ("sets hydra, Hydra's own settings, which a deployment does not take (an app's "
+                "Hydra settings are its primary config's); take the hydra: block out of the "
+                "file")  # fmt: skip
+    tree = [field.name for field in dataclasses.fields(ComposedTree)]
+    own = [field.name for field in dataclasses.fields(settings)]
+    if extra := [str(key) for key in body if key in own and key not in tree]:
+        return (f"sets {', '.join(extra)}, the app's own settings, which its primary config "
+                f"would override without a word: give them on the command line ({extra[0]}=...), "
+                f"and declare only {', '.join(tree)} in a deployment; take them out of the "
+                "file")  # fmt: skip
     return None
-
-
-def explain(error: BaseException, deployment_file: Path | None = None) -> str:
-    """``error``, raised while composing a config, as one paragraph that names the setting;
-    ``deployment_file``, the file of the deployment the line picks, where there is one."""
-    if isinstance(error, MissingConfigException) and error.options is not None:
-        group, _, name = (error.missing_cfg_file or "").rpartition("/")
-        return not_a_choice(group, name, list(error.options))
-    if isinstance(error, OverrideParseException):
-        text = f"{error.override!r} is not an override Hydra can read: {_paragraph(error.message)}"
-        return text + _quoting_hint(error.override)
-    # Hydra raises its own error from inside the handler of OmegaConf's (a value of a config file
-    # the schema refuses), or ``from`` it (one on the command line): the context or the cause.
-    cause = error if isinstance(error, OmegaConfBaseException) else (
-        error.__cause__ or error.__context__)  # fmt: skip
-    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
-        return _unknown_key(cause, deployment_file)
-    if isinstance(cause, ValidationError) and cause.full_key:
-        return _bad_value(cause)
-    if isinstance(cause, OmegaConfBaseException) and cause is not error:
-        # Hydra's sentence ("Error merging override ~calibration.model") says what it was doing;
-        # the first line of OmegaConf's, its cause, says why it could not.
-        reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        if reason not in str(error):
-            return _paragraph(f"{error}: {reason}")
-    return _paragraph(str(error))
 
 
 def _quoting_hint(override: str) -> str:
@@ -572,38 +574,6 @@ def not_yaml(error: yaml.YAMLError) -> str:
     return (f"{mark.name} is not valid YAML at line {mark.line + 1}, column {mark.column + 1}: "
             f"{f'{error.context}, ' if error.context else ''}{error.problem or 'not valid YAML'}; "
             "fix the file there")  # fmt: skip
-
-
-def not_utf8(path: Path, data: bytes, error: UnicodeDecodeError) -> str:
-    """Config file ``path``, whose bytes ``data`` are no UTF-8: the byte and its line."""
-    line = data.count(b"\n", 0, error.start) + 1
-    return (f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} "
-            f"({error.reason}); save the file as UTF-8")  # fmt: skip
-
-
-def _unknown_key(error: OmegaConfBaseException, deployment_file: Path | None) -> str:
-    parent, full_key = error.parent_node, str(error.full_key)
-    if not isinstance(parent, DictConfig):
-        return _paragraph(str(error))
-    holder = full_key.rpartition(".")[0]
-    prefix, at = f"{holder}." if holder else "", holder or "the config"
-    settings = [str(key) for key in parent if key != "hydra"]
-    if full_key == DEPLOYMENT_GROUP:
-        file = f"the deployment file {deployment_file}" if deployment_file else "a deployment file"
-        return (f"{DEPLOYMENT_GROUP} is not a setting: {file} was composed under the key "
-                f"{DEPLOYMENT_GROUP} instead of at the top of the config; its first line must be "
-                "`# @package _global_`, with no byte-order mark before it, as in the shipped "
-                "deployments (an empty file has no such line)")  # fmt: skip
-    if not settings:
-        return (f"{full_key} is not a setting: {at} is empty as composed, so there is nothing "
-                f"under it to set; compose an option that fills {at} first (e.g. "
-                "deployment=NAME)")  # fmt: skip
-    if str(error.key) in FIELDS and FIELDS.keys() & set(settings):
-        # A resource declared in a user's YAML without the schema has only the keys it wrote.
-        return (f"{full_key} is a resource's setting, and {holder} is declared without it; add "
-                f"it with a plus: +{full_key}=VALUE")  # fmt: skip
-    return (f"{full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
-            f"{at} takes {', '.join(settings)}")  # fmt: skip
 
 
 def _bad_value(error: ValidationError) -> str:

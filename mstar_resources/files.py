@@ -70,8 +70,7 @@ def replacing(path: Path) -> Iterator[Path]:
 def folder_problem(folder: Path) -> str | None:
     """Why files could not be written into ``folder`` (made if missing), or None; it tries making a
     folder in the nearest that exists (``/proc`` refuses where permissions allow), leaving none."""
-    folder = Path(folder).absolute()
-    existing = folder
+    folder = existing = Path(folder).absolute()
     try:
         while not existing.exists():
             if existing.is_symlink():  # dangling: making the folder would fail on it
@@ -88,13 +87,12 @@ def folder_problem(folder: Path) -> str | None:
         longest = os.pathconf(existing, "PC_NAME_MAX")
     except (OSError, ValueError):  # a platform that does not say
         longest = 255
-    to_make = folder.relative_to(existing).parts
-    if too_long := [part for part in to_make if len(os.fsencode(part)) > longest]:
-        name = too_long[0]
-        return (
-            f"the name {name[:40]}... has {len(name):,} characters, more than the {longest} "
-            "the file system takes"
-        )
+    for name in folder.relative_to(existing).parts:
+        if len(os.fsencode(name)) > longest:
+            return (
+                f"the name {name[:40]}... has {len(name):,} characters, more than the {longest} "
+                "the file system takes"
+            )
     try:
         os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".mstar-probe-"))
     except OSError as error:

@@ -75,7 +75,7 @@ def main(cfg: DictConfig) -> None:
     profile = load_profile(cfg[PROFILE_KEY])
     records = resolve(cfg.resources)
     planned = [r for r in records if WORKSPACE_MANAGER_LABEL not in r.labels]
-    if unplanned := [f"resources.{r.path}" for r in records if r not in planned]:
+    if unplanned := [f"resources.{r.path}" for r in records if WORKSPACE_MANAGER_LABEL in r.labels]:
         print(
             f"{PROG}: {', '.join(unplanned)} ({WORKSPACE_MANAGER_LABEL}) is vLLM's "
             "WorkspaceManager, which calibration does not measure: vLLM's memory profile grows "

@@ -17,7 +17,6 @@ from ..calibration.record import (
     CalibratedFloor,
     Machine,
     calibrated_floors,
-    calibration_nodes,
     check_calibration,
     checked_calibration_nodes,
     stale_record,
@@ -81,7 +80,7 @@ def main(cfg: DictConfig) -> None:
     }
     if calibrated:
         report["calibrated"] = {path: asdict(c) for path, c in calibrated.items()}
-        report["calibrated_on"] = str(Machine.of(calibration_nodes(cfg)[1]))
+        report["calibrated_on"] = str(Machine.of(cfg.calibrated))
     if device != "cpu":
         report["device"] = device
         report["allocated_bytes"] = _allocate(cfg, records, device)
@@ -100,20 +99,19 @@ def _check_calibration_inputs(
     longer composes what it was measured with, or another FlashInfer is installed, and return the
     floors that are calibration's."""
     profile, record = checked_calibration_nodes(cfg)
-    if record is None or profile is None:
-        return calibrated_floors(record, records)
-    # The GPU is the record's (a dry run has none to compare), the FlashInfer any installed.
-    machine = Machine.of(record)
-    flashinfer = installed_version("flashinfer-python") or machine.flashinfer
-    stale = stale_record(record, profile, records, replace(machine, flashinfer=flashinfer))
-    if stale is not None:
-        print(
-            f"{PROG}: warning: deployment {stale.deployment}'s calibration was made with other "
-            f"inputs than it composes now: {'; '.join(map(str, stale.differences))}. Its floors "
-            "may not hold: recalibrate with `mstar-resources-calibrate "
-            f"deployment={stale.deployment}`",
-            file=sys.stderr,
-        )
+    if record is not None and profile is not None:
+        # The GPU is the record's (a dry run has none to compare), the FlashInfer any installed.
+        machine = Machine.of(record)
+        flashinfer = installed_version("flashinfer-python") or machine.flashinfer
+        here = replace(machine, flashinfer=flashinfer)
+        if stale := stale_record(record, profile, records, here):
+            print(
+                f"{PROG}: warning: deployment {stale.deployment}'s calibration was made with "
+                f"other inputs than it composes now: {'; '.join(map(str, stale.differences))}. "
+                "Its floors may not hold: recalibrate with `mstar-resources-calibrate "
+                f"deployment={stale.deployment}`",
+                file=sys.stderr,
+            )
     return calibrated_floors(record, records)
 
 

@@ -153,13 +153,16 @@ def hydra_app(
                      "in one folder's deployment/ (a calibrated file beside the deployment it "
                      "lists, as mstar-resources-calibrate writes it) and give that "
                      "folder")  # fmt: skip
-            line.config_dir = config_dirs[0] if config_dirs else None
+            config_dir = line.config_dir = config_dirs[0] if config_dirs else None
             try:
-                if line.config_dir is not None:
-                    Path(line.config_dir).resolve()
+                if config_dir is not None and not os.path.isdir(Path(config_dir).resolve()):
+                    what = "a file" if os.path.exists(config_dir) else "not there"
+                    fail(prog, f"--config-dir {config_dir} is {what}; it takes a folder of configs "
+                         "(one with a deployment/ folder, as mstar-resources-calibrate writes "
+                         "it)")  # fmt: skip
             except (OSError, RuntimeError) as error:  # RuntimeError: a loop of links (Python 3.11)
-                unreadable = f"--config-dir {line.config_dir} can't be read ({error})"
-                fail(prog, f"{unreadable}; give a folder of configs")
+                fail(prog, f"--config-dir {config_dir} can't be read ({error}); give a folder of "
+                     "configs")  # fmt: skip
             on = Composition(
                 config_name, line.overrides, line.config_dir, line.config_name, settings
             )
@@ -224,11 +227,6 @@ def _refusal(
     line: argparse.Namespace, on: Composition, prog: str, invoked: str, compose_once: bool
 ) -> str | None:
     """What in the command line ``line`` the app does not run, found before composing."""
-    config_dir = line.config_dir
-    if config_dir is not None and not os.path.isdir(config_dir):
-        what = "a file" if os.path.exists(config_dir) else "not there"
-        return (f"--config-dir {config_dir} is {what}; it takes a folder of configs (one with "
-                "a deployment/ folder, as mstar-resources-calibrate writes it)")  # fmt: skip
     if line.package is not None:
         return (f"--package {line.package} is not supported: {prog} composes its own config, "
                 "whose keys stay where its schema puts them; leave it out")  # fmt: skip
