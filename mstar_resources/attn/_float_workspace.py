@@ -75,7 +75,7 @@ class Workspace(GrowableBuffer):
         """The int workspace the wrappers on this one plan into (None: each keeps its own)."""
         return self._int
 
-    def plan(self, plan: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    def plan(self, plan: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``plan(*args, **kwargs)``. One that runs short of room grows this workspace (or its
         :attr:`int_workspace` and mirror) to the bytes it had taken plus the allocation that
         failed (MLA's whole-buffer check, FlashInfer 0.7.4: to what it asked), and runs again; any
