@@ -26,13 +26,14 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
 big=(torch==2.14.0 triton==3.8.0 nvidia-nccl-cu13==2.32.6 torchvision==0.29.0 vllm==0.34.0)
 # What `from vllm import LLM`, its engine, the V2 model runner, FlashInfer's backend and ngram drafting import
 # that the image lacks (found by importing every module under those packages); tokenizers 0.23.3 for vLLM's pin;
-# compressed-tensors (vLLM's pin) and loguru, which the model loader imports as it loads a model.
+# compressed-tensors (vLLM's pin) and loguru, which the model loader imports as it loads a model; quack-kernels
+# (vLLM's pin), which the kernel warm-up imports on SM90 for a bf16 MoE router (installed without its deps).
 deps=(pydantic==2.13.5 pydantic-core==2.46.5 annotated-types==0.8.0 typing-inspection==0.4.4 msgspec==0.21.1
       pyzmq==27.1.0 cbor2==6.1.3 pybase64==1.4.3 cachetools==7.2.0 partial-json-parser==0.2.1.1.post7
       fastapi==0.136.3 starlette==1.7.0 openai==2.54.0 jiter==0.16.0 distro==1.9.0 sniffio==1.3.1
       xgrammar==0.2.8 llguidance==1.7.6 blake3==1.0.9 depyf==0.20.0 astor==0.8.1 dill==0.4.1
       tokenizers==0.23.3 oss-harmony==0.0.11 setproctitle==1.3.7 nvtx==0.2.15 compressed-tensors==0.17.0
-      loguru==0.7.3)
+      loguru==0.7.3 quack-kernels==0.6.5)
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/big" "${big[@]}"
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/deps" "${deps[@]}"
 site=$work/site

@@ -322,15 +322,24 @@ class EnginePlugin:
         self._active = state
         if version is not None and version.split("+")[0] not in self.releases:
             state.unread_release = version
+
+        @functools.cache  # said once, as the engine imports the first module patched: vLLM 0.34
+        def announce() -> None:  # loads its plugins before it sets up its logging (EngineArgs)
+            if state.unread_release is not None:
+                state.logger.info(
+                    "mstar-resources: %s %s is not a release this plugin was read in (%s); it "
+                    "is served where each seam the plugin needs is there, and left as it is, the "
+                    "seam named, where one is not; buffers no allocator checks stay the engine's",
+                    self.setting.engine, version, ", ".join(self.releases),
+                )  # fmt: skip
             state.logger.info(
-                "mstar-resources: %s %s is not a release this plugin was read in (%s); it is "
-                "served where each seam the plugin needs is there, and left as it is, the seam "
-                "named, where one is not; buffers no allocator checks stay the engine's",
-                self.setting.engine, version, ", ".join(self.releases),
+                "mstar-resources: %s: %s's FlashInfer workspaces from its pools",
+                setting.describe(), self.setting.engine,
             )  # fmt: skip
-        state.logger.info(
-            "mstar-resources: %s: %s's FlashInfer workspaces from its pools",
-            setting.describe(), self.setting.engine,
-        )  # fmt: skip
+
+        def patch(module: ModuleType) -> None:
+            announce()
+            patch_module(state, self.seams, module)
+
         for module in dict.fromkeys(seam.module for seam in self.seams if seam.patch):
-            when_imported(module, functools.partial(patch_module, state, self.seams))
+            when_imported(module, patch)
