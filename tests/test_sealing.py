@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mstar_resources import WorkspacePool
+from mstar_resources.attn._buffer import GrowableBuffer
 
 from .sealing import assert_sealed
 
@@ -22,7 +23,7 @@ def test_a_workspace_that_can_still_grow_fails_the_check(sealed):
     pool = WorkspacePool("cpu", size_mb=1, int_size_mb=1)
     workspace = pool.get("decode")
     if sealed == "float only":
-        workspace.sealed = True  # the float buffer alone
+        GrowableBuffer.seal(workspace)  # the float buffer alone
     with pytest.raises(pytest.fail.Exception):
         assert_sealed(workspace)
     grown = workspace.tensor if sealed == "neither" else workspace.int_workspace.tensor

@@ -109,11 +109,7 @@ class GrowableBuffer:
                 f"workspace {name!r}: tensor starts at {tensor.data_ptr():#x}, which FlashInfer "
                 f"cannot use: it must be {ALIGNMENT}-byte aligned (a fresh torch.empty is)"
             )
-        self.tensor = tensor
-        """The buffer wrappers are given: the same object for the workspace's whole life."""
-        self.name = name
-        self.sealed = sealed
-        self.floor = floor
+        self._tensor, self._name, self._sealed, self._floor = tensor, name, sealed, floor
         self._floor_bytes = tensor.numel()
         self._kind = kind
         self._mirror = torch.zeros(tensor.numel(), dtype=torch.uint8) if kind is INT else None
@@ -124,6 +120,24 @@ class GrowableBuffer:
         self._grown_to_agree = 0
         self._sealed_refusals = 0
 
+    # Read-only: a sealed workspace never moves, and only its lock changes its state.
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The buffer wrappers are given: the same object for the workspace's whole life."""
+        return self._tensor
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    @property
+    def floor(self) -> str:
+        return self._floor
+
     def __repr__(self) -> str:
         state = "sealed" if self.sealed else "growable"
         return f"{type(self).__name__}({self.name!r}, {self.tensor.numel()} bytes, {state})"
@@ -131,7 +145,7 @@ class GrowableBuffer:
     def seal(self) -> None:
         """Keep this buffer's address from now on: graphs are about to be captured over it."""
         with self._lock:
-            self.sealed = True
+            self._sealed = True
 
     def _refuse_growth(self, refused: bool) -> None:
         """Refuse a plan's overflow as if sealed while the ranks agree on sizes, or no longer."""

@@ -81,6 +81,10 @@ class Workspace(GrowableBuffer):
         failed (MLA's whole-buffer check, FlashInfer 0.7.4: to what it asked), and runs again; any
         other error reaches the caller unchanged, an int overflow of a wrapper keeping its own
         included. A wrapper on the int workspace is marked as the one whose plan it holds."""
+        return self._plan(plan, args, kwargs)
+
+    def _plan(self, plan: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        """:meth:`plan`, its arguments as they came (a planner's own ``plan=`` passes through)."""
         # The wrapper planned: the bound plan's object, else the first argument (vLLM's
         # ``fast_plan_decode(wrapper, ...)``); found once, then remembered until it dies.
         wrapper = getattr(plan, "__self__", None)
@@ -90,9 +94,10 @@ class Workspace(GrowableBuffer):
         attributes = route.attributes
         growths, last = 0, None
         while True:
-            # What the plan sees, whatever another thread grows.
+            # What the plan sees, whatever another thread grows: one reading of the sizes, which
+            # the wrapper's record of its buffer's size and the growth after an overflow both use.
             sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
-            refresh_recorded_size(attributes, self.tensor)
+            refresh_recorded_size(attributes, self.tensor, sizes["float"])
             # The mirror is the int workspace's to hand out only to a wrapper planning on it.
             lends_mirror = self._int is not None and attributes.get(INT_BUFFER) is self._int.tensor
             if lends_mirror:
@@ -209,21 +214,28 @@ def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., 
     made once and put where an engine calls its planner (``wraps`` keeps ``plan``'s name). A
     bound ``plan``'s wrapper is held weakly, so the result may be set on the wrapper itself
     without keeping it alive in a cycle."""
+    function: Any = getattr(plan, "__func__", None)
     try:
-        weak = weakref.WeakMethod(plan)
-    except TypeError:  # no bound method, or its object takes no weak reference: held as given
-        weak = None
-    if weak is None:
+        this = None if function is None else weakref.ref(plan.__self__)  # type: ignore[attr-defined]
+    except TypeError:  # its object takes no weak reference: held as the bound plan holds it
+        this = None
+    if this is None:
 
         @functools.wraps(plan)
         def planned(*args: Any, **kwargs: Any) -> T:
-            return workspace.plan(plan, *args, **kwargs)
+            return workspace._plan(plan, args, kwargs)
 
         return planned
 
-    @functools.wraps(plan.__func__)  # type: ignore[attr-defined]
+    @functools.wraps(function)
     def planned_on_wrapper(*args: Any, **kwargs: Any) -> T:
-        return workspace.plan(weak(), *args, **kwargs)  # type: ignore[arg-type]
+        if (wrapper := this()) is None:
+            raise ResourceUsageError(
+                f"{function.__qualname__} was called through workspace {workspace.name!r} "
+                "after its wrapper was freed; plan on a wrapper that is alive"
+            )
+        bound: Callable[..., T] = function.__get__(wrapper)
+        return workspace._plan(bound, args, kwargs)
 
     return planned_on_wrapper
 

@@ -12,6 +12,7 @@ import importlib.machinery
 import logging
 import re
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -147,18 +148,30 @@ class _Finder(importlib.abc.MetaPathFinder):
 
     def __init__(self) -> None:
         self.waiting: dict[str, list[Callback]] = {}
+        self._lock = threading.Lock()
+        self._finding: set[str] = set()
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        # Taken while the others look (one that asks the meta path again is not answered here).
-        if (callbacks := self.waiting.pop(fullname, None)) is None:
-            return None
-        others = (f for f in sys.meta_path if f is not self and hasattr(f, "find_spec"))
-        spec = next(filter(None, (f.find_spec(fullname, path, target) for f in others)), None)
+        with self._lock:
+            if fullname not in self.waiting or fullname in self._finding:
+                return None
+            self._finding.add(fullname)
+        spec: importlib.machinery.ModuleSpec | None = None
+        try:
+            for finder in sys.meta_path:
+                if finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(fullname, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            with self._lock:
+                self._finding.discard(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            self.waiting[fullname] = callbacks
             return spec
+        with self._lock:
+            callbacks = self.waiting.pop(fullname, [])
         spec.loader = _Loader(spec.loader, callbacks)
         return spec
 
@@ -172,7 +185,8 @@ def when_imported(name: str, callback: Callback) -> None:
     if (module := sys.modules.get(name)) is not None:
         callback(module)
         return
-    _finder.waiting.setdefault(name, []).append(callback)
+    with _finder._lock:
+        _finder.waiting.setdefault(name, []).append(callback)
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
 

@@ -30,9 +30,11 @@ from mstar_resources import (
     WorkspaceSealedError,
     WorkspaceStats,
 )
+from mstar_resources.attn import _float_workspace
 from mstar_resources.attn._float_workspace import MAX_GROWTHS_PER_PLAN, plan_through
 from mstar_resources.attn._overflow import MLA_PARTIALS
 from mstar_resources.floor import MAX_MB
+from mstar_resources.testing import flashinfer_overflow
 from mstar_resources.units import MIB
 
 from .fake_allocator import (
@@ -156,6 +158,62 @@ def test_plan_through_takes_a_plan_whose_parameters_are_named_as_its_own_names()
     planned = plan_through(workspace, _named_as_its_locals)
     for _ in range(2):
         assert planned(wrapper, "k", result=5) == ("k", 0, 1, 5)
+        assert planned(wrapper, "k", plan=7) == ("k", 7, 1, 2)  # plan_through's own name
+
+
+def test_a_plan_through_a_freed_wrapper_is_refused_naming_the_workspace():
+    workspace = make_workspace()
+    wrapper = FakeWrapper(workspace.tensor)
+    planned = plan_through(workspace, wrapper.plan)
+    del wrapper
+    gc.collect()
+    with pytest.raises(ResourceUsageError, match="'attention:decode' after its wrapper was freed"):
+        planned()
+
+
+def test_a_workspace_s_buffer_and_state_are_read_only():
+    workspace = make_workspace()
+    for name, value in [("tensor", torch.zeros(8, dtype=torch.uint8)), ("sealed", True),
+                        ("name", "x"), ("floor", "y")]:  # fmt: skip
+        with pytest.raises(AttributeError):
+            setattr(workspace, name, value)
+    assert not workspace.sealed and workspace.int_workspace is None
+
+
+class _PlansWithinItsRecordedSize:
+    """Plans as FlashInfer's paged prefill wrapper does: within the size it recorded."""
+
+    def __init__(self, workspace: Workspace, need: int) -> None:
+        self._float_workspace_buffer = workspace.tensor
+        self._workspace_size = workspace.tensor.numel()
+        self.need = need
+
+    def plan(self) -> str:
+        if self.need > self._workspace_size:
+            raise flashinfer_overflow("batch_prefill_tmp_v", self.need, self._workspace_size)
+        return "planned"
+
+
+@pytest.mark.parametrize("need", [4608, 6144])
+def test_a_plan_while_another_thread_grows_the_workspace_plans_on_the_size_it_read(
+    monkeypatch, need
+):
+    """The other plan grows the workspace right after this one read its size: this one records,
+    and grows from, the size it read, and plans (within the grown size, or after growing)."""
+    workspace = make_workspace(4096)
+    planning, other = _PlansWithinItsRecordedSize(workspace, need), None
+    refresh = _float_workspace.refresh_recorded_size
+
+    def another_thread_grows_it_now(attributes, tensor, size=None):
+        nonlocal other
+        if attributes is vars(planning) and other is None:
+            other = _PlansWithinItsRecordedSize(workspace, 5120)
+            workspace.plan(other.plan)
+        refresh(attributes, tensor, size)
+
+    monkeypatch.setattr(_float_workspace, "refresh_recorded_size", another_thread_grows_it_now)
+    assert workspace.plan(planning.plan) == "planned"
+    assert workspace.tensor.numel() >= max(need, 5120) and other is not None
 
 
 def test_int_workspace_overflow_reaches_the_caller_unchanged():

@@ -1043,6 +1043,53 @@ def test_a_callback_waits_for_the_import_and_the_module_keeps_its_loader(tmp_pat
     monkeypatch.delitem(sys.modules, "late_module_for_the_hook")
 
 
+class _AnotherFinder:
+    """A finder after the hook: raises once for ``name``, or registers another callback for it
+    while the hook's search runs (as another thread would)."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then, self.done = name, then, False
+
+    def find_spec(self, name, path, target=None):
+        if name == self.name and not self.done:
+            self.done = True
+            self.then()
+        return None
+
+
+def test_a_callback_survives_a_finder_that_fails_and_one_added_during_the_search(
+    tmp_path, monkeypatch
+):
+    from mstar_resources.integrations.plugin import when_imported
+
+    for name in ("hook_module_a", "hook_module_b"):
+        (tmp_path / f"{name}.py").write_text("VALUE = 1\n")
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    when_imported("hook_module_a", lambda m: seen.append("a"))
+
+    def fails() -> None:
+        raise OSError("a finder's transient failure")
+
+    monkeypatch.setattr(sys, "meta_path", [sys.meta_path[0], _AnotherFinder("hook_module_a", fails),
+                                           *sys.meta_path[1:]])  # fmt: skip
+    with pytest.raises(OSError):
+        import hook_module_a
+    import hook_module_a  # noqa: F401  (the import tried again)
+
+    assert seen == ["a"]
+    when_imported("hook_module_b", lambda m: seen.append("b1"))
+
+    def another_callback() -> None:
+        when_imported("hook_module_b", lambda m: seen.append("b2"))
+
+    sys.meta_path.insert(1, _AnotherFinder("hook_module_b", another_callback))
+    import hook_module_b  # noqa: F401
+
+    assert seen == ["a", "b1", "b2"]
+
+
 def test_decode_wrappers_keep_their_own_int_workspace_where_none_is_reserved(vllm_stand_in):
     """An int floor of 0 (what ``auto`` declares for prefill, and for decode where no int need
     was measured): no int workspace, and vLLM's decode wrappers keep FlashInfer's own pair,
