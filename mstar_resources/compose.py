@@ -301,15 +301,13 @@ class Composition:
             configs = [c for c in self.options("") if c == self.config_name or c in mine]
             if name.removesuffix(".yaml") not in configs:  # not there, or another app's
                 return not_a_primary_config(name, configs)
-        if isinstance(error, UnicodeDecodeError) and self.folder:  # the file Hydra could not read
+        if isinstance(error, UnicodeDecodeError) and self.folder:  # not the deployment's file
             for path in sorted(self.folder.rglob("*.yaml")):
                 data = path.read_bytes() if path.is_file() else b""  # no FIFO, device or folder
                 try:
                     data.decode("utf-8")
                 except UnicodeDecodeError as found:
-                    line = data.count(b"\n", 0, found.start) + 1
-                    return (f"{path} is not UTF-8 text: byte 0x{data[found.start]:02x} at line "
-                            f"{line} ({found.reason}); save the file as UTF-8")  # fmt: skip
+                    return not_utf8(path, data, found)
         if isinstance(error, MissingConfigException) and error.options is not None:
             group, _, name = (error.missing_cfg_file or "").rpartition("/")
             return not_a_choice(group, name, list(error.options))
@@ -408,21 +406,31 @@ def _read_bounded(path: Path, named: str) -> tuple[Any, str] | None:
                                   "deployment file may hold (a deployment is a few dozen lines); "
                                   "give one of its own size")  # fmt: skip
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = path.read_bytes()
+        text = data.decode("utf-8")
         too_large = _too_large(yaml.compose(text, Loader=SAFE_LOADER))
         body = None if too_large else yaml.load(text, Loader=SAFE_LOADER)
     except OSError as error:
         raise ResourceConfigError(f"{named} can't be read ({error.strerror or error}); make it "
                                   "readable to this user, or pick another") from None  # fmt: skip
-    except (RecursionError, yaml.YAMLError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
+        raise ResourceConfigError(not_utf8(path, data, error)) from None
+    except (RecursionError, yaml.YAMLError) as error:
         # Too deep (Python's YAML reader recurses a level, libyaml says so), or composing says
-        # what is wrong: where, or which file is not UTF-8 (:meth:`Composition.paragraph`).
+        # what is wrong, and where.
         if not (isinstance(error, RecursionError) or "maximum nesting depth" in str(error)):
             return None
         too_large = TOO_DEEP
     if too_large:
         raise ResourceConfigError(f"{named} {too_large}")
     return body, text
+
+
+def not_utf8(path: Path, data: bytes, error: UnicodeDecodeError) -> str:
+    """Config file ``path``, whose bytes ``data`` are no UTF-8: the byte and its line."""
+    line = data.count(b"\n", 0, error.start) + 1
+    return (f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at line {line} "
+            f"({error.reason}); save the file as UTF-8")  # fmt: skip
 
 
 def _listed_beside(body: Any, path: Path) -> list[Path]:

@@ -93,6 +93,18 @@ def test_odd_files_beside_a_file_that_is_not_utf8_are_never_read(tmp_path, odd):
     assert_one_paragraph(done, PROG, f"{mine} is not UTF-8 text", "line 2")
 
 
+def test_the_deployment_picked_is_named_where_another_file_is_not_utf8_either(tmp_path):
+    """The file picked is read first: named, not the first of the folder's files that is not
+    UTF-8 either."""
+    folder = config_dir(tmp_path, "c", "")
+    (folder / "deployment" / "mine.yaml").write_bytes(b"# @package _global_\n# caf\xe9\n")
+    (folder / "deployment" / "archive").mkdir()
+    (folder / "deployment" / "archive" / "aaa.yaml").write_bytes(b"# \xff\n")
+    done = run_app("--config-dir", "c", "deployment=mine", cwd=tmp_path)
+    mine = folder.resolve() / "deployment" / "mine.yaml"
+    assert_one_paragraph(done, PROG, f"{mine} is not UTF-8 text", "line 2")
+
+
 def test_another_config_file_that_is_not_utf8_is_named(tmp_path):
     """A deployment whose defaults list composes a file that is not UTF-8: that file is named,
     with the byte's line."""
@@ -199,6 +211,12 @@ def test_a_config_dir_that_is_a_loop_of_links_is_refused(tmp_path):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     done = run_app(f"--config-dir={tmp_path / 'loop'}", cwd=tmp_path)
     assert_one_paragraph(done, PROG, f"--config-dir {tmp_path / 'loop'} can't be read")
+
+
+def test_a_config_dir_through_a_file_is_named_as_no_folder(tmp_path):
+    (tmp_path / "afile").touch()
+    done = run_app("--config-dir", "afile/..", cwd=tmp_path)
+    assert_one_paragraph(done, PROG, "--config-dir afile/.. is not there", "a folder of configs")
 
 
 def test_a_deleted_working_directory_and_an_ascii_terminal_end_without_a_traceback(tmp_path):

@@ -155,7 +155,12 @@ def hydra_app(
                      "folder")  # fmt: skip
             config_dir = line.config_dir = config_dirs[0] if config_dirs else None
             try:
-                if config_dir is not None and not os.path.isdir(Path(config_dir).resolve()):
+                # A loop of links raises in resolve(); FILE/.. is no folder as given.
+                if (
+                    config_dir is not None
+                    and Path(config_dir).resolve()
+                    and not os.path.isdir(config_dir)
+                ):
                     what = "a file" if os.path.exists(config_dir) else "not there"
                     fail(prog, f"--config-dir {config_dir} is {what}; it takes a folder of configs "
                          "(one with a deployment/ folder, as mstar-resources-calibrate writes "

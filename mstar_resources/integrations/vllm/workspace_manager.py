@@ -48,8 +48,8 @@ class ManagerScratch:
         return SETTING if self.record is None else self.record.floor.setting
 
     def reserve(self, record: ResolvedResource | None, runner: Any) -> None:
-        """``record``'s floor (None: auto's, none) made in each slot it serves, before vLLM's
-        memory profile."""
+        """``record``'s floor made in each slot it serves, before vLLM's memory profile (None: no
+        resource declares one, as in ``auto``: vLLM's profile grows the manager as it does)."""
         manager = _manager()
         if manager is None:
             return
