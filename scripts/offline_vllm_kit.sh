@@ -14,6 +14,7 @@ part_mib=61
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 cd "$root"
+source scripts/_offline_kit.sh
 kit=$(realpath -m "$kit")
 case $kit in  # a kit in the checkout is not the project's: git ignores it here
   "$root"/*) rel=${kit#"$root"/}; grep -qxF "/$rel/" .git/info/exclude 2>/dev/null || echo "/$rel/" >> .git/info/exclude ;;
@@ -43,48 +44,7 @@ rm -rf "$site/bin"
 # protoc; vLLM's FlashAttention-2 kernels (imported under try/except; FA3 stays) and its Rust API server.
 rm -rf "$site"/triton/backends/nvidia/lib/cupti* "$site"/triton/backends/nvidia/bin/ptxas-blackwell \
   "$site"/torch/bin/protoc* "$site"/vllm/vllm_flash_attn/_vllm_fa2_C*.so "$site"/vllm/vllm-rs
-find "$site" -name __pycache__ -prune -exec rm -rf {} +
-echo "site: $(du -sm "$site" | cut -f1) MiB; packing (xz, about 10 minutes on 2 cores)"
-tar -C "$site" -cf - . | xz -T0 -6 -c > "$work/site.tar.xz"
-rm -rf "$kit" && mkdir -p "$kit"
-split -b "${part_mib}M" -d -a 2 "$work/site.tar.xz" "$kit/part-"
-(cd "$work/deps" && tar -cf "$kit/deps.tar" ./*.whl)
-(cd "$kit" && sha256sum part-* deps.tar && sha256sum < "$work/site.tar.xz" | sed 's/-$/site.tar.xz/') > "$kit/MANIFEST"
-
-cat > "$kit/stage.sh" <<'EOS'
-#!/usr/bin/env bash
-# On the host, from the checkout, in every call that brings a part: copies the parts carried to /tmp/vllm034-parts
-# (each checked against MANIFEST); once all are there, unpacks the site into /tmp/vllm034-site and installs
-# deps.tar's wheels into /tmp/vllm034-deps. Exit 0: ready; 2: parts still missing.
-set -uo pipefail
-kit=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-parts=/tmp/vllm034-parts site=/tmp/vllm034-site deps=/tmp/vllm034-deps
-want=$(awk '$2 == "site.tar.xz" {print $1}' "$kit/MANIFEST")
-if [ -f "$site/.ok" ] && [ "$(cat "$site/.ok")" = "$want" ] && [ -f "$deps/.ok" ]; then echo "vllm034 kit ready"; exit 0; fi
-mkdir -p "$parts"
-sum() { sha256sum "$1" | cut -d' ' -f1; }
-missing=()
-while read -r s name; do
-  [ "$name" = site.tar.xz ] && continue
-  if [ -f "$parts/$name" ] && [ "$(sum "$parts/$name")" = "$s" ]; then continue; fi
-  if [ -f "$kit/$name" ] && [ "$(sum "$kit/$name")" = "$s" ]; then
-    cp "$kit/$name" "$parts/$name.tmp" && mv "$parts/$name.tmp" "$parts/$name" && echo "staged $name" && continue
-  fi
-  missing+=("$name")
-done < "$kit/MANIFEST"
-if [ ${#missing[@]} -gt 0 ]; then echo "vllm034 kit: still missing ${missing[*]}"; exit 2; fi
-if ! { [ -f "$site/.ok" ] && [ "$(cat "$site/.ok")" = "$want" ]; }; then
-  joined=$parts/site.tar.xz
-  awk '$2 ~ /^part-/ {print $2}' "$kit/MANIFEST" | sed "s|^|$parts/|" | xargs cat > "$joined"
-  [ "$(sum "$joined")" = "$want" ] || { echo "joined archive does not match MANIFEST" >&2; rm -f "$joined"; exit 1; }
-  rm -rf "$site" "$site.tmp" && mkdir -p "$site.tmp"
-  tar -C "$site.tmp" -xJf "$joined" || { echo "unpacking failed" >&2; rm -rf "$site.tmp"; exit 1; }
-  rm -f "$joined" && echo "$want" > "$site.tmp/.ok" && mv "$site.tmp" "$site"
-fi
-rm -rf "$deps" /tmp/vllm034-wheels && mkdir -p /tmp/vllm034-wheels && tar -C /tmp/vllm034-wheels -xf "$parts/deps.tar" \
-  && python3 -m pip install -q --no-index --no-deps --no-compile --target "$deps" /tmp/vllm034-wheels/*.whl \
-  && touch "$deps/.ok" && echo "vllm034 kit ready"
-EOS
+pack_kit "$site" "$work/deps" "$kit" vllm034 "$part_mib"
 
 cat > "$kit/env.sh" <<'EOS'
 # Source from the checkout after the host's own FlashInfer is on PYTHONPATH and stage.sh said ready: torch 2.14,
