@@ -49,3 +49,18 @@ rm -rf "$deps" "$wheels" && mkdir -p "$wheels" && tar -C "$wheels" -xf "$parts/d
 EOS
   } > "$kit/stage.sh"
 }
+
+# run_head: the lines each kit's run.sh goes on with after its comment: the host's FlashInfer, Hydra and OmegaConf
+# (.gpu), the kit's env.sh, and the project's wheel installed beside the engine (which finds its entry point there).
+run_head() {
+  cat <<'EOS'
+set -uo pipefail
+kit=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+[ -f .gpu/env.sh ] && { source .gpu/env.sh || exit 1; }  # the host's FlashInfer, Hydra and OmegaConf
+source "$kit/env.sh" || exit 1
+if ls dist/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/mstar-site dist/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/mstar-site:$PYTHONPATH
+EOS
+}

@@ -104,20 +104,15 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/sglang0523-cache/triton}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 EOS
 
-cat > "$kit/run.sh" <<'EOS'
+{ cat <<'EOS'
 #!/usr/bin/env bash
 # From the checkout, once stage.sh said ready: bash KIT/run.sh [sglang_proof.py arguments]
 # (SGLANG_FLASHINFER=0.7.2 bash KIT/run.sh ... for SGLang's pinned FlashInfer). Installs dist/*.whl beside SGLang
 # (SGLang finds the plugin's entry point, group sglang.srt.plugins, as in a user's install), prints the versions,
 # then runs the proof. With no arguments it stops after the versions.
-set -uo pipefail
-kit=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-[ -f .gpu/env.sh ] && { source .gpu/env.sh || exit 1; }  # the host's FlashInfer, Hydra and OmegaConf
-source "$kit/env.sh" || exit 1
-if ls dist/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/mstar-site dist/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/mstar-site:$PYTHONPATH
+EOS
+  run_head
+  cat <<'EOS'
 python3 - <<'EOF'
 import importlib.metadata as md, torch, triton, sgl_kernel, sglang, flashinfer, transformers
 print("torch", torch.__version__, "| triton", triton.__version__, "| sglang", sglang.__version__, "| sglang-kernel",
@@ -129,5 +124,6 @@ EOF
 [ $# -gt 0 ] || exit 0
 python3 scripts/sglang_proof.py --out "${OUT:-/tmp/out}/sglang0523" "$@"
 EOS
+} > "$kit/run.sh"
 chmod +x "$kit"/*.sh
 echo "$kit: $(ls "$kit" | grep -c '^part-') parts and deps.tar; carry each part with stage.sh and MANIFEST, one a call"

@@ -58,19 +58,14 @@ export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/vllm034-cache/vllm}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 EOS
 
-cat > "$kit/run.sh" <<'EOS'
+{ cat <<'EOS'
 #!/usr/bin/env bash
 # From the checkout, once stage.sh said ready: bash KIT/run.sh [vllm_proof.py arguments]. Installs dist/*.whl
 # beside vLLM (vLLM finds the plugin's entry point as in a user's install), prints the versions, checks that vLLM's
 # own loader loads the plugin and every seam is patched (scripts/vllm_plugin_loads.py), then runs the proof.
-set -uo pipefail
-kit=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-[ -f .gpu/env.sh ] && { source .gpu/env.sh || exit 1; }  # the host's FlashInfer, Hydra and OmegaConf
-source "$kit/env.sh" || exit 1
-if ls dist/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/mstar-site dist/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/mstar-site:$PYTHONPATH
+EOS
+  run_head
+  cat <<'EOS'
 python3 - <<'EOF'
 import importlib.metadata as md, torch, triton, vllm, flashinfer, transformers
 print("torch", torch.__version__, "| triton", triton.__version__, "| vllm", vllm.__version__, "| flashinfer",
@@ -82,5 +77,6 @@ python3 scripts/vllm_plugin_loads.py 2>&1 | grep -v "set in __init__" || echo "t
 [ $# -gt 0 ] || exit 0
 python3 scripts/vllm_proof.py --out "${OUT:-/tmp/out}/vllm034" "$@"
 EOS
+} > "$kit/run.sh"
 chmod +x "$kit"/*.sh
 echo "$kit: $(ls "$kit" | grep -c '^part-') parts and deps.tar; carry each part with stage.sh and MANIFEST, one a call"
