@@ -1,5 +1,17 @@
 # Sourced by scripts/offline_vllm_kit.sh and scripts/offline_sglang_kit.sh: packing a site folder and a folder of
 # small wheels into a kit that fits 64 MiB transfers, and the kit's stage.sh.
+# start_kit KIT: from the checkout's root, KIT's absolute path in $kit (a kit in the checkout is not the project's:
+# git ignores it there) and a scratch folder in $work, removed at exit.
+start_kit() {
+  local root=$PWD rel
+  kit=$(realpath -m "$1")
+  case $kit in
+    "$root"/*) rel=${kit#"$root"/}; grep -qxF "/$rel/" .git/info/exclude 2>/dev/null || echo "/$rel/" >> .git/info/exclude ;;
+  esac
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+}
+
 # pack_kit SITE DEPS KIT NAME PART_MIB: SITE (an installed site, __pycache__ dropped here) as one tar.xz cut into
 # parts of PART_MIB, DEPS's wheels as deps.tar, their sha256 in MANIFEST, and KIT/stage.sh, which stages them on the
 # host under /tmp/NAME-*.

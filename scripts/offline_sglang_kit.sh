@@ -12,18 +12,10 @@
 # there), then `bash KIT/run.sh [sglang_proof.py arguments]`, which installs dist/*.whl beside SGLang and runs
 # scripts/sglang_proof.py.
 set -euo pipefail
-kit=${1:-.gpu-sglang0523}
 part_mib=61
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/.." && pwd)
-cd "$root"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/_offline_kit.sh
-kit=$(realpath -m "$kit")
-case $kit in  # a kit in the checkout is not the project's: git ignores it here
-  "$root"/*) rel=${kit#"$root"/}; grep -qxF "/$rel/" .git/info/exclude 2>/dev/null || echo "/$rel/" >> .git/info/exclude ;;
-esac
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+start_kit "${1:-.gpu-sglang0523}"
 # SGLang 0.5.23's wheel is cp312 manylinux_2_34 (it holds Rust extensions); NCCL 2.30.7's is manylinux_2_18
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64
       --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64

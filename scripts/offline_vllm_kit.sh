@@ -9,18 +9,10 @@
 # there), then `bash KIT/run.sh [vllm_proof.py arguments]`, which installs dist/*.whl beside vLLM and runs
 # scripts/vllm_proof.py. The archive unpacks to about 2.2 GiB under /tmp.
 set -euo pipefail
-kit=${1:-.gpu-vllm034}
 part_mib=61
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/.." && pwd)
-cd "$root"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/_offline_kit.sh
-kit=$(realpath -m "$kit")
-case $kit in  # a kit in the checkout is not the project's: git ignores it here
-  "$root"/*) rel=${kit#"$root"/}; grep -qxF "/$rel/" .git/info/exclude 2>/dev/null || echo "/$rel/" >> .git/info/exclude ;;
-esac
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+start_kit "${1:-.gpu-vllm034}"
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_31_x86_64
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64)
