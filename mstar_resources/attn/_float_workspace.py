@@ -69,6 +69,7 @@ class Workspace(GrowableBuffer):
         # A weak reference to each wrapper planned, by its id (:meth:`_route`): an engine's wrapper
         # often refers to itself through its attributes, and a strong one would keep it alive.
         self._routes: dict[int, _Route] = {}
+        self._refresh()
 
     @property
     def int_workspace(self) -> IntWorkspace | None:
@@ -94,10 +95,12 @@ class Workspace(GrowableBuffer):
         attributes = route.attributes
         growths, last = 0, None
         while True:
-            # What the plan sees, whatever another thread grows: one reading of the sizes, which
-            # the wrapper's record of its buffer's size and the growth after an overflow both use.
-            sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
-            refresh_recorded_size(attributes, self.tensor, sizes["float"])
+            # What the plan sees, whatever another thread grows: the wrapper's record of its
+            # buffer's size and the growth after an overflow both read this one snapshot.
+            sizes = self._sizes
+            if route.sizes is not sizes:  # first planned, or grown since it last planned
+                route.sizes = sizes
+                refresh_recorded_size(attributes, self.tensor, sizes["float"])
             # The mirror is the int workspace's to hand out only to a wrapper planning on it.
             lends_mirror = self._int is not None and attributes.get(INT_BUFFER) is self._int.tensor
             if lends_mirror:
@@ -108,10 +111,16 @@ class Workspace(GrowableBuffer):
                 last = self._grow_for(error, (plan, args, kwargs), route.wrapper(), sizes,
                                       growths, last)  # fmt: skip
                 growths += 1
+                self._refresh()
                 continue
             if lends_mirror:
                 self._int.last_planner = route.wrapper  # type: ignore[union-attr]
             return planned
+
+    def _refresh(self) -> None:
+        """The sizes a plan reads as it starts: replaced, never changed, after each growth (a
+        plan, every engine step, reads one attribute)."""
+        self._sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
 
     def _grow_for(
         self, error: Exception, call: tuple[Callable[..., Any], Any, Any], wrapper: Any,
@@ -199,14 +208,21 @@ class Workspace(GrowableBuffer):
         if self._int is not None:
             self._int._refuse_growth(refused)
 
+    def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
+        added = super()._grow_to_agree(nbytes, ranks)
+        if added:
+            self._refresh()
+        return added
+
 
 @dataclass(slots=True)
 class _Route:
-    """What :meth:`Workspace.plan` remembers of a wrapper: a (weak) reference to it, and its
-    attributes."""
+    """What :meth:`Workspace.plan` remembers of a wrapper: a (weak) reference to it, its
+    attributes, and the workspace's sizes when it last planned."""
 
     wrapper: Callable[[], Any]
     attributes: dict[str, Any]
+    sizes: dict[str, int] | None = None
 
 
 def plan_through(workspace: Workspace, plan: Callable[..., T]) -> Callable[..., T]:
