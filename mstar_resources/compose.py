@@ -471,9 +471,10 @@ def _depths(root: yaml.Node | None, once: bool = False) -> Iterator[int]:
     stack = [] if root is None else [(root, 1)]
     while stack:
         node, depth = stack.pop()
-        if once and id(node) in seen:
-            continue
-        seen.add(id(node))
+        if once:
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
         yield depth
         if isinstance(node, yaml.MappingNode):
             stack += [(child, depth + 1) for pair in node.value for child in pair]

@@ -155,16 +155,13 @@ def hydra_app(
                      "folder")  # fmt: skip
             config_dir = line.config_dir = config_dirs[0] if config_dirs else None
             try:
-                # A loop of links raises in resolve(); FILE/.. is no folder as given.
-                if (
-                    config_dir is not None
-                    and Path(config_dir).resolve()
-                    and not os.path.isdir(config_dir)
-                ):
-                    what = "a file" if os.path.exists(config_dir) else "not there"
-                    fail(prog, f"--config-dir {config_dir} is {what}; it takes a folder of configs "
-                         "(one with a deployment/ folder, as mstar-resources-calibrate writes "
-                         "it)")  # fmt: skip
+                if config_dir is not None:
+                    Path(config_dir).resolve()  # a loop of links raises
+                    if not os.path.isdir(config_dir):  # as given: FILE/.. is no folder
+                        what = "a file" if os.path.exists(config_dir) else "not there"
+                        fail(prog, f"--config-dir {config_dir} is {what}; it takes a folder of "
+                             "configs (one with a deployment/ folder, as "
+                             "mstar-resources-calibrate writes it)")  # fmt: skip
             except (OSError, RuntimeError) as error:  # RuntimeError: a loop of links (Python 3.11)
                 fail(prog, f"--config-dir {config_dir} can't be read ({error}); give a folder of "
                      "configs")  # fmt: skip
