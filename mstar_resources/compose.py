@@ -1,6 +1,5 @@
-"""Composing the config tree as a Hydra command line does (a user's ``--config-dir`` after the
-tree's search path), a mistake raised as one paragraph from the fields of Hydra's, OmegaConf's and
-PyYAML's exceptions: the setting, the bad value, what it takes and the closest valid name."""
+"""Composing the config tree as a Hydra command line does, a mistake raised as one paragraph: the
+setting, the bad value, what it takes and the closest valid name."""
 
 from __future__ import annotations
 
@@ -55,12 +54,9 @@ NODE_EXPECTS: dict[type, str] = {BooleanNode: "true or false", IntegerNode: "a w
 class ComposedTree:
     """The top keys of the tree: the schema a plugin composes, the base of each app's settings."""
 
-    resources: Any = None
-    """The resource tree (``conf/resources``), each resource typed as ``Resource``."""
-    calibration: Any = None
-    """The deployment's calibration profile, if it has one (``CalibrationProfile``)."""
-    calibrated: Any = None
-    """What calibration measured, in a ``..._calibrated`` deployment."""
+    resources: Any = None  # conf/resources, each resource typed as Resource
+    calibration: Any = None  # the deployment's CalibrationProfile, if it has one
+    calibrated: Any = None  # what calibration measured, in a ..._calibrated deployment
 
 
 def register_settings(config_name: str, settings: type) -> None:
@@ -71,9 +67,8 @@ def register_settings(config_name: str, settings: type) -> None:
 def compose_deployment(
     config_name: str, deployment: str, config_dir: Path | None = None, *, by_flashinfer: bool = True
 ) -> DictConfig:
-    """The shipped primary config ``config_name`` composed as ``mstar-resources --config-dir
-    <config_dir> deployment=<deployment>`` does, for an engine's plugin (its own Hydra kept);
-    ``by_flashinfer=False``: that very file, not one measured with the FlashInfer installed."""
+    """``config_name`` composed as ``mstar-resources deployment=<name>`` does, for an engine's
+    plugin (``by_flashinfer=False``: that very file, not the installed FlashInfer's)."""
     register_settings(config_name, ComposedTree)
     with hydra_on(SHIPPED_CONF, compose_deployment):
         # Quoted: a file named inf.yaml, null.yaml or x,y.yaml is a name, not a number or a sweep.
@@ -97,9 +92,8 @@ def deployment_options(config_name: str) -> list[str]:
 
 @contextmanager
 def hydra_on(config_path: str, run: Callable[..., object]) -> Iterator[None]:
-    """Hydra initialised on ``config_path`` as ``@hydra.main`` over ``run`` finds it. A program's
-    own Hydra (``initialize_*`` refuse to run beside it) is saved and given back after, as Hydra's
-    launchers carry it to a job (``Singleton.get_state``/``set_state``: copies come back)."""
+    """Hydra initialised on ``config_path`` as ``@hydra.main`` over ``run`` finds it; a program's
+    own Hydra (``initialize_*`` refuse to run beside it) is saved and given back after."""
     pkg = config_path.removeprefix("pkg://")
     if pkg != config_path:  # imported first, as Hydra would: what it registers stays after
         importlib.import_module(pkg)
@@ -129,7 +123,7 @@ def group_options(group: str, config_name: str | None, searchpath: Sequence[str]
 class Composition:
     """Overrides as a command line gives them (``texts``), composed over the primary config
     ``config_name`` (or ``given_name``, the ``--config-name`` given) with a user's ``config_dir``
-    on the search path, only whose files are looked into; ``settings``: the app's own schema."""
+    on the search path; ``settings``: the app's own schema."""
 
     def __init__(
         self, config_name: str, texts: Sequence[str], config_dir: str | Path | None = None,
@@ -149,8 +143,7 @@ class Composition:
         return group_options(group, self.config_name, self.searchpath)
 
     def measured_here(self, name: str) -> str:
-        """``name``, or the deployment of that name measured with the FlashInfer installed where
-        the package or the ``--config-dir`` holds that version's (:func:`calibrated_for`)."""
+        """``name``, or its calibration with the FlashInfer installed (:func:`calibrated_for`)."""
         if not self.by_flashinfer:
             return name
         folders = [
@@ -194,8 +187,7 @@ class Composition:
         return frozenset(map(str, self.primary.runtime.choices if self.primary else ()))
 
     def deletion_problem(self, override: Override) -> str | None:
-        """Why ``~KEY`` (``override``) deletes nothing: KEY is unset (null) already, or no setting
-        of the config composed without it; None where it deletes a value."""
+        """Why ``~KEY`` (``override``) deletes nothing; None where it deletes a value."""
         others = [text for text in self.texts if text != override.input_line]
         try:
             composed = compose(self.composed_name, [*others, *self.searchpath])
@@ -221,19 +213,18 @@ class Composition:
 
     @functools.cached_property
     def deployment_files(self) -> list[Path]:
-        """Where the user's ``--config-dir`` would hold the deployment the overrides pick (the
-        last, as Hydra takes it): the file composed (:meth:`measured_here`), then the one of the
-        name given where that is another."""
-        names = [o.value() for o in self.overrides if o.key_or_group == DEPLOYMENT_GROUP]
-        given = names[-1] if names else None
+        """Where the ``--config-dir`` would hold the deployment the overrides pick (the last, as
+        Hydra takes it): the file composed, then the one of the name given where that differs."""
+        picks = (o.value() for o in reversed(self.overrides) if o.key_or_group == DEPLOYMENT_GROUP)
+        given = next(picks, None)
         if not (self.folder and isinstance(given, str) and given):
             return []
         picked = dict.fromkeys([self.measured_here(given), given])
         return [self.folder / DEPLOYMENT_GROUP / f"{name}.yaml" for name in picked]
 
     def _check_file(self, path: Path) -> None:
-        """Refuse deployment file ``path`` of the ``--config-dir`` where Hydra would fail on it,
-        read it without end, ignore it or compose it changed without a word."""
+        """Refuse deployment file ``path`` where Hydra would fail on it, read it without end,
+        ignore it or compose it changed without a word."""
         assert self.folder is not None
         try:
             mode = path.stat().st_mode
@@ -281,8 +272,7 @@ class Composition:
             overrides = [*self.composed_texts, *self.searchpath]
             return compose(self.composed_name, overrides, return_hydra_config=hydra)
         except COMPOSE_ERRORS as error:
-            paragraph = None if full_error else self.paragraph(error)
-            if paragraph is None:
+            if full_error or (paragraph := self.paragraph(error)) is None:
                 raise
             raise ResourceConfigError(paragraph) from None
 
@@ -388,19 +378,16 @@ class Composition:
 
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where PyYAML has it
-MAX_FILE_BYTES = 1 << 20
-"""The most bytes a deployment file may hold: the shipped ones hold under 4 KB."""
+MAX_FILE_BYTES = 1 << 20  # the shipped deployments hold under 4 KB
+# Values, aliases followed: the shipped deployments hold under 300; composing 10,000 takes a second.
 MAX_VALUES = 10_000
-"""The most values a deployment file's YAML may expand to, its aliases followed: the shipped ones
-hold under 300, and composing 10,000 takes about a second."""
-MAX_NESTING = 64
-"""The most levels a deployment file's YAML may nest (OmegaConf walks it recursively)."""
+MAX_NESTING = 64  # levels of YAML: OmegaConf walks them recursively
 TOO_DEEP = f"nests more than {MAX_NESTING} levels deep; write the deployment out plainly"
 
 
 def _read_bounded(path: Path, named: str) -> tuple[Any, str] | None:
     """``path``'s YAML (its body and text), or None where Hydra's own error says more (a syntax
-    error); a file unreadable or too large to compose is refused, said of ``named``."""
+    error); a file unreadable or too large to compose is refused."""
     if (size := path.stat().st_size) > MAX_FILE_BYTES:
         raise ResourceConfigError(f"{named} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
                                   "deployment file may hold (a deployment is a few dozen lines); "
@@ -434,8 +421,8 @@ def not_utf8(path: Path, data: bytes, error: UnicodeDecodeError) -> str:
 
 
 def _listed_beside(body: Any, path: Path) -> list[Path]:
-    """The deployment files its defaults list names: in ``path``'s folder, or in the group's by
-    path (``/deployment/NAME``, as a deployment measured with a FlashInfer of its own lists it)."""
+    """The deployment files the defaults of ``body`` (``path``'s) name: in ``path``'s folder, or
+    in the group's as ``/deployment/NAME``."""
     defaults = body.get("defaults") if isinstance(body, dict) else None
     group = path.parent if path.parent.name == DEPLOYMENT_GROUP else path.parent.parent
     found = []
@@ -449,8 +436,7 @@ def _listed_beside(body: Any, path: Path) -> list[Path]:
 
 
 def _too_large(root: yaml.Node | None) -> str | None:
-    """What makes a YAML document too large to compose (None: nothing): its values past
-    :data:`MAX_VALUES`, aliases followed, or its levels past :data:`MAX_NESTING`."""
+    """What makes a YAML document too large to compose (None: nothing)."""
     for values, depth in enumerate(_depths(root), 1):  # a node each time an alias leads to it
         if values > MAX_VALUES:
             if sum(1 for _ in _depths(root, once=True)) > MAX_VALUES:  # as many without aliases
@@ -465,8 +451,7 @@ def _too_large(root: yaml.Node | None) -> str | None:
 
 
 def _depths(root: yaml.Node | None, once: bool = False) -> Iterator[int]:
-    """The depth of each node of ``root``'s document, walked without recursion: a node each time
-    an alias leads to it, or (``once``) only the first."""
+    """The depth of each node of ``root``: each time an alias leads to it, or (``once``) once."""
     seen: set[int] = set()
     stack = [] if root is None else [(root, 1)]
     while stack:
@@ -484,9 +469,7 @@ def _depths(root: yaml.Node | None, once: bool = False) -> Iterator[int]:
 
 def _body_problem(body: Any, text: str, settings: type) -> str | None:
     """What a deployment file's ``body`` (read from ``text``) sets that composing would refuse, or
-    drop or turn into another value without a word (None: nothing): ``???``, which leaves the
-    value composed before it, or a name (an owner, a label) written as a number, a boolean or null,
-    which becomes a string. Said after the file's name."""
+    drop or turn into another value without a word (None: nothing)."""
     if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
         return ("declares nothing: a deployment sets resources (or lists another deployment under "
                 "defaults), and without them every floor would be MSTAR_WORKSPACE_BUFFER_MB, else "
@@ -547,8 +530,7 @@ def _quoting_hint(override: str) -> str:
 def not_a_choice(
     group: str, name: str, options: list[str], why: str = "", *, closest: bool = True
 ) -> str:
-    """``group=name`` picks no option of config group ``group``: the closest (where ``closest``),
-    and all of them; ``why``, where given, says what is wrong with ``name``."""
+    """``group=name`` picks no option of ``group``: the closest (where ``closest``), and all."""
     if not options:
         return (f"{group}={name} is not a {group}: the search path holds no {group} options to "
                 f"pick from; leave {group} out, or add --config-dir DIR with a {group}/ "
@@ -586,7 +568,6 @@ def not_yaml(error: yaml.YAMLError) -> str:
 
 
 def _bad_value(error: ValidationError) -> str:
-    """``error.value`` refused for its setting, and what the setting takes."""
     parent, setting = error.parent_node, re.sub(r"\[\d+\]$", "", str(error.full_key))
     if isinstance(parent, ListConfig):  # an element of a list: the list's own field says
         parent = OmegaConf.select(parent, "..")

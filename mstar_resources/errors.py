@@ -1,6 +1,5 @@
 """The exceptions this library raises: each names the setting to change and the value to give it,
-and carries its figures as fields (as Hydra's ``MissingConfigException.options`` does), so an
-engine reads fields, never the wording, and pickles them for a worker to hand to its parent."""
+and carries its figures as fields, so an engine reads fields, never the wording."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ __all__ = [
 
 
 class ResourceError(Exception):
-    """Base of every error raised by mstar-resources: a message, and its fields as keywords. A
-    pickled copy is built from its message alone, its fields set after (as for any exception)."""
+    """Base of every error raised by mstar-resources: a message, and its fields as keywords."""
 
     def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
@@ -53,8 +51,7 @@ class Problem(str):
         return Problem(prefix + self, **{**vars(self), "setting": setting})
 
 
-MAX_PROBLEMS_SHOWN = 20
-"""How many problems a ``ResourceConfigError``'s text lists; its ``problems`` field holds all."""
+MAX_PROBLEMS_SHOWN = 20  # listed in the text; the problems field holds all
 
 
 class _ProblemsError(ResourceError, ValueError):
@@ -159,16 +156,14 @@ def check_argument(
 
 
 def check_name(setting: str, value: object, must: str, where: str = "") -> None:
-    """Raise :class:`ResourceUsageError` (after ``where``) unless ``value`` is a usable name;
-    ``must`` says what it takes where it is no string or blank."""
+    """Raise :class:`ResourceUsageError` (after ``where``) unless ``value`` is a usable name."""
     if not isinstance(value, str) or not value.strip():
         raise ResourceUsageError(f"{where}{setting}={value!r} {must}")
     if (problem := name_problem(setting, value)) is not None:
         raise ResourceUsageError(where + problem)
 
 
-MAX_NAME = 128
-"""The most characters an owner or a label may have: tables, logs and errors print each."""
+MAX_NAME = 128  # characters of an owner or a label: tables, logs and errors print each
 
 
 def name_problem(setting: str, value: str) -> str | None:

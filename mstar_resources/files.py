@@ -1,5 +1,5 @@
-"""The shipped deployments' folder, and files written whole or not at all (a calibrated
-deployment) into a folder checked first. Imports no Hydra: a worker in ``auto`` reads it."""
+"""The shipped deployments' folder, and files written whole or not at all into a folder checked
+first. Imports no Hydra: a worker in ``auto`` reads it."""
 
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ def shipped_deployments() -> Path:
 
 
 def calibrated_for(deployment: str, flashinfer: str | None, folders: Sequence[Path]) -> str:
-    """``deployment`` as measured with FlashInfer ``flashinfer`` (the one installed):
-    ``flashinfer-<version>/<deployment>`` where one of the deployment ``folders`` (the shipped
-    ones', a ``--config-dir``'s) holds that file; else ``deployment`` itself."""
+    """``flashinfer-<version>/<deployment>`` where one of the deployment ``folders`` holds that
+    file, measured with FlashInfer ``flashinfer``; else ``deployment`` itself."""
     if flashinfer is None or "/" in deployment:
         return deployment
     # A build's local label (0.6.14+cu128) is the release's code.
@@ -45,9 +44,8 @@ def write_whole(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` (one per process and thread) to write the new file to,
-    synced and renamed over ``path`` (its folder synced) as the block ends, so a reader or a crash
-    sees the old file or the new one, never a part; a block that raises leaves the old file."""
+    """A temporary path beside ``path`` to write the new file to, synced and renamed over ``path``
+    as the block ends, so a reader or a crash sees the old file or the new one, never a part."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -69,7 +67,7 @@ def replacing(path: Path) -> Iterator[Path]:
 
 def folder_problem(folder: Path) -> str | None:
     """Why files could not be written into ``folder`` (made if missing), or None; it tries making a
-    folder in the nearest that exists (``/proc`` refuses where permissions allow), leaving none."""
+    folder in the nearest that exists (``/proc`` refuses where permissions allow)."""
     folder = existing = Path(folder).absolute()
     try:
         while not existing.exists():

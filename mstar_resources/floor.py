@@ -15,12 +15,10 @@ from .units import MIB, is_int
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 
 MAX_MB = 1 << 20
-"""The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a
-typo (and would overflow the float that a report divides it by)."""
+"""The largest floor a setting may declare: 1 TiB, more than any GPU holds."""
 
 WHOLE_NUMBER = re.compile(r"\+?[0-9]+(?:_[0-9]+)*")
-"""A floor given as text, by the command line's rule (Hydra's grammar for an integer): ASCII
-digits, an optional ``+``, ``_`` between digits (``+8``, ``1_000``, ``012``)."""
+"""A floor given as text, by Hydra's grammar for an integer (``+8``, ``1_000``, ``012``)."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +54,7 @@ def mb_problem(
     setting: str, value: object, buffer: Buffer = FLOAT, *, given: object = None
 ) -> Problem | None:
     """What is wrong with ``value`` as a floor in MB for ``setting`` (``given``: the text it was
-    read from, if any), or None if it is usable or None (unset). An int floor may be 0 (each
-    wrapper keeps its own), but not through its variable."""
+    read from), or None. An int floor may be 0, but not through its variable."""
     variable = setting == buffer.env_var
     lowest = 0 if buffer is INT and not variable else 1
     if value is None or (is_int(value) and lowest <= value <= MAX_MB):
@@ -94,8 +91,7 @@ MAX_DIGITS = 60
 
 
 def read_mb(setting: str, text: str, buffer: Buffer = FLOAT) -> int:
-    """The whole number of MB ``text`` spells by :data:`WHOLE_NUMBER`, spaces around it left out: a
-    floor given as text (a variable, ``size_mb="8"``); else :class:`ResourceConfigError`."""
+    """The whole number of MB ``text`` spells by :data:`WHOLE_NUMBER`, spaces around it left out."""
     stripped, number = text.strip(), None
     if WHOLE_NUMBER.fullmatch(stripped):
         digits = stripped.lstrip("+").replace("_", "").lstrip("0") or "0"
@@ -112,8 +108,7 @@ def resolve_floor(
     declared_setting: str | None = None,
     buffer: Buffer = FLOAT,
 ) -> Floor:
-    """The floor of a ``buffer`` for ``declared_mb`` under ``env`` (``os.environ`` by default);
-    ``declared_setting`` names the setting that declared it (default: the resource field)."""
+    """The floor of a ``buffer`` for ``declared_mb`` under ``env`` (``os.environ`` by default)."""
     setting = declared_setting or buffer.declared_key
     if isinstance(declared_mb, str):
         declared_mb = read_mb(setting, declared_mb, buffer)
@@ -136,7 +131,7 @@ def resolve_floor(
 
 def number_text(value: int) -> str:
     """``value`` with thousands separators, or its length where it is too long to read (or for
-    Python to print: ints of more than 4,300 digits refuse ``str``)."""
+    Python to print)."""
     if value.bit_length() <= 200:  # up to 60 digits
         return f"{value:,}"
     digits = int(value.bit_length() * 0.30103) - 1  # log10(2): at most the count

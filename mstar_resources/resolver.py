@@ -29,7 +29,6 @@ MAX_DEPTH = 32
 """How many groups deep a resource may sit: deeper would exhaust OmegaConf's recursion."""
 
 RESOURCES_KEY = "resources"
-"""The config key the tree lives under; a resource's full key is ``resources.<path>``."""
 
 _TYPES = typing.get_type_hints(Resource)
 _REQUIRED = {name for name, f in FIELDS.items() if f.default == MISSING}
@@ -49,8 +48,7 @@ class ResolvedResource:
     declared_mb: int | None
     int_declared_mb: int | None
     floor: Floor
-    """Each workspace's floor: declared, else from the environment, else 512 MB; its ``setting``
-    is what to change to move it (``resources.<path>.declared_mb`` or the variable)."""
+    """Each workspace's floor: declared, else from the environment, else 512 MB."""
     int_floor: Floor
     """Each int workspace's floor (and its host mirror's)."""
 
@@ -91,9 +89,8 @@ class ResolvedResource:
 def resolve(
     resources_node: DictConfig | Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> list[ResolvedResource]:
-    """One record per resource of the composed ``resources`` tree (a ``DictConfig`` or a plain
-    mapping), in tree order, floors read from ``env`` (``os.environ`` by default); every problem
-    of the tree is raised at once as :class:`ResourceConfigError`."""
+    """One record per resource of the composed ``resources`` tree, in tree order, floors read from
+    ``env`` (``os.environ`` by default); every problem is raised at once (ResourceConfigError)."""
     env = os.environ if env is None else env
     check_argument("env", env, Mapping, "a mapping of environment variables (os.environ) or None")
     problems: list[str] = []
@@ -127,8 +124,7 @@ def declared(
     declared_mb: int | None = None, int_declared_mb: int | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ResolvedResource:  # fmt: skip
-    """The record of a resource declared with these fields, its floors resolved as :func:`resolve`
-    resolves a tree's (the plugins' ``auto`` declares what it measured so, with no tree)."""
+    """The record of a resource declared with these fields, its floors resolved as in a tree."""
     env = os.environ if env is None else env
     key = f"{RESOURCES_KEY}.{path}"
     return ResolvedResource(
@@ -146,9 +142,8 @@ def build_pools(
     reserve: bool = False,
 ) -> dict[str, WorkspacePool]:
     """A workspace pool on ``device`` for every resource, by path: from the composed ``resources``
-    tree (resolved with ``env``, ``os.environ`` by default) or the records :func:`resolve` gave.
-    Each pool serves its resource's (label, slot) pairs only; ``reserve`` makes every workspace
-    now (:meth:`WorkspacePool.reserve`) rather than when first asked for."""
+    tree (resolved with ``env``) or the records :func:`resolve` gave; ``reserve`` makes every
+    workspace now rather than when first asked for."""
     from .attn.workspace import WorkspacePool
 
     check_argument("reserve", reserve, bool, "True or False")
@@ -252,9 +247,8 @@ def _walk(
 
 
 def _is_resource(node: DictConfig) -> bool:
-    """Whether ``node`` is one resource: typed as :class:`Resource`, or setting ``labels``, or a
-    schema field to a value that is no mapping; a child that is a mapping makes a group of it,
-    whatever its name (``layers: {owner: {labels: [x]}}`` is the resource ``layers.owner``)."""
+    """Whether ``node`` is one resource, not a group: a child that is a mapping makes a group of
+    it, whatever its name (``layers: {owner: {labels: [x]}}`` is the resource ``layers.owner``)."""
     if OmegaConf.get_type(node) is Resource or "labels" in node:
         return True
     return any(str(key) in FIELDS and not _is_mapping(node, key) for key in node)
@@ -325,8 +319,8 @@ def _converted(values: dict[str, Any], key: str, problems: list[str]) -> dict[st
 
 
 def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
-    """Whether ``values`` (``node``'s) hold every required field and nothing else, each of its
-    declared type, so OmegaConf's conversion can be skipped."""
+    """Whether ``values`` (``node``'s) hold every required field, each of its type, and nothing
+    else."""
     if not (_REQUIRED <= values.keys() <= FIELDS.keys()) or MISSING in values.values():
         return False
     if OmegaConf.get_type(node) is Resource:  # OmegaConf checked each value when it was set

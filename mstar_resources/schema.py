@@ -1,6 +1,5 @@
-"""The schema of one declared resource, as engines write it under ``resources`` in their config.
-``mstar_resources.conf`` stores it in Hydra's ConfigStore as ``mstar_resources/resource``, so
-``- /mstar_resources/resource@attn.decode`` in a defaults list types a node. No Hydra here."""
+"""The schema of one declared resource, as engines write it under ``resources`` in their config
+(``mstar_resources.conf`` stores it in Hydra's ConfigStore as ``mstar_resources/resource``)."""
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
@@ -15,11 +14,11 @@ from .units import MAX_SLOTS
 __all__ = ["Resource"]
 
 MAX_ITEMS = MAX_SLOTS
-"""The most labels, and the most CUDA-graph slots, one resource may list: each label and slot is
-a workspace of its own, and an engine has a handful; a longer list is a mistake."""
+"""The most labels, and the most CUDA-graph slots, one resource may list: each is a workspace of
+its own, and an engine has a handful."""
 WORKSPACE_MANAGER_LABEL = "workspace_manager"
-"""The label of the resource that declares vLLM's WorkspaceManager's floor: sized by vLLM's memory
-profile (its largest batch) and sealed by the vLLM plugin, never planned by calibration."""
+"""The label of vLLM's WorkspaceManager's floor: sized by vLLM's memory profile, never planned by
+calibration."""
 
 
 @dataclass

@@ -40,8 +40,7 @@ def flashinfer_overflow(
     allocation: str, size: int, available: int, alignment: int = ALIGNMENT
 ) -> RuntimeError:
     """The error FlashInfer's allocator raises when ``allocation`` (e.g. ``batch_decode_tmp_v``)
-    asks for ``size`` bytes with ``available`` left in the workspace, worded from the checked
-    fixture of its C++ headers' text (``attn/flashinfer_overflow.json``)."""
+    asks for ``size`` bytes with ``available`` left in the workspace."""
     where = _expressions()["overflow"]
     header = Path(sysconfig.get_path("purelib")) / "flashinfer/data/include/flashinfer"
     file = header / where["header"]
@@ -54,9 +53,8 @@ def flashinfer_overflow(
 
 @dataclass
 class OverflowingPlanner:
-    """A planner that takes ``allocations`` ((name, bytes) each, aligned as FlashInfer aligns
-    them) from ``buffer`` in turn and raises :func:`flashinfer_overflow` for the first that does
-    not fit; it holds the tensor, so it sees a workspace grown in place. ``calls`` counts plans."""
+    """A planner that takes ``allocations`` ((name, bytes) each) from ``buffer`` in turn and raises
+    :func:`flashinfer_overflow` for the first that does not fit."""
 
     buffer: torch.Tensor
     allocations: Sequence[tuple[str, int]]

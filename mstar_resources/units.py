@@ -9,14 +9,9 @@ from typing import TypeGuard
 __all__ = ["ALIGNMENT", "MAX_SLOTS", "MIB", "installed_version", "is_int", "mb_to_hold", "plural",
            "release", "round_up"]  # fmt: skip
 
-MIB = 1 << 20
-"""One MB as engines size workspaces, and as every setting here counts it: a mebibyte."""
-
-ALIGNMENT = 16
-"""FlashInfer's alignment: a workspace's first byte, and each allocation it carves from one."""
-
-MAX_SLOTS = 256
-"""CUDA-graph slots are numbered from 0 to 255, in a resource's ``cg_slots`` and a pool's keys."""
+MIB = 1 << 20  # one MB as engines size workspaces, and as every setting here counts it
+ALIGNMENT = 16  # FlashInfer's: a workspace's first byte, and each allocation it carves from one
+MAX_SLOTS = 256  # CUDA-graph slots are numbered from 0 to 255
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -40,8 +35,7 @@ def plural(n: int, noun: str) -> str:
 
 
 def release(version: str) -> tuple[int, ...]:
-    """The release numbers at the start of ``version``, for ordering versions of FlashInfer or an
-    engine: ``0.7.2.post1`` is ``(0, 7, 2)``, ``0.35.0rc1+cu130`` is ``(0, 35, 0)``."""
+    """The release numbers at the start of ``version``: ``0.35.0rc1+cu130`` is ``(0, 35, 0)``."""
     match = re.match(r"\d+(\.\d+)*", version)
     return tuple(int(part) for part in match.group().split(".")) if match else ()
 

@@ -38,8 +38,7 @@ def format_table(rows: Sequence[Sequence[str] | None], right: Container[int] = (
 
 
 class _StdoutFailed(BaseException):
-    """stdout refused a write (``args[0]``, the OSError): a BaseException, so that it passes the
-    handlers of the app and of Hydra, which catch ``Exception``."""
+    """stdout refused a write (``args[0]``): it passes the app's and Hydra's handlers."""
 
 
 class _Stdout:
@@ -69,9 +68,8 @@ class _Stdout:
 
 @contextlib.contextmanager
 def guarded_stdout(prog: str) -> Iterator[None]:
-    """``sys.stdout`` guarded inside and flushed on the way out (a closed pipe shows here, not at
-    exit): a stdout that fails (``> /dev/full``, closed) ends an app or a benchmark in one line,
-    status 2, and a reader that went away (``| head``) with status 0."""
+    """``sys.stdout`` guarded inside and flushed on the way out: a stdout that fails ends an app in
+    one line, status 2, and a reader that went away (``| head``) with status 0."""
     stream = sys.stdout
     sys.stdout = cast(TextIO, _Stdout(stream))
     try:

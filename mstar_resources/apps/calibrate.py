@@ -1,6 +1,5 @@
-"""``mstar-resources-calibrate deployment=NAME [margin=0.2] [output_dir=DIR]``: plan every label's
-bounding shapes through FlashInfer on this GPU, print what each needs against what it declares
-today, and write ``NAME_calibrated.yaml`` (``docs/calibration.md``)."""
+"""``mstar-resources-calibrate deployment=NAME``: plan every label's bounding shapes on this GPU,
+print what each needs, and write ``NAME_calibrated.yaml`` (``docs/calibration.md``)."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ from ..schema import WORKSPACE_MANAGER_LABEL
 from .hydra_app import cuda_device, hydra_app, package_version
 
 PROG = "mstar-resources-calibrate"
-MAX_MARGIN = 10
-"""Eleven times the need: more is a typo, and would declare floors past the 1 TiB a floor may be."""
+MAX_MARGIN = 10  # eleven times the need: more is a typo
 MARGIN_EXPECTS = f"a fraction, at least 0 and at most {MAX_MARGIN}"
 
 

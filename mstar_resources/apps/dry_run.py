@@ -1,6 +1,5 @@
-"""``mstar-resources``: compose the resource tree, resolve it, and print what it reserves. On the
-CPU a dry run that imports no torch; ``device=cuda`` (or ``cuda:N``) also makes every declared
-workspace and reports what the GPU then holds."""
+"""``mstar-resources``: compose the resource tree, resolve it, and print what it reserves (with
+``device=cuda``, also make every declared workspace and report what the GPU then holds)."""
 
 from __future__ import annotations
 
@@ -95,9 +94,8 @@ def main(cfg: DictConfig) -> None:
 def _check_calibration_inputs(
     cfg: DictConfig, records: list[ResolvedResource]
 ) -> dict[str, CalibratedFloor]:
-    """Refuse an invalid calibration profile, warn on stderr where a calibrated deployment no
-    longer composes what it was measured with, or another FlashInfer is installed, and return the
-    floors that are calibration's."""
+    """Refuse an invalid calibration profile, warn where a calibrated deployment no longer composes
+    what it was measured with, and return the floors that are calibration's."""
     profile, record = checked_calibration_nodes(cfg)
     if record is not None and profile is not None:
         # The GPU is the record's (a dry run has none to compare), the FlashInfer any installed.

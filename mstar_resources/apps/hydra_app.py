@@ -1,8 +1,7 @@
-"""Hydra apps that end a user's mistake in one paragraph on stderr, status 2 (``HYDRA_FULL_ERROR=1``
-keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1. Each run is
-first composed with the Compose API, so a compose error is an exception to explain; a
-``compose_once`` app (no log files, no output folders) runs on that config, and a run with a flag
-(``--help``, ``--cfg job``) or any other app goes on to ``@hydra.main``."""
+"""Hydra apps that end a user's mistake in one paragraph on stderr, status 2, and keep the app's
+own bugs loud: their traceback, status 1. Each run is first composed with the Compose API, so a
+compose error is an exception to explain; a ``compose_once`` app runs on that config, and a run
+with a flag (``--help``, ``--cfg job``) or any other app goes on to ``@hydra.main``."""
 
 from __future__ import annotations
 
@@ -70,7 +69,7 @@ def is_cuda_device(device: str) -> bool:
 
 def cuda_device(device: str, without_gpu: str) -> torch.device:
     """The ``device`` setting as a CUDA device that is here; ``without_gpu`` says what to do
-    instead when there is none. Imports torch: only the apps' allocating paths call it."""
+    instead when there is none."""
     if not is_cuda_device(device):
         raise ResourceConfigError(f"device={device!r} is not a CUDA device; set device=cuda:N")
     import torch
@@ -105,9 +104,8 @@ def hydra_app(
     settings: type | None = None,
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:  # fmt: skip
     """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``:
-    ``prog`` starts each error line, ``command`` is how a user runs it (default ``prog``),
-    ``version`` what ``--version`` prints (default: the mstar-resources it was built with),
-    ``settings`` its own schema."""
+    ``prog`` starts each error line, ``command`` is how a user runs it, ``version`` what
+    ``--version`` prints, ``settings`` its own schema."""
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -272,8 +270,8 @@ def _refusal(
 
 
 def _config_dir_problem(line: argparse.Namespace, on: Composition) -> str | None:
-    """A ``--config-dir`` that holds none of the config groups the app composes (``deployment/``
-    above all) and is no folder of primary configs (no ``--config-name``): it would add nothing."""
+    """A ``--config-dir`` that holds none of the config groups the app composes and is no folder
+    of primary configs: it would add nothing."""
     config_dir = line.config_dir
     if config_dir is None or line.config_name is not None:
         return None
@@ -300,8 +298,8 @@ def _config_dir_problem(line: argparse.Namespace, on: Composition) -> str | None
 
 
 def _group_value_problem(on: Composition) -> str | None:
-    """An override of a config group whose value is no plain option name (Hydra would merge a
-    list's options, or compose a path), or one adding a key at the top that no app reads."""
+    """An override of a config group whose value is no plain option name, or one adding a key at
+    the top that no app reads."""
     for override in on.overrides:
         group, value = override.key_or_group, override.value()
         options = on.options(group)
@@ -334,8 +332,7 @@ def _group_value_problem(on: Composition) -> str | None:
 
 def register_options_resolver(config_name: str) -> None:
     """Register ``${mstar_resources.options:GROUP[,KEY]}`` (a group's options, or those whose
-    config sets KEY) and ``${mstar_resources.shown:VALUE}`` for the help template of the primary
-    config ``config_name``; an app on plain ``@hydra.main`` calls it first."""
+    config sets KEY) and ``${mstar_resources.shown:VALUE}`` for the help of ``config_name``."""
 
     def sets(group: str, option: str, key: str) -> bool:  # the config with group=option sets key
         try:

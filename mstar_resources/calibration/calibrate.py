@@ -1,6 +1,5 @@
-"""Calibrating a deployment on this GPU: the checks before any GPU work, each resource's labels
-planned on FlashInfer's wrappers, the report of their needs against today's floors, and the
-deployment override that declares them (``<name>_calibrated.yaml``)."""
+"""Calibrating a deployment on this GPU: the checks, each resource's labels planned on FlashInfer's
+wrappers, the report of their needs, and the deployment that declares them (``_calibrated``)."""
 
 from __future__ import annotations
 
@@ -28,17 +27,14 @@ if TYPE_CHECKING:  # torch and the measuring load when a GPU measures
 
 DEFAULT_MARGIN = 0.0
 """Added to a measured need before it is declared: none, since the need is the most any plan
-within the profile's limits can ask for (``docs/calibration.md``); ``margin=0.1`` is for a GPU or
-FlashInfer build the bound was not checked on."""
+within the profile's limits can ask for (``docs/calibration.md``)."""
 
 CALIBRATED_SUFFIX = "_calibrated"
 RECALIBRATED_SUFFIX = "_recalibrated"
 """A calibration written outside the package of a deployment the package ships calibrated: Hydra
 finds the shipped ``<name>_calibrated`` before a ``--config-dir``'s file of that name."""
 
-DEFAULT_OUTPUT_DIR = Path("calibrated", "deployment")
-"""Where calibrated deployments go by default: the ``deployment`` group of the config folder
-``calibrated`` under the working directory (``--config-dir calibrated``), never the package."""
+DEFAULT_OUTPUT_DIR = Path("calibrated", "deployment")  # --config-dir calibrated, not the package
 
 
 @dataclass(frozen=True)
@@ -50,8 +46,7 @@ class Measured:
     worst: str
     """Which label and shape needs it, e.g. ``decode: bs=64 q=1 kv=131072 graph``."""
     method: str
-    int_need_bytes: int | None = None
-    """The most int workspace its plans need; None where it was not measured."""
+    int_need_bytes: int | None = None  # None: not measured
 
 
 @dataclass(frozen=True)
@@ -60,12 +55,9 @@ class OneBuffer:
     SGLang) must reserve: every plan carves it from offset 0, so the most any one plan needs."""
 
     need_bytes: int
-    bytes: int
-    """What to reserve: the need plus the margin, in whole MB."""
-    worst: str
-    """The label and shape that need it."""
-    vllm_formula_bytes: int | None
-    """vLLM 0.33's own floor under its setting (None: vLLM plans no FlashInfer for it)."""
+    bytes: int  # what to reserve: the need plus the margin, in whole MB
+    worst: str  # the label and shape that need it
+    vllm_formula_bytes: int | None  # vLLM 0.33's own floor (None: it plans no FlashInfer for it)
     int_need_bytes: int | None = None
 
     def record(self) -> dict[str, Any]:
@@ -102,8 +94,7 @@ class OneBuffer:
 
 
 def declared_mbs(measured: Measured, margin: float = DEFAULT_MARGIN) -> tuple[int, int]:
-    """The ``declared_mb`` and ``int_declared_mb`` a measured resource declares (an int need of
-    None: 0, the wrappers keep their own)."""
+    """The ``declared_mb`` and ``int_declared_mb`` a measured resource declares (no int need: 0)."""
     need = measured.int_need_bytes
     int_mb = 0 if need is None else declared_mb_for(need, margin)
     return declared_mb_for(measured.need_bytes, margin), int_mb
@@ -119,8 +110,7 @@ class LabelNeed:
 
 
 def check_labels(records: Sequence[ResolvedResource], profile: CalibrationProfile) -> None:
-    """Refuse, naming every problem, resources that cannot be calibrated as they run (their
-    labels, graph slots and owners against the profile's plans)."""
+    """Refuse, naming every problem, resources that cannot be calibrated as they run."""
     missing = [f"calibration.plans.{label} (for resources.{r.path})"
                for r in records for label in r.labels if label not in profile.plans]  # fmt: skip
     problems = []
@@ -227,15 +217,14 @@ def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
 
 
 def vllm_formula(batched_tokens: int, heads: int, head_dim: int, per: int = 16) -> int:
-    """vLLM's per-token floor of its FlashInfer buffer, in bytes: ``max_num_batched_tokens`` x
-    query heads per rank x head dim x ``per`` (``FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM``,
-    16 in vLLM 0.26 and 0.33; the vLLM plugin passes the running vLLM's own)."""
+    """vLLM's per-token floor of its FlashInfer buffer, in bytes; ``per``: its
+    ``FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM`` (16 in vLLM 0.26 and 0.33)."""
     return batched_tokens * heads * head_dim * per
 
 
 def vllm_formula_bytes(profile: CalibrationProfile) -> int | None:
-    """vLLM 0.33's per-token floor under its buffer setting, in bytes; None for MLA models, which
-    vLLM runs without FlashInfer on the GPUs calibrated here (SM90)."""
+    """vLLM 0.33's per-token floor, in bytes; None for MLA models, which vLLM runs without
+    FlashInfer on the GPUs calibrated here (SM90)."""
     if any(plan.kind is PlanKind.mla for plan in profile.plans.values()):
         return None
     model = profile.model
@@ -294,8 +283,8 @@ def table(
 
 
 def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | None:
-    """The ``calibration`` settings that ``overrides`` (a command line's ``key=value`` strings) gave
-    the composed ``cfg``, with their composed values, nested as the profile holds them, or None."""
+    """The ``calibration`` settings that the command line's ``overrides`` gave the composed ``cfg``,
+    with their composed values, or None."""
     settings = OmegaConf.create({})
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+")
@@ -329,21 +318,19 @@ def how_to_compose(path: Path) -> str:
 
 
 def users_deployment_folder(name: str, config_dirs: Sequence[str]) -> Path | None:
-    """The ``deployment/`` folder of the first of ``config_dirs`` (a user's ``--config-dir``s)
-    that holds deployment ``name``; None where none does (a shipped deployment)."""
+    """The ``deployment/`` folder of the first of ``config_dirs`` that holds deployment ``name``."""
     folders = (Path(config_dir) / "deployment" for config_dir in config_dirs)
     return next((folder for folder in folders if (folder / f"{name}.yaml").is_file()), None)
 
 
 def base_deployment(name: str) -> str:
-    """Calibrating ``x_calibrated`` (or ``x_recalibrated``, or a shipped
-    ``flashinfer-<version>/x_calibrated``) again recalibrates ``x``."""
+    """Calibrating ``x_calibrated`` (or ``x_recalibrated``) again recalibrates ``x``."""
     return name.rpartition("/")[2].removesuffix(CALIBRATED_SUFFIX).removesuffix(RECALIBRATED_SUFFIX)
 
 
 def calibrated_name(deployment: str, output_dir: Path) -> str:
-    """``<deployment>_calibrated``, or ``<deployment>_recalibrated`` where the package ships a
-    ``<deployment>_calibrated`` and ``output_dir`` is not the package's folder."""
+    """``<deployment>_calibrated``, or ``_recalibrated`` where the package ships the former and
+    ``output_dir`` is not the package's folder."""
     name = f"{deployment}{CALIBRATED_SUFFIX}"
     if (shipped_deployments() / f"{name}.yaml").is_file() and not _is_shipped(output_dir):
         return f"{deployment}{RECALIBRATED_SUFFIX}"
@@ -368,9 +355,8 @@ def write_override(
     buffer: OneBuffer | None = None,
     profile: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``deployment``'s calibration, with the ``calibration`` settings ``profile`` where
-    given, into ``output_dir`` (made if missing) whole or not at all; returns its path. It goes
-    into ``flashinfer-<version>/`` where that holds one, or where another FlashInfer's is there."""
+    """Write ``deployment``'s calibration (with the ``calibration`` settings ``profile``) into
+    ``output_dir``, or its ``flashinfer-<version>/`` where another FlashInfer's is there."""
     name = calibrated_name(deployment, output_dir)
     path, version = output_dir / f"{name}.yaml", provenance.get("flashinfer")
     versioned = output_dir / f"{FLASHINFER_FOLDER}{version}" / path.name

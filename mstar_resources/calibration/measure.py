@@ -1,6 +1,5 @@
 """Measuring on the GPU what a label's plans need of the float and int workspaces, through
-FlashInfer: the plan shapes that bound that need (``docs/calibration.md``, "Why the need is a
-bound"), and the one set of wrapper factories and plan arguments."""
+FlashInfer, over the plan shapes that bound that need (``docs/calibration.md``)."""
 
 from __future__ import annotations
 
@@ -16,14 +15,9 @@ from ..attn.workspace import IntWorkspace, Workspace, install_int_workspace
 from ..errors import ResourceConfigError
 from .profile import CalibrationProfile, PlanKind, PlanProfile
 
-SHORT_CONTEXT = 1024
-"""Tokens of context in the short-context shapes (or the model's limit, if lower)."""
-
-MAX_CTA_TILE_Q = 128
-"""The most query rows one prefill work item holds (FlashInfer's ``FA2DetermineCtaTileQ``)."""
-
-DECODE_LIKE = frozenset({PlanKind.decode, PlanKind.pod})
-"""Kinds whose plans have one query token a request (POD plans its decode batch)."""
+SHORT_CONTEXT = 1024  # tokens of context in the short-context shapes
+MAX_CTA_TILE_Q = 128  # the most query rows of one prefill work item (FA2DetermineCtaTileQ)
+DECODE_LIKE = frozenset({PlanKind.decode, PlanKind.pod})  # POD plans its decode batch
 
 
 @dataclass(frozen=True, order=True)
@@ -83,8 +77,7 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
 
 def is_bounding(shape: Shape, plan: PlanProfile, profile: CalibrationProfile) -> bool:
     """Whether ``shape`` reaches the most a label can need, so that a floor measured without it
-    may fall short: every graph plan, a prefill's full query tiles (or, with a fixed split, any
-    shape) over the longest context, a POD or fixed-split decode batch over it. No MLA shape is."""
+    may fall short."""
     if shape.cuda_graph:
         return True
     long = profile.limits.max_model_len
@@ -108,26 +101,21 @@ class Need:
     """The most float workspace any of a label's shapes needs."""
 
     bytes: int
-    worst: Shape | None
-    """The shape that needs it (None when no shape needs any)."""
-    method: str
-    """``workspace_size`` (FlashInfer's own query) or ``growth`` (planned on a growing buffer)."""
+    worst: Shape | None  # None: no shape needs any
+    method: str  # workspace_size (FlashInfer's own query) or growth (on a growing buffer)
     refused: tuple[str, ...] = ()
-    """Shapes FlashInfer refused for a reason of its own (MLA's work-item capacity, say), with
-    the reason: an engine cannot plan them either. None bounds the need."""
+    """Shapes FlashInfer refused for a reason of its own, with the reason (none bounds the need)."""
     int_bytes: int | None = None
     """The most int workspace any shape needs; None where it cannot be measured (FlashInfer 0.7's
     MLA wrapper makes a fresh int workspace at each plan)."""
 
 
 class Planner:
-    """Builds FlashInfer wrappers and plan arguments for one profile on one device (each kernel
-    is built once a process: FlashInfer caches it by configuration)."""
+    """Builds FlashInfer wrappers and plan arguments for one profile on one device."""
 
     def __init__(self, profile: CalibrationProfile, device: torch.device) -> None:
         self.profile, self.device = profile, device
-        self.refusals = _flashinfer.refusals()
-        """The errors by which FlashInfer refuses a shape; any other propagates."""
+        self.refusals = _flashinfer.refusals()  # how FlashInfer refuses a shape; others propagate
         model = profile.model
         self.dtypes = {
             "q_data_type": getattr(torch, model.q_dtype),
@@ -213,7 +201,7 @@ class Planner:
 
     def wrappers(self, plan: PlanProfile, buffer: torch.Tensor) -> Callable[[Shape], Any]:
         """The wrapper on ``buffer`` that plans each shape: one for every eager shape, and one per
-        graph shape (a graph wrapper's batch size is fixed)."""
+        graph shape."""
         eager = None
 
         def wrapper_for(shape: Shape) -> Any:
@@ -233,8 +221,7 @@ class Planner:
         return self.need_by_growth(plan, shapes, progress)
 
     def need_by_query(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
-        """The need as ``workspace_size()`` answers it; ``NotImplementedError`` where a wrapper
-        has no such query (FlashInfer before 0.7.2, some backends)."""
+        """The need as ``workspace_size()`` answers it (``NotImplementedError``: no such query)."""
         selector = torch.empty(0, dtype=torch.uint8, device=self.device)  # device selector only
         wrapper_for = self.wrappers(plan, selector)
         best, worst, most_int = 0, None, 0
@@ -252,8 +239,7 @@ class Planner:
         return Need(best, worst if best else None, "workspace_size", int_bytes=most_int)
 
     def need_by_growth(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
-        """The need as planning on empty workspaces grows them; a refused shape that bounds the
-        need, or every shape refused, is a :class:`ResourceConfigError`."""
+        """The need as planning on empty workspaces grows them."""
         empty = torch.zeros(0, dtype=torch.uint8, device=self.device)
         int_workspace = IntWorkspace(empty.clone(), "calibration:int", floor="none")
         workspace = Workspace(empty, "calibration", floor="none", int_workspace=int_workspace)

@@ -1,7 +1,5 @@
-"""The calibration profile (config key ``calibration``; ``mstar_resources/calibration`` in Hydra's
-ConfigStore): what a deployment plans, so that its workspaces can be measured on a GPU. Before any
-GPU work, :func:`load_profile` reports every problem of a composed node, and
-:func:`check_flashinfer` what the installed FlashInfer cannot plan of it."""
+"""The calibration profile (config key ``calibration``): what a deployment plans, so that its
+workspaces can be measured on a GPU; :func:`load_profile` checks it before any GPU work."""
 
 from __future__ import annotations
 
@@ -37,6 +35,7 @@ class PlanKind(Enum):
     pod = "pod"  # PODWithPagedKVCacheWrapper: one prefill and a decode batch in one kernel
 
 
+# The backends each kind is calibrated with: those an SM80 or SM90 GPU runs (fa3 needs SM90).
 BACKENDS: dict[PlanKind, tuple[str, ...]] = {
     PlanKind.decode: ("fa2", "auto"),
     PlanKind.paged_prefill: ("fa2", "fa3", "auto"),
@@ -44,8 +43,6 @@ BACKENDS: dict[PlanKind, tuple[str, ...]] = {
     PlanKind.mla: ("fa2", "fa3", "auto"),
     PlanKind.pod: ("fa2",),
 }
-"""The backends each kind is calibrated with: those an SM80 or SM90 GPU runs (``fa3`` needs
-SM90); others are refused by name, not guessed."""
 
 GRAPH_KINDS = frozenset({PlanKind.decode, PlanKind.mla, PlanKind.pod, PlanKind.paged_prefill})
 """Kinds calibrated under CUDA graphs (a paged prefill at each ``cuda_graph_prefill_tokens``)."""
@@ -59,24 +56,16 @@ class ModelShape:
     """The attention shape of the model, per GPU (after tensor parallelism)."""
 
     num_qo_heads: int = MISSING
-    """Query (and output) heads on one GPU."""
-    num_kv_heads: int = MISSING
-    """KV heads on one GPU; must divide ``num_qo_heads``."""
-    head_dim: int = 128
-    """Dimension of one head (not read by ``mla`` plans)."""
-    head_dim_ckv: int | None = None
-    """MLA only: the compressed KV's dimension (512 for DeepSeek-V3). Required by ``mla`` plans."""
-    head_dim_kpe: int | None = None
-    """MLA only: the rotary part's dimension (64 for DeepSeek-V3). Required by ``mla`` plans."""
+    num_kv_heads: int = MISSING  # must divide num_qo_heads
+    head_dim: int = 128  # not read by mla plans
+    head_dim_ckv: int | None = None  # mla: the compressed KV's dimension (512 for DeepSeek-V3)
+    head_dim_kpe: int | None = None  # mla: the rotary part's dimension (64 for DeepSeek-V3)
     page_size: int = 16
-    """Tokens per KV-cache page."""
-    q_dtype: str = "bfloat16"
-    """Query dtype, a ``torch`` dtype name."""
+    q_dtype: str = "bfloat16"  # torch dtype names, as DTYPES lists them
     kv_dtype: str = "bfloat16"
-    """KV-cache dtype, a ``torch`` dtype name (fp8 caches plan differently)."""
     o_dtype: str | None = None
-    """Output dtype, a ``torch`` dtype name; None: the query's, as FlashInfer defaults (vLLM
-    queries an FP8 cache in FP8 and writes the model's dtype). Not taken by ``mla`` plans."""
+    """The output's; None: the query's, as FlashInfer defaults (vLLM queries an FP8 cache in FP8
+    and writes the model's dtype). Not taken by ``mla`` plans."""
 
 
 @dataclass
@@ -84,11 +73,8 @@ class EngineLimits:
     """The engine's scheduling limits, which bound every plan it can make."""
 
     max_num_seqs: int = MISSING
-    """Most sequences in one batch."""
-    max_num_batched_tokens: int = MISSING
-    """Most query tokens in one batch (the chunked-prefill budget)."""
+    max_num_batched_tokens: int = MISSING  # the chunked-prefill budget
     max_model_len: int = MISSING
-    """Longest context, in tokens."""
 
 
 @dataclass
@@ -96,26 +82,18 @@ class PlanProfile:
     """How one plan label is planned."""
 
     kind: PlanKind = MISSING
-    """The FlashInfer wrapper that plans it (under CUDA graphs where it has ``cg_slots``)."""
     backend: str = "fa2"
-    """The FlashInfer backend the engine plans it with (``BACKENDS``; ``auto``: FlashInfer picks
-    per plan). A backend that uses no float workspace measures 0: the smallest floor, 1 MB."""
-    tensor_cores: bool = False
-    """``decode`` only: plan with ``use_tensor_cores=True`` (FlashInfer's prefill scheduler, one
-    query row a request), as vLLM always does and SGLang for GQA groups of 4 or more."""
-    q_len_per_req: int = 1
-    """``decode`` with ``tensor_cores`` only: query tokens a request per step (1 + speculative
-    tokens); more than 1 needs FlashInfer 0.7.2."""
+    """As the engine plans it (``BACKENDS``); a backend that uses no float workspace measures 0."""
+    tensor_cores: bool = False  # decode only: use_tensor_cores=True, as vLLM always plans
+    q_len_per_req: int = 1  # decode with tensor_cores only: 1 + speculative tokens
     fixed_split_size: int = -1
-    """``decode`` with ``tensor_cores``, or a prefill: split each request's KV into chunks of this
-    many pages (-1: the scheduler picks), as engines' deterministic modes do; not capped by the
-    grid, so the need grows with the batch and its contexts."""
-    disable_split_kv: bool = False
-    """``decode`` or a prefill: never split KV; such plans need no float workspace."""
+    """Pages a chunk of each request's KV (-1: the scheduler picks), as engines' deterministic
+    modes split; not capped by the grid, so the need grows with the batch and its contexts."""
+    disable_split_kv: bool = False  # such plans need no float workspace
 
     def plan_options(self) -> dict[str, Any]:
-        """The KV-split and query-length ``plan()`` keywords, those at FlashInfer's defaults left
-        out (FlashInfer before 0.7.2 takes no ``q_len_per_req``)."""
+        """The ``plan()`` keywords not at FlashInfer's defaults (before 0.7.2 it takes no
+        ``q_len_per_req``)."""
         options: dict[str, Any] = {}
         if self.fixed_split_size > 0:
             options["fixed_split_size"] = self.fixed_split_size
@@ -138,16 +116,13 @@ class CalibrationProfile:
     model: ModelShape = MISSING
     limits: EngineLimits = MISSING
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
-    """Batch sizes the engine captures decode graphs for; each is planned."""
     cuda_graph_prefill_tokens: list[int] = field(default_factory=list)
-    """Token counts the engine captures prefill graphs for (SGLang's), for a ``paged_prefill``
-    label served in CUDA-graph slots. Empty: prefill runs eagerly."""
-    plans: dict[str, PlanProfile] = field(default_factory=dict)
-    """By plan label (as in the resources' ``labels``): which wrapper plans it."""
+    """Token counts the engine captures prefill graphs for (SGLang's); empty: eager prefill."""
+    plans: dict[str, PlanProfile] = field(default_factory=dict)  # by plan label
 
 
 def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str]:
-    """A problem for each of ``names`` of ``node`` below 1 (the schema has made each an int)."""
+    """A problem for each of ``names`` of ``node`` below 1."""
     return [
         f"{prefix}.{name}={getattr(node, name)!r} must be a positive whole number"
         for name in names
@@ -156,8 +131,7 @@ def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str
 
 
 def _value_problems(profile: CalibrationProfile) -> list[str]:
-    """What the schema's types let through: the ranges, the heads' grouping, the dtypes, the graph
-    sizes against the limits, and each plan."""
+    """What the schema's types let through: ranges, the heads' grouping, dtypes, graph sizes."""
     key, model = f"{PROFILE_KEY}.model", profile.model
     problems = _not_positive(key, model, ("num_qo_heads", "num_kv_heads", "head_dim", "page_size"))
     if min(model.num_qo_heads, model.num_kv_heads) > 0 and model.num_qo_heads % model.num_kv_heads:
@@ -198,7 +172,6 @@ def _graph_size_problems(profile: CalibrationProfile, name: str, limit_name: str
 
 
 def _plan_problems(label: str, plan: PlanProfile) -> list[str]:
-    """The plan's backend, and each option with the kinds FlashInfer takes it for."""
     key = f"{PROFILE_KEY}.plans.{label}"
     decode, tensor_cores = plan.kind is PlanKind.decode, plan.tensor_cores
     problems = []
@@ -233,8 +206,7 @@ def _plan_problems(label: str, plan: PlanProfile) -> list[str]:
 
 
 def _schema_problem(error: OmegaConfBaseException, node: Mapping[str, Any]) -> str:
-    """OmegaConf's refusal of the profile's schema (merging ``node``) as one problem: the full key,
-    the value it refused or was given, or the closest key the schema has, then its reason."""
+    """OmegaConf's refusal of the profile's schema (merging ``node``) as one problem."""
     full_key = f"{PROFILE_KEY}.{error.full_key}" if error.full_key else PROFILE_KEY
     reason = str(error).splitlines()[0]
     if isinstance(error, ValidationError):
@@ -254,7 +226,6 @@ def _schema_problem(error: OmegaConfBaseException, node: Mapping[str, Any]) -> s
 
 
 def _unset_problems(merged: DictConfig) -> list[str]:
-    """A problem for each required value the profile leaves unset, each with its type."""
     problems = []
     for key in sorted(OmegaConf.missing_keys(merged)):
         holder, _, name = key.rpartition(".")
@@ -288,9 +259,7 @@ def load_profile(node: DictConfig | Mapping[str, Any]) -> CalibrationProfile:
     return profile
 
 
-OLDEST = "0.6.6"
-"""Calibration runs on FlashInfer 0.6.6 and newer (0.6.x measured by growth: its wrappers have no
-``workspace_size()``); 0.7.2 brought ``MLAPlanMetadata`` and ``q_len_per_req``."""
+OLDEST = "0.6.6"  # measured by growth: 0.6.x wrappers have no workspace_size()
 MLA_SINCE = MULTI_TOKEN_DECODE_SINCE = "0.7.2"
 
 
@@ -301,9 +270,8 @@ def installed_flashinfer() -> str | None:
 def version_problems(
     profile: CalibrationProfile, version: str, *, plain_groups: frozenset[int] | None = None
 ) -> list[str]:
-    """What FlashInfer ``version`` cannot plan of ``profile``, one line a feature;
-    ``plain_groups``: the GQA group sizes its plain decode kernels are compiled for
-    (``DISPATCH_GQA_GROUP_SIZE``: 1, 2, 3, 4 and 8 in 0.6.6; 0.7.4 adds 6 and 16), or None."""
+    """What FlashInfer ``version`` cannot plan of ``profile``, one line a feature; ``plain_groups``:
+    the GQA group sizes its plain decode kernels are compiled for, or None."""
     have, plans = release(version), profile.plans.items()
     problems = []
     if have < release(OLDEST):

@@ -1,6 +1,5 @@
 """The calibrated record (config key ``calibrated``): the inputs a deployment's floors were
-measured with (the GPU and its SM count, the FlashInfer, torch and CUDA versions, the profile,
-the resources' labels and graph slots), and whether they still hold where, and as, it runs."""
+measured with, and whether they still hold where, and as, it runs."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ logger = logging.getLogger(__name__)
 RECORD_KEY = "calibrated"
 
 NOT_INPUTS = frozenset({"deployment", "date", "margin", "needs", "one_buffer"})
-"""The fields of a record that no need depends on, which the comparison ignores (the margin moves
-the floor, not the need). A field recorded on one side only differs."""
+"""The fields of a record that no need depends on (the margin moves the floor, not the need)."""
 
 
 def declared_mb_for(need_bytes: int, margin: float = 0.0) -> int:
@@ -48,14 +46,12 @@ class CalibratedFloor:
 
     need_bytes: int
     margin: float
-    """What calibration added to the need, as a fraction."""
-    int_need_bytes: int | None = None
-    """The int need, where ``int_declared_mb`` is still the one written from it."""
+    int_need_bytes: int | None = None  # where int_declared_mb is still the one written from it
 
 
 def calibrated_floors(record: Any, resources: Sequence[Any]) -> dict[str, CalibratedFloor]:
     """By path, the resolved ``resources`` whose floor is the one the calibrated ``record``
-    wrote; a floor set otherwise since (on the command line, say) is not calibrated."""
+    wrote."""
     if record is None:
         return {}
     plain = _plain(record)
@@ -79,14 +75,11 @@ def calibrated_floors(record: Any, resources: Sequence[Any]) -> dict[str, Calibr
 class Machine:
     """The machine a calibration ran on, or the one running now."""
 
-    gpu: str
-    """The GPU's name, e.g. ``NVIDIA H200``."""
+    gpu: str  # e.g. NVIDIA H200
     sm_count: int
-    flashinfer: str
-    """``flashinfer-python``'s version, or ``none``."""
+    flashinfer: str  # or none
     torch: str
-    cuda: str
-    """The CUDA version torch was built with, e.g. ``13.0``."""
+    cuda: str  # the CUDA version torch was built with, e.g. 13.0
 
     @classmethod
     def here(cls, device: Device) -> Machine:
@@ -128,8 +121,7 @@ def calibration_inputs(
 class Difference:
     """One input recorded with one value and running with another (None: it has no such field)."""
 
-    field: str
-    """Its dotted name in the record, e.g. ``profile.model.head_dim_ckv``."""
+    field: str  # its dotted name in the record, e.g. profile.model.head_dim_ckv
     recorded: Any
     running: Any
 
@@ -144,8 +136,7 @@ class StaleCalibration:
     """Why a calibrated deployment's floors may not hold where it runs; its text is the warning."""
 
     deployment: str
-    differences: tuple[Difference, ...]
-    """Each input that differs, in the record's order."""
+    differences: tuple[Difference, ...]  # in the record's order
     recorded_on: str
     running_on: str
 
@@ -177,8 +168,8 @@ def _flat(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, An
 def stale_calibration(
     record: Mapping[str, Any], running: Mapping[str, Any]
 ) -> StaleCalibration | None:
-    """How the ``record`` differs from the inputs ``running`` (:func:`calibration_inputs` of what
-    runs), field by field; None when every input is the same."""
+    """How the ``record`` differs from the inputs ``running``, field by field; None when every
+    input is the same."""
     recorded, here = dict(_flat(record)), dict(_flat(running))
     # A field on one side only reads as None: one the record predates, unset here, is the same.
     differences = tuple(
@@ -201,14 +192,13 @@ def stale_record(
 ) -> StaleCalibration | None:
     """How the ``record`` differs from the ``profile`` and ``resources`` composed now on
     ``machine``."""
-    plain = _plain(record)
     running = calibration_inputs(machine, load_profile(profile), resources)
-    return stale_calibration(plain, running)
+    return stale_calibration(_plain(record), running)
 
 
 def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
     """The ``calibration`` profile and ``calibrated`` record of the composed ``cfg``, None where
-    it has none; :class:`ResourceConfigError` where one is no mapping (``calibrated=5``)."""
+    it has none; either refused where it is no mapping (``calibrated=5``)."""
     profile, record = cfg.get(PROFILE_KEY), cfg.get(RECORD_KEY)
     for key, node, what in (
         (PROFILE_KEY, profile, "a calibration profile (model, limits, plans)"),
@@ -220,8 +210,8 @@ def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
 
 
 def checked_calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
-    """:func:`calibration_nodes`, the profile loaded (refused naming each bad key): the rule the
-    dry run and both plugins apply to a deployment's calibration."""
+    """:func:`calibration_nodes`, each refused naming its bad keys: the rule the dry run and both
+    plugins apply to a deployment's calibration."""
     profile, record = calibration_nodes(cfg)
     if profile is not None:
         load_profile(profile)
