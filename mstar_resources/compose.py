@@ -78,8 +78,7 @@ def compose_deployment(
 
 
 def quoted(text: str) -> str:
-    """``text`` as a quoted value of Hydra's override grammar, read back as ``text`` whatever it
-    holds: a quote escaped, and the backslashes before a quote or the end doubled."""
+    """``text`` as a quoted value of Hydra's override grammar, read back as ``text``."""
     escaped = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
     return "'" + escaped.replace("${", "\\${") + "'"
 
@@ -122,8 +121,7 @@ def group_options(group: str, config_name: str | None, searchpath: Sequence[str]
 
 class Composition:
     """Overrides as a command line gives them (``texts``), composed over the primary config
-    ``config_name`` (or ``given_name``, the ``--config-name`` given) with a user's ``config_dir``
-    on the search path; ``settings``: the app's own schema."""
+    ``config_name`` (or ``given_name``, from ``--config-name``) with ``config_dir`` searched."""
 
     def __init__(
         self, config_name: str, texts: Sequence[str], config_dir: str | Path | None = None,
@@ -213,8 +211,8 @@ class Composition:
 
     @functools.cached_property
     def deployment_files(self) -> list[Path]:
-        """Where the ``--config-dir`` would hold the deployment the overrides pick (the last, as
-        Hydra takes it): the file composed, then the one of the name given where that differs."""
+        """Where the ``--config-dir`` would hold the deployment the overrides pick: the file
+        composed, then the one of the name given where that differs."""
         picks = (o.value() for o in reversed(self.overrides) if o.key_or_group == DEPLOYMENT_GROUP)
         given = next(picks, None)
         if not (self.folder and isinstance(given, str) and given):
@@ -264,8 +262,8 @@ class Composition:
             raise ResourceConfigError(f"{named} {problem}")
 
     def config(self, full_error: bool = False, hydra: bool = True) -> DictConfig:
-        """The overrides composed (with Hydra's config where ``hydra``), a mistake in them or in a
-        config file raised as ResourceConfigError (where ``full_error``, as Hydra raised it)."""
+        """The overrides composed, a mistake in them or in a config file raised as
+        ResourceConfigError (where ``full_error``, as Hydra raised it)."""
         for path in self.deployment_files:
             self._check_file(path)
         try:
@@ -278,7 +276,7 @@ class Composition:
 
     def paragraph(self, error: BaseException) -> str | None:
         """``error``, raised composing the overrides, as one paragraph; None where it is no mistake
-        in them or in a config file (a ``ValueError`` or ``OSError`` no override explains)."""
+        in them or in a config file."""
         if isinstance(error, yaml.YAMLError):
             return not_yaml(error)
         if isinstance(error, RecursionError):
@@ -386,8 +384,7 @@ TOO_DEEP = f"nests more than {MAX_NESTING} levels deep; write the deployment out
 
 
 def _read_bounded(path: Path, named: str) -> tuple[Any, str] | None:
-    """``path``'s YAML (its body and text), or None where Hydra's own error says more (a syntax
-    error); a file unreadable or too large to compose is refused."""
+    """``path``'s YAML (its body and text), or None where Hydra's own error says more."""
     if (size := path.stat().st_size) > MAX_FILE_BYTES:
         raise ResourceConfigError(f"{named} is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a "
                                   "deployment file may hold (a deployment is a few dozen lines); "
@@ -421,8 +418,7 @@ def not_utf8(path: Path, data: bytes, error: UnicodeDecodeError) -> str:
 
 
 def _listed_beside(body: Any, path: Path) -> list[Path]:
-    """The deployment files the defaults of ``body`` (``path``'s) name: in ``path``'s folder, or
-    in the group's as ``/deployment/NAME``."""
+    """The deployment files the defaults of ``body`` (``path``'s) name."""
     defaults = body.get("defaults") if isinstance(body, dict) else None
     group = path.parent if path.parent.name == DEPLOYMENT_GROUP else path.parent.parent
     found = []
@@ -468,8 +464,7 @@ def _depths(root: yaml.Node | None, once: bool = False) -> Iterator[int]:
 
 
 def _body_problem(body: Any, text: str, settings: type) -> str | None:
-    """What a deployment file's ``body`` (read from ``text``) sets that composing would refuse, or
-    drop or turn into another value without a word (None: nothing)."""
+    """What a deployment file sets that composing would refuse, drop or change without a word."""
     if not body and text.startswith("# @package _global_"):  # else Hydra's error says so
         return ("declares nothing: a deployment sets resources (or lists another deployment under "
                 "defaults), and without them every floor would be MSTAR_WORKSPACE_BUFFER_MB, else "

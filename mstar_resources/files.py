@@ -66,8 +66,7 @@ def replacing(path: Path) -> Iterator[Path]:
 
 
 def folder_problem(folder: Path) -> str | None:
-    """Why files could not be written into ``folder`` (made if missing), or None; it tries making a
-    folder in the nearest that exists (``/proc`` refuses where permissions allow)."""
+    """Why files could not be written into ``folder`` (made if missing), or None."""
     folder = existing = Path(folder).absolute()
     try:
         while not existing.exists():

@@ -130,8 +130,7 @@ def resolve_floor(
 
 
 def number_text(value: int) -> str:
-    """``value`` with thousands separators, or its length where it is too long to read (or for
-    Python to print)."""
+    """``value`` with thousands separators, or its length where it is too long to read."""
     if value.bit_length() <= 200:  # up to 60 digits
         return f"{value:,}"
     digits = int(value.bit_length() * 0.30103) - 1  # log10(2): at most the count

@@ -39,18 +39,14 @@ _BUFFERS = {buffer.declared_key: buffer for buffer in (FLOAT, INT)}
 class ResolvedResource:
     """One declared resource with its floors resolved: what its pool will reserve, and why."""
 
-    path: str
-    """Where it sits below ``resources``, e.g. ``attn.decode``."""
+    path: str  # below resources, e.g. attn.decode
     owner: str
     labels: tuple[str, ...]
-    cg_slots: tuple[int, ...]
-    """Empty: eager only."""
+    cg_slots: tuple[int, ...]  # empty: eager only
     declared_mb: int | None
     int_declared_mb: int | None
-    floor: Floor
-    """Each workspace's floor: declared, else from the environment, else 512 MB."""
-    int_floor: Floor
-    """Each int workspace's floor (and its host mirror's)."""
+    floor: Floor  # each workspace's: declared, else from the environment, else 512 MB
+    int_floor: Floor  # each int workspace's (and its host mirror's)
 
     @property
     def key(self) -> str:
@@ -125,7 +121,6 @@ def declared(
     env: Mapping[str, str] | None = None,
 ) -> ResolvedResource:  # fmt: skip
     """The record of a resource declared with these fields, its floors resolved as in a tree."""
-    env = os.environ if env is None else env
     key = f"{RESOURCES_KEY}.{path}"
     return ResolvedResource(
         path, owner, tuple(labels), tuple(cg_slots), declared_mb, int_declared_mb,
@@ -141,9 +136,8 @@ def build_pools(
     *,
     reserve: bool = False,
 ) -> dict[str, WorkspacePool]:
-    """A workspace pool on ``device`` for every resource, by path: from the composed ``resources``
-    tree (resolved with ``env``) or the records :func:`resolve` gave; ``reserve`` makes every
-    workspace now rather than when first asked for."""
+    """A workspace pool on ``device`` for every resource, by path, from the composed ``resources``
+    tree or :func:`resolve`'s records; ``reserve`` makes every workspace now."""
     from .attn.workspace import WorkspacePool
 
     check_argument("reserve", reserve, bool, "True or False")
@@ -319,8 +313,7 @@ def _converted(values: dict[str, Any], key: str, problems: list[str]) -> dict[st
 
 
 def _already_typed(node: DictConfig, values: dict[str, Any]) -> bool:
-    """Whether ``values`` (``node``'s) hold every required field, each of its type, and nothing
-    else."""
+    """Whether ``values`` hold every required field, each of its type, and nothing else."""
     if not (_REQUIRED <= values.keys() <= FIELDS.keys()) or MISSING in values.values():
         return False
     if OmegaConf.get_type(node) is Resource:  # OmegaConf checked each value when it was set

@@ -42,8 +42,9 @@ def flashinfer_overflow(
     """The error FlashInfer's allocator raises when ``allocation`` (e.g. ``batch_decode_tmp_v``)
     asks for ``size`` bytes with ``available`` left in the workspace."""
     where = _expressions()["overflow"]
-    header = Path(sysconfig.get_path("purelib")) / "flashinfer/data/include/flashinfer"
-    file = header / where["header"]
+    file = Path(
+        sysconfig.get_path("purelib"), "flashinfer/data/include/flashinfer", where["header"]
+    )
     message = _render(
         "overflow", name=allocation, size=size, alignment=alignment, remaining_space=available
     )

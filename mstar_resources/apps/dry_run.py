@@ -94,8 +94,7 @@ def main(cfg: DictConfig) -> None:
 def _check_calibration_inputs(
     cfg: DictConfig, records: list[ResolvedResource]
 ) -> dict[str, CalibratedFloor]:
-    """Refuse an invalid calibration profile, warn where a calibrated deployment no longer composes
-    what it was measured with, and return the floors that are calibration's."""
+    """Refuse an invalid calibration, warn where it no longer holds, and return its floors."""
     profile, record = checked_calibration_nodes(cfg)
     if record is not None and profile is not None:
         # The GPU is the record's (a dry run has none to compare), the FlashInfer any installed.

@@ -68,8 +68,7 @@ def is_cuda_device(device: str) -> bool:
 
 
 def cuda_device(device: str, without_gpu: str) -> torch.device:
-    """The ``device`` setting as a CUDA device that is here; ``without_gpu`` says what to do
-    instead when there is none."""
+    """The ``device`` setting as a CUDA device that is here; ``without_gpu``: what to do if none."""
     if not is_cuda_device(device):
         raise ResourceConfigError(f"device={device!r} is not a CUDA device; set device=cuda:N")
     import torch
@@ -94,8 +93,7 @@ def package_version() -> str:
 
 
 class _RaisedByTheApp(BaseException):
-    """What the app's own code raised (``args[0]``), carried past Hydra's job runner and its error
-    report, which catch ``Exception`` only, to be raised again, unchanged, by the entry point."""
+    """What the app's own code raised (``args[0]``), carried past Hydra's ``except Exception``."""
 
 
 def hydra_app(
@@ -163,9 +161,7 @@ def hydra_app(
             except (OSError, RuntimeError) as error:  # RuntimeError: a loop of links (Python 3.11)
                 fail(prog, f"--config-dir {config_dir} can't be read ({error}); give a folder of "
                      "configs")  # fmt: skip
-            on = Composition(
-                config_name, line.overrides, line.config_dir, line.config_name, settings
-            )
+            on = Composition(config_name, line.overrides, config_dir, line.config_name, settings)
             if refusal := _refusal(line, on, prog, invoked, compose_once):
                 fail(prog, refusal)
             flags = [k for k, v in vars(line).items()
@@ -270,8 +266,7 @@ def _refusal(
 
 
 def _config_dir_problem(line: argparse.Namespace, on: Composition) -> str | None:
-    """A ``--config-dir`` that holds none of the config groups the app composes and is no folder
-    of primary configs: it would add nothing."""
+    """A ``--config-dir`` that would add nothing: none of the app's config groups is in it."""
     config_dir = line.config_dir
     if config_dir is None or line.config_name is not None:
         return None
@@ -298,8 +293,7 @@ def _config_dir_problem(line: argparse.Namespace, on: Composition) -> str | None
 
 
 def _group_value_problem(on: Composition) -> str | None:
-    """An override of a config group whose value is no plain option name, or one adding a key at
-    the top that no app reads."""
+    """An override of a config group whose value is no plain option name, or an unread key."""
     for override in on.overrides:
         group, value = override.key_or_group, override.value()
         options = on.options(group)
@@ -331,8 +325,8 @@ def _group_value_problem(on: Composition) -> str | None:
 
 
 def register_options_resolver(config_name: str) -> None:
-    """Register ``${mstar_resources.options:GROUP[,KEY]}`` (a group's options, or those whose
-    config sets KEY) and ``${mstar_resources.shown:VALUE}`` for the help of ``config_name``."""
+    """Register the resolvers of the help of ``config_name``: ``${mstar_resources.options:GROUP}``
+    (``GROUP,KEY``: the options that set KEY) and ``${mstar_resources.shown:VALUE}``."""
 
     def sets(group: str, option: str, key: str) -> bool:  # the config with group=option sets key
         try:

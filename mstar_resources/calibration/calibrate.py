@@ -43,8 +43,7 @@ class Measured:
 
     path: str
     need_bytes: int
-    worst: str
-    """Which label and shape needs it, e.g. ``decode: bs=64 q=1 kv=131072 graph``."""
+    worst: str  # which label and shape needs it, e.g. decode: bs=64 q=1 kv=131072 graph
     method: str
     int_need_bytes: int | None = None  # None: not measured
 
@@ -223,8 +222,7 @@ def vllm_formula(batched_tokens: int, heads: int, head_dim: int, per: int = 16) 
 
 
 def vllm_formula_bytes(profile: CalibrationProfile) -> int | None:
-    """vLLM 0.33's per-token floor, in bytes; None for MLA models, which vLLM runs without
-    FlashInfer on the GPUs calibrated here (SM90)."""
+    """vLLM 0.33's per-token floor; None for MLA models, which it runs without FlashInfer."""
     if any(plan.kind is PlanKind.mla for plan in profile.plans.values()):
         return None
     model = profile.model
@@ -283,8 +281,7 @@ def table(
 
 
 def profile_settings(cfg: Any, overrides: Sequence[str]) -> dict[str, Any] | None:
-    """The ``calibration`` settings that the command line's ``overrides`` gave the composed ``cfg``,
-    with their composed values, or None."""
+    """The ``calibration`` settings the command line's ``overrides`` gave, as ``cfg`` holds them."""
     settings = OmegaConf.create({})
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+")
@@ -329,8 +326,7 @@ def base_deployment(name: str) -> str:
 
 
 def calibrated_name(deployment: str, output_dir: Path) -> str:
-    """``<deployment>_calibrated``, or ``_recalibrated`` where the package ships the former and
-    ``output_dir`` is not the package's folder."""
+    """``<deployment>_calibrated``, or ``_recalibrated`` where the package ships the former."""
     name = f"{deployment}{CALIBRATED_SUFFIX}"
     if (shipped_deployments() / f"{name}.yaml").is_file() and not _is_shipped(output_dir):
         return f"{deployment}{RECALIBRATED_SUFFIX}"

@@ -76,8 +76,7 @@ def shapes_for(plan: PlanProfile, profile: CalibrationProfile, cuda_graph: bool)
 
 
 def is_bounding(shape: Shape, plan: PlanProfile, profile: CalibrationProfile) -> bool:
-    """Whether ``shape`` reaches the most a label can need, so that a floor measured without it
-    may fall short."""
+    """Whether a floor measured without ``shape`` may fall short of what the label can need."""
     if shape.cuda_graph:
         return True
     long = profile.limits.max_model_len
@@ -200,8 +199,7 @@ class Planner:
         )
 
     def wrappers(self, plan: PlanProfile, buffer: torch.Tensor) -> Callable[[Shape], Any]:
-        """The wrapper on ``buffer`` that plans each shape: one for every eager shape, and one per
-        graph shape."""
+        """The wrapper on ``buffer`` that plans each shape: one eager, and one per graph shape."""
         eager = None
 
         def wrapper_for(shape: Shape) -> Any:

@@ -92,8 +92,7 @@ class PlanProfile:
     disable_split_kv: bool = False  # such plans need no float workspace
 
     def plan_options(self) -> dict[str, Any]:
-        """The ``plan()`` keywords not at FlashInfer's defaults (before 0.7.2 it takes no
-        ``q_len_per_req``)."""
+        """The ``plan()`` keywords not at FlashInfer's defaults (0.6 takes no ``q_len_per_req``)."""
         options: dict[str, Any] = {}
         if self.fixed_split_size > 0:
             options["fixed_split_size"] = self.fixed_split_size
@@ -122,7 +121,6 @@ class CalibrationProfile:
 
 
 def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str]:
-    """A problem for each of ``names`` of ``node`` below 1."""
     return [
         f"{prefix}.{name}={getattr(node, name)!r} must be a positive whole number"
         for name in names
@@ -230,8 +228,7 @@ def _unset_problems(merged: DictConfig) -> list[str]:
     for key in sorted(OmegaConf.missing_keys(merged)):
         holder, _, name = key.rpartition(".")
         schema = OmegaConf.get_type(OmegaConf.select(merged, holder) if holder else merged)
-        hints = typing.get_type_hints(schema) if dataclasses.is_dataclass(schema) else {}
-        hint = hints.get(name)
+        hint = typing.get_type_hints(schema).get(name) if dataclasses.is_dataclass(schema) else None
         if isinstance(hint, type) and issubclass(hint, Enum):
             takes = "one of " + ", ".join(member.name for member in hint)
         elif dataclasses.is_dataclass(hint):

@@ -50,11 +50,8 @@ class CalibratedFloor:
 
 
 def calibrated_floors(record: Any, resources: Sequence[Any]) -> dict[str, CalibratedFloor]:
-    """By path, the resolved ``resources`` whose floor is the one the calibrated ``record``
-    wrote."""
-    if record is None:
-        return {}
-    plain = _plain(record)
+    """By path, the ``resources`` whose floor is the one the calibrated ``record`` wrote."""
+    plain = _plain(record or {})
     margin = float(plain.get("margin", 0.0))
     needs = {n["path"]: n for n in plain.get("needs", [])}
     floors = {}
@@ -168,8 +165,7 @@ def _flat(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, An
 def stale_calibration(
     record: Mapping[str, Any], running: Mapping[str, Any]
 ) -> StaleCalibration | None:
-    """How the ``record`` differs from the inputs ``running``, field by field; None when every
-    input is the same."""
+    """How the ``record`` differs from the inputs ``running``, field by field, or None."""
     recorded, here = dict(_flat(record)), dict(_flat(running))
     # A field on one side only reads as None: one the record predates, unset here, is the same.
     differences = tuple(
@@ -190,15 +186,13 @@ def stale_calibration(
 def stale_record(
     record: Any, profile: Any, resources: Sequence[ResolvedResource], machine: Machine
 ) -> StaleCalibration | None:
-    """How the ``record`` differs from the ``profile`` and ``resources`` composed now on
-    ``machine``."""
+    """How the ``record`` differs from the ``profile`` and ``resources`` now on ``machine``."""
     running = calibration_inputs(machine, load_profile(profile), resources)
     return stale_calibration(_plain(record), running)
 
 
 def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
-    """The ``calibration`` profile and ``calibrated`` record of the composed ``cfg``, None where
-    it has none; either refused where it is no mapping (``calibrated=5``)."""
+    """The ``calibration`` profile and ``calibrated`` record of ``cfg`` (None: it has none)."""
     profile, record = cfg.get(PROFILE_KEY), cfg.get(RECORD_KEY)
     for key, node, what in (
         (PROFILE_KEY, profile, "a calibration profile (model, limits, plans)"),
@@ -210,8 +204,7 @@ def calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
 
 
 def checked_calibration_nodes(cfg: DictConfig) -> tuple[Any, Any]:
-    """:func:`calibration_nodes`, each refused naming its bad keys: the rule the dry run and both
-    plugins apply to a deployment's calibration."""
+    """:func:`calibration_nodes`, checked as the dry run and both plugins check them."""
     profile, record = calibration_nodes(cfg)
     if profile is not None:
         load_profile(profile)
