@@ -42,8 +42,7 @@ SHIPPED_CONF = "pkg://mstar_resources.conf"
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError, ValueError, OSError,
                   RecursionError)  # fmt: skip
 NO_DEPLOYMENT = "none"
-"""The shipped tree's empty deployment: listed among the options, never offered as the closest to
-a misspelt name (it is no deployment, and calibration refuses it)."""
+"""The shipped tree's empty deployment: never offered as the closest to a misspelt name."""
 NODE_EXPECTS: dict[type, str] = {BooleanNode: "true or false", IntegerNode: "a whole number",
                                  FloatNode: "a number", StringNode: "a string",
                                  ListConfig: "a list, e.g. [a, b]",

@@ -25,8 +25,7 @@ def shipped_deployments() -> Path:
 
 
 def calibrated_for(deployment: str, flashinfer: str | None, folders: Sequence[Path]) -> str:
-    """``flashinfer-<version>/<deployment>`` where one of the deployment ``folders`` holds that
-    file, measured with FlashInfer ``flashinfer``; else ``deployment`` itself."""
+    """``flashinfer-<version>/<deployment>`` where one of ``folders`` holds it, else as given."""
     if flashinfer is None or "/" in deployment:
         return deployment
     # A build's local label (0.6.14+cu128) is the release's code.

@@ -101,9 +101,8 @@ def hydra_app(
     command: str | None = None, version: str | Callable[[], str] | None = None,
     settings: type | None = None,
 ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:  # fmt: skip
-    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``:
-    ``prog`` starts each error line, ``command`` is how a user runs it, ``version`` what
-    ``--version`` prints, ``settings`` its own schema."""
+    """Make ``run(cfg)`` the ``main()`` of a Hydra app over ``config_path``/``config_name``;
+    ``command``: how a user runs it (default ``prog``), ``settings``: its own schema."""
     invoked = command or prog
 
     def decorate(run: Callable[[DictConfig], None]) -> Callable[[], None]:

@@ -30,9 +30,9 @@ DEFAULT_MARGIN = 0.0
 within the profile's limits can ask for (``docs/calibration.md``)."""
 
 CALIBRATED_SUFFIX = "_calibrated"
+# A calibration written outside the package of a deployment it ships calibrated: Hydra would find
+# the shipped <name>_calibrated before a --config-dir's file of that name.
 RECALIBRATED_SUFFIX = "_recalibrated"
-"""A calibration written outside the package of a deployment the package ships calibrated: Hydra
-finds the shipped ``<name>_calibrated`` before a ``--config-dir``'s file of that name."""
 
 DEFAULT_OUTPUT_DIR = Path("calibrated", "deployment")  # --config-dir calibrated, not the package
 
@@ -51,7 +51,7 @@ class Measured:
 @dataclass(frozen=True)
 class OneBuffer:
     """What an engine that shares one float workspace among all its wrappers and graph sizes (vLLM,
-    SGLang) must reserve: every plan carves it from offset 0, so the most any one plan needs."""
+    SGLang) must reserve: the most any one plan needs."""
 
     need_bytes: int
     bytes: int  # what to reserve: the need plus the margin, in whole MB

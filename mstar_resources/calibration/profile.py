@@ -25,8 +25,8 @@ DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 class PlanKind(Enum):
-    """Which FlashInfer wrapper plans a label. (``BatchPODWithPagedKVCacheWrapper`` is not one:
-    it splits its float buffer into two views when built, so it cannot follow a growing one.)"""
+    """Which FlashInfer wrapper plans a label (not ``BatchPODWithPagedKVCacheWrapper``, whose views
+    of its float buffer could not follow a growing one)."""
 
     decode = "decode"  # BatchDecodeWithPagedKVCacheWrapper
     paged_prefill = "paged_prefill"  # BatchPrefillWithPagedKVCacheWrapper

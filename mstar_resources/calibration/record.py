@@ -229,8 +229,7 @@ def check_calibration(
     warn: bool = True,
 ) -> StaleCalibration | None:
     """Log one WARNING (unless ``warn=False``), and return what differs, when the composed ``cfg``
-    was calibrated with other inputs than those running on the CUDA ``device``; None when it holds
-    or is not calibrated. ``resolved``: ``resolve(cfg.resources)``, where the caller has it."""
+    was calibrated with other inputs than those running on the CUDA ``device``; else None."""
     import torch
 
     if not isinstance(cfg, DictConfig | Mapping):
