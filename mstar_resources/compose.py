@@ -302,8 +302,7 @@ class Composition:
             why = _paragraph(error.message) + _quoting_hint(error.override)
             return f"{error.override!r} is not an override Hydra can read: {why}"
         if isinstance(error, HydraException | OmegaConfBaseException):
-            # Hydra raises its own error from inside the handler of OmegaConf's (a value of a
-            # config file the schema refuses), or ``from`` it (one on the command line).
+            # Hydra raises its own error in OmegaConf's handler (a file's value), or from it.
             cause = error if isinstance(error, OmegaConfBaseException) else (
                 error.__cause__ or error.__context__)  # fmt: skip
             if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
@@ -311,8 +310,7 @@ class Composition:
             if isinstance(cause, ValidationError) and cause.full_key:
                 return _bad_value(cause)
             if isinstance(cause, OmegaConfBaseException) and cause is not error:
-                # Hydra's sentence ("Error merging override ~calibration.model") says what it was
-                # doing; the first line of OmegaConf's, its cause, says why it could not.
+                # Hydra's says what it was doing; its cause's first line, why it could not.
                 reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
                 if reason not in str(error):
                     return _paragraph(f"{error}: {reason}")
@@ -399,8 +397,7 @@ def _read_bounded(path: Path, named: str) -> tuple[Any, str] | None:
     except UnicodeDecodeError as error:
         raise ResourceConfigError(not_utf8(path, data, error)) from None
     except (RecursionError, yaml.YAMLError) as error:
-        # Too deep (Python's YAML reader recurses a level, libyaml says so), or composing says
-        # what is wrong, and where.
+        # Too deep (a RecursionError, or libyaml's message); else composing says what is wrong.
         if not (isinstance(error, RecursionError) or "maximum nesting depth" in str(error)):
             return None
         too_large = TOO_DEEP

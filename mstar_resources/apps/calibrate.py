@@ -82,8 +82,7 @@ def main(cfg: DictConfig) -> None:
         )
     check_labels(planned, profile)
     name = base_deployment(str(deployment))
-    # A deployment of the user's --config-dir: the calibrated file lists it under its defaults,
-    # which Hydra finds only in a folder holding it, so it is written beside it.
+    # Beside a --config-dir's deployment, which its defaults list: Hydra finds it only there.
     sources = HydraConfig.get().runtime.config_sources
     beside = users_deployment_folder(name, [s.path for s in sources if s.schema == "file"])
     output_dir = Path(cfg.output_dir) if cfg.output_dir else beside or DEFAULT_OUTPUT_DIR
