@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import logging
 import re
 import sys
@@ -158,13 +159,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             if fullname not in self.waiting or fullname in self._finding:
                 return None
             self._finding.add(fullname)
-        spec: importlib.machinery.ModuleSpec | None = None
-        try:
-            for finder in sys.meta_path:
-                if finder is not self and hasattr(finder, "find_spec"):
-                    spec = finder.find_spec(fullname, path, target)
-                    if spec is not None:
-                        break
+        try:  # the finders after this one: it finds nothing while it looks
+            spec = importlib.util.find_spec(fullname)
         finally:
             with self._lock:
                 self._finding.discard(fullname)
