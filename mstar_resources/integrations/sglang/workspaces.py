@@ -191,10 +191,11 @@ class SglangWorkspaces(PluginState):
             )  # fmt: skip
         super().seal(before)
 
-    def decode_graphs_after_seal(self) -> None:
-        """SGLang captures decode graphs after startup (a prefill instance switching to decode):
-        over the sealed workspaces, which do not grow; say which floor must hold them."""
-        if not self.serving:
+    def decode_graphs_after_seal(self, runner: Any) -> None:
+        """SGLang captures decode graphs after startup (a PD role switch, 0.5.21+: a prefill
+        instance switching to decode), once: over the sealed workspaces, which do not grow; say
+        which floor must hold them."""
+        if not self.serving or getattr(runner, "decode_cuda_graph_captured", False):
             return
         decode = self.workspaces["decode"]
         logger.warning(
