@@ -160,10 +160,8 @@ class VllmWorkspaces(PluginState):
 
             nbytes, floor_setting, sms, counters = trtllm
             zeros = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-            self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=floor_setting)
-            self.trtllm_check = TrtllmLaunchCheck(
-                self.trtllm_workspace, sms, counters_in_workspace=counters
-            )
+            workspace = self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=floor_setting)
+            self.trtllm_check = TrtllmLaunchCheck(workspace, sms, counters_in_workspace=counters)
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = pools[record.path].get(role, cg_slot)
         self._set_decode_planner()
