@@ -148,7 +148,7 @@ class SglangWorkspaces(PluginState):
                 if wrapper is not None:  # as if built on the prefill workspace
                     attributes = vars(wrapper)
                     attributes[FLOAT_BUFFER] = prefill.tensor
-                    refresh_recorded_size(attributes, prefill.tensor)
+                    refresh_recorded_size(attributes, prefill.tensor, prefill.tensor.numel())
 
     def not_adopted(self, backend: str) -> None:
         """Say once that ``backend``, a subclass running other kernels, is not served."""
