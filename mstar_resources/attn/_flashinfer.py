@@ -71,13 +71,10 @@ def buffer_views(wrapper: Any, tensor: torch.Tensor) -> list[str]:
     ]
 
 
-def refresh_recorded_size(
-    attributes: dict[str, Any], tensor: torch.Tensor, size: int | None = None
-) -> None:
-    """Bring a wrapper's :data:`RECORDED_SIZE` up to ``tensor``'s size (``size``: as read before)
-    where it plans on it."""
+def refresh_recorded_size(attributes: dict[str, Any], tensor: torch.Tensor, size: int) -> None:
+    """Set a wrapper's :data:`RECORDED_SIZE` to ``size``, ``tensor``'s, where it plans on it."""
     if is_int(attributes.get(RECORDED_SIZE)) and attributes.get(FLOAT_BUFFER) is tensor:
-        attributes[RECORDED_SIZE] = tensor.numel() if size is None else size
+        attributes[RECORDED_SIZE] = size
 
 
 def refusals() -> tuple[type[BaseException], ...]:

@@ -118,8 +118,7 @@ class Workspace(GrowableBuffer):
             return planned
 
     def _refresh(self) -> None:
-        """The sizes a plan reads as it starts: replaced, never changed, after each growth (a
-        plan, every engine step, reads one attribute)."""
+        """The sizes a plan reads as it starts: replaced, never changed, after each growth."""
         self._sizes = {kind: buffer.tensor.numel() for kind, buffer in self._by_kind.items()}
 
     def _grow_for(

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import logging
 import re
 import sys
@@ -158,13 +159,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             if fullname not in self.waiting or fullname in self._finding:
                 return None
             self._finding.add(fullname)
-        spec: importlib.machinery.ModuleSpec | None = None
-        try:
-            for finder in sys.meta_path:
-                if finder is not self and hasattr(finder, "find_spec"):
-                    spec = finder.find_spec(fullname, path, target)
-                    if spec is not None:
-                        break
+        try:  # the finders after this one: it finds nothing while it looks
+            spec = importlib.util.find_spec(fullname)
         finally:
             with self._lock:
                 self._finding.discard(fullname)
@@ -200,14 +196,18 @@ class PluginState:
     def __init__(self, setting: Setting) -> None:
         self.setting = setting
         self.blocked: str | None = None  # why no engine of this process is served
-        self.untouched: str | None = None  # why the engine runs as it is (None: served, or not yet)
+        self.unread_release: str | None = None
+        """The engine's version where no release read was it: what the plugin sizes from how the
+        releases read launch their kernels (the TRT-LLM workspace) is left to the engine there."""
+        self._start_engine()
+
+    def _start_engine(self) -> None:
+        """One engine's state, empty."""
+        self.untouched = self.blocked  # why the engine runs as it is (None: served, or not yet)
         self.pools: dict[str, WorkspacePool] = {}  # by resource path
         self.sealed_before: str | None = None  # the engine's graph capture...
         self.shared_int_wrappers = 0  # decode wrappers given a shared int workspace
         self.provenance: dict[str, str] = {}  # by resource path: whence a floor here, in words
-        self.unread_release: str | None = None
-        """The engine's version where no release read was it: what the plugin sizes from how the
-        releases read launch their kernels (the TRT-LLM workspace) is left to the engine there."""
 
     @property
     def serving(self) -> bool:

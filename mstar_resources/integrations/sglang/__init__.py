@@ -40,17 +40,6 @@ def _reserve(workspaces: SglangWorkspaces, runner: Any) -> None:
         workspaces.leave_untouched(f"it failed ({type(error).__name__}: {error})")
 
 
-def _seal(workspaces: SglangWorkspaces, runner: Any) -> None:
-    """Sealed before the model runner's CUDA graphs (called also where it captures none)."""
-    workspaces.seal("captures CUDA graphs (or, with none, serves)")
-
-
-def _decode_graphs_after_seal(workspaces: SglangWorkspaces, runner: Any) -> None:
-    """A PD role switch (SGLang 0.5.21+): decode graphs captured after the seal, once."""
-    if not getattr(runner, "decode_cuda_graph_captured", False):
-        workspaces.decode_graphs_after_seal()
-
-
 def _adopt_when_built(workspaces: SglangWorkspaces, init: Any, owner: Any) -> Any:
     """A FlashInfer backend: its prefill wrappers on the prefill workspace once built. A subclass
     (SGLang's TRT-LLM MHA backend) runs other kernels on a workspace of its own: not adopted."""
@@ -90,10 +79,12 @@ def _begin_forward_through_workspace(workspaces: SglangWorkspaces, wrapper_class
 
 SEAMS = (
     Seam(RUNNER, "ModelRunner.alloc_memory_pool", patch=before(_reserve)),
-    Seam(RUNNER, "ModelRunner.init_cuda_graphs", patch=before(_seal)),
+    # sealed before the model runner's CUDA graphs (called also where it captures none)
+    Seam(RUNNER, "ModelRunner.init_cuda_graphs", patch=before(
+        lambda state, runner: state.seal("captures CUDA graphs (or, with none, serves)"))),
     # a prefill instance switching to decode captures decode graphs on the sealed workspaces
     Seam(RUNNER, "ModelRunner.ensure_decode_cuda_graphs", required=False, since="0.5.21",
-         patch=before(_decode_graphs_after_seal)),
+         patch=before(SglangWorkspaces.decode_graphs_after_seal)),
     Seam(RUNNER, "ModelRunner.use_mla_backend", instance=True),
     Seam(CONTEXT, "get_buffer"),
     # auto: the settings in effect (the parallel widths, the scheduler's limits, the graphs)

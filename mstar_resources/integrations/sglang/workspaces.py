@@ -148,7 +148,7 @@ class SglangWorkspaces(PluginState):
                 if wrapper is not None:  # as if built on the prefill workspace
                     attributes = vars(wrapper)
                     attributes[FLOAT_BUFFER] = prefill.tensor
-                    refresh_recorded_size(attributes, prefill.tensor)
+                    refresh_recorded_size(attributes, prefill.tensor, prefill.tensor.numel())
 
     def not_adopted(self, backend: str) -> None:
         """Say once that ``backend``, a subclass running other kernels, is not served."""
@@ -191,10 +191,11 @@ class SglangWorkspaces(PluginState):
             )  # fmt: skip
         super().seal(before)
 
-    def decode_graphs_after_seal(self) -> None:
-        """SGLang captures decode graphs after startup (a prefill instance switching to decode):
-        over the sealed workspaces, which do not grow; say which floor must hold them."""
-        if not self.serving:
+    def decode_graphs_after_seal(self, runner: Any) -> None:
+        """SGLang captures decode graphs after startup (a PD role switch, 0.5.21+: a prefill
+        instance switching to decode), once: over the sealed workspaces, which do not grow; say
+        which floor must hold them."""
+        if not self.serving or getattr(runner, "decode_cuda_graph_captured", False):
             return
         decode = self.workspaces["decode"]
         logger.warning(

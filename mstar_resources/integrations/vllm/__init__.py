@@ -121,11 +121,6 @@ def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any)
     return seal_then_capture
 
 
-def _warmed_up(workspaces: VllmWorkspaces, worker: Any, done: Any) -> None:
-    """Sealed after the warm-up, where no CUDA-graph capture sealed them (``enforce_eager``)."""
-    workspaces.seal("serves its first request (it captured no CUDA graph)")
-
-
 def _copied_to_ray(workspaces: VllmWorkspaces, names: Any, module: Any) -> Any:
     """vLLM's set of variables copied to Ray workers (beside VLLM_*, NCCL_*...), with the
     plugin's settings in it."""
@@ -168,7 +163,9 @@ SEAMS = (
     Seam(BACKEND, "FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT"),
     *_runner_seams(V1_RUNNER, until="0.33.0"),
     *_runner_seams(V2_RUNNER),
-    Seam(WORKER, "Worker.compile_or_warm_up_model", patch=after(_warmed_up)),
+    # sealed after the warm-up, where no CUDA-graph capture sealed them (enforce_eager)
+    Seam(WORKER, "Worker.compile_or_warm_up_model", patch=after(lambda state, worker, done:
+         state.seal("serves its first request (it captured no CUDA graph)"))),
     # vLLM's KV-cache groups: a function until 0.32, then a builder of them.
     Seam("vllm.v1.core.kv_cache_utils", "get_kv_cache_groups", required=False, until="0.32.0"),
     Seam("vllm.v1.core.kv_cache_planning", "get_kv_cache_groups_from_builder", required=False,

@@ -136,8 +136,6 @@ def read_builder(
         has_sinks=builder.has_sinks,
         has_spec=builder.reorder_batch_threshold > 1,
     )
-    # vLLM's threshold counts speculative tokens wherever the release decodes them, else is 1.
-    decode_q_len = builder.reorder_batch_threshold or 1
     graph_max_batch = builder._decode_cudagraph_max_bs if builder.enable_cuda_graph else None
     return BuilderPlans(
         group=group,
@@ -153,7 +151,8 @@ def read_builder(
         },
         kernels={"prefill": "trtllm-gen" if prefill_trtllm else NATIVE, "decode": decode},
         dcp_world_size=builder.dcp_world_size,
-        decode_q_len=max(1, int(decode_q_len)),
+        # vLLM's threshold counts speculative tokens wherever the release decodes them, else is 1.
+        decode_q_len=max(1, int(builder.reorder_batch_threshold or 1)),
         decode_graph_max_batch=graph_max_batch,
         non_causal=bool(getattr(attention, "use_non_causal", False)),
         trtllm_dcp_prefill=bool(getattr(builder, "use_trtllm_dcp_prefill", False)),

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from ...attn.trtllm_workspace import TrtllmLaunchCheck
-    from ...attn.workspace import Workspace, WorkspacePool
+    from ...attn.workspace import Workspace
     from ...calibration.calibrate import Measured
     from ...calibration.profile import CalibrationProfile
 
@@ -52,13 +52,12 @@ class VllmWorkspaces(PluginState):
     logger = logger
 
     def __init__(self, setting: Setting) -> None:
-        super().__init__(setting)
         # An engine started after the setting changed reads it again.
         self._loaded_value = os.environ.get(ENV_VAR, "").strip()
         self._engine: Callable[[], Any] | None = None  # the model runner served, weakly
         # vLLM's FlashInfer backend module and its own fast_plan_decode.
         self._decode_seam: tuple[Any, Callable[..., Any]] | None = None
-        self._start_engine()
+        super().__init__(setting)
         if os.environ.get(SCALE_UP_LAUNCH, "0").strip() not in ("", "0"):
             self.block(
                 f"{SCALE_UP_LAUNCH} is set: vLLM skips its memory profile in this launch (an "
@@ -66,24 +65,19 @@ class VllmWorkspaces(PluginState):
             )
 
     def _start_engine(self) -> None:
-        """One engine's state, empty."""
-        self.pools: dict[str, WorkspacePool] = {}
+        super()._start_engine()
         self._workspaces: dict[str, Workspace] = {}
         # By id (a wrapper need not be hashable), weakly: a wrapper vLLM drops is not kept alive.
         self._routed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._keys: Keys = {}
         self._int_builder: weakref.ref[Any] | None = None  # whose decode wrappers share the int
-        self.shared_int_wrappers = 0
-        self.untouched = self.blocked
         self.reading = EngineReading()  # what vLLM's builders will plan, and vLLM's own buffer
         # vLLM's TRT-LLM kernels' workspace, where a phase runs them, and the check of each launch.
         self.trtllm_workspace: Workspace | None = None
         self.trtllm_check: TrtllmLaunchCheck | None = None
-        self.sealed_before = None
         self.unexpected: list[str] = []  # phases given a native wrapper no builder said would run
         self._unplanned_pages: set[int] = set()
         self._builders: weakref.WeakSet[Any] = weakref.WeakSet()  # the builders served
-        self.provenance = {}
         self.manager = ManagerScratch()  # vLLM's WorkspaceManager
         self._set_decode_planner()
 
@@ -160,10 +154,8 @@ class VllmWorkspaces(PluginState):
 
             nbytes, floor_setting, sms, counters = trtllm
             zeros = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-            self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=floor_setting)
-            self.trtllm_check = TrtllmLaunchCheck(
-                self.trtllm_workspace, sms, counters_in_workspace=counters
-            )
+            workspace = self.trtllm_workspace = Workspace(zeros, TRTLLM_PATH, floor=floor_setting)
+            self.trtllm_check = TrtllmLaunchCheck(workspace, sms, counters_in_workspace=counters)
         for role, (record, cg_slot) in keys.items():
             self._workspaces[role] = pools[record.path].get(role, cg_slot)
         self._set_decode_planner()
