@@ -23,7 +23,8 @@ calibration."""
 
 @dataclass
 class Resource:
-    """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot)."""
+    """One resource: a pool of FlashInfer workspaces, one per (plan label, CUDA-graph slot), each a
+    float workspace (``declared_mb``) and an int one with its host mirror (``int_declared_mb``)."""
 
     owner: str = field(default="attention", metadata={"expects": "a non-empty string"})
     """Who the resource belongs to, as logs and errors name its workspaces (``owner:label:cgN``)."""
@@ -31,24 +32,28 @@ class Resource:
     declared_mb: int | None = field(
         default=None, metadata={"expects": f"a whole number of MB from 1 to {MAX_MB:,}, or null"}
     )
-    """The floor of each workspace, in MB; null: ``MSTAR_WORKSPACE_BUFFER_MB`` if set, else 512."""
+    """The floor of each workspace, in MB (2**20 bytes). Default null: ``MSTAR_WORKSPACE_BUFFER_MB``
+    if set, else 512. Higher reserves more memory up front; lower lets plans grow it at run time."""
 
     int_declared_mb: int | None = field(
         default=None, metadata={"expects": f"a whole number of MB from 0 to {MAX_MB:,}, or null"}
     )
-    """The floor of each int workspace and of its host mirror, in MB; 0: none, each wrapper keeps
-    its own; null: ``MSTAR_INT_WORKSPACE_BUFFER_MB`` if set, else 8."""
+    """The floor of each int workspace (a plan's indices, kilobytes) and of its host mirror, in
+    MB; it grows as the float one does. 0: none, each wrapper keeps its own (calibration's
+    value where a wrapper makes its own at each plan, FlashInfer 0.7's MLA). Default null:
+    ``MSTAR_INT_WORKSPACE_BUFFER_MB`` if set, else 8 (what each FlashInfer wrapper makes)."""
 
     labels: list[str] = field(
         default=MISSING, metadata={"expects": "a list of plan labels, e.g. [decode]"}
     )
-    """The plan labels the resource serves (``prefill``, ``decode``, ...), each once."""
+    """The plan labels the resource serves (``prefill``, ``decode``, ...): non-empty, each once.
+    Required: a pool hands out workspaces for these labels only."""
 
     cg_slots: list[int] = field(
         default_factory=list, metadata={"expects": "a list of slot numbers, e.g. [0, 1]"}
     )
-    """The CUDA-graph slots it serves, each a graph context whose buffers must not alias another's;
-    ``[]``: eager only."""
+    """The CUDA-graph slots it serves, each a graph context whose buffers must not alias another's
+    (e.g. micro-batch overlap's two streams): ints >= 0, each once. ``[]``: eager only."""
 
     def __post_init__(self) -> None:
         checks: dict[str, Sequence[str | None]] = {

@@ -56,16 +56,24 @@ class ModelShape:
     """The attention shape of the model, per GPU (after tensor parallelism)."""
 
     num_qo_heads: int = MISSING
-    num_kv_heads: int = MISSING  # must divide num_qo_heads
-    head_dim: int = 128  # not read by mla plans
-    head_dim_ckv: int | None = None  # mla: the compressed KV's dimension (512 for DeepSeek-V3)
-    head_dim_kpe: int | None = None  # mla: the rotary part's dimension (64 for DeepSeek-V3)
+    """Query (and output) heads on one GPU."""
+    num_kv_heads: int = MISSING
+    """KV heads on one GPU; must divide ``num_qo_heads``."""
+    head_dim: int = 128
+    """Dimension of one head (not read by ``mla`` plans)."""
+    head_dim_ckv: int | None = None
+    """MLA only: the compressed KV's dimension (512 for DeepSeek-V3). Required by ``mla`` plans."""
+    head_dim_kpe: int | None = None
+    """MLA only: the rotary part's dimension (64 for DeepSeek-V3). Required by ``mla`` plans."""
     page_size: int = 16
-    q_dtype: str = "bfloat16"  # torch dtype names, as DTYPES lists them
+    """Tokens per KV-cache page."""
+    q_dtype: str = "bfloat16"
+    """Query dtype, a ``torch`` dtype name."""
     kv_dtype: str = "bfloat16"
+    """KV-cache dtype, a ``torch`` dtype name (fp8 caches plan differently)."""
     o_dtype: str | None = None
-    """The output's; None: the query's, as FlashInfer defaults (vLLM queries an FP8 cache in FP8
-    and writes the model's dtype). Not taken by ``mla`` plans."""
+    """Output dtype, a ``torch`` dtype name; None: the query's, as FlashInfer defaults (vLLM
+    queries an FP8 cache in FP8 and writes the model's dtype). Not taken by ``mla`` plans."""
 
 
 @dataclass
@@ -73,8 +81,11 @@ class EngineLimits:
     """The engine's scheduling limits, which bound every plan it can make."""
 
     max_num_seqs: int = MISSING
-    max_num_batched_tokens: int = MISSING  # the chunked-prefill budget
+    """Most sequences in one batch."""
+    max_num_batched_tokens: int = MISSING
+    """Most query tokens in one batch (the chunked-prefill budget)."""
     max_model_len: int = MISSING
+    """Longest context, in tokens."""
 
 
 @dataclass
@@ -82,14 +93,22 @@ class PlanProfile:
     """How one plan label is planned."""
 
     kind: PlanKind = MISSING
+    """The FlashInfer wrapper that plans it (under CUDA graphs where it has ``cg_slots``)."""
     backend: str = "fa2"
-    """As the engine plans it (``BACKENDS``); a backend that uses no float workspace measures 0."""
-    tensor_cores: bool = False  # decode only: use_tensor_cores=True, as vLLM always plans
-    q_len_per_req: int = 1  # decode with tensor_cores only: 1 + speculative tokens
+    """The FlashInfer backend the engine plans it with (``BACKENDS``; ``auto``: FlashInfer picks
+    per plan). A backend that uses no float workspace measures 0: the smallest floor, 1 MB."""
+    tensor_cores: bool = False
+    """``decode`` only: plan with ``use_tensor_cores=True`` (FlashInfer's prefill scheduler, one
+    query row a request), as vLLM always does and SGLang for GQA groups of 4 or more."""
+    q_len_per_req: int = 1
+    """``decode`` with ``tensor_cores`` only: query tokens a request per step (1 + speculative
+    tokens); more than 1 needs FlashInfer 0.7.2."""
     fixed_split_size: int = -1
-    """Pages a chunk of each request's KV (-1: the scheduler picks), as engines' deterministic
-    modes split; not capped by the grid, so the need grows with the batch and its contexts."""
-    disable_split_kv: bool = False  # such plans need no float workspace
+    """``decode`` with ``tensor_cores``, or a prefill: split each request's KV into chunks of this
+    many pages (-1: the scheduler picks), as engines' deterministic modes do; not capped by the
+    grid, so the need grows with the batch and its contexts."""
+    disable_split_kv: bool = False
+    """``decode`` or a prefill: never split KV; such plans need no float workspace."""
 
     def plan_options(self) -> dict[str, Any]:
         """The ``plan()`` keywords not at FlashInfer's defaults (0.6 takes no ``q_len_per_req``)."""
@@ -115,9 +134,12 @@ class CalibrationProfile:
     model: ModelShape = MISSING
     limits: EngineLimits = MISSING
     cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    """Batch sizes the engine captures decode graphs for; each is planned."""
     cuda_graph_prefill_tokens: list[int] = field(default_factory=list)
-    """Token counts the engine captures prefill graphs for (SGLang's); empty: eager prefill."""
-    plans: dict[str, PlanProfile] = field(default_factory=dict)  # by plan label
+    """Token counts the engine captures prefill graphs for (SGLang's), for a ``paged_prefill``
+    label served in CUDA-graph slots. Empty: prefill runs eagerly."""
+    plans: dict[str, PlanProfile] = field(default_factory=dict)
+    """By plan label (as in the resources' ``labels``): which wrapper plans it."""
 
 
 def _not_positive(prefix: str, node: object, names: tuple[str, ...]) -> list[str]:
