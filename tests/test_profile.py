@@ -292,10 +292,10 @@ def test_the_vllm_plugin_plans_tensor_core_decode_and_the_builders_fixed_splits(
     it: none here, and whatever it set there."""
     from mstar_resources.integrations.vllm import plans as vllm_plans
 
-    from .integrations.test_vllm_plugin import PLANS, vllm_config
+    from .integrations.test_vllm_plugin import PLANS, profile_for, vllm_config
 
     def plan(role: str, plans: vllm_plans.BuilderPlans) -> tuple:
-        p = vllm_plans.profile_for(plans, role, vllm_config()).plans[role]  # type: ignore[arg-type]
+        p = profile_for(plans, role, vllm_config()).plans[role]
         return p.backend, p.tensor_cores, p.fixed_split_size, p.disable_split_kv
 
     assert plan("decode", PLANS) == ("auto", True, -1, False)

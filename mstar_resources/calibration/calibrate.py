@@ -92,11 +92,15 @@ class OneBuffer:
         return lines
 
 
-def declared_mbs(measured: Measured, margin: float = DEFAULT_MARGIN) -> tuple[int, int]:
-    """The ``declared_mb`` and ``int_declared_mb`` a measured resource declares (no int need: 0)."""
-    need = measured.int_need_bytes
-    int_mb = 0 if need is None else declared_mb_for(need, margin)
-    return declared_mb_for(measured.need_bytes, margin), int_mb
+def declared_mbs(needs: Sequence[Measured], margin: float) -> list[tuple[int, int]]:
+    """Each measured resource's ``declared_mb`` and ``int_declared_mb`` (no int need: 0)."""
+    return [
+        (
+            declared_mb_for(need.need_bytes, margin),
+            0 if need.int_need_bytes is None else declared_mb_for(need.int_need_bytes, margin),
+        )
+        for need in needs
+    ]
 
 
 @dataclass(frozen=True)
@@ -364,11 +368,11 @@ def write_override(
     folder = f"--config-dir {output_dir.parent} " if in_config_dir else ""
     needs = [{k: v for k, v in asdict(m).items() if v is not None} for m in measured]
     resources: dict[str, Any] = {}  # the floors, nested by each resource's path
-    for m in measured:
+    for m, mbs in zip(measured, declared_mbs(measured, margin), strict=True):
         node = resources
         for part in m.path.split("."):
             node = node.setdefault(part, {})
-        node["declared_mb"], node["int_declared_mb"] = declared_mbs(m, margin)
+        node["declared_mb"], node["int_declared_mb"] = mbs
     body = {
         "defaults": [base, "_self_"],
         "resources": resources,

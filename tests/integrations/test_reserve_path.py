@@ -63,24 +63,24 @@ def test_the_reserve_path_visits_each_module_for_a_step(vllm_stand_in, monkeypat
     assert returns <= MOST_RETURNS and climbs <= MOST_CLIMBS, " > ".join(path)
 
 
-AUTO_MOST_STAYS = 29  # with the measurement stood in; each phase adds 9 stays
-AUTO_MOST_RETURNS = 20
-AUTO_MOST_CLIMBS = 9
+AUTO_MOST_STAYS = 13  # with the measurement stood in; each step takes every phase at once
+AUTO_MOST_RETURNS = 4
+AUTO_MOST_CLIMBS = 4  # to measure, to make the records, the pools and the log
 
 
-def test_auto_takes_each_phase_through_its_profile_need_floors_and_record(
-    vllm_stand_in, monkeypatch
-):
-    """``auto`` (the measurement on FlashInfer's wrappers stood in): each native phase goes
-    through its profile, its need, its floors and its record, then the pools are made."""
+def test_auto_takes_every_phase_through_each_step_at_once(vllm_stand_in, monkeypatch):
+    """``auto`` (the measurement on FlashInfer's wrappers stood in): every native phase's profile
+    is made, then every need measured, every floor converted and every record made, each in one
+    step, then the pools."""
     from mstar_resources.calibration.calibrate import Measured
     from mstar_resources.integrations.vllm import plans as vllm_plans
     from mstar_resources.integrations.vllm import workspaces
 
-    def need(profile, role, graphs, device):
-        return Measured(f"attn.{role}", 3 << 20, f"{role}: bs=1", "query", 10_000)
+    def needs(profiles, device):
+        return [Measured(f"attn.{role}", 3 << 20, f"{role}: bs=1", "query", 10_000)
+                for role, _, _ in profiles]  # fmt: skip
 
-    monkeypatch.setattr(workspaces, "measured_need", need)
+    monkeypatch.setattr(workspaces, "measured_needs", needs)
     monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
         VLLM_BATCH_INVARIANT=False))  # fmt: skip
     served = workspaces.VllmWorkspaces(workspaces.Setting(workspaces.ENV_VAR, "auto"))

@@ -282,8 +282,21 @@ def test_auto_leaves_an_nvfp4_kv_cache_on_native_wrappers_as_vllm_makes_it():
 PLANS = BuilderPlans(
     group=0, layers=("l0",), num_qo_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
     kv_dtype="bfloat16", q_dtypes={"prefill": "bfloat16", "decode": "bfloat16"},
-    kernels={"prefill": NATIVE, "decode": NATIVE}, decode_graph_max_batch=256,
+    o_dtype="bfloat16", kernels={"prefill": NATIVE, "decode": NATIVE}, decode_graph_max_batch=256,
 )  # fmt: skip
+
+
+def profile_for(plans, role, config):
+    """The one profile of ``plans``' ``role`` plans."""
+    ((_, _, profile),) = vllm_plans.builder_profiles([plans], [role], config)
+    return profile
+
+
+def measuring(need):
+    """A stand-in ``measured_needs``: ``need(profile, role, graphs, device)`` for each profile."""
+    return lambda profiles, device: [
+        need(profile, role, plans.graphs(role), device) for role, plans, profile in profiles
+    ]
 
 
 def test_a_builders_profile_is_planned_with_its_own_shape(monkeypatch):
@@ -291,20 +304,20 @@ def test_a_builders_profile_is_planned_with_its_own_shape(monkeypatch):
         VLLM_BATCH_INVARIANT=False))  # fmt: skip
     fp8 = replace(PLANS, kv_dtype="float8_e4m3fn",
                   q_dtypes={"prefill": "float8_e4m3fn", "decode": "bfloat16"})  # fmt: skip
-    decode = vllm_plans.profile_for(fp8, "decode", vllm_config())
+    decode = profile_for(fp8, "decode", vllm_config())
     assert (decode.model.q_dtype, decode.model.kv_dtype) == ("bfloat16", "float8_e4m3fn")
     # An FP8 query writes the model's dtype, as vLLM plans it (fa2 and fa3 write no FP8).
-    prefill = vllm_plans.profile_for(fp8, "prefill", vllm_config())
+    prefill = profile_for(fp8, "prefill", vllm_config())
     assert (prefill.model.q_dtype, prefill.model.o_dtype) == ("float8_e4m3fn", "bfloat16")
     assert decode.cuda_graph_batch_sizes == [1, 2, 4, 8, 256]  # up to the builder's 256
     # DCP: decode plans every DCP rank's query heads together.
-    dcp = vllm_plans.profile_for(replace(PLANS, dcp_world_size=4), "decode", vllm_config())
+    dcp = profile_for(replace(PLANS, dcp_world_size=4), "decode", vllm_config())
     assert dcp.model.num_qo_heads == 128
     # Speculative tokens decoded as decode (vLLM 0.33's fa2): 1 + 3 query tokens a request.
-    spec = vllm_plans.profile_for(replace(PLANS, decode_q_len=4), "decode", vllm_config())
+    spec = profile_for(replace(PLANS, decode_q_len=4), "decode", vllm_config())
     assert spec.plans["decode"].q_len_per_req == 4
     assert spec.cuda_graph_batch_sizes == [1, 2, 64]  # 4, 8 and 256 tokens: 1, 2, 64 requests
-    eager = vllm_plans.profile_for(replace(PLANS, decode_graph_max_batch=None), "decode",
+    eager = profile_for(replace(PLANS, decode_graph_max_batch=None), "decode",
                                    vllm_config())  # fmt: skip
     assert eager.cuda_graph_batch_sizes == [1]
 
@@ -715,7 +728,7 @@ def test_a_model_of_several_groups_is_sized_for_the_most_any_builder_needs(
         int_need = heads * 40_000  # 64 heads: 2,560,000 bytes, held in 3 MiB
         return Measured(f"attn.{role}", heads * MIB, f"{role}: bs={heads}", "query", int_need)
 
-    monkeypatch.setattr(workspaces, "measured_need", need)
+    monkeypatch.setattr(workspaces, "measured_needs", measuring(need))
     monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
         VLLM_BATCH_INVARIANT=False))  # fmt: skip
     served = workspaces.VllmWorkspaces(workspaces.Setting(plugin.ENV_VAR, "auto"))
@@ -753,7 +766,7 @@ def test_each_tensor_parallel_rank_measures_its_own_heads_and_the_ranks_agree(mo
         measured.append((role, model.num_qo_heads, model.num_kv_heads))
         return Measured(f"attn.{role}", model.num_qo_heads * MIB, f"{role}: bs=1", "query")
 
-    monkeypatch.setattr(workspaces, "measured_need", need)
+    monkeypatch.setattr(workspaces, "measured_needs", measuring(need))
     groups = [types.SimpleNamespace(layer_names=["l0", "l1"], kv_cache_spec=Spec(4, 128, 16))]
     layers = {name: Layer(num_heads=16) for name in ["l0", "l1"]}
     ranks = []

@@ -184,5 +184,5 @@ def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], di
         f"{need.method}, for {plans.describe()}"
         for need in needs
     }
-    floors = {need.path: declared_mbs(need, margin=0.0) for need in needs}
+    floors = dict(zip([need.path for need in needs], declared_mbs(needs, margin=0.0), strict=True))
     return plans.resources(floors), provenance

@@ -13,10 +13,12 @@ from ..plugin import dtype_name
 from ..setting import AUTO
 
 if TYPE_CHECKING:
+    from ...calibration.calibrate import Measured
     from ...calibration.profile import CalibrationProfile
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, ...] = ("prefill", "decode")  # the labels vLLM's wrappers plan as
+Profiled = tuple[Role, "BuilderPlans", "CalibrationProfile"]  # a builder's plans of a role
 FLASHINFER = "FLASHINFER"  # FlashInferBackend.get_name()
 NATIVE = "flashinfer-native"  # FlashInfer's own wrappers, as vLLM's log names them
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
@@ -35,6 +37,7 @@ class BuilderPlans:
     kv_dtype: str
     q_dtypes: Mapping[Role, str]
     """Each phase's query dtype (on SM90 with an FP8 KV cache, decode keeps the model's dtype)."""
+    o_dtype: str  # attention's output: the model's dtype, for an FP8 query too
     kernels: Mapping[Role, str]  # each phase's: NATIVE, xqa or trtllm-gen
     dcp_world_size: int = 1  # the query heads of every DCP rank are planned together
     decode_q_len: int = 1
@@ -56,6 +59,10 @@ class BuilderPlans:
     def native(self, role: Role) -> bool:
         """Whether a ``role`` plan of this builder runs on FlashInfer's native wrappers."""
         return self.kernels[role] == NATIVE or (role == "prefill" and self.non_causal)
+
+    def graphs(self, role: Role) -> bool:
+        """Whether its ``role`` plans run under CUDA graphs (decode, where it captures them)."""
+        return role == "decode" and self.decode_graph_max_batch is not None
 
     def describe(self) -> str:
         return (
@@ -149,6 +156,7 @@ def read_builder(
             "prefill": dtype_name(builder.q_data_type_prefill),
             "decode": dtype_name(builder.q_data_type_decode),
         },
+        o_dtype=dtype_name(vllm_config.model_config.dtype),
         kernels={"prefill": "trtllm-gen" if prefill_trtllm else NATIVE, "decode": decode},
         dcp_world_size=builder.dcp_world_size,
         # vLLM's threshold counts speculative tokens wherever the release decodes them, else is 1.
@@ -258,12 +266,30 @@ def vllm_envs() -> Any:
 # -- a builder's plans as a calibration profile -------------------------------------------------
 
 
-def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> CalibrationProfile:
-    """The calibration profile of ``plans``' ``role`` plans as vLLM 0.33 makes them: decode on
-    tensor cores (backend ``auto``) at its graph batch sizes; its KV split fixed and turned off
-    where the builder plans so (``VLLM_BATCH_INVARIANT``)."""
+def builder_profiles(
+    plans: Sequence[BuilderPlans], roles: Sequence[Role], vllm_config: Any
+) -> list[Profiled]:
+    """The profile of each builder's plans of each of ``roles`` it runs on native wrappers
+    (:func:`profile_node`), once for builders alike."""
     from ...calibration.profile import load_profile
 
+    nodes = [  # every node, then every profile: each step for all at once
+        (role, builder, profile_node(builder, role, vllm_config))
+        for role in roles
+        for builder in plans
+        if builder.native(role)
+    ]
+    made: dict[str, Profiled] = {}
+    for role, builder, node in nodes:
+        profile = load_profile(node)
+        made.setdefault(repr(profile), (role, builder, profile))
+    return list(made.values())
+
+
+def profile_node(plans: BuilderPlans, role: Role, vllm_config: Any) -> dict[str, Any]:
+    """The calibration profile (its node) of ``plans``' ``role`` plans as vLLM 0.33 makes them:
+    decode on tensor cores (backend ``auto``) at its graph batch sizes; its KV split fixed and
+    turned off where the builder plans so (``VLLM_BATCH_INVARIANT``)."""
     scheduler, model = vllm_config.scheduler_config, vllm_config.model_config
     plan: dict[str, Any] = {"kind": "paged_prefill" if role == "prefill" else "decode"}
     plan["backend"] = "auto"  # vLLM's prefill and decode wrappers take backend "auto"
@@ -278,7 +304,7 @@ def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> Calibratio
     split = plans.fixed_split_sizes[role]
     if split > 0 or plans.disable_split_kv:  # the builder's, as it plans each phase
         plan.update(fixed_split_size=split, disable_split_kv=plans.disable_split_kv)
-    node = {
+    return {
         "model": {
             "num_qo_heads": plans.num_qo_heads * plans.dcp_world_size,
             "num_kv_heads": plans.num_kv_heads,
@@ -286,8 +312,7 @@ def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> Calibratio
             "page_size": plans.page_size,
             "q_dtype": plans.q_dtypes[role],
             "kv_dtype": plans.kv_dtype,
-            # vLLM writes attention's output in the model's dtype, an FP8 query's too.
-            "o_dtype": dtype_name(model.dtype),
+            "o_dtype": plans.o_dtype,
         },
         "limits": {
             "max_num_seqs": scheduler.max_num_seqs,
@@ -297,16 +322,46 @@ def profile_for(plans: BuilderPlans, role: Role, vllm_config: Any) -> Calibratio
         "cuda_graph_batch_sizes": sorted(sizes) or [1],
         "plans": {role: plan},
     }
-    return load_profile(node)
 
 
-def serving_record(
-    role: Role, graphs: bool, declared_mb: int | None = None, int_declared_mb: int | None = None
-) -> ResolvedResource:
-    """The resource one ``role`` is measured in and served from (decode under CUDA graphs where
-    captured), declaring the floors given."""
-    cg_slots = [0] if role == "decode" and graphs else []
-    return declared(f"attn.{role}", "attention", [role], cg_slots, declared_mb, int_declared_mb)
+def measured_records(
+    profiles: Sequence[Profiled],
+    needs: Sequence[Measured],
+    floors: Sequence[tuple[int, int]],
+    setting: str,
+) -> tuple[Sequence[ResolvedResource], dict[str, str]]:
+    """Each phase's resource, declaring the floors of the most any builder's plans need (the
+    ``needs`` of ``profiles`` and their ``floors``, in order), and whence, by path."""
+    measured: dict[Role, list[tuple[Measured, tuple[int, int], BuilderPlans]]] = {}
+    for (role, builder, _), need, mbs in zip(profiles, needs, floors, strict=True):
+        measured.setdefault(role, []).append((need, mbs, builder))
+    served, provenance = [], {}  # each phase, whether under graphs, its floors; whence
+    for role, found in measured.items():
+        need, (mb, _), builder = max(found, key=lambda each: each[0].need_bytes)
+        # Only decode wrappers are given the int workspace (route()); vLLM's prefill wrappers
+        # keep their own, so none is reserved for them, nor where no int need was measured.
+        ints = [(each.int_need_bytes, mbs[1]) for each, mbs, _ in found]
+        every = role == "decode" and all(int_need is not None for int_need, _ in ints)
+        int_need, int_mb = max(ints) if every else (None, 0)
+        served.append((role, builder.graphs(role), mb, int_mb))
+        provenance[f"attn.{role}"] = (
+            f"measured here ({setting}): need {need.need_bytes:,} bytes, worst {need.worst}, by "
+            f"{need.method}, for {builder.describe()}"
+            + (f", the most of {len(found)} builders" if len(found) > 1 else "")
+            + (", no int workspace" if int_need is None else f", int need {int_need:,} bytes")
+        )
+    return serving_records(served), provenance
+
+
+def serving_records(
+    served: Sequence[tuple[Role, bool, int | None, int | None]],
+) -> list[ResolvedResource]:
+    """The resource each ``(role, graphs, declared_mb, int_declared_mb)`` is measured in and
+    served from (in CUDA graphs' slot 0 where ``graphs``), declaring those floors."""
+    return [
+        declared(f"attn.{role}", "attention", [role], [0] if graphs else [], mb, int_mb)
+        for role, graphs, mb, int_mb in served
+    ]
 
 
 # -- the model's attention, and vLLM's own buffers ----------------------------------------------

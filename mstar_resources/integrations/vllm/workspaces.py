@@ -9,16 +9,15 @@ import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ResourceConfigError, WorkspaceShortError
 from ...resolver import ResolvedResource
 from ...schema import WORKSPACE_MANAGER_LABEL
 from ..plugin import PluginState
-from ..setting import AUTO, Keys, PluginSetting, Setting, serving
+from ..setting import Keys, PluginSetting, Setting, serving
 from . import plans as vllm_plans
-from .plans import ROLES, BuilderPlans, EngineReading, Role
+from .plans import ROLES, EngineReading, Profiled, Role
 from .workspace_manager import ManagerScratch
 
 if TYPE_CHECKING:
@@ -130,9 +129,14 @@ class VllmWorkspaces(PluginState):
             runs_trtllm = any(vllm_plans.trtllm_kernels(reading.plans))
             for line in reading.builder_lines():
                 logger.info("mstar-resources: %s", line)
-            if auto:
-                with left_out_of_peak(device):
-                    records = self._measure(config, device, roles)
+            if auto:  # each step for every builder and phase at once
+                from ...calibration.calibrate import declared_mbs
+
+                profiles = vllm_plans.builder_profiles(reading.plans, roles, config)
+                needs = measured_needs(profiles, device)
+                floors = declared_mbs(needs, margin=0.0)
+                records, measured = vllm_plans.measured_records(profiles, needs, floors, described)
+                self.provenance.update(measured)
             else:
                 records = setting.records
                 self.check_calibration(device)
@@ -219,40 +223,6 @@ class VllmWorkspaces(PluginState):
             return False
         self.setting = setting
         return True
-
-    def _measure(
-        self, config: Any, device: torch.device, roles: Sequence[Role]
-    ) -> tuple[ResolvedResource, ...]:
-        """``auto``: each native phase's resource, its floor the most any builder's plans need."""
-        from ...calibration.calibrate import declared_mbs
-
-        records = []
-        for role in roles:
-            measured: dict[str, tuple[Measured, BuilderPlans, bool]] = {}
-            for plans in (p for p in self.reading.plans if p.native(role)):
-                profile = vllm_plans.profile_for(plans, role, config)
-                if (key := repr(profile)) in measured:  # a builder of the same plans: once
-                    continue
-                graphs = role == "decode" and plans.decode_graph_max_batch is not None
-                measured[key] = (measured_need(profile, role, graphs, device), plans, graphs)
-            need, plans, graphs = max(measured.values(), key=lambda m: m[0].need_bytes)
-            # Only decode wrappers are given the int workspace (route()); vLLM's prefill wrappers
-            # keep their own, so none is reserved for them, nor where no int need was measured.
-            int_needs = [m.int_need_bytes for m, _, _ in measured.values()]
-            known = [n for n in int_needs if n is not None]
-            int_need = max(known) if role == "decode" and len(known) == len(int_needs) else None
-            path = f"attn.{role}"
-            floors = declared_mbs(replace(need, path=path, int_need_bytes=int_need), margin=0.0)
-            others = f", the most of {len(measured)} builders" if len(measured) > 1 else ""
-            int_held = (
-                ", no int workspace" if int_need is None else f", int need {int_need:,} bytes"
-            )
-            self.provenance[path] = (
-                f"measured here ({ENV_VAR}={AUTO}): need {need.need_bytes:,} bytes, worst "
-                f"{need.worst}, by {need.method}, for {plans.describe()}{others}{int_held}"
-            )
-            records.append(vllm_plans.serving_record(role, graphs, *floors))
-        return tuple(records)
 
     def _log_reserved(self, described: str) -> None:
         for role in ROLES:
@@ -446,11 +416,20 @@ def left_out_of_peak(device: torch.device) -> Iterator[None]:
         )
 
 
+def measured_needs(profiles: Sequence[Profiled], device: torch.device) -> list[Measured]:
+    """What each of ``profiles`` needs (:func:`measured_need`), left out of torch's peak."""
+    with left_out_of_peak(device):
+        return [
+            measured_need(profile, role, builder.graphs(role), device)
+            for role, builder, profile in profiles
+        ]
+
+
 def measured_need(
     profile: CalibrationProfile, role: Role, graphs: bool, device: torch.device
 ) -> Measured:
     """What ``role``'s plans under ``profile`` need, measured on ``device`` (graphs: under them)."""
     from ...calibration.calibrate import measure_all, per_resource
 
-    records = [vllm_plans.serving_record(role, graphs)]
+    records = vllm_plans.serving_records([(role, graphs, None, None)])
     return per_resource(measure_all(records, profile, device, show_progress=False))[0]
