@@ -14,7 +14,8 @@ __all__ = [
 
 
 class ResourceError(Exception):
-    """Base of every error raised by mstar-resources: a message, and its fields as keywords."""
+    """Base of every error raised by mstar-resources: a message, and its fields as keywords. A
+    pickled copy is built from its message alone, its fields set after (as for any exception)."""
 
     def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)

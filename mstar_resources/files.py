@@ -44,7 +44,8 @@ def write_whole(path: Path, text: str) -> None:
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write the new file to, synced and renamed over ``path``
-    as the block ends, so a reader or a crash sees the old file or the new one, never a part."""
+    as the block ends, so a reader or a crash sees the old file or the new one, never a part; a
+    block that raises leaves the old file."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -65,7 +66,8 @@ def replacing(path: Path) -> Iterator[Path]:
 
 
 def folder_problem(folder: Path) -> str | None:
-    """Why files could not be written into ``folder`` (made if missing), or None."""
+    """Why files could not be written into ``folder`` (made if missing), or None; it tries making a
+    folder in the nearest that exists (``/proc`` refuses where permissions allow), leaving none."""
     folder = existing = Path(folder).absolute()
     try:
         while not existing.exists():

@@ -15,7 +15,8 @@ from .units import MIB, is_int
 ENV_VAR = "MSTAR_WORKSPACE_BUFFER_MB"
 
 MAX_MB = 1 << 20
-"""The largest floor a setting may declare: 1 TiB, more than any GPU holds."""
+"""The largest floor a setting may declare: 1 TiB, more than any GPU holds, so a larger value is a
+typo (and would overflow the float that a report divides it by)."""
 
 WHOLE_NUMBER = re.compile(r"\+?[0-9]+(?:_[0-9]+)*")
 """A floor given as text, by Hydra's grammar for an integer (``+8``, ``1_000``, ``012``)."""
@@ -130,7 +131,8 @@ def resolve_floor(
 
 
 def number_text(value: int) -> str:
-    """``value`` with thousands separators, or its length where it is too long to read."""
+    """``value`` with thousands separators, or its length where it is too long to read (or for
+    Python to print: ints of more than 4,300 digits refuse ``str``)."""
     if value.bit_length() <= 200:  # up to 60 digits
         return f"{value:,}"
     digits = int(value.bit_length() * 0.30103) - 1  # log10(2): at most the count

@@ -1,7 +1,8 @@
-"""Hydra apps that end a user's mistake in one paragraph on stderr, status 2, and keep the app's
-own bugs loud: their traceback, status 1. Each run is first composed with the Compose API, so a
-compose error is an exception to explain; a ``compose_once`` app runs on that config, and a run
-with a flag (``--help``, ``--cfg job``) or any other app goes on to ``@hydra.main``."""
+"""Hydra apps that end a user's mistake in one paragraph on stderr, status 2 (``HYDRA_FULL_ERROR=1``
+keeps Hydra's traceback), and keep the app's own bugs loud: their traceback, status 1. Each run is
+first composed with the Compose API, so a compose error is an exception to explain; a
+``compose_once`` app runs on that config, and a run with a flag (``--help``, ``--cfg job``) or any
+other app goes on to ``@hydra.main``."""
 
 from __future__ import annotations
 
