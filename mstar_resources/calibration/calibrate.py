@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # torch and the measuring load when a GPU measures
 
 DEFAULT_MARGIN = 0.0
 """Added to a measured need before it is declared: none, since the need is the most any plan
-within the profile's limits can ask for (``docs/calibration.md``)."""
+within the profile's limits can ask for (``docs/calibration.md``); ``margin=0.1`` is for a GPU or
+FlashInfer build the bound was not checked on."""
 
 CALIBRATED_SUFFIX = "_calibrated"
 # A calibration written outside the package of a deployment it ships calibrated: Hydra would find
@@ -51,7 +52,7 @@ class Measured:
 @dataclass(frozen=True)
 class OneBuffer:
     """What an engine that shares one float workspace among all its wrappers and graph sizes (vLLM,
-    SGLang) must reserve: the most any one plan needs."""
+    SGLang) must reserve: every plan carves it from offset 0, so the most any one plan needs."""
 
     need_bytes: int
     bytes: int  # what to reserve: the need plus the margin, in whole MB
@@ -221,7 +222,8 @@ def per_resource(rows: Sequence[LabelNeed]) -> list[Measured]:
 
 def vllm_formula(batched_tokens: int, heads: int, head_dim: int, per: int = 16) -> int:
     """vLLM's per-token floor of its FlashInfer buffer, in bytes; ``per``: its
-    ``FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM`` (16 in vLLM 0.26 and 0.33)."""
+    ``FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM`` (16 in vLLM 0.26 and 0.33; the vLLM plugin
+    passes the running vLLM's own)."""
     return batched_tokens * heads * head_dim * per
 
 
