@@ -16,7 +16,11 @@ start_kit "${1:-.gpu-vllm034}"
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_31_x86_64
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64)
-big=(torch==2.14.0 triton==3.8.0 nvidia-nccl-cu13==2.32.6 torchvision==0.29.0 vllm==0.34.0)
+# The CuTe DSL at vLLM's pin (nvidia-cutlass-dsl[cu13]): the kernel warm-up imports `cutlass` on every CUDA GPU
+# (its MiniMax-M3 MSA warm-up); the image has cuda-bindings and protobuf, which it needs.
+big=(torch==2.14.0 triton==3.8.0 nvidia-nccl-cu13==2.32.6 torchvision==0.29.0 vllm==0.34.0
+     nvidia-cutlass-dsl==4.8.0 nvidia-cutlass-dsl-libs-base==4.8.0 nvidia-cutlass-dsl-libs-core==4.8.0
+     nvidia-cutlass-dsl-libs-cu13==4.8.0)
 # What `from vllm import LLM`, its engine, the V2 model runner, FlashInfer's backend and ngram drafting import
 # that the image lacks (found by importing every module under those packages); tokenizers 0.23.3 for vLLM's pin;
 # compressed-tensors (vLLM's pin) and loguru, which the model loader imports as it loads a model; quack-kernels

@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -548,6 +549,10 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
     optional: dict[str, Any] = {}  # settings passed only where the case sets them
     if case.extensible_kv_cache is not None:
         optional["enable_extensible_kv_cache"] = case.extensible_kv_cache
+    from vllm.engine.arg_utils import EngineArgs
+
+    if "enable_cutedsl_warmup" in EngineArgs.__dataclass_fields__:  # 0.34: it imports cutlass
+        optional["enable_cutedsl_warmup"] = False  # (nvidia-cutlass-dsl), which vLLM asks of no one
     if case.speculative_tokens:
         optional["speculative_config"] = {
             "method": "ngram", "num_speculative_tokens": case.speculative_tokens,
@@ -677,6 +682,7 @@ def _run_here(args: argparse.Namespace) -> None:
     try:
         result = {"ok": True, **run(case, Path(args.models))}
     except BaseException as error:  # the run's outcome, a crash included, is the measurement
+        traceback.print_exc()  # into the run's log
         result = {"ok": False, "error": f"{type(error).__name__}: {error}"}
     out.write_text(json.dumps(result))
 

@@ -975,6 +975,27 @@ def test_an_engine_freed_after_the_next_one_profiled_leaves_the_next_ones_worksp
     assert served.serving and served.held_bytes == 6 * MIB
 
 
+def test_an_engine_freed_as_the_interpreter_exits_gives_vllm_its_planner_back_without_an_import(
+    vllm_stand_in, monkeypatch
+):
+    """vLLM's engine may be freed only at exit, when Python runs no import (``sys.meta_path`` is
+    None): the plugin lets the engine go and puts vLLM's own decode planner back, raising
+    nothing (an error in a weakref's callback would be printed as ignored)."""
+    import gc
+
+    own = backend.fast_plan_decode
+    vllm_stand_in.runner.profile_run()
+    assert backend.fast_plan_decode is not own
+    ignored: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    for module in [m for m in sys.modules if m.startswith("mstar_resources.attn")]:
+        monkeypatch.setitem(sys.modules, module, None)  # an import of it raises ImportError
+    del vllm_stand_in.runner, vllm_stand_in.worker
+    gc.collect()
+    assert ignored == [] and backend.fast_plan_decode is own
+    assert vllm_stand_in.served.pools == {}
+
+
 def test_an_engine_started_after_the_setting_is_unset_runs_as_vllm_makes_it(
     vllm_stand_in, monkeypatch, caplog
 ):

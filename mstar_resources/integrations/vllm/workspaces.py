@@ -351,14 +351,16 @@ class VllmWorkspaces(PluginState):
         return backend.fast_plan_decode
 
     def _set_decode_planner(self) -> None:
+        if self._decode_seam is None:
+            return
+        backend, original = self._decode_seam
+        if (decode := self._workspaces.get("decode")) is None:
+            # No import: an engine may be freed as the interpreter exits, when none can run.
+            backend.fast_plan_decode = original
+            return
         from ...attn._float_workspace import plan_through
 
-        if self._decode_seam is not None:
-            backend, original = self._decode_seam
-            decode = self._workspaces.get("decode")
-            backend.fast_plan_decode = (
-                original if decode is None else plan_through(decode, original)
-            )
+        backend.fast_plan_decode = plan_through(decode, original)
 
     # Step 3: before vLLM captures CUDA graphs, or, where it captures none, before it serves.
     def seal(self, before: str) -> None:
