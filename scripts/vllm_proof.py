@@ -726,10 +726,14 @@ def launch_in_turn(
 
 
 def _environment(case: Case, setting: str | None) -> dict[str, str]:
-    """A run's environment: the engine core in this process or not, ``case.env``, and the
-    plugin's setting (None: unset) and vLLM's buffer size as the case has them."""
+    """A run's environment: the engine core in this process or not, vLLM's own sampler,
+    ``case.env``, and the plugin's setting (None: unset) and vLLM's buffer size as the case has
+    them."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if case.in_process else "1",
            **case.env}  # fmt: skip
+    # Greedy decoding on both sides: vLLM's own sampler, not FlashInfer's, whose JIT build takes
+    # minutes on a host without its cache.
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env.pop(PLUGIN_SETTING, None)
     env.pop("VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE", None)
     if setting is not None:
