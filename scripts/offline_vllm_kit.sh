@@ -46,7 +46,9 @@ cat > "$kit/env.sh" <<'EOS'
 # Source from the checkout after the host's own FlashInfer is on PYTHONPATH and stage.sh said ready: torch 2.14,
 # Triton 3.8, NCCL 2.32 and vLLM 0.34 come first on the path.
 [ -f /tmp/vllm034-site/.ok ] && [ -f /tmp/vllm034-deps/.ok ] || { echo "vllm034 kit not staged" >&2; return 1; }
-export PYTHONPATH="$PWD:/tmp/vllm034-site:/tmp/vllm034-deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# The CuTe DSL puts `cutlass` on the path from a .pth file, which Python reads in site-packages only.
+dsl=/tmp/vllm034-site/nvidia_cutlass_dsl/dsl_packages
+export PYTHONPATH="$PWD:/tmp/vllm034-site:$dsl:/tmp/vllm034-deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 MAX_JOBS=${MAX_JOBS:-16}
 # vLLM counts FlashInfer as available only with nvcc on PATH
 command -v nvcc >/dev/null 2>&1 || { [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"; }
