@@ -551,8 +551,9 @@ def run(case: Case, models: Path, clock: _PlanClock | None = None) -> dict[str, 
         optional["enable_extensible_kv_cache"] = case.extensible_kv_cache
     from vllm.engine.arg_utils import EngineArgs
 
-    if "enable_cutedsl_warmup" in EngineArgs.__dataclass_fields__:  # 0.34: it imports cutlass
-        optional["enable_cutedsl_warmup"] = False  # (nvidia-cutlass-dsl), which vLLM asks of no one
+    if "enable_cutedsl_warmup" in EngineArgs.__dataclass_fields__:
+        # 0.34 compiles CuTe DSL GEMMs at start (both sides); none touches attention's scratch
+        optional["enable_cutedsl_warmup"] = False
     if case.speculative_tokens:
         optional["speculative_config"] = {
             "method": "ngram", "num_speculative_tokens": case.speculative_tokens,
