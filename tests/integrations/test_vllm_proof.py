@@ -190,3 +190,27 @@ def test_a_group_of_vllm_034_runs_where_named_with_its_setting():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("extensible-off/plugin: ")
     assert "enable_extensible_kv_cache=False" in done.stdout.splitlines()[0]
+
+
+def test_each_buffer_is_shown_with_the_allocator_segment_it_lies_in(monkeypatch):
+    """What a profile counting free device memory pays: the whole segment around a buffer (a
+    buffer in none, e.g. not from torch's allocator, shows 0)."""
+    import torch
+
+    proof = load_script("vllm_proof")
+    mib = 1 << 20
+    segments = [
+        {"address": 0x1000_0000, "total_size": 20 * mib, "allocated_size": 9_469_952},
+        {"address": 0x2000_0000, "total_size": 18 * mib, "allocated_size": 17 * mib},
+    ]
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    shown = proof.allocator_segments({
+        "attn.trtllm": (0x1000_0000, 9_469_952),
+        "attention:prefill": (0x2000_0000 + 512, 17 * mib),
+        "elsewhere": (0x3000_0000, 4096),
+    })  # fmt: skip
+    assert shown["attn.trtllm"] == {
+        "bytes": 9_469_952, "segment_bytes": 20 * mib, "segment_allocated_bytes": 9_469_952,
+    }  # fmt: skip
+    assert shown["attention:prefill"]["segment_bytes"] == 18 * mib
+    assert shown["elsewhere"]["segment_bytes"] == 0
