@@ -732,7 +732,7 @@ def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any
     if result_path.exists():
         result = json.loads(result_path.read_text())
     result.update(_from_log(lines), wall_s=wall_s)
-    print(f"{case.name}: {'ok' if result['ok'] else result['error'][:300]} ({wall_s} s)",
+    print(f"{case.name}: {'ok' if result['ok'] else result['error']} ({wall_s} s)",
           flush=True)  # fmt: skip
     return result
 
@@ -749,7 +749,7 @@ def launch_in_turn(
     lines, wall_s, _ = run_logged(command, env, result_path.with_suffix(".log"), timeout)
     results = json.loads(result_path.read_text()) if result_path.exists() else {}
     for name, result in results.items():
-        print(f"{name}: {'ok' if result['ok'] else result['error'][:300]}", flush=True)
+        print(f"{name}: {'ok' if result['ok'] else result['error']}", flush=True)
     print(f"{len(results)} of {len(cases)} engines in one process ({wall_s} s)", flush=True)
     if len(results) < len(cases):
         print("\n".join(lines[-15:]), flush=True)
