@@ -346,7 +346,7 @@ def launch(case: Case, out: Path, models: Path, timeout: float) -> dict[str, Any
     if not result_path.exists() and result["errors"]:
         # SGLang ends the process whose scheduler failed (SIGQUIT): its log says why.
         result["error"] += f"; its log's last error: {result['errors'][-1]}"
-    print(f"{case.name}: {'ok' if result['ok'] else result['error'][:300]} ({wall_s} s)",
+    print(f"{case.name}: {'ok' if result['ok'] else result['error']} ({wall_s} s)",
           flush=True)  # fmt: skip
     return result
 
@@ -368,7 +368,7 @@ def calibrate(calibration: Calibration, out: Path, timeout: float) -> dict[str, 
     else:
         last = next((x for x in reversed(lines) if x.strip()), "")
         result["error"] = f"{_ended(status, timeout)}: {last}"
-    print(f"{calibration.name}: {path if path.exists() else result['error'][:300]} ({wall_s} s)",
+    print(f"{calibration.name}: {path if path.exists() else result['error']} ({wall_s} s)",
           flush=True)  # fmt: skip
     return result
 
