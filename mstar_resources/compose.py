@@ -143,10 +143,9 @@ class Composition:
         """``name``, or its calibration with the FlashInfer installed (:func:`calibrated_for`)."""
         if not self.by_flashinfer:
             return name
-        folders = [
-            shipped_deployments(),
-            *([self.folder / DEPLOYMENT_GROUP] if self.folder else []),
-        ]
+        folders = [shipped_deployments()]
+        if self.folder:
+            folders.append(self.folder / DEPLOYMENT_GROUP)
         return calibrated_for(name, installed_version("flashinfer-python"), folders)
 
     @functools.cached_property
@@ -564,9 +563,8 @@ def _bad_value(error: ValidationError) -> str:
         parent = OmegaConf.select(parent, "..")
     schema = OmegaConf.get_type(parent) if isinstance(parent, DictConfig) else None
     fields = dataclasses.fields(schema) if dataclasses.is_dataclass(schema) else ()
-    said = next(
-        (f.metadata.get("expects") for f in fields if f.name == setting.rpartition(".")[2]), None
-    )
+    name = setting.rpartition(".")[2]
+    said = next((f.metadata.get("expects") for f in fields if f.name == name), None)
     child = error.child_node
     if said is None and isinstance(child, EnumNode):
         said = "one of " + ", ".join(member.name for member in child.enum_type)

@@ -1,4 +1,4 @@
-"""What the apps and benchmarks print: plain-text tables, and the stdout they print them to."""
+"""What the apps and benchmarks print (plain-text tables, one-line errors), and the stdout."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 import unicodedata
 from collections.abc import Container, Iterator, Sequence
-from typing import Any, TextIO, cast
+from typing import Any, NoReturn, TextIO, cast
 
 
 def display_width(text: str) -> int:
@@ -35,6 +35,12 @@ def format_table(rows: Sequence[Sequence[str] | None], right: Container[int] = (
             padded.append(pad + cell if i in right else cell + pad)
         lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
+
+
+def fail(prog: str, message: str) -> NoReturn:
+    """Print ``prog: error: message`` on stderr and exit with status 2."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 class _StdoutFailed(BaseException):
@@ -80,7 +86,6 @@ def guarded_stdout(prog: str) -> Iterator[None]:
             raise
         sys.stdout.flush()
     except _StdoutFailed as failed:
-        sys.stdout = stream
         if stream is not None:  # what is left in its buffer goes nowhere at exit (Python's advice)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, stream.fileno())
@@ -88,11 +93,10 @@ def guarded_stdout(prog: str) -> Iterator[None]:
         error = failed.args[0]
         if isinstance(error, BrokenPipeError):  # the reader read all it wanted
             raise SystemExit(0) from None
-        print(
-            f"{prog}: error: stdout can't take the output ({error.strerror}); send it to a file "
-            "or pipe that can, e.g. > output.txt",
-            file=sys.stderr,
+        fail(
+            prog,
+            f"stdout can't take the output ({error.strerror}); send it to a file or pipe that "
+            "can, e.g. > output.txt",
         )
-        raise SystemExit(2) from None
     finally:
         sys.stdout = stream

@@ -15,14 +15,14 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import configure_log
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .._internal.output import guarded_stdout
+from .._internal.output import fail, guarded_stdout
 from ..compose import (
     COMPOSE_ERRORS,
     DEPLOYMENT_GROUP,
@@ -56,12 +56,6 @@ FLAGS.add_argument("--info", "-i", nargs="?", const="all")
 FLAGS.add_argument("overrides", nargs="*")
 HYDRA_FLAGS = frozenset({"-h", "--help", "--hydra-help", "--version", "--resolve", "-r", "--run"})
 """@hydra.main's flags that take no value (and ``-m``, refused before): any other is no flag."""
-
-
-def fail(prog: str, message: str) -> NoReturn:
-    """Print ``prog: error: message`` on stderr and exit with status 2."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def is_cuda_device(device: str) -> bool:

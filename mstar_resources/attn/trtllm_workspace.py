@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ResourceUsageError, WorkspaceSealedError
+from ..errors import ResourceUsageError
 from ..units import MIB, mb_to_hold, plural, release, round_up
 
 if TYPE_CHECKING:
@@ -237,17 +237,13 @@ class TrtllmLaunchCheck:
         self.refused += 1
         lse = ", returning the LSE" if return_lse else ""
         name, setting = self.workspace.name, self.workspace.floor
-        raise WorkspaceSealedError(
+        raise self.workspace._refusal(
             f"a {kernel} decode launch of {plural(batch, 'request')} x {q_len} query tokens "
             f"({qo}/{kv_heads} heads of {head_dim}, a page table of {table_tokens:,} tokens, KV "
             f"{str(kv_dtype).removeprefix('torch.')}{lse}, {self.sm_count} SMs) would touch "
             f"{need:,} bytes of workspace {name!r}, which holds {have:,}; it was not "
             f"launched. Set {setting}={mb_to_hold(need)} or more",
-            workspace=name,
-            held_bytes=have,
-            needed_bytes=need,
-            setting=setting,
-            suggested_mb=mb_to_hold(need),
+            needed=need,
         )
 
     def _need(

@@ -183,7 +183,7 @@ SEAMS = (
     Seam(RAY_ENV, "DEFAULT_EXTRA_ENV_VARS", patch=_copied_to_ray),
     # vLLM's WorkspaceManager: a floor made before the profile, sealed at vLLM's lock
     Seam(MANAGER, "WorkspaceManager._ensure_workspace_size",
-         patch=lambda state, ensure, owner: checked_growth(state.manager, ensure, owner)),
+         patch=lambda state, ensure, owner: checked_growth(state.manager, ensure)),
     Seam(MANAGER, "WorkspaceManager.lock",
          patch=after(lambda state, manager, result: state.manager.seal("vLLM locked it"))),
     Seam(MANAGER, "WorkspaceManager.unlock",

@@ -49,9 +49,7 @@ class BuilderPlans:
     trtllm_dcp_prefill: bool = False
     """Its DCP prefill runs trtllm-gen's context kernel on vLLM's TRT-LLM workspace where that
     fits (``use_trtllm_dcp_prefill``, 0.33+), beside its native wrappers."""
-    fixed_split_sizes: Mapping[Role, int] = field(
-        default_factory=lambda: {"prefill": -1, "decode": -1}
-    )
+    fixed_split_sizes: Mapping[Role, int] = field(default_factory=lambda: dict.fromkeys(ROLES, -1))
     """Each phase's fixed KV split, as the builder plans it (-1: FlashInfer's scheduler picks;
     ``VLLM_BATCH_INVARIANT`` sets them), with ``disable_split_kv``."""
     disable_split_kv: bool = False
@@ -79,7 +77,7 @@ class VllmFunctions:
     make_builder: Callable[[Any, list[str]], Any]  # (kv_cache_spec, layer_names) -> builder
     select_block_size: Callable[[int, list[Any]], int]  # select_common_block_size
     use_trtllm_attention: Callable[..., bool]
-    uniform_type: Any = field(default=type(None))  # UniformTypeKVCacheSpecs: one spec per layer
+    uniform_type: Any  # UniformTypeKVCacheSpecs: one spec per layer
 
 
 def plans_of_groups(

@@ -57,13 +57,13 @@ class ManagerScratch:
         self.max_num_batched_tokens = getattr(scheduler, "max_num_batched_tokens", None)
         self.record = record
         slots: list[Any] = manager._current_workspaces
-        if self.record is not None:
+        if record is not None:
             import torch
 
-            floor = self.record.floor.bytes
-            fill = [s for s in self.record.cg_slots or range(len(slots))
+            floor = record.floor.bytes
+            fill = [s for s in record.cg_slots or range(len(slots))
                     if s < len(slots) and held(slots[s]) < floor]  # fmt: skip
-            self._check_budget(runner, manager, floor * len(fill), self.record.floor.mb)
+            self._check_budget(runner, manager, floor * len(fill), record.floor.mb)
             # 0.32+ allocates in a context of its own (sleep mode's pool): so does the floor.
             pool = getattr(manager, "_alloc_context", contextlib.nullcontext)
             for slot in fill:
@@ -176,7 +176,7 @@ class ManagerScratch:
         }
 
 
-def checked_growth(scratch: ManagerScratch, ensure: Any, owner: Any) -> Any:
+def checked_growth(scratch: ManagerScratch, ensure: Any) -> Any:
     """``WorkspaceManager._ensure_workspace_size``: vLLM's, its refusal after the lock and an
     allocator with no room raised as the plugin's errors."""
     import torch

@@ -324,23 +324,16 @@ class VllmWorkspaces(PluginState):
         from ...attn._flashinfer import own_buffers
         from ...attn._float_workspace import plan_through
 
-        if (
-            role == "decode"
-            and workspace.int_workspace is not None
-            and self._shares_int(builder)
-            and own_buffers(wrapper) is not None
-        ):
-            record, cg_slot = self._keys[role]
-            self.pools[record.path].install(wrapper, role, cg_slot)
-            self.shared_int_wrappers += 1
+        if role == "decode" and workspace.int_workspace is not None:
+            if self._int_builder is None or self._int_builder() is None:  # none yet, or freed
+                self._int_builder = weakref.ref(builder)
+            if self._int_builder() is builder and own_buffers(wrapper) is not None:
+                record, cg_slot = self._keys[role]
+                self.pools[record.path].install(wrapper, role, cg_slot)
+                self.shared_int_wrappers += 1
         self._routed[id(wrapper)] = wrapper
         if role == "prefill":
             wrapper.plan = plan_through(workspace, wrapper.plan)
-
-    def _shares_int(self, builder: Any) -> bool:
-        if self._int_builder is None or self._int_builder() is None:
-            self._int_builder = weakref.ref(builder)
-        return self._int_builder() is builder
 
     def take_decode_plans(self, fast_plan_decode: Callable[..., Any], backend: Any) -> Any:
         """Make ``backend.fast_plan_decode`` the decode workspace's plan of vLLM's own
@@ -378,7 +371,7 @@ class VllmWorkspaces(PluginState):
             **super().report(),
             "builders_planned": [
                 {"group": p.describe(), "kernels": dict(p.kernels), "q_dtypes": dict(p.q_dtypes)}
-                for p in self.reading.plans
+                for p in reading.plans
             ],
             "native_roles": list(reading.native_roles),
             "trtllm_workspace_bytes": self.trtllm_bytes,
