@@ -68,8 +68,11 @@ class Shape:
     and whose second attends all: two KV-cache groups in vLLM."""
     layers: int = 2
     experts: int = 0
-    """A Qwen3-MoE model of this many experts (4 a token) in every layer: vLLM's MoE kernels take
-    their scratch from its WorkspaceManager."""
+    """A Qwen3-MoE model of this many experts in every layer: vLLM's MoE kernels take their
+    scratch from its WorkspaceManager."""
+    experts_per_token: int = 4
+    hidden: int = 512
+    moe_intermediate: int = 512
 
 
 SHAPES = {
@@ -78,6 +81,12 @@ SHAPES = {
 }
 TWO_GROUPS = Shape("two-groups", 32, 8, 128, sliding_window=256)
 MOE = Shape("moe", 32, 8, 128, layers=3, experts=16)
+MOE_QWEN35 = Shape("moe-qwen3.5-122b", 32, 2, 256, layers=1, experts=256, experts_per_token=8,
+                   hidden=3072, moe_intermediate=1024)  # fmt: skip
+"""One layer of Qwen3.5-122B-A10B's attention and routed experts (hidden 3,072; 256 experts, 8 a
+token, 1,024 wide): what vLLM's WorkspaceManager takes for the shipped
+``qwen3.5-122b-a10b-h200`` deployment depends on the MoE layer's widths and the batched tokens,
+not on the layer count (its shared expert and Gated DeltaNet layers take none of it)."""
 DEPTHS = {
     "llama3-8b-3l": Shape("llama3-8b-3l", 32, 8, 128, layers=3),
     "llama3-8b-16l": Shape("llama3-8b-16l", 32, 8, 128, layers=16),
@@ -86,7 +95,8 @@ DEPTHS = {
 
 
 def shape_of(name: str) -> Shape:
-    return {**SHAPES, **DEPTHS, TWO_GROUPS.name: TWO_GROUPS, MOE.name: MOE}[name]
+    others = (TWO_GROUPS, MOE, MOE_QWEN35)
+    return {**SHAPES, **DEPTHS, **{shape.name: shape for shape in others}}[name]
 
 
 @dataclass(frozen=True)
@@ -257,6 +267,19 @@ def moe_cases(folder: Path) -> list[Case]:
     ]  # fmt: skip
 
 
+QWEN35_LIMITS = {"max_num_seqs": 512, "max_num_batched_tokens": 8192}
+"""``qwen3.5-122b-a10b-h200``'s limits (its calibration profile)."""
+
+
+def moe_qwen35_cases() -> list[Case]:
+    """One layer of Qwen3.5-122B-A10B's shape at its deployment's limits, as vLLM runs it and with
+    ``auto``: what vLLM's WorkspaceManager holds at its lock, the floor that deployment needs."""
+    return [
+        Case(f"{MOE_QWEN35.name}/vllm", MOE_QWEN35.name, None, **QWEN35_LIMITS),
+        Case(f"{MOE_QWEN35.name}/plugin", MOE_QWEN35.name, "auto", **QWEN35_LIMITS),
+    ]
+
+
 def crash_cases(group: str = "crash") -> list[Case]:
     """The public crash's configuration; ``crash-v1``: on vLLM's V1 model runner."""
     env = V1_RUNNER if group.endswith("-v1") else {}
@@ -330,15 +353,18 @@ def build_model(shape: Shape, folder: Path) -> Path:
     )
 
     common = dict(
-        vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+        vocab_size=VOCAB, hidden_size=shape.hidden, intermediate_size=1024,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
         head_dim=shape.head_dim, max_position_embeddings=8192, tie_word_embeddings=False,
         initializer_range=INIT_STD,
     )  # fmt: skip
     torch.manual_seed(0)
     if shape.experts:
-        moe = Qwen3MoeConfig(**common, num_experts=shape.experts, num_experts_per_tok=4,
-                             moe_intermediate_size=512, decoder_sparse_step=1)  # fmt: skip
+        moe = Qwen3MoeConfig(
+            **common, num_experts=shape.experts, num_experts_per_tok=shape.experts_per_token,
+            moe_intermediate_size=shape.moe_intermediate, decoder_sparse_step=1,
+        )  # fmt: skip
         model = Qwen3MoeForCausalLM(moe).to(torch.bfloat16)
     elif shape.sliding_window is None:
         model = LlamaForCausalLM(LlamaConfig(**common)).to(torch.bfloat16)
@@ -896,7 +922,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash", "crash-v1", *USERS_CASES, "moe"]
+    choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash", "crash-v1", *USERS_CASES, "moe",
+               MOE_QWEN35.name]  # fmt: skip
     default = [*SHAPES, "crash", "llama3-8b-v1", *(c for c in USERS_CASES if c not in FROM_0_34)]
     parser.add_argument("--cases", nargs="*", default=default, choices=choices,
                         help="shapes to run (-v1: on vLLM's V1 model runner, to 0.33), the crash "
@@ -943,6 +970,8 @@ def main() -> None:
             order += crash_cases(name)
         elif name == "moe":
             order += moe_cases(args.out)
+        elif name == MOE_QWEN35.name:
+            order += moe_qwen35_cases()
         elif name in USERS_CASES:
             order += users_cases(name)
         else:
