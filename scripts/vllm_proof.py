@@ -267,16 +267,14 @@ def moe_cases(folder: Path) -> list[Case]:
     ]  # fmt: skip
 
 
-QWEN35_LIMITS = {"max_num_seqs": 512, "max_num_batched_tokens": 8192}
-"""``qwen3.5-122b-a10b-h200``'s limits (its calibration profile)."""
-
-
 def moe_qwen35_cases() -> list[Case]:
-    """One layer of Qwen3.5-122B-A10B's shape at its deployment's limits, as vLLM runs it and with
-    ``auto``: what vLLM's WorkspaceManager holds at its lock, the floor that deployment needs."""
+    """One layer of Qwen3.5-122B-A10B's shape at ``qwen3.5-122b-a10b-h200``'s limits (its
+    calibration profile's), as vLLM runs it and with ``auto``: what vLLM's WorkspaceManager holds
+    at its lock, the floor that deployment needs."""
+    group = MOE_QWEN35.name
     return [
-        Case(f"{MOE_QWEN35.name}/vllm", MOE_QWEN35.name, None, **QWEN35_LIMITS),
-        Case(f"{MOE_QWEN35.name}/plugin", MOE_QWEN35.name, "auto", **QWEN35_LIMITS),
+        Case(f"{group}/{side}", group, plugin, max_num_seqs=512, max_num_batched_tokens=8192)
+        for side, plugin in (("vllm", None), ("plugin", "auto"))
     ]
 
 
