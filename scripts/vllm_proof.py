@@ -226,10 +226,11 @@ PLANTED_TRTLLM_BYTES = 8 << 20
 """XQA's semaphores alone: every launch that splits a sequence needs more."""
 
 
-def users_cases(group: str) -> list[Case]:
+def users_cases(group: str, requests: int) -> list[Case]:
     """As vLLM runs it, with the plugin, with the engine core in its own process; where vLLM
-    decodes on XQA, also with the TRT-LLM workspace planted too small."""
-    settings = {"shape": "llama3-8b", **USERS_CASES[group]}
+    decodes on XQA, also with the TRT-LLM workspace planted too small. ``requests`` trace rows,
+    unless the group names its own (``soak``)."""
+    settings = {"shape": "llama3-8b", "requests": requests, **USERS_CASES[group]}
     cases = [
         Case(f"{group}/vllm", plugin=None, **settings),
         Case(f"{group}/plugin", plugin="auto", **settings),
@@ -245,7 +246,7 @@ MANAGER_MB = 256
 """The floor the MoE group's deployment declares for vLLM's WorkspaceManager."""
 
 
-def moe_cases(folder: Path) -> list[Case]:
+def moe_cases(folder: Path, requests: int) -> list[Case]:
     """A 3-layer Qwen3-MoE as vLLM runs it, with the plugin's ``auto``, and with deployments (in
     ``folder``) that declare the WorkspaceManager's floor: ``MANAGER_MB``, then a floor past what
     the GPU holds (the start must end with the plugin's paragraph)."""
@@ -259,21 +260,29 @@ def moe_cases(folder: Path) -> list[Case]:
             f"cg_slots: [0], declared_mb: {mb}, int_declared_mb: 0}}\n"
         )
     return [
-        Case("moe/vllm", "moe", None),
+        Case("moe/vllm", "moe", None, requests=requests),
         Case("moe/plugin-declared", "moe", str(files["plugin-declared"].resolve()),
-             planted_manager_growth=True),
-        Case("moe/plugin-no-room", "moe", str(files["plugin-no-room"].resolve())),
-        Case("moe/plugin", "moe", "auto"),
+             requests=requests, planted_manager_growth=True),
+        Case("moe/plugin-no-room", "moe", str(files["plugin-no-room"].resolve()),
+             requests=requests),
+        Case("moe/plugin", "moe", "auto", requests=requests),
     ]  # fmt: skip
 
 
-def moe_qwen35_cases() -> list[Case]:
+def moe_qwen35_cases(requests: int) -> list[Case]:
     """One layer of Qwen3.5-122B-A10B's shape at ``qwen3.5-122b-a10b-h200``'s limits (its
     calibration profile's), as vLLM runs it and with ``auto``: what vLLM's WorkspaceManager holds
     at its lock, the floor that deployment needs."""
     group = MOE_QWEN35.name
     return [
-        Case(f"{group}/{side}", group, plugin, max_num_seqs=512, max_num_batched_tokens=8192)
+        Case(
+            f"{group}/{side}",
+            group,
+            plugin,
+            max_num_seqs=512,
+            max_num_batched_tokens=8192,
+            requests=requests,
+        )
         for side, plugin in (("vllm", None), ("plugin", "auto"))
     ]
 
@@ -935,7 +944,8 @@ def main() -> None:
         help="seconds for all runs: a run that would start later is left out",
     )
     parser.add_argument("--requests", type=count(1 << 16), default=128,
-                        help="trace rows a shape serves")  # fmt: skip
+                        help="trace rows each group serves (the crash and soak groups serve "
+                        "their own: 512 and 2,000)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("vllm-proof"), help="folder of results")
     parser.add_argument("--models", type=Path, default=Path("/tmp/mstar-vllm-models"),
                         help="folder the random-weight models are saved in")  # fmt: skip
@@ -967,11 +977,11 @@ def main() -> None:
         if name.startswith("crash"):
             order += crash_cases(name)
         elif name == "moe":
-            order += moe_cases(args.out)
+            order += moe_cases(args.out, args.requests)
         elif name == MOE_QWEN35.name:
-            order += moe_qwen35_cases()
+            order += moe_qwen35_cases(args.requests)
         elif name in USERS_CASES:
-            order += users_cases(name)
+            order += users_cases(name, args.requests)
         else:
             order += shape_cases(name, args.requests)
     order = [case for case in order if case.side in args.sides]

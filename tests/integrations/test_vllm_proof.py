@@ -145,10 +145,19 @@ def test_crash_v1_runs_the_crash_configuration_on_vllms_v1_runner():
     assert proof.crash_cases()[0].env == {}
 
 
+def test_requests_reach_every_group_but_those_that_serve_their_own_rows():
+    proof = load_script("vllm_proof")
+    assert {case.requests for case in proof.users_cases("spec-xqa", 40)} == {40}
+    assert {case.requests for case in proof.moe_qwen35_cases(40)} == {40}
+    assert {case.requests for case in proof.users_cases("soak", 40)} == {2000}
+    assert {case.requests for case in proof.crash_cases()} == {512}
+
+
 def test_the_moe_group_declares_the_managers_floor_and_its_lines_say_what_sealed_it(tmp_path):
     proof = load_script("vllm_proof")
-    cases = {case.side: case for case in proof.moe_cases(tmp_path)}
+    cases = {case.side: case for case in proof.moe_cases(tmp_path, 40)}
     assert list(cases) == ["vllm", "plugin-declared", "plugin-no-room", "plugin"]
+    assert {case.requests for case in cases.values()} == {40}
     assert cases["plugin-declared"].planted_manager_growth
     declared = (tmp_path / "deployment" / "moe-plugin-declared.yaml").read_text()
     assert "labels: [workspace_manager]" in declared and "declared_mb: 256" in declared
