@@ -182,6 +182,8 @@ _FIRST_ARGUMENTS = ("query", "kv_cache", "workspace_buffer", "block_tables", "se
 """The first positional parameters of both FlashInfer entry points, in their order."""
 # The kernel layout each entry point takes where the caller names none.
 _DEFAULT_LAYOUT = {"xqa": "NHD", "trtllm": "HND"}
+# How a refusal names each kernel (``backend`` "auto": FlashInfer picks by the GPU).
+_LAUNCH = {"xqa": "an XQA", "trtllm-gen": "a trtllm-gen", "auto": "a TRT-LLM (XQA or trtllm-gen)"}
 
 
 class TrtllmLaunchCheck:
@@ -238,8 +240,9 @@ class TrtllmLaunchCheck:
         lse = ", returning the LSE" if return_lse else ""
         name, setting = self.workspace.name, self.workspace.floor
         raise self.workspace._refusal(
-            f"a {kernel} decode launch of {plural(batch, 'request')} x {q_len} query tokens "
-            f"({qo}/{kv_heads} heads of {head_dim}, a page table of {table_tokens:,} tokens, KV "
+            f"{_LAUNCH.get(kernel, f'a {kernel}')} decode launch of {plural(batch, 'request')} x "
+            f"{q_len} query tokens ({qo}/{kv_heads} heads of {head_dim}, a page table of "
+            f"{table_tokens:,} tokens, KV "
             f"{str(kv_dtype).removeprefix('torch.')}{lse}, {self.sm_count} SMs) would touch "
             f"{need:,} bytes of workspace {name!r}, which holds {have:,}; it was not "
             f"launched. Set {setting}={mb_to_hold(need)} or more",

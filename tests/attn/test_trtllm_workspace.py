@@ -236,7 +236,7 @@ def test_a_launch_inside_the_workspace_passes_and_one_past_it_is_refused_naming_
         need,
     )
     assert error.setting == "resources.attn.trtllm.declared_mb" and error.suggested_mb == 10
-    assert "1 request x 3 query tokens" in str(error)
+    assert str(error).startswith("an XQA decode launch of 1 request x 3 query tokens (32/8 heads")
     assert "resources.attn.trtllm.declared_mb=10 or more" in str(error)
     assert (check.launches, check.refused) == (2, 1)
 
@@ -282,9 +282,14 @@ def test_trtllm_gen_launches_are_checked_with_their_lse_and_other_buffers_are_no
                                       sm_count=H200_SMS, max_q_len=4, return_lse=True)  # fmt: skip
     check = checked(need - 1)
     with pytest.raises(
-        WorkspaceSealedError, match=r"trtllm-gen decode launch .* returning the LSE"
+        WorkspaceSealedError, match=r"^a trtllm-gen decode launch .* returning the LSE"
     ):
         check.check("trtllm", (), {**gen, "workspace_buffer": check.workspace.tensor})
+    # backend "auto": FlashInfer picks the kernel, so the launch is named by both
+    auto = checked(need - 1)
+    with pytest.raises(WorkspaceSealedError, match=r"^a TRT-LLM \(XQA or trtllm-gen\) decode"):
+        gen_auto = {**gen, "backend": "auto", "workspace_buffer": auto.workspace.tensor}
+        auto.check("trtllm", (), gen_auto)
     fits = checked(need)
     fits.check("trtllm", (), {**gen, "workspace_buffer": fits.workspace.tensor})
     assert (fits.launches, fits.refused) == (1, 0)
