@@ -81,12 +81,18 @@ SHAPES = {
 }
 TWO_GROUPS = Shape("two-groups", 32, 8, 128, sliding_window=256)
 MOE = Shape("moe", 32, 8, 128, layers=3, experts=16)
-MOE_QWEN35 = Shape("moe-qwen3.5-122b", 32, 2, 256, layers=1, experts=256, experts_per_token=8,
-                   hidden=3072, moe_intermediate=1024)  # fmt: skip
-"""One layer of Qwen3.5-122B-A10B's attention and routed experts (hidden 3,072; 256 experts, 8 a
-token, 1,024 wide): what vLLM's WorkspaceManager takes for the shipped
-``qwen3.5-122b-a10b-h200`` deployment depends on the MoE layer's widths and the batched tokens,
-not on the layer count (its shared expert and Gated DeltaNet layers take none of it)."""
+SHIPPED_MOE = {
+    Shape("moe-qwen3.5-122b", 32, 2, 256, layers=1, experts=256, experts_per_token=8,
+          hidden=3072, moe_intermediate=1024): (512, 8192),
+    Shape("moe-glm-4.5-air", 96, 8, 128, layers=1, experts=128, experts_per_token=8,
+          hidden=4096, moe_intermediate=1408): (256, 16384),
+}  # fmt: skip
+"""One layer of the attention and routed experts of each shipped MoE deployment's model, with that
+deployment's limits (max_num_seqs, max_num_batched_tokens): Qwen3.5-122B-A10B (hidden 3,072; 256
+experts, 8 a token, 1,024 wide) for ``qwen3.5-122b-a10b-h200``, GLM-4.5-Air (hidden 4,096; 128
+experts, 8 a token, 1,408 wide) for ``glm-4.5-air-h200``. What vLLM's WorkspaceManager takes
+depends on the MoE layer's widths and the batched tokens, not on the layer count (their shared
+experts and dense or Gated DeltaNet layers take none of it)."""
 DEPTHS = {
     "llama3-8b-3l": Shape("llama3-8b-3l", 32, 8, 128, layers=3),
     "llama3-8b-16l": Shape("llama3-8b-16l", 32, 8, 128, layers=16),
@@ -95,7 +101,7 @@ DEPTHS = {
 
 
 def shape_of(name: str) -> Shape:
-    others = (TWO_GROUPS, MOE, MOE_QWEN35)
+    others = (TWO_GROUPS, MOE, *SHIPPED_MOE)
     return {**SHAPES, **DEPTHS, **{shape.name: shape for shape in others}}[name]
 
 
@@ -269,22 +275,16 @@ def moe_cases(folder: Path, requests: int) -> list[Case]:
     ]  # fmt: skip
 
 
-def moe_qwen35_cases(requests: int) -> list[Case]:
-    """One layer of Qwen3.5-122B-A10B's shape at ``qwen3.5-122b-a10b-h200``'s limits (its
-    calibration profile's), as vLLM runs it and with ``auto``: what vLLM's WorkspaceManager holds
-    at its lock, the floor that deployment needs."""
-    group = MOE_QWEN35.name
+def shipped_moe_cases(shape: Shape, requests: int) -> list[Case]:
+    """One layer of a shipped MoE deployment's model at its limits (:data:`SHIPPED_MOE`), as vLLM
+    runs it and with ``auto``: what vLLM's WorkspaceManager holds at its lock, the floor that
+    deployment needs."""
+    seqs, tokens = SHIPPED_MOE[shape]
     return [
-        Case(
-            f"{group}/{side}",
-            group,
-            plugin,
-            max_num_seqs=512,
-            max_num_batched_tokens=8192,
-            requests=requests,
-        )
+        Case(f"{shape.name}/{side}", shape.name, plugin, max_num_seqs=seqs,
+             max_num_batched_tokens=tokens, requests=requests)
         for side, plugin in (("vllm", None), ("plugin", "auto"))
-    ]
+    ]  # fmt: skip
 
 
 def crash_cases(group: str = "crash") -> list[Case]:
@@ -930,7 +930,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     choices = [*SHAPES, *(f"{s}-v1" for s in SHAPES), "crash", "crash-v1", *USERS_CASES, "moe",
-               MOE_QWEN35.name]  # fmt: skip
+               *(shape.name for shape in SHIPPED_MOE)]  # fmt: skip
     default = [*SHAPES, "crash", "llama3-8b-v1", *(c for c in USERS_CASES if c not in FROM_0_34)]
     parser.add_argument("--cases", nargs="*", default=default, choices=choices,
                         help="shapes to run (-v1: on vLLM's V1 model runner, to 0.33), the crash "
@@ -978,8 +978,8 @@ def main() -> None:
             order += crash_cases(name)
         elif name == "moe":
             order += moe_cases(args.out, args.requests)
-        elif name == MOE_QWEN35.name:
-            order += moe_qwen35_cases(args.requests)
+        elif name in {shape.name for shape in SHIPPED_MOE}:
+            order += shipped_moe_cases(shape_of(name), args.requests)
         elif name in USERS_CASES:
             order += users_cases(name, args.requests)
         else:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import yaml
 
+from mstar_resources.files import shipped_deployments
 from tests.scripts import load_script, run_script
 
 
@@ -148,9 +150,34 @@ def test_crash_v1_runs_the_crash_configuration_on_vllms_v1_runner():
 def test_requests_reach_every_group_but_those_that_serve_their_own_rows():
     proof = load_script("vllm_proof")
     assert {case.requests for case in proof.users_cases("spec-xqa", 40)} == {40}
-    assert {case.requests for case in proof.moe_qwen35_cases(40)} == {40}
+    shape = proof.shape_of("moe-qwen3.5-122b")
+    assert {case.requests for case in proof.shipped_moe_cases(shape, 40)} == {40}
     assert {case.requests for case in proof.users_cases("soak", 40)} == {2000}
     assert {case.requests for case in proof.crash_cases()} == {512}
+
+
+@pytest.mark.parametrize(
+    ("group", "deployment"),
+    [("moe-qwen3.5-122b", "qwen3.5-122b-a10b-h200"), ("moe-glm-4.5-air", "glm-4.5-air-h200")],
+)
+def test_a_shipped_moe_group_runs_its_deployments_attention_at_its_limits(group, deployment):
+    """The group that measures a shipped MoE deployment's manager floor runs that deployment's
+    attention heads at its calibration limits, vLLM as it is and ``auto``."""
+    proof = load_script("vllm_proof")
+    calibration = yaml.safe_load((shipped_deployments() / f"{deployment}.yaml").read_text())
+    calibration = calibration["calibration"]
+    shape = proof.shape_of(group)
+    model, limits = calibration["model"], calibration["limits"]
+    assert (shape.heads, shape.kv_heads, shape.head_dim) == (
+        model["num_qo_heads"],
+        model["num_kv_heads"],
+        model["head_dim"],
+    )
+    cases = proof.shipped_moe_cases(shape, 40)
+    assert [(case.side, case.plugin) for case in cases] == [("vllm", None), ("plugin", "auto")]
+    for case in cases:
+        assert case.max_num_seqs == limits["max_num_seqs"]
+        assert case.max_num_batched_tokens == limits["max_num_batched_tokens"]
 
 
 def test_the_moe_group_declares_the_managers_floor_and_its_lines_say_what_sealed_it(tmp_path):
