@@ -88,6 +88,18 @@ CHANGES = [
 ]  # fmt: skip
 
 
+MANAGER = ("+resources.vllm.workspace_manager={owner: vllm, labels: [workspace_manager], "
+           "cg_slots: [0], declared_mb: 64, int_declared_mb: 0}")  # fmt: skip
+
+
+def test_vllms_workspace_manager_declared_beside_a_calibration_leaves_it_holding():
+    """Calibration does not plan vLLM's WorkspaceManager (vLLM's profile sizes it), so declaring
+    its floor in a calibrated deployment, as a refusal of its growth says to, is no new input."""
+    record, inputs = record_and_inputs(LLAMA, (MANAGER,))
+    assert stale_calibration(record, inputs) is None
+    assert "vllm.workspace_manager" not in inputs["resources"]
+
+
 @pytest.mark.parametrize(("deployment", "overrides", "differences"), CHANGES)
 def test_each_input_that_changes_a_need_is_named(deployment, overrides, differences):
     record, inputs = record_and_inputs(deployment, tuple(overrides))

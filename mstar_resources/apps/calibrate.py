@@ -26,7 +26,7 @@ from ..calibration.calibrate import (
     write_override,
 )
 from ..calibration.profile import PROFILE_KEY, load_profile
-from ..calibration.record import Machine, calibration_inputs
+from ..calibration.record import Machine, calibration_inputs, planned
 from ..compose import ComposedTree
 from ..errors import Problem, ResourceConfigError
 from ..files import folder_problem
@@ -72,15 +72,15 @@ def main(cfg: DictConfig) -> None:
         )
     profile = load_profile(cfg[PROFILE_KEY])
     records = resolve(cfg.resources)
-    planned = [r for r in records if WORKSPACE_MANAGER_LABEL not in r.labels]
-    if unplanned := [f"resources.{r.path}" for r in records if WORKSPACE_MANAGER_LABEL in r.labels]:
+    measured = planned(records)
+    if unplanned := [f"resources.{r.path}" for r in records if r not in measured]:
         print(
             f"{PROG}: {', '.join(unplanned)} ({WORKSPACE_MANAGER_LABEL}) is vLLM's "
             "WorkspaceManager, which calibration does not measure: vLLM's memory profile grows "
             "it to what its largest batch takes; its floor stays as declared",
             file=sys.stderr,
         )
-    check_labels(planned, profile)
+    check_labels(measured, profile)
     name = base_deployment(str(deployment))
     # Beside a --config-dir's deployment, which its defaults list: Hydra finds it only there.
     sources = HydraConfig.get().runtime.config_sources
@@ -100,7 +100,7 @@ def main(cfg: DictConfig) -> None:
         )
 
     device = cuda_device(cfg.device, "calibration plans on a GPU")
-    rows = measure_all(planned, profile, device, show_progress=cfg.progress)
+    rows = measure_all(measured, profile, device, show_progress=cfg.progress)
     buffer = one_buffer(rows, profile, margin)
     print(table(rows, margin, buffer))
     record = {

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ResourceConfigError, ResourceUsageError
 from ..resolver import RESOURCES_KEY, ResolvedResource, resolve
+from ..schema import WORKSPACE_MANAGER_LABEL
 from ..units import mb_to_hold
 from .profile import PROFILE_KEY, CalibrationProfile, installed_flashinfer, load_profile
 
@@ -101,6 +102,12 @@ class Machine:
         )
 
 
+def planned(resources: Sequence[ResolvedResource]) -> list[ResolvedResource]:
+    """The ``resources`` calibration plans: all but vLLM's WorkspaceManager, which vLLM's memory
+    profile sizes, so declaring or changing it leaves a calibration as it was."""
+    return [r for r in resources if WORKSPACE_MANAGER_LABEL not in r.labels]
+
+
 def calibration_inputs(
     machine: Machine, profile: CalibrationProfile, resources: Sequence[ResolvedResource]
 ) -> dict[str, Any]:
@@ -109,7 +116,8 @@ def calibration_inputs(
         **asdict(machine),
         "profile": OmegaConf.to_container(OmegaConf.structured(profile), enum_to_str=True),
         "resources": {
-            r.path: {"labels": list(r.labels), "cg_slots": list(r.cg_slots)} for r in resources
+            r.path: {"labels": list(r.labels), "cg_slots": list(r.cg_slots)}
+            for r in planned(resources)
         },
     }
 
