@@ -875,14 +875,17 @@ def _reserved_line(r: dict[str, Any]) -> str:
 
 
 def manager_lines(results: dict[str, dict[str, Any]]) -> list[str]:
-    """vLLM's WorkspaceManager in each run that has one: its slots' bytes after generating, what the
-    plugin saw of it, and what a planted growth past the seal ended with."""
+    """vLLM's WorkspaceManager in each run that has one: its slots' bytes after generating (vLLM's
+    own: as the floor that holds them), what the plugin saw of it, and what a planted growth past
+    the seal ended with."""
     found = []
     for name, r in results.items():
         held, seen = r.get("workspace_manager"), (r.get("plugin") or {}).get("workspace_manager")
         if not held:
             continue
         line = f"{name}: vLLM's WorkspaceManager {held['slot_bytes']} bytes by slot"
+        if not seen and (most := max(held["slot_bytes"])):  # vLLM's own: the floor it needs
+            line += f", as a floor resources.vllm.workspace_manager.declared_mb={mb_to_hold(most)}"
         if seen:
             line += (f"; before the profile {seen['bytes_before_profile']}, at the seal "
                      f"{seen['bytes_at_seal']} ({seen['sealed_when']}), growths refused after it "

@@ -191,7 +191,7 @@ def test_the_moe_group_declares_the_managers_floor_and_its_lines_say_what_sealed
     seen = {"bytes_before_profile": [256], "bytes_at_seal": [256], "sealed_when": "at capture",
             "growths_refused_after_seal": 1}  # fmt: skip
     results = {
-        "moe/vllm": {"workspace_manager": {"slot_bytes": [48]}},
+        "moe/vllm": {"workspace_manager": {"slot_bytes": [50_331_648 + 1, 0]}},
         "moe/plugin-declared": {
             "workspace_manager": {"slot_bytes": [256], "planted_growth": "WorkspaceSealedError: x"},
             "plugin": {"workspace_manager": seen},
@@ -199,7 +199,8 @@ def test_the_moe_group_declares_the_managers_floor_and_its_lines_say_what_sealed
         "llama3-8b/vllm": {},
     }
     assert proof.manager_lines(results) == [
-        "moe/vllm: vLLM's WorkspaceManager [48] bytes by slot",
+        "moe/vllm: vLLM's WorkspaceManager [50331649, 0] bytes by slot, as a floor "
+        "resources.vllm.workspace_manager.declared_mb=49",
         "moe/plugin-declared: vLLM's WorkspaceManager [256] bytes by slot; before the profile "
         "[256], at the seal [256] (at capture), growths refused after it 1; planted: "
         "WorkspaceSealedError: x",
