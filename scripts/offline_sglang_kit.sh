@@ -8,6 +8,10 @@
 # 0.7.4, which passes SGLang's check `flashinfer_python >= 0.7.2`); SGLANG_FLASHINFER=0.7.2 picks the kit's (env.sh).
 # FlashInfer's cubin and JIT-cache wheels are not in it (hundreds of MiB and GiBs): its kernels build on first use.
 #   bash scripts/offline_sglang_kit.sh [KIT]      # KIT defaults to .gpu-sglang0523; about 12 minutes on 2 cores
+# ON_VLLM_KIT=1 makes SGLang and sglang-kernel alone, for a host that stages scripts/offline_vllm_kit.sh's kit first:
+# SGLang runs on that kit's torch 2.14.0, Triton 3.8.0, NCCL 2.32.6 and torchvision 0.29.0 (SGLang pins torch 2.14.1,
+# NCCL 2.30.7 and torchvision 0.29.1: sglang-kernel, built on 2.14.1, is expected to load on 2.14.0, a patch release,
+# and has not been tried there), with vLLM left off its path. Two carries in place of 14, and minutes less to build.
 # On the host, from the checkout: `bash KIT/stage.sh` in each call that brings a part (exit 2 until all are
 # there), then `bash KIT/run.sh [sglang_proof.py arguments]`, which installs dist/*.whl beside SGLang and runs
 # scripts/sglang_proof.py.
@@ -22,6 +26,8 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux_2_18_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
       --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64)
 big=(torch==2.14.1 triton==3.8.0 nvidia-nccl-cu13==2.30.7 torchvision==0.29.1 sglang==0.5.23 sglang-kernel==0.4.10)
+on_vllm_kit=${ON_VLLM_KIT:-0}
+[ "$on_vllm_kit" = 1 ] && big=(sglang==0.5.23 sglang-kernel==0.4.10)
 fi_pin=(flashinfer-python==0.7.2 apache-tvm-ffi==0.1.11)
 # What `import sglang`, sglang.Engine's engine, tokenizer manager, scheduler, detokenizer, model runner, decode and
 # prefill CUDA-graph runners, FlashInfer's backend, the Llama and Qwen3 models, the model loader, sampler, radix
@@ -95,6 +101,20 @@ export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/sglang0523-ca
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/sglang0523-cache/triton}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 EOS
+if [ "$on_vllm_kit" = 1 ]; then cat >> "$kit/env.sh" <<'EOS'
+# Built with ON_VLLM_KIT=1: torch, Triton, NCCL and torchvision from the vLLM kit's site, staged first, seen through
+# links to all of it but vLLM (SGLang imports vLLM's kernels where it finds vLLM)
+[ -f /tmp/vllm034-site/.ok ] || { echo "sglang0523: stage the vLLM kit (scripts/offline_vllm_kit.sh) first" >&2; return 1; }
+_view=/tmp/sglang0523-torch
+if [ ! -d "$_view" ]; then
+  rm -rf "$_view.tmp" && mkdir -p "$_view.tmp"
+  for _e in /tmp/vllm034-site/*; do case ${_e##*/} in vllm|vllm-*) ;; *) ln -s "$_e" "$_view.tmp/" ;; esac; done
+  mv "$_view.tmp" "$_view"
+fi
+export PYTHONPATH="${PYTHONPATH/\/tmp\/sglang0523-deps/\/tmp\/sglang0523-deps:$_view}"
+unset _view _e
+EOS
+fi
 
 { cat <<'EOS'
 #!/usr/bin/env bash
