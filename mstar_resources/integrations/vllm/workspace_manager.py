@@ -26,6 +26,7 @@ MODULE = "vllm.v1.worker.workspace"
 PATH = "vllm.workspace_manager"
 SETTING = f"resources.{PATH}.declared_mb"
 
+# The vLLM plugin's logger: under vLLM's, so its handler prints these lines with its own.
 logger = logging.getLogger("vllm.plugins.mstar_resources")
 _PACKAGE = str(Path(__file__).resolve().parents[2])
 

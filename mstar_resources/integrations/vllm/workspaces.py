@@ -4,7 +4,6 @@ builds it, sealed before serving."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +17,7 @@ from ..plugin import PluginState
 from ..setting import Keys, PluginSetting, Setting, serving
 from . import plans as vllm_plans
 from .plans import ROLES, EngineReading, Profiled, Role
-from .workspace_manager import ManagerScratch
+from .workspace_manager import ManagerScratch, logger
 
 if TYPE_CHECKING:
     import torch
@@ -36,9 +35,6 @@ SCALE_UP_LAUNCH = "VLLM_ELASTIC_EP_SCALE_UP_LAUNCH"  # 0.34: no profile, no warm
 
 TRTLLM_LABEL = "trtllm"  # a deployment's resource of this label raises the TRT-LLM workspace
 TRTLLM_PATH = "attn.trtllm"
-
-# Under vLLM's logger, so its handler prints these lines with its own.
-logger = logging.getLogger("vllm.plugins.mstar_resources")
 
 ROLE: ContextVar[Role | None] = ContextVar("mstar_resources_vllm_role", default=None)
 """The role of the wrapper vLLM is building, while one of the builder's wrapper getters runs."""
