@@ -7,6 +7,7 @@ launch grid (requests, heads, page-table width), never by the sequences' actual 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ResourceUsageError
@@ -101,11 +102,9 @@ def xqa_launch_bytes(
     multi-block scratch. The heads are the layer's, per rank; ``max_seq_len``: the page table's
     width in tokens (xqa.py reads the length from it); ``hopper_fp8_kv``: an fp8 KV cache, which
     xqa.py may run on ``mha_sm90.cu`` on SM90."""
-    group = _xqa_group(batch, num_qo_heads, num_kv_heads, head_dim, max_seq_len, sm_count,
-                       q_len_per_req)  # fmt: skip
-    kernels = [_mha_scratch] + ([_sm90_scratch] if hopper_fp8_kv else [])
-    args = (num_kv_heads, group, head_dim, max_seq_len, sm_count, q_len_per_req)
-    return XQA_SEMAPHORE_BYTES + max(kernel(batch, *args) for kernel in kernels)
+    scratch = _xqa_scratch(batch, num_qo_heads, num_kv_heads, head_dim, max_seq_len, sm_count,
+                           q_len_per_req, hopper_fp8_kv)  # fmt: skip
+    return XQA_SEMAPHORE_BYTES + scratch(batch, q_len_per_req)
 
 
 def xqa_workspace_bytes(
@@ -122,30 +121,28 @@ def xqa_workspace_bytes(
     """The most :func:`xqa_launch_bytes` over every launch of up to ``batch`` requests of up to
     ``q_len_per_req`` query tokens each (1 + speculative tokens) on a page table up to
     ``max_seq_len`` tokens wide: what a workspace needs to hold for all of them."""
-    group = _xqa_group(batch, num_qo_heads, num_kv_heads, head_dim, max_seq_len, sm_count,
-                       q_len_per_req)  # fmt: skip
-    kernels = [_mha_scratch] + ([_sm90_scratch] if hopper_fp8_kv else [])
+    scratch = _xqa_scratch(batch, num_qo_heads, num_kv_heads, head_dim, max_seq_len, sm_count,
+                           q_len_per_req, hopper_fp8_kv)  # fmt: skip
     # Splitting needs b x kv heads <= SMs / 2, so larger batches add no scratch.
-    scratch = max(
-        kernel(b, num_kv_heads, group, head_dim, max_seq_len, sm_count, q)
-        for kernel in kernels
-        for b in range(1, min(batch, sm_count) + 1)
-        for q in range(1, q_len_per_req + 1)
-    )
-    return XQA_SEMAPHORE_BYTES + scratch
+    batches, q_lens = range(1, min(batch, sm_count) + 1), range(1, q_len_per_req + 1)
+    return XQA_SEMAPHORE_BYTES + max(scratch(b, q) for b in batches for q in q_lens)
 
 
-def _xqa_group(
-    batch: int, qo: int, kv: int, head_dim: int, max_seq_len: int, sms: int, q_len: int
-) -> int:
-    """The query heads a KV head serves, once the launch's arguments are checked."""
+def _xqa_scratch(
+    batch: int, qo: int, kv: int, head_dim: int, max_seq_len: int, sms: int, q_len: int, fp8: bool
+) -> Callable[[int, int], int]:
+    """A launch's multi-block scratch by (requests, query tokens each), the arguments checked:
+    the most any kernel that may run takes (``fp8``: ``mha_sm90.cu`` may run too)."""
     _positive(batch=batch, num_qo_heads=qo, num_kv_heads=kv, head_dim=head_dim,
               max_seq_len=max_seq_len, sm_count=sms, q_len_per_req=q_len)  # fmt: skip
     if qo % kv:
         raise ResourceUsageError(f"num_qo_heads={qo} is not a multiple of num_kv_heads={kv}")
     if head_dim % 16 or head_dim > 512:
         raise ResourceUsageError(f"head_dim must be a multiple of 16 up to 512, got {head_dim!r}")
-    return qo // kv
+    kernels = [_mha_scratch] + ([_sm90_scratch] if fp8 else [])
+    return lambda b, q: max(
+        kernel(b, kv, qo // kv, head_dim, max_seq_len, sms, q) for kernel in kernels
+    )
 
 
 def trtllm_gen_workspace_bytes(
