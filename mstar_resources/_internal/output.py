@@ -13,12 +13,11 @@ from typing import Any, NoReturn, TextIO, cast
 
 def display_width(text: str) -> int:
     """Terminal columns of ``text``: wide and fullwidth characters two, combining marks none."""
-    width = 0
-    for char in text:
-        if unicodedata.category(char) in ("Mn", "Me"):
-            continue  # drawn over the character before it
-        width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
-    return width
+    return sum(
+        2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+        for char in text
+        if unicodedata.category(char) not in ("Mn", "Me")  # drawn over the character before it
+    )
 
 
 def format_table(rows: Sequence[Sequence[str] | None], right: Container[int] = ()) -> str:
