@@ -5,8 +5,9 @@
     python scripts/bench_memory.py --png docs/bench_memory.png      # docs/benchmarks.md's figure
 
 For each deployment ``<name>`` shipped with a ``<name>_calibrated`` override (written on a GPU by
-``mstar-resources-calibrate``), composes that override and reports, over all its workspaces (one
-per label and CUDA-graph slot, none aliased):
+``mstar-resources-calibrate``), composes that override and reports, over all its attention
+workspaces (one per label and CUDA-graph slot, none aliased; vLLM's WorkspaceManager, which an
+engine holds beside its attention buffer either way, left out):
 - need: what calibration measured (the floor no one can beat without aliasing);
 - reserved: what its pools hold with the calibrated floors, and its ratio to the need;
 - what each engine really reserves for that deployment: one buffer, shared by all its wrappers,
@@ -36,6 +37,7 @@ from mstar_resources.apps.dry_run import DryRunSettings
 from mstar_resources.apps.hydra_app import register_settings
 from mstar_resources.calibration.calibrate import CALIBRATED_SUFFIX
 from mstar_resources.calibration.profile import load_profile
+from mstar_resources.calibration.record import planned
 from mstar_resources.compose import shipped_deployments
 from mstar_resources.units import MIB
 
@@ -73,7 +75,7 @@ def measure(deployment: str) -> Row:
     register_settings("mstar_resources", DryRunSettings)  # as the dry run does
     with initialize_config_module("mstar_resources.conf", version_base="1.3"):
         cfg = compose("mstar_resources", overrides=[f"deployment={deployment}"])
-    records = {r.path: r for r in resolve(cfg.resources, env={})}
+    records = {r.path: r for r in planned(resolve(cfg.resources, env={}))}
     workspaces = sum(r.workspaces for r in records.values())
     need: int = sum(n.need_bytes * records[n.path].workspaces for n in cfg.calibrated.needs)
     int_needs = [n.get("int_need_bytes") for n in cfg.calibrated.needs]

@@ -91,8 +91,31 @@ SHIPPED_MOE = {
 deployment's limits (max_num_seqs, max_num_batched_tokens): Qwen3.5-122B-A10B (hidden 3,072; 256
 experts, 8 a token, 1,024 wide) for ``qwen3.5-122b-a10b-h200``, GLM-4.5-Air (hidden 4,096; 128
 experts, 8 a token, 1,408 wide) for ``glm-4.5-air-h200``. What vLLM's WorkspaceManager takes
-depends on the MoE layer's widths and the batched tokens, not on the layer count (their shared
-experts and dense or Gated DeltaNet layers take none of it)."""
+depends on the MoE layer's widths and the batched tokens, not on the layer count (the layers take
+turns with one buffer; shared experts and dense layers take none of it, and 0.34's Gated DeltaNet
+prefill checkpoints, which Qwen3.5's layers would take in prefix caching's align mode, are not in
+this model)."""
+
+
+def triton_experts_bytes(shape: Shape, batched_tokens: int) -> int:
+    """What vLLM's WorkspaceManager takes for ``shape``'s experts on Triton (what vLLM 0.33 and
+    0.34 pick on one Hopper GPU for bf16 and 128-block FP8 experts), read in their wheels: one
+    ``get_simultaneous`` of ``TritonExperts.workspace_shapes`` at every batched token, in bf16,
+    each view aligned to 256 bytes (``fused_moe/modular_kernel.py``, ``v1/worker/workspace.py``)."""
+    width, hidden, tokens = shape.moe_intermediate, shape.hidden, batched_tokens
+    views = (tokens * shape.experts_per_token * max(width, hidden),  # and the output, M x hidden
+             tokens * shape.experts_per_token * max(2 * width, hidden))  # fmt: skip
+    return sum(-(-2 * n // 256) * 256 for n in views)
+
+
+def read_manager_bytes(group: str) -> int | None:
+    """:func:`triton_experts_bytes` of a MoE group's model at its batched tokens; None: no MoE."""
+    if group == MOE.name:
+        return triton_experts_bytes(MOE, Case.max_num_batched_tokens)
+    return next((triton_experts_bytes(s, tokens) for s, (_, tokens) in SHIPPED_MOE.items()
+                 if s.name == group), None)  # fmt: skip
+
+
 DEPTHS = {
     "llama3-8b-3l": Shape("llama3-8b-3l", 32, 8, 128, layers=3),
     "llama3-8b-16l": Shape("llama3-8b-16l", 32, 8, 128, layers=16),
@@ -886,6 +909,8 @@ def manager_lines(results: dict[str, dict[str, Any]]) -> list[str]:
         line = f"{name}: vLLM's WorkspaceManager {held['slot_bytes']} bytes by slot"
         if not seen and (most := max(held["slot_bytes"])):  # vLLM's own: the floor it needs
             line += f", as a floor resources.vllm.workspace_manager.declared_mb={mb_to_hold(most)}"
+            if (read := read_manager_bytes(name.partition("/")[0])) is not None:
+                line += f" (Triton experts as read: {read:,} bytes)"
         if seen:
             line += (f"; before the profile {seen['bytes_before_profile']}, at the seal "
                      f"{seen['bytes_at_seal']} ({seen['sealed_when']}), growths refused after it "

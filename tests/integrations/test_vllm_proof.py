@@ -8,7 +8,10 @@ import importlib.util
 import pytest
 import yaml
 
+from mstar_resources import resolve
 from mstar_resources.files import shipped_deployments
+from mstar_resources.units import mb_to_hold
+from tests.conftest import compose_shipped
 from tests.scripts import load_script, run_script
 
 
@@ -180,6 +183,30 @@ def test_a_shipped_moe_group_runs_its_deployments_attention_at_its_limits(group,
         assert case.max_num_batched_tokens == limits["max_num_batched_tokens"]
 
 
+def test_the_triton_experts_reading_is_what_vllm_0_34_held_in_the_moe_group():
+    """The reading against a run: vLLM 0.34.0's WorkspaceManager held 50,331,648 bytes at its lock
+    in the ``moe`` group on an H100 (docs/vllm.md, "vLLM 0.34.0 on an H100")."""
+    proof = load_script("vllm_proof")
+    assert proof.read_manager_bytes("moe") == 50_331_648
+    assert proof.read_manager_bytes("llama3-8b") is None
+
+
+def test_the_shipped_moe_deployment_declares_the_managers_floor_its_experts_take():
+    """``qwen3.5-122b-a10b-h200`` (vLLM's plans) declares the floor its experts take at its limits,
+    as read; ``glm-4.5-air-h200`` (SGLang's plans, which has no such manager) declares none."""
+    proof = load_script("vllm_proof")
+    read = proof.read_manager_bytes("moe-qwen3.5-122b")
+    assert read == 805_306_368
+    tree = compose_shipped(["deployment=qwen3.5-122b-a10b-h200"]).resources
+    manager = {r.path: r for r in resolve(tree, {})}["vllm.workspace_manager"]
+    assert (manager.owner, manager.labels) == ("vllm", ("workspace_manager",))
+    assert manager.cg_slots == (0,)
+    assert manager.floor.bytes == mb_to_hold(read) << 20
+    assert manager.int_floor.bytes == 0
+    glm = resolve(compose_shipped(["deployment=glm-4.5-air-h200"]).resources, {})
+    assert [r.path for r in glm] == ["attn.prefill", "attn.decode"]
+
+
 def test_the_moe_group_declares_the_managers_floor_and_its_lines_say_what_sealed_it(tmp_path):
     proof = load_script("vllm_proof")
     cases = {case.side: case for case in proof.moe_cases(tmp_path, 40)}
@@ -200,7 +227,8 @@ def test_the_moe_group_declares_the_managers_floor_and_its_lines_say_what_sealed
     }
     assert proof.manager_lines(results) == [
         "moe/vllm: vLLM's WorkspaceManager [50331649, 0] bytes by slot, as a floor "
-        "resources.vllm.workspace_manager.declared_mb=49",
+        "resources.vllm.workspace_manager.declared_mb=49 (Triton experts as read: 50,331,648 "
+        "bytes)",
         "moe/plugin-declared: vLLM's WorkspaceManager [256] bytes by slot; before the profile "
         "[256], at the seal [256] (at capture), growths refused after it 1; planted: "
         "WorkspaceSealedError: x",
