@@ -290,6 +290,27 @@ def test_the_workspaces_are_made_before_sglang_sizes_its_kv_pool_and_taken_from_
     assert served.report()["backends"] == 1
 
 
+def test_a_deployment_that_declares_vllms_manager_too_makes_sglangs_workspaces_alone(
+    tmp_path, monkeypatch, caplog
+):
+    """A deployment of vLLM's plans (vLLM's WorkspaceManager beside attention) served to SGLang:
+    only the workspaces SGLang's wrappers plan on are made, and the log names the rest."""
+    path = _deployment(tmp_path)
+    path.write_text(
+        path.read_text() + "  vllm:\n    workspace_manager: {owner: vllm, labels: "
+        "[workspace_manager], cg_slots: [0], declared_mb: 64, int_declared_mb: 0}\n"
+    )
+    setting = plugin.SGLANG.read({plugin.ENV_VAR: str(path)})
+    assert setting is not None
+    served = workspaces.SglangWorkspaces(setting)
+    _, runner_module, _ = _patched_stand_ins(served, monkeypatch)
+    runner = runner_module.ModelRunner()
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        runner.alloc_memory_pool()
+    assert runner.held_at_kv_sizing == served.held_bytes == 3 * MIB  # not the manager's 64 MB
+    assert "plans on it: resources.vllm.workspace_manager (another engine's" in caplog.text
+
+
 def test_sglangs_trtllm_mha_backend_built_on_its_flashinfer_backend_is_not_adopted(worker, caplog):
     """SGLang's TRT-LLM MHA backend subclasses its FlashInfer backend, runs XQA and FMHA-v2 on a
     zeroed workspace of its own, and plans no FlashInfer wrapper: not counted as served."""

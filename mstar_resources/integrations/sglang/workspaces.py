@@ -75,6 +75,11 @@ class SglangWorkspaces(PluginState):
             measured = list(self.setting.records)
             self.check_calibration(device)
         keys = SGLANG.serving_keys(measured, self.setting.describe())
+        if others := [r.key for r in measured if all(r is not k for k, _ in keys.values())]:
+            logger.info(
+                "mstar-resources: not made, as no FlashInfer wrapper of SGLang's plans on it: %s "
+                "(another engine's resource, such as vLLM's WorkspaceManager)", ", ".join(others),
+            )  # fmt: skip
         # Only decode wrappers share an int workspace (each is planned, then run); SGLang plans
         # both prefill wrappers of a batch before it runs either, so each keeps its own.
         decode_path = keys["decode"][0].path
