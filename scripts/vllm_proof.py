@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mstar_resources.files import write_whole  # noqa: E402
-from mstar_resources.units import mb_to_hold  # noqa: E402
+from mstar_resources.units import mb_to_hold, round_up  # noqa: E402
 
 from _args import DAY, count, output_folder, run_main, seconds  # noqa: E402
 
@@ -105,7 +105,7 @@ def triton_experts_bytes(shape: Shape, batched_tokens: int) -> int:
     width, hidden, tokens = shape.moe_intermediate, shape.hidden, batched_tokens
     views = (tokens * shape.experts_per_token * max(width, hidden),  # and the output, M x hidden
              tokens * shape.experts_per_token * max(2 * width, hidden))  # fmt: skip
-    return sum(-(-2 * n // 256) * 256 for n in views)
+    return sum(round_up(2 * n, 256) for n in views)
 
 
 def read_manager_bytes(group: str) -> int | None:

@@ -75,7 +75,8 @@ class SglangWorkspaces(PluginState):
             measured = list(self.setting.records)
             self.check_calibration(device)
         keys = SGLANG.serving_keys(measured, self.setting.describe())
-        if others := [r.key for r in measured if all(r is not k for k, _ in keys.values())]:
+        served = {record.path for record, _ in keys.values()}
+        if others := [r.key for r in measured if r.path not in served]:
             logger.info(
                 "mstar-resources: not made, as no FlashInfer wrapper of SGLang's plans on it: %s "
                 "(another engine's resource, such as vLLM's WorkspaceManager)", ", ".join(others),
