@@ -16,9 +16,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from mstar_resources import build_pools
+from mstar_resources import build_pools, resolve
 from mstar_resources.calibration.measure import Planner, Shape, shapes_for
 from mstar_resources.calibration.profile import PlanKind, installed_flashinfer, load_profile
+from mstar_resources.calibration.record import planned
 
 from ..conftest import compose_shipped
 from ..sealing import assert_sealed
@@ -89,7 +90,8 @@ def test_sealed_floors_hold_random_plans_of_the_deployments_engine(deployment):
     _calibrated_here(cfg)
     profile, recorded = _needs(deployment)
     planner = Planner(profile, torch.device("cuda"))
-    pools = build_pools(cfg.resources, "cuda", env={})
+    # The workspaces calibration plans (not vLLM's WorkspaceManager, which MoE kernels fill).
+    pools = build_pools(planned(resolve(cfg.resources, env={})), "cuda", env={})
     rng = random.Random(0)
     for pool in pools.values():
         pool.reserve()
@@ -119,7 +121,8 @@ def test_every_mla_plan_fits_the_calibrated_floor_sealed_and_needs_the_bound(dep
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bound = mla_bytes(model.head_dim_ckv, sms)
     planner = Planner(profile, torch.device("cuda"))
-    pools = build_pools(cfg.resources, "cuda", env={})
+    # The workspaces calibration plans (not vLLM's WorkspaceManager, which MoE kernels fill).
+    pools = build_pools(planned(resolve(cfg.resources, env={})), "cuda", env={})
     rng = random.Random(0)
     for pool in pools.values():
         pool.reserve()

@@ -183,20 +183,23 @@ def test_a_shipped_moe_group_runs_its_deployments_attention_at_its_limits(group,
         assert case.max_num_batched_tokens == limits["max_num_batched_tokens"]
 
 
-def test_the_triton_experts_reading_is_what_vllm_0_34_held_in_the_moe_group():
-    """The reading against a run: vLLM 0.34.0's WorkspaceManager held 50,331,648 bytes at its lock
-    in the ``moe`` group on an H100 (docs/vllm.md, "vLLM 0.34.0 on an H100")."""
+@pytest.mark.parametrize(
+    ("group", "held"),
+    [("moe", 50_331_648), ("moe-qwen3.5-122b", 805_306_368), ("moe-glm-4.5-air", 2_147_483_648)],
+)
+def test_the_triton_experts_reading_is_what_vllm_0_34_held(group, held):
+    """The reading against runs: what vLLM 0.34.0's WorkspaceManager held at its lock in each MoE
+    group on an H100, TritonExperts (docs/vllm.md, "vLLM's WorkspaceManager")."""
     proof = load_script("vllm_proof")
-    assert proof.read_manager_bytes("moe") == 50_331_648
+    assert proof.read_manager_bytes(group) == held
     assert proof.read_manager_bytes("llama3-8b") is None
 
 
 def test_the_shipped_moe_deployment_declares_the_managers_floor_its_experts_take():
-    """``qwen3.5-122b-a10b-h200`` (vLLM's plans) declares the floor its experts take at its limits,
-    as read; ``glm-4.5-air-h200`` (SGLang's plans, which has no such manager) declares none."""
+    """``qwen3.5-122b-a10b-h200`` (vLLM's plans) declares the floor its experts take at its limits;
+    ``glm-4.5-air-h200`` (SGLang's plans, which has no such manager) declares none."""
     proof = load_script("vllm_proof")
     read = proof.read_manager_bytes("moe-qwen3.5-122b")
-    assert read == 805_306_368
     tree = compose_shipped(["deployment=qwen3.5-122b-a10b-h200"]).resources
     manager = {r.path: r for r in resolve(tree, {})}["vllm.workspace_manager"]
     assert (manager.owner, manager.labels) == ("vllm", ("workspace_manager",))
