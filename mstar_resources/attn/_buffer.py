@@ -93,12 +93,9 @@ class GrowableBuffer:
     ) -> None:
         check_argument("sealed", sealed, bool, "True or False")
         check_name("name", name, "must be a non-empty string: errors and logs name the workspace")
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
-            described = (
-                f"{tensor.dim()}-D {tensor.dtype}"
-                if isinstance(tensor, torch.Tensor)
-                else type(tensor).__name__
-            )
+        is_tensor = isinstance(tensor, torch.Tensor)
+        if not is_tensor or tensor.dtype != torch.uint8 or tensor.dim() != 1:
+            described = f"{tensor.dim()}-D {tensor.dtype}" if is_tensor else type(tensor).__name__
             raise ResourceUsageError(
                 f"workspace {name!r}: tensor must be a 1-D torch.uint8 tensor, got a {described}"
             )
@@ -246,24 +243,20 @@ class GrowableBuffer:
             )
         grown_mirror = None
         if self._mirror is not None:
-            grown_mirror = allocate(
-                need,
-                None,
+            failed = (
                 f"int workspace {self.name!r}: could not grow its host mirror from {have:,} to "
                 f"{need:,} bytes for {cause}; both keep their {have:,}-byte buffers. Set "
-                f"{self.floor} so the workspace is reserved up front.",
-                **fields,
+                f"{self.floor} so the workspace is reserved up front."
             )
+            grown_mirror = allocate(need, None, failed, **fields)
         # A failed resize_() leaves the tensor claiming storage it does not have, so the new
         # buffer is made whole before the tensor moves onto it.
-        grown = allocate(
-            need,
-            self.tensor.device,
+        failed = (
             f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
             f"{cause}; it keeps its {have:,}-byte buffer. Free device memory, or set "
-            f"{self.floor} so the workspace is reserved up front.",
-            **fields,
+            f"{self.floor} so the workspace is reserved up front."
         )
+        grown = allocate(need, self.tensor.device, failed, **fields)
         # Any error from here on (a broken CUDA context, say) is not a shortage: it reaches the
         # caller as it was raised, and the tensor has not moved.
         wait_for_every_stream(self.tensor)

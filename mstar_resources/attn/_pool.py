@@ -323,14 +323,12 @@ class WorkspacePool:
 
     def _allocate(self, name: str, floor: Floor) -> torch.Tensor:
         """``name``'s floor, zeroed: some FlashInfer backends keep semaphores in it."""
-        return allocate(
-            floor.bytes,
-            self.device,
+        failed = (
             f"workspace {name!r}: could not allocate its floor of {floor.bytes:,} bytes on "
-            f"{self.device}; lower {floor.setting} (now {floor.mb} MB).",
-            workspace=name,
-            held_bytes=0,
-            setting=floor.setting,
+            f"{self.device}; lower {floor.setting} (now {floor.mb} MB)."
+        )
+        return allocate(
+            floor.bytes, self.device, failed, workspace=name, held_bytes=0, setting=floor.setting
         )
 
 
