@@ -376,8 +376,7 @@ def uncovered_attention(vllm_config: Any) -> str | None:
     if FLASHINFER not in names:
         found = ", ".join(sorted(names)) or "no attention backend"
         return f"the model's attention runs on {found}, not FlashInfer ({FLASHINFER})"
-    others = sorted(name for name in names if FLASHINFER in name and name != FLASHINFER)
-    if others:
+    if others := sorted(name for name in names if FLASHINFER in name and name != FLASHINFER):
         return (
             f"the model also uses {', '.join(others)}, whose buffers this plugin does not "
             "manage; it serves vLLM's FLASHINFER backend alone"
@@ -457,8 +456,7 @@ def trtllm_workspace_bound(
 def unmeasured_kv(plans: Sequence[BuilderPlans]) -> str | None:
     """Why ``auto`` cannot measure a builder's plans (None: it can): an NVFP4 KV cache, which
     vLLM 0.32+ plans on FlashInfer's native wrappers as ``uint8`` pages."""
-    packed = [p for p in plans if p.kv_dtype == "uint8" and any(p.native(r) for r in ROLES)]
-    if packed:
+    if packed := [p for p in plans if p.kv_dtype == "uint8" and any(p.native(r) for r in ROLES)]:
         return (f"the KV cache of {packed[0].describe()} is NVFP4, planned as uint8 pages, which "
                 f"{AUTO} does not measure")  # fmt: skip
     return None
