@@ -2,8 +2,9 @@
 # SGLang 0.5.23 for a GPU host with no network whose image has Python 3.12, CUDA 13's libraries, transformers 5.17
 # and torch 2.11 (which SGLang 0.5.23 cannot use): torch 2.14.1, Triton 3.8.0, NCCL 2.30.7 (torch 2.14.1's pin; its
 # manylinux_2_18 wheel is on the registry again), torchvision 0.29.1 (the host's 0.26 has no ops for torch 2.14),
-# sglang-kernel 0.4.10 (SGLang's pin), SGLang 0.5.23 and, off the path unless chosen, FlashInfer 0.7.2 (SGLang's pin)
-# with apache-tvm-ffi 0.1.11 (SGLang's pin) as one tar.xz cut into parts that fit a 64 MiB transfer, and the small
+# sglang-kernel 0.4.10 (SGLang's pin), SGLang 0.5.23, the CuTe DSL 4.8.0 (SGLang's pin) and, off the path unless
+# chosen, FlashInfer 0.7.2 (SGLang's pin) with apache-tvm-ffi 0.1.11 (SGLang's pin) as one tar.xz cut into parts
+# that fit a 64 MiB transfer, and the small
 # packages SGLang's offline path imports as deps.tar. By default FlashInfer comes from the host's own kit (.gpu,
 # 0.7.4, which passes SGLang's check `flashinfer_python >= 0.7.2`); SGLANG_FLASHINFER=0.7.2 picks the kit's (env.sh).
 # FlashInfer's cubin and JIT-cache wheels are not in it (hundreds of MiB and GiBs): its kernels build on first use.
@@ -25,7 +26,11 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
       --platform manylinux_2_18_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
       --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64)
-big=(torch==2.14.1 triton==3.8.0 nvidia-nccl-cu13==2.30.7 torchvision==0.29.1 sglang==0.5.23 sglang-kernel==0.4.10)
+# The CuTe DSL at SGLang's pin (nvidia-cutlass-dsl[cu13]): on CUDA the Llama MLP imports `cutlass` (DualGemm)
+dsl=(nvidia-cutlass-dsl==4.8.0 nvidia-cutlass-dsl-libs-base==4.8.0 nvidia-cutlass-dsl-libs-core==4.8.0
+     nvidia-cutlass-dsl-libs-cu13==4.8.0)
+big=(torch==2.14.1 triton==3.8.0 nvidia-nccl-cu13==2.30.7 torchvision==0.29.1 sglang==0.5.23 sglang-kernel==0.4.10
+     "${dsl[@]}")
 on_vllm_kit=${ON_VLLM_KIT:-0}
 [ "$on_vllm_kit" = 1 ] && big=(sglang==0.5.23 sglang-kernel==0.4.10)
 fi_pin=(flashinfer-python==0.7.2 apache-tvm-ffi==0.1.11)
@@ -38,7 +43,7 @@ fi_pin=(flashinfer-python==0.7.2 apache-tvm-ffi==0.1.11)
 # IPython (sglang/utils.py imports IPython.display) with traitlets; cuda-python 13.0.3 (FlashInfer's cuda_utils,
 # which the models import through its comm module; torch 2.14.1 asks cuda-bindings >= 13.0.3, and the host's driver
 # is CUDA 13.0's). jiter for openai. Not carried, though SGLang requires them: what the offline path never imports
-# (flash-attn-4, tilelang, quack-kernels, sgl-deep-gemm/-deep-ep/-flash-mla, humming-kernels, nvidia-cutlass-dsl,
+# (flash-attn-4, tilelang, quack-kernels, sgl-deep-gemm/-deep-ep/-flash-mla, humming-kernels,
 # nvshmem4py, outlines, llguidance, torchaudio, torchcodec, ...: the model registry skips models that need them) and
 # what the image has (tokenizers 0.23.2 is SGLang's pin; numba, sentencepiece and the rest at the image's versions).
 deps=(pydantic==2.13.5 pydantic-core==2.46.5 annotated-types==0.8.0 typing-inspection==0.4.4
@@ -92,8 +97,10 @@ case $SGLANG_FLASHINFER in
   *) echo "SGLANG_FLASHINFER is host or 0.7.2, not $SGLANG_FLASHINFER" >&2; return 1 ;;
 esac
 export SGLANG_FLASHINFER
-export PYTHONPATH="$PWD:/tmp/sglang0523-site$_fi:/tmp/sglang0523-deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-unset _fi
+# The CuTe DSL puts `cutlass` on the path from a .pth file, which Python reads in site-packages only.
+_dsl=/tmp/sglang0523-site/nvidia_cutlass_dsl/dsl_packages
+export PYTHONPATH="$PWD:/tmp/sglang0523-site$_fi:$_dsl:/tmp/sglang0523-deps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+unset _dsl _fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 MAX_JOBS=${MAX_JOBS:-16}
 command -v nvcc >/dev/null 2>&1 || { [ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"; }
 # FlashInfer's JIT builds (0.7.2 has no prebuilt kernels here) and Triton's cache outlive a call while the host is warm
@@ -111,7 +118,8 @@ if [ ! -d "$_view" ]; then
   for _e in /tmp/vllm034-site/*; do case ${_e##*/} in vllm|vllm-*) ;; *) ln -s "$_e" "$_view.tmp/" ;; esac; done
   mv "$_view.tmp" "$_view"
 fi
-export PYTHONPATH="${PYTHONPATH/\/tmp\/sglang0523-deps/\/tmp\/sglang0523-deps:$_view}"
+# and the CuTe DSL, which SGLang 0.5.23 pins at the vLLM kit's version (4.8.0)
+export PYTHONPATH="${PYTHONPATH/\/tmp\/sglang0523-deps/\/tmp\/sglang0523-deps:$_view:$_view/nvidia_cutlass_dsl/dsl_packages}"
 unset _view _e
 EOS
 fi
