@@ -3,16 +3,17 @@
 # and torch 2.11 (which SGLang 0.5.23 cannot use): torch 2.14.1, Triton 3.8.0, NCCL 2.30.7 (torch 2.14.1's pin; its
 # manylinux_2_18 wheel is on the registry again), torchvision 0.29.1 (the host's 0.26 has no ops for torch 2.14),
 # sglang-kernel 0.4.10 (SGLang's pin), SGLang 0.5.23, the CuTe DSL 4.8.0 (SGLang's pin) and, off the path unless
-# chosen, FlashInfer 0.7.2 (SGLang's pin) with apache-tvm-ffi 0.1.11 (SGLang's pin) as one tar.xz cut into parts
-# that fit a 64 MiB transfer, and the small
-# packages SGLang's offline path imports as deps.tar. By default FlashInfer comes from the host's own kit (.gpu,
-# 0.7.4, which passes SGLang's check `flashinfer_python >= 0.7.2`); SGLANG_FLASHINFER=0.7.2 picks the kit's (env.sh).
-# FlashInfer's cubin and JIT-cache wheels are not in it (hundreds of MiB and GiBs): its kernels build on first use.
+# chosen, FlashInfer 0.7.2 (SGLang's pin) with apache-tvm-ffi 0.1.11 (SGLang's pin) as one tar.xz cut into parts that
+# fit a 64 MiB transfer, and the small packages SGLang's offline path imports as deps.tar. By default FlashInfer
+# comes from the host's own kit (.gpu, 0.7.4, which passes SGLang's check `flashinfer_python >= 0.7.2`);
+# SGLANG_FLASHINFER=0.7.2 picks the kit's (env.sh). FlashInfer's cubin and JIT-cache wheels are not in it (hundreds
+# of MiB and GiBs): its kernels build on first use.
 #   bash scripts/offline_sglang_kit.sh [KIT]      # KIT defaults to .gpu-sglang0523; about 12 minutes on 2 cores
 # ON_VLLM_KIT=1 makes SGLang and sglang-kernel alone, for a host that stages scripts/offline_vllm_kit.sh's kit first:
 # SGLang runs on that kit's torch 2.14.0, Triton 3.8.0, NCCL 2.32.6 and torchvision 0.29.0 (SGLang pins torch 2.14.1,
-# NCCL 2.30.7 and torchvision 0.29.1: sglang-kernel, built on 2.14.1, is expected to load on 2.14.0, a patch release,
-# and has not been tried there), with vLLM left off its path. Two carries in place of 14, and minutes less to build.
+# NCCL 2.30.7 and torchvision 0.29.1: sglang-kernel, built on 2.14.1, imports on 2.14.0, a patch release, as seen on
+# an H100) and its CuTe DSL 4.8.0 (SGLang's pin), with vLLM left off its path. Two carries in place of 15, and
+# minutes less to build.
 # On the host, from the checkout: `bash KIT/stage.sh` in each call that brings a part (exit 2 until all are
 # there), then `bash KIT/run.sh [sglang_proof.py arguments]`, which installs dist/*.whl beside SGLang and runs
 # scripts/sglang_proof.py.
