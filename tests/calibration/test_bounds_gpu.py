@@ -59,6 +59,12 @@ def _calibrated_here(cfg) -> None:
         pytest.skip(f"calibrated on FlashInfer {recorded}, and this is {here}")
 
 
+def _calibrated_pools(cfg):
+    """The pools of the workspaces calibration plans (not vLLM's WorkspaceManager, which MoE
+    kernels fill), on the GPU."""
+    return build_pools(planned(resolve(cfg.resources, env={})), "cuda", env={})
+
+
 def _random_shapes(plan, profile, graph: bool, rng: random.Random) -> list[Shape]:
     """Plans the deployment's engine makes that calibration did not: every graph batch size over
     contexts between its shapes', and random eager batches within the limits."""
@@ -90,8 +96,7 @@ def test_sealed_floors_hold_random_plans_of_the_deployments_engine(deployment):
     _calibrated_here(cfg)
     profile, recorded = _needs(deployment)
     planner = Planner(profile, torch.device("cuda"))
-    # The workspaces calibration plans (not vLLM's WorkspaceManager, which MoE kernels fill).
-    pools = build_pools(planned(resolve(cfg.resources, env={})), "cuda", env={})
+    pools = _calibrated_pools(cfg)
     rng = random.Random(0)
     for pool in pools.values():
         pool.reserve()
@@ -121,8 +126,7 @@ def test_every_mla_plan_fits_the_calibrated_floor_sealed_and_needs_the_bound(dep
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bound = mla_bytes(model.head_dim_ckv, sms)
     planner = Planner(profile, torch.device("cuda"))
-    # The workspaces calibration plans (not vLLM's WorkspaceManager, which MoE kernels fill).
-    pools = build_pools(planned(resolve(cfg.resources, env={})), "cuda", env={})
+    pools = _calibrated_pools(cfg)
     rng = random.Random(0)
     for pool in pools.values():
         pool.reserve()
