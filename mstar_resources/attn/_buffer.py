@@ -171,6 +171,10 @@ class GrowableBuffer:
             self._times_grown += 1
             if added > self._largest_growth[0]:
                 self._largest_growth = (added, overflow.allocation)
+        if not self.floor:  # a measurement's scratch: its growths are what it measures
+            logger.debug("workspace %r grew from %d to %d bytes for %s", self.name, have, need,
+                         overflow.allocation)  # fmt: skip
+            return
         logger.info(
             "workspace %r grew from %d to %d bytes for %s; set %s=%d to reserve it up front",
             self.name, have, need, overflow.allocation, self.floor, mb_to_hold(need),
@@ -233,6 +237,10 @@ class GrowableBuffer:
         if have >= need:
             return 0
         fields: dict[str, Any] = {"workspace": self.name, "held_bytes": have, "setting": self.floor}
+        # What reserves it up front ("" where no setting sizes it: a measurement's scratch).
+        reserve = (
+            f", or set {self.floor} so the workspace is reserved up front" if self.floor else ""
+        )
         if need >= 1 << 63:  # torch would raise a TypeError of its own
             raise WorkspaceGrowthError(
                 f"workspace {self.name!r}: {cause} asks to grow it from {have:,} to {need:,} "
@@ -245,16 +253,15 @@ class GrowableBuffer:
         if self._mirror is not None:
             failed = (
                 f"int workspace {self.name!r}: could not grow its host mirror from {have:,} to "
-                f"{need:,} bytes for {cause}; both keep their {have:,}-byte buffers. Set "
-                f"{self.floor} so the workspace is reserved up front."
+                f"{need:,} bytes for {cause}; both keep their {have:,}-byte buffers. Free host "
+                f"memory{reserve}."
             )
             grown_mirror = allocate(need, None, failed, **fields)
         # A failed resize_() leaves the tensor claiming storage it does not have, so the new
         # buffer is made whole before the tensor moves onto it.
         failed = (
             f"workspace {self.name!r}: could not grow from {have:,} to {need:,} bytes for "
-            f"{cause}; it keeps its {have:,}-byte buffer. Free device memory, or set "
-            f"{self.floor} so the workspace is reserved up front."
+            f"{cause}; it keeps its {have:,}-byte buffer. Free device memory{reserve}."
         )
         grown = allocate(need, self.tensor.device, failed, **fields)
         # Any error from here on (a broken CUDA context, say) is not a shortage: it reaches the

@@ -40,7 +40,8 @@ class Workspace(GrowableBuffer):
     Args:
         tensor: the buffer, 1-D ``torch.uint8``, as given to FlashInfer's wrappers.
         name: how errors and logs refer to this workspace, e.g. ``attention:decode:cg0``.
-        floor: the setting (config key or environment variable) that sizes its floor.
+        floor: the setting (config key or environment variable) that sizes its floor; "" where
+            none does (a measurement's scratch, whose growths are logged at DEBUG).
         int_workspace: the int workspace the same wrappers plan their indices into, grown by
             :meth:`plan` and sealed by :meth:`seal` with this one. None: each wrapper keeps its
             own, and an int overflow reaches the caller.

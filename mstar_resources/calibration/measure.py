@@ -239,8 +239,9 @@ class Planner:
     def need_by_growth(self, plan: PlanProfile, shapes: list[Shape], progress: Any) -> Need:
         """The need as planning on empty workspaces grows them."""
         empty = torch.zeros(0, dtype=torch.uint8, device=self.device)
-        int_workspace = IntWorkspace(empty.clone(), "calibration:int", floor="none")
-        workspace = Workspace(empty, "calibration", floor="none", int_workspace=int_workspace)
+        # No setting sizes them (floor ""): their growths are the measurement, logged at DEBUG.
+        int_workspace = IntWorkspace(empty.clone(), "calibration:int", floor="")
+        workspace = Workspace(empty, "calibration", floor="", int_workspace=int_workspace)
         wrapper_for = self.wrappers(plan, workspace.tensor)
         int_measured = True  # until a wrapper keeps no int workspace to replace
         worst, refused = None, []

@@ -527,6 +527,17 @@ def test_growth_is_logged_with_the_setting_to_raise(caplog):
     ]
 
 
+def test_a_workspace_no_setting_sizes_logs_its_growth_at_debug_without_advice(caplog):
+    # A measurement's scratch (floor ""): no "set ...=N" line in an engine's INFO log.
+    workspace = Workspace(torch.zeros(MIB, dtype=torch.uint8), "calibration", floor="")
+    with caplog.at_level(logging.DEBUG, logger="mstar_resources"):
+        workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 3 * MIB, 16)]))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, "workspace 'calibration' grew from 1048576 to 3145728 bytes for "
+         "batch_decode_tmp_v")
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("tensor", "match"),
     [
