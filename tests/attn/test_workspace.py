@@ -527,6 +527,36 @@ def test_growth_is_logged_with_the_setting_to_raise(caplog):
     ]
 
 
+@pytest.mark.parametrize(
+    ("floor", "ending"),
+    [
+        ("MSTAR_WORKSPACE_BUFFER_MB", "Free device memory, or set MSTAR_WORKSPACE_BUFFER_MB so "
+         "the workspace is reserved up front."),
+        ("", "Free device memory."),
+    ],
+    ids=["a-setting", "no-setting"],
+)  # fmt: skip
+def test_a_growth_the_allocator_refuses_names_the_setting_that_reserves_it(
+    monkeypatch, floor, ending
+):
+    workspace = make_workspace(floor=floor)
+    zeros = torch.zeros
+
+    def allocator_short_of_3_mib(*args, **kwargs):
+        if args == (3 * MIB,):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 MiB")
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", allocator_short_of_3_mib)
+    with pytest.raises(WorkspaceGrowthError) as raised:
+        workspace.plan(FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 3 * MIB, 16)]))
+    assert str(raised.value).startswith(
+        "workspace 'attention:decode': could not grow from 1,048,576 to 3,145,728 bytes for "
+        f"batch_decode_tmp_v; it keeps its 1,048,576-byte buffer. {ending} (CUDA out of memory"
+    )
+    assert (raised.value.setting, workspace.tensor.numel()) == (floor, MIB)
+
+
 def test_a_workspace_no_setting_sizes_logs_its_growth_at_debug_without_advice(caplog):
     # A measurement's scratch (floor ""): no "set ...=N" line in an engine's INFO log.
     workspace = Workspace(torch.zeros(MIB, dtype=torch.uint8), "calibration", floor="")
