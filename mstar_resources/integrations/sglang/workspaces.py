@@ -75,12 +75,6 @@ class SglangWorkspaces(PluginState):
             measured = list(self.setting.records)
             self.check_calibration(device)
         keys = SGLANG.serving_keys(measured, self.setting.describe())
-        served = {record.path for record, _ in keys.values()}
-        if others := [r.key for r in measured if r.path not in served]:
-            logger.info(
-                "mstar-resources: not made, as no FlashInfer wrapper of SGLang's plans on it: %s "
-                "(another engine's resource, such as vLLM's WorkspaceManager)", ", ".join(others),
-            )  # fmt: skip
         # Only decode wrappers share an int workspace (each is planned, then run); SGLang plans
         # both prefill wrappers of a batch before it runs either, so each keeps its own.
         decode_path = keys["decode"][0].path
@@ -90,6 +84,11 @@ class SglangWorkspaces(PluginState):
             else dataclasses.replace(r, int_floor=dataclasses.replace(r.int_floor, mb=0))
             for r, _ in keys.values()
         }
+        if others := [r.key for r in measured if r.path not in records]:
+            logger.info(
+                "mstar-resources: not made, as no FlashInfer wrapper of SGLang's plans on it: %s "
+                "(another engine's resource, such as vLLM's WorkspaceManager)", ", ".join(others),
+            )  # fmt: skip
         pools = build_pools(list(records.values()), device)
         workspaces = {role: pools[r.path].get(role, cg_slot) for role, (r, cg_slot) in keys.items()}
         decode = workspaces["decode"]
