@@ -218,6 +218,11 @@ class PluginState:
         """What the pools' float workspaces hold."""
         return sum(pool.held_bytes for pool in self.pools.values())
 
+    @property
+    def int_held_bytes(self) -> int:
+        """What the pools' int workspaces hold."""
+        return sum(pool.int_held_bytes for pool in self.pools.values())
+
     def stats(self) -> list[WorkspaceStats]:
         """The float workspaces' stats, then the int workspaces'."""
         return [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
@@ -233,7 +238,7 @@ class PluginState:
             "sealed_before": self.sealed_before,
             "growths": sum(s.times_grown for s in stats),
             "sealed_overflows": sum(s.sealed_refusals for s in stats),
-            "int_workspace_bytes": sum(pool.int_held_bytes for pool in self.pools.values()),
+            "int_workspace_bytes": self.int_held_bytes,
             "shared_int_wrappers": self.shared_int_wrappers,
             "provenance": dict(self.provenance),
         }
@@ -247,9 +252,9 @@ class PluginState:
         self.sealed_before = before
         stats = self.stats()
         self.logger.info(
-            "mstar-resources: sealed %d FlashInfer workspaces at %s bytes before %s %s (%d "
-            "growths before the seal): %s",
-            len(stats), f"{self.held_bytes:,}", self.engine, before,
+            "mstar-resources: sealed %d FlashInfer workspaces, %s bytes of float and %s of int, "
+            "before %s %s (%d growths before the seal): %s",
+            len(stats), f"{self.held_bytes:,}", f"{self.int_held_bytes:,}", self.engine, before,
             sum(s.times_grown for s in stats), "; ".join(str(s) for s in stats),
         )  # fmt: skip
 

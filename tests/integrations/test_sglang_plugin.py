@@ -466,6 +466,21 @@ def test_a_seal_with_no_flashinfer_backend_built_says_what_is_held_for_nothing(w
     assert "no FlashInfer backend" in message and "3,145,728 bytes held for nothing" in message
 
 
+def test_the_seal_line_counts_float_and_int_bytes_apart(worker, caplog):
+    served, _, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+    backend_module.FlashInferAttnBackend(runner).capture(8)
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        runner.init_cuda_graphs()
+    floats = sum(s.bytes for s in served.stats() if s.kind == "float")
+    sealed = [m for m in caplog.messages if m.startswith("mstar-resources: sealed")]
+    assert len(sealed) == 1 and sealed[0].startswith(
+        f"mstar-resources: sealed 3 FlashInfer workspaces, {floats:,} bytes of float and "
+        f"{MIB:,} of int, before SGLang "
+    )
+
+
 def test_the_decode_wrappers_share_one_int_workspace_and_the_prefill_wrappers_keep_theirs(
     worker,
 ):
