@@ -596,3 +596,23 @@ def test_auto_whose_measurement_fails_leaves_sglang_as_it_is(auto_worker, monkey
     assert runner.held_at_kv_sizing == 0 and registry.buffers == {} and not served.serving
     (message,) = [r.getMessage() for r in caplog.records]
     assert "head_dim=96" in message and "SGLang keeps its own FlashInfer workspace" in message
+
+
+def test_a_phase_whose_plans_take_no_float_workspace_names_no_worst_shape(monkeypatch):
+    """``auto``'s provenance where a label's plans take no float workspace (FlashInfer's FA3
+    prefill): the need of 0 is said as such, with no shape named; a need names its shape."""
+    import mstar_resources.calibration.calibrate as calibrate
+    from mstar_resources.calibration.measure import Need
+    from mstar_resources.integrations.sglang import measure
+
+    def measured(records, profile, device, show_progress):
+        return [calibrate.LabelNeed(r, label, Need(0 if "prefill" in label else 5 << 20,
+                                                   None, "growth"))
+                for r in records for label in r.labels]  # fmt: skip
+
+    monkeypatch.setattr(calibrate, "measure_all", measured)
+    _, provenance = measure.measure(PLANS, torch.device("cpu"))
+    assert provenance["attn.prefill"].startswith(
+        "measured here: need 0 bytes (no plan takes any), by growth, for "
+    )
+    assert provenance["attn.decode"].startswith("measured here: need 5,242,880 bytes, worst decode")

@@ -787,6 +787,30 @@ def test_each_tensor_parallel_rank_measures_its_own_heads_and_the_ranks_agree(mo
     assert "16/4 heads of 128" in ranks[1].provenance["attn.decode"]
 
 
+def test_a_phase_whose_plans_take_no_float_workspace_is_said_so_and_held_at_one_mb(
+    vllm_stand_in, monkeypatch
+):
+    """FlashInfer's FA3 prefill (vLLM 0.34's FP8 query on SM90) plans no float workspace: the
+    measured need is 0, which the log says as such (no shape named), and the floor is 1 MB."""
+    from mstar_resources.calibration.calibrate import Measured
+
+    def need(profile, role, graphs, device):
+        worst = "prefill: -" if role == "prefill" else "decode: bs=8"
+        return Measured(f"attn.{role}", 0 if role == "prefill" else MIB, worst, "growth")
+
+    monkeypatch.setattr(workspaces, "measured_needs", measuring(need))
+    monkeypatch.setattr(vllm_plans, "vllm_envs", lambda: types.SimpleNamespace(
+        VLLM_BATCH_INVARIANT=False))  # fmt: skip
+    served = workspaces.VllmWorkspaces(workspaces.Setting(plugin.ENV_VAR, "auto"))
+    served.reserve(types.SimpleNamespace(vllm_config=vllm_config(), device=torch.device("cpu")))
+    assert served.pools["attn.prefill"].get("prefill").tensor.numel() == MIB
+    assert served.provenance["attn.prefill"].startswith(
+        "measured here (MSTAR_RESOURCES_VLLM=auto): need 0 bytes (no plan takes any), by growth, "
+        "for KV-cache group 0"
+    )
+    assert "need 1,048,576 bytes, worst decode: bs=8, by growth" in served.provenance["attn.decode"]
+
+
 def test_a_plan_before_the_seal_grows_its_workspace_in_place(vllm_stand_in):
     served, runner = vllm_stand_in.served, vllm_stand_in.runner
     runner.profile_run()

@@ -179,9 +179,10 @@ def measure(plans: SglangPlans, device: Any) -> tuple[list[ResolvedResource], di
 
     measured = measure_all(plans.resources(), plans.profile(), device, show_progress=False)
     needs = per_resource(measured)
-    provenance = {
-        need.path: f"measured here: need {need.need_bytes:,} bytes, worst {need.worst}, by "
-        f"{need.method}, for {plans.describe()}"
+    provenance = {  # FlashInfer's FA3 prefill plans take no float workspace: no worst to name
+        need.path: f"measured here: need {need.need_bytes:,} bytes"
+        + (f", worst {need.worst}" if need.need_bytes else " (no plan takes any)")
+        + f", by {need.method}, for {plans.describe()}"
         for need in needs
     }
     floors = dict(zip([need.path for need in needs], declared_mbs(needs, margin=0.0), strict=True))

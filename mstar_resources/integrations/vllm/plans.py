@@ -343,8 +343,10 @@ def measured_records(
         int_need, int_mb = max(ints) if every else (None, 0)
         served.append((role, builder.graphs(role), mb, int_mb))
         provenance[f"attn.{role}"] = (
-            f"measured here ({setting}): need {need.need_bytes:,} bytes, worst {need.worst}, by "
-            f"{need.method}, for {builder.describe()}"
+            f"measured here ({setting}): need {need.need_bytes:,} bytes"
+            # FlashInfer's FA3 prefill (an FP8 query on SM90) takes none: no worst shape to name
+            + (f", worst {need.worst}" if need.need_bytes else " (no plan takes any)")
+            + f", by {need.method}, for {builder.describe()}"
             + (f", the most of {len(found)} builders" if len(found) > 1 else "")
             + (", no int workspace" if int_need is None else f", int need {int_need:,} bytes")
         )
