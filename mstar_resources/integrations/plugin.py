@@ -91,13 +91,11 @@ def patch_module(state: PluginState, seams: Sequence[Seam], module: ModuleType) 
         state.block(f"this {state.engine} lacks {', '.join(seam.qualname for seam in missing)}")
         return
     for seam in mine:
-        if seam.patch is None:
-            continue
         path, _, attribute = seam.name.rpartition(".")
         owner = _find(module, path)
         original = getattr(owner, attribute, None)
-        if original is None or getattr(original, PATCHED, False):
-            continue  # optional and absent here, or patched already (by another module's import)
+        if seam.patch is None or original is None or getattr(original, PATCHED, False):
+            continue  # read only, optional and absent, or patched already (another module's import)
         replacement = seam.patch(state, original, owner)
         if replacement is not original:
             with contextlib.suppress(AttributeError):  # a bound method: not marked

@@ -65,16 +65,15 @@ def _through_workspace(workspaces: SglangWorkspaces, plan: Any, owner: Any) -> A
     return plan_on_workspace
 
 
-def _begin_forward_through_workspace(workspaces: SglangWorkspaces, wrapper_class: Any,
-                                    owner: Any) -> Any:  # fmt: skip
+def _begin_forward_through_workspace(workspaces: SglangWorkspaces, cls: Any, owner: Any) -> Any:
     """A FlashInfer wrapper class as SGLang's backend imports it: its ``begin_forward`` through
     the plugin's workspace. On the class, not each wrapper: SGLang builds wrappers inside its
     capture and replay paths too, and rebinds some wrappers' ``begin_forward`` itself."""
-    plan = wrapper_class.begin_forward
+    plan = cls.begin_forward
     if not getattr(plan, PATCHED, False):
-        wrapper_class.begin_forward = _through_workspace(workspaces, plan, wrapper_class)
-        setattr(wrapper_class.begin_forward, PATCHED, True)
-    return wrapper_class
+        cls.begin_forward = _through_workspace(workspaces, plan, cls)
+        setattr(cls.begin_forward, PATCHED, True)
+    return cls
 
 
 SEAMS = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import weakref
 from collections.abc import Callable
@@ -41,7 +42,7 @@ class SglangWorkspaces(PluginState):
         super().__init__(setting)
         self.workspaces: dict[str, Workspace] = {}  # by role
         self._by_tensor: dict[int, Workspace] = {}
-        self._planners: dict[tuple[int, Any], Any] = {}  # by (id(workspace.tensor), plan)
+        self._planners = functools.cache(plan_through)  # each (workspace, plan) wrapped once
         self.backends = 0  # FlashInfer backends given the workspaces
         self.own_workspaces = 0  # backends that made one of their own (init_new_workspace)
         self.other_backends: list[str] = []  # subclasses that run other kernels, by name
@@ -176,14 +177,10 @@ class SglangWorkspaces(PluginState):
 
     def plan(self, plan: Callable[..., Any], wrapper: Any, *args: Any, **kwargs: Any) -> Any:
         """``plan(wrapper, ...)``, through ``wrapper``'s workspace where it is the plugin's."""
-        key = (id(getattr(wrapper, FLOAT_BUFFER, None)), plan)
-        planned = self._planners.get(key)
-        if planned is None:
-            workspace = self._by_tensor.get(key[0])
-            if workspace is None:
-                return plan(wrapper, *args, **kwargs)
-            planned = self._planners[key] = plan_through(workspace, plan)
-        return planned(wrapper, *args, **kwargs)
+        workspace = self._by_tensor.get(id(getattr(wrapper, FLOAT_BUFFER, None)))
+        if workspace is None:
+            return plan(wrapper, *args, **kwargs)
+        return self._planners(workspace, plan)(wrapper, *args, **kwargs)
 
     # Step 3: before SGLang captures CUDA graphs (ModelRunner.init_cuda_graphs).
     def seal(self, before: str) -> None:
