@@ -218,11 +218,9 @@ class PluginState:
 
     @property
     def int_held_bytes(self) -> int:
-        """What the pools' int workspaces hold."""
         return sum(pool.int_held_bytes for pool in self.pools.values())
 
     def stats(self) -> list[WorkspaceStats]:
-        """The float workspaces' stats, then the int workspaces'."""
         return [s for pool in self.pools.values() for s in [*pool.stats(), *pool.int_stats()]]
 
     def report(self) -> dict[str, Any]:
