@@ -78,13 +78,10 @@ class SglangWorkspaces(PluginState):
         keys = SGLANG.serving_keys(measured, self.setting.describe())
         # Only decode wrappers share an int workspace (each is planned, then run); SGLang plans
         # both prefill wrappers of a batch before it runs either, so each keeps its own.
-        decode_path = keys["decode"][0].path
-        records = {
-            r.path: r
-            if r.path == decode_path
-            else dataclasses.replace(r, int_floor=dataclasses.replace(r.int_floor, mb=0))
-            for r, _ in keys.values()
-        }
+        records = {r.path: r for r, _ in keys.values()}
+        for path in records.keys() - {keys["decode"][0].path}:
+            r = records[path]
+            records[path] = dataclasses.replace(r, int_floor=dataclasses.replace(r.int_floor, mb=0))
         if others := [r.key for r in measured if r.path not in records]:
             logger.info(
                 "mstar-resources: not made, as no FlashInfer wrapper of SGLang's plans on it: %s "
