@@ -125,7 +125,7 @@ class Workspace(GrowableBuffer):
     def _grow_for(
         self, error: Exception, call: tuple[Callable[..., Any], Any, Any], wrapper: Any,
         seen: dict[str, int], growths: int, last: Overflow | None,
-    ) -> Overflow:  # fmt: skip
+    ) -> Overflow | None:  # fmt: skip
         """Grow the buffer a failed ``call`` (plan, args, kwargs) ran short of and return the
         overflow; raise ``error`` where it is no shortage of ours, or the library's error where
         the buffer is sealed or growing did not help."""
@@ -133,6 +133,10 @@ class Workspace(GrowableBuffer):
         if overflow is None or overflow.kind not in self._by_kind:
             raise error
         short, planned_on = self._by_kind[overflow.kind], seen[overflow.kind]
+        # Another plan grew it after this one read its size (a decode plan reads the tensor's own):
+        # the overflow was measured against neither size, so it is planned again on the new one.
+        if short.tensor.numel() != planned_on:
+            return last
         # Not ours: an allocator with more room than this buffer holds, or an int overflow of a
         # wrapper not found planning on this int workspace (one keeping its own overflowed that).
         if overflow.available > planned_on or (
@@ -158,7 +162,7 @@ class Workspace(GrowableBuffer):
         # Given the room it asked for, an allocation that asks again (for more) never fits: growing
         # on would double the workspace until memory ran out. FlashInfer's chains ask once each.
         asks_again = last is not None and last.allocation == overflow.allocation
-        if growths == MAX_GROWTHS_PER_PLAN or asks_again:
+        if growths >= MAX_GROWTHS_PER_PLAN or asks_again:
             raise WorkspacePlanError(
                 f"workspace {short.name!r}: the plan still overflows after "
                 f"{plural(growths, 'growth')} (now {planned_on:,} bytes, "
@@ -208,8 +212,10 @@ class Workspace(GrowableBuffer):
         if self._int is not None:
             self._int._refuse_growth(refused)
 
-    def _grow_to_agree(self, nbytes: int, ranks: str) -> int:
+    def _grow_to_agree(self, nbytes: int, ranks: str, int_nbytes: int = 0) -> int:
         added = super()._grow_to_agree(nbytes, ranks)
+        if self._int is not None:
+            added += self._int._grow_to_agree(int_nbytes, ranks)
         if added:
             self._refresh()
         return added

@@ -219,18 +219,22 @@ class WorkspacePool:
         self._refuse_growth(True)
         try:
             rank, ranks = dist.get_rank(group), dist.get_world_size(group)
-            held = {key: workspace.tensor.numel() for key, workspace in self.workspaces().items()}
-            every_held = _gather_held(identity, held, group)
-            agreed: dict[Key, int] = {}  # each key any rank made, at the most any rank holds
-            for sizes in every_held.values():
-                for key, nbytes in sizes.items():
-                    agreed[key] = max(agreed.get(key, 0), nbytes)
+            held, int_held = {}, {}
+            for key, workspace in self.workspaces().items():
+                held[key] = workspace.tensor.numel()
+                if workspace.int_workspace is not None:  # grown by int overflows
+                    int_held[key] = workspace.int_workspace.tensor.numel()
+            every_held, every_int_held = _gather_held(identity, held, int_held, group)
+            # Each key any rank made, at the most any rank holds, float and int.
+            agreed, int_agreed = _most_held(every_held), _most_held(every_int_held)
             others = plural(ranks - 1, "other rank")
             failure: Exception | None = None
             added = 0
             try:
                 for (label, cg_slot), nbytes in agreed.items():
-                    added += self.get(label, cg_slot)._grow_to_agree(nbytes, others)
+                    int_nbytes = int_agreed.get((label, cg_slot), 0)
+                    workspace = self.get(label, cg_slot)
+                    added += workspace._grow_to_agree(nbytes, others, int_nbytes)
             except Exception as error:  # told to every rank, then raised here as it was
                 failure = error
             _share_outcome(failure, identity, every_held, group)
@@ -348,15 +352,20 @@ def _pairs(serves: object) -> list[Key]:
 
 
 def _gather_held(
-    identity: Identity, held: Mapping[Key, int], group: dist.ProcessGroup
-) -> dict[int, dict[Key, int]]:
-    """Each rank's ``held`` bytes by key; raises on every rank alike where their pools differ."""
+    identity: Identity,
+    held: Mapping[Key, int],
+    int_held: Mapping[Key, int],
+    group: dist.ProcessGroup,
+) -> tuple[dict[int, dict[Key, int]], dict[int, dict[Key, int]]]:
+    """Each rank's ``held`` and ``int_held`` bytes by key; raises on every rank alike where their
+    pools differ."""
     everyone: list[Any] = [None] * dist.get_world_size(group)  # by rank
-    dist.all_gather_object(everyone, (identity, dict(held)), group=group)
-    every_held = {rank: sizes for rank, (_, sizes) in enumerate(everyone)}
-    if len({identity for identity, _ in everyone}) > 1:
+    dist.all_gather_object(everyone, (identity, dict(held), dict(int_held)), group=group)
+    every_held = {rank: sizes for rank, (_, sizes, _) in enumerate(everyone)}
+    every_int_held = {rank: sizes for rank, (*_, sizes) in enumerate(everyone)}
+    if len({identity for identity, *_ in everyone}) > 1:
         pools = {}
-        for rank, (identity, _) in enumerate(everyone):
+        for rank, (identity, *_) in enumerate(everyone):
             served = identity[2]
             keys = "any key" if served is None else ", ".join("/".join(map(str, k)) for k in served)
             pools[rank] = f"{_describe(identity)} serving {keys}"
@@ -367,7 +376,16 @@ def _gather_held(
             reasons=pools,
             held=every_held,
         )
-    return every_held
+    return every_held, every_int_held
+
+
+def _most_held(every_held: Mapping[int, Mapping[Key, int]]) -> dict[Key, int]:
+    """Each key any rank holds, at the most any rank holds of it."""
+    most: dict[Key, int] = {}
+    for sizes in every_held.values():
+        for key, nbytes in sizes.items():
+            most[key] = max(most.get(key, 0), nbytes)
+    return most
 
 
 def _share_outcome(

@@ -22,7 +22,7 @@ from mstar_resources import (
 from mstar_resources.units import MIB
 
 from ..ranks import run_ranks
-from .fake_allocator import FakePlanner
+from .fake_allocator import FakePlanner, FakeWrapper
 
 
 def _pool(**kwargs: Any) -> WorkspacePool:
@@ -89,6 +89,29 @@ def test_a_rank_missing_a_key_gets_it(tmp_path):
     assert first["sizes"] == second["sizes"] == {"decode/1": 2 * MIB}
     assert first["agreed"] == {"attention:decode:cg1": MIB}  # made at its floor, then grown
     assert first["sealed"] and second["sealed"]
+
+
+def int_grew_on_one_rank(rank: int, world: int) -> dict[str, Any]:
+    pool = _pool(int_size_mb=1)
+    needs = [("batch_prefill_request_indices", 2 * MIB, 16)]
+    wrapper = pool.build(FakeWrapper, int_allocations=needs, label="decode")
+    workspace = pool.get("decode")
+    if rank == 0:
+        workspace.plan(wrapper.plan)  # its int workspace grows from 1 MiB to 2
+    pool.seal(group=dist.group.WORLD)
+    int_workspace = workspace.int_workspace
+    assert int_workspace is not None
+    workspace.plan(wrapper.plan)  # the plan rank 0 grew for fits every rank, sealed
+    return {
+        "int": (int_workspace.tensor.numel(), int_workspace.mirror.numel()),
+        "agreed": int_workspace.stats().grown_to_agree_bytes,
+    }
+
+
+def test_ranks_agree_on_their_int_workspaces_too(tmp_path):
+    first, second = run_ranks(int_grew_on_one_rank, 2, tmp_path / "store")
+    assert first["int"] == second["int"] == (2 * MIB, 2 * MIB)  # the mirror grown with it
+    assert (first["agreed"], second["agreed"]) == (0, MIB)
 
 
 def mismatched(rank: int, world: int) -> Any:

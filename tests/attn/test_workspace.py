@@ -216,6 +216,28 @@ def test_a_plan_while_another_thread_grows_the_workspace_plans_on_the_size_it_re
     assert workspace.tensor.numel() >= max(need, 5120) and other is not None
 
 
+
+def test_a_plan_reading_the_tensors_size_while_another_thread_grows_it_grows_from_the_new_size(
+    monkeypatch,
+):
+    """As a decode plan does, this one reads the tensor's own size, after another plan grew it
+    past the size this one read first: the overflow counts from neither, so it plans again."""
+    workspace = make_workspace(4096)
+    chain = [("batch_decode_tmp_v", 5000, 16), ("batch_decode_tmp_s", 2000, 16)]
+    planning, other = FakePlanner(workspace.tensor, chain), None
+    refresh = _float_workspace.refresh_recorded_size
+
+    def another_thread_grows_it_now(attributes, tensor, size=None):
+        nonlocal other
+        if attributes is vars(planning) and other is None:
+            other = FakePlanner(workspace.tensor, [("batch_decode_tmp_v", 6000, 16)])
+            workspace.plan(other.plan)
+        refresh(attributes, tensor, size)
+
+    monkeypatch.setattr(_float_workspace, "refresh_recorded_size", another_thread_grows_it_now)
+    workspace.plan(planning.plan)
+    assert workspace.tensor.numel() == planning.bytes_needed() and other is not None
+
 def test_int_workspace_overflow_reaches_the_caller_unchanged():
     workspace = make_workspace()
     planner = FakePlanner(workspace.tensor, [("batch_prefill_request_indices", 2 * MIB, 16)])
