@@ -216,7 +216,6 @@ def test_a_plan_while_another_thread_grows_the_workspace_plans_on_the_size_it_re
     assert workspace.tensor.numel() >= max(need, 5120) and other is not None
 
 
-
 def test_a_plan_reading_the_tensors_size_while_another_thread_grows_it_grows_from_the_new_size(
     monkeypatch,
 ):
@@ -237,6 +236,7 @@ def test_a_plan_reading_the_tensors_size_while_another_thread_grows_it_grows_fro
     monkeypatch.setattr(_float_workspace, "refresh_recorded_size", another_thread_grows_it_now)
     workspace.plan(planning.plan)
     assert workspace.tensor.numel() == planning.bytes_needed() and other is not None
+
 
 def test_int_workspace_overflow_reaches_the_caller_unchanged():
     workspace = make_workspace()
