@@ -310,4 +310,6 @@ def install_int_workspace(wrapper: Any, workspace: Workspace) -> bool:
         # is the undecorated, unbound function.
         checked_run._unchecked = given  # type: ignore[attr-defined]
         own["run"] = checked_run
+        if hasattr(type(wrapper), "run_return_lse"):  # partialmethod(run): the class's own run
+            own["run_return_lse"] = functools.partial(checked_run, return_lse=True)
     return True

@@ -270,7 +270,10 @@ class FakeWrapper:
     @_decorated  # as FlashInfer 0.7 decorates run() (flashinfer_api): it has a __wrapped__
     def run(self, *args: object, **kwargs: object) -> str:
         assert isinstance(self, FakeWrapper), "run() was called unbound"
-        return "ran"
+        return "ran with lse" if kwargs.get("return_lse") else "ran"
+
+    # As FlashInfer's wrappers define it (0.6 and 0.7): the class's own run, bound at its making.
+    run_return_lse = functools.partialmethod(run, return_lse=True)
 
     def workspace_size(self, *args: object, **kwargs: object) -> tuple[int, int]:
         return (

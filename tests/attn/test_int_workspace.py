@@ -319,11 +319,12 @@ def test_a_wrapper_whose_plan_another_overwrote_refuses_to_run(plan_on):
     plan_on(workspace, first)
     assert first.run("q") == "ran"  # its own plan: it runs
     plan_on(workspace, second)
-    with pytest.raises(WorkspacePlanError) as raised:
-        first.run("q")
-    assert raised.value.workspace == "attention:decode:cg0:int"
-    assert "must each be planned right before they run" in str(raised.value)
-    assert second.run("q") == "ran"
+    for run in (first.run, first.run_return_lse):  # FlashInfer's run_return_lse is checked too
+        with pytest.raises(WorkspacePlanError) as raised:
+            run("q")
+        assert raised.value.workspace == "attention:decode:cg0:int"
+        assert "must each be planned right before they run" in str(raised.value)
+    assert (second.run("q"), second.run_return_lse("q")) == ("ran", "ran with lse")
     plan_on(workspace, first)  # planned again, right before it runs
     assert first.run("q") == "ran"
 
