@@ -158,7 +158,7 @@ class GrowableBuffer:
                 self._sealed_refusals,
             )  # fmt: skip
 
-    def _grow(self, overflow: Overflow, planned_on: int, error: Exception) -> None:
+    def _grow(self, overflow: Overflow, planned_on: int, error: Exception | None) -> None:
         """Grow to what ``overflow``, from a plan on ``planned_on`` bytes, needs."""
         with self._lock:
             # Sealed while the plan ran, or its group agreeing on sizes a growth would leave behind.

@@ -33,6 +33,15 @@ RECORDED_SIZE = "_workspace_size"
 construction (0.6.6, 0.7.4); its run hands the figure to the ``trtllm-gen`` backend, which bounds
 its scratch by it. The decode wrapper reads the tensor's size at each plan instead."""
 
+XQA_DECODE_RUN = "_use_xqa_mtp_decode"
+XQA_DECODE_RUN_NAME = "XQA's decode run"
+"""Set by the decode wrapper's plan where its run will launch XQA on the float workspace, its 8 MiB
+of semaphores then scratch, with no check of the workspace's size (0.7.4, not 0.7.2.post1: tensor
+cores, backend ``auto``, several query tokens a request, under CUDA graphs, for the shapes it
+measured faster). The plan also leaves ``_batch_size``, ``_num_qo_heads``, ``_num_kv_heads``,
+``_block_tables``, ``_xqa_mtp_q_len_per_req`` and ``_cached_kv_data_type``, and takes ``head_dim``
+and ``page_size`` by those names, as vLLM's ``fast_plan_decode`` does."""
+
 REFUSAL = ("flashinfer.mla._batch_mla._backends._capabilities", "_BackendPlanUnsupportedError")
 """The module and name of FlashInfer's refusal to plan a shape: a ``ValueError`` its MLA backends
 raise for a shape they cannot run (0.7.4; 0.6.6 has none, and refuses nothing calibration takes)."""

@@ -16,7 +16,15 @@ from ..errors import ResourceUsageError, WorkspacePlanError
 from ..floor import ENV_VAR
 from ..units import is_int, plural
 from ._buffer import GrowableBuffer
-from ._flashinfer import HOST_MIRROR, INT_BUFFER, buffer_views, own_buffers, refresh_recorded_size
+from ._flashinfer import (
+    HOST_MIRROR,
+    INT_BUFFER,
+    XQA_DECODE_RUN,
+    XQA_DECODE_RUN_NAME,
+    buffer_views,
+    own_buffers,
+    refresh_recorded_size,
+)
 from ._int_workspace import IntWorkspace
 from ._overflow import Overflow, parse_overflow
 
@@ -114,9 +122,32 @@ class Workspace(GrowableBuffer):
                 growths += 1
                 self._refresh()
                 continue
+            if attributes.get(XQA_DECODE_RUN):
+                self._hold_xqa_run(attributes, (plan, args, kwargs))
             if lends_mirror:
                 self._int.last_planner = route.wrapper  # type: ignore[union-attr]
             return planned
+
+    def _hold_xqa_run(
+        self, attributes: dict[str, Any], call: tuple[Callable[..., Any], Any, Any]
+    ) -> None:
+        """Grow this workspace to the most the XQA run of a decode plan (``call``) can touch, or
+        refuse the plan once sealed: XQA checks nothing of the workspace it is given."""
+        try:
+            need = _xqa_run_bytes(attributes, *call, sm_count(self.tensor.device))
+        except (KeyError, TypeError, AttributeError) as error:  # not the names read in 0.7.4
+            raise WorkspacePlanError(
+                f"workspace {self.name!r}: FlashInfer's decode wrapper will run this plan on XQA, "
+                f"which checks nothing of the workspace, and what it touches can't be read here "
+                f"({type(error).__name__}: {error}); plan with use_tensor_cores=False or one query "
+                "token a request, or use the FlashInfer this library was read in (0.7.4)",
+                workspace=self.name,
+                held_bytes=self.tensor.numel(),
+            ) from error
+        have = self.tensor.numel()
+        if need > have:
+            self._grow(Overflow(XQA_DECODE_RUN_NAME, need, 1, 0, whole_buffer=True), have, None)
+            self._refresh()
 
     def _refresh(self) -> None:
         """The sizes a plan reads as it starts: replaced, never changed, after each growth."""
@@ -278,6 +309,31 @@ def _whole_plan_need(plan: Callable[..., Any], args: Any, kwargs: Any, index: in
     except Exception:  # not this wrapper's arguments, or no query for its backend
         return None
     return need if is_int(need) else None
+
+
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _xqa_run_bytes(
+    attributes: dict[str, Any], plan: Callable[..., Any], args: Any, kwargs: Any, sms: int
+) -> int:
+    """What the XQA run of a decode wrapper's plan (``plan(*args, **kwargs)``, which left the
+    wrapper's ``attributes``) can touch of its float workspace: every launch of up to the plan's
+    batch on its page table (:func:`~.trtllm_workspace.xqa_workspace_bytes`)."""
+    from .trtllm_workspace import xqa_workspace_bytes
+
+    given = inspect.signature(plan).bind_partial(*args, **kwargs).arguments
+    return xqa_workspace_bytes(
+        batch=attributes["_batch_size"],
+        num_qo_heads=attributes["_num_qo_heads"],
+        num_kv_heads=attributes["_num_kv_heads"],
+        head_dim=given["head_dim"],
+        max_seq_len=attributes["_block_tables"].shape[-1] * given["page_size"],
+        sm_count=sms,
+        q_len_per_req=attributes["_xqa_mtp_q_len_per_req"],
+        hopper_fp8_kv=attributes["_cached_kv_data_type"] == torch.float8_e4m3fn,
+    )
 
 
 def install_int_workspace(wrapper: Any, workspace: Workspace) -> bool:

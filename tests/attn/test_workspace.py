@@ -1050,3 +1050,67 @@ def test_a_wrappers_plan_through_its_workspace_set_on_it_keeps_it_in_no_cycle():
     with collector_off():
         del wrapper
         assert gone() is None
+
+
+class _DecodeWrapperRunningXqa:
+    """What FlashInfer 0.7.4's decode wrapper leaves of a plan whose run it sends to XQA, on its
+    float workspace (decode.py: tensor cores, backend auto, CUDA graphs, several query tokens a
+    request): the flag, the batch, the heads, the page table, the query tokens, the KV dtype."""
+
+    def __init__(self, float_workspace_buffer: torch.Tensor) -> None:
+        self._float_workspace_buffer = float_workspace_buffer
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+             page_size, *, q_len_per_req=1, pages_per_request=512, keeps_table=True):  # fmt: skip
+        batch = len(indptr) - 1
+        self._use_xqa_mtp_decode = q_len_per_req > 1
+        self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
+        if keeps_table:
+            self._block_tables = torch.zeros(batch, pages_per_request, dtype=torch.int32)
+        self._xqa_mtp_q_len_per_req, self._cached_kv_data_type = q_len_per_req, torch.float16
+
+
+def _xqa_plan(
+    wrapper: _DecodeWrapperRunningXqa, requests: int = 4, **kwargs: Any
+) -> tuple[Any, ...]:
+    indptr = torch.arange(requests + 1, dtype=torch.int32)
+    return (wrapper.plan, indptr, indptr, indptr, 32, 8, 128, 16), kwargs
+
+
+def test_a_decode_plan_run_on_xqa_grows_the_workspace_to_what_xqa_touches(monkeypatch):
+    """XQA writes its semaphores and scratch into the float workspace and checks nothing: the
+    plan makes the workspace hold the most a run of its batch, query tokens and page table can
+    touch; a plan of one query token, which runs natively, leaves it as it is."""
+    from mstar_resources.attn.trtllm_workspace import XQA_SEMAPHORE_BYTES, xqa_workspace_bytes
+
+    monkeypatch.setattr(_float_workspace, "sm_count", lambda device: 132)
+    workspace = make_workspace(MIB, floor="resources.attn.decode.declared_mb")
+    wrapper = _DecodeWrapperRunningXqa(workspace.tensor)
+    (plan, *args), kwargs = _xqa_plan(wrapper)
+    workspace.plan(plan, *args, **kwargs)
+    assert workspace.tensor.numel() == MIB  # one query token: FlashInfer's own kernel
+    (plan, *args), kwargs = _xqa_plan(wrapper, q_len_per_req=8)
+    workspace.plan(plan, *args, **kwargs)
+    need = xqa_workspace_bytes(batch=4, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+                               max_seq_len=512 * 16, sm_count=132, q_len_per_req=8)  # fmt: skip
+    assert workspace.tensor.numel() == need > XQA_SEMAPHORE_BYTES
+    assert workspace.stats().largest_growth_allocation == "XQA's decode run"
+    sealed = make_workspace(MIB, sealed=True, floor="resources.attn.decode.declared_mb")
+    wrapper = _DecodeWrapperRunningXqa(sealed.tensor)
+    (plan, *args), kwargs = _xqa_plan(wrapper, q_len_per_req=8)
+    with pytest.raises(WorkspaceSealedError) as raised:
+        sealed.plan(plan, *args, **kwargs)
+    assert (raised.value.setting, raised.value.suggested_mb) == (sealed.floor, 10)
+    assert (raised.value.needed_bytes, raised.value.held_bytes) == (need, MIB)
+    assert sealed.tensor.numel() == MIB
+
+
+def test_a_decode_plan_run_on_xqa_whose_shape_cannot_be_read_is_refused(monkeypatch):
+    monkeypatch.setattr(_float_workspace, "sm_count", lambda device: 132)
+    workspace = make_workspace()
+    wrapper = _DecodeWrapperRunningXqa(workspace.tensor)
+    # A FlashInfer whose decode wrapper keeps its page table elsewhere.
+    (plan, *args), kwargs = _xqa_plan(wrapper, q_len_per_req=4, keeps_table=False)
+    with pytest.raises(WorkspacePlanError, match="will run this plan on XQA") as raised:
+        workspace.plan(plan, *args, **kwargs)
+    assert (raised.value.workspace, raised.value.held_bytes) == ("attention:decode", MIB)
