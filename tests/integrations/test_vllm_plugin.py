@@ -384,7 +384,11 @@ class StandInRunner:
         self.profiled += 1
 
     def capture_model(self, **kwargs):
+        """As vLLM's: nothing where ``cudagraph_mode`` is NONE, else counted, captured, locked."""
         self.captured += 1
+        if getattr(self, "cudagraph_mode_none", False):
+            return 0
+        sys.modules[type(self).__module__].compilation_counter.num_gpu_runner_capture_triggers += 1
         for step in self.in_capture:
             step()
 
@@ -429,7 +433,9 @@ def vllm_stand_in(monkeypatch):
     backend.FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM = 16
     backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT = 2 << 30
     runner = types.ModuleType(vllm_plans.V2_RUNNER)
-    runner.GPUModelRunner = type("GPUModelRunner", (StandInRunner,), {})
+    runner.GPUModelRunner = type("GPUModelRunner", (StandInRunner,), {"__module__": runner.__name__})
+    runner.compilation_counter = types.SimpleNamespace(num_gpu_runner_capture_triggers=0)
+    monkeypatch.setitem(sys.modules, runner.__name__, runner)
     worker = types.ModuleType(plugin.WORKER)
     worker.Worker = type("Worker", (StandInWorker,), {})
     state = types.SimpleNamespace(plans=[PLANS], launched=launched)

@@ -54,6 +54,7 @@ class StandInManager:
         if current is None or current.numel() < required_bytes:
             if self._locked:
                 raise AssertionError("Workspace is locked but allocation requires more")
+            self._current_workspaces[slot] = None  # let go before the larger one is asked for
             if required_bytes > ROOM:
                 raise torch.OutOfMemoryError("CUDA out of memory")
             self._current_workspaces[slot] = torch.empty(required_bytes, dtype=torch.uint8)
@@ -219,7 +220,7 @@ def test_a_declared_floor_with_no_room_ends_the_start_naming_the_floor(vllm_stan
     assert vllm_stand_in.runner.profiled == 0  # the profile never ran
     text = str(short.value)
     assert f"needs {2048 * MIB:,} bytes for the plugin's floor" in text
-    assert "lower resources.vllm.workspace_manager.declared_mb (now 2048 MB)" in text
+    assert text.endswith(": lower resources.vllm.workspace_manager.declared_mb (now 2048 MB)")
 
 
 def test_floors_that_leave_no_kv_cache_in_vllms_budget_end_the_start(vllm_stand_in, monkeypatch):
@@ -273,3 +274,68 @@ def test_a_failure_of_the_plugins_own_leaves_the_manager_as_vllm_makes_it(
     assert vllm_stand_in.runner.profiled == 1  # vLLM went on, its attention served
     assert manager._current_workspaces == [None, None] and state.held_bytes == 6 * MIB
     assert "workspace manager is left as vLLM makes it" in caplog.text
+
+
+def test_a_capture_that_captures_no_graph_leaves_it_growing_as_vllm_does(
+    vllm_stand_in, monkeypatch
+):
+    """``cudagraph_mode`` NONE with ``enforce_eager`` off: vLLM calls its capture, which captures
+    nothing and never locks the manager; it grows as vLLM grows it."""
+    state, manager = served(vllm_stand_in, monkeypatch)
+    vllm_stand_in.runner.cudagraph_mode_none = True
+    vllm_stand_in.runner.profile_run()
+    vllm_stand_in.worker.compile_or_warm_up_model()
+    moe_kernel(manager, 8 * MIB)
+    assert manager._current_workspaces[0].numel() == 8 * MIB and not state.manager.sealed
+    assert state.sealed  # the attention workspaces: sealed before serving, as ever
+    manager.lock()
+    with pytest.raises(WorkspaceSealedError):
+        moe_kernel(manager, 9 * MIB)
+
+
+def test_a_sealed_manager_refuses_nothing_to_the_next_engines_manager(vllm_stand_in, monkeypatch):
+    """The next engine's worker makes a manager of its own (0.33+'s MLA prefill grows it as the
+    model is built), while the last engine's runner may still be alive."""
+    _, manager = served(vllm_stand_in, monkeypatch)
+    vllm_stand_in.runner.profile_run()
+    manager.lock()
+    following = manager_module.WorkspaceManager(torch.device("cpu"), 2)
+    manager_module.current_workspace_manager = lambda: following
+    moe_kernel(following, 5 * MIB)
+    assert following._current_workspaces[0].numel() == 5 * MIB
+
+
+def test_a_refusal_in_a_slot_the_floor_is_not_made_in_names_the_slots_setting(
+    vllm_stand_in, monkeypatch
+):
+    _, manager = served(vllm_stand_in, monkeypatch, cg_slots=(0,))
+    vllm_stand_in.runner.profile_run()
+    moe_kernel(manager, MIB)  # slot 0's floor holds it
+    manager_module.ubatch = 1  # a second micro-batch (DBO): no floor there
+    moe_kernel(manager, MIB)
+    manager.lock()
+    with pytest.raises(WorkspaceSealedError) as refused:
+        moe_kernel(manager, 2 * MIB)
+    assert refused.value.suggested_mb == 3  # the declared floor holds it, once made there
+    assert (
+        "add 1 to resources.vllm.workspace_manager.cg_slots (now [0]), whose slots alone the "
+        "floor is made in, and declare resources.vllm.workspace_manager.declared_mb=3 or more"
+    ) in str(refused.value)
+
+
+def test_vllm_034s_resolved_memory_share_is_the_budget(vllm_stand_in, monkeypatch):
+    """0.34's ``gpu_memory_utilization`` is None unless given; the share vLLM uses is resolved."""
+    served(vllm_stand_in, monkeypatch, declared_mb=32 * 1024)
+    cache = vllm_stand_in.runner.vllm_config.cache_config
+    cache.gpu_memory_utilization, cache.resolved_gpu_memory_utilization = None, 0.9
+    with pytest.raises(ResourceConfigError, match="gpu_memory_utilization=0.9 of the GPU's"):
+        vllm_stand_in.runner.profile_run()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="co_qualname is Python 3.11's")
+def test_vllms_own_messages_still_name_the_kernel_that_asked(vllm_stand_in, monkeypatch):
+    """vLLM 0.32+ names the first frame whose qualified name is not ``WorkspaceManager.``'s: the
+    plugin's check runs under the qualified name of the method it wraps."""
+    _, manager = served(vllm_stand_in, monkeypatch)
+    code = type(manager)._ensure_workspace_size.__code__
+    assert code.co_qualname == "StandInManager._ensure_workspace_size"  # vLLM's: WorkspaceManager.

@@ -7,6 +7,7 @@ server's process never imports the model runner)."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -109,14 +110,22 @@ def checked_launch(entry: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
 
 
 def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any) -> Any:
-    """A model runner's capture, the workspaces sealed first (not at V2's profiling capture)."""
+    """A model runner's capture, the workspaces sealed first (not at V2's profiling capture); the
+    manager unsealed after one that captured nothing (``cudagraph_mode`` NONE), as the runner's
+    ``compilation_counter`` counts them: vLLM then neither locks it nor stops growing it."""
 
     @functools.wraps(capture_model)
     def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs.get("profile_only"):
-            workspaces.seal("captures CUDA graphs")
-            workspaces.manager.seal("vLLM captures CUDA graphs over it")
-        return capture_model(self, *args, **kwargs)
+        if kwargs.get("profile_only"):
+            return capture_model(self, *args, **kwargs)
+        workspaces.seal("captures CUDA graphs")
+        workspaces.manager.seal("vLLM captures CUDA graphs over it")
+        counter = sys.modules[owner.__module__].compilation_counter
+        captures = counter.num_gpu_runner_capture_triggers
+        captured = capture_model(self, *args, **kwargs)
+        if counter.num_gpu_runner_capture_triggers == captures:
+            workspaces.manager.unlocked("vLLM captured no CUDA graphs over it")
+        return captured
 
     return seal_then_capture
 
@@ -136,6 +145,7 @@ def _runner_seams(runner: str, until: str | None = None) -> tuple[Seam, ...]:
             runner, "GPUModelRunner.profile_run", patch=before(VllmWorkspaces.reserve), until=until
         ),
         Seam(runner, "GPUModelRunner.capture_model", patch=_seal_at_capture, until=until),
+        Seam(runner, "compilation_counter", until=until),  # counts the captures that capture
         Seam(runner, "GPUModelRunner.get_kv_cache_spec", until=until),
     )
 
@@ -187,7 +197,7 @@ SEAMS = (
     Seam(MANAGER, "WorkspaceManager.lock",
          patch=after(lambda state, manager, result: state.manager.seal("vLLM locked it"))),
     Seam(MANAGER, "WorkspaceManager.unlock",
-         patch=after(lambda state, manager, result: state.manager.unlocked())),
+         patch=after(lambda state, manager, result: state.manager.unlocked("by vLLM"))),
     *(Seam(MANAGER, f"WorkspaceManager.{name}", instance=True)
       for name in ("_current_workspaces", "_device", "_locked")),
     Seam(MANAGER, "WorkspaceManager.is_locked"),

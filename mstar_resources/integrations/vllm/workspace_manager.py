@@ -12,6 +12,7 @@ import functools
 import logging
 import math
 import sys
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,6 @@ SETTING = f"resources.{PATH}.declared_mb"
 
 # The vLLM plugin's logger: under vLLM's, so its handler prints these lines with its own.
 logger = logging.getLogger("vllm.plugins.mstar_resources")
-_PACKAGE = str(Path(__file__).resolve().parents[2])
 
 
 class ManagerScratch:
@@ -37,6 +37,8 @@ class ManagerScratch:
     def __init__(self) -> None:
         self.record: ResolvedResource | None = None  # the deployment's resource (None: auto)
         self.sealed = False
+        # The manager sealed: another engine's, made before this one's is freed, is not.
+        self._sealed_manager: weakref.ref[Any] | None = None
         self.sealed_when: str | None = None  # what sealed it last
         self.reserved: list[int] = []  # each slot's bytes before vLLM's memory profile
         self.at_seal: list[int] = []  # each slot's bytes when it was sealed
@@ -72,7 +74,8 @@ class ManagerScratch:
                     with pool():
                         slots[slot] = torch.empty(floor, dtype=torch.uint8, device=manager._device)
                 except torch.OutOfMemoryError as error:
-                    raise self.no_room(manager, floor, slot, "the plugin's floor") from error
+                    had = held(slots[slot])
+                    raise self.no_room(manager, floor, slot, had, "the plugin's floor") from error
         self.reserved = [held(tensor) for tensor in slots]
         floor_from = (
             f"floor from {self.setting}" if self.record else "no floor declared: vLLM's profile "
@@ -89,10 +92,13 @@ class ManagerScratch:
         import torch
 
         cache = getattr(runner.vllm_config, "cache_config", None)
-        share = getattr(cache, "gpu_memory_utilization", None)
+        # 0.34's gpu_memory_utilization is None unless given: the share it uses is resolved apart.
+        share = getattr(cache, "resolved_gpu_memory_utilization", None)
+        share = share or getattr(cache, "gpu_memory_utilization", None)
         if (
             not need
-            or not isinstance(share, float)
+            or not isinstance(share, int | float)
+            or isinstance(share, bool)
             or getattr(cache, "kv_cache_memory_bytes", None)
         ):
             return  # an explicit KV cache size is vLLM's to check
@@ -113,6 +119,7 @@ class ManagerScratch:
         if manager is None or self.sealed:
             return
         self.sealed, self.sealed_when = True, when
+        self._sealed_manager = weakref.ref(manager)
         self.at_seal = [held(tensor) for tensor in manager._current_workspaces]
         self.room = min(self.at_seal)
         logger.info(
@@ -121,49 +128,64 @@ class ManagerScratch:
             ", ".join(f"{n:,}" for n in self.at_seal), f"{sum(self.reserved):,}",
         )  # fmt: skip
 
-    def unlocked(self) -> None:
-        """vLLM's own unlock (elastic EP scaling): it may grow again until vLLM locks it."""
+    def seals(self, manager: Any) -> bool:
+        """Whether ``manager`` is the one sealed (not a manager of another engine's made since)."""
+        return (
+            self.sealed and self._sealed_manager is not None and self._sealed_manager() is manager
+        )
+
+    def unlocked(self, why: str) -> None:
+        """Unsealed ``why`` (vLLM's own unlock for elastic EP scaling, or no graphs captured): it
+        may grow again until vLLM locks it."""
+        if not self.sealed:
+            return
         self.sealed = False
-        logger.info("mstar-resources: %s: unlocked by vLLM: it grows until vLLM locks it", PATH)
+        logger.info("mstar-resources: %s: unsealed, %s: it grows until vLLM locks it", PATH, why)
 
     def refusal(self, manager: Any, required: int) -> WorkspaceSealedError:
         """A growth asked after the seal, as the error that replaces vLLM's assertion."""
         self.refused += 1
         slot = current_slot(manager)
         have = held(manager._current_workspaces[slot])
+        mb, record = mb_to_hold(required), self.record
+        slots = "" if record is None or not record.cg_slots or slot in record.cg_slots else (
+            f"add {slot} to resources.{PATH}.cg_slots (now {list(record.cg_slots)}), whose "
+            "slots alone the floor is made in, and "
+        )  # fmt: skip
+        if slots and record is not None:
+            mb = max(mb, record.floor.mb)
         return WorkspaceSealedError(
             f"vLLM's workspace manager ({PATH}, slot {slot}) is sealed at {have:,} bytes (as "
-            f"{self.sealed_when}), and {caller()} asks for {required:,}; "
-            f"declare {self.setting}={mb_to_hold(required)} or more in the deployment, so that "
+            f"{self.sealed_when}), and {caller()} asks for {required:,}; {slots}"
+            f"declare {self.setting}={mb} or more in the deployment, so that "
             "it is made before vLLM's memory profile and its KV cache pays it",
             workspace=f"{PATH}:{slot}", held_bytes=have, needed_bytes=required,
-            setting=self.setting, suggested_mb=mb_to_hold(required),
+            setting=self.setting, suggested_mb=mb,
         )  # fmt: skip
 
     def no_room(
-        self, manager: Any, required: int, slot: int | None = None, asker: str | None = None
+        self, manager: Any, required: int, slot: int, had: int, asker: str | None = None
     ) -> WorkspaceGrowthError:
-        """The GPU has no room for ``required`` bytes in a slot: what was free, and what to set."""
+        """The GPU has no room for ``required`` bytes in ``slot``, which ``had`` bytes before:
+        what was free, and what to set (for ``asker``, the plugin's floor: that floor)."""
         import torch
 
         from ...attn._buffer import WorkspaceGrowthError
 
-        slot = current_slot(manager) if slot is None else slot
         free, total = torch.cuda.mem_get_info(manager._device)
         tokens = self.max_num_batched_tokens
-        declared = (
-            f"; or lower {self.setting} (now {self.record.floor.mb} MB)"
-            if self.record and asker else ""
+        fix = (
+            f"lower {self.setting} (now {self.record.floor.mb} MB)" if self.record and asker
+            else f"lower max_num_batched_tokens{'' if tokens is None else f' (now {tokens:,})'}, "
+            "whose largest batch the kernels taking this scratch are sized for"
         )  # fmt: skip
         return WorkspaceGrowthError(
             f"vLLM's workspace manager ({PATH}, slot {slot}) needs {required:,} bytes for "
             f"{asker or caller()}, and the GPU has {free:,} of {total:,} bytes free before vLLM "
             "sizes its KV cache (the model and vLLM's profile hold the rest; "
-            "gpu_memory_utilization does not change it): lower max_num_batched_tokens"
-            f"{'' if tokens is None else f' (now {tokens:,})'}, whose largest batch the kernels "
-            f"taking this scratch are sized for{declared}",
-            workspace=f"{PATH}:{slot}", needed_bytes=required,
-            held_bytes=held(manager._current_workspaces[slot]), setting=self.setting,
+            f"gpu_memory_utilization does not change it): {fix}",
+            workspace=f"{PATH}:{slot}", needed_bytes=required, held_bytes=had,
+            setting=self.setting,
         )  # fmt: skip
 
     def report(self) -> dict[str, Any]:
@@ -184,12 +206,10 @@ def checked_growth(scratch: ManagerScratch, ensure: Any) -> Any:
 
     @functools.wraps(ensure)
     def _ensure_workspace_size(self: Any, required_bytes: int) -> Any:
-        if (  # sealed: refused before vLLM moves the buffer graphs replay into
-            scratch.sealed
-            and required_bytes > scratch.room
-            and held(self._current_workspaces[current_slot(self)]) < required_bytes
-        ):
-            raise scratch.refusal(self, required_bytes)
+        slot = current_slot(self)
+        had = held(self._current_workspaces[slot])  # vLLM drops it before it allocates anew
+        if scratch.seals(self) and required_bytes > max(scratch.room, had):
+            raise scratch.refusal(self, required_bytes)  # before vLLM moves what graphs replay
         try:
             return ensure(self, required_bytes)
         except AssertionError:
@@ -197,9 +217,13 @@ def checked_growth(scratch: ManagerScratch, ensure: Any) -> Any:
                 raise
             raise scratch.refusal(self, required_bytes) from None
         except torch.OutOfMemoryError as error:
-            raise scratch.no_room(self, required_bytes) from error
+            raise scratch.no_room(self, required_bytes, slot, had) from error
 
-    return _ensure_workspace_size
+    # vLLM 0.32+ names its caller by the first frame whose qualified name is not the manager's.
+    checked: Any = _ensure_workspace_size
+    if hasattr(checked.__code__, "co_qualname"):  # Python 3.11+
+        checked.__code__ = checked.__code__.replace(co_qualname=checked.__qualname__)
+    return checked
 
 
 def _manager() -> Any:
@@ -226,7 +250,7 @@ def caller() -> str:
     the first frame outside this package and the manager's own methods."""
     frame = sys._getframe(1)
     while frame is not None and (
-        frame.f_code.co_filename.startswith(_PACKAGE)
+        frame.f_globals.get("__name__", "").startswith(f"{__package__.partition('.')[0]}.")
         or type(frame.f_locals.get("self")).__name__ == "WorkspaceManager"
     ):
         frame = frame.f_back  # type: ignore[assignment]
