@@ -7,7 +7,7 @@ launch grid (requests, heads, page-table width), never by the sequences' actual 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ResourceUsageError
@@ -202,13 +202,17 @@ class TrtllmLaunchCheck:
         self.launches = 0  # checked on the workspace (eager, or as a graph captured them)
         self.refused = 0
 
-    def check(self, entry: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def check(
+        self, entry: str, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+        parameters: Sequence[str] = _FIRST_ARGUMENTS,
+    ) -> None:  # fmt: skip
         """Refuse a launch of FlashInfer's ``entry`` (``"xqa"`` for
         ``xqa_batch_decode_with_kv_cache``, ``"trtllm"`` for ``trtllm_batch_decode_with_kv_cache``)
         with these arguments that would touch more of the workspace than it holds; a launch on
-        another buffer is not this check's."""
-        if args:  # as vLLM calls them, all by keyword; FlashInfer's order otherwise
-            kwargs = {**dict(zip(_FIRST_ARGUMENTS, args, strict=False)), **kwargs}
+        another buffer is not this check's. ``parameters``: the entry point's, in order, which
+        ``args`` are given by."""
+        if args:  # as vLLM calls them, all by keyword
+            kwargs = {**dict(zip(parameters, args, strict=False)), **kwargs}
         buffer = kwargs.get("workspace_buffer")
         if buffer is not self.workspace.tensor:
             return
@@ -220,12 +224,13 @@ class TrtllmLaunchCheck:
         rows, cols = shape[-3], shape[-2]
         layout = get("kv_layout") or _DEFAULT_LAYOUT[entry]
         kv_heads, page = (rows, cols) if layout == "HND" else (cols, rows)
-        q_len = get("q_len_per_req") or get("max_q_len") or 1
+        # One token a request unless given (FlashInfer's default); None: up to max_q_len.
+        q_len = get("q_len_per_req", 1) or get("max_q_len") or 1
         tokens, qo, head_dim = query.shape
         batch = max(kwargs["seq_lens"].shape[0], tokens // q_len)
         kernel = get("backend", "auto") if entry == "trtllm" else "xqa"
         table_tokens, kv_dtype = kwargs["block_tables"].shape[-1] * page, k_cache.dtype
-        return_lse = bool(get("return_lse"))
+        return_lse = bool(get("return_lse")) or get("lse") is not None  # either writes the stats
         key = (kernel, batch, q_len, qo, kv_heads, head_dim, table_tokens, kv_dtype, return_lse)
         need = self._needs.get(key)
         if need is None:

@@ -7,6 +7,7 @@ shapes)."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import re
 
@@ -296,3 +297,44 @@ def test_trtllm_gen_launches_are_checked_with_their_lse_and_other_buffers_are_no
     # the engine's own buffer (a launch the plugin does not hold the workspace of): not checked
     check.check("trtllm", (), {**gen, "workspace_buffer": torch.zeros(16, dtype=torch.uint8)})
     assert (check.launches, check.refused) == (1, 1)
+
+
+def _xqa_entry(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len,
+               bmm1_scale=1.0, bmm2_scale=1.0, window_left=-1, out=None, sinks=None,
+               kv_layout="NHD", enable_pdl=None, q_len_per_req=1):  # fmt: skip
+    """``xqa_batch_decode_with_kv_cache``'s first parameters, in FlashInfer 0.7.4's order."""
+
+
+def test_every_argument_given_by_position_is_read_by_the_entry_points_own_order():
+    a = tensors(batch=1, q_len=4, table_tokens=4096, layout="HND")
+    need = xqa_launch_bytes(batch=1, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+                            max_seq_len=4096, sm_count=H200_SMS, q_len_per_req=4)  # fmt: skip
+    check = checked(need - 1)
+    positional = (a["query"], a["kv_cache"], check.workspace.tensor, a["block_tables"],
+                  a["seq_lens"], 4096, 1.0, 1.0, -1, None, None, "HND", None, 4)  # fmt: skip
+    parameters = tuple(inspect.signature(_xqa_entry).parameters)
+    with pytest.raises(WorkspaceSealedError, match=r"1 request x 4 query tokens \(32/8 heads"):
+        check.check("xqa", positional, {}, parameters=parameters)
+
+
+def test_a_trtllm_gen_launch_given_an_lse_buffer_alone_is_checked_with_the_stats():
+    """FlashInfer's launcher writes the softmax statistics wherever an ``lse`` tensor is given."""
+    gen = tensors(batch=8, q_len=1, table_tokens=4096, layout="HND")
+    gen.update(backend="trtllm-gen", lse=torch.empty(8, 32, 2))
+    need = trtllm_gen_workspace_bytes(batch=8, num_qo_heads=32, head_dim_vo=128,
+                                      sm_count=H200_SMS, max_q_len=1, return_lse=True)  # fmt: skip
+    check = checked(need - 1)
+    with pytest.raises(WorkspaceSealedError, match="returning the LSE"):
+        check.check("trtllm", (), {**gen, "workspace_buffer": check.workspace.tensor})
+
+
+def test_max_q_len_without_q_len_per_req_none_plans_one_token_a_request_as_flashinfer_does():
+    """``q_len_per_req`` keeps its default of 1 unless given None: FlashInfer then reads each
+    query row as a request of its own, whatever ``max_q_len`` says."""
+    gen = tensors(batch=2, q_len=4, table_tokens=4096, layout="HND")
+    del gen["q_len_per_req"]
+    check = checked(XQA_SEMAPHORE_BYTES)
+    with pytest.raises(WorkspaceSealedError, match="8 requests x 1 query tokens"):
+        check.check(
+            "trtllm", (), {**gen, "max_q_len": 4, "workspace_buffer": check.workspace.tensor}
+        )

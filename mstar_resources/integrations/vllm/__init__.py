@@ -7,6 +7,7 @@ server's process never imports the model runner)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -98,10 +99,12 @@ def checked_launch(entry: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
     (the kernels check nothing; :class:`~...attn.trtllm_workspace.TrtllmLaunchCheck`)."""
 
     def patch(workspaces: VllmWorkspaces, launch: Any, owner: Any) -> Any:
+        parameters = tuple(inspect.signature(launch).parameters)  # its own order, positional
+
         @functools.wraps(launch)
         def checked_launch(*args: Any, **kwargs: Any) -> Any:
             if (check := workspaces.trtllm_check) is not None:
-                check.check(entry, args, kwargs)
+                check.check(entry, args, kwargs, parameters=parameters)
             return launch(*args, **kwargs)
 
         return checked_launch
