@@ -296,7 +296,7 @@ class Composition:
                     return not_utf8(path, data, found)
         if isinstance(error, MissingConfigException) and error.options is not None:
             group, _, name = (error.missing_cfg_file or "").rpartition("/")
-            return not_a_choice(group, name, list(error.options))
+            return not_a_choice(group, name, list(error.options), config_dir=self.folder)
         if isinstance(error, OverrideParseException):
             why = _paragraph(error.message) + _quoting_hint(error.override)
             return f"{error.override!r} is not an override Hydra can read: {why}"
@@ -351,8 +351,12 @@ class Composition:
             # A resource declared in a user's YAML without the schema has only the keys it wrote.
             return (f"{full_key} is a resource's setting, and {holder} is declared without it; add "
                     f"it with a plus: +{full_key}=VALUE")  # fmt: skip
-        return (f"{full_key} is not a setting{did_you_mean(str(error.key), settings, prefix)}; "
-                f"{at} takes {', '.join(settings)}")  # fmt: skip
+        # A config group (deployment=NAME) is no key of the config, but as likely meant.
+        groups = [] if holder else [g for g in self.choices if not g.startswith("hydra/")]
+        close = did_you_mean(str(error.key), settings, prefix) or did_you_mean(
+            str(error.key), groups
+        )
+        return f"{full_key} is not a setting{close}; {at} takes {', '.join(settings)}"
 
     def list_index_problem(self) -> str | None:
         """The first override that sets an item of a list by a name, not a position."""
@@ -518,9 +522,11 @@ def _quoting_hint(override: str) -> str:
 
 
 def not_a_choice(
-    group: str, name: str, options: list[str], why: str = "", *, closest: bool = True
-) -> str:
-    """``group=name`` picks no option of ``group``: the closest (where ``closest``), and all."""
+    group: str, name: str, options: list[str], why: str = "", *, closest: bool = True,
+    config_dir: Path | None = None,
+) -> str:  # fmt: skip
+    """``group=name`` picks no option of ``group``: the closest (where ``closest``), and all
+    (``config_dir``: the ``--config-dir`` given, which calibrating takes too)."""
     if not options:
         return (f"{group}={name} is not a {group}: the search path holds no {group} options to "
                 f"pick from; leave {group} out, or add --config-dir DIR with a {group}/ "
@@ -528,7 +534,8 @@ def not_a_choice(
     offered = [o for o in options if not (group == DEPLOYMENT_GROUP and o == NO_DEPLOYMENT)]
     base = name.removesuffix("_calibrated")
     if group == DEPLOYMENT_GROUP and base != name and base in options:  # not calibrated yet
-        return (f"{group}={name} is not a {group} yet: `mstar-resources-calibrate "
+        given = f"--config-dir {config_dir} " if config_dir else ""
+        return (f"{group}={name} is not a {group} yet: `mstar-resources-calibrate {given}"
                 f"{group}={base}` writes it, on the GPU {base} runs on; pick one of "
                 f"{', '.join(options)}")  # fmt: skip
     close = did_you_mean(name, offered) if closest else ""

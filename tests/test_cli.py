@@ -240,6 +240,7 @@ MISSPELLED = [
                  "resources.attn.decode", id="resource"),
     pytest.param("resources.atn.decode.declared_mb=96", "resources.atn", "resources.attn",
                  id="group"),
+    pytest.param("deploymnet=llama3-8b-h200", "deploymnet", "deployment", id="config-group"),
 ]  # fmt: skip
 
 

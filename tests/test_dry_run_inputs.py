@@ -270,7 +270,11 @@ def test_misleading_messages_now_name_what_is_wrong(tmp_path):
     expected = {
         "broken": f"a symbolic link to {tmp_path / 'nowhere.yaml'}, which does not exist",
         "loop": "a symbolic link to loop.yaml, which loops back to itself",
-        "mine_calibrated": "is not a deployment yet: `mstar-resources-calibrate deployment=mine`",
+        # calibrating needs the --config-dir that holds mine.yaml too
+        "mine_calibrated": (
+            f"is not a deployment yet: `mstar-resources-calibrate --config-dir {tmp_path} "
+            "deployment=mine`"
+        ),
         "interp": "resources.attn.decode.declared_mb can't be read",
         "list": "sets resources to []; resources maps each resource's name to its fields",
     }
