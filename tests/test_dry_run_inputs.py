@@ -81,6 +81,18 @@ def test_a_calibration_that_no_longer_matches_its_record_is_flagged_naming_the_f
     )
 
 
+def test_a_calibrated_floor_lowered_below_its_measured_need_is_flagged(tmp_path):
+    done = run_app(CAL, "resources.attn.decode.declared_mb=1", cwd=tmp_path)
+    assert done.returncode == 0
+    (warning,) = done.stderr.splitlines()
+    assert warning == (
+        "mstar-resources: warning: resources.attn.decode.declared_mb=1 holds 1,048,576 bytes, "
+        "less than the 2,179,584 calibration measured resources.attn.decode needs: its plans past "
+        "the floor grow it, and are refused once it is sealed"
+    )
+    assert run_app(CAL, "resources.attn.decode.declared_mb=3", cwd=tmp_path).stderr == ""
+
+
 @pytest.mark.parametrize(
     ("args", "env", "named"),
     [

@@ -18,6 +18,7 @@ from ..calibration.record import (
     calibrated_floors,
     check_calibration,
     checked_calibration_nodes,
+    floors_below_need,
     stale_record,
 )
 from ..compose import ComposedTree
@@ -109,6 +110,9 @@ def _check_calibration_inputs(
                 f"deployment={stale.deployment}`",
                 file=sys.stderr,
             )
+    for below in floors_below_need(record, records):
+        said = f"{below}: its plans past the floor grow it, and are refused once it is sealed"
+        print(f"{PROG}: warning: {said}", file=sys.stderr)
     return calibrated_floors(record, records)
 
 

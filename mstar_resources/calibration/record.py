@@ -69,6 +69,18 @@ def calibrated_floors(record: Any, resources: Sequence[Any]) -> dict[str, Calibr
     return floors
 
 
+def floors_below_need(record: Any, resources: Sequence[ResolvedResource]) -> list[str]:
+    """A sentence for each of ``resources`` whose floor is below what the calibrated ``record``
+    measured it needs (a floor lowered after calibration)."""
+    needs = {n["path"]: int(n["need_bytes"]) for n in _plain(record or {}).get("needs", [])}
+    return [
+        f"{r.floor.setting}={r.floor.mb} holds {r.floor.bytes:,} bytes, less than the "
+        f"{needs[r.path]:,} calibration measured resources.{r.path} needs"
+        for r in resources
+        if r.path in needs and r.floor.bytes < needs[r.path]
+    ]
+
+
 @dataclass(frozen=True)
 class Machine:
     """The machine a calibration ran on, or the one running now."""
