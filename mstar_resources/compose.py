@@ -294,9 +294,14 @@ class Composition:
                     data.decode("utf-8")
                 except UnicodeDecodeError as found:
                     return not_utf8(path, data, found)
-        if isinstance(error, MissingConfigException) and error.options is not None:
+        if isinstance(error, MissingConfigException):
             group, _, name = (error.missing_cfg_file or "").rpartition("/")
-            return not_a_choice(group, name, list(error.options), config_dir=self.folder)
+            if error.options is not None:
+                return not_a_choice(group, name, list(error.options), config_dir=self.folder)
+            if options := self.options(group):  # a defaults list names it: Hydra lists none
+                where = str(error).splitlines()[0].rstrip(".")  # the file that lists it
+                close = did_you_mean(name, options, f"/{group}/")
+                return f"{where}{close}; {group}/ holds {', '.join(options)}"
         if isinstance(error, OverrideParseException):
             why = _paragraph(error.message) + _quoting_hint(error.override)
             return f"{error.override!r} is not an override Hydra can read: {why}"

@@ -279,6 +279,9 @@ def test_misleading_messages_now_name_what_is_wrong(tmp_path):
         OVER + "    decode:\n      declared_mb: ${oc.env:MSTAR_TEST_UNSET,abc}\n"
     )
     (folder / "list.yaml").write_text("# @package _global_\nresources: []\n")
+    (folder / "typo.yaml").write_text(
+        "# @package _global_\ndefaults: [/deployment/llama3-8b-h20]\n"
+    )
     expected = {
         "broken": f"a symbolic link to {tmp_path / 'nowhere.yaml'}, which does not exist",
         "loop": "a symbolic link to loop.yaml, which loops back to itself",
@@ -289,6 +292,10 @@ def test_misleading_messages_now_name_what_is_wrong(tmp_path):
         ),
         "interp": "resources.attn.decode.declared_mb can't be read",
         "list": "sets resources to []; resources maps each resource's name to its fields",
+        "typo": (
+            "In 'deployment/typo': Could not load 'deployment/llama3-8b-h20' (did you mean "
+            "/deployment/llama3-8b-h200?); deployment/ holds "
+        ),
     }
     for name, said in expected.items():
         done = run_app(f"--config-dir={tmp_path}", f"deployment={name}", cwd=tmp_path)
