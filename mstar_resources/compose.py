@@ -512,8 +512,13 @@ def _body_problem(body: Any, text: str, settings: type) -> str | None:
 
 
 def _quoting_hint(override: str) -> str:
-    """How to quote ``key=value`` where its value holds Hydra's grammar, else ""."""
-    key, _, value = override.partition("=")
+    """How to write ``key=value`` where it is no override but is meant as one (no ``=``, spaces
+    around it, two of them), or to quote a value holding Hydra's grammar, else ""."""
+    key, equals, value = override.partition("=")
+    if not equals:
+        return f"; a setting is one word, KEY=VALUE: {key.strip() or 'KEY'}=VALUE"
+    if key != key.rstrip() or value.startswith((" ", "=")):
+        return f"; write it as one KEY=VALUE: {key.strip()}={value.lstrip(' =')}"
     odd = [c for c in value if not c.isascii() or c in "= '\"\\"]
     if not odd or value[0] in "'\"":
         return ""

@@ -189,6 +189,14 @@ BAD_INPUT = [
     pytest.param(["resources.attn.decode.owner=a=b"], {},
                  r"the value holds '=', which Hydra reads only in quotes: give it as "
                  r"\"resources\.attn\.decode\.owner='a=b'\"", id="equals-unquoted"),
+    pytest.param(["resources.attn.decode.declared_mb==96"], {},
+                 r"; write it as one KEY=VALUE: resources\.attn\.decode\.declared_mb=96;",
+                 id="equals-twice"),
+    pytest.param(["resources.attn.decode.declared_mb = 96"], {},
+                 r"; write it as one KEY=VALUE: resources\.attn\.decode\.declared_mb=96;",
+                 id="spaces-around-equals"),
+    pytest.param(["deployment", "llama3-8b-h200"], {},
+                 r"; a setting is one word, KEY=VALUE: deployment=VALUE;", id="no-equals"),
     pytest.param(["--config-name=nope"], {},
                  r"--config-name=nope is not a config of this app; pick one of mstar_resources, "
                  r"or add --config-dir DIR for one of your own", id="config-name-unknown"),
