@@ -14,7 +14,7 @@ from ..errors import ResourceUsageError
 from ..units import MIB, mb_to_hold, plural, release, round_up
 
 if TYPE_CHECKING:
-    from ._float_workspace import Workspace
+    from ._buffer import GrowableBuffer
 
 # decode.py xqa_batch_decode_with_kv_cache: workspace[:8 MiB] is the semaphores, the rest scratch.
 XQA_SEMAPHORE_BYTES = 8 * MIB
@@ -193,7 +193,7 @@ class TrtllmLaunchCheck:
     ``counters_in_workspace``: FlashInfer before 0.6.16 keeps trtllm-gen's counters in it."""
 
     def __init__(
-        self, workspace: Workspace, sm_count: int, *, counters_in_workspace: bool = False
+        self, workspace: GrowableBuffer, sm_count: int, *, counters_in_workspace: bool = False
     ) -> None:
         self.workspace = workspace
         self.sm_count = sm_count
