@@ -3,6 +3,7 @@ setting, the bad value, what it takes and the closest valid name."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -549,6 +550,9 @@ def not_a_choice(
                 f"{group}={base}` writes it, on the GPU {base} runs on; pick one of "
                 f"{', '.join(options)}")  # fmt: skip
     close = did_you_mean(name, offered) if closest else ""
+    with contextlib.suppress(OSError):  # a name too long for a file's
+        if config_dir and (config_dir / group / f"{name}.yml").is_file():
+            close = f" (Hydra reads a {group} as NAME.yaml: rename {name}.yml {name}.yaml)"
     noun = "resource tree" if group == "resources" else group
     return (f"{group}={name} is not a {noun}{why}{close}; "
             f"pick one of {', '.join(options)}")  # fmt: skip

@@ -279,6 +279,7 @@ def test_misleading_messages_now_name_what_is_wrong(tmp_path):
         OVER + "    decode:\n      declared_mb: ${oc.env:MSTAR_TEST_UNSET,abc}\n"
     )
     (folder / "list.yaml").write_text("# @package _global_\nresources: []\n")
+    (folder / "yml.yml").write_text(OVER)
     (folder / "typo.yaml").write_text(
         "# @package _global_\ndefaults: [/deployment/llama3-8b-h20]\n"
     )
@@ -292,6 +293,7 @@ def test_misleading_messages_now_name_what_is_wrong(tmp_path):
         ),
         "interp": "resources.attn.decode.declared_mb can't be read",
         "list": "sets resources to []; resources maps each resource's name to its fields",
+        "yml": "(Hydra reads a deployment as NAME.yaml: rename yml.yml yml.yaml)",
         "typo": (
             "In 'deployment/typo': Could not load 'deployment/llama3-8b-h20' (did you mean "
             "/deployment/llama3-8b-h200?); deployment/ holds "

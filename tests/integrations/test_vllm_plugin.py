@@ -433,7 +433,9 @@ def vllm_stand_in(monkeypatch):
     backend.FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM = 16
     backend.FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT = 2 << 30
     runner = types.ModuleType(vllm_plans.V2_RUNNER)
-    runner.GPUModelRunner = type("GPUModelRunner", (StandInRunner,), {"__module__": runner.__name__})
+    runner.GPUModelRunner = type(
+        "GPUModelRunner", (StandInRunner,), {"__module__": runner.__name__}
+    )
     runner.compilation_counter = types.SimpleNamespace(num_gpu_runner_capture_triggers=0)
     monkeypatch.setitem(sys.modules, runner.__name__, runner)
     worker = types.ModuleType(plugin.WORKER)

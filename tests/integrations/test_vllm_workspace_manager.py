@@ -328,7 +328,7 @@ def test_vllm_034s_resolved_memory_share_is_the_budget(vllm_stand_in, monkeypatc
     served(vllm_stand_in, monkeypatch, declared_mb=32 * 1024)
     cache = vllm_stand_in.runner.vllm_config.cache_config
     cache.gpu_memory_utilization, cache.resolved_gpu_memory_utilization = None, 0.9
-    with pytest.raises(ResourceConfigError, match="gpu_memory_utilization=0.9 of the GPU's"):
+    with pytest.raises(ResourceConfigError, match=r"gpu_memory_utilization=0\.9 of the GPU's"):
         vllm_stand_in.runner.profile_run()
 
 
