@@ -362,7 +362,10 @@ class Composition:
         close = did_you_mean(str(error.key), settings, prefix) or did_you_mean(
             str(error.key), groups
         )
-        return f"{full_key} is not a setting{close}; {at} takes {', '.join(settings)}"
+        new = "" if close or not holder.startswith("resources") else (
+            f"; a resource of your own is added with a plus: +{full_key}.labels=[LABEL]"
+        )  # fmt: skip
+        return f"{full_key} is not a setting{close}; {at} takes {', '.join(settings)}{new}"
 
     def list_index_problem(self) -> str | None:
         """The first override that sets an item of a list by a name, not a position."""

@@ -175,9 +175,10 @@ def _as_config(resources_node: DictConfig | Mapping[str, Any]) -> DictConfig:
     if isinstance(resources_node, DictConfig):
         return resources_node
     if not isinstance(resources_node, Mapping):
+        unset = " (unset: null, or deleted with ~resources)" if resources_node is None else ""
         raise ResourceConfigError(
-            f"{RESOURCES_KEY}={resources_node!r} is not a mapping; give it resources by name "
-            f"(e.g. {RESOURCES_KEY}.attn.decode.labels=[decode])"
+            f"{RESOURCES_KEY}={resources_node!r}{unset} is not a mapping; give it resources by "
+            f"name (e.g. {RESOURCES_KEY}.attn.decode.labels=[decode])"
         )
     stack: list[tuple[str, Mapping[str, Any], int]] = [(RESOURCES_KEY, resources_node, 0)]
     while stack:  # not recursive: so deep a tree would exhaust Python's recursion

@@ -195,6 +195,12 @@ BAD_INPUT = [
     pytest.param(["resources.attn.decode.declared_mb = 96"], {},
                  r"; write it as one KEY=VALUE: resources\.attn\.decode\.declared_mb=96;",
                  id="spaces-around-equals"),
+    pytest.param(["resources.attn.verify.labels=[verify]"], {},
+                 r"resources\.attn takes prefill, decode; a resource of your own is added with a "
+                 r"plus: \+resources\.attn\.verify\.labels=\[LABEL\];", id="new-resource"),
+    pytest.param(["~resources"], {},
+                 r"resources=None \(unset: null, or deleted with ~resources\) is not a mapping",
+                 id="resources-deleted"),
     pytest.param(["deployment", "llama3-8b-h200"], {},
                  r"; a setting is one word, KEY=VALUE: deployment=VALUE;", id="no-equals"),
     pytest.param(["--config-name=nope"], {},
