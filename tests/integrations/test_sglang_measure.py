@@ -44,7 +44,8 @@ def runner(**changes: Any) -> Any:
 
 def context(
     tp: int = 1, dp: int = 1, cp: int = 1, dcp: int = 1, prefill: Any = None, decode: Any = None,
-    speculative: Any = None, deterministic: bool = False, **schedule: Any,
+    speculative: Any = None, deterministic: bool = False, dllm: str | None = None,
+    attention_backend: str | None = "flashinfer", **schedule: Any,
 ) -> Any:  # fmt: skip
     """SGLang's ``runtime_context``: the settings in effect, SGLang's defaults but those given,
     in its bags (``get_schedule()``, ``get_exec()``, ``get_parallel()``, ``get_spec()``)."""
@@ -56,6 +57,12 @@ def context(
     execution = types.SimpleNamespace(
         graph=types.SimpleNamespace(cuda_graph_config=graphs),
         deterministic=types.SimpleNamespace(enable_deterministic_inference=deterministic),
+        dllm=types.SimpleNamespace(dllm_algorithm=dllm),
+        kernel=types.SimpleNamespace(
+            attention_backend=attention_backend,
+            decode_attention_backend=None,
+            prefill_attention_backend=None,
+        ),
     )
     parallel = types.SimpleNamespace(
         attn_tp_size=tp, attn_dp_size=dp, attn_cp_size=cp, attn_dcp_size=dcp
@@ -156,6 +163,9 @@ def test_the_profile_plans_both_prefill_wrappers_and_decode_as_sglang_does():
         ({}, {"speculative": "EAGLE"}, "speculative decoding (EAGLE)"),
         ({}, {"deterministic": True}, "deterministic inference"),
         ({}, {"dcp": 2}, "decode-context parallelism (attn_dcp_size 2)"),
+        ({}, {"dllm": "LowConfidence"}, "diffusion-LLM decoding (LowConfidence)"),
+        ({}, {"attention_backend": "llada2_cfg_flashinfer"}, "llada2_cfg_flashinfer"),
+        ({}, {"attention_backend": "minicpm_flashinfer"}, "minicpm_flashinfer"),
     ],
 )  # fmt: skip
 def test_what_the_profile_cannot_hold_is_left_to_sglang_saying_why(model, settings, why):

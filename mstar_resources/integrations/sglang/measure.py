@@ -150,7 +150,18 @@ def _not_planned(runner: Any, context: Any) -> str | None:
     speculative = context.get_spec().speculative_algorithm
     if speculative is not None and str(getattr(speculative, "name", speculative)).upper() != "NONE":
         return f"speculative decoding ({speculative}) plans draft and verify batches on it"
-    if context.get_exec().deterministic.enable_deterministic_inference:
+    execution = context.get_exec()
+    # Diffusion LLMs (0.5.17+): SGLang captures their decode graphs with DLLM_EXTEND batches,
+    # planned as prefill on the decode workspace.
+    if (dllm := execution.dllm.dllm_algorithm) is not None:
+        return f"diffusion-LLM decoding ({dllm}) plans prefill batches on the decode wrappers"
+    # Backends built on SGLang's FlashInfer one with shapes of their own: LLaDA2's CFG prefill
+    # (0.5.22+, its own ragged fa2 wrapper), MiniCPM's sparse head groups (0.5.19+, one KV head).
+    named = [getattr(execution.kernel, f"{phase}attention_backend", None)
+             for phase in ("", "decode_", "prefill_")]  # fmt: skip
+    if own := [str(name) for name in named if str(name).startswith(("llada2", "minicpm"))]:
+        return f"its attention backend {own[0]} plans FlashInfer wrappers of shapes of its own"
+    if execution.deterministic.enable_deterministic_inference:
         # Its eager decode splits KV in fixed chunks and its graphs do not: two plans of one
         # label that the profile plans as one.
         return "deterministic inference plans decode with two KV splits"
