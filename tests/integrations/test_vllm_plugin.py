@@ -392,6 +392,10 @@ class StandInRunner:
         for step in self.in_capture:
             step()
 
+    def profile_cudagraph_memory(self):
+        """V2's measure of its graphs' memory, after the profile: 0.29 captures them bare."""
+        return self.capture_model() if getattr(self, "captures_to_profile", False) else 0
+
     def get_kv_cache_spec(self):
         return {}
 
@@ -1196,3 +1200,16 @@ def test_the_first_builders_decode_wrappers_share_the_decode_int_workspace(vllm_
     first.build(8)
     assert shared.tensor.numel() == 8 * MIB  # FlashInfer's 8 MiB, the default floor, holds it
     assert decodes[1].plans == 3  # planned, and planned again after each float growth
+
+
+def test_vllm_029s_capture_to_measure_graph_memory_seals_nothing(vllm_stand_in):
+    """vLLM 0.29's V2 runner measures its graphs' memory with a bare ``capture_model()`` before
+    it sizes the KV cache and warms up (0.30+ says ``profile_only=True``): the workspaces stay
+    growable until the capture that serves."""
+    served, runner = vllm_stand_in.served, vllm_stand_in.runner
+    runner.captures_to_profile = True
+    runner.profile_run()
+    runner.profile_cudagraph_memory()
+    assert runner.captured == 1 and not served.sealed and not served.manager.sealed
+    vllm_stand_in.worker.compile_or_warm_up_model()
+    assert runner.captured == 2 and served.sealed

@@ -10,6 +10,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from ...floor import ENV_VAR as FLOOR_ENV_VAR
@@ -112,6 +113,23 @@ def checked_launch(entry: str) -> Callable[[VllmWorkspaces, Any, Any], Any]:
     return patch
 
 
+PROFILING_GRAPHS: ContextVar[bool] = ContextVar("mstar_resources_vllm_graphs", default=False)
+"""Whether V2's graph-memory profile runs: in 0.29 it calls ``capture_model()`` bare (0.30+ passes
+``profile_only=True``), before the KV cache, the warm-ups and the capture that serves."""
+
+
+def _profiling_graphs(workspaces: VllmWorkspaces, profile: Any, owner: Any) -> Any:
+    @functools.wraps(profile)
+    def profile_graphs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = PROFILING_GRAPHS.set(True)
+        try:
+            return profile(self, *args, **kwargs)
+        finally:
+            PROFILING_GRAPHS.reset(token)
+
+    return profile_graphs
+
+
 def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any) -> Any:
     """A model runner's capture, the workspaces sealed first (not at V2's profiling capture); the
     manager unsealed after one that captured nothing (``cudagraph_mode`` NONE), as the runner's
@@ -119,7 +137,7 @@ def _seal_at_capture(workspaces: VllmWorkspaces, capture_model: Any, owner: Any)
 
     @functools.wraps(capture_model)
     def seal_then_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("profile_only"):
+        if kwargs.get("profile_only") or PROFILING_GRAPHS.get():
             return capture_model(self, *args, **kwargs)
         workspaces.seal("captures CUDA graphs")
         workspaces.manager.seal("vLLM captures CUDA graphs over it")
@@ -176,6 +194,7 @@ SEAMS = (
     Seam(BACKEND, "FLASHINFER_WORKSPACE_BUFFER_SIZE_BATCH_INVARIANT"),
     *_runner_seams(V1_RUNNER, until="0.33.0"),
     *_runner_seams(V2_RUNNER),
+    Seam(V2_RUNNER, "GPUModelRunner.profile_cudagraph_memory", patch=_profiling_graphs),
     # sealed after the warm-up, where no CUDA-graph capture sealed them (enforce_eager)
     Seam(WORKER, "Worker.compile_or_warm_up_model", patch=after(lambda state, worker, done:
          state.seal("serves its first request (it captured no CUDA graph)"))),
