@@ -311,6 +311,31 @@ def test_a_deployment_that_declares_vllms_manager_too_makes_sglangs_workspaces_a
     assert "plans on it: resources.vllm.workspace_manager (another engine's" in caplog.text
 
 
+def test_a_subclass_of_sglangs_flashinfer_backend_is_adopted_as_the_backend(worker, caplog):
+    """SGLang 0.5.22's LLaDA2 CFG backend builds the FlashInfer backend's wrappers, adopted as
+    the backend's, then a ragged prefill wrapper of its own on the decode workspace's buffer."""
+    served, _, runner_module, backend_module = worker
+    runner = runner_module.ModelRunner()
+    runner.alloc_memory_pool()
+
+    def init(self, runner):
+        backend_module.FlashInferAttnBackend.__init__(self, runner)
+        ragged = backend_module.BatchPrefillWithRaggedKVCacheWrapper
+        self._cfg_prefill_wrapper_ragged = ragged(self.workspace_buffer)
+
+    llada2 = type("LLaDA2CFGFlashInferAttnBackend", (backend_module.FlashInferAttnBackend,), {})
+    llada2.__init__ = init
+    with caplog.at_level(logging.INFO, logger=workspaces.logger.name):
+        backend = llada2(runner)
+    prefill, decode = served.workspaces["prefill"], served.workspaces["decode"]
+    assert backend._cfg_prefill_wrapper_ragged._float_workspace_buffer is decode.tensor
+    assert backend.prefill_wrapper_ragged._float_workspace_buffer is prefill.tensor
+    assert all(w._float_workspace_buffer is decode.tensor for w in backend.decode_wrappers)
+    report = served.report()
+    assert (report["backends"], report["other_backends"]) == (1, [])
+    assert "TRT-LLM" not in caplog.text
+
+
 def test_sglangs_trtllm_mha_backend_built_on_its_flashinfer_backend_is_not_adopted(worker, caplog):
     """SGLang's TRT-LLM MHA backend subclasses its FlashInfer backend, runs XQA and FMHA-v2 on a
     zeroed workspace of its own, and plans no FlashInfer wrapper: not counted as served."""

@@ -40,17 +40,24 @@ def _reserve(workspaces: SglangWorkspaces, runner: Any) -> None:
         workspaces.leave_untouched(f"it failed ({type(error).__name__}: {error})")
 
 
+TRTLLM_BACKEND = "TRTLLMHAAttnBackend"
+"""SGLang's TRT-LLM MHA backend (``trtllm_mha_backend.py``, 0.5.17 to 0.5.23), a subclass of its
+FlashInfer backend that runs other kernels on a workspace of its own; its other subclass, LLaDA2's
+CFG backend (0.5.22+), plans FlashInfer wrappers as the backend does, and a ragged prefill wrapper
+of its own, made after the backend's ``__init__``: on the decode workspace, which it grows."""
+
+
 def _adopt_when_built(workspaces: SglangWorkspaces, init: Any, owner: Any) -> Any:
-    """A FlashInfer backend: its prefill wrappers on the prefill workspace once built. A subclass
-    (SGLang's TRT-LLM MHA backend) runs other kernels on a workspace of its own: not adopted."""
+    """A FlashInfer backend: its prefill wrappers on the prefill workspace once built (not SGLang's
+    TRT-LLM MHA backend's)."""
 
     @functools.wraps(init)
     def build_then_adopt(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        if type(self) is owner:
-            workspaces.adopt(self)
+        if type(self).__name__ == TRTLLM_BACKEND:
+            workspaces.not_adopted(TRTLLM_BACKEND)
         else:
-            workspaces.not_adopted(type(self).__name__)
+            workspaces.adopt(self)
 
     return build_then_adopt
 
