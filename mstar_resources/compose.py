@@ -299,7 +299,7 @@ class Composition:
             group, _, name = (error.missing_cfg_file or "").rpartition("/")
             if error.options is not None:
                 return not_a_choice(group, name, list(error.options), config_dir=self.folder)
-            if options := self.options(group):  # a defaults list names it: Hydra lists none
+            if group and (options := self.options(group)):  # in a defaults list: none listed
                 where = str(error).splitlines()[0].rstrip(".")  # the file that lists it
                 close = did_you_mean(name, options, f"/{group}/")
                 return f"{where}{close}; {group}/ holds {', '.join(options)}"
@@ -362,7 +362,8 @@ class Composition:
         close = did_you_mean(str(error.key), settings, prefix) or did_you_mean(
             str(error.key), groups
         )
-        new = "" if close or not holder.startswith("resources") else (
+        in_resource = bool(FIELDS.keys() & set(settings))  # a resource's own fields
+        new = "" if close or in_resource or not holder.startswith("resources") else (
             f"; a resource of your own is added with a plus: +{full_key}.labels=[LABEL]"
         )  # fmt: skip
         return f"{full_key} is not a setting{close}; {at} takes {', '.join(settings)}{new}"

@@ -198,6 +198,9 @@ BAD_INPUT = [
     pytest.param(["resources.attn.verify.labels=[verify]"], {},
                  r"resources\.attn takes prefill, decode; a resource of your own is added with a "
                  r"plus: \+resources\.attn\.verify\.labels=\[LABEL\];", id="new-resource"),
+    pytest.param(["resources.attn.decode.zzqq=1"], {},  # a resource's field: no resource to add
+                 r"resources\.attn\.decode\.zzqq is not a setting; resources\.attn\.decode takes "
+                 r"owner, declared_mb, int_declared_mb, labels, cg_slots; `", id="resource-field"),
     pytest.param(["~resources"], {},
                  r"resources=None \(unset: null, or deleted with ~resources\) is not a mapping",
                  id="resources-deleted"),

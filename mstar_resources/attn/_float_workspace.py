@@ -135,7 +135,7 @@ class Workspace(GrowableBuffer):
         refuse the plan once sealed: XQA checks nothing of the workspace it is given."""
         try:
             need = _xqa_run_bytes(attributes, *call, sm_count(self.tensor.device))
-        except (KeyError, TypeError, AttributeError) as error:  # not the names read in 0.7.4
+        except (KeyError, TypeError, AttributeError, ValueError) as error:  # not 0.7.4's names
             raise WorkspacePlanError(
                 f"workspace {self.name!r}: FlashInfer's decode wrapper will run this plan on XQA, "
                 f"which checks nothing of the workspace, and what it touches can't be read here "
@@ -315,16 +315,29 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=64)
+def _parameters(function: Callable[..., Any]) -> tuple[str, ...]:
+    return tuple(inspect.signature(function).parameters)
+
+
+@functools.lru_cache(maxsize=256)
+def _xqa_bound(**shape: Any) -> int:
+    from .trtllm_workspace import xqa_workspace_bytes
+
+    return xqa_workspace_bytes(**shape)
+
+
 def _xqa_run_bytes(
     attributes: dict[str, Any], plan: Callable[..., Any], args: Any, kwargs: Any, sms: int
 ) -> int:
     """What the XQA run of a decode wrapper's plan (``plan(*args, **kwargs)``, which left the
     wrapper's ``attributes``) can touch of its float workspace: every launch of up to the plan's
     batch on its page table (:func:`~.trtllm_workspace.xqa_workspace_bytes`)."""
-    from .trtllm_workspace import xqa_workspace_bytes
-
-    given = inspect.signature(plan).bind_partial(*args, **kwargs).arguments
-    return xqa_workspace_bytes(
+    function = getattr(plan, "__func__", None)
+    if function is not None:  # bound: its wrapper is the first parameter
+        args = (plan.__self__, *args)  # type: ignore[attr-defined]
+    given = {**dict(zip(_parameters(function or plan), args, strict=False)), **kwargs}
+    return _xqa_bound(
         batch=attributes["_batch_size"],
         num_qo_heads=attributes["_num_qo_heads"],
         num_kv_heads=attributes["_num_kv_heads"],

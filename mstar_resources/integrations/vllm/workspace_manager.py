@@ -206,10 +206,14 @@ def checked_growth(scratch: ManagerScratch, ensure: Any) -> Any:
 
     @functools.wraps(ensure)
     def _ensure_workspace_size(self: Any, required_bytes: int) -> Any:
-        slot = current_slot(self)
-        had = held(self._current_workspaces[slot])  # vLLM drops it before it allocates anew
-        if scratch.seals(self) and required_bytes > max(scratch.room, had):
-            raise scratch.refusal(self, required_bytes)  # before vLLM moves what graphs replay
+        if (  # sealed: refused before vLLM moves the buffer graphs replay into
+            scratch.sealed
+            and required_bytes > scratch.room
+            and scratch.seals(self)
+            and held(self._current_workspaces[current_slot(self)]) < required_bytes
+        ):
+            raise scratch.refusal(self, required_bytes)
+        buffers = list(self._current_workspaces)  # vLLM lets a slot's go before it grows it
         try:
             return ensure(self, required_bytes)
         except AssertionError:
@@ -217,7 +221,8 @@ def checked_growth(scratch: ManagerScratch, ensure: Any) -> Any:
                 raise
             raise scratch.refusal(self, required_bytes) from None
         except torch.OutOfMemoryError as error:
-            raise scratch.no_room(self, required_bytes, slot, had) from error
+            slot = current_slot(self)
+            raise scratch.no_room(self, required_bytes, slot, held(buffers[slot])) from error
 
     # vLLM 0.32+ names its caller by the first frame whose qualified name is not the manager's.
     checked: Any = _ensure_workspace_size
