@@ -194,9 +194,11 @@ class GrowableBuffer:
             self._grown_to_agree += added
             return added
 
-    def _sealed_error(self, overflow: Overflow, whole: int | None) -> WorkspaceShortError:
+    def _sealed_error(
+        self, overflow: Overflow, whole: int | None, said_by: str = ""
+    ) -> WorkspaceShortError:
         """A sealed buffer's refusal of ``overflow``, counted (``whole``: what the whole plan
-        needs, where FlashInfer's ``workspace_size()`` said)."""
+        needs, where ``said_by`` said)."""
         self._sealed_refusals += 1
         have = self.tensor.numel()
         need = overflow.bytes_needed(have)
@@ -208,7 +210,7 @@ class GrowableBuffer:
         )
         asked, caveat = f"{need:,} ({failed})", ""
         if whole is not None and whole >= need:
-            asked = f"{whole:,} in all, per FlashInfer's workspace_size() ({failed})"
+            asked = f"{whole:,} in all, per {said_by} ({failed})"
         elif not overflow.whole_buffer:
             asked = f"at least {asked}"
             caveat = " (allocations after it were not tried and may ask for more)"

@@ -3,6 +3,7 @@ workspace) grows that buffer in place and runs again; once sealed, it is refused
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import weakref
@@ -176,7 +177,13 @@ class Workspace(GrowableBuffer):
             raise error
         if short.sealed:
             whole = _whole_plan_need(*call, short._kind.size_query_index)
-            raise short._sealed_error(overflow, whole) from error
+            said_by = "FlashInfer's workspace_size()"
+            if overflow.kind == "float" and getattr(wrapper, XQA_DECODE_RUN, False):
+                # Its run goes to XQA, whose bound workspace_size() does not give (it raises).
+                with contextlib.suppress(KeyError, TypeError, AttributeError, ValueError):
+                    whole = _xqa_run_bytes(vars(wrapper), *call, sm_count(short.tensor.device))
+                    said_by = f"the bound of {XQA_DECODE_RUN_NAME}"
+            raise short._sealed_error(overflow, whole, said_by) from error
         if overflow == last:
             advice = (
                 "build the wrapper on workspace.tensor (or with WorkspacePool.build)"

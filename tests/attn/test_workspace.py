@@ -1061,13 +1061,16 @@ class _DecodeWrapperRunningXqa:
         self._float_workspace_buffer = float_workspace_buffer
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
-             page_size, *, q_len_per_req=1, pages_per_request=512, keeps_table=True):  # fmt: skip
+             page_size, *, q_len_per_req=1, pages_per_request=512, keeps_table=True,
+             fa2_bytes=0):  # fmt: skip
         batch = len(indptr) - 1
         self._use_xqa_mtp_decode = q_len_per_req > 1
         self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
         if keeps_table:
             self._block_tables = torch.zeros(batch, pages_per_request, dtype=torch.int32)
         self._xqa_mtp_q_len_per_req, self._cached_kv_data_type = q_len_per_req, torch.float16
+        # Then FlashInfer plans its tensor-core FA2 decode too, on the same float workspace.
+        FakePlanner(self._float_workspace_buffer, [("batch_prefill_tmp_v", fa2_bytes, 16)])()
 
 
 def _xqa_plan(
@@ -1103,6 +1106,27 @@ def test_a_decode_plan_run_on_xqa_grows_the_workspace_to_what_xqa_touches(monkey
     assert (raised.value.setting, raised.value.suggested_mb) == (sealed.floor, 10)
     assert (raised.value.needed_bytes, raised.value.held_bytes) == (need, MIB)
     assert sealed.tensor.numel() == MIB
+
+
+def test_a_sealed_refusal_of_a_plan_run_on_xqa_asks_for_xqas_bound_not_fa2s(monkeypatch):
+    """Sealed below both, the plan's FA2 partials overflow first: the refusal asks for what the
+    run on XQA touches, which FlashInfer's workspace_size() does not give, so that one raise of
+    the floor makes room for both."""
+    from mstar_resources.attn.trtllm_workspace import xqa_workspace_bytes
+
+    monkeypatch.setattr(_float_workspace, "sm_count", lambda device: 132)
+    sealed = make_workspace(MIB, sealed=True, floor="resources.attn.decode.declared_mb")
+    (plan, *args), kwargs = _xqa_plan(
+        _DecodeWrapperRunningXqa(sealed.tensor), q_len_per_req=8, fa2_bytes=2 * MIB
+    )
+    with pytest.raises(WorkspaceSealedError) as raised:
+        sealed.plan(plan, *args, **kwargs)
+    need = xqa_workspace_bytes(batch=4, num_qo_heads=32, num_kv_heads=8, head_dim=128,
+                               max_seq_len=512 * 16, sm_count=132, q_len_per_req=8)  # fmt: skip
+    assert (raised.value.needed_bytes, raised.value.suggested_mb) == (need, 10)
+    assert f"needs {need:,} in all, per the bound of XQA's decode run (batch_prefill_tmp_v" in str(
+        raised.value
+    )
 
 
 def test_a_decode_plan_run_on_xqa_whose_shape_cannot_be_read_is_refused(monkeypatch):
