@@ -135,7 +135,7 @@ class Workspace(GrowableBuffer):
         """Grow this workspace to the most the XQA run of a decode plan (``call``) can touch, or
         refuse the plan once sealed: XQA checks nothing of the workspace it is given."""
         try:
-            need = _xqa_run_bytes(attributes, *call, sm_count(self.tensor.device))
+            need = _xqa_run_bytes(attributes, *call, self.tensor.device)
         except (KeyError, TypeError, AttributeError, ValueError) as error:  # not 0.7.4's names
             raise WorkspacePlanError(
                 f"workspace {self.name!r}: FlashInfer's decode wrapper will run this plan on XQA, "
@@ -181,7 +181,7 @@ class Workspace(GrowableBuffer):
             if overflow.kind == "float" and getattr(wrapper, XQA_DECODE_RUN, False):
                 # Its run goes to XQA, whose bound workspace_size() does not give (it raises).
                 with contextlib.suppress(KeyError, TypeError, AttributeError, ValueError):
-                    whole = _xqa_run_bytes(vars(wrapper), *call, sm_count(short.tensor.device))
+                    whole = _xqa_run_bytes(vars(wrapper), *call, short.tensor.device)
                     said_by = f"the bound of {XQA_DECODE_RUN_NAME}"
             raise short._sealed_error(overflow, whole, said_by) from error
         if overflow == last:
@@ -335,7 +335,11 @@ def _xqa_bound(**shape: Any) -> int:
 
 
 def _xqa_run_bytes(
-    attributes: dict[str, Any], plan: Callable[..., Any], args: Any, kwargs: Any, sms: int
+    attributes: dict[str, Any],
+    plan: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    device: torch.device,
 ) -> int:
     """What the XQA run of a decode wrapper's plan (``plan(*args, **kwargs)``, which left the
     wrapper's ``attributes``) can touch of its float workspace: every launch of up to the plan's
@@ -350,7 +354,7 @@ def _xqa_run_bytes(
         num_kv_heads=attributes["_num_kv_heads"],
         head_dim=given["head_dim"],
         max_seq_len=attributes["_block_tables"].shape[-1] * given["page_size"],
-        sm_count=sms,
+        sm_count=sm_count(device),
         q_len_per_req=attributes["_xqa_mtp_q_len_per_req"],
         hopper_fp8_kv=attributes["_cached_kv_data_type"] == torch.float8_e4m3fn,
     )

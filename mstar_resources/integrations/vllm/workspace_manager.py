@@ -36,8 +36,8 @@ class ManagerScratch:
 
     def __init__(self) -> None:
         self.record: ResolvedResource | None = None  # the deployment's resource (None: auto)
-        self.sealed = False
-        # The manager sealed: another engine's, made before this one's is freed, is not.
+        # The manager sealed (None: none is): another engine's, made before this one's is freed,
+        # is not.
         self._sealed_manager: weakref.ref[Any] | None = None
         self.sealed_when: str | None = None  # what sealed it last
         self.reserved: list[int] = []  # each slot's bytes before vLLM's memory profile
@@ -118,8 +118,7 @@ class ManagerScratch:
         manager = _manager()
         if manager is None or self.sealed:
             return
-        self.sealed, self.sealed_when = True, when
-        self._sealed_manager = weakref.ref(manager)
+        self._sealed_manager, self.sealed_when = weakref.ref(manager), when
         self.at_seal = [held(tensor) for tensor in manager._current_workspaces]
         self.room = min(self.at_seal)
         logger.info(
@@ -128,18 +127,20 @@ class ManagerScratch:
             ", ".join(f"{n:,}" for n in self.at_seal), f"{sum(self.reserved):,}",
         )  # fmt: skip
 
+    @property
+    def sealed(self) -> bool:
+        return self._sealed_manager is not None
+
     def seals(self, manager: Any) -> bool:
         """Whether ``manager`` is the one sealed (not a manager of another engine's made since)."""
-        return (
-            self.sealed and self._sealed_manager is not None and self._sealed_manager() is manager
-        )
+        return self._sealed_manager is not None and self._sealed_manager() is manager
 
     def unlocked(self, why: str) -> None:
         """Unsealed ``why`` (vLLM's own unlock for elastic EP scaling, or no graphs captured): it
         may grow again until vLLM locks it."""
         if not self.sealed:
             return
-        self.sealed = False
+        self._sealed_manager = None
         logger.info("mstar-resources: %s: unsealed, %s: it grows until vLLM locks it", PATH, why)
 
     def refusal(self, manager: Any, required: int) -> WorkspaceSealedError:
